@@ -1,0 +1,51 @@
+import { describe, expect, it } from 'vitest';
+import { readFloat32 } from '../runtime/gpu/readback.ts';
+import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
+import { useGpu } from '../test/gpu.ts';
+import { releaseDispatches, submitDispatches } from './dispatch.ts';
+import type { GpuContext } from '../runtime/gpu/device.ts';
+import { rmsnormReference } from './reference/rmsnorm.ts';
+import { prepareRmsNorm } from './rmsnorm.ts';
+import { rmsnormWgsl } from './rmsnorm.wgsl.ts';
+
+const ctx = useGpu();
+
+async function runRmsNorm(gpu: GpuContext, rows: number, dim: number, source = rmsnormWgsl) {
+  const random = seededRandom(rows * 1000 + dim);
+  const x = randomFloats(random, rows * dim, 3);
+  const w = randomFloats(random, dim, 1.5);
+  const eps = 1e-5;
+  const before = gpu.allocator.snapshot().totalBuffers;
+  const input = gpu.allocator.createStorage('x', 'scratch', x);
+  const weight = gpu.allocator.createStorage('w', 'weights', w);
+  const output = gpu.allocator.createStorage('y', 'scratch', rows * dim * 4);
+  const dispatch = prepareRmsNorm(gpu, 'rmsnorm-test', { input, weight, output, rows, dim, eps }, source);
+  submitDispatches(gpu, 'rmsnorm-test', [dispatch]);
+  const actual = await readFloat32(gpu, output, rows * dim);
+  releaseDispatches(gpu, [dispatch]);
+  for (const b of [input, weight, output]) gpu.allocator.release(b);
+  expect(gpu.allocator.snapshot().totalBuffers).toBe(before);
+  return { actual, expected: rmsnormReference(x, w, rows, dim, eps) };
+}
+
+describe('rmsnorm kernel', () => {
+  // Dims around the workgroup size (256) catch both the strided loop and the tree reduction.
+  it.each([
+    [1, 64],
+    [3, 255],
+    [5, 257],
+    [2, 896],
+    [1, 2048],
+  ])('matches the CPU reference for %i rows x %i', async (rows, dim) => {
+    const { actual, expected } = await runRmsNorm(ctx.gpu, rows, dim);
+    expect(maxToleranceRatio(actual, expected, 1e-5, 1e-4)).toBeLessThanOrEqual(1);
+  });
+
+  it('catches a broken kernel: an off-by-one in the mean fails the comparison', async () => {
+    const { gpu } = ctx;
+    const broken = rmsnormWgsl.replace('f32(params.dim)', 'f32(params.dim - 1u)');
+    expect(broken).not.toBe(rmsnormWgsl);
+    const { actual, expected } = await runRmsNorm(gpu, 2, 96, broken);
+    expect(maxToleranceRatio(actual, expected, 1e-5, 1e-4)).toBeGreaterThan(1);
+  });
+});

@@ -1,0 +1,25 @@
+import type { GpuContext } from '../runtime/gpu/device.ts';
+import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from './dispatch.ts';
+import { rmsnormWgsl } from './rmsnorm.wgsl.ts';
+
+export interface RmsNormBinding {
+  input: GPUBuffer;
+  weight: GPUBuffer;
+  output: GPUBuffer;
+  rows: number;
+  dim: number;
+  eps: number;
+}
+
+/** Prepares an RMSNorm dispatch over `rows` rows of `dim` f32 values. */
+export function prepareRmsNorm(gpu: GpuContext, label: string, b: RmsNormBinding, source = rmsnormWgsl): PreparedDispatch {
+  const pipeline = computePipeline(gpu, 'rmsnorm', source);
+  const params = uniformBuffer(gpu, `${label}.params`, [b.rows, b.dim, b.eps, 0], 'uufu');
+  return {
+    label,
+    pipeline,
+    bindGroup: bindBuffers(gpu, label, pipeline, [b.input, b.weight, b.output, params]),
+    workgroups: [b.rows, 1, 1],
+    owned: [params],
+  };
+}

@@ -1,0 +1,25 @@
+/**
+ * Vitest harness for WebGPU on Dawn: one device per test file, and any uncaptured WebGPU error fails the test
+ * it happened in.
+ */
+import { afterAll, afterEach, beforeAll, expect } from 'vitest';
+import { acquireGpu, type GpuContext } from '../runtime/gpu/device.ts';
+import { nodeGpu } from '../runtime/gpu/node.ts';
+
+export function useGpu(): { readonly gpu: GpuContext } {
+  const holder = {} as { gpu: GpuContext };
+  beforeAll(async () => {
+    holder.gpu = await acquireGpu({ gpu: await nodeGpu() });
+  });
+  afterEach(async () => {
+    if (!holder.gpu) return;
+    await holder.gpu.device.queue.onSubmittedWorkDone();
+    const messages = holder.gpu.errors.map((e) => e.message);
+    holder.gpu.errors.length = 0;
+    expect(messages, 'uncaptured WebGPU errors').toEqual([]);
+  });
+  afterAll(() => {
+    holder.gpu?.destroy();
+  });
+  return holder;
+}
