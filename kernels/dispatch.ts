@@ -31,7 +31,12 @@ export function computePipeline(gpu: GpuContext, label: string, code: string, en
 }
 
 /** Binds buffers to @group(0) at bindings 0..n-1, in order. */
-export function bindBuffers(gpu: GpuContext, label: string, pipeline: GPUComputePipeline, buffers: readonly GPUBuffer[]): GPUBindGroup {
+export function bindBuffers(
+  gpu: GpuContext,
+  label: string,
+  pipeline: GPUComputePipeline,
+  buffers: readonly GPUBuffer[],
+): GPUBindGroup {
   return gpu.device.createBindGroup({
     label,
     layout: pipeline.getBindGroupLayout(0),

@@ -1,14 +1,14 @@
 import { describe, expect, it } from 'vitest';
-import { readFloat32 } from '../runtime/gpu/readback.ts';
-import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
-import { useGpu } from '../test/gpu.ts';
-import { releaseDispatches, submitDispatches } from './dispatch.ts';
 import type { GpuContext } from '../runtime/gpu/device.ts';
+import { readFloat32 } from '../runtime/gpu/readback.ts';
+import { withTestGpu } from '../test/gpu.ts';
+import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
+import { releaseDispatches, submitDispatches } from './dispatch.ts';
 import { rmsnormReference } from './reference/rmsnorm.ts';
 import { prepareRmsNorm } from './rmsnorm.ts';
 import { rmsnormWgsl } from './rmsnorm.wgsl.ts';
 
-const ctx = useGpu();
+const ctx = withTestGpu();
 
 async function runRmsNorm(gpu: GpuContext, rows: number, dim: number, source = rmsnormWgsl) {
   const random = seededRandom(rows * 1000 + dim);

@@ -12,7 +12,12 @@ export interface RmsNormBinding {
 }
 
 /** Prepares an RMSNorm dispatch over `rows` rows of `dim` f32 values. */
-export function prepareRmsNorm(gpu: GpuContext, label: string, b: RmsNormBinding, source = rmsnormWgsl): PreparedDispatch {
+export function prepareRmsNorm(
+  gpu: GpuContext,
+  label: string,
+  b: RmsNormBinding,
+  source = rmsnormWgsl,
+): PreparedDispatch {
   const pipeline = computePipeline(gpu, 'rmsnorm', source);
   const params = uniformBuffer(gpu, `${label}.params`, [b.rows, b.dim, b.eps, 0], 'uufu');
   return {

@@ -6,7 +6,7 @@ import { afterAll, afterEach, beforeAll, expect } from 'vitest';
 import { acquireGpu, type GpuContext } from '../runtime/gpu/device.ts';
 import { nodeGpu } from '../runtime/gpu/node.ts';
 
-export function useGpu(): { readonly gpu: GpuContext } {
+export function withTestGpu(): { readonly gpu: GpuContext } {
   const holder = {} as { gpu: GpuContext };
   beforeAll(async () => {
     holder.gpu = await acquireGpu({ gpu: await nodeGpu() });

@@ -18,7 +18,12 @@ export function randomFloats(random: () => number, count: number, scale = 1): Fl
 }
 
 /** Largest |a-b| / (atol + rtol*|b|) over the arrays; <= 1 means within tolerance. */
-export function maxToleranceRatio(actual: ArrayLike<number>, expected: ArrayLike<number>, atol: number, rtol: number): number {
+export function maxToleranceRatio(
+  actual: ArrayLike<number>,
+  expected: ArrayLike<number>,
+  atol: number,
+  rtol: number,
+): number {
   if (actual.length !== expected.length) throw new Error(`length ${actual.length} != ${expected.length}`);
   let worst = 0;
   for (let i = 0; i < actual.length; i++) {

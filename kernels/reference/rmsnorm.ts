@@ -1,5 +1,11 @@
 /** CPU reference for kernels/rmsnorm.wgsl (f64 accumulation). */
-export function rmsnormReference(x: Float32Array, weight: Float32Array, rows: number, dim: number, eps: number): Float32Array {
+export function rmsnormReference(
+  x: Float32Array,
+  weight: Float32Array,
+  rows: number,
+  dim: number,
+  eps: number,
+): Float32Array {
   const y = new Float32Array(rows * dim);
   for (let r = 0; r < rows; r++) {
     let sum = 0;

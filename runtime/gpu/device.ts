@@ -61,7 +61,13 @@ export class GpuContext {
   readonly lost: Promise<DeviceLostError>;
   private lostError: DeviceLostError | null = null;
 
-  constructor(device: GPUDevice, adapter: AdapterSummary, limits: GpuLimits, features: GpuFeatures, onError?: (e: GpuValidationError) => void) {
+  constructor(
+    device: GPUDevice,
+    adapter: AdapterSummary,
+    limits: GpuLimits,
+    features: GpuFeatures,
+    onError?: (e: GpuValidationError) => void,
+  ) {
     this.device = device;
     this.adapter = adapter;
     this.limits = limits;
@@ -103,13 +109,19 @@ export class GpuContext {
 }
 
 function summarizeAdapter(adapter: GPUAdapter): AdapterSummary {
-  const info = adapter.info as GPUAdapterInfo & { subgroupMinSize?: number; subgroupMaxSize?: number; isFallbackAdapter?: boolean };
+  const info = adapter.info as GPUAdapterInfo & {
+    subgroupMinSize?: number;
+    subgroupMaxSize?: number;
+    isFallbackAdapter?: boolean;
+  };
   const summary: AdapterSummary = {
     vendor: info.vendor ?? '',
     architecture: info.architecture ?? '',
     device: info.device ?? '',
     description: info.description ?? '',
-    isFallbackAdapter: Boolean(info.isFallbackAdapter ?? (adapter as { isFallbackAdapter?: boolean }).isFallbackAdapter),
+    isFallbackAdapter: Boolean(
+      info.isFallbackAdapter ?? (adapter as { isFallbackAdapter?: boolean }).isFallbackAdapter,
+    ),
   };
   if (info.subgroupMinSize !== undefined) summary.subgroupMinSize = info.subgroupMinSize;
   if (info.subgroupMaxSize !== undefined) summary.subgroupMaxSize = info.subgroupMaxSize;

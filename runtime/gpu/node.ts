@@ -35,7 +35,9 @@ export async function nodeGpu(): Promise<GPU> {
   try {
     dawn = (await import('webgpu')) as unknown as DawnModule;
   } catch (cause) {
-    throw new WebGpuUnavailableError(`The 'webgpu' package (Dawn for Node) could not be loaded: ${String(cause)}. Run npm install.`);
+    throw new WebGpuUnavailableError(
+      `The 'webgpu' package (Dawn for Node) could not be loaded: ${String(cause)}. Run npm install.`,
+    );
   }
   Object.assign(globalThis, dawn.globals);
   const explicit = process.env.VK_ICD_FILENAMES || process.env.VK_DRIVER_FILES;
