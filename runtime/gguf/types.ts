@@ -1,0 +1,106 @@
+/**
+ * GGUF and GGML type declarations shared by the parser, the writer, the weight kernels and the tools.
+ * Shapes use GGUF order: shape[0] (ne0) is the innermost, contiguous dimension.
+ */
+
+export enum GgmlType {
+  F32 = 0,
+  F16 = 1,
+  Q4_0 = 2,
+  Q4_1 = 3,
+  Q5_0 = 6,
+  Q5_1 = 7,
+  Q8_0 = 8,
+  Q8_1 = 9,
+  Q2_K = 10,
+  Q3_K = 11,
+  Q4_K = 12,
+  Q5_K = 13,
+  Q6_K = 14,
+  Q8_K = 15,
+  I8 = 24,
+  I16 = 25,
+  I32 = 26,
+  I64 = 27,
+  F64 = 28,
+  BF16 = 30,
+}
+
+/** Elements per block and bytes per block of each type, as laid out by ggml. */
+export interface GgmlTypeInfo {
+  name: string;
+  blockSize: number;
+  blockBytes: number;
+}
+
+export const GGML_TYPE_INFO: Readonly<Partial<Record<GgmlType, GgmlTypeInfo>>> = {
+  [GgmlType.F32]: { name: 'F32', blockSize: 1, blockBytes: 4 },
+  [GgmlType.F16]: { name: 'F16', blockSize: 1, blockBytes: 2 },
+  [GgmlType.BF16]: { name: 'BF16', blockSize: 1, blockBytes: 2 },
+  [GgmlType.Q4_0]: { name: 'Q4_0', blockSize: 32, blockBytes: 18 },
+  [GgmlType.Q4_1]: { name: 'Q4_1', blockSize: 32, blockBytes: 20 },
+  [GgmlType.Q5_0]: { name: 'Q5_0', blockSize: 32, blockBytes: 22 },
+  [GgmlType.Q5_1]: { name: 'Q5_1', blockSize: 32, blockBytes: 24 },
+  [GgmlType.Q8_0]: { name: 'Q8_0', blockSize: 32, blockBytes: 34 },
+  [GgmlType.Q8_1]: { name: 'Q8_1', blockSize: 32, blockBytes: 36 },
+  [GgmlType.Q2_K]: { name: 'Q2_K', blockSize: 256, blockBytes: 84 },
+  [GgmlType.Q3_K]: { name: 'Q3_K', blockSize: 256, blockBytes: 110 },
+  [GgmlType.Q4_K]: { name: 'Q4_K', blockSize: 256, blockBytes: 144 },
+  [GgmlType.Q5_K]: { name: 'Q5_K', blockSize: 256, blockBytes: 176 },
+  [GgmlType.Q6_K]: { name: 'Q6_K', blockSize: 256, blockBytes: 210 },
+  [GgmlType.Q8_K]: { name: 'Q8_K', blockSize: 256, blockBytes: 292 },
+  [GgmlType.I8]: { name: 'I8', blockSize: 1, blockBytes: 1 },
+  [GgmlType.I16]: { name: 'I16', blockSize: 1, blockBytes: 2 },
+  [GgmlType.I32]: { name: 'I32', blockSize: 1, blockBytes: 4 },
+  [GgmlType.I64]: { name: 'I64', blockSize: 1, blockBytes: 8 },
+  [GgmlType.F64]: { name: 'F64', blockSize: 1, blockBytes: 8 },
+};
+
+/** The weight types the runtime's kernels implement (the rest parse but are rejected at load). */
+export const SUPPORTED_WEIGHT_TYPES: readonly GgmlType[] = [
+  GgmlType.F32,
+  GgmlType.F16,
+  GgmlType.BF16,
+  GgmlType.Q8_0,
+  GgmlType.Q4_0,
+  GgmlType.Q4_1,
+  GgmlType.Q5_0,
+  GgmlType.Q5_1,
+  GgmlType.Q4_K,
+  GgmlType.Q5_K,
+  GgmlType.Q6_K,
+];
+
+export type GgufValue = number | bigint | string | boolean | GgufValue[];
+export type GgufMetadata = Record<string, GgufValue>;
+
+export interface GgufTensorInfo {
+  name: string;
+  /** GGUF order: shape[0] is contiguous. */
+  shape: number[];
+  type: GgmlType;
+  /** Absolute byte offset of the tensor's data in the file. */
+  offset: number;
+  byteLength: number;
+}
+
+export interface GgufFile {
+  version: number;
+  metadata: GgufMetadata;
+  tensors: GgufTensorInfo[];
+  alignment: number;
+  /** Absolute offset where tensor data begins. */
+  dataOffset: number;
+  fileSize: number;
+}
+
+/**
+ * Random-access bytes of a model file: a File/Blob, a URL (HTTP Range requests) or a local path in Node.
+ * Reads are bounded so no source ever holds the whole file in memory.
+ */
+export interface ByteSource {
+  readonly name: string;
+  readonly size: number;
+  read(offset: number, length: number): Promise<Uint8Array>;
+  close?(): Promise<void>;
+}
