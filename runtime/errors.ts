@@ -67,6 +67,13 @@ export class UnsupportedModelError extends LongtabError {
   }
 }
 
+/** A model download or an HTTP Range read failed: network error, HTTP status, or a server without Range support. */
+export class DownloadFailedError extends LongtabError {
+  constructor(message: string, details: Record<string, unknown> = {}) {
+    super('download-failed', message, details);
+  }
+}
+
 export class ContextOverflowError extends LongtabError {
   readonly tokensNeeded: number;
   readonly tokensAvailable: number;

@@ -74,6 +74,40 @@ export const SUPPORTED_WEIGHT_TYPES: readonly GgmlType[] = [
 export type GgufValue = number | bigint | string | boolean | GgufValue[];
 export type GgufMetadata = Record<string, GgufValue>;
 
+/** The type ids GGUF stores before each metadata value (and before an array's items). */
+export enum GgufValueType {
+  UINT8 = 0,
+  INT8 = 1,
+  UINT16 = 2,
+  INT16 = 3,
+  UINT32 = 4,
+  INT32 = 5,
+  FLOAT32 = 6,
+  BOOL = 7,
+  STRING = 8,
+  ARRAY = 9,
+  UINT64 = 10,
+  INT64 = 11,
+  FLOAT64 = 12,
+}
+
+/** A metadata value's stored type by name; llama.cpp checks these exactly (a u32 key written as i32 is rejected). */
+export type GgufScalarTypeName =
+  | 'u8'
+  | 'i8'
+  | 'u16'
+  | 'i16'
+  | 'u32'
+  | 'i32'
+  | 'f32'
+  | 'bool'
+  | 'string'
+  | 'u64'
+  | 'i64'
+  | 'f64';
+/** `'f32[]'` is an array of f32; `{ array: … }` spells nested arrays. */
+export type GgufMetadataType = GgufScalarTypeName | `${GgufScalarTypeName}[]` | { array: GgufMetadataType };
+
 export interface GgufTensorInfo {
   name: string;
   /** GGUF order: shape[0] is contiguous. */
@@ -92,6 +126,8 @@ export interface GgufFile {
   /** Absolute offset where tensor data begins. */
   dataOffset: number;
   fileSize: number;
+  /** The stored type of each metadata value, so tools can rewrite a file without changing its types. */
+  metadataTypes?: Record<string, GgufMetadataType>;
 }
 
 /**
