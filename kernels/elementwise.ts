@@ -1,0 +1,38 @@
+import type { GpuContext } from '../runtime/gpu/device.ts';
+import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from './dispatch.ts';
+import { addInPlaceWgsl, swigluWgsl } from './elementwise.wgsl.ts';
+import { workgroupGrid } from './rope.ts';
+
+/** out = silu(gate) * up over `count` f32 values. */
+export function prepareSwiglu(
+  gpu: GpuContext,
+  label: string,
+  b: { gate: GPUBuffer; up: GPUBuffer; output: GPUBuffer; count: number },
+): PreparedDispatch {
+  const pipeline = computePipeline(gpu, 'swiglu', swigluWgsl);
+  const params = uniformBuffer(gpu, `${label}.params`, [b.count, 0, 0, 0], 'uuuu');
+  return {
+    label,
+    pipeline,
+    bindGroup: bindBuffers(gpu, label, pipeline, [b.gate, b.up, b.output, params]),
+    workgroups: workgroupGrid(b.count, 64),
+    owned: [params],
+  };
+}
+
+/** x += y over `count` f32 values. */
+export function prepareAddInPlace(
+  gpu: GpuContext,
+  label: string,
+  b: { x: GPUBuffer; y: GPUBuffer; count: number },
+): PreparedDispatch {
+  const pipeline = computePipeline(gpu, 'add', addInPlaceWgsl);
+  const params = uniformBuffer(gpu, `${label}.params`, [b.count, 0, 0, 0], 'uuuu');
+  return {
+    label,
+    pipeline,
+    bindGroup: bindBuffers(gpu, label, pipeline, [b.x, b.y, params]),
+    workgroups: workgroupGrid(b.count, 64),
+    owned: [params],
+  };
+}
