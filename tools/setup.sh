@@ -24,6 +24,19 @@ if ! grep -qs '^VERSION_CODENAME=bookworm$' /etc/os-release; then
   exit 1
 fi
 
+# Node comes from nodejs.org or NodeSource, not from Debian 12 (which has Node 18): only check it.
+check_node() {
+  local version
+  if ! version=$(node --version 2>/dev/null); then
+    log "WARNING: node is not on this PATH; longtab needs Node.js 20 or newer for npm ci / npm test"
+    return
+  fi
+  local major=${version#v}
+  major=${major%%.*}
+  if ((major < 20)); then log "WARNING: node $version is too old; longtab needs Node.js 20 or newer"; fi
+}
+check_node
+
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
 
 missing=()
