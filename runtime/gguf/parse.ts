@@ -287,7 +287,7 @@ class HeaderReader {
     }
     if (itemType === null) {
       // An empty array of strings or arrays: its item type id is all the file says.
-      itemType = itemTypeId === GgufValueType.STRING ? 'string' : { array: 'u8' };
+      itemType = itemTypeId === GgufValueType.STRING ? 'string' : 'u8[]';
       if (itemTypeId !== GgufValueType.STRING && itemTypeId !== GgufValueType.ARRAY) {
         throw this.corrupt(`metadata "${key}" is an array of value type id ${itemTypeId}, which GGUF does not define`);
       }

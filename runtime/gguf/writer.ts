@@ -62,7 +62,7 @@ export interface WriteGgufInput {
 }
 
 /** Serializes a complete GGUF v3 file. Throws InvalidRequestError when the input could not make a valid file. */
-export function writeGguf(input: WriteGgufInput): Uint8Array {
+export function writeGguf(input: WriteGgufInput): Uint8Array<ArrayBuffer> {
   const entries = normalizeMetadata(input.metadata);
   const alignment = resolveAlignment(entries, input.alignment);
   const tensors = input.tensors ?? [];
