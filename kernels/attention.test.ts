@@ -1,0 +1,263 @@
+import { describe, expect, it } from 'vitest';
+import type { GpuContext } from '../runtime/gpu/device.ts';
+import { readFloat32 } from '../runtime/gpu/readback.ts';
+import { KvPagePool, type KvSequence } from '../runtime/kv/pool.ts';
+import { withTestGpu } from '../test/gpu.ts';
+import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
+import { type AttentionSources, prepareAttention } from './attention.ts';
+import { attentionMergeWgsl, attentionPartialWgsl } from './attention.wgsl.ts';
+import { type PreparedDispatch, releaseDispatches, submitDispatches } from './dispatch.ts';
+import { prepareKvAppend } from './kv-append.ts';
+import { attentionReference } from './reference/attention.ts';
+
+const ctx = withTestGpu();
+const ATOL = 2e-5;
+const RTOL = 2e-4;
+
+function upload(gpu: GpuContext, buffer: GPUBuffer, data: Float32Array): void {
+  gpu.device.queue.writeBuffer(buffer, 0, data.buffer as ArrayBuffer, data.byteOffset, data.byteLength);
+}
+
+interface Shape {
+  layers: number;
+  heads: number;
+  kvHeads: number;
+  headDim: number;
+  pageTokens: number;
+  /** Pages per slab (forces several slabs, and pool growth between prepared steps). */
+  slabPages?: number;
+}
+
+/** One model-like setup: a pool, per-step input buffers, and prepared prefill and decode step programs. */
+class Harness {
+  readonly pool: KvPagePool;
+  readonly q: GPUBuffer;
+  readonly k: GPUBuffer[];
+  readonly v: GPUBuffer[];
+  readonly out: GPUBuffer[];
+  readonly prefill: PreparedDispatch[] = [];
+  readonly decode: PreparedDispatch[] = [];
+  /** CPU copy of every sequence's K/V rows per layer, for the reference. */
+  readonly history = new Map<KvSequence, { k: number[][]; v: number[][] }>();
+
+  constructor(
+    readonly gpu: GpuContext,
+    readonly shape: Shape,
+    readonly maxTokens: number,
+    opts: { decodeSplits?: number; prefillSplits?: number; sources?: AttentionSources } = {},
+  ) {
+    const { layers, heads, kvHeads, headDim, pageTokens } = shape;
+    const pageBytes = layers * 2 * kvHeads * pageTokens * headDim * 2;
+    this.pool = new KvPagePool(gpu, {
+      layers,
+      kvHeads,
+      headDim,
+      pageTokens,
+      budgetBytes: pageBytes * 64,
+      maxSlabBytes: shape.slabPages ? shape.slabPages * pageBytes : undefined,
+    });
+    const qBytes = maxTokens * heads * headDim * 4;
+    const kvBytes = maxTokens * kvHeads * headDim * 4;
+    this.q = gpu.allocator.createStorage('test.q', 'scratch', qBytes);
+    this.k = [];
+    this.v = [];
+    this.out = [];
+    const scale = 1 / Math.sqrt(headDim);
+    for (let layer = 0; layer < layers; layer++) {
+      this.k.push(gpu.allocator.createStorage(`test.k${layer}`, 'scratch', kvBytes));
+      this.v.push(gpu.allocator.createStorage(`test.v${layer}`, 'scratch', kvBytes));
+      this.out.push(gpu.allocator.createStorage(`test.out${layer}`, 'scratch', qBytes));
+      const common = { pool: this.pool, layer, q: this.q, output: this.out[layer], heads, scale };
+      const append = { pool: this.pool, layer, k: this.k[layer], v: this.v[layer] };
+      this.prefill.push(prepareKvAppend(gpu, `prefill.append${layer}`, { ...append, tokens: maxTokens }));
+      this.prefill.push(
+        ...prepareAttention(
+          gpu,
+          `prefill.attn${layer}`,
+          { ...common, maxTokens, splits: opts.prefillSplits },
+          opts.sources,
+        ),
+      );
+      this.decode.push(prepareKvAppend(gpu, `decode.append${layer}`, { ...append, tokens: 1 }));
+      this.decode.push(
+        ...prepareAttention(
+          gpu,
+          `decode.attn${layer}`,
+          { ...common, maxTokens: 1, splits: opts.decodeSplits },
+          opts.sources,
+        ),
+      );
+    }
+  }
+
+  sequence(): KvSequence {
+    const seq = this.pool.createSequence();
+    this.history.set(seq, { k: [], v: [] });
+    const h = this.history.get(seq)!;
+    for (let l = 0; l < this.shape.layers; l++) {
+      h.k.push([]);
+      h.v.push([]);
+    }
+    return seq;
+  }
+
+  fork(seq: KvSequence): KvSequence {
+    const child = this.pool.fork(seq);
+    const h = this.history.get(seq)!;
+    this.history.set(child, { k: h.k.map((rows) => [...rows]), v: h.v.map((rows) => [...rows]) });
+    return child;
+  }
+
+  truncate(seq: KvSequence, length: number): void {
+    this.pool.truncate(seq, length);
+    const h = this.history.get(seq)!;
+    const row = this.shape.kvHeads * this.shape.headDim;
+    for (const rows of [...h.k, ...h.v]) rows.length = length * row;
+  }
+
+  /** Runs one step of `tokens` new tokens on `seq` and checks every layer's output against the reference. */
+  async step(seq: KvSequence, tokens: number, random: () => number): Promise<number> {
+    const { gpu, shape } = this;
+    const { layers, heads, kvHeads, headDim } = shape;
+    const position = seq.length;
+    this.pool.writeStep(seq, position, tokens);
+    const q = randomFloats(random, tokens * heads * headDim, 2);
+    upload(gpu, this.q, q);
+    const h = this.history.get(seq)!;
+    for (let layer = 0; layer < layers; layer++) {
+      const k = randomFloats(random, tokens * kvHeads * headDim, 2);
+      const v = randomFloats(random, tokens * kvHeads * headDim, 1);
+      upload(gpu, this.k[layer], k);
+      upload(gpu, this.v[layer], v);
+      h.k[layer].push(...k);
+      h.v[layer].push(...v);
+    }
+    submitDispatches(gpu, 'attention-test', tokens === 1 && this.maxTokens > 1 ? this.decode : this.prefill);
+    let worst = 0;
+    for (let layer = 0; layer < layers; layer++) {
+      const actual = await readFloat32(gpu, this.out[layer], tokens * heads * headDim);
+      const expected = attentionReference({
+        q,
+        k: Float32Array.from(h.k[layer]),
+        v: Float32Array.from(h.v[layer]),
+        position,
+        tokens,
+        heads,
+        kvHeads,
+        headDim,
+        scale: 1 / Math.sqrt(headDim),
+      });
+      worst = Math.max(worst, maxToleranceRatio(actual, expected, ATOL, RTOL));
+    }
+    return worst;
+  }
+
+  release(): void {
+    releaseDispatches(this.gpu, [...this.prefill, ...this.decode]);
+    for (const b of [this.q, ...this.k, ...this.v, ...this.out]) this.gpu.allocator.release(b);
+    this.pool.destroy();
+  }
+}
+
+async function runSteps(gpu: GpuContext, shape: Shape, chunks: number[], seed: number, decodeSplits?: number) {
+  const before = gpu.allocator.snapshot().totalBuffers;
+  const harness = new Harness(gpu, shape, Math.max(...chunks), { decodeSplits });
+  const random = seededRandom(seed);
+  const seq = harness.sequence();
+  const ratios: number[] = [];
+  for (const n of chunks) ratios.push(await harness.step(seq, n, random));
+  const slabs = harness.pool.stats().slabs;
+  harness.release();
+  expect(gpu.allocator.snapshot().totalBuffers).toBe(before);
+  return { ratios, slabs };
+}
+
+describe('paged attention', () => {
+  it.each<[string, Shape, number[], number | undefined]>([
+    ['hd 8, 1:1, pages of 4', { layers: 2, heads: 4, kvHeads: 4, headDim: 8, pageTokens: 4 }, [5, 3, 1, 1, 1, 1], 3],
+    ['hd 64, 4:1, pages of 16', { layers: 2, heads: 8, kvHeads: 2, headDim: 64, pageTokens: 16 }, [20, 13, 1, 1], 16],
+    ['hd 128, 4:1, pages of 8', { layers: 1, heads: 4, kvHeads: 1, headDim: 128, pageTokens: 8 }, [9, 1, 1, 7, 1], 5],
+    [
+      'hd 128, 1:1, decode only',
+      { layers: 1, heads: 2, kvHeads: 2, headDim: 128, pageTokens: 4 },
+      [1, 1, 1, 1, 1, 1],
+      4,
+    ],
+  ])('matches the CPU reference: %s', async (_name, shape, chunks, splits) => {
+    const { ratios } = await runSteps(ctx.gpu, shape, chunks, chunks.length * 31 + shape.headDim, splits);
+    expect(Math.max(...ratios)).toBeLessThanOrEqual(1);
+  });
+
+  it('keeps working while the pool grows by slabs under prepared dispatches', async () => {
+    const shape = { layers: 2, heads: 4, kvHeads: 2, headDim: 8, pageTokens: 4, slabPages: 2 };
+    const { ratios, slabs } = await runSteps(ctx.gpu, shape, [6, 5, 1, 1, 1, 1], 7, 4);
+    expect(slabs).toBeGreaterThan(1);
+    expect(Math.max(...ratios)).toBeLessThanOrEqual(1);
+  });
+
+  it('reads shared pages of forked sequences and copies them on write', async () => {
+    const { gpu } = ctx;
+    const shape = { layers: 2, heads: 4, kvHeads: 1, headDim: 64, pageTokens: 8 };
+    const harness = new Harness(gpu, shape, 21, { decodeSplits: 4 });
+    const random = seededRandom(99);
+    const a = harness.sequence();
+    const ratios = [await harness.step(a, 21, random)];
+    const b = harness.fork(a);
+    const usedAfterFork = harness.pool.stats().pagesUsed;
+    expect(usedAfterFork).toBe(4); // a: 3 pages; b shares 2 full pages and copies the partial third
+    ratios.push(await harness.step(b, 1, random), await harness.step(a, 1, random), await harness.step(b, 3, random));
+    // Roll a back into a shared page and rewrite: a gets its own copy, b still reads the original.
+    harness.truncate(a, 10);
+    ratios.push(await harness.step(a, 4, random), await harness.step(b, 1, random), await harness.step(a, 1, random));
+    const c = harness.fork(b);
+    harness.pool.free(b);
+    harness.history.delete(b);
+    ratios.push(await harness.step(c, 1, random), await harness.step(a, 1, random));
+    expect(harness.pool.audit()).toEqual([]);
+    harness.release();
+    expect(Math.max(...ratios)).toBeLessThanOrEqual(1);
+  });
+
+  it('runs prefill with a split pass and merge too', async () => {
+    const { gpu } = ctx;
+    const harness = new Harness(gpu, { layers: 1, heads: 4, kvHeads: 2, headDim: 64, pageTokens: 4 }, 6, {
+      prefillSplits: 3,
+      decodeSplits: 1,
+    });
+    const random = seededRandom(5);
+    const seq = harness.sequence();
+    const ratios = [await harness.step(seq, 6, random), await harness.step(seq, 5, random)];
+    ratios.push(await harness.step(seq, 1, random), await harness.step(seq, 1, random));
+    harness.release();
+    expect(Math.max(...ratios)).toBeLessThanOrEqual(1);
+  });
+
+  it.each<[string, AttentionSources, number]>([
+    [
+      'causal mask off by one query',
+      { partial: attentionPartialWgsl.replace('step.position + t + 1u', 'step.position + 1u') },
+      1,
+    ],
+    [
+      'merge without the rescale',
+      {
+        merge: attentionMergeWgsl.replace(
+          '* exp(partials[base + s * rec] - best);\n    }\n    out',
+          ';\n    }\n    out',
+        ),
+      },
+      4,
+    ],
+  ])('catches a broken kernel: %s', async (_name, sources, decodeSplits) => {
+    const { gpu } = ctx;
+    const changed = (sources.partial ?? attentionPartialWgsl) + (sources.merge ?? attentionMergeWgsl);
+    expect(changed).not.toBe(attentionPartialWgsl + attentionMergeWgsl);
+    const shape = { layers: 1, heads: 2, kvHeads: 1, headDim: 8, pageTokens: 4 };
+    const harness = new Harness(gpu, shape, 6, { decodeSplits, sources });
+    const random = seededRandom(3);
+    const seq = harness.sequence();
+    const ratios = [await harness.step(seq, 6, random), await harness.step(seq, 1, random)];
+    harness.release();
+    expect(Math.max(...ratios)).toBeGreaterThan(1);
+  });
+});

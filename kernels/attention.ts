@@ -1,0 +1,115 @@
+import { InvalidRequestError } from '../runtime/errors.ts';
+import type { GpuContext } from '../runtime/gpu/device.ts';
+import { attentionMergeWgsl, attentionPartialWgsl } from './attention.wgsl.ts';
+import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from './dispatch.ts';
+import { type KvPageSource, kvPoolDispatch } from './kv-append.ts';
+
+export interface AttentionBinding {
+  pool: KvPageSource;
+  layer: number;
+  /** f32 [tokens, heads*headDim], RoPE applied. */
+  q: GPUBuffer;
+  /** f32 [tokens, heads*headDim]. */
+  output: GPUBuffer;
+  heads: number;
+  /** Most query tokens per step (the grid); the step uniform says how many there are. */
+  maxTokens: number;
+  /** Usually 1/sqrt(headDim). */
+  scale: number;
+  /**
+   * Chunks the keys are cut into (one workgroup each, merged after). Default: 16 when maxTokens = 1 (decode: a long
+   * context uses many workgroups), 1 otherwise (prefill: the query tokens give the parallelism, no merge pass).
+   */
+  splits?: number;
+}
+
+export interface AttentionSources {
+  partial?: string;
+  merge?: string;
+}
+
+/**
+ * Prepares causal attention of the step's queries over the paged KV of `layer` (positions 0..p for the query at
+ * position p, including the keys this step appended: record the kv-append dispatch first). Returns one dispatch
+ * (splits = 1) or two (split pass + merge); encode them in order.
+ */
+export function prepareAttention(
+  gpu: GpuContext,
+  label: string,
+  b: AttentionBinding,
+  sources: AttentionSources = {},
+): PreparedDispatch[] {
+  const { pool, heads, maxTokens } = b;
+  const { kvHeads, headDim } = pool;
+  const splits = b.splits ?? (maxTokens === 1 ? 16 : 1);
+  if (heads % kvHeads !== 0 || headDim > 256 || headDim % 2 !== 0 || splits < 1) {
+    throw new InvalidRequestError(
+      `attention: needs heads (${heads}) a multiple of kvHeads (${kvHeads}), an even headDim <= 256 (${headDim}) and splits >= 1`,
+    );
+  }
+  const maxGrid = gpu.limits.maxComputeWorkgroupsPerDimension;
+  if (splits > maxGrid || heads > maxGrid || maxTokens > maxGrid) {
+    throw new InvalidRequestError(
+      `attention: grid ${splits} x ${heads} x ${maxTokens} exceeds ${maxGrid} per dimension`,
+    );
+  }
+  const partialPipeline = computePipeline(gpu, 'attention-partial', sources.partial ?? attentionPartialWgsl);
+  const params = uniformBuffer(
+    gpu,
+    `${label}.params`,
+    [
+      pool.layerOffsetWords(b.layer, 0),
+      pool.layerOffsetWords(b.layer, 1),
+      pool.pageWords,
+      pool.pageTokens,
+      heads,
+      kvHeads,
+      headDim,
+      splits,
+      b.scale,
+      0,
+      0,
+      0,
+    ],
+    'uuuuuuuufuuu',
+  );
+  if (splits === 1) {
+    return [
+      kvPoolDispatch(
+        gpu,
+        label,
+        partialPipeline,
+        pool,
+        [b.q, b.output, pool.pageTable, pool.step, params],
+        [1, heads, maxTokens],
+        [params],
+      ),
+    ];
+  }
+  const partials = gpu.allocator.createBuffer({
+    label: `${label}.partials`,
+    category: 'scratch',
+    size: maxTokens * heads * splits * (headDim + 2) * 4,
+    usage: GPUBufferUsage.STORAGE,
+  });
+  const mergePipeline = computePipeline(gpu, 'attention-merge', sources.merge ?? attentionMergeWgsl);
+  const mergeParams = uniformBuffer(gpu, `${label}.merge.params`, [heads, headDim, splits, 0], 'uuuu');
+  return [
+    kvPoolDispatch(
+      gpu,
+      `${label}.split`,
+      partialPipeline,
+      pool,
+      [b.q, partials, pool.pageTable, pool.step, params],
+      [splits, heads, maxTokens],
+      [params, partials],
+    ),
+    {
+      label: `${label}.merge`,
+      pipeline: mergePipeline,
+      bindGroup: bindBuffers(gpu, `${label}.merge`, mergePipeline, [partials, b.output, pool.step, mergeParams]),
+      workgroups: [heads, maxTokens, 1],
+      owned: [mergeParams],
+    },
+  ];
+}

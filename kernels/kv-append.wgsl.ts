@@ -1,0 +1,66 @@
+/**
+ * WGSL shared by the paged-KV kernels: the KvStep uniform, the four f16 page slabs and word access through a
+ * page-table entry (kind << 28 | slab << 24 | page). The including shader declares `params.pageWords`.
+ * See runtime/kv/pool.ts for the page layout.
+ */
+export function kvPagesWgsl(access: 'read' | 'read_write', firstBinding: number): string {
+  const slabs = [0, 1, 2, 3]
+    .map((i) => `@group(0) @binding(${firstBinding + i}) var<storage, ${access}> slab${i}: array<u32>;`)
+    .join('\n');
+  const cases = [0, 1, 2]
+    .map((i) => `    case ${i}u: { ${access === 'read' ? `return slab${i}[index];` : `slab${i}[index] = value;`} }`)
+    .join('\n');
+  const last = access === 'read' ? 'return slab3[index];' : 'slab3[index] = value;';
+  const fn =
+    access === 'read'
+      ? `fn kvLoad(entry: u32, word: u32) -> u32 {
+  let index = (entry & 0xffffffu) * params.pageWords + word;
+  switch ((entry >> 24u) & 0xfu) {
+${cases}
+    default: { ${last} }
+  }
+}`
+      : `fn kvStore(entry: u32, word: u32, value: u32) {
+  let index = (entry & 0xffffffu) * params.pageWords + word;
+  switch ((entry >> 24u) & 0xfu) {
+${cases}
+    default: { ${last} }
+  }
+}`;
+  return `struct KvStep { position: u32, tokens: u32, tableOffset: u32, length: u32 }
+${slabs}
+${fn}`;
+}
+
+/**
+ * Writes the step's K and V rows (f32 [tokens, kvHeads*headDim]) into their pages as packed f16.
+ * One invocation per (token, kv head, dim pair); invocations past step.tokens do nothing.
+ */
+export const kvAppendWgsl = /* wgsl */ `
+struct Params { kOffset: u32, vOffset: u32, pageWords: u32, pageTokens: u32, kvHeads: u32, headPairs: u32, maxTokens: u32, _pad: u32 }
+
+@group(0) @binding(0) var<storage, read> k: array<f32>;
+@group(0) @binding(1) var<storage, read> v: array<f32>;
+@group(0) @binding(2) var<storage, read> pageTable: array<u32>;
+@group(0) @binding(3) var<uniform> step: KvStep;
+@group(0) @binding(4) var<uniform> params: Params;
+${kvPagesWgsl('read_write', 5)}
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+  let i = (wg.y * groups.x + wg.x) * 64u + lid;
+  let perToken = params.kvHeads * params.headPairs;
+  let t = i / perToken;
+  if (t >= step.tokens || t >= params.maxTokens) { return; }
+  let rest = i % perToken;
+  let head = rest / params.headPairs;
+  let pair = rest % params.headPairs;
+  let pos = step.position + t;
+  let entry = pageTable[step.tableOffset + pos / params.pageTokens];
+  let within = (head * params.pageTokens + pos % params.pageTokens) * params.headPairs + pair;
+  let src = t * perToken * 2u + rest * 2u;
+  kvStore(entry, params.kOffset + within, pack2x16float(vec2<f32>(k[src], k[src + 1u])));
+  kvStore(entry, params.vOffset + within, pack2x16float(vec2<f32>(v[src], v[src + 1u])));
+}
+`;
