@@ -1,0 +1,278 @@
+import fc from 'fast-check';
+import { describe, expect, it } from 'vitest';
+import { CorruptModelFileError, LongtabError, UnsupportedModelError } from '../errors.ts';
+import { parseGguf } from './parse.ts';
+import { sourceFromBytes } from './sources.ts';
+import { metadataForEveryValueType, randomBytes } from './test-fixtures.ts';
+import { type ByteSource, GgmlType, GgufValueType } from './types.ts';
+import { writeGguf } from './writer.ts';
+
+/*
+ * Byte positions in the small files below. Header: magic @0, version @4, tensor count @8 (u64), metadata count @16
+ * (u64). The first metadata key's length is @24, a one-letter key sits @32, its value type @33, its value @37.
+ * With no metadata, the first tensor's name length is @24, a one-letter name @32, dim count @33, dim 0 @37,
+ * type @45 and data offset @49.
+ */
+const FIRST_VALUE_TYPE = 33;
+const FIRST_VALUE = 37;
+const TENSOR_DIM_COUNT = 33;
+const TENSOR_DIM0 = 37;
+const TENSOR_TYPE = 45;
+const TENSOR_OFFSET = 49;
+
+function patched(bytes: Uint8Array, edit: (view: DataView) => void): Uint8Array {
+  const copy = bytes.slice();
+  edit(new DataView(copy.buffer));
+  return copy;
+}
+
+function oneTensorFile(): Uint8Array {
+  return writeGguf({
+    metadata: [],
+    tensors: [{ name: 'w', shape: [8], type: GgmlType.F32, data: randomBytes(32, 1) }],
+  });
+}
+
+async function parseBytes(bytes: Uint8Array) {
+  return parseGguf(sourceFromBytes(bytes, 'hostile.gguf'));
+}
+
+/** Records the largest single read, to prove no length field turned into a large allocation. */
+function countingSource(bytes: Uint8Array): ByteSource & { largestRead: number } {
+  const inner = sourceFromBytes(bytes, 'hostile.gguf');
+  const source = {
+    name: inner.name,
+    size: inner.size,
+    largestRead: 0,
+    read(offset: number, length: number) {
+      source.largestRead = Math.max(source.largestRead, length);
+      return inner.read(offset, length);
+    },
+  };
+  return source;
+}
+
+describe('parseGguf on hostile input', () => {
+  it('rejects a file that is not GGUF', async () => {
+    await expect(parseBytes(new TextEncoder().encode('PK\u0003\u0004 a zip file'))).rejects.toThrow(/not a GGUF file/);
+    await expect(parseBytes(new Uint8Array(0))).rejects.toThrow(CorruptModelFileError);
+    await expect(parseBytes(new TextEncoder().encode('GGU'))).rejects.toThrow(/not a GGUF file/);
+  });
+
+  it('rejects versions other than 2 and 3, naming big-endian files', async () => {
+    const v3 = oneTensorFile();
+    await expect(parseBytes(patched(v3, (v) => v.setUint32(4, 2, true)))).resolves.toMatchObject({ version: 2 });
+    await expect(parseBytes(patched(v3, (v) => v.setUint32(4, 1, true)))).rejects.toThrow(UnsupportedModelError);
+    await expect(parseBytes(patched(v3, (v) => v.setUint32(4, 4, true)))).rejects.toThrow(/version 4/);
+    await expect(parseBytes(patched(v3, (v) => v.setUint32(4, 3, false)))).rejects.toThrow(/big-endian/);
+  });
+
+  it('rejects a string length larger than the file without allocating it', async () => {
+    const file = writeGguf({ metadata: [{ key: 'a', value: 'hello' }] });
+    for (const length of [2n ** 40n, 2n ** 63n, 2n ** 64n - 1n, BigInt(file.length)]) {
+      const source = countingSource(patched(file, (v) => v.setBigUint64(FIRST_VALUE, length, true)));
+      await expect(parseGguf(source)).rejects.toThrow(CorruptModelFileError);
+      expect(source.largestRead).toBeLessThanOrEqual(file.length);
+    }
+    // The key's own length field, too.
+    await expect(parseBytes(patched(file, (v) => v.setBigUint64(24, 2n ** 50n, true)))).rejects.toThrow(
+      CorruptModelFileError,
+    );
+  });
+
+  it('rejects an array count larger than the file can hold', async () => {
+    const file = writeGguf({ metadata: [{ key: 'a', type: 'u32[]', value: [1, 2, 3] }] });
+    const countAt = FIRST_VALUE + 4;
+    for (const count of [4n, 2n ** 31n, 2n ** 62n]) {
+      const source = countingSource(patched(file, (v) => v.setBigUint64(countAt, count, true)));
+      await expect(parseGguf(source)).rejects.toThrow(CorruptModelFileError);
+      expect(source.largestRead).toBeLessThanOrEqual(file.length);
+    }
+    const strings = writeGguf({ metadata: [{ key: 'a', value: ['x', 'y'] }] });
+    await expect(parseBytes(patched(strings, (v) => v.setBigUint64(countAt, 2n ** 40n, true)))).rejects.toThrow(
+      /item count/,
+    );
+  });
+
+  it('rejects huge tensor and metadata counts', async () => {
+    const file = oneTensorFile();
+    await expect(parseBytes(patched(file, (v) => v.setBigUint64(8, 2n ** 40n, true)))).rejects.toThrow(/tensor count/);
+    await expect(parseBytes(patched(file, (v) => v.setBigUint64(16, 2n ** 63n, true)))).rejects.toThrow(
+      /metadata count/,
+    );
+    await expect(parseBytes(patched(file, (v) => v.setBigUint64(8, 3n, true)))).rejects.toThrow(CorruptModelFileError);
+  });
+
+  it('rejects tensor data that lies outside the file, naming the tensor', async () => {
+    const file = oneTensorFile();
+    await expect(parseBytes(file.subarray(0, file.length - 1))).rejects.toThrow(/Tensor w .*truncated/);
+    await expect(parseBytes(patched(file, (v) => v.setBigUint64(TENSOR_OFFSET, 2n ** 40n, true)))).rejects.toThrow(
+      /Tensor w/,
+    );
+    await expect(parseBytes(patched(file, (v) => v.setBigUint64(TENSOR_DIM0, 2n ** 20n, true)))).rejects.toThrow(
+      /Tensor w/,
+    );
+  });
+
+  it('rejects malformed tensor infos', async () => {
+    const file = oneTensorFile();
+    const cases: [string, (v: DataView) => void, RegExp][] = [
+      ['zero dimension', (v) => v.setBigUint64(TENSOR_DIM0, 0n, true), /dimension 0 = 0/],
+      ['huge dimension', (v) => v.setBigUint64(TENSOR_DIM0, 2n ** 63n, true), /dimension 0/],
+      ['no dimensions', (v) => v.setUint32(TENSOR_DIM_COUNT, 0, true), /0 dimensions/],
+      ['too many dimensions', (v) => v.setUint32(TENSOR_DIM_COUNT, 1000, true), /1000 dimensions/],
+      ['misaligned offset', (v) => v.setBigUint64(TENSOR_OFFSET, 4n, true), /alignment/],
+      ['partial block', (v) => v.setUint32(TENSOR_TYPE, GgmlType.Q8_0, true), /block size/],
+    ];
+    for (const [label, edit, message] of cases) {
+      const attempt = parseBytes(patched(file, edit));
+      await expect(attempt, label).rejects.toThrow(CorruptModelFileError);
+      await expect(attempt, label).rejects.toThrow(message);
+    }
+  });
+
+  it('rejects an unknown tensor type as unsupported, naming the tensor and type id', async () => {
+    const file = oneTensorFile();
+    for (const typeId of [4, 5, 31, 999]) {
+      const attempt = parseBytes(patched(file, (v) => v.setUint32(TENSOR_TYPE, typeId, true)));
+      await expect(attempt).rejects.toThrow(UnsupportedModelError);
+      await expect(attempt).rejects.toThrow(new RegExp(`Tensor w .*type id ${typeId}`));
+    }
+  });
+
+  it('rejects an undefined metadata value type id, also inside arrays', async () => {
+    const file = writeGguf({ metadata: [{ key: 'a', type: 'u32', value: 7 }] });
+    await expect(parseBytes(patched(file, (v) => v.setUint32(FIRST_VALUE_TYPE, 13, true)))).rejects.toThrow(
+      /value type id 13/,
+    );
+    const array = writeGguf({ metadata: [{ key: 'a', type: 'u32[]', value: [7] }] });
+    for (const [itemTypeId, count] of [
+      [99, 1n],
+      [99, 0n],
+    ] as const) {
+      const bad = patched(array, (v) => {
+        v.setUint32(FIRST_VALUE, itemTypeId, true);
+        v.setBigUint64(FIRST_VALUE + 4, count, true);
+      });
+      await expect(parseBytes(bad)).rejects.toThrow(CorruptModelFileError);
+    }
+  });
+
+  it('rejects duplicate metadata keys and tensor names', async () => {
+    const keys = writeGguf({
+      metadata: [
+        { key: 'a', value: 'x' },
+        { key: 'b', value: 'y' },
+      ],
+    });
+    // Second key 'b' follows the first entry: 8 + 1 (key) + 4 (type) + 8 + 1 (value) after @24, then its length.
+    const secondKey = 24 + 8 + 1 + 4 + 8 + 1 + 8;
+    expect(String.fromCharCode(keys[secondKey])).toBe('b');
+    await expect(parseBytes(patched(keys, (v) => v.setUint8(secondKey, 'a'.charCodeAt(0))))).rejects.toThrow(
+      /"a" appears twice/,
+    );
+
+    const tensors = writeGguf({
+      metadata: [],
+      tensors: [
+        { name: 'p', shape: [1], type: GgmlType.F32, data: new Uint8Array(4) },
+        { name: 'q', shape: [1], type: GgmlType.F32, data: new Uint8Array(4) },
+      ],
+    });
+    const secondName = 24 + 8 + 1 + 4 + 8 + 4 + 8 + 8;
+    expect(String.fromCharCode(tensors[secondName])).toBe('q');
+    await expect(parseBytes(patched(tensors, (v) => v.setUint8(secondName, 'p'.charCodeAt(0))))).rejects.toThrow(
+      /"p" appears twice/,
+    );
+  });
+
+  it('rejects a bad general.alignment and a non-0/1 bool', async () => {
+    // The writer refuses these, so write a look-alike key and patch its last letter.
+    for (const [type, value] of [
+      ['u32', 48],
+      ['u32', 0],
+      ['i32', 64],
+    ] as const) {
+      const file = writeGguf({ metadata: [{ key: 'general.alignmenT', type, value }] });
+      const bad = patched(file, (v) => v.setUint8(24 + 8 + 16, 't'.charCodeAt(0)));
+      await expect(parseBytes(bad)).rejects.toThrow(/general.alignment is/);
+    }
+    const bool = writeGguf({ metadata: [{ key: 'a', value: true }] });
+    await expect(parseBytes(patched(bool, (v) => v.setUint8(FIRST_VALUE, 2)))).rejects.toThrow(/bool/);
+  });
+
+  it('rejects arrays nested deeper than any real file, without exhausting the stack', async () => {
+    // 10 000 nested one-element arrays: each level is item type ARRAY + count 1.
+    const depth = 10_000;
+    const prefix = writeGguf({ metadata: [{ key: 'a', type: { array: 'u8[]' }, value: [] }] }).subarray(0, FIRST_VALUE);
+    const body = new Uint8Array(depth * 12 + 4 + 8);
+    const view = new DataView(body.buffer);
+    for (let level = 0; level < depth; level++) {
+      view.setUint32(level * 12, GgufValueType.ARRAY, true);
+      view.setBigUint64(level * 12 + 4, 1n, true);
+    }
+    view.setUint32(depth * 12, GgufValueType.UINT8, true);
+    const file = new Uint8Array(prefix.length + body.length);
+    file.set(prefix);
+    file.set(body, prefix.length);
+    await expect(parseBytes(file)).rejects.toThrow(/nests arrays/);
+  });
+
+  it('reports every truncation of a written file as a corrupt file', async () => {
+    const file = writeGguf({
+      metadata: metadataForEveryValueType(),
+      tensors: [
+        { name: 'a', shape: [3], type: GgmlType.F32, data: randomBytes(12, 2) },
+        { name: 'b', shape: [32], type: GgmlType.Q8_0, data: randomBytes(34, 3) },
+      ],
+    });
+    const parsed = await parseBytes(file);
+    const dataEnd = Math.max(...parsed.tensors.map((t) => t.offset + t.byteLength));
+    for (let length = 0; length < file.length; length++) {
+      const attempt = parseBytes(file.subarray(0, length));
+      if (length < dataEnd) {
+        await expect(attempt, `truncated to ${length}`).rejects.toThrow(CorruptModelFileError);
+      } else {
+        // Only the last tensor's alignment padding is missing: the data is all there.
+        await expect(attempt).resolves.toBeDefined();
+      }
+    }
+  });
+
+  it('answers random damage with a parse or a typed error, never anything else (fast-check)', async () => {
+    const file = writeGguf({
+      metadata: metadataForEveryValueType(),
+      tensors: [
+        { name: 'a', shape: [4, 2], type: GgmlType.F32, data: randomBytes(32, 4) },
+        { name: 'b', shape: [256], type: GgmlType.Q4_K, data: randomBytes(144, 5) },
+      ],
+    });
+    const damage = fc.record({
+      cut: fc.integer({ min: 0, max: file.length }),
+      flips: fc.array(fc.record({ at: fc.nat({ max: file.length - 1 }), bit: fc.integer({ min: 0, max: 7 }) }), {
+        maxLength: 8,
+      }),
+      overwrites: fc.array(
+        fc.record({ at: fc.nat({ max: file.length - 8 }), value: fc.bigUint64Array({ maxLength: 1, minLength: 1 }) }),
+        {
+          maxLength: 2,
+        },
+      ),
+    });
+    await fc.assert(
+      fc.asyncProperty(damage, async ({ cut, flips, overwrites }) => {
+        const bytes = file.slice();
+        const view = new DataView(bytes.buffer);
+        for (const { at, bit } of flips) bytes[at] ^= 1 << bit;
+        for (const { at, value } of overwrites) view.setBigUint64(at, value[0], true);
+        try {
+          await parseBytes(bytes.subarray(0, cut));
+        } catch (error) {
+          if (!(error instanceof LongtabError)) throw error;
+          expect(['corrupt-model-file', 'unsupported-model']).toContain(error.code);
+        }
+      }),
+      { numRuns: 300, seed: 20261129 },
+    );
+  });
+});
