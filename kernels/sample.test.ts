@@ -23,7 +23,10 @@ interface Run {
 }
 
 /** Runs the sampler once per step (one submit each, as decode does) and returns the sampled ids. */
-async function sampleOnGpu(gpu: GpuContext, run: Run): Promise<{ ids: number[]; history: Uint32Array }> {
+async function sampleOnGpu(
+  gpu: GpuContext,
+  run: Run,
+): Promise<{ ids: number[]; history: Uint32Array; state: Uint32Array }> {
   const vocab = run.logits.length;
   const before = gpu.allocator.snapshot().totalBuffers;
   const logits = gpu.allocator.createStorage('logits', 'scratch', run.logits);
@@ -46,12 +49,14 @@ async function sampleOnGpu(gpu: GpuContext, run: Run): Promise<{ ids: number[]; 
     gpu.device.queue.submit([encoder.finish()]);
   });
   const ids = Array.from(await readUint32(gpu, results, run.steps.length));
-  const historyBuffer = sampler.dispatches.flatMap((d) => d.owned).find((b) => b.label.endsWith('.history'))!;
-  const history = await readUint32(gpu, historyBuffer, 1 + sampler.historyCapacity);
+  const owned = sampler.dispatches.flatMap((d) => d.owned);
+  const history = await readUint32(gpu, owned.find((b) => b.label.endsWith('.history'))!, 1 + sampler.historyCapacity);
+  // State after the last step (see State in sample.wgsl.ts): [maxLogit, argmax, done, prefix, needCount, needMass, kKey, pKey].
+  const state = await readUint32(gpu, owned.find((b) => b.label.endsWith('.state'))!, 8);
   sampler.release();
   for (const b of [logits, output, results]) gpu.allocator.release(b);
   expect(gpu.allocator.snapshot().totalBuffers).toBe(before);
-  return { ids, history };
+  return { ids, history, state };
 }
 
 describe('sampler: greedy', () => {
@@ -103,5 +108,180 @@ describe('sampler: greedy', () => {
       steps: [0],
     });
     expect(ids[0]).toBe(20);
+  });
+});
+
+function orderedKey(v: number): number {
+  const bits = new Uint32Array(new Float32Array([v]).buffer)[0];
+  if (bits === 0x80000000) return 0x80000000;
+  return bits & 0x80000000 ? ~bits >>> 0 : (bits | 0x80000000) >>> 0;
+}
+
+/** The candidate set the GPU used: ids whose key reaches max(top-k key, top-p key, min-p key) from its state. */
+function gpuCandidates(penalized: Float32Array, state: Uint32Array, minP: number): number[] {
+  const maxLogit = new Float32Array(state.buffer, 0, 1)[0];
+  let threshold = Math.max(state[6], state[7]);
+  if (minP > 0) threshold = Math.max(threshold, orderedKey(Math.fround(maxLogit + Math.log(minP))));
+  const kept: number[] = [];
+  penalized.forEach((l, i) => {
+    if (orderedKey(l) >= threshold) kept.push(i);
+  });
+  return kept;
+}
+
+function randomParams(random: () => number, vocab: number): SamplerParams {
+  const pick = <T>(options: T[]): T => options[Math.floor(random() * options.length)];
+  return {
+    temperature: pick([0.3, 0.7, 1, 1.5]),
+    topK: pick([0, 1, 5, 40, Math.floor(vocab / 3), vocab + 5]),
+    topP: pick([1, 0.95, 0.9, 0.5, 0.1]),
+    minP: pick([0, 0, 0.05, 0.2]),
+    repetitionPenalty: pick([1, 1.1, 1.5, 0.8]),
+    seed: Math.floor(random() * 1e9),
+  };
+}
+
+describe('sampler: stochastic', () => {
+  it('the same (seed, steps) reproduce the same sequence; another seed gives another', async () => {
+    const logits = randomFloats(seededRandom(21), 2000, 3);
+    const params: SamplerParams = {
+      temperature: 1,
+      topK: 50,
+      topP: 0.95,
+      minP: 0.01,
+      repetitionPenalty: 1.1,
+      seed: 42,
+    };
+    const steps = Array.from({ length: 24 }, (_, i) => i);
+    const a = await sampleOnGpu(ctx.gpu, { logits, params, steps });
+    const b = await sampleOnGpu(ctx.gpu, { logits, params, steps });
+    const c = await sampleOnGpu(ctx.gpu, { logits, params: { ...params, seed: 43 }, steps });
+    expect(b.ids).toEqual(a.ids);
+    expect(c.ids).not.toEqual(a.ids);
+    expect(new Set(a.ids).size).toBeGreaterThan(1);
+  });
+
+  // Several draws per case; the reference follows the GPU's history ring (capacity 64 > 20 + steps).
+  it.each([
+    [512, 40, 4],
+    [5000, 10, 2],
+  ])(
+    'matches the reference candidates and choice for the same uniform number, vocab %i, %i cases x %i draws',
+    async (vocab, cases, draws) => {
+      const random = seededRandom(vocab + 99);
+      let mismatches = 0;
+      let excused = 0;
+      let candidateSizes = 0;
+      for (let c = 0; c < cases; c++) {
+        const logits = randomFloats(random, vocab, 1 + random() * 6);
+        // Some exact ties, so the tie rule at thresholds is exercised.
+        for (let t = 0; t < 8; t++) logits[Math.floor(random() * vocab)] = logits[Math.floor(random() * vocab)];
+        const params = randomParams(random, vocab);
+        const history = Array.from({ length: 20 }, () => Math.floor(random() * vocab));
+        const first = Math.floor(random() * 1000);
+        const steps = Array.from({ length: draws }, (_, i) => first + i);
+        const gpuRun = await sampleOnGpu(ctx.gpu, { logits, params, history, steps });
+        const seen = [...history];
+        steps.forEach((step, i) => {
+          const ref = sampleReference(logits, params, seen, samplingUniform(params.seed, step));
+          expect(ref.candidates).toContain(gpuRun.ids[i]);
+          if (gpuRun.ids[i] !== ref.choice) {
+            mismatches++;
+            if (ref.nearBoundary) excused++;
+          }
+          if (i === draws - 1 && params.temperature > 0) {
+            candidateSizes += ref.candidates.length;
+            const kept = gpuCandidates(ref.penalized, gpuRun.state, params.minP);
+            if (!ref.nearBoundary) expect(kept).toEqual(ref.candidates);
+          }
+          seen.push(gpuRun.ids[i]);
+        });
+      }
+      expect(mismatches, 'mismatches not explained by f32 rounding at a boundary').toBe(excused);
+      expect(mismatches).toBeLessThanOrEqual(Math.ceil((cases * draws) / 20));
+      expect(candidateSizes).toBeGreaterThan(cases); // the filters left real choices, not only the argmax
+    },
+  );
+});
+
+describe('sampler: distribution', () => {
+  it('a 151936 vocab with top-p alone (thousands of candidates, mass split over 38 workgroups) matches the reference', async () => {
+    const vocab = 151936;
+    const random = seededRandom(5);
+    const logits = randomFloats(random, vocab, 4);
+    const params: SamplerParams = { temperature: 0.9, topK: 0, topP: 0.6, minP: 0, repetitionPenalty: 1.2, seed: 7 };
+    const history = [1, 2, 3, 150000];
+    const { ids, state } = await sampleOnGpu(ctx.gpu, { logits, params, history, steps: [3] });
+    const ref = sampleReference(logits, params, history, samplingUniform(params.seed, 3));
+    expect(ref.candidates.length).toBeGreaterThan(1000);
+    expect(gpuCandidates(ref.penalized, state, 0)).toEqual(ref.candidates);
+    expect(ids[0]).toBe(ref.choice);
+  });
+
+  it('draw frequencies over 600 steps match the reference probabilities (chi-square)', async () => {
+    const logits = Float32Array.from([2.1, 1.9, 1.9, 0.4, -0.3, 1.2, 0.8, -2, 0.1, 1.5, 0.9, -1, 0.3, 0.6, -0.5, 1.0]);
+    const params: SamplerParams = {
+      temperature: 0.8,
+      topK: 10,
+      topP: 0.9,
+      minP: 0.05,
+      repetitionPenalty: 1,
+      seed: 1234,
+    };
+    const steps = Array.from({ length: 600 }, (_, i) => i);
+    const { ids } = await sampleOnGpu(ctx.gpu, { logits, params, steps });
+    const ref = sampleReference(logits, params, [], 0.5);
+    expect(ref.candidates.length).toBeGreaterThan(4);
+    // Step by step the draws are the reference's, given the same uniform numbers.
+    const expectedIds = steps.map((s) => sampleReference(logits, params, [], samplingUniform(params.seed, s)).choice);
+    expect(ids).toEqual(expectedIds);
+    // And the hashed uniforms are uniform enough: chi-square against the candidate probabilities. The sequence is
+    // deterministic, so the bound (df + 6·sqrt(2·df), far beyond the 0.1% critical value) cannot flake.
+    const counts = new Map<number, number>();
+    for (const id of ids) counts.set(id, (counts.get(id) ?? 0) + 1);
+    for (const id of counts.keys()) expect(ref.candidates).toContain(id);
+    let chi2 = 0;
+    ref.candidates.forEach((id, j) => {
+      const expected = ids.length * ref.probabilities[j];
+      chi2 += ((counts.get(id) ?? 0) - expected) ** 2 / expected;
+    });
+    const df = ref.candidates.length - 1;
+    expect(chi2).toBeLessThan(df + 6 * Math.sqrt(2 * df));
+  });
+});
+
+describe('sampler: broken kernels are caught', () => {
+  it.each([
+    ['the draw ignores the temperature', 'draw', 'exp((x - maxLogit) / temperature)', 'exp(x - maxLogit)'],
+    [
+      'the top-k/top-p select stops one bin early',
+      'select',
+      'cumCount + binCount[b] >= needCount',
+      'cumCount >= needCount',
+    ],
+    ['the penalty divides negative logits', 'penalty', 'l > 0.0', 'l < 0.0'],
+  ] as const)('%s', async (_, shader, from, to) => {
+    const broken = { ...sampleWgsl, [shader]: sampleWgsl[shader].replace(from, to) };
+    expect(broken[shader]).not.toBe(sampleWgsl[shader]);
+    const random = seededRandom(404);
+    let mismatches = 0;
+    for (let c = 0; c < 12; c++) {
+      const logits = randomFloats(random, 512, 3);
+      const params: SamplerParams = {
+        temperature: 0.4,
+        topK: 30,
+        topP: 0.95,
+        minP: 0,
+        repetitionPenalty: 1.8,
+        seed: c,
+      };
+      // History = the 30 best ids, so the penalty reorders the top of the distribution.
+      const history = Array.from(logits.keys())
+        .sort((a, b) => logits[b] - logits[a])
+        .slice(0, 30);
+      const { ids } = await sampleOnGpu(ctx.gpu, { logits, params, history, steps: [c], shaders: broken });
+      if (ids[0] !== sampleReference(logits, params, history, samplingUniform(c, c)).choice) mismatches++;
+    }
+    expect(mismatches).toBeGreaterThan(3);
   });
 });
