@@ -1,0 +1,69 @@
+import type { GpuContext } from '../gpu/device.ts';
+import { sourceFromPath } from '../gguf/node-source.ts';
+import { Engine } from '../engine/engine.ts';
+import { InvalidRequestError } from '../errors.ts';
+import { renderChatTemplate } from '../tokenizer/chat-template.ts';
+import { numberFlag, type ParsedArgs, stringFlag } from './args.ts';
+import { defaultModelPath } from './default-model.ts';
+
+/** `longtab generate`: one prompt, streamed to stdout (or one JSON object with --json). */
+export async function runGenerate(args: ParsedArgs, gpu: GpuContext): Promise<number> {
+  const modelPath = stringFlag(args, 'model') ?? defaultModelPath();
+  const prompt = stringFlag(args, 'prompt') ?? '';
+  const json = args.flags.has('json');
+  const engine = new Engine(gpu);
+  const source = await sourceFromPath(modelPath);
+  try {
+    await engine.load(source, { kv: (stringFlag(args, 'kv') as 'f16' | undefined) ?? 'f16' });
+    const tokenizer = engine.tokenizer;
+    let promptIds: number[];
+    if (args.flags.has('chat')) {
+      const template = engine.loaded!.file.metadata['tokenizer.chat_template'];
+      const text = renderChatTemplate(typeof template === 'string' ? template : undefined, {
+        messages: [{ role: 'user', content: prompt }],
+        add_generation_prompt: true,
+        bos_token: tokenizer.bosId !== undefined ? tokenizer.tokenText(tokenizer.bosId) : '',
+        eos_token: tokenizer.eosId !== undefined ? tokenizer.tokenText(tokenizer.eosId) : '',
+      });
+      promptIds = tokenizer.encode(text, { addSpecial: true, parseSpecial: true });
+    } else if (prompt === '') {
+      if (tokenizer.bosId === undefined) throw new InvalidRequestError('This model has no BOS token: give a --prompt.');
+      promptIds = [tokenizer.bosId];
+    } else {
+      promptIds = tokenizer.encode(prompt, { addSpecial: true });
+    }
+    const stream = tokenizer.createStreamDecoder({ skipSpecial: true });
+    const result = await engine.generate({
+      promptIds,
+      maxTokens: numberFlag(args, 'max-tokens', 128),
+      sampling: {
+        temperature: numberFlag(args, 'temperature', 0),
+        topK: numberFlag(args, 'top-k', 0),
+        topP: numberFlag(args, 'top-p', 1),
+        minP: numberFlag(args, 'min-p', 0),
+        repetitionPenalty: numberFlag(args, 'repetition-penalty', 1),
+        seed: numberFlag(args, 'seed', 0),
+      },
+      onToken: json
+        ? undefined
+        : (id) => {
+            process.stdout.write(stream.push(id));
+            return undefined;
+          },
+    });
+    const text = tokenizer.decode(result.ids, { skipSpecial: true });
+    if (json) {
+      process.stdout.write(`${JSON.stringify({ ids: result.ids, text, finish_reason: result.finishReason, usage: result.usage })}\n`);
+    } else {
+      process.stdout.write(`${stream.flush()}\n`);
+      const u = result.usage;
+      process.stderr.write(
+        `\n[${u.promptTokens} prompt tokens, ${u.completionTokens} generated; prefill ${u.prefillTokensPerSecond.toFixed(1)} tok/s, decode ${u.decodeTokensPerSecond.toFixed(1)} tok/s, TTFT ${u.ttftMs.toFixed(1)} ms; ${gpu.adapter.description || gpu.adapter.vendor}]\n`,
+      );
+    }
+    return 0;
+  } finally {
+    engine.unload();
+    await source.close?.();
+  }
+}

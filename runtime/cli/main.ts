@@ -1,0 +1,57 @@
+/**
+ * `longtab` — the Node CLI on the same engine as the browser (WebGPU through Dawn; any Vulkan driver, CPU ones too).
+ */
+import { acquireGpu } from '../gpu/device.ts';
+import { nodeGpu, releaseNodeGpu } from '../gpu/node.ts';
+import { LongtabError } from '../errors.ts';
+import { parseArgs, type ParsedArgs, numberFlag, stringFlag } from './args.ts';
+import { runInfo } from './info.ts';
+import { runGenerate } from './generate.ts';
+
+const USAGE = `longtab — a local LLM runtime on WebGPU
+
+  longtab info FILE [--json]
+      architecture, parameter count, tensor types and a memory estimate
+  longtab generate [--model FILE] [--prompt TEXT] [--chat] [--max-tokens N] [--temperature T]
+                   [--top-k K] [--top-p P] [--min-p P] [--repetition-penalty R] [--seed S] [--json]
+      an empty prompt means BOS only; --json prints { ids, text, usage }
+`;
+
+export async function runCli(argv: string[]): Promise<number> {
+  const args = parseArgs(argv);
+  try {
+    switch (args.command) {
+      case 'info':
+        return await runInfo(args);
+      case 'generate':
+        return await withGpu(args, runGenerate);
+      case 'help':
+      case '--help':
+      case '-h':
+        process.stdout.write(USAGE);
+        return 0;
+      default:
+        process.stderr.write(`longtab: unknown command '${args.command}'\n\n${USAGE}`);
+        return 2;
+    }
+  } catch (error) {
+    if (error instanceof LongtabError) {
+      process.stderr.write(`longtab: ${error.name}: ${error.message}\n`);
+      return 1;
+    }
+    throw error;
+  } finally {
+    releaseNodeGpu();
+  }
+}
+
+async function withGpu(args: ParsedArgs, run: (args: ParsedArgs, gpu: Awaited<ReturnType<typeof acquireGpu>>) => Promise<number>): Promise<number> {
+  const gpu = await acquireGpu({ gpu: await nodeGpu() });
+  try {
+    return await run(args, gpu);
+  } finally {
+    gpu.destroy();
+  }
+}
+
+export { numberFlag, stringFlag };

@@ -1,0 +1,34 @@
+import { readFileSync } from 'node:fs';
+import { describe, expect, it } from 'vitest';
+import { withTestGpu } from '../../test/gpu.ts';
+import { STORIES260K, STORIES260K_GOLDEN, sharedPath } from '../../test/shared.ts';
+import { sourceFromPath } from '../gguf/node-source.ts';
+import { Engine } from './engine.ts';
+
+const ctx = withTestGpu();
+const modelPath = sharedPath(STORIES260K);
+const goldenPath = sharedPath(STORIES260K_GOLDEN);
+
+describe.skipIf(!modelPath || !goldenPath)('stories260K end to end (real trained model)', () => {
+  it('greedy decoding from BOS reproduces the golden ids exactly, in one prefill chunk or many', async () => {
+    const golden = JSON.parse(readFileSync(goldenPath!, 'utf8')) as { greedy_ids: number[]; greedy_text: string };
+    const baseline = ctx.gpu.allocator.snapshot();
+    for (const prefillChunk of [128, 7]) {
+      const engine = new Engine(ctx.gpu);
+      const source = await sourceFromPath(modelPath!);
+      await engine.load(source, { kv: 'f16', prefillChunk, kvBudgetBytes: 4 << 20 });
+      const bos = golden.greedy_ids[0];
+      const expected = golden.greedy_ids.slice(1);
+      const fromBos = await engine.generate({ promptIds: [bos], maxTokens: expected.length, stopAtEog: false });
+      expect(fromBos.ids).toEqual(expected);
+      expect(engine.tokenizer.decode(fromBos.ids)).toBe(golden.greedy_text);
+      // A longer prompt, prefilled in chunks that straddle pages, must continue exactly as decoding did.
+      const prompt = [bos, ...expected.slice(0, 40)];
+      const continued = await engine.generate({ promptIds: prompt, maxTokens: 20, stopAtEog: false });
+      expect(continued.ids).toEqual(expected.slice(40, 60));
+      engine.unload();
+      await source.close?.();
+    }
+    expect(ctx.gpu.allocator.snapshot().totalBuffers).toBe(baseline.totalBuffers);
+  });
+});

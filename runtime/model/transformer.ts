@@ -1,0 +1,199 @@
+import { encodeDispatches, type PreparedDispatch, releaseDispatches, uniformBuffer } from '../../kernels/dispatch.ts';
+import { prepareAddInPlace, prepareSwiglu } from '../../kernels/elementwise.ts';
+import { prepareEmbedding } from '../../kernels/embedding.ts';
+import { prepareMatmul } from '../../kernels/matmul.ts';
+import { prepareRmsNorm } from '../../kernels/rmsnorm.ts';
+import { prepareRope } from '../../kernels/rope.ts';
+import type { GpuContext } from '../gpu/device.ts';
+import type { ModelConfig } from './config.ts';
+import type { ModelWeights } from './weights.ts';
+
+/**
+ * What the forward pass needs from the KV cache: per layer, a dispatch that stores this step's k/v and one
+ * that computes attention of this step's queries over the sequence's pages. The cache binds its own per-step
+ * uniform (positions, page table slice), which `beginStep` writes before the submit.
+ */
+export interface KvAttentionBackend {
+  prepareLayer(
+    layer: number,
+    buffers: { q: GPUBuffer; k: GPUBuffer; v: GPUBuffer; output: GPUBuffer },
+    maxTokens: number,
+  ): { append: PreparedDispatch[]; attention: PreparedDispatch[] };
+}
+
+/** Scratch activations for up to `maxTokens` tokens per forward call. */
+interface Activations {
+  tokenIds: GPUBuffer;
+  x: GPUBuffer;
+  xNorm: GPUBuffer;
+  q: GPUBuffer;
+  k: GPUBuffer;
+  v: GPUBuffer;
+  attention: GPUBuffer;
+  projected: GPUBuffer;
+  gate: GPUBuffer;
+  up: GPUBuffer;
+  hidden: GPUBuffer;
+  lastHidden: GPUBuffer;
+  logits: GPUBuffer;
+  /** Uniform { position, tokens }: written before each submit. */
+  step: GPUBuffer;
+}
+
+/** The dispatches of one forward call over `tokens` tokens: recorded once, replayed every step. */
+export interface ForwardGraph {
+  tokens: number;
+  body: PreparedDispatch[];
+  /** Logits of the last token into `buffers.logits`. */
+  logits: PreparedDispatch[];
+  /** Logits of every token into the evaluation buffer (perplexity, oracle tests); prepared on first use. */
+  allLogits?: PreparedDispatch[];
+}
+
+/** Which logits a forward call produces. */
+export type LogitsMode = 'none' | 'last' | 'all';
+
+/**
+ * The transformer forward pass, as one list of prepared dispatches per token count. It reads like the math:
+ * x = embed(tokens); per layer x += o(attn(rope(q), rope(k), v)); x += down(silu(gate)·up); logits = out(norm(x)).
+ */
+export class Transformer {
+  readonly config: ModelConfig;
+  readonly maxTokens: number;
+  readonly buffers: Activations;
+  private readonly gpu: GpuContext;
+  private readonly weights: ModelWeights;
+  private readonly kv: KvAttentionBackend;
+  private readonly graphs = new Map<number, ForwardGraph>();
+  private readonly stepWords = new Uint32Array(4);
+
+  constructor(gpu: GpuContext, config: ModelConfig, weights: ModelWeights, kv: KvAttentionBackend, maxTokens: number) {
+    this.gpu = gpu;
+    this.config = config;
+    this.weights = weights;
+    this.kv = kv;
+    this.maxTokens = maxTokens;
+    const c = config;
+    const f32 = (label: string, count: number) => gpu.allocator.createStorage(label, 'scratch', count * 4);
+    this.buffers = {
+      tokenIds: f32('tokenIds', maxTokens),
+      x: f32('x', maxTokens * c.dim),
+      xNorm: f32('xNorm', maxTokens * c.dim),
+      q: f32('q', maxTokens * c.heads * c.headDim),
+      k: f32('k', maxTokens * c.kvHeads * c.headDim),
+      v: f32('v', maxTokens * c.kvHeads * c.headDim),
+      attention: f32('attention', maxTokens * c.heads * c.headDim),
+      projected: f32('projected', maxTokens * c.dim),
+      gate: f32('gate', maxTokens * c.ffnDim),
+      up: f32('up', maxTokens * c.ffnDim),
+      hidden: f32('hidden', maxTokens * c.ffnDim),
+      lastHidden: f32('lastHidden', c.dim),
+      logits: f32('logits', c.vocab),
+      step: uniformBuffer(gpu, 'step', [0, 0, 0, 0], 'uuuu'),
+    };
+  }
+
+  /** Writes this step's token ids and position; the KV cache writes its own step uniform separately. */
+  writeStep(tokenIds: ArrayLike<number>, position: number): void {
+    if (tokenIds.length > this.maxTokens) throw new RangeError(`forward over ${tokenIds.length} tokens > ${this.maxTokens}`);
+    const queue = this.gpu.device.queue;
+    queue.writeBuffer(this.buffers.tokenIds, 0, Uint32Array.from(tokenIds));
+    this.stepWords[0] = position;
+    this.stepWords[1] = tokenIds.length;
+    queue.writeBuffer(this.buffers.step, 0, this.stepWords);
+  }
+
+  graph(tokens: number): ForwardGraph {
+    let g = this.graphs.get(tokens);
+    if (!g) {
+      g = this.buildGraph(tokens);
+      this.graphs.set(tokens, g);
+    }
+    return g;
+  }
+
+  /**
+   * Records the forward pass into `encoder`: 'last' leaves the last token's logits in `buffers.logits`,
+   * 'all' every token's logits in `allLogitsBuffer()` ([tokens, vocab]).
+   */
+  encode(encoder: GPUCommandEncoder, tokens: number, mode: LogitsMode): void {
+    const g = this.graph(tokens);
+    const body = encoder.beginComputePass({ label: `forward[${tokens}]` });
+    encodeDispatches(body, g.body);
+    body.end();
+    if (mode === 'none') return;
+    if (mode === 'all') {
+      g.allLogits ??= prepareMatmul(this.gpu, 'output.all', { weight: this.weights.output, input: this.buffers.xNorm, output: this.allLogitsBuffer(), tokens });
+      const head = encoder.beginComputePass({ label: 'logits.all' });
+      encodeDispatches(head, g.allLogits);
+      head.end();
+      return;
+    }
+    const rowBytes = this.config.dim * 4;
+    encoder.copyBufferToBuffer(this.buffers.xNorm, (tokens - 1) * rowBytes, this.buffers.lastHidden, 0, rowBytes);
+    const head = encoder.beginComputePass({ label: 'logits' });
+    encodeDispatches(head, g.logits);
+    head.end();
+  }
+
+  private allLogits: GPUBuffer | null = null;
+
+  /** f32 [maxTokens, vocab], created on first use: generation never needs it. */
+  allLogitsBuffer(): GPUBuffer {
+    this.allLogits ??= this.gpu.allocator.createStorage('logits.all', 'scratch', this.maxTokens * this.config.vocab * 4);
+    return this.allLogits;
+  }
+
+  private buildGraph(tokens: number): ForwardGraph {
+    const { gpu, config: c, weights: w, buffers: b } = this;
+    const body: PreparedDispatch[] = [];
+    const rope = (x: GPUBuffer, heads: number, label: string) =>
+      prepareRope(gpu, label, {
+        x,
+        freqFactors: w.ropeFreqFactors,
+        step: b.step,
+        tokens,
+        heads,
+        headDim: c.headDim,
+        ropeDim: c.ropeDim,
+        base: c.ropeBase,
+        layout: c.ropeLayout,
+      });
+    body.push(...prepareEmbedding(gpu, 'embed', { weight: w.embedding, tokenIds: b.tokenIds, output: b.x, tokens }));
+    for (let i = 0; i < c.layers; i++) {
+      const l = w.layers[i];
+      const p = `blk.${i}`;
+      body.push(prepareRmsNorm(gpu, `${p}.attn_norm`, { input: b.x, weight: l.attnNorm, output: b.xNorm, rows: tokens, dim: c.dim, eps: c.rmsEps }));
+      body.push(...prepareMatmul(gpu, `${p}.q`, { weight: l.q, input: b.xNorm, output: b.q, tokens, bias: l.qBias }));
+      body.push(...prepareMatmul(gpu, `${p}.k`, { weight: l.k, input: b.xNorm, output: b.k, tokens, bias: l.kBias }));
+      body.push(...prepareMatmul(gpu, `${p}.v`, { weight: l.v, input: b.xNorm, output: b.v, tokens, bias: l.vBias }));
+      if (l.qNorm && l.kNorm) {
+        // Qwen3 normalizes each head's q and k in place before RoPE.
+        body.push(prepareRmsNorm(gpu, `${p}.q_norm`, { input: b.q, weight: l.qNorm, output: b.q, rows: tokens * c.heads, dim: c.headDim, eps: c.rmsEps }));
+        body.push(prepareRmsNorm(gpu, `${p}.k_norm`, { input: b.k, weight: l.kNorm, output: b.k, rows: tokens * c.kvHeads, dim: c.headDim, eps: c.rmsEps }));
+      }
+      body.push(rope(b.q, c.heads, `${p}.rope_q`), rope(b.k, c.kvHeads, `${p}.rope_k`));
+      const kv = this.kv.prepareLayer(i, { q: b.q, k: b.k, v: b.v, output: b.attention }, tokens);
+      body.push(...kv.append, ...kv.attention);
+      body.push(...prepareMatmul(gpu, `${p}.o`, { weight: l.o, input: b.attention, output: b.projected, tokens }));
+      body.push(prepareAddInPlace(gpu, `${p}.attn_residual`, { x: b.x, y: b.projected, count: tokens * c.dim }));
+      body.push(prepareRmsNorm(gpu, `${p}.ffn_norm`, { input: b.x, weight: l.ffnNorm, output: b.xNorm, rows: tokens, dim: c.dim, eps: c.rmsEps }));
+      body.push(...prepareMatmul(gpu, `${p}.gate`, { weight: l.gate, input: b.xNorm, output: b.gate, tokens }));
+      body.push(...prepareMatmul(gpu, `${p}.up`, { weight: l.up, input: b.xNorm, output: b.up, tokens }));
+      body.push(prepareSwiglu(gpu, `${p}.swiglu`, { gate: b.gate, up: b.up, output: b.hidden, count: tokens * c.ffnDim }));
+      body.push(...prepareMatmul(gpu, `${p}.down`, { weight: l.down, input: b.hidden, output: b.projected, tokens }));
+      body.push(prepareAddInPlace(gpu, `${p}.ffn_residual`, { x: b.x, y: b.projected, count: tokens * c.dim }));
+    }
+    body.push(prepareRmsNorm(gpu, 'output_norm', { input: b.x, weight: w.outputNorm, output: b.xNorm, rows: tokens, dim: c.dim, eps: c.rmsEps }));
+    const logits = prepareMatmul(gpu, 'output', { weight: w.output, input: b.lastHidden, output: b.logits, tokens: 1 });
+    return { tokens, body, logits };
+  }
+
+  release(): void {
+    for (const g of this.graphs.values()) releaseDispatches(this.gpu, [...g.body, ...g.logits, ...(g.allLogits ?? [])]);
+    this.graphs.clear();
+    if (this.allLogits) this.gpu.allocator.release(this.allLogits);
+    this.allLogits = null;
+    for (const buffer of Object.values(this.buffers)) this.gpu.allocator.release(buffer);
+  }
+}

@@ -1,0 +1,204 @@
+import { type GpuWeight, releaseWeight, uploadWeight } from '../../kernels/weights.ts';
+import { CorruptModelFileError, UnsupportedModelError } from '../errors.ts';
+import type { GpuContext } from '../gpu/device.ts';
+import { streamTensorBytes } from '../gguf/read-tensor.ts';
+import { type ByteSource, GGML_TYPE_INFO, GgmlType, type GgufFile, type GgufTensorInfo, SUPPORTED_WEIGHT_TYPES } from '../gguf/types.ts';
+import type { ModelConfig } from './config.ts';
+
+export interface LayerWeights {
+  attnNorm: GPUBuffer;
+  q: GpuWeight;
+  k: GpuWeight;
+  v: GpuWeight;
+  o: GpuWeight;
+  qBias?: GPUBuffer;
+  kBias?: GPUBuffer;
+  vBias?: GPUBuffer;
+  qNorm?: GPUBuffer;
+  kNorm?: GPUBuffer;
+  ffnNorm: GPUBuffer;
+  gate: GpuWeight;
+  up: GpuWeight;
+  down: GpuWeight;
+}
+
+export interface ModelWeights {
+  embedding: GpuWeight;
+  layers: LayerWeights[];
+  outputNorm: GPUBuffer;
+  /** The embedding itself when the output is tied. */
+  output: GpuWeight;
+  /** f32 [ropeDim/2]: Llama 3 rope_freqs, or ones. */
+  ropeFreqFactors: GPUBuffer;
+}
+
+/** Expected GGUF shape of every tensor the forward pass reads: metadata that contradicts a tensor is caught here. */
+export function expectedTensorShapes(c: ModelConfig): Map<string, number[]> {
+  const shapes = new Map<string, number[]>();
+  const q = c.heads * c.headDim;
+  const kv = c.kvHeads * c.headDim;
+  shapes.set('token_embd.weight', [c.dim, c.vocab]);
+  shapes.set('output_norm.weight', [c.dim]);
+  if (!c.tiedOutput) shapes.set('output.weight', [c.dim, c.vocab]);
+  if (c.ropeFreqFactors) shapes.set('rope_freqs.weight', [c.ropeDim / 2]);
+  for (let i = 0; i < c.layers; i++) {
+    const p = `blk.${i}.`;
+    shapes.set(`${p}attn_norm.weight`, [c.dim]);
+    shapes.set(`${p}attn_q.weight`, [c.dim, q]);
+    shapes.set(`${p}attn_k.weight`, [c.dim, kv]);
+    shapes.set(`${p}attn_v.weight`, [c.dim, kv]);
+    shapes.set(`${p}attn_output.weight`, [q, c.dim]);
+    if (c.qkvBias) {
+      shapes.set(`${p}attn_q.bias`, [q]);
+      shapes.set(`${p}attn_k.bias`, [kv]);
+      shapes.set(`${p}attn_v.bias`, [kv]);
+    }
+    if (c.qkNorm) {
+      shapes.set(`${p}attn_q_norm.weight`, [c.headDim]);
+      shapes.set(`${p}attn_k_norm.weight`, [c.headDim]);
+    }
+    shapes.set(`${p}ffn_norm.weight`, [c.dim]);
+    shapes.set(`${p}ffn_gate.weight`, [c.dim, c.ffnDim]);
+    shapes.set(`${p}ffn_up.weight`, [c.dim, c.ffnDim]);
+    shapes.set(`${p}ffn_down.weight`, [c.ffnDim, c.dim]);
+  }
+  return shapes;
+}
+
+/** Checks presence, shape and type of every tensor before any GPU memory is allocated. */
+export function validateTensors(file: GgufFile, config: ModelConfig): Map<string, GgufTensorInfo> {
+  const byName = new Map(file.tensors.map((t) => [t.name, t]));
+  for (const [name, shape] of expectedTensorShapes(config)) {
+    const tensor = byName.get(name);
+    if (!tensor) throw new CorruptModelFileError(`The model file has no tensor '${name}', which a ${config.architecture} model needs.`, { tensor: name });
+    const actual = tensor.shape.join('x');
+    if (actual !== shape.join('x')) {
+      throw new CorruptModelFileError(
+        `Tensor '${name}' has shape [${actual}] but the metadata implies [${shape.join('x')}]: the file's metadata contradicts its tensors.`,
+        { tensor: name, shape: tensor.shape, expected: shape },
+      );
+    }
+    const isVector = shape.length === 1;
+    if (isVector ? tensor.type !== GgmlType.F32 : !SUPPORTED_WEIGHT_TYPES.includes(tensor.type)) {
+      throw new UnsupportedModelError(
+        `Tensor '${name}' has type ${GGML_TYPE_INFO[tensor.type]?.name ?? tensor.type}, which longtab does not run` +
+          (isVector ? ' (norms and biases must be F32).' : `; supported: ${SUPPORTED_WEIGHT_TYPES.map((t) => GGML_TYPE_INFO[t]?.name).join(', ')}.`),
+        { tensor: name, type: tensor.type },
+      );
+    }
+  }
+  return byName;
+}
+
+async function uploadVector(gpu: GpuContext, source: ByteSource, tensor: GgufTensorInfo): Promise<GPUBuffer> {
+  const buffer = gpu.allocator.createBuffer({
+    label: tensor.name,
+    category: 'weights',
+    size: tensor.byteLength,
+    usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST,
+  });
+  await streamTensorBytes(source, tensor, 1 << 20, (bytes, offset) => {
+    gpu.device.queue.writeBuffer(buffer, offset, bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  });
+  return buffer;
+}
+
+export interface WeightLoadProgress {
+  tensorsDone: number;
+  tensorsTotal: number;
+  bytesDone: number;
+  bytesTotal: number;
+}
+
+/**
+ * Streams every tensor to GPU buffers. On failure, every buffer created so far is released before the error
+ * propagates, so a failed load leaves no GPU memory behind.
+ */
+export async function loadModelWeights(
+  gpu: GpuContext,
+  file: GgufFile,
+  source: ByteSource,
+  config: ModelConfig,
+  onProgress?: (p: WeightLoadProgress) => void,
+): Promise<ModelWeights> {
+  const byName = validateTensors(file, config);
+  const created: { buffers: GPUBuffer[]; weights: GpuWeight[] } = { buffers: [], weights: [] };
+  const bytesTotal = [...expectedTensorShapes(config).keys()].reduce((sum, n) => sum + (byName.get(n)?.byteLength ?? 0), 0);
+  let bytesDone = 0;
+  let tensorsDone = 0;
+  const tensorsTotal = expectedTensorShapes(config).size;
+  const report = (t: GgufTensorInfo) => {
+    bytesDone += t.byteLength;
+    tensorsDone += 1;
+    onProgress?.({ tensorsDone, tensorsTotal, bytesDone, bytesTotal });
+  };
+  const vector = async (name: string) => {
+    const t = byName.get(name)!;
+    const b = await uploadVector(gpu, source, t);
+    created.buffers.push(b);
+    report(t);
+    return b;
+  };
+  const matrix = async (name: string) => {
+    const t = byName.get(name)!;
+    const w = await uploadWeight(gpu, t, source);
+    created.weights.push(w);
+    report(t);
+    return w;
+  };
+  try {
+    const embedding = await matrix('token_embd.weight');
+    const layers: LayerWeights[] = [];
+    for (let i = 0; i < config.layers; i++) {
+      const p = `blk.${i}.`;
+      const layer: LayerWeights = {
+        attnNorm: await vector(`${p}attn_norm.weight`),
+        q: await matrix(`${p}attn_q.weight`),
+        k: await matrix(`${p}attn_k.weight`),
+        v: await matrix(`${p}attn_v.weight`),
+        o: await matrix(`${p}attn_output.weight`),
+        ffnNorm: await vector(`${p}ffn_norm.weight`),
+        gate: await matrix(`${p}ffn_gate.weight`),
+        up: await matrix(`${p}ffn_up.weight`),
+        down: await matrix(`${p}ffn_down.weight`),
+      };
+      if (config.qkvBias) {
+        layer.qBias = await vector(`${p}attn_q.bias`);
+        layer.kBias = await vector(`${p}attn_k.bias`);
+        layer.vBias = await vector(`${p}attn_v.bias`);
+      }
+      if (config.qkNorm) {
+        layer.qNorm = await vector(`${p}attn_q_norm.weight`);
+        layer.kNorm = await vector(`${p}attn_k_norm.weight`);
+      }
+      layers.push(layer);
+    }
+    const outputNorm = await vector('output_norm.weight');
+    const output = config.tiedOutput ? embedding : await matrix('output.weight');
+    const ropeFreqFactors = config.ropeFreqFactors
+      ? await vector('rope_freqs.weight')
+      : gpu.allocator.createStorage('rope_freqs.ones', 'weights', new Float32Array(config.ropeDim / 2).fill(1));
+    if (!config.ropeFreqFactors) created.buffers.push(ropeFreqFactors);
+    return { embedding, layers, outputNorm, output, ropeFreqFactors };
+  } catch (error) {
+    releaseBuffersAndWeights(gpu, created.buffers, created.weights);
+    throw error;
+  }
+}
+
+function releaseBuffersAndWeights(gpu: GpuContext, buffers: GPUBuffer[], weights: GpuWeight[]): void {
+  for (const b of buffers) gpu.allocator.release(b);
+  for (const w of weights) releaseWeight(gpu, w);
+}
+
+export function releaseModelWeights(gpu: GpuContext, w: ModelWeights): void {
+  const buffers = [w.outputNorm, w.ropeFreqFactors];
+  const weights = [w.embedding];
+  if (w.output !== w.embedding) weights.push(w.output);
+  for (const l of w.layers) {
+    buffers.push(l.attnNorm, l.ffnNorm);
+    for (const b of [l.qBias, l.kBias, l.vBias, l.qNorm, l.kNorm]) if (b) buffers.push(b);
+    weights.push(l.q, l.k, l.v, l.o, l.gate, l.up, l.down);
+  }
+  releaseBuffersAndWeights(gpu, buffers, weights);
+}
