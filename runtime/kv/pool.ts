@@ -342,7 +342,7 @@ export class KvPagePool {
       if (this.f16.refcounts[this.f16.globalId(seq.pages[i])] > 1) shared++;
     }
     const needed = Math.max(0, last - seq.pages.length) + shared;
-    if (needed > 0) this.checkCapacity(seq, end, needed);
+    if (needed > 0) this.checkCapacity(seq, end, needed, first);
     if (shared > 0) this.copyOnWrite(seq, first, Math.min(last, seq.pages.length));
     this.reserve(seq, end);
     seq.length = end;
@@ -424,13 +424,26 @@ export class KvPagePool {
     }
   }
 
-  private checkCapacity(seq: KvSequence, newLength: number, pagesNeeded: number): void {
-    const totalPages = Math.ceil(newLength / this.pageTokens);
-    if (pagesNeeded > this.f16.available() || totalPages > this.maxPagesPerSequence) {
-      const ownPages = Math.min(seq.pages.length, this.maxPagesPerSequence);
-      const fit = Math.min(ownPages + this.f16.available(), this.maxPagesPerSequence);
-      throw new ContextOverflowError(newLength, fit * this.pageTokens);
+  /** Throws ContextOverflowError when writing up to `newLength` from page `firstWritten` needs more than is free. */
+  private checkCapacity(
+    seq: KvSequence,
+    newLength: number,
+    pagesNeeded: number,
+    firstWritten = seq.pages.length,
+  ): void {
+    if (pagesNeeded <= this.f16.available() && Math.ceil(newLength / this.pageTokens) <= this.maxPagesPerSequence)
+      return;
+    // The longest this sequence could get: walk its pages, paying one free page per shared page it would write.
+    let free = this.f16.available();
+    let pages = firstWritten;
+    for (; pages < seq.pages.length; pages++) {
+      if (this.f16.refcounts[this.f16.globalId(seq.pages[pages])] > 1) {
+        if (free === 0) break;
+        free--;
+      }
     }
+    if (pages === seq.pages.length) pages += free;
+    throw new ContextOverflowError(newLength, Math.min(pages, this.maxPagesPerSequence) * this.pageTokens);
   }
 
   private allocatePage(): number {

@@ -1,0 +1,231 @@
+import fc from 'fast-check';
+import { describe, expect, it } from 'vitest';
+import { withTestGpu } from '../../test/gpu.ts';
+import { ContextOverflowError, InvalidRequestError } from '../errors.ts';
+import { readUint32 } from '../gpu/readback.ts';
+import { KvPagePool, type KvSequence, MAX_KV_SLABS } from './pool.ts';
+
+const ctx = withTestGpu();
+
+// layers 1, kvHeads 1, headDim 8, pageTokens 4: 128-byte pages.
+const PAGE_BYTES = 1 * 2 * 1 * 4 * 8 * 2;
+
+function smallPool(budgetPages: number, slabPages = 5, maxSequences = 4): KvPagePool {
+  return new KvPagePool(ctx.gpu, {
+    layers: 1,
+    kvHeads: 1,
+    headDim: 8,
+    pageTokens: 4,
+    budgetBytes: budgetPages * PAGE_BYTES,
+    maxSlabBytes: slabPages * PAGE_BYTES,
+    maxSequences,
+  });
+}
+
+type Op =
+  | { op: 'create' }
+  | { op: 'reserve'; seq: number; length: number }
+  | { op: 'step'; seq: number; back: number; tokens: number }
+  | { op: 'fork'; seq: number }
+  | { op: 'truncate'; seq: number; keep: number }
+  | { op: 'free'; seq: number };
+
+// Weighted toward steps and forks so that writes into shared pages (copy-on-write) and overflow are common.
+const opArb: fc.Arbitrary<Op> = fc.oneof(
+  { weight: 2, arbitrary: fc.constant<Op>({ op: 'create' }) },
+  { weight: 1, arbitrary: fc.record({ op: fc.constant('reserve' as const), seq: fc.nat(7), length: fc.nat(90) }) },
+  {
+    weight: 5,
+    arbitrary: fc.record({
+      op: fc.constant('step' as const),
+      seq: fc.nat(7),
+      back: fc.nat(6),
+      tokens: fc.integer({ min: 1, max: 12 }),
+    }),
+  },
+  { weight: 3, arbitrary: fc.record({ op: fc.constant('fork' as const), seq: fc.nat(7) }) },
+  {
+    weight: 2,
+    arbitrary: fc.record({
+      op: fc.constant('truncate' as const),
+      seq: fc.nat(7),
+      keep: fc.double({ min: 0, max: 1, noNaN: true }),
+    }),
+  },
+  { weight: 1, arbitrary: fc.record({ op: fc.constant('free' as const), seq: fc.nat(7) }) },
+);
+
+/** How often the interesting paths ran, so a change that stops exercising them fails loudly. */
+const coverage = { copyOnWrite: 0, overflow: 0, forkShared: 0 };
+
+function owners(live: readonly KvSequence[], entry: number): number {
+  let n = 0;
+  for (const s of live) for (const e of s.pages) if (e === entry) n++;
+  return n;
+}
+
+/** Applies one op; overflow must leave the pool exactly as it was. */
+function apply(pool: KvPagePool, live: KvSequence[], op: Op): void {
+  if (op.op === 'create') {
+    if (live.length === pool.maxSequences) {
+      expect(() => pool.createSequence()).toThrow(InvalidRequestError);
+      return;
+    }
+    live.push(pool.createSequence());
+    return;
+  }
+  if (live.length === 0) return;
+  const index = op.seq % live.length;
+  const seq = live[index];
+  const before = { pages: [...seq.pages], length: seq.length, stats: pool.stats() };
+  try {
+    switch (op.op) {
+      case 'reserve':
+        pool.reserve(seq, op.length);
+        expect(seq.pages.length).toBeGreaterThanOrEqual(Math.ceil(op.length / pool.pageTokens));
+        expect(seq.length).toBe(before.length);
+        break;
+      case 'step': {
+        const position = Math.max(0, seq.length - op.back);
+        const writesShared = seq.pages
+          .slice(Math.floor(position / pool.pageTokens), Math.ceil((position + op.tokens) / pool.pageTokens))
+          .some((e) => owners(live, e) > 1);
+        pool.writeStep(seq, position, op.tokens);
+        expect(seq.length).toBe(position + op.tokens);
+        // Every page the step writes is private to this sequence (copy-on-write happened).
+        const first = Math.floor(position / pool.pageTokens);
+        for (let i = first; i < Math.ceil(seq.length / pool.pageTokens); i++)
+          expect(owners(live, seq.pages[i])).toBe(1);
+        if (writesShared) coverage.copyOnWrite++;
+        break;
+      }
+      case 'fork': {
+        if (live.length === pool.maxSequences) return;
+        const child = pool.fork(seq);
+        expect(child.length).toBe(seq.length);
+        const full = Math.floor(seq.length / pool.pageTokens);
+        expect(child.pages.slice(0, full)).toEqual(seq.pages.slice(0, full));
+        if (seq.length % pool.pageTokens) expect(child.pages[full]).not.toBe(seq.pages[full]);
+        if (full > 0) coverage.forkShared++;
+        live.push(child);
+        break;
+      }
+      case 'truncate': {
+        const length = Math.floor(seq.length * op.keep);
+        pool.truncate(seq, length);
+        expect(seq.length).toBe(length);
+        expect(seq.pages.length).toBe(Math.ceil(length / pool.pageTokens));
+        break;
+      }
+      case 'free':
+        pool.free(seq);
+        live.splice(index, 1);
+        expect(() => pool.truncate(seq, 0)).toThrow(InvalidRequestError);
+        break;
+    }
+  } catch (error) {
+    if (!(error instanceof ContextOverflowError)) throw error;
+    coverage.overflow++;
+    expect(error.tokensNeeded).toBeGreaterThan(0);
+    expect(error.tokensAvailable).toBeLessThan(error.tokensNeeded);
+    expect(seq.pages).toEqual(before.pages);
+    expect(seq.length).toBe(before.length);
+    expect(pool.stats().pagesUsed).toBe(before.stats.pagesUsed);
+  }
+}
+
+describe('KvPagePool', () => {
+  it('never leaks or double-owns a page under random create/reserve/step/fork/truncate/free', async () => {
+    const { gpu } = ctx;
+    const baseline = gpu.allocator.snapshot();
+    await fc.assert(
+      fc.asyncProperty(
+        fc.array(opArb, { minLength: 20, maxLength: 50 }),
+        fc.integer({ min: 3, max: 24 }),
+        async (ops, budgetPages) => {
+          const pool = smallPool(budgetPages);
+          const live: KvSequence[] = [];
+          try {
+            for (const op of ops) {
+              apply(pool, live, op);
+              expect(pool.audit()).toEqual([]);
+              const stats = pool.stats();
+              expect(stats.pagesUsed + stats.pagesFree).toBe(stats.pagesReserved);
+              expect(stats.pagesReserved).toBeLessThanOrEqual(stats.pagesBudget);
+              expect(stats.slabs).toBeLessThanOrEqual(MAX_KV_SLABS);
+              expect(stats.tokensHeld).toBe(live.reduce((n, s) => n + s.length, 0));
+            }
+            // The GPU page table holds every live sequence's pages in its slice.
+            await gpu.device.queue.onSubmittedWorkDone();
+            for (const seq of live) {
+              if (seq.pages.length === 0) continue;
+              const table = await readUint32(gpu, pool.pageTable, seq.pages.length, seq.tableOffset);
+              expect([...table]).toEqual(seq.pages);
+            }
+            for (const seq of live.splice(0)) pool.free(seq);
+            expect(pool.audit()).toEqual([]);
+            expect(pool.stats().pagesUsed).toBe(0);
+          } finally {
+            pool.destroy();
+          }
+        },
+      ),
+      { numRuns: 60, seed: 20261129 },
+    );
+    expect(coverage.copyOnWrite).toBeGreaterThan(5);
+    expect(coverage.overflow).toBeGreaterThan(10);
+    expect(coverage.forkShared).toBeGreaterThan(10);
+    const after = gpu.allocator.snapshot();
+    expect(after.totalBuffers).toBe(baseline.totalBuffers);
+    expect(after.bytes.kv).toBe(baseline.bytes.kv);
+  });
+
+  it('throws ContextOverflowError with the tokens needed and available instead of truncating', () => {
+    const pool = smallPool(6, 2);
+    try {
+      const a = pool.createSequence();
+      pool.writeStep(a, 0, 10); // 3 pages of 4
+      const b = pool.createSequence();
+      let error: unknown;
+      try {
+        pool.writeStep(b, 0, 13); // 4 pages, 3 left
+      } catch (e) {
+        error = e;
+      }
+      expect(error).toBeInstanceOf(ContextOverflowError);
+      expect((error as ContextOverflowError).tokensNeeded).toBe(13);
+      expect((error as ContextOverflowError).tokensAvailable).toBe(12);
+      expect(b.length).toBe(0);
+      expect(b.pages).toEqual([]);
+      pool.writeStep(b, 0, 12);
+      expect(pool.stats()).toMatchObject({ pagesUsed: 6, pagesFree: 0, pagesReserved: 6, slabs: 3, tokensHeld: 22 });
+      expect(() => pool.fork(a)).toThrow(ContextOverflowError); // a's partial last page needs a copy
+      pool.truncate(a, 8);
+      const c = pool.fork(a); // full pages only: shared, nothing allocated
+      expect(pool.stats().pagesUsed).toBe(5);
+      expect(() => pool.writeStep(c, 6, 1)).not.toThrow(); // copy-on-write takes the one free page
+      expect(() => pool.writeStep(a, 8, 1)).toThrow(ContextOverflowError);
+      expect(pool.audit()).toEqual([]);
+    } finally {
+      pool.destroy();
+    }
+  });
+
+  it('grows by slabs only when pages are needed and reports bytes by category', () => {
+    const { gpu } = ctx;
+    const kvBefore = gpu.allocator.snapshot().bytes.kv;
+    const pool = smallPool(20, 5);
+    const fixed = gpu.allocator.snapshot().bytes.kv - kvBefore;
+    expect(pool.stats().slabs).toBe(0);
+    const seq = pool.createSequence();
+    pool.reserve(seq, 21); // 6 pages: two slabs of 5
+    expect(pool.stats()).toMatchObject({ slabs: 2, pagesReserved: 10, pagesUsed: 6, bytesReserved: 10 * PAGE_BYTES });
+    expect(gpu.allocator.snapshot().bytes.kv - kvBefore - fixed).toBe(10 * PAGE_BYTES);
+    expect(pool.generation).toBe(2);
+    pool.truncate(seq, 0);
+    pool.reserve(seq, 20);
+    expect(pool.stats().slabs).toBe(2); // freed pages are reused before growing
+    pool.destroy();
+    expect(gpu.allocator.snapshot().bytes.kv).toBe(kvBefore);
+  });
+});
