@@ -47,6 +47,22 @@ describe('writeGguf → parseGguf round trip', () => {
     expect(file.metadata['test.i64.min']).toBe(-(2n ** 63n));
   });
 
+  it('writes headers far larger than its initial buffer (a 20 000-token vocabulary)', async () => {
+    const tokens = Array.from({ length: 20_000 }, (_, i) => `▁token${i}`);
+    const scores = tokens.map((_, i) => -i);
+    const bytes = writeGguf({
+      metadata: [
+        { key: 'tokenizer.ggml.tokens', type: 'string[]', value: tokens },
+        { key: 'tokenizer.ggml.scores', type: 'f32[]', value: scores },
+        { key: 'after.vocabulary', type: 'u64', value: 2n ** 60n },
+      ],
+    });
+    const file = await parseGguf(sourceFromBytes(bytes), { windowBytes: 4096 });
+    expect(file.metadata['tokenizer.ggml.tokens']).toEqual(tokens);
+    expect(file.metadata['tokenizer.ggml.scores']).toEqual(scores);
+    expect(file.metadata['after.vocabulary']).toBe(2n ** 60n);
+  });
+
   it('infers string, bool and string-array types, and accepts a typed record', async () => {
     const bytes = writeGguf({
       metadata: {

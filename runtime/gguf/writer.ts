@@ -308,23 +308,30 @@ class ByteSink {
     return at;
   }
 
+  // Reserve before touching this.view: growing replaces the buffer and its view.
   u8(value: number): void {
-    this.view.setUint8(this.reserve(1), value & 0xff);
+    const at = this.reserve(1);
+    this.view.setUint8(at, value & 0xff);
   }
   u16(value: number): void {
-    this.view.setUint16(this.reserve(2), value & 0xffff, true);
+    const at = this.reserve(2);
+    this.view.setUint16(at, value & 0xffff, true);
   }
   u32(value: number): void {
-    this.view.setUint32(this.reserve(4), value >>> 0, true);
+    const at = this.reserve(4);
+    this.view.setUint32(at, value >>> 0, true);
   }
   u64(value: number | bigint): void {
-    this.view.setBigUint64(this.reserve(8), BigInt(value), true);
+    const at = this.reserve(8);
+    this.view.setBigUint64(at, BigInt(value), true);
   }
   f32(value: number): void {
-    this.view.setFloat32(this.reserve(4), value, true);
+    const at = this.reserve(4);
+    this.view.setFloat32(at, value, true);
   }
   f64(value: number): void {
-    this.view.setFloat64(this.reserve(8), value, true);
+    const at = this.reserve(8);
+    this.view.setFloat64(at, value, true);
   }
   string(value: string): void {
     const encoded = this.encoder.encode(value);
