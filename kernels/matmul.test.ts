@@ -1,0 +1,118 @@
+import { describe, expect, it } from 'vitest';
+import { GGML_TYPE_INFO, GgmlType } from '../runtime/gguf/types.ts';
+import type { GpuContext } from '../runtime/gpu/device.ts';
+import { readFloat32 } from '../runtime/gpu/readback.ts';
+import { withTestGpu } from '../test/gpu.ts';
+import { randomFloats, seededRandom } from '../test/random.ts';
+import { releaseDispatches, submitDispatches } from './dispatch.ts';
+import { prepareMatmul } from './matmul.ts';
+import { dequantize, randomWeightBytes } from './reference/dequantize.ts';
+import { matmulReference, maxErrorRelativeToMagnitude } from './reference/matmul.ts';
+import { releaseWeight, uploadWeightFromBytes } from './weights.ts';
+
+const ctx = withTestGpu();
+
+/**
+ * Tolerance: f32 accumulation (and f32 dequantization on both sides) errs by a few ulps of the sum of |w·x|, so we
+ * allow 1e-4 of that L1 magnitude per output (plus 1e-6 absolute).
+ */
+const RTOL = 1e-4;
+
+// K per type: not a multiple of the 64 matvec threads per row nor of the 32-wide tile where the block allows it.
+const TYPES: [GgmlType, number][] = [
+  [GgmlType.F32, 291],
+  [GgmlType.F16, 291],
+  [GgmlType.BF16, 291],
+  [GgmlType.Q8_0, 288],
+  [GgmlType.Q4_0, 288],
+  [GgmlType.Q4_1, 288],
+  [GgmlType.Q5_0, 288],
+  [GgmlType.Q5_1, 288],
+  [GgmlType.Q4_K, 768],
+  [GgmlType.Q5_K, 768],
+  [GgmlType.Q6_K, 768],
+];
+
+interface Case {
+  tokens: number;
+  rows: number;
+  bias: boolean;
+  maxRowsPerPart?: number;
+}
+
+// N = 37 is neither a multiple of the 32-row tile nor of the 4 matvec rows per workgroup.
+const CASES: Case[] = [
+  { tokens: 1, rows: 37, bias: false },
+  { tokens: 1, rows: 37, bias: true, maxRowsPerPart: 16 },
+  { tokens: 2, rows: 37, bias: true },
+  { tokens: 7, rows: 37, bias: false, maxRowsPerPart: 13 },
+  { tokens: 33, rows: 37, bias: true },
+];
+
+async function runMatmul(
+  gpu: GpuContext,
+  type: GgmlType,
+  K: number,
+  c: Case,
+  transformSource?: (code: string) => string,
+) {
+  const random = seededRandom(type * 7919 + K * 31 + c.tokens * 7 + c.rows + (c.bias ? 1 : 0));
+  const N = c.rows;
+  const raw = randomWeightBytes(type, K * N, random);
+  const x = randomFloats(random, c.tokens * K, 1);
+  const bias = c.bias ? randomFloats(random, N, 0.5) : undefined;
+  const before = gpu.allocator.snapshot().totalBuffers;
+  const weight = uploadWeightFromBytes(gpu, 'w', type, [K, N], raw, { maxRowsPerPart: c.maxRowsPerPart });
+  if (c.maxRowsPerPart) expect(weight.parts.length).toBe(Math.ceil(N / c.maxRowsPerPart));
+  const input = gpu.allocator.createStorage('x', 'scratch', x);
+  const output = gpu.allocator.createStorage('y', 'scratch', c.tokens * N * 4);
+  const biasBuffer = bias ? gpu.allocator.createStorage('bias', 'weights', bias) : undefined;
+  const dispatches = prepareMatmul(
+    gpu,
+    'matmul-test',
+    { weight, input, output, tokens: c.tokens, bias: biasBuffer },
+    { transformSource },
+  );
+  expect(dispatches.length).toBe(weight.parts.length);
+  submitDispatches(gpu, 'matmul-test', dispatches);
+  const actual = await readFloat32(gpu, output, c.tokens * N);
+  releaseDispatches(gpu, dispatches);
+  releaseWeight(gpu, weight);
+  for (const b of [input, output, biasBuffer]) if (b) gpu.allocator.release(b);
+  expect(gpu.allocator.snapshot().totalBuffers).toBe(before);
+  const { y, magnitude } = matmulReference(dequantize(type, raw, K * N), x, K, N, c.tokens, bias);
+  return maxErrorRelativeToMagnitude(actual, y, magnitude, RTOL);
+}
+
+describe.each(TYPES)('matmul over %s weights', (type, K) => {
+  const name = GGML_TYPE_INFO[type]?.name;
+  it.each(CASES)(`${name}: K=${K}, N=$rows, tokens=$tokens, bias=$bias, rows/part=$maxRowsPerPart`, async (c) => {
+    expect(await runMatmul(ctx.gpu, type, K, c)).toBeLessThanOrEqual(1);
+  });
+});
+
+describe('matmul kernels catch broken code', () => {
+  it('a Q4_0 matvec with the high-nibble elements shifted by one block position fails', async () => {
+    let changed = false;
+    const mutate = (code: string) => {
+      const broken = code.replace('xv(xk + 16u)', 'xv(xk + 15u)');
+      changed = broken !== code;
+      return broken;
+    };
+    const ratio = await runMatmul(ctx.gpu, GgmlType.Q4_0, 288, { tokens: 1, rows: 37, bias: false }, mutate);
+    expect(changed).toBe(true);
+    expect(ratio).toBeGreaterThan(1);
+  });
+
+  it('a Q4_0 tiled matmul with the wrong nibble shift fails', async () => {
+    let changed = false;
+    const mutate = (code: string) => {
+      const broken = code.replace('select(0u, 4u, e >= 16u)', 'select(0u, 4u, e >= 12u)');
+      changed = broken !== code;
+      return broken;
+    };
+    const ratio = await runMatmul(ctx.gpu, GgmlType.Q4_0, 288, { tokens: 7, rows: 37, bias: false }, mutate);
+    expect(changed).toBe(true);
+    expect(ratio).toBeGreaterThan(1);
+  });
+});

@@ -1,0 +1,99 @@
+import { InvalidRequestError } from '../runtime/errors.ts';
+import { GgmlType } from '../runtime/gguf/types.ts';
+import type { GpuContext } from '../runtime/gpu/device.ts';
+import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from './dispatch.ts';
+import {
+  MATMUL_TILE_ROWS,
+  MATMUL_TILE_TOKENS,
+  MATVEC_ROWS_PER_WORKGROUP,
+  matmulWgsl,
+  matvecUnitsPerBlock,
+  matvecWgsl,
+} from './matmul.wgsl.ts';
+import { type GpuWeight, packedRowWords, weightLayout } from './weights.ts';
+
+export interface MatmulBinding {
+  weight: GpuWeight;
+  /** f32 [tokens, K] */
+  input: GPUBuffer;
+  /** f32 [tokens, N] */
+  output: GPUBuffer;
+  tokens: number;
+  /** f32 [N] */
+  bias?: GPUBuffer;
+}
+
+export interface MatmulOptions {
+  /** Rewrites the generated WGSL (tests use it to prove a broken kernel fails). */
+  transformSource?: (code: string) => string;
+}
+
+/** Splits `count` workgroups into x*y <= maxPerDimension each; kernels recover the index as x + y * nwg.x. */
+export function foldWorkgroups(gpu: GpuContext, count: number): [number, number] {
+  const max = gpu.limits.maxComputeWorkgroupsPerDimension;
+  if (count <= max) return [Math.max(1, count), 1];
+  const y = Math.ceil(count / max);
+  return [Math.ceil(count / y), y];
+}
+
+/** Matvec units in one row: words for dense types, blocks x units-per-block for quantized ones. */
+export function matvecUnitsPerRow(type: GgmlType, rowLength: number): number {
+  if (type === GgmlType.F32 || type === GgmlType.F16 || type === GgmlType.BF16) {
+    return packedRowWords(type, rowLength);
+  }
+  return (rowLength / weightLayout(type).blockSize) * matvecUnitsPerBlock(type);
+}
+
+/**
+ * y[t, n] = Σ_k W[n, k]·x[t, k] (+ bias[n]). tokens = 1 uses the matvec kernel, tokens > 1 the tiled matmul.
+ * One dispatch per weight part; each writes its own row range of y.
+ */
+export function prepareMatmul(
+  gpu: GpuContext,
+  label: string,
+  b: MatmulBinding,
+  options: MatmulOptions = {},
+): PreparedDispatch[] {
+  const { weight, tokens } = b;
+  if (!Number.isInteger(tokens) || tokens < 1) {
+    throw new InvalidRequestError(`Matmul '${label}' needs tokens >= 1, got ${tokens}.`);
+  }
+  const K = weight.rowLength;
+  const matvec = tokens === 1;
+  const hasBias = b.bias !== undefined;
+  const code = matvec ? matvecWgsl(weight.type, hasBias) : matmulWgsl(weight.type, hasBias);
+  const pipeline = computePipeline(
+    gpu,
+    matvec ? 'matvec' : 'matmul',
+    options.transformSource ? options.transformSource(code) : code,
+  );
+  const rowWords = packedRowWords(weight.type, K);
+  const unitsPerRow = matvecUnitsPerRow(weight.type, K);
+  const tokenTiles = Math.ceil(tokens / MATMUL_TILE_TOKENS);
+  if (tokenTiles > gpu.limits.maxComputeWorkgroupsPerDimension) {
+    throw new InvalidRequestError(
+      `Matmul '${label}' over ${tokens} tokens exceeds the dispatch limit; split the batch.`,
+    );
+  }
+  return weight.parts.map((part, i) => {
+    const partLabel = weight.parts.length > 1 ? `${label}#${i}` : label;
+    const params = uniformBuffer(
+      gpu,
+      `${partLabel}.params`,
+      [K, part.rowCount, tokens, rowWords, unitsPerRow, part.firstRow, weight.rows, 0],
+      'uuuuuuuu',
+    );
+    const buffers = [part.buffer, b.input, b.output, params];
+    if (b.bias) buffers.push(b.bias);
+    const groups = matvec
+      ? foldWorkgroups(gpu, Math.ceil(part.rowCount / MATVEC_ROWS_PER_WORKGROUP))
+      : foldWorkgroups(gpu, Math.ceil(part.rowCount / MATMUL_TILE_ROWS));
+    return {
+      label: partLabel,
+      pipeline,
+      bindGroup: bindBuffers(gpu, partLabel, pipeline, buffers),
+      workgroups: [groups[0], groups[1], matvec ? 1 : tokenTiles] as const,
+      owned: [params],
+    };
+  });
+}

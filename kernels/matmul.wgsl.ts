@@ -1,0 +1,371 @@
+/**
+ * WGSL for weight matrices in the packed layout of kernels/weights.ts (read as `array<u32>` named `w`).
+ *
+ * Every type provides two functions:
+ * - `dq4(base, k) -> vec4<f32>`: elements k..k+3 (k a multiple of 4) of the row whose first word is `base`.
+ *   Dense types may read past the row end when K % 4 != 0; callers mask those lanes.
+ * - `unit_dot(base, u, xb) -> f32`: the dot product of matvec unit `u` of the row with x (x[xb] is element 0).
+ *   A unit is the span of weight words one thread reads once (a word of quants plus the block's scales).
+ *   Units per block: `MATVEC_UNITS_PER_BLOCK`; dense types use one unit per word.
+ */
+import { GgmlType } from '../runtime/gguf/types.ts';
+
+const common = /* wgsl */ `
+fn bytes4(v: u32) -> vec4<f32> {
+  return vec4<f32>(f32(v & 255u), f32((v >> 8u) & 255u), f32((v >> 16u) & 255u), f32(v >> 24u));
+}
+fn sbytes4(v: u32) -> vec4<f32> {
+  return vec4<f32>(f32(bitcast<i32>(v << 24u) >> 24u), f32(bitcast<i32>(v << 16u) >> 24u),
+                   f32(bitcast<i32>(v << 8u) >> 24u), f32(bitcast<i32>(v) >> 24u));
+}
+fn f16lo(v: u32) -> f32 { return unpack2x16float(v).x; }
+fn bf16x2(v: u32) -> vec2<f32> { return vec2<f32>(bitcast<f32>(v << 16u), bitcast<f32>(v & 0xffff0000u)); }
+fn sbyte(v: u32, i: u32) -> f32 { return f32(bitcast<i32>(v << (24u - 8u * i)) >> 24u); }
+// The 6-bit scale and min of sub-block j of a Q4_K/Q5_K block (12 bytes at words base+1..base+3).
+fn kbyte(base: u32, i: u32) -> u32 { return (w[base + 1u + i / 4u] >> (8u * (i % 4u))) & 255u; }
+fn scale_min_k4(base: u32, j: u32) -> vec2<f32> {
+  if (j < 4u) {
+    return vec2<f32>(f32(kbyte(base, j) & 63u), f32(kbyte(base, j + 4u) & 63u));
+  }
+  let sc = (kbyte(base, j + 4u) & 15u) | ((kbyte(base, j - 4u) >> 6u) << 4u);
+  let m = (kbyte(base, j + 4u) >> 4u) | ((kbyte(base, j) >> 6u) << 4u);
+  return vec2<f32>(f32(sc), f32(m));
+}
+fn bits4(v: u32) -> vec4<f32> {
+  return vec4<f32>(f32(v & 1u), f32((v >> 1u) & 1u), f32((v >> 2u) & 1u), f32((v >> 3u) & 1u));
+}
+`;
+
+const xv = /* wgsl */ `
+fn xv(i: u32) -> vec4<f32> { return vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]); }
+fn hsum(v: vec4<f32>) -> f32 { return v.x + v.y + v.z + v.w; }
+`;
+
+interface TypeWgsl {
+  /** Units per block for matvec (dense types: 0, one unit per word). */
+  units: number;
+  dq4: string;
+  dot: string;
+}
+
+const TYPE_WGSL: Partial<Record<GgmlType, TypeWgsl>> = {
+  [GgmlType.F32]: {
+    units: 0,
+    dq4: `fn dq4(base: u32, k: u32) -> vec4<f32> {
+  let i = base + k;
+  return bitcast<vec4<f32>>(vec4<u32>(w[i], w[i + 1u], w[i + 2u], w[i + 3u]));
+}`,
+    dot: `fn unit_dot(base: u32, u: u32, xb: u32) -> f32 { return bitcast<f32>(w[base + u]) * x[xb + u]; }`,
+  },
+  [GgmlType.F16]: {
+    units: 0,
+    dq4: `fn dq4(base: u32, k: u32) -> vec4<f32> {
+  let i = base + k / 2u;
+  return vec4<f32>(unpack2x16float(w[i]), unpack2x16float(w[i + 1u]));
+}`,
+    dot: `fn unit_dot(base: u32, u: u32, xb: u32) -> f32 {
+  let v = unpack2x16float(w[base + u]);
+  let k = 2u * u;
+  return v.x * x[xb + k] + select(0.0, v.y * x[xb + k + 1u], k + 1u < params.K);
+}`,
+  },
+  [GgmlType.BF16]: {
+    units: 0,
+    dq4: `fn dq4(base: u32, k: u32) -> vec4<f32> {
+  let i = base + k / 2u;
+  return vec4<f32>(bf16x2(w[i]), bf16x2(w[i + 1u]));
+}`,
+    dot: `fn unit_dot(base: u32, u: u32, xb: u32) -> f32 {
+  let v = bf16x2(w[base + u]);
+  let k = 2u * u;
+  return v.x * x[xb + k] + select(0.0, v.y * x[xb + k + 1u], k + 1u < params.K);
+}`,
+  },
+  // Q4_0: 5 words; element e < 16 is the low nibble of qs[e], element e >= 16 the high nibble of qs[e-16].
+  [GgmlType.Q4_0]: {
+    units: 4,
+    dq4: `fn dq4(base: u32, k: u32) -> vec4<f32> {
+  let wb = base + (k / 32u) * 5u;
+  let e = k % 32u;
+  let q = (w[wb + 1u + (e % 16u) / 4u] >> select(0u, 4u, e >= 16u)) & 0x0f0f0f0fu;
+  return f16lo(w[wb]) * (bytes4(q) - 8.0);
+}`,
+    dot: `fn unit_dot(base: u32, u: u32, xb: u32) -> f32 {
+  let b = u / 4u; let j = u % 4u;
+  let wb = base + b * 5u; let xk = xb + b * 32u + 4u * j;
+  let q = w[wb + 1u + j];
+  let lo = bytes4(q & 0x0f0f0f0fu) - 8.0;
+  let hi = bytes4((q >> 4u) & 0x0f0f0f0fu) - 8.0;
+  return f16lo(w[wb]) * (dot(lo, xv(xk)) + dot(hi, xv(xk + 16u)));
+}`,
+  },
+  [GgmlType.Q4_1]: {
+    units: 4,
+    dq4: `fn dq4(base: u32, k: u32) -> vec4<f32> {
+  let wb = base + (k / 32u) * 5u;
+  let e = k % 32u;
+  let q = (w[wb + 1u + (e % 16u) / 4u] >> select(0u, 4u, e >= 16u)) & 0x0f0f0f0fu;
+  let dm = unpack2x16float(w[wb]);
+  return dm.x * bytes4(q) + dm.y;
+}`,
+    dot: `fn unit_dot(base: u32, u: u32, xb: u32) -> f32 {
+  let b = u / 4u; let j = u % 4u;
+  let wb = base + b * 5u; let xk = xb + b * 32u + 4u * j;
+  let q = w[wb + 1u + j];
+  let dm = unpack2x16float(w[wb]);
+  let xa = xv(xk); let xc = xv(xk + 16u);
+  return dm.x * (dot(bytes4(q & 0x0f0f0f0fu), xa) + dot(bytes4((q >> 4u) & 0x0f0f0f0fu), xc)) + dm.y * (hsum(xa) + hsum(xc));
+}`,
+  },
+  // Q5_0/Q5_1: the fifth bit of element e (0..31) is bit e of qh.
+  [GgmlType.Q5_0]: {
+    units: 4,
+    dq4: `fn dq4(base: u32, k: u32) -> vec4<f32> {
+  let wb = base + (k / 32u) * 6u;
+  let e = k % 32u;
+  let q = (w[wb + 2u + (e % 16u) / 4u] >> select(0u, 4u, e >= 16u)) & 0x0f0f0f0fu;
+  return f16lo(w[wb]) * (bytes4(q) + 16.0 * bits4(w[wb + 1u] >> e) - 16.0);
+}`,
+    dot: `fn unit_dot(base: u32, u: u32, xb: u32) -> f32 {
+  let b = u / 4u; let j = u % 4u;
+  let wb = base + b * 6u; let xk = xb + b * 32u + 4u * j;
+  let q = w[wb + 2u + j]; let qh = w[wb + 1u];
+  let lo = bytes4(q & 0x0f0f0f0fu) + 16.0 * bits4(qh >> (4u * j)) - 16.0;
+  let hi = bytes4((q >> 4u) & 0x0f0f0f0fu) + 16.0 * bits4(qh >> (16u + 4u * j)) - 16.0;
+  return f16lo(w[wb]) * (dot(lo, xv(xk)) + dot(hi, xv(xk + 16u)));
+}`,
+  },
+  [GgmlType.Q5_1]: {
+    units: 4,
+    dq4: `fn dq4(base: u32, k: u32) -> vec4<f32> {
+  let wb = base + (k / 32u) * 6u;
+  let e = k % 32u;
+  let q = (w[wb + 2u + (e % 16u) / 4u] >> select(0u, 4u, e >= 16u)) & 0x0f0f0f0fu;
+  let dm = unpack2x16float(w[wb]);
+  return dm.x * (bytes4(q) + 16.0 * bits4(w[wb + 1u] >> e)) + dm.y;
+}`,
+    dot: `fn unit_dot(base: u32, u: u32, xb: u32) -> f32 {
+  let b = u / 4u; let j = u % 4u;
+  let wb = base + b * 6u; let xk = xb + b * 32u + 4u * j;
+  let q = w[wb + 2u + j]; let qh = w[wb + 1u];
+  let dm = unpack2x16float(w[wb]);
+  let lo = bytes4(q & 0x0f0f0f0fu) + 16.0 * bits4(qh >> (4u * j));
+  let hi = bytes4((q >> 4u) & 0x0f0f0f0fu) + 16.0 * bits4(qh >> (16u + 4u * j));
+  let xa = xv(xk); let xc = xv(xk + 16u);
+  return dm.x * (dot(lo, xa) + dot(hi, xc)) + dm.y * (hsum(xa) + hsum(xc));
+}`,
+  },
+  [GgmlType.Q8_0]: {
+    units: 8,
+    dq4: `fn dq4(base: u32, k: u32) -> vec4<f32> {
+  let wb = base + (k / 32u) * 9u;
+  return f16lo(w[wb]) * sbytes4(w[wb + 1u + (k % 32u) / 4u]);
+}`,
+    dot: `fn unit_dot(base: u32, u: u32, xb: u32) -> f32 {
+  let b = u / 8u; let j = u % 8u;
+  let wb = base + b * 9u;
+  return f16lo(w[wb]) * dot(sbytes4(w[wb + 1u + j]), xv(xb + b * 32u + 4u * j));
+}`,
+  },
+  // Q4_K: 64-element chunk c uses qs[32c..32c+31]: low nibbles are sub-block 2c, high nibbles sub-block 2c+1.
+  [GgmlType.Q4_K]: {
+    units: 32,
+    dq4: `fn dq4(base: u32, k: u32) -> vec4<f32> {
+  let wb = base + (k / 256u) * 36u;
+  let e = k % 256u; let c = e / 64u; let r = e % 64u; let hi = r / 32u;
+  let q = (w[wb + 4u + 8u * c + (r % 32u) / 4u] >> (4u * hi)) & 0x0f0f0f0fu;
+  let dm = unpack2x16float(w[wb]);
+  let sm = scale_min_k4(wb, 2u * c + hi);
+  return dm.x * sm.x * bytes4(q) - dm.y * sm.y;
+}`,
+    dot: `fn unit_dot(base: u32, u: u32, xb: u32) -> f32 {
+  let b = u / 32u; let j = u % 32u; let c = j / 8u;
+  let wb = base + b * 36u; let xk = xb + b * 256u + 64u * c + 4u * (j % 8u);
+  let q = w[wb + 4u + j];
+  let dm = unpack2x16float(w[wb]);
+  let s1 = scale_min_k4(wb, 2u * c); let s2 = scale_min_k4(wb, 2u * c + 1u);
+  let xa = xv(xk); let xc = xv(xk + 32u);
+  return dm.x * (s1.x * dot(bytes4(q & 0x0f0f0f0fu), xa) + s2.x * dot(bytes4((q >> 4u) & 0x0f0f0f0fu), xc))
+       - dm.y * (s1.y * hsum(xa) + s2.y * hsum(xc));
+}`,
+  },
+  // Q5_K: as Q4_K, plus the fifth bit of element l of chunk c in bit 2c (low nibble) or 2c+1 (high) of qh[l].
+  [GgmlType.Q5_K]: {
+    units: 32,
+    dq4: `fn dq4(base: u32, k: u32) -> vec4<f32> {
+  let wb = base + (k / 256u) * 44u;
+  let e = k % 256u; let c = e / 64u; let r = e % 64u; let hi = r / 32u; let l = r % 32u;
+  let q = (w[wb + 12u + 8u * c + l / 4u] >> (4u * hi)) & 0x0f0f0f0fu;
+  let h = (w[wb + 4u + l / 4u] >> (2u * c + hi)) & 0x01010101u;
+  let dm = unpack2x16float(w[wb]);
+  let sm = scale_min_k4(wb, 2u * c + hi);
+  return dm.x * sm.x * (bytes4(q) + 16.0 * bytes4(h)) - dm.y * sm.y;
+}`,
+    dot: `fn unit_dot(base: u32, u: u32, xb: u32) -> f32 {
+  let b = u / 32u; let j = u % 32u; let c = j / 8u;
+  let wb = base + b * 44u; let xk = xb + b * 256u + 64u * c + 4u * (j % 8u);
+  let q = w[wb + 12u + j]; let qh = w[wb + 4u + j % 8u];
+  let dm = unpack2x16float(w[wb]);
+  let s1 = scale_min_k4(wb, 2u * c); let s2 = scale_min_k4(wb, 2u * c + 1u);
+  let lo = bytes4(q & 0x0f0f0f0fu) + 16.0 * bytes4((qh >> (2u * c)) & 0x01010101u);
+  let hi = bytes4((q >> 4u) & 0x0f0f0f0fu) + 16.0 * bytes4((qh >> (2u * c + 1u)) & 0x01010101u);
+  let xa = xv(xk); let xc = xv(xk + 32u);
+  return dm.x * (s1.x * dot(lo, xa) + s2.x * dot(hi, xc)) - dm.y * (s1.y * hsum(xa) + s2.y * hsum(xc));
+}`,
+  },
+  // Q6_K: 128-element half n, quarter g: low 4 bits from ql[64n + 32(g&1) + l] (nibble g>>1),
+  // high 2 bits from qh[32n + l] bits 2g..2g+1, scale scales[8n + 2g + l/16].
+  [GgmlType.Q6_K]: {
+    units: 16,
+    dq4: `fn dq4(base: u32, k: u32) -> vec4<f32> {
+  let wb = base + (k / 256u) * 53u;
+  let e = k % 256u; let n = e / 128u; let g = (e % 128u) / 32u; let l = e % 32u;
+  let lo = (w[wb + 16u * n + 8u * (g & 1u) + l / 4u] >> (4u * (g >> 1u))) & 0x0f0f0f0fu;
+  let hi = ((w[wb + 32u + 8u * n + l / 4u] >> (2u * g)) & 0x03030303u) << 4u;
+  let s = 8u * n + 2u * g + l / 16u;
+  return f16lo(w[wb + 52u]) * sbyte(w[wb + 48u + s / 4u], s % 4u) * (bytes4(lo | hi) - 32.0);
+}`,
+    dot: `fn unit_dot(base: u32, u: u32, xb: u32) -> f32 {
+  let b = u / 16u; let j = u % 16u; let n = j / 8u; let l4 = j % 8u;
+  let wb = base + b * 53u; let xk = xb + b * 256u + 128u * n + 4u * l4;
+  let qa = w[wb + 16u * n + l4]; let qb = w[wb + 16u * n + 8u + l4];
+  let qh = w[wb + 32u + 8u * n + l4];
+  let s = 8u * n + l4 / 4u;
+  let sw = w[wb + 48u + s / 4u]; let sw2 = w[wb + 48u + (s + 4u) / 4u];
+  let q1 = bytes4((qa & 0x0f0f0f0fu) | ((qh & 0x03030303u) << 4u)) - 32.0;
+  let q2 = bytes4((qb & 0x0f0f0f0fu) | (((qh >> 2u) & 0x03030303u) << 4u)) - 32.0;
+  let q3 = bytes4(((qa >> 4u) & 0x0f0f0f0fu) | (((qh >> 4u) & 0x03030303u) << 4u)) - 32.0;
+  let q4 = bytes4(((qb >> 4u) & 0x0f0f0f0fu) | (((qh >> 6u) & 0x03030303u) << 4u)) - 32.0;
+  return f16lo(w[wb + 52u]) * (sbyte(sw, s % 4u) * dot(q1, xv(xk)) + sbyte(sw, (s + 2u) % 4u) * dot(q2, xv(xk + 32u))
+       + sbyte(sw2, s % 4u) * dot(q3, xv(xk + 64u)) + sbyte(sw2, (s + 2u) % 4u) * dot(q4, xv(xk + 96u)));
+}`,
+  },
+};
+
+function typeWgsl(type: GgmlType): TypeWgsl {
+  const t = TYPE_WGSL[type];
+  if (!t) throw new Error(`no WGSL for GGML type ${type}`);
+  return t;
+}
+
+/** Matvec units per block (0 for dense types, which use one unit per u32 word). */
+export function matvecUnitsPerBlock(type: GgmlType): number {
+  return typeWgsl(type).units;
+}
+
+/** The dequantizing functions of a type (needs `w: array<u32>` declared). */
+export function dequantWgsl(type: GgmlType): string {
+  return common + typeWgsl(type).dq4;
+}
+
+const paramsStruct = /* wgsl */ `
+struct Params { K: u32, rows: u32, tokens: u32, rowWords: u32, unitsPerRow: u32, firstRow: u32, outStride: u32, _pad: u32 }
+@group(0) @binding(0) var<storage, read> w: array<u32>;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@group(0) @binding(3) var<uniform> params: Params;
+`;
+
+const biasBinding = `@group(0) @binding(4) var<storage, read> bias: array<f32>;\n`;
+
+export const MATVEC_ROWS_PER_WORKGROUP = 4;
+
+/**
+ * y[firstRow + r] = W[r, :] · x (+ bias) for one weight part, tokens = 1. A workgroup handles 4 rows with 64 threads
+ * each; every thread walks the row's units with stride 64 (so each weight word is read once), then a tree reduction.
+ */
+export function matvecWgsl(type: GgmlType, hasBias: boolean): string {
+  const t = typeWgsl(type);
+  return `${paramsStruct}${hasBias ? biasBinding : ''}${common}${xv}${t.dq4}
+${t.dot}
+const TPR: u32 = 64u;
+const ROWS: u32 = ${MATVEC_ROWS_PER_WORKGROUP}u;
+var<workgroup> partial: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+  let lane = li % TPR;
+  let row = (wg.x + wg.y * nwg.x) * ROWS + li / TPR;
+  var acc = 0.0;
+  if (row < params.rows) {
+    let base = row * params.rowWords;
+    for (var u = lane; u < params.unitsPerRow; u += TPR) {
+      acc += unit_dot(base, u, 0u);
+    }
+  }
+  partial[li] = acc;
+  workgroupBarrier();
+  for (var s = TPR / 2u; s > 0u; s >>= 1u) {
+    if (lane < s) { partial[li] += partial[li + s]; }
+    workgroupBarrier();
+  }
+  if (lane == 0u && row < params.rows) {
+    let n = params.firstRow + row;
+    y[n] = partial[li]${hasBias ? ' + bias[n]' : ''};
+  }
+}
+`;
+}
+
+export const MATMUL_TILE_ROWS = 32;
+export const MATMUL_TILE_TOKENS = 32;
+
+/**
+ * Tiled matmul for tokens > 1: a 16x16 workgroup computes 32 weight rows x 32 tokens (2x2 per thread). Each K step
+ * dequantizes a 32x32 weight tile (4 elements per thread, via dq4) and loads a 32x32 x tile into workgroup memory.
+ */
+export function matmulWgsl(type: GgmlType, hasBias: boolean): string {
+  return `${paramsStruct}${hasBias ? biasBinding : ''}${common}${typeWgsl(type).dq4}
+const TN: u32 = 32u;
+const TT: u32 = 32u;
+const TK: u32 = 32u;
+const PAD: u32 = 33u;
+var<workgroup> wt: array<f32, 1056>; // [TN][PAD]
+var<workgroup> xt: array<f32, 1056>; // [TT][PAD]
+
+@compute @workgroup_size(16, 16)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_id) lid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+  let n0 = (wg.x + wg.y * nwg.x) * TN;
+  let t0 = wg.z * TT;
+  let lr = li / 8u;          // tile row (weight row or token) this thread loads
+  let lk = (li % 8u) * 4u;   // first of the 4 k it loads
+  var a00 = 0.0; var a01 = 0.0; var a10 = 0.0; var a11 = 0.0;
+  for (var k0 = 0u; k0 < params.K; k0 += TK) {
+    let k = k0 + lk;
+    let kin = vec4<u32>(k, k + 1u, k + 2u, k + 3u) < vec4<u32>(params.K);
+    var v = vec4<f32>(0.0);
+    if (n0 + lr < params.rows && k < params.K) {
+      v = select(vec4<f32>(0.0), dq4((n0 + lr) * params.rowWords, k), kin);
+    }
+    wt[lr * PAD + lk] = v.x; wt[lr * PAD + lk + 1u] = v.y; wt[lr * PAD + lk + 2u] = v.z; wt[lr * PAD + lk + 3u] = v.w;
+    let t = t0 + lr;
+    for (var i = 0u; i < 4u; i++) {
+      var xval = 0.0;
+      if (t < params.tokens && k + i < params.K) { xval = x[t * params.K + k + i]; }
+      xt[lr * PAD + lk + i] = xval;
+    }
+    workgroupBarrier();
+    let r0 = lid.x * 2u * PAD;
+    let c0 = lid.y * 2u * PAD;
+    for (var kk = 0u; kk < TK; kk++) {
+      let w0 = wt[r0 + kk]; let w1 = wt[r0 + PAD + kk];
+      let x0 = xt[c0 + kk]; let x1 = xt[c0 + PAD + kk];
+      a00 += w0 * x0; a01 += w0 * x1; a10 += w1 * x0; a11 += w1 * x1;
+    }
+    workgroupBarrier();
+  }
+  let n = n0 + lid.x * 2u;
+  let t = t0 + lid.y * 2u;
+  let acc = array<f32, 4>(a00, a01, a10, a11);
+  for (var i = 0u; i < 4u; i++) {
+    let nn = n + i / 2u; let tt = t + i % 2u;
+    if (nn < params.rows && tt < params.tokens) {
+      let col = params.firstRow + nn;
+      y[tt * params.outStride + col] = acc[i]${hasBias ? ' + bias[col]' : ''};
+    }
+  }
+}
+`;
+}
