@@ -204,6 +204,28 @@ describe('sampler: stochastic', () => {
   );
 });
 
+describe('sampler: filters keep every id tied at a threshold', () => {
+  // 10: 5, 11: 4, 12..15: 3 (tied), 16: 2, 17: 1, the other 506 ids: -5.
+  const logits = new Float32Array(512).fill(-5);
+  logits.set([5, 4, 3, 3, 3, 3, 2, 1], 10);
+  const base: SamplerParams = { temperature: 1, topK: 0, topP: 1, minP: 0, repetitionPenalty: 1, seed: 3 };
+  it.each<[string, Partial<SamplerParams>, number[]]>([
+    ['top-k 3 keeps the four-way tie at the 3rd value', { topK: 3 }, [10, 11, 12, 13, 14, 15]],
+    ['top-k >= vocab is off', { topK: 600, minP: 0.001 }, [10, 11, 12, 13, 14, 15, 16, 17]],
+    ['top-p 0.7 crosses inside the tie and keeps all of it', { topP: 0.7 }, [10, 11, 12, 13, 14, 15]],
+    ['top-p 0.4 keeps the argmax alone', { topP: 0.4 }, [10]],
+    ['min-p 0.3 keeps logits >= max + ln 0.3', { minP: 0.3 }, [10, 11]],
+    ['top-k 5 then top-p 0.99 (mass over the top-k survivors)', { topK: 5, topP: 0.99 }, [10, 11, 12, 13, 14, 15]],
+  ])('%s', async (_, change, expected) => {
+    const params = { ...base, ...change };
+    const { ids, state } = await sampleOnGpu(ctx.gpu, { logits, params, steps: [0] });
+    const ref = sampleReference(logits, params, [], samplingUniform(params.seed, 0));
+    expect(ref.candidates).toEqual(expected);
+    expect(gpuCandidates(ref.penalized, state, params.minP)).toEqual(expected);
+    expect(ids[0]).toBe(ref.choice);
+  });
+});
+
 describe('sampler: distribution', () => {
   it('a 151936 vocab with top-p alone (thousands of candidates, mass split over 38 workgroups) matches the reference', async () => {
     const vocab = 151936;

@@ -80,14 +80,11 @@ function paramWords(vocab: number, capacity: number, p: SamplerParams, step: num
   return [vocab, p.temperature, p.topK, p.topP, p.minP, p.repetitionPenalty, lo, hi, step >>> 0, capacity, 0, 0];
 }
 
-function packParams(words: number[]): ArrayBuffer {
-  const data = new ArrayBuffer(words.length * 4);
-  const view = new DataView(data);
+function packParams(words: number[], view: DataView): void {
   words.forEach((w, i) => {
     if (PARAM_KINDS[i] === 'f') view.setFloat32(i * 4, w, true);
     else view.setUint32(i * 4, w, true);
   });
-  return data;
 }
 
 const GREEDY: SamplerParams = { temperature: 0, topK: 0, topP: 1, minP: 0, repetitionPenalty: 1, seed: 0 };
@@ -154,12 +151,14 @@ export function prepareSampler(
   add('partialSum', [work, scratch, state, params], groups);
   add('draw', [work, scratch, state, b.output, history, params], 1);
 
+  const paramView = new DataView(new ArrayBuffer(PARAM_KINDS.length * 4));
   return {
     dispatches,
     vocab,
     historyCapacity: capacity,
     setParams(p: SamplerParams, step: number): void {
-      gpu.device.queue.writeBuffer(params, 0, packParams(paramWords(vocab, capacity, p, step)));
+      packParams(paramWords(vocab, capacity, p, step), paramView);
+      gpu.device.queue.writeBuffer(params, 0, paramView.buffer);
     },
     resetHistory(ids: readonly number[]): void {
       const words = historyRingWords(ids, capacity);
