@@ -226,6 +226,22 @@ describe('sampler: filters keep every id tied at a threshold', () => {
   });
 });
 
+describe('sampler: masked logits', () => {
+  it('never draws a -Infinity logit, even when top-k reaches into them', async () => {
+    const logits = randomFloats(seededRandom(31), 512, 2);
+    logits.fill(Number.NEGATIVE_INFINITY, 100);
+    const params: SamplerParams = { temperature: 1.3, topK: 200, topP: 0.98, minP: 0, repetitionPenalty: 1.1, seed: 9 };
+    const steps = Array.from({ length: 16 }, (_, i) => i);
+    const { ids } = await sampleOnGpu(ctx.gpu, { logits, params, steps, historyCapacity: 4 });
+    const seen: number[] = [];
+    steps.forEach((step, i) => {
+      expect(ids[i]).toBeLessThan(100);
+      expect(ids[i]).toBe(sampleReference(logits, params, seen.slice(-4), samplingUniform(params.seed, step)).choice);
+      seen.push(ids[i]);
+    });
+  });
+});
+
 describe('sampler: distribution', () => {
   it('a 151936 vocab with top-p alone (thousands of candidates, mass split over 38 workgroups) matches the reference', async () => {
     const vocab = 151936;
