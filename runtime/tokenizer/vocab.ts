@@ -58,8 +58,48 @@ const EOT_TEXTS = [
   '<｜end▁of▁sentence｜>',
   '<end_of_utterance>',
 ];
+/** Fill-in-the-middle pad / repo / file-separator tokens: llama.cpp ends generation on them. */
+const FIM_EOG_TEXTS = ['<|fim_pad|>', '<fim-pad>', '<fim_pad>', '<PAD>', '[PAD]', '<|fim_repo|>', '<|repo_name|>'];
 /** Token texts llama.cpp adds to its end-of-generation set. */
-const EOG_TEXTS = new Set([...EOT_TEXTS, '<|eom_id|>', '<|return|>', '<|call|>', '</s>', '<eos>']);
+const EOG_TEXTS = new Set([
+  ...EOT_TEXTS,
+  ...FIM_EOG_TEXTS,
+  '<fim-repo>',
+  '<REPO>',
+  '<reponame>',
+  '<|file_sep|>',
+  '<|eom_id|>',
+  '<|return|>',
+  '<|call|>',
+  '</s>',
+  '<eos>',
+]);
+/** Fill-in-the-middle prefix / suffix / middle tokens, which llama.cpp also forces to control type. */
+const FIM_TEXTS = [
+  '<|fim_prefix|>',
+  '<fim-prefix>',
+  '<fim_prefix>',
+  '<｜fim▁begin｜>',
+  '<PRE>',
+  '▁<PRE>',
+  '<|code_prefix|>',
+  '<|fim_suffix|>',
+  '<fim-suffix>',
+  '<fim_suffix>',
+  '<｜fim▁hole｜>',
+  '<SUF>',
+  '▁<SUF>',
+  '<|code_suffix|>',
+  '<|fim_middle|>',
+  '<fim-middle>',
+  '<fim_middle>',
+  '<｜fim▁end｜>',
+  '<MID>',
+  '▁<MID>',
+  '<|code_middle|>',
+];
+/** gpt-oss tokens llama.cpp always renders (treated as user-defined whatever the file says). */
+const ALWAYS_RENDERED_TEXTS = ['<|channel|>', '<|message|>', '<|start|>', '<|constrain|>'];
 
 /** Pre-tokenizer names llama.cpp maps to its LLAMA3 regex (these also set ignore_merges and add_bos). */
 export const LLAMA3_PRE = new Set(['llama3', 'llama-v3', 'llama-bpe', 'falcon3', 'pixtral']);
@@ -174,6 +214,14 @@ export function readVocab(meta: GgufMetadata): GgufVocab {
     eogIds.add(id);
     // llama.cpp forces end-of-turn tokens it recognises by text to behave as control tokens.
     types[id] = TokenType.Control;
+  }
+  for (const text of FIM_TEXTS) {
+    const id = idByText.get(text);
+    if (id !== undefined) types[id] = TokenType.Control;
+  }
+  for (const text of ALWAYS_RENDERED_TEXTS) {
+    const id = idByText.get(text);
+    if (id !== undefined) types[id] = TokenType.UserDefined;
   }
   for (const id of [eosId, eotId]) if (id !== undefined) eogIds.add(id);
 
