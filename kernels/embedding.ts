@@ -1,0 +1,48 @@
+import { InvalidRequestError } from '../runtime/errors.ts';
+import type { GpuContext } from '../runtime/gpu/device.ts';
+import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from './dispatch.ts';
+import { embeddingWgsl } from './embedding.wgsl.ts';
+import { type GpuWeight, packedRowWords } from './weights.ts';
+
+export interface EmbeddingBinding {
+  /** The table, shape [dim, vocab]: one row of `dim` values per token. */
+  weight: GpuWeight;
+  /** u32 [tokens] */
+  tokenIds: GPUBuffer;
+  /** f32 [tokens, dim] */
+  output: GPUBuffer;
+  tokens: number;
+}
+
+/**
+ * out[t, :] = row tokenIds[t] of the table, dequantized to f32. One dispatch per weight part; each writes the
+ * tokens whose ids fall in its rows. Ids outside the table leave their output row untouched.
+ */
+export function prepareEmbedding(gpu: GpuContext, label: string, b: EmbeddingBinding): PreparedDispatch[] {
+  const { weight, tokens } = b;
+  if (!Number.isInteger(tokens) || tokens < 1 || tokens > gpu.limits.maxComputeWorkgroupsPerDimension) {
+    throw new InvalidRequestError(
+      `Embedding '${label}' needs 1..${gpu.limits.maxComputeWorkgroupsPerDimension} tokens, got ${tokens}.`,
+    );
+  }
+  const K = weight.rowLength;
+  const pipeline = computePipeline(gpu, 'embedding', embeddingWgsl(weight.type));
+  const rowWords = packedRowWords(weight.type, K);
+  const groupsK = Math.ceil(K / 256);
+  return weight.parts.map((part, i) => {
+    const partLabel = weight.parts.length > 1 ? `${label}#${i}` : label;
+    const params = uniformBuffer(
+      gpu,
+      `${partLabel}.params`,
+      [K, part.firstRow, part.rowCount, rowWords, tokens, 0, 0, 0],
+      'uuuuuuuu',
+    );
+    return {
+      label: partLabel,
+      pipeline,
+      bindGroup: bindBuffers(gpu, partLabel, pipeline, [part.buffer, b.tokenIds, b.output, params]),
+      workgroups: [groupsK, tokens, 1] as const,
+      owned: [params],
+    };
+  });
+}
