@@ -54,7 +54,7 @@ describe('embedding lookup', () => {
     expect(gpu.allocator.snapshot().totalBuffers).toBe(before);
     const table = dequantize(type, raw, dim * vocab);
     const expected = new Float32Array(ids.length * dim);
-    ids.forEach((id, t) => expected.set(table.subarray(id * dim, (id + 1) * dim), t * dim));
+    for (const [t, id] of ids.entries()) expected.set(table.subarray(id * dim, (id + 1) * dim), t * dim);
     expect(maxToleranceRatio(actual, expected, 2e-5, 1e-5)).toBeLessThanOrEqual(1);
   });
 });
