@@ -2,15 +2,29 @@
  * The ByteSource for a local file in Node (CLI, tools, tests). Only Node entry points import this module, so browser
  * bundles never pull in `node:fs`.
  */
-import { open } from 'node:fs/promises';
+import { type FileHandle, open } from 'node:fs/promises';
 import { basename } from 'node:path';
-import { CorruptModelFileError } from '../errors.ts';
+import { CorruptModelFileError, InvalidRequestError } from '../errors.ts';
 import { checkReadRange } from './sources.ts';
 import type { ByteSource } from './types.ts';
 
 /** Opens `path` for positioned reads; call `close()` when done with it. */
 export async function sourceFromPath(path: string): Promise<ByteSource> {
-  const handle = await open(path, 'r');
+  let handle: FileHandle;
+  try {
+    handle = await open(path, 'r');
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code;
+    const reason =
+      code === 'ENOENT'
+        ? 'there is no file at that path'
+        : code === 'EACCES' || code === 'EPERM'
+          ? 'permission denied'
+          : code === 'EISDIR'
+            ? 'it is a directory'
+            : (error as Error).message;
+    throw new InvalidRequestError(`Cannot open the model file ${path}: ${reason}.`, { path, code });
+  }
   let size: number;
   try {
     size = (await handle.stat()).size;

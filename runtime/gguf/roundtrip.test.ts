@@ -9,7 +9,7 @@ import { streamTensorBytes } from './read-tensor.ts';
 import { sourceFromBlob, sourceFromBytes, sourceFromUrl } from './sources.ts';
 import { metadataForEveryValueType, randomBytes } from './test-fixtures.ts';
 import { GGML_TYPE_INFO, GgmlType, type GgufMetadataType } from './types.ts';
-import { type GgufTensorInput, metadataEntriesOf, writeGguf } from './writer.ts';
+import { type GgufTensorInput, metadataEntriesOf, planGguf, writeGguf } from './writer.ts';
 
 /** One tensor per layout family: plain floats, 16-bit, 32-element blocks, 256-element super-blocks, integers. */
 function tensorsOfSeveralTypes(): GgufTensorInput[] {
@@ -121,6 +121,25 @@ describe('writeGguf → parseGguf round trip', () => {
   });
 });
 
+describe('planGguf (streaming writes)', () => {
+  it('lays out the same bytes writeGguf produces, without holding tensor data', () => {
+    const tensors = tensorsOfSeveralTypes();
+    const metadata = metadataForEveryValueType();
+    for (const alignment of [32, 256]) {
+      const whole = writeGguf({ metadata, tensors, alignment });
+      const layout = planGguf({ metadata, tensors: tensors.map(({ data: _, ...info }) => info), alignment });
+      expect(layout.fileSize).toBe(whole.byteLength);
+      const assembled = new Uint8Array(layout.fileSize);
+      assembled.set(layout.header);
+      tensors.forEach((tensor, i) => {
+        expect(layout.tensorByteLengths[i]).toBe(tensor.data.byteLength);
+        assembled.set(tensor.data, layout.tensorOffsets[i]);
+      });
+      expect(assembled).toEqual(whole);
+    }
+  });
+});
+
 describe('writeGguf input validation', () => {
   const f32 = (shape: number[], bytes: number): GgufTensorInput => ({
     name: 'w',
@@ -226,6 +245,12 @@ describe('ByteSources', () => {
     expect(server.ranges.every((range) => range !== null)).toBe(true);
   });
 
+  it('report a missing local file as a request error naming the path', async () => {
+    await expect(sourceFromPath('/nonexistent/model.gguf')).rejects.toThrow(
+      /Cannot open the model file \/nonexistent\/model.gguf: there is no file at that path/,
+    );
+  });
+
   it('reject reads past the end as a truncated file', async () => {
     await expect(sourceFromBytes(bytes).read(bytes.byteLength - 2, 4)).rejects.toThrow(CorruptModelFileError);
     await expect(sourceFromBlob(new Blob([bytes])).read(bytes.byteLength, 1)).rejects.toThrow(CorruptModelFileError);
@@ -249,6 +274,8 @@ describe('ByteSources', () => {
     await expect(source.read(0, 16)).rejects.toThrow(DownloadFailedError);
     flaky.failWith = 'short';
     await expect(source.read(0, 16)).rejects.toThrow(DownloadFailedError);
+    flaky.failWith = 'shifted';
+    await expect(source.read(0, 16)).rejects.toThrow(/mangled/);
 
     const controller = new AbortController();
     const aborting = (async (_: unknown, init?: RequestInit) => {
@@ -272,14 +299,14 @@ describe('ByteSources', () => {
 function rangeServer(bytes: Uint8Array) {
   const server = {
     ranges: [] as (string | null)[],
-    failWith: null as number | 'short' | null,
+    failWith: null as number | 'short' | 'shifted' | null,
     fetch: (async (_: unknown, init?: RequestInit) => {
       const range = new Headers(init?.headers).get('Range');
       server.ranges.push(range);
       if (typeof server.failWith === 'number') return new Response('error', { status: server.failWith });
       const match = /^bytes=(\d+)-(\d+)$/.exec(range ?? '');
       if (!match) return new Response(bytes.slice(), { status: 200 });
-      const start = Number(match[1]);
+      const start = Number(match[1]) + (server.failWith === 'shifted' ? 1 : 0);
       const end = Math.min(Number(match[2]), bytes.length - 1);
       const body = bytes.slice(start, server.failWith === 'short' ? end : end + 1);
       return new Response(body, { status: 206, headers: { 'Content-Range': `bytes ${start}-${end}/${bytes.length}` } });

@@ -45,7 +45,15 @@ export function sourceFromBlob(blob: Blob, name?: string): ByteSource {
     size: blob.size,
     async read(offset, length) {
       checkReadRange({ name: sourceName, size: blob.size }, offset, length);
-      const buffer = await blob.slice(offset, offset + length).arrayBuffer();
+      let buffer: ArrayBuffer;
+      try {
+        buffer = await blob.slice(offset, offset + length).arrayBuffer();
+      } catch (error) {
+        // Browsers fail reads of a File that was modified, moved or deleted after it was picked.
+        throw new CorruptModelFileError(
+          `${sourceName} could not be read (${error instanceof Error ? error.message : String(error)}). It may have been changed, moved or deleted since it was chosen; pick the file again.`,
+        );
+      }
       if (buffer.byteLength !== length) {
         throw new CorruptModelFileError(
           `Reading ${length} bytes at offset ${offset} from ${sourceName} returned ${buffer.byteLength}: the file changed or was truncated while loading.`,
@@ -112,6 +120,14 @@ export async function sourceFromUrl(url: string, options: UrlSourceOptions = {})
         await discardBody(response);
         throw httpError(url, response.status, range);
       }
+      const servedStart = startFromContentRange(response.headers.get('Content-Range'));
+      if (servedStart !== null && servedStart !== offset) {
+        await discardBody(response);
+        throw new DownloadFailedError(
+          `${url} answered ${range} with bytes starting at ${servedStart}: the server or a proxy mangled the Range request.`,
+          { url, range, servedStart },
+        );
+      }
       let buffer: ArrayBuffer;
       try {
         buffer = await response.arrayBuffer();
@@ -164,6 +180,12 @@ function totalFromContentRange(header: string | null): number | null {
   if (!match) return null;
   const total = Number(match[1]);
   return Number.isSafeInteger(total) && total > 0 ? total : null;
+}
+
+/** Parses the start out of `bytes 100-199/12345`; null when absent. */
+function startFromContentRange(header: string | null): number | null {
+  const match = header ? /^\s*bytes\s+(\d+)-/.exec(header) : null;
+  return match ? Number(match[1]) : null;
 }
 
 /** Frees the connection; a server that ignored Range would otherwise go on sending the whole file. */

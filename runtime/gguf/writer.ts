@@ -61,12 +61,54 @@ export interface WriteGgufInput {
   alignment?: number;
 }
 
+/** A tensor to be written later, for files too large to assemble in memory. */
+export type GgufTensorDescription = Omit<GgufTensorInput, 'data'>;
+
+export interface GgufLayout {
+  /** Magic, metadata and tensor infos, zero-padded to where tensor data begins. */
+  header: Uint8Array<ArrayBuffer>;
+  /** Absolute file offset of each tensor's data, in input order. */
+  tensorOffsets: number[];
+  /** Bytes each tensor's data must have. */
+  tensorByteLengths: number[];
+  /** Total file size; the bytes between and after tensors are zero padding. */
+  fileSize: number;
+}
+
 /** Serializes a complete GGUF v3 file. Throws InvalidRequestError when the input could not make a valid file. */
 export function writeGguf(input: WriteGgufInput): Uint8Array<ArrayBuffer> {
+  const tensors = input.tensors ?? [];
+  const layout = planGguf({ metadata: input.metadata, tensors, alignment: input.alignment });
+  tensors.forEach((tensor, i) => {
+    if (tensor.data.byteLength !== layout.tensorByteLengths[i]) {
+      throw new InvalidRequestError(
+        `Tensor ${tensor.name} has ${tensor.data.byteLength} bytes of data, but shape [${tensor.shape.join(', ')}] of ${GGML_TYPE_INFO[tensor.type]!.name} needs ${layout.tensorByteLengths[i]}.`,
+        { tensor: tensor.name, expected: layout.tensorByteLengths[i], actual: tensor.data.byteLength },
+      );
+    }
+  });
+  const file = new Uint8Array(layout.fileSize);
+  file.set(layout.header);
+  tensors.forEach((tensor, i) => {
+    file.set(tensor.data, layout.tensorOffsets[i]);
+  });
+  return file;
+}
+
+/**
+ * The streaming form of writeGguf: the header bytes and where each tensor's data goes, without the data. A tool
+ * writes `header` at 0 and each tensor at its offset (a file handle or a WritableStream with zero padding between)
+ * and gets byte for byte what writeGguf would have produced.
+ */
+export function planGguf(input: {
+  metadata: GgufMetadataInput;
+  tensors?: readonly GgufTensorDescription[];
+  alignment?: number;
+}): GgufLayout {
   const entries = normalizeMetadata(input.metadata);
   const alignment = resolveAlignment(entries, input.alignment);
   const tensors = input.tensors ?? [];
-  checkTensors(tensors);
+  checkTensorDescriptions(tensors);
 
   const header = new ByteSink();
   header.u32(GGUF_MAGIC);
@@ -77,26 +119,31 @@ export function writeGguf(input: WriteGgufInput): Uint8Array<ArrayBuffer> {
     header.string(entry.key);
     writeTypedValue(header, entry.key, entry.type, entry.value);
   }
-  const tensorOffsets: number[] = [];
+  const relativeOffsets: number[] = [];
+  const tensorByteLengths: number[] = [];
   let dataLength = 0;
   for (const tensor of tensors) {
+    const byteLength = tensorByteLength(tensor.shape, tensor.type);
     header.string(tensor.name);
     header.u32(tensor.shape.length);
     for (const dim of tensor.shape) header.u64(dim);
     header.u32(tensor.type);
     header.u64(dataLength);
-    tensorOffsets.push(dataLength);
+    relativeOffsets.push(dataLength);
+    tensorByteLengths.push(byteLength);
     // Every tensor, the last included, is padded so each offset and the file's end stay aligned (as ggml writes it).
-    dataLength = alignUp(dataLength + tensor.data.byteLength, alignment);
+    dataLength = alignUp(dataLength + byteLength, alignment);
   }
 
   const dataOffset = alignUp(header.length, alignment);
-  const file = new Uint8Array(dataOffset + dataLength);
-  file.set(header.bytes());
-  tensors.forEach((tensor, i) => {
-    file.set(tensor.data, dataOffset + tensorOffsets[i]);
-  });
-  return file;
+  const paddedHeader = new Uint8Array(dataOffset);
+  paddedHeader.set(header.bytes());
+  return {
+    header: paddedHeader,
+    tensorOffsets: relativeOffsets.map((offset) => dataOffset + offset),
+    tensorByteLengths,
+    fileSize: dataOffset + dataLength,
+  };
 }
 
 /**
@@ -165,10 +212,11 @@ function resolveAlignment(entries: ResolvedEntry[], requested: number | undefine
   return alignment;
 }
 
-function checkTensors(tensors: readonly GgufTensorInput[]): void {
+function checkTensorDescriptions(tensors: readonly GgufTensorDescription[]): void {
   const names = new Set<string>();
+  const encoder = new TextEncoder();
   for (const tensor of tensors) {
-    const nameBytes = new TextEncoder().encode(tensor.name).byteLength;
+    const nameBytes = encoder.encode(tensor.name).byteLength;
     if (nameBytes === 0 || nameBytes > GGML_MAX_TENSOR_NAME_BYTES) {
       throw new InvalidRequestError(
         `Tensor name "${tensor.name}" is ${nameBytes} bytes; ggml needs 1 to ${GGML_MAX_TENSOR_NAME_BYTES}.`,
@@ -181,13 +229,6 @@ function checkTensors(tensors: readonly GgufTensorInput[]): void {
     names.add(tensor.name);
     const problem = tensorLayoutProblem(tensor.shape, tensor.type);
     if (problem) throw new InvalidRequestError(`Tensor ${tensor.name} cannot be written: ${problem}.`);
-    const expected = tensorByteLength(tensor.shape, tensor.type);
-    if (tensor.data.byteLength !== expected) {
-      throw new InvalidRequestError(
-        `Tensor ${tensor.name} has ${tensor.data.byteLength} bytes of data, but shape [${tensor.shape.join(', ')}] of ${GGML_TYPE_INFO[tensor.type]!.name} needs ${expected}.`,
-        { tensor: tensor.name, expected, actual: tensor.data.byteLength },
-      );
-    }
   }
 }
 
