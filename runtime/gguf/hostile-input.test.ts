@@ -94,6 +94,16 @@ describe('parseGguf on hostile input', () => {
     );
   });
 
+  it('caps counts that fit the file but would cost far more memory parsed than stored', async () => {
+    // A 17M-item u8 array: 17 MB on disk, but ~136 MB as a JS array.
+    const items = 2 ** 24 + 1;
+    const header = writeGguf({ metadata: [{ key: 'a', type: 'u8[]', value: [] }] });
+    const file = new Uint8Array(header.length + items);
+    file.set(header);
+    new DataView(file.buffer).setBigUint64(FIRST_VALUE + 4, BigInt(items), true);
+    await expect(parseBytes(file)).rejects.toThrow(/implausibly many/);
+  });
+
   it('rejects huge tensor and metadata counts', async () => {
     const file = oneTensorFile();
     await expect(parseBytes(patched(file, (v) => v.setBigUint64(8, 2n ** 40n, true)))).rejects.toThrow(/tensor count/);

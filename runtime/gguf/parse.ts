@@ -39,6 +39,13 @@ const DEFAULT_WINDOW_BYTES = 1024 * 1024;
 const MAX_ARRAY_NESTING = 8;
 /** Chat templates are tens of kilobytes; a string this long is damage, not data, and would only waste memory. */
 const MAX_STRING_BYTES = 64 * 1024 * 1024;
+/**
+ * A parsed item costs far more memory than its bytes in the file (a u8 becomes an 8-byte array slot, a tensor info a
+ * JS object), so counts are also capped well above any real model (vocabularies reach ~10^6 entries, models ~10^4
+ * tensors) to keep a hostile multi-gigabyte file from exhausting memory.
+ */
+const MAX_ARRAY_ITEMS = 1 << 24;
+const MAX_ENTRIES = 1 << 20;
 /** Smallest encodings, used to reject counts that cannot fit in the bytes left. */
 const MIN_STRING_BYTES = 8;
 const MIN_KV_BYTES = MIN_STRING_BYTES + 4 + 1;
@@ -57,8 +64,8 @@ export async function parseGguf(source: ByteSource, options: ParseGgufOptions = 
   const version = await reader.u32('the version');
   checkVersion(version, fileName);
 
-  const tensorCount = await reader.count('the tensor count', MIN_TENSOR_INFO_BYTES);
-  const kvCount = await reader.count('the metadata count', MIN_KV_BYTES);
+  const tensorCount = await reader.count('the tensor count', MIN_TENSOR_INFO_BYTES, MAX_ENTRIES);
+  const kvCount = await reader.count('the metadata count', MIN_KV_BYTES, MAX_ENTRIES);
   if (tensorCount * MIN_TENSOR_INFO_BYTES + kvCount * MIN_KV_BYTES > reader.remaining) {
     throw reader.corrupt(
       `it claims ${kvCount} metadata entries and ${tensorCount} tensors, more than its size can hold`,
@@ -216,11 +223,12 @@ class HeaderReader {
   }
 
   /** A u64 count of items each at least `minItemBytes` long, rejected when the rest of the file cannot hold them. */
-  async count(what: string, minItemBytes: number): Promise<number> {
+  async count(what: string, minItemBytes: number, maxItems: number): Promise<number> {
     const count = await this.u64(what);
     if (typeof count !== 'number' || count * minItemBytes > this.remaining) {
       throw this.corrupt(`${what} is ${count}, more than the ${this.remaining} bytes left can hold`);
     }
+    if (count > maxItems) throw this.corrupt(`${what} is ${count}, implausibly many (the limit is ${maxItems})`);
     return count;
   }
 
@@ -260,7 +268,7 @@ class HeaderReader {
         : itemTypeId === GgufValueType.ARRAY
           ? MIN_NESTED_ARRAY_BYTES
           : (itemSize ?? 1);
-    const count = await this.count(`the item count of "${key}"`, minItemBytes);
+    const count = await this.count(`the item count of "${key}"`, minItemBytes, MAX_ARRAY_ITEMS);
     const items: GgufValue[] = [];
 
     if (itemSize !== undefined) {
