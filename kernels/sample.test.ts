@@ -289,30 +289,34 @@ describe('sampler: distribution', () => {
 });
 
 describe('sampler: broken kernels are caught', () => {
-  it.each([
-    ['the draw ignores the temperature', 'draw', 'exp((x - maxLogit) / temperature)', 'exp(x - maxLogit)'],
+  const filtered: Partial<SamplerParams> = { temperature: 0.4, topK: 30, topP: 0.95, repetitionPenalty: 1.8 };
+  // Top-p alone over all 512 ids: bins hold more than one top weight of mass, so the 32.32 carries matter.
+  const broad: Partial<SamplerParams> = { temperature: 1, topK: 0, topP: 0.3, repetitionPenalty: 1 };
+  it.each<[string, keyof SampleShaders, string, string, Partial<SamplerParams>]>([
+    ['the draw ignores the temperature', 'draw', 'exp((x - maxLogit) / temperature)', 'exp(x - maxLogit)', filtered],
     [
-      'the top-k/top-p select stops one bin early',
+      'the select stops one bin early',
       'select',
       'cumCount + binCount[b] >= needCount',
       'cumCount >= needCount',
+      filtered,
     ],
-    ['the penalty divides negative logits', 'penalty', 'l > 0.0', 'l < 0.0'],
-  ] as const)('%s', async (_, shader, from, to) => {
+    ['the penalty divides negative logits', 'penalty', 'l > 0.0', 'l < 0.0', filtered],
+    [
+      'the mass histogram drops its carries',
+      'histogram',
+      'atomicAdd(&massHi[bin], 1u)',
+      'atomicAdd(&massHi[bin], 0u)',
+      broad,
+    ],
+  ])('%s', async (_, shader, from, to, change) => {
     const broken = { ...sampleWgsl, [shader]: sampleWgsl[shader].replace(from, to) };
     expect(broken[shader]).not.toBe(sampleWgsl[shader]);
     const random = seededRandom(404);
     let mismatches = 0;
     for (let c = 0; c < 12; c++) {
       const logits = randomFloats(random, 512, 3);
-      const params: SamplerParams = {
-        temperature: 0.4,
-        topK: 30,
-        topP: 0.95,
-        minP: 0,
-        repetitionPenalty: 1.8,
-        seed: c,
-      };
+      const params: SamplerParams = { ...GREEDY, ...change, seed: c };
       // History = the 30 best ids, so the penalty reorders the top of the distribution.
       const history = Array.from(logits.keys())
         .sort((a, b) => logits[b] - logits[a])

@@ -111,7 +111,7 @@ export function prepareSampler(
     );
   }
   const groups = Math.ceil(vocab / SAMPLE_SPAN);
-  const scratchWords = 3 * groups + 512 * groups;
+  const scratchWords = 3 * groups + 768 * groups;
 
   const work = gpu.allocator.createStorage(`${label}.work`, 'scratch', vocab * 4);
   const scratch = gpu.allocator.createStorage(`${label}.scratch`, 'scratch', scratchWords * 4);

@@ -4,8 +4,9 @@
  * Every filter keeps the logits at or above a threshold, so the candidate set is `key(logit) >= threshold` where
  * `key` maps f32 to u32 in the same order. The top-k and top-p thresholds come from an exact radix select over the
  * keys (4 rounds of 8 bits: a per-workgroup histogram pass, then a one-workgroup pass that picks the bin), so no
- * sort is needed on a 152K vocabulary. Ties at a threshold are all kept. Every sum is computed in a fixed order
- * (no float atomics), so a (seed, step) pair always draws the same token.
+ * sort is needed on a 152K vocabulary. Ties at a threshold are all kept. Histograms use integer atomics only (the
+ * top-p mass in exact 32.32 fixed point) and every float sum runs in a fixed order, so a (seed, step) pair always
+ * draws the same token whatever the scheduling.
  *
  * Each pass is its own shader with bindings 0..n-1 in the order `prepareSampler` binds them.
  */
@@ -52,7 +53,7 @@ struct Stage { mode: u32, digit: u32, pad0: u32, pad1: u32 }
 
 fn groupCount(vocab: u32) -> u32 { return (vocab + SPAN - 1u) / SPAN; }
 
-// Scratch layout, in u32 words, for n workgroups: max[n] argmax[n] sum[n] counts[n*256] mass[n*256].
+// Scratch layout, in u32 words, for n workgroups: max[n] argmax[n] sum[n] counts[n][256] mass[n][lo 256, hi 256].
 fn offMax(n: u32) -> u32 { return 0u; }
 fn offArg(n: u32) -> u32 { return n; }
 fn offSum(n: u32) -> u32 { return 2u * n; }
@@ -221,9 +222,10 @@ fn main() {
 `;
 
 /**
- * One radix-select round: per-workgroup histogram of one 8-bit digit of the keys that match the prefix
- * chosen so far. Counts use workgroup atomics (integer, so order-free); in mass mode each thread owns one bin and
- * sums the softmax weights of a tile in index order, so the float sums are deterministic.
+ * One radix-select round: per-workgroup histogram of one 8-bit digit of the keys that match the prefix chosen so
+ * far. Everything is integer workgroup atomics, so the result does not depend on thread order: counts, and in mass
+ * mode the softmax weights exp(logit - max) in 32.32 fixed point (a lo/hi pair of u32, the carry taken from the
+ * value atomicAdd returns). A weight is its f32 value truncated to a multiple of 2^-32 of the top weight.
  */
 const histogramWgsl = /* wgsl */ `${common}
 @group(0) @binding(0) var<storage, read> work: array<f32>;
@@ -233,62 +235,43 @@ const histogramWgsl = /* wgsl */ `${common}
 @group(0) @binding(4) var<uniform> stage: Stage;
 
 var<workgroup> counts: array<atomic<u32>, 256>;
-var<workgroup> hits: atomic<u32>;
-var<workgroup> tileBin: array<u32, WG>;
-var<workgroup> tileWeight: array<f32, WG>;
+var<workgroup> massLo: array<atomic<u32>, 256>;
+var<workgroup> massHi: array<atomic<u32>, 256>;
 var<workgroup> flag: u32;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
   let mode = stage.mode;
   let digit = stage.digit;
-  if (lid.x == 0u) {
-    flag = select(0u, 1u, state.done == 0u && selectActive(params, mode));
-    atomicStore(&hits, 0u);
-  }
+  if (lid.x == 0u) { flag = select(0u, 1u, state.done == 0u && selectActive(params, mode)); }
   atomicStore(&counts[lid.x], 0u);
+  atomicStore(&massLo[lid.x], 0u);
+  atomicStore(&massHi[lid.x], 0u);
   if (workgroupUniformLoad(&flag) == 0u) { return; }
   let lower = select(0u, state.kKey, mode == MODE_MASS);
   let prefix = state.prefix;
   let maxLogit = state.maxLogit;
-  let base = wg.x * SPAN;
-  var mass = 0.0;
-  var seen = 0u;
-  for (var t = 0u; t < TILES; t++) {
-    let i = base + t * WG + lid.x;
-    var bin = NO_BIN;
-    var w = 0.0;
-    if (i < params.vocab) {
-      let x = work[i];
-      let key = orderedKey(x);
-      if (key >= lower && (digit == 0u || (key >> (32u - 8u * digit)) == prefix)) {
-        bin = (key >> (24u - 8u * digit)) & 255u;
-        atomicAdd(&counts[bin], 1u);
-        atomicAdd(&hits, 1u);
-        w = exp(x - maxLogit);
+  let end = min((wg.x + 1u) * SPAN, params.vocab);
+  for (var i = wg.x * SPAN + lid.x; i < end; i += WG) {
+    let x = work[i];
+    let key = orderedKey(x);
+    if (key >= lower && (digit == 0u || (key >> (32u - 8u * digit)) == prefix)) {
+      let bin = (key >> (24u - 8u * digit)) & 255u;
+      atomicAdd(&counts[bin], 1u);
+      if (mode == MODE_MASS) {
+        // 4294967040 is the largest f32 below 2^32, so the conversion never saturates.
+        let q = u32(min(exp(x - maxLogit) * 4294967296.0, 4294967040.0));
+        if (atomicAdd(&massLo[bin], q) > 0xffffffffu - q) { atomicAdd(&massHi[bin], 1u); }
       }
-    }
-    if (mode == MODE_MASS) {
-      tileBin[lid.x] = bin;
-      tileWeight[lid.x] = w;
-      workgroupBarrier();
-      if (lid.x == 0u) {
-        let total = atomicLoad(&hits);
-        flag = select(0u, 1u, total != seen);
-        seen = total;
-      }
-      if (workgroupUniformLoad(&flag) != 0u) {
-        for (var j = 0u; j < WG; j++) {
-          if (tileBin[j] == lid.x) { mass += tileWeight[j]; }
-        }
-      }
-      workgroupBarrier();
     }
   }
   workgroupBarrier();
   let n = groupCount(params.vocab);
   scratch[offCount(n) + wg.x * 256u + lid.x] = atomicLoad(&counts[lid.x]);
-  if (mode == MODE_MASS) { scratch[offMass(n) + wg.x * 256u + lid.x] = bitcast<u32>(mass); }
+  if (mode == MODE_MASS) {
+    scratch[offMass(n) + wg.x * 512u + lid.x] = atomicLoad(&massLo[lid.x]);
+    scratch[offMass(n) + wg.x * 512u + 256u + lid.x] = atomicLoad(&massHi[lid.x]);
+  }
 }
 `;
 
@@ -315,13 +298,20 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>) {
   if (workgroupUniformLoad(&flag) == 0u) { return; }
   let n = groupCount(params.vocab);
   var c = 0u;
-  var m = 0.0;
+  var lo = 0u;
+  var hi = 0u;
   for (var g = 0u; g < n; g++) {
     c += scratch[offCount(n) + g * 256u + lid.x];
-    if (mode == MODE_MASS) { m += bitcast<f32>(scratch[offMass(n) + g * 256u + lid.x]); }
+    if (mode == MODE_MASS) {
+      let add = scratch[offMass(n) + g * 512u + lid.x];
+      if (lo > 0xffffffffu - add) { hi += 1u; }
+      lo += add;
+      hi += scratch[offMass(n) + g * 512u + 256u + lid.x];
+    }
   }
   binCount[lid.x] = c;
-  binMass[lid.x] = m;
+  // The exact 32.32 sum, rounded once to f32 (units of the top weight).
+  binMass[lid.x] = f32(hi) + f32(lo) * (1.0 / 4294967296.0);
   workgroupBarrier();
   if (lid.x != 0u) { return; }
 
