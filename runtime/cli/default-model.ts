@@ -9,7 +9,9 @@ export const DEMO_MODEL_FILE = 'longtab-demo.gguf';
 export function defaultModelPath(): string {
   const path = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'public', 'models', DEMO_MODEL_FILE);
   if (!existsSync(path)) {
-    throw new InvalidRequestError(`No --model given and the embedded demo model (${path}) is not there: pass --model FILE.gguf.`);
+    throw new InvalidRequestError(
+      `No --model given and the embedded demo model (${path}) is not there: pass --model FILE.gguf.`,
+    );
   }
   return path;
 }

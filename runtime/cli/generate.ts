@@ -1,8 +1,8 @@
-import type { GpuContext } from '../gpu/device.ts';
-import { sourceFromPath } from '../gguf/node-source.ts';
 import { Engine } from '../engine/engine.ts';
 import { InvalidRequestError } from '../errors.ts';
-import { renderChatTemplate } from '../tokenizer/chat-template.ts';
+import { sourceFromPath } from '../gguf/node-source.ts';
+import type { GpuContext } from '../gpu/device.ts';
+import { chatTemplateFromMetadata, renderChatTemplate } from '../tokenizer/chat-template.ts';
 import { numberFlag, type ParsedArgs, stringFlag } from './args.ts';
 import { defaultModelPath } from './default-model.ts';
 
@@ -18,8 +18,7 @@ export async function runGenerate(args: ParsedArgs, gpu: GpuContext): Promise<nu
     const tokenizer = engine.tokenizer;
     let promptIds: number[];
     if (args.flags.has('chat')) {
-      const template = engine.loaded!.file.metadata['tokenizer.chat_template'];
-      const text = renderChatTemplate(typeof template === 'string' ? template : undefined, {
+      const text = renderChatTemplate(chatTemplateFromMetadata(engine.loaded!.file.metadata), {
         messages: [{ role: 'user', content: prompt }],
         add_generation_prompt: true,
         bos_token: tokenizer.bosId !== undefined ? tokenizer.tokenText(tokenizer.bosId) : '',
@@ -53,7 +52,9 @@ export async function runGenerate(args: ParsedArgs, gpu: GpuContext): Promise<nu
     });
     const text = tokenizer.decode(result.ids, { skipSpecial: true });
     if (json) {
-      process.stdout.write(`${JSON.stringify({ ids: result.ids, text, finish_reason: result.finishReason, usage: result.usage })}\n`);
+      process.stdout.write(
+        `${JSON.stringify({ ids: result.ids, text, finish_reason: result.finishReason, usage: result.usage })}\n`,
+      );
     } else {
       process.stdout.write(`${stream.flush()}\n`);
       const u = result.usage;

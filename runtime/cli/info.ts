@@ -1,7 +1,7 @@
+import { InvalidRequestError } from '../errors.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
 import { parseGguf } from '../gguf/parse.ts';
 import { GGML_TYPE_INFO } from '../gguf/types.ts';
-import { InvalidRequestError } from '../errors.ts';
 import { readModelConfig } from '../model/config.ts';
 import type { ParsedArgs } from './args.ts';
 
@@ -46,7 +46,9 @@ export async function runInfo(args: ParsedArgs): Promise<number> {
         `${config.name} (${config.architecture}), ${(parameters / 1e6).toFixed(2)}M parameters, GGUF v${file.version}`,
         `  layers ${config.layers}, dim ${config.dim}, heads ${config.heads}/${config.kvHeads} kv, head_dim ${config.headDim}, ffn ${config.ffnDim}, vocab ${config.vocab}`,
         `  context ${config.contextLength}, rope ${config.ropeLayout} base ${config.ropeBase}${config.qkvBias ? ', qkv bias' : ''}${config.qkNorm ? ', qk norm' : ''}${config.tiedOutput ? ', tied output' : ''}`,
-        `  tensor types: ${Object.entries(types).map(([n, e]) => `${n} ×${e.tensors} (${mib(e.bytes)})`).join(', ')}`,
+        `  tensor types: ${Object.entries(types)
+          .map(([n, e]) => `${n} ×${e.tensors} (${mib(e.bytes)})`)
+          .join(', ')}`,
         `  memory: weights ${mib(weightBytes)}; fp16 KV ${(kvBytesPerTokenF16 / 1024).toFixed(1)} KiB/token, ${mib(kvBytesPerTokenF16 * config.contextLength)} at ${config.contextLength} tokens`,
       ];
       process.stdout.write(`${lines.join('\n')}\n`);

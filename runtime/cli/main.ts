@@ -1,12 +1,13 @@
 /**
  * `longtab` — the Node CLI on the same engine as the browser (WebGPU through Dawn; any Vulkan driver, CPU ones too).
  */
+
+import { LongtabError } from '../errors.ts';
 import { acquireGpu } from '../gpu/device.ts';
 import { nodeGpu, releaseNodeGpu } from '../gpu/node.ts';
-import { LongtabError } from '../errors.ts';
-import { parseArgs, type ParsedArgs, numberFlag, stringFlag } from './args.ts';
-import { runInfo } from './info.ts';
+import { numberFlag, type ParsedArgs, parseArgs, stringFlag } from './args.ts';
 import { runGenerate } from './generate.ts';
+import { runInfo } from './info.ts';
 
 const USAGE = `longtab — a local LLM runtime on WebGPU
 
@@ -45,7 +46,10 @@ export async function runCli(argv: string[]): Promise<number> {
   }
 }
 
-async function withGpu(args: ParsedArgs, run: (args: ParsedArgs, gpu: Awaited<ReturnType<typeof acquireGpu>>) => Promise<number>): Promise<number> {
+async function withGpu(
+  args: ParsedArgs,
+  run: (args: ParsedArgs, gpu: Awaited<ReturnType<typeof acquireGpu>>) => Promise<number>,
+): Promise<number> {
   const gpu = await acquireGpu({ gpu: await nodeGpu() });
   try {
     return await run(args, gpu);

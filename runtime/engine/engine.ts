@@ -1,11 +1,11 @@
-import { type PreparedDispatch, encodeDispatches } from '../../kernels/dispatch.ts';
+import { encodeDispatches, type PreparedDispatch } from '../../kernels/dispatch.ts';
 import { prepareSampler, type Sampler } from '../../kernels/sample.ts';
 import { AbortedError, InvalidRequestError, ModelNotLoadedError } from '../errors.ts';
-import type { GpuContext } from '../gpu/device.ts';
-import { readFloat32 } from '../gpu/readback.ts';
-import type { MemorySnapshot } from '../gpu/allocator.ts';
 import { parseGguf } from '../gguf/parse.ts';
 import type { ByteSource, GgufFile } from '../gguf/types.ts';
+import type { MemorySnapshot } from '../gpu/allocator.ts';
+import type { GpuContext } from '../gpu/device.ts';
+import { readFloat32 } from '../gpu/readback.ts';
 import { PagedKvAttention } from '../kv/paged-attention.ts';
 import { KvPagePool, type KvSequence } from '../kv/pool.ts';
 import { type ModelConfig, readModelConfig } from '../model/config.ts';
@@ -126,7 +126,13 @@ export class Engine {
       });
       created.push({ release: () => pool.destroy() });
       const prefillChunk = options.prefillChunk ?? 128;
-      const transformer = new Transformer(gpu, config, weights, new PagedKvAttention(gpu, pool, config.heads), prefillChunk);
+      const transformer = new Transformer(
+        gpu,
+        config,
+        weights,
+        new PagedKvAttention(gpu, pool, config.heads),
+        prefillChunk,
+      );
       created.push({ release: () => transformer.release() });
       const sampledId = gpu.allocator.createStorage('sampledId', 'scratch', 16);
       created.push({ release: () => gpu.allocator.release(sampledId) });
@@ -137,7 +143,11 @@ export class Engine {
         usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
       });
       created.push({ release: () => gpu.allocator.release(readback) });
-      const sampler = prepareSampler(gpu, 'sampler', { logits: transformer.buffers.logits, vocab: config.vocab, output: sampledId });
+      const sampler = prepareSampler(gpu, 'sampler', {
+        logits: transformer.buffers.logits,
+        vocab: config.vocab,
+        output: sampledId,
+      });
       created.push({ release: () => sampler.release() });
       await gpu.device.queue.onSubmittedWorkDone();
       gpu.throwIfErrors();
@@ -168,7 +178,8 @@ export class Engine {
   /** Greedy or sampled generation from a prompt in a fresh KV sequence. */
   async generate(request: GenerateRequest): Promise<GenerateResult> {
     const m = this.require();
-    if (this.busy) throw new InvalidRequestError('The engine is already generating; wait for the current request or abort it.');
+    if (this.busy)
+      throw new InvalidRequestError('The engine is already generating; wait for the current request or abort it.');
     this.validatePrompt(m, request.promptIds);
     if (!Number.isInteger(request.maxTokens) || request.maxTokens < 0) {
       throw new InvalidRequestError(`max_tokens must be an integer >= 0, got ${request.maxTokens}.`);
@@ -184,7 +195,12 @@ export class Engine {
     }
   }
 
-  private async run(m: LoadedModel, seq: KvSequence, request: GenerateRequest, params: SamplingParams): Promise<GenerateResult> {
+  private async run(
+    m: LoadedModel,
+    seq: KvSequence,
+    request: GenerateRequest,
+    params: SamplingParams,
+  ): Promise<GenerateResult> {
     const prompt = request.promptIds;
     const start = performance.now();
     m.pool.reserve(seq, prompt.length + request.maxTokens);

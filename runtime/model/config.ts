@@ -1,7 +1,7 @@
+import type { RopeLayout } from '../../kernels/rope.ts';
 import { UnsupportedModelError } from '../errors.ts';
 import { metaNumber, metaOptionalNumber, metaString } from '../gguf/metadata.ts';
 import type { GgufFile, GgufTensorInfo } from '../gguf/types.ts';
-import type { RopeLayout } from '../../kernels/rope.ts';
 
 export type Architecture = 'llama' | 'qwen2' | 'qwen3';
 export const SUPPORTED_ARCHITECTURES: readonly Architecture[] = ['llama', 'qwen2', 'qwen3'];
@@ -52,7 +52,9 @@ export function readModelConfig(file: GgufFile): ModelConfig {
   const embedding = tensors.get('token_embd.weight');
   const tokens = meta['tokenizer.ggml.tokens'];
   const vocab =
-    metaOptionalNumber(meta, `${arch}.vocab_size`) ?? embedding?.shape[1] ?? (Array.isArray(tokens) ? tokens.length : 0);
+    metaOptionalNumber(meta, `${arch}.vocab_size`) ??
+    embedding?.shape[1] ??
+    (Array.isArray(tokens) ? tokens.length : 0);
   return {
     architecture,
     name: typeof meta['general.name'] === 'string' ? (meta['general.name'] as string) : architecture,

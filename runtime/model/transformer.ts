@@ -95,7 +95,8 @@ export class Transformer {
 
   /** Writes this step's token ids and position; the KV cache writes its own step uniform separately. */
   writeStep(tokenIds: ArrayLike<number>, position: number): void {
-    if (tokenIds.length > this.maxTokens) throw new RangeError(`forward over ${tokenIds.length} tokens > ${this.maxTokens}`);
+    if (tokenIds.length > this.maxTokens)
+      throw new RangeError(`forward over ${tokenIds.length} tokens > ${this.maxTokens}`);
     const queue = this.gpu.device.queue;
     queue.writeBuffer(this.buffers.tokenIds, 0, Uint32Array.from(tokenIds));
     this.stepWords[0] = position;
@@ -123,7 +124,12 @@ export class Transformer {
     body.end();
     if (mode === 'none') return;
     if (mode === 'all') {
-      g.allLogits ??= prepareMatmul(this.gpu, 'output.all', { weight: this.weights.output, input: this.buffers.xNorm, output: this.allLogitsBuffer(), tokens });
+      g.allLogits ??= prepareMatmul(this.gpu, 'output.all', {
+        weight: this.weights.output,
+        input: this.buffers.xNorm,
+        output: this.allLogitsBuffer(),
+        tokens,
+      });
       const head = encoder.beginComputePass({ label: 'logits.all' });
       encodeDispatches(head, g.allLogits);
       head.end();
@@ -140,7 +146,11 @@ export class Transformer {
 
   /** f32 [maxTokens, vocab], created on first use: generation never needs it. */
   allLogitsBuffer(): GPUBuffer {
-    this.allLogits ??= this.gpu.allocator.createStorage('logits.all', 'scratch', this.maxTokens * this.config.vocab * 4);
+    this.allLogits ??= this.gpu.allocator.createStorage(
+      'logits.all',
+      'scratch',
+      this.maxTokens * this.config.vocab * 4,
+    );
     return this.allLogits;
   }
 
@@ -163,28 +173,75 @@ export class Transformer {
     for (let i = 0; i < c.layers; i++) {
       const l = w.layers[i];
       const p = `blk.${i}`;
-      body.push(prepareRmsNorm(gpu, `${p}.attn_norm`, { input: b.x, weight: l.attnNorm, output: b.xNorm, rows: tokens, dim: c.dim, eps: c.rmsEps }));
+      body.push(
+        prepareRmsNorm(gpu, `${p}.attn_norm`, {
+          input: b.x,
+          weight: l.attnNorm,
+          output: b.xNorm,
+          rows: tokens,
+          dim: c.dim,
+          eps: c.rmsEps,
+        }),
+      );
       body.push(...prepareMatmul(gpu, `${p}.q`, { weight: l.q, input: b.xNorm, output: b.q, tokens, bias: l.qBias }));
       body.push(...prepareMatmul(gpu, `${p}.k`, { weight: l.k, input: b.xNorm, output: b.k, tokens, bias: l.kBias }));
       body.push(...prepareMatmul(gpu, `${p}.v`, { weight: l.v, input: b.xNorm, output: b.v, tokens, bias: l.vBias }));
       if (l.qNorm && l.kNorm) {
         // Qwen3 normalizes each head's q and k in place before RoPE.
-        body.push(prepareRmsNorm(gpu, `${p}.q_norm`, { input: b.q, weight: l.qNorm, output: b.q, rows: tokens * c.heads, dim: c.headDim, eps: c.rmsEps }));
-        body.push(prepareRmsNorm(gpu, `${p}.k_norm`, { input: b.k, weight: l.kNorm, output: b.k, rows: tokens * c.kvHeads, dim: c.headDim, eps: c.rmsEps }));
+        body.push(
+          prepareRmsNorm(gpu, `${p}.q_norm`, {
+            input: b.q,
+            weight: l.qNorm,
+            output: b.q,
+            rows: tokens * c.heads,
+            dim: c.headDim,
+            eps: c.rmsEps,
+          }),
+        );
+        body.push(
+          prepareRmsNorm(gpu, `${p}.k_norm`, {
+            input: b.k,
+            weight: l.kNorm,
+            output: b.k,
+            rows: tokens * c.kvHeads,
+            dim: c.headDim,
+            eps: c.rmsEps,
+          }),
+        );
       }
       body.push(rope(b.q, c.heads, `${p}.rope_q`), rope(b.k, c.kvHeads, `${p}.rope_k`));
       const kv = this.kv.prepareLayer(i, { q: b.q, k: b.k, v: b.v, output: b.attention }, tokens);
       body.push(...kv.append, ...kv.attention);
       body.push(...prepareMatmul(gpu, `${p}.o`, { weight: l.o, input: b.attention, output: b.projected, tokens }));
       body.push(prepareAddInPlace(gpu, `${p}.attn_residual`, { x: b.x, y: b.projected, count: tokens * c.dim }));
-      body.push(prepareRmsNorm(gpu, `${p}.ffn_norm`, { input: b.x, weight: l.ffnNorm, output: b.xNorm, rows: tokens, dim: c.dim, eps: c.rmsEps }));
+      body.push(
+        prepareRmsNorm(gpu, `${p}.ffn_norm`, {
+          input: b.x,
+          weight: l.ffnNorm,
+          output: b.xNorm,
+          rows: tokens,
+          dim: c.dim,
+          eps: c.rmsEps,
+        }),
+      );
       body.push(...prepareMatmul(gpu, `${p}.gate`, { weight: l.gate, input: b.xNorm, output: b.gate, tokens }));
       body.push(...prepareMatmul(gpu, `${p}.up`, { weight: l.up, input: b.xNorm, output: b.up, tokens }));
-      body.push(prepareSwiglu(gpu, `${p}.swiglu`, { gate: b.gate, up: b.up, output: b.hidden, count: tokens * c.ffnDim }));
+      body.push(
+        prepareSwiglu(gpu, `${p}.swiglu`, { gate: b.gate, up: b.up, output: b.hidden, count: tokens * c.ffnDim }),
+      );
       body.push(...prepareMatmul(gpu, `${p}.down`, { weight: l.down, input: b.hidden, output: b.projected, tokens }));
       body.push(prepareAddInPlace(gpu, `${p}.ffn_residual`, { x: b.x, y: b.projected, count: tokens * c.dim }));
     }
-    body.push(prepareRmsNorm(gpu, 'output_norm', { input: b.x, weight: w.outputNorm, output: b.xNorm, rows: tokens, dim: c.dim, eps: c.rmsEps }));
+    body.push(
+      prepareRmsNorm(gpu, 'output_norm', {
+        input: b.x,
+        weight: w.outputNorm,
+        output: b.xNorm,
+        rows: tokens,
+        dim: c.dim,
+        eps: c.rmsEps,
+      }),
+    );
     const logits = prepareMatmul(gpu, 'output', { weight: w.output, input: b.lastHidden, output: b.logits, tokens: 1 });
     return { tokens, body, logits };
   }

@@ -1,8 +1,15 @@
 import { type GpuWeight, releaseWeight, uploadWeight } from '../../kernels/weights.ts';
 import { CorruptModelFileError, UnsupportedModelError } from '../errors.ts';
-import type { GpuContext } from '../gpu/device.ts';
 import { streamTensorBytes } from '../gguf/read-tensor.ts';
-import { type ByteSource, GGML_TYPE_INFO, GgmlType, type GgufFile, type GgufTensorInfo, SUPPORTED_WEIGHT_TYPES } from '../gguf/types.ts';
+import {
+  type ByteSource,
+  GGML_TYPE_INFO,
+  GgmlType,
+  type GgufFile,
+  type GgufTensorInfo,
+  SUPPORTED_WEIGHT_TYPES,
+} from '../gguf/types.ts';
+import type { GpuContext } from '../gpu/device.ts';
 import type { ModelConfig } from './config.ts';
 
 export interface LayerWeights {
@@ -70,7 +77,11 @@ export function validateTensors(file: GgufFile, config: ModelConfig): Map<string
   const byName = new Map(file.tensors.map((t) => [t.name, t]));
   for (const [name, shape] of expectedTensorShapes(config)) {
     const tensor = byName.get(name);
-    if (!tensor) throw new CorruptModelFileError(`The model file has no tensor '${name}', which a ${config.architecture} model needs.`, { tensor: name });
+    if (!tensor)
+      throw new CorruptModelFileError(
+        `The model file has no tensor '${name}', which a ${config.architecture} model needs.`,
+        { tensor: name },
+      );
     const actual = tensor.shape.join('x');
     if (actual !== shape.join('x')) {
       throw new CorruptModelFileError(
@@ -82,7 +93,9 @@ export function validateTensors(file: GgufFile, config: ModelConfig): Map<string
     if (isVector ? tensor.type !== GgmlType.F32 : !SUPPORTED_WEIGHT_TYPES.includes(tensor.type)) {
       throw new UnsupportedModelError(
         `Tensor '${name}' has type ${GGML_TYPE_INFO[tensor.type]?.name ?? tensor.type}, which longtab does not run` +
-          (isVector ? ' (norms and biases must be F32).' : `; supported: ${SUPPORTED_WEIGHT_TYPES.map((t) => GGML_TYPE_INFO[t]?.name).join(', ')}.`),
+          (isVector
+            ? ' (norms and biases must be F32).'
+            : `; supported: ${SUPPORTED_WEIGHT_TYPES.map((t) => GGML_TYPE_INFO[t]?.name).join(', ')}.`),
         { tensor: name, type: tensor.type },
       );
     }
@@ -123,7 +136,10 @@ export async function loadModelWeights(
 ): Promise<ModelWeights> {
   const byName = validateTensors(file, config);
   const created: { buffers: GPUBuffer[]; weights: GpuWeight[] } = { buffers: [], weights: [] };
-  const bytesTotal = [...expectedTensorShapes(config).keys()].reduce((sum, n) => sum + (byName.get(n)?.byteLength ?? 0), 0);
+  const bytesTotal = [...expectedTensorShapes(config).keys()].reduce(
+    (sum, n) => sum + (byName.get(n)?.byteLength ?? 0),
+    0,
+  );
   let bytesDone = 0;
   let tensorsDone = 0;
   const tensorsTotal = expectedTensorShapes(config).size;
