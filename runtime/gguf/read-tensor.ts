@@ -7,7 +7,8 @@ export const DEFAULT_TENSOR_CHUNK_BYTES = 8 * 1024 * 1024;
 /**
  * Calls `onChunk` with consecutive pieces of the tensor's data, in order, each at most `chunkBytes` long.
  * Every chunk but the last ends on a block boundary of the tensor's type, so a consumer can repack block by block
- * without carrying partial blocks between chunks. `onChunk` is awaited before the next read (backpressure).
+ * without carrying partial blocks between chunks, and (when chunkBytes allows) is a multiple of 4 bytes, so chunks
+ * can go straight to `queue.writeBuffer`, which needs 4-byte offsets. `onChunk` is awaited before the next read.
  */
 export async function streamTensorBytes(
   source: ByteSource,
@@ -28,10 +29,19 @@ export async function streamTensorBytes(
       { chunkBytes, blockBytes: info.blockBytes },
     );
   }
-  const alignedChunk = chunkBytes - (chunkBytes % info.blockBytes);
+  const gpuFriendlyUnit = lcm(info.blockBytes, 4);
+  const unit = chunkBytes >= gpuFriendlyUnit ? gpuFriendlyUnit : info.blockBytes;
+  const alignedChunk = chunkBytes - (chunkBytes % unit);
   for (let offsetInTensor = 0; offsetInTensor < tensor.byteLength; offsetInTensor += alignedChunk) {
     const length = Math.min(alignedChunk, tensor.byteLength - offsetInTensor);
     const bytes = await source.read(tensor.offset + offsetInTensor, length);
     await onChunk(bytes, offsetInTensor);
   }
+}
+
+function lcm(a: number, b: number): number {
+  let x = a;
+  let y = b;
+  while (y !== 0) [x, y] = [y, x % y];
+  return (a / x) * b;
 }

@@ -181,7 +181,7 @@ describe('writeGguf input validation', () => {
 });
 
 describe('streamTensorBytes', () => {
-  it('delivers the tensor in order, in chunks of whole blocks no larger than asked', async () => {
+  it('delivers the tensor in order, in chunks of whole blocks and 4-byte words, no larger than asked', async () => {
     const data = randomBytes(18 * 37, 11);
     const bytes = writeGguf({ metadata: [], tensors: [{ name: 'q', shape: [32 * 37], type: GgmlType.Q4_0, data }] });
     const reads: number[] = [];
@@ -202,8 +202,15 @@ describe('streamTensorBytes', () => {
     });
     expect(received).toEqual(data);
     expect(Math.max(...reads)).toBeLessThanOrEqual(100);
-    expect(offsets.every((offset) => offset % 18 === 0)).toBe(true);
-    expect(offsets).toEqual([0, 90, 180, 270, 360, 450, 540, 630]);
+    // Whole Q4_0 blocks (18 bytes) and whole 4-byte words: chunks of 72 bytes, the last one shorter.
+    expect(offsets).toEqual(Array.from({ length: 10 }, (_, i) => i * 72));
+
+    // A chunk too small for a 4-byte-aligned run of blocks still keeps to whole blocks.
+    const smallOffsets: number[] = [];
+    await streamTensorBytes(source, tensor, 20, (_, offsetInTensor) => {
+      smallOffsets.push(offsetInTensor);
+    });
+    expect(smallOffsets).toEqual(Array.from({ length: 37 }, (_, i) => i * 18));
   });
 
   it('uses 8 MiB chunks by default and refuses a chunk smaller than one block', async () => {
