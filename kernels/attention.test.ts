@@ -178,6 +178,18 @@ describe('paged attention', () => {
     ['hd 64, 4:1, pages of 16', { layers: 2, heads: 8, kvHeads: 2, headDim: 64, pageTokens: 16 }, [20, 13, 1, 1], 16],
     ['hd 128, 4:1, pages of 8', { layers: 1, heads: 4, kvHeads: 1, headDim: 128, pageTokens: 8 }, [9, 1, 1, 7, 1], 5],
     [
+      'hd 64, 3:1, tiles straddle tokens',
+      { layers: 1, heads: 6, kvHeads: 2, headDim: 64, pageTokens: 8 },
+      [11, 1, 6, 1],
+      3,
+    ],
+    [
+      'hd 8, 20:1, a group spans two tiles',
+      { layers: 1, heads: 20, kvHeads: 1, headDim: 8, pageTokens: 4 },
+      [7, 1, 1],
+      2,
+    ],
+    [
       'hd 128, 1:1, decode only',
       { layers: 1, heads: 2, kvHeads: 2, headDim: 128, pageTokens: 4 },
       [1, 1, 1, 1, 1, 1],
@@ -235,7 +247,9 @@ describe('paged attention', () => {
   it.each<[string, AttentionSources, number]>([
     [
       'causal mask off by one query',
-      { partial: attentionPartialWgsl.replace('step.position + t + 1u', 'step.position + 1u') },
+      {
+        partial: attentionPartialWgsl.replace('block + j <= step.position + row / group', 'block + j <= step.position'),
+      },
       1,
     ],
     [

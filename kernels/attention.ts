@@ -1,6 +1,11 @@
 import { InvalidRequestError } from '../runtime/errors.ts';
 import type { GpuContext } from '../runtime/gpu/device.ts';
-import { attentionMergeWgsl, attentionPartialWgsl } from './attention.wgsl.ts';
+import {
+  ATTENTION_MAX_ROW_PAIRS,
+  ATTENTION_MAX_ROWS,
+  attentionMergeWgsl,
+  attentionPartialWgsl,
+} from './attention.wgsl.ts';
 import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from './dispatch.ts';
 import { type KvPageSource, kvPoolDispatch } from './kv-append.ts';
 
@@ -42,16 +47,20 @@ export function prepareAttention(
   const { pool, heads, maxTokens } = b;
   const { kvHeads, headDim } = pool;
   const splits = b.splits ?? (maxTokens === 1 ? 16 : 1);
-  if (heads % kvHeads !== 0 || headDim > 256 || headDim % 2 !== 0 || splits < 1) {
+  if (heads % kvHeads !== 0 || headDim > 128 || headDim % 2 !== 0 || splits < 1) {
     throw new InvalidRequestError(
-      `attention: needs heads (${heads}) a multiple of kvHeads (${kvHeads}), an even headDim <= 256 (${headDim}) and splits >= 1`,
+      `attention: needs heads (${heads}) a multiple of kvHeads (${kvHeads}), an even headDim <= 128 (${headDim}) and splits >= 1`,
     );
   }
+  // A workgroup serves `rows` (query token, head) pairs of one KV head: the GQA group in decode, plus several query
+  // tokens in prefill, so each K/V block is read once for all of them.
+  const group = heads / kvHeads;
+  const rowCap = Math.min(ATTENTION_MAX_ROWS, Math.floor(ATTENTION_MAX_ROW_PAIRS / (headDim / 2)));
+  const rows = Math.min(rowCap, maxTokens === 1 ? group : maxTokens * group);
+  const tiles = Math.ceil((maxTokens * group) / rows);
   const maxGrid = gpu.limits.maxComputeWorkgroupsPerDimension;
-  if (splits > maxGrid || heads > maxGrid || maxTokens > maxGrid) {
-    throw new InvalidRequestError(
-      `attention: grid ${splits} x ${heads} x ${maxTokens} exceeds ${maxGrid} per dimension`,
-    );
+  if (splits > maxGrid || tiles > maxGrid) {
+    throw new InvalidRequestError(`attention: grid ${splits} x ${kvHeads} x ${tiles} exceeds ${maxGrid} per dimension`);
   }
   const partialPipeline = computePipeline(gpu, 'attention-partial', sources.partial ?? attentionPartialWgsl);
   const params = uniformBuffer(
@@ -67,7 +76,7 @@ export function prepareAttention(
       headDim,
       splits,
       b.scale,
-      0,
+      rows,
       0,
       0,
     ],
@@ -81,7 +90,7 @@ export function prepareAttention(
         partialPipeline,
         pool,
         [b.q, b.output, pool.pageTable, pool.step, params],
-        [1, heads, maxTokens],
+        [1, kvHeads, tiles],
         [params],
       ),
     ];
@@ -101,7 +110,7 @@ export function prepareAttention(
       partialPipeline,
       pool,
       [b.q, partials, pool.pageTable, pool.step, params],
-      [splits, heads, maxTokens],
+      [splits, kvHeads, tiles],
       [params, partials],
     ),
     {

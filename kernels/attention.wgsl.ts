@@ -1,18 +1,27 @@
 import { kvPagesWgsl } from './kv-append.wgsl.ts';
 
+/** Query rows (token, head) one workgroup serves, keys per block, and their product caps (shared-memory budget). */
+export const ATTENTION_MAX_ROWS = 16;
+export const ATTENTION_BLOCK_KEYS = 16;
+/** rows * headDim/2 <= this (private accumulators per invocation = this / 64). */
+export const ATTENTION_MAX_ROW_PAIRS = 1024;
+
 /**
- * Causal GQA attention over the paged f16 KV cache, flash-decoding style. Workgroup (split s, head h, query t):
- * query t sits at position p = step.position + t and sees keys 0..p. The keys 0..step.length-1 are cut into
- * `splits` equal chunks; split s runs an online softmax (f32) over its chunk ∩ [0, p] in blocks of 64 keys
- * (one key per invocation for the score, one dim pair per invocation for the V sum) and writes (max, sum, Σ p·V).
- * With splits = 1 (prefill) it writes the normalized output directly and no merge pass runs.
- * head_dim <= 256 and even.
+ * Causal GQA attention over the paged f16 KV cache, flash-decoding style.
+ *
+ * Workgroup (split s, kv head, row tile w). The rows of a kv head are its (query token t, head in group g) pairs,
+ * g fastest; a tile holds `rows` of them, so the heads sharing a KV head (GQA) and, in prefill, several query tokens
+ * read each K/V block once. Query t sits at position p = step.position + t and sees keys 0..p. Keys
+ * 0..step.length-1 are cut into `splits` equal chunks; per chunk, blocks of 16 keys go through shared memory:
+ * K tile → scores (rows x keys) → per-row online-softmax update (f32) → V accumulated by (row, dim pair).
+ * splits = 1: writes the normalized output. splits > 1: writes (max, sum, Σ p·V) per (t, h, s) for the merge pass.
+ * headDim <= 128, even; rows <= 16; rows * headDim/2 <= 1024.
  */
 export const attentionPartialWgsl = /* wgsl */ `
 struct Params {
   kOffset: u32, vOffset: u32, pageWords: u32, pageTokens: u32,
   heads: u32, kvHeads: u32, headDim: u32, splits: u32,
-  scale: f32, _p0: u32, _p1: u32, _p2: u32,
+  scale: f32, rows: u32, _p1: u32, _p2: u32,
 }
 
 @group(0) @binding(0) var<storage, read> q: array<f32>;
@@ -23,92 +32,129 @@ struct Params {
 ${kvPagesWgsl('read', 5)}
 
 const WG: u32 = 64u;
+const MAX_ROWS: u32 = ${ATTENTION_MAX_ROWS}u;
+const BLOCK: u32 = ${ATTENTION_BLOCK_KEYS}u;
+const MAX_ITEMS: u32 = ${ATTENTION_MAX_ROW_PAIRS / 64}u;
 const NONE: f32 = -1e30;
-var<workgroup> qs: array<vec2<f32>, 128>;
-var<workgroup> probs: array<f32, WG>;
+
+var<workgroup> qs: array<vec2<f32>, ${ATTENTION_MAX_ROW_PAIRS}>;
+var<workgroup> kt: array<u32, ${ATTENTION_BLOCK_KEYS * 64}>;
+var<workgroup> sc: array<f32, ${ATTENTION_MAX_ROWS * ATTENTION_BLOCK_KEYS}>;
+var<workgroup> rowMax: array<f32, MAX_ROWS>;
+var<workgroup> rowSum: array<f32, MAX_ROWS>;
+var<workgroup> rowScale: array<f32, MAX_ROWS>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   let s = wg.x;
-  let h = wg.y;
-  let t = wg.z;
-  if (t >= step.tokens) { return; }
+  let kvh = wg.y;
+  let rows = params.rows;
+  let group = params.heads / params.kvHeads;
+  let firstRow = wg.z * rows;
+  if (firstRow / group >= step.tokens) { return; }
   let pairs = params.headDim / 2u;
-  let kvh = h / (params.heads / params.kvHeads);
-  let visible = step.position + t + 1u;
+  let lastT = min(step.tokens - 1u, (firstRow + rows - 1u) / group);
   let chunk = (step.length + params.splits - 1u) / params.splits;
   let start = s * chunk;
-  let end = min(start + chunk, visible);
-  let qBase = (t * params.heads + h) * params.headDim;
-  for (var i = lid; i < pairs; i += WG) {
-    qs[i] = vec2<f32>(q[qBase + 2u * i], q[qBase + 2u * i + 1u]) * params.scale;
+  let end = min(start + chunk, step.position + lastT + 1u);
+
+  for (var i = lid; i < rows * pairs; i += WG) {
+    let row = firstRow + i / pairs;
+    let t = row / group;
+    var v = vec2<f32>(0.0);
+    if (t < step.tokens) {
+      let base = (t * params.heads + kvh * group + row % group) * params.headDim + 2u * (i % pairs);
+      v = vec2<f32>(q[base], q[base + 1u]) * params.scale;
+    }
+    qs[i] = v;
   }
+  if (lid < rows) {
+    rowMax[lid] = NONE;
+    rowSum[lid] = 0.0;
+  }
+  var acc: array<vec2<f32>, MAX_ITEMS>;
+  for (var k = 0u; k < MAX_ITEMS; k++) { acc[k] = vec2<f32>(0.0); }
   workgroupBarrier();
 
   let headBase = kvh * params.pageTokens * pairs;
-  var m = NONE;
-  var l = 0.0;
-  var acc0 = vec2<f32>(0.0);
-  var acc1 = vec2<f32>(0.0);
-  for (var block = start; block < end; block += WG) {
-    let key = block + lid;
-    var score = NONE;
-    if (key < end) {
+  for (var block = start; block < end; block += BLOCK) {
+    let n = min(BLOCK, end - block);
+    for (var i = lid; i < n * pairs; i += WG) {
+      let key = block + i / pairs;
       let entry = pageTable[step.tableOffset + key / params.pageTokens];
-      let kBase = params.kOffset + headBase + (key % params.pageTokens) * pairs;
-      var sum = 0.0;
-      for (var w = 0u; w < pairs; w++) {
-        sum += dot(qs[w], unpack2x16float(kvLoad(entry, kBase + w)));
+      kt[i] = kvLoad(entry, params.kOffset + headBase + (key % params.pageTokens) * pairs + i % pairs);
+    }
+    workgroupBarrier();
+    for (var i = lid; i < rows * BLOCK; i += WG) {
+      let r = i / BLOCK;
+      let j = i % BLOCK;
+      let row = firstRow + r;
+      var score = NONE;
+      if (j < n && row / group < step.tokens && block + j <= step.position + row / group) {
+        var sum = 0.0;
+        for (var w = 0u; w < pairs; w++) {
+          sum += dot(qs[r * pairs + w], unpack2x16float(kt[j * pairs + w]));
+        }
+        score = sum;
       }
-      score = sum;
+      sc[i] = score;
     }
-    probs[lid] = score;
     workgroupBarrier();
-    let n = min(WG, end - block);
-    var blockMax = m;
-    for (var j = 0u; j < n; j++) { blockMax = max(blockMax, probs[j]); }
-    workgroupBarrier();
-    probs[lid] = exp(score - blockMax);
-    workgroupBarrier();
-    let correction = exp(m - blockMax);
-    l *= correction;
-    acc0 *= correction;
-    acc1 *= correction;
-    for (var j = 0u; j < n; j++) {
-      let p = probs[j];
-      l += p;
-      let key_j = block + j;
-      let entry = pageTable[step.tableOffset + key_j / params.pageTokens];
-      let vBase = params.vOffset + headBase + (key_j % params.pageTokens) * pairs;
-      if (lid < pairs) { acc0 += p * unpack2x16float(kvLoad(entry, vBase + lid)); }
-      if (lid + WG < pairs) { acc1 += p * unpack2x16float(kvLoad(entry, vBase + lid + WG)); }
+    if (lid < rows) {
+      var best = rowMax[lid];
+      for (var j = 0u; j < n; j++) { best = max(best, sc[lid * BLOCK + j]); }
+      var total = 0.0;
+      for (var j = 0u; j < n; j++) {
+        let x = sc[lid * BLOCK + j];
+        let p = select(0.0, exp(x - best), x > NONE);
+        sc[lid * BLOCK + j] = p;
+        total += p;
+      }
+      let correction = select(1.0, exp(rowMax[lid] - best), rowMax[lid] > NONE);
+      rowScale[lid] = correction;
+      rowSum[lid] = rowSum[lid] * correction + total;
+      rowMax[lid] = best;
     }
-    m = blockMax;
+    workgroupBarrier();
+    for (var k = 0u; k < MAX_ITEMS; k++) {
+      let i = lid + k * WG;
+      if (i >= rows * pairs) { break; }
+      let r = i / pairs;
+      let pair = i % pairs;
+      var a = acc[k] * rowScale[r];
+      for (var j = 0u; j < n; j++) {
+        let key = block + j;
+        let entry = pageTable[step.tableOffset + key / params.pageTokens];
+        let v = unpack2x16float(kvLoad(entry, params.vOffset + headBase + (key % params.pageTokens) * pairs + pair));
+        a += sc[r * BLOCK + j] * v;
+      }
+      acc[k] = a;
+    }
     workgroupBarrier();
   }
 
-  if (params.splits == 1u) {
-    if (lid < pairs) {
-      dst[qBase + 2u * lid] = acc0.x / l;
-      dst[qBase + 2u * lid + 1u] = acc0.y / l;
-    }
-    if (lid + WG < pairs) {
-      dst[qBase + 2u * (lid + WG)] = acc1.x / l;
-      dst[qBase + 2u * (lid + WG) + 1u] = acc1.y / l;
-    }
-  } else {
-    let r = ((t * params.heads + h) * params.splits + s) * (params.headDim + 2u);
-    if (lid == 0u) {
-      dst[r] = m;
-      dst[r + 1u] = l;
-    }
-    if (lid < pairs) {
-      dst[r + 2u + 2u * lid] = acc0.x;
-      dst[r + 3u + 2u * lid] = acc0.y;
-    }
-    if (lid + WG < pairs) {
-      dst[r + 2u + 2u * (lid + WG)] = acc1.x;
-      dst[r + 3u + 2u * (lid + WG)] = acc1.y;
+  for (var k = 0u; k < MAX_ITEMS; k++) {
+    let i = lid + k * WG;
+    if (i >= rows * pairs) { break; }
+    let r = i / pairs;
+    let row = firstRow + r;
+    let t = row / group;
+    if (t >= step.tokens) { continue; }
+    let h = kvh * group + row % group;
+    let pair = i % pairs;
+    if (params.splits == 1u) {
+      let o = (t * params.heads + h) * params.headDim + 2u * pair;
+      let v = acc[k] / rowSum[r];
+      dst[o] = v.x;
+      dst[o + 1u] = v.y;
+    } else {
+      let rec = ((t * params.heads + h) * params.splits + s) * (params.headDim + 2u);
+      if (pair == 0u) {
+        dst[rec] = rowMax[r];
+        dst[rec + 1u] = rowSum[r];
+      }
+      dst[rec + 2u + 2u * pair] = acc[k].x;
+      dst[rec + 3u + 2u * pair] = acc[k].y;
     }
   }
 }
