@@ -1,7 +1,8 @@
 /**
  * CPU reference for kernels/sample.wgsl: the same chain (repetition penalty → top-k → top-p → min-p →
  * temperature → inverse-CDF draw in id order) with the same tie rule (every logit equal to a threshold is kept),
- * in f64 except the penalized logits, which are f32 as on the GPU.
+ * in f64 except the penalized logits, which are f32 as on the GPU. The GPU's top-p mass is exact 32.32 fixed point
+ * of f32 weights and its draw sums are f32, so results may differ only where `nearBoundary` says so.
  */
 export interface SampleReferenceParams {
   temperature: number;
