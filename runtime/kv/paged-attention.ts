@@ -1,30 +1,52 @@
 import { prepareAttention } from '../../kernels/attention.ts';
+import type { PreparedDispatch } from '../../kernels/dispatch.ts';
 import { prepareKvAppend } from '../../kernels/kv-append.ts';
 import type { GpuContext } from '../gpu/device.ts';
-import type { KvAttentionBackend } from '../model/transformer.ts';
 import type { KvPagePool } from './pool.ts';
 
-/** The forward pass's view of a KV pool: per layer, store this step's k/v, then attend over the pages. */
-export class PagedKvAttention implements KvAttentionBackend {
-  constructor(
-    private readonly gpu: GpuContext,
-    private readonly pool: KvPagePool,
-    private readonly heads: number,
-  ) {}
+export interface PagedAttentionOptions {
+  /** Query heads (a multiple of the pool's kvHeads). */
+  heads: number;
+  /** Default 1/sqrt(headDim). */
+  scale?: number;
+  /** Key splits for decode graphs (maxTokens = 1); default 16. Prefill graphs use 1. */
+  decodeSplits?: number;
+}
 
-  prepareLayer(layer: number, b: { q: GPUBuffer; k: GPUBuffer; v: GPUBuffer; output: GPUBuffer }, maxTokens: number) {
-    const { gpu, pool } = this;
-    const label = `blk.${layer}`;
+/**
+ * The f16 paged cache as the forward pass sees it: per layer, the append of this step's k/v and the attention of
+ * its queries. Every dispatch binds the pool's KvStep uniform: call `pool.writeStep` (or `pool.beginStep`) before
+ * each submit, with tokens <= the maxTokens the graph was prepared for.
+ */
+export class PagedKvAttention {
+  readonly pool: KvPagePool;
+  private readonly gpu: GpuContext;
+  private readonly options: PagedAttentionOptions;
+
+  constructor(gpu: GpuContext, pool: KvPagePool, options: PagedAttentionOptions) {
+    this.gpu = gpu;
+    this.pool = pool;
+    this.options = options;
+  }
+
+  prepareLayer(
+    layer: number,
+    buffers: { q: GPUBuffer; k: GPUBuffer; v: GPUBuffer; output: GPUBuffer },
+    maxTokens: number,
+  ): { append: PreparedDispatch[]; attention: PreparedDispatch[] } {
+    const { gpu, pool, options } = this;
+    const label = `kv.layer${layer}.t${maxTokens}`;
     return {
-      append: [prepareKvAppend(gpu, `${label}.kv_append`, { pool, layer, k: b.k, v: b.v, tokens: maxTokens })],
+      append: [prepareKvAppend(gpu, `${label}.append`, { pool, layer, k: buffers.k, v: buffers.v, tokens: maxTokens })],
       attention: prepareAttention(gpu, `${label}.attention`, {
         pool,
         layer,
-        q: b.q,
-        output: b.output,
-        heads: this.heads,
+        q: buffers.q,
+        output: buffers.output,
+        heads: options.heads,
         maxTokens,
-        scale: 1 / Math.sqrt(pool.headDim),
+        scale: options.scale ?? 1 / Math.sqrt(pool.headDim),
+        splits: maxTokens === 1 ? (options.decodeSplits ?? 16) : 1,
       }),
     };
   }

@@ -354,6 +354,13 @@ export class KvPagePool {
     this.gpu.device.queue.writeBuffer(this.step, 0, w);
   }
 
+  /** `writeStep(seq, seq.length, tokens)`: the next `tokens` positions of `seq`. Returns the step's position. */
+  beginStep(seq: KvSequence, tokens: number): number {
+    const position = seq.length;
+    this.writeStep(seq, position, tokens);
+    return position;
+  }
+
   stats(): KvPoolStats {
     let tokensHeld = 0;
     for (const s of this.sequences.values()) tokensHeld += s.length;

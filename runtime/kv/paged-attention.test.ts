@@ -1,0 +1,70 @@
+import { describe, expect, it } from 'vitest';
+import { releaseDispatches, submitDispatches } from '../../kernels/dispatch.ts';
+import { attentionReference } from '../../kernels/reference/attention.ts';
+import { withTestGpu } from '../../test/gpu.ts';
+import { maxToleranceRatio, randomFloats, seededRandom } from '../../test/random.ts';
+import { readFloat32 } from '../gpu/readback.ts';
+import { PagedKvAttention } from './paged-attention.ts';
+import { KvPagePool } from './pool.ts';
+
+const ctx = withTestGpu();
+
+describe('PagedKvAttention', () => {
+  it('runs a prefill graph then a decode graph over the same pages (stories260K shape)', async () => {
+    const { gpu } = ctx;
+    const before = gpu.allocator.snapshot().totalBuffers;
+    const [heads, kvHeads, headDim, maxTokens] = [8, 4, 8, 6];
+    const pool = new KvPagePool(gpu, { layers: 5, kvHeads, headDim, budgetBytes: 1 << 20 });
+    const backend = new PagedKvAttention(gpu, pool, { heads });
+    const f32 = (n: number) => gpu.allocator.createStorage('test', 'scratch', n * 4);
+    const bufs = {
+      q: f32(maxTokens * heads * headDim),
+      k: f32(maxTokens * kvHeads * headDim),
+      v: f32(maxTokens * kvHeads * headDim),
+      output: f32(maxTokens * heads * headDim),
+    };
+    const graphs = [maxTokens, 1].map((t) => {
+      const { append, attention } = backend.prepareLayer(3, bufs, t);
+      return [...append, ...attention];
+    });
+    const random = seededRandom(260);
+    const seq = pool.createSequence();
+    const ks: number[] = [];
+    const vs: number[] = [];
+    let worst = 0;
+    for (const tokens of [6, 5, 1, 1]) {
+      const position = pool.beginStep(seq, tokens);
+      const q = randomFloats(random, tokens * heads * headDim, 2);
+      const k = randomFloats(random, tokens * kvHeads * headDim, 2);
+      const v = randomFloats(random, tokens * kvHeads * headDim, 1);
+      ks.push(...k);
+      vs.push(...v);
+      for (const [buffer, data] of [
+        [bufs.q, q],
+        [bufs.k, k],
+        [bufs.v, v],
+      ] as const)
+        gpu.device.queue.writeBuffer(buffer, 0, data.buffer as ArrayBuffer, 0, data.byteLength);
+      submitDispatches(gpu, 'step', tokens === 1 ? graphs[1] : graphs[0]);
+      const actual = await readFloat32(gpu, bufs.output, tokens * heads * headDim);
+      const expected = attentionReference({
+        q,
+        k: Float32Array.from(ks),
+        v: Float32Array.from(vs),
+        position,
+        tokens,
+        heads,
+        kvHeads,
+        headDim,
+        scale: 1 / Math.sqrt(headDim),
+      });
+      worst = Math.max(worst, maxToleranceRatio(actual, expected, 2e-5, 2e-4));
+    }
+    expect(seq.length).toBe(13);
+    releaseDispatches(gpu, graphs.flat());
+    for (const b of Object.values(bufs)) gpu.allocator.release(b);
+    pool.destroy();
+    expect(gpu.allocator.snapshot().totalBuffers).toBe(before);
+    expect(worst).toBeLessThanOrEqual(1);
+  });
+});
