@@ -90,6 +90,19 @@ describe.each(TYPES)('matmul over %s weights', (name, type, K) => {
   });
 });
 
+describe('matmul dispatch shape', () => {
+  // A device that allows only 3 workgroups per dimension forces the row groups into x·y (matvec: 10 groups of 4
+  // rows -> 4 x 3, one spare; matmul: 2 row tiles -> 2 x 1); the results must not change.
+  it.each([1, 33])('folds row groups past the per-dimension limit (tokens=%i)', async (tokens) => {
+    const { gpu } = ctx;
+    const limited = Object.assign(Object.create(gpu) as GpuContext, {
+      limits: { ...gpu.limits, maxComputeWorkgroupsPerDimension: 3 },
+    });
+    const ratio = await runMatmul(limited, GgmlType.Q8_0, 288, { tokens, rows: 37, bias: true });
+    expect(ratio).toBeLessThanOrEqual(1);
+  });
+});
+
 describe('matmul kernels catch broken code', () => {
   it('a Q4_0 matvec with the high-nibble elements shifted by one block position fails', async () => {
     let changed = false;
