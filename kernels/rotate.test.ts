@@ -1,0 +1,73 @@
+import { describe, expect, it } from 'vitest';
+import { readFloat32 } from '../runtime/gpu/readback.ts';
+import { withTestGpu } from '../test/gpu.ts';
+import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
+import { releaseDispatches, submitDispatches, uniformBuffer } from './dispatch.ts';
+import { rotateReference } from './reference/rotate.ts';
+import { prepareRotate } from './rotate.ts';
+import { rotateWgsl } from './rotate.wgsl.ts';
+
+const ctx = withTestGpu();
+
+async function runRotate(
+  tokens: number,
+  maxTokens: number,
+  heads: number,
+  headDim: number,
+  headsPerMatrix: number,
+  transpose: boolean,
+  source = rotateWgsl,
+) {
+  const { gpu } = ctx;
+  const random = seededRandom(tokens * 13 + heads * 5 + headDim + (transpose ? 1 : 0));
+  const matrices = 2 + heads / headsPerMatrix;
+  const firstMatrix = 2;
+  const x = randomFloats(random, maxTokens * heads * headDim, 2);
+  const rotation = randomFloats(random, matrices * headDim * headDim, 1);
+  const xb = gpu.allocator.createStorage('x', 'scratch', x);
+  const rb = gpu.allocator.createStorage('r', 'kv', rotation);
+  const step = uniformBuffer(gpu, 'step', [0, tokens, 0, 0], 'uuuu');
+  const d = prepareRotate(
+    gpu,
+    'rotate-test',
+    { x: xb, rotation: rb, firstMatrix, step, maxTokens, heads, headDim, headsPerMatrix, transpose },
+    source,
+  );
+  submitDispatches(gpu, 'rotate-test', [d]);
+  const actual = await readFloat32(gpu, xb, x.length);
+  releaseDispatches(gpu, [d]);
+  for (const b of [xb, rb, step]) gpu.allocator.release(b);
+  const rotated = rotateReference(x.subarray(0, tokens * heads * headDim), rotation, {
+    tokens,
+    heads,
+    headDim,
+    headsPerMatrix,
+    firstMatrix,
+    transpose,
+  });
+  const expected = Float32Array.from(x);
+  expected.set(rotated); // rows past the step's token count stay untouched
+  return { actual, expected };
+}
+
+describe('per-head rotation kernel', () => {
+  it.each([
+    [1, 1, 4, 8, 1, false],
+    [3, 4, 8, 64, 4, false],
+    [2, 2, 2, 128, 1, true],
+    [5, 5, 14, 64, 7, true],
+  ] as const)(
+    'matches the reference (%i of %i tokens, %i heads, head_dim %i, %i heads per matrix, transpose %s)',
+    async (tokens, maxTokens, heads, headDim, hpm, transpose) => {
+      const { actual, expected } = await runRotate(tokens, maxTokens, heads, headDim, hpm, transpose);
+      expect(maxToleranceRatio(actual, expected, 1e-4, 1e-4)).toBeLessThanOrEqual(1);
+    },
+  );
+
+  it('catches a broken kernel (wrong matrix for grouped heads)', async () => {
+    const broken = rotateWgsl.replace('(head / params.headsPerMatrix)', 'head');
+    expect(broken).not.toBe(rotateWgsl);
+    const { actual, expected } = await runRotate(2, 2, 8, 64, 4, false, broken);
+    expect(maxToleranceRatio(actual, expected, 1e-4, 1e-4)).toBeGreaterThan(1);
+  });
+});
