@@ -7,7 +7,13 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { getLlama, type Llama, type LlamaModel } from 'node-llama-cpp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { type BpeFixtureName, bpeTokenizerMetadata, tinyLlamaGguf } from '../../tools/fixtures/tokenizer-fixtures.ts';
+import { seededRandom } from '../../test/random.ts';
+import {
+  type BpeFixtureName,
+  bpeTokenizerMetadata,
+  randomText,
+  tinyLlamaGguf,
+} from '../../tools/fixtures/tokenizer-fixtures.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
 import { parseGguf } from '../gguf/parse.ts';
 import { writeGguf } from '../gguf/writer.ts';
@@ -74,6 +80,11 @@ function writerHandlesLargeHeaders(): boolean {
 }
 const writerReady = writerHandlesLargeHeaders();
 
+const SPECIAL_TOKENS: Record<BpeFixtureName, string[]> = {
+  llama3: ['<|begin_of_text|>', '<|eot_id|>', '<|start_header_id|>', '<|end_header_id|>'],
+  qwen3: ['<|im_start|>', '<|im_end|>', '<think>', '</think>', '<|endoftext|>', '<|fim_prefix|>', '</s>'],
+};
+
 let llama: Llama;
 let dir: string;
 
@@ -128,6 +139,18 @@ describe.skipIf(!writerReady).each(['llama3', 'qwen3'] as const)('%s byte-level 
       const ids = tokenizer.encode(text, { addSpecial: false, parseSpecial: true });
       expect(tokenizer.decode(ids, { skipSpecial: false })).toBe(text);
       expect(tokenizer.decode(ids, { skipSpecial: false })).toBe(model.detokenize(ids as never, true));
+    }
+  });
+
+  it('matches llama.cpp on 500 seeded random texts', () => {
+    const random = seededRandom(name === 'llama3' ? 3 : 33);
+    for (let i = 0; i < 500; i++) {
+      const text = randomText(random, SPECIAL_TOKENS[name]);
+      for (const parseSpecial of [false, true]) {
+        const ours = tokenizer.encode(text, { addSpecial: false, parseSpecial });
+        expect(ours, JSON.stringify(text)).toEqual(Array.from(model.tokenize(text, parseSpecial), Number));
+      }
+      expect(tokenizer.decode(tokenizer.encode(text, { addSpecial: false }))).toBe(text);
     }
   });
 

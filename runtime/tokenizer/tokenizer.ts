@@ -11,7 +11,7 @@
  * always, control and unknown tokens only with `parseSpecial`.
  */
 import { BPE } from '@huggingface/tokenizers';
-import { CorruptModelFileError } from '../errors.ts';
+import { InvalidRequestError } from '../errors.ts';
 import type { GgufMetadata } from '../gguf/types.ts';
 import { BytePreTokenizer, CHAR_TO_BYTE } from './pretokenizer.ts';
 import { type SentencePieceVocab, sentencePieceEncode } from './sentencepiece.ts';
@@ -182,12 +182,9 @@ export class GgufTokenizer {
 
   private checkId(id: number): void {
     if (!Number.isInteger(id) || id < 0 || id >= this.vocabSize) {
-      throw new CorruptModelFileError(
-        `Token id ${id} is outside this model's vocabulary of ${this.vocabSize} tokens.`,
-        {
-          id,
-        },
-      );
+      throw new InvalidRequestError(`Token id ${id} is outside this model's vocabulary of ${this.vocabSize} tokens.`, {
+        id,
+      });
     }
   }
 
