@@ -1,0 +1,75 @@
+import fc from 'fast-check';
+import { describe, expect, it } from 'vitest';
+import { randomFloats, seededRandom } from '../../test/random.ts';
+import {
+  dequantizeRow,
+  effectiveBitsPerElement,
+  f16Bits,
+  f16BitsToNumber,
+  type QuantRowFormat,
+  quantizeRow,
+  roundToF16,
+  rowWords,
+} from './quant-format.ts';
+
+describe('quantized KV row format', () => {
+  it('f16 rounding round-trips every f16 value and matches known roundings', () => {
+    for (let h = 0; h < 0x7c00; h += 7) expect(f16Bits(f16BitsToNumber(h))).toBe(h);
+    expect(roundToF16(1 + 2 ** -11)).toBe(1); // tie to even
+    expect(roundToF16(1 + 3 * 2 ** -11)).toBe(1 + 2 ** -9);
+    expect(roundToF16(65520)).toBe(Number.POSITIVE_INFINITY);
+  });
+
+  it.each([
+    [2, 128, 1],
+    [2, 64, 1],
+    [1, 128, 1],
+    [4, 32, 1],
+    [2, 128, 0.96],
+  ] as const)(
+    '%i-bit codes in groups of %i (clip %s): every value within half a step of its clipped range',
+    (bits, groupSize, clipQuantile) => {
+      const f: QuantRowFormat = { width: 256, groupSize, bits, clipQuantile };
+      const random = seededRandom(bits * 100 + groupSize);
+      for (let trial = 0; trial < 20; trial++) {
+        const row = randomFloats(random, f.width, 1 + trial);
+        const words = quantizeRow(row, f);
+        expect(words.length).toBe(rowWords(f));
+        const back = dequantizeRow(words, f);
+        for (let g = 0; g < f.width / groupSize; g++) {
+          const group = Array.from(row.subarray(g * groupSize, (g + 1) * groupSize)).sort((a, b) => a - b);
+          const step = (group[group.length - 1] - group[0]) / ((1 << bits) - 1);
+          for (let i = g * groupSize; i < (g + 1) * groupSize; i++) {
+            if (clipQuantile === 1)
+              expect(Math.abs(back[i] - row[i])).toBeLessThanOrEqual(step / 2 + 2e-3 * (1 + trial));
+            else expect(Math.abs(back[i] - row[i])).toBeLessThanOrEqual(step + 2e-3 * (1 + trial)); // clipped tails
+          }
+        }
+      }
+    },
+  );
+
+  it('more bits never increase the mean squared error (property)', () => {
+    fc.assert(
+      fc.property(
+        fc.array(fc.float({ min: -50, max: 50, noNaN: true }), { minLength: 128, maxLength: 128 }),
+        (values) => {
+          const mse = (bits: 1 | 2 | 4) => {
+            const f: QuantRowFormat = { width: 128, groupSize: 128, bits, clipQuantile: 1 };
+            const back = dequantizeRow(quantizeRow(values, f), f);
+            return back.reduce((s, v, i) => s + (v - values[i]) ** 2, 0);
+          };
+          const tolerance = 1e-3 * values.reduce((s, v) => s + v * v, 1);
+          return mse(2) <= mse(1) + tolerance && mse(4) <= mse(2) + tolerance;
+        },
+      ),
+      { numRuns: 100 },
+    );
+  });
+
+  it('effective bits: 2.25 for INT2 in groups of 128, approaching it as the 16-bit window amortizes', () => {
+    const f: QuantRowFormat = { width: 128, groupSize: 128, bits: 2, clipQuantile: 1 };
+    expect(effectiveBitsPerElement(f, 1000, 0)).toBeCloseTo(2.25, 10);
+    expect(effectiveBitsPerElement(f, 229376, 320)).toBeLessThan(2.3);
+  });
+});

@@ -1,0 +1,139 @@
+/**
+ * The quantized KV row format (INT2 by default; 1-bit exists as the weak control, 4-bit for boosted channels).
+ *
+ * A row is one token's K (or V) of one layer: `width = kvHeads × headDim` values (already rotated). It is cut into
+ * groups of `groupSize` consecutive values (a group may span heads when headDim < groupSize). Per group, an
+ * asymmetric uniform quantizer with `levels = 2^bits`:
+ *     lo, hi = the (1-q) and q quantiles of the group (q = clipQuantile; q = 1 is plain min/max)
+ *     scale = (hi - lo) / (levels - 1), both lo and scale rounded to f16 BEFORE coding
+ *     code  = clamp(round((x - lo) / scale), 0, levels - 1);   x̂ = lo + code · scale
+ * Storage of a row, in u32 words: `width × bits / 32` code words (value i at bit (i mod (32/bits))·bits of word
+ * i / (32/bits)), then one word per group = pack2x16float(lo, scale) (lo in the low half).
+ * Effective bits per element: bits + 32 / groupSize (2.25 at groupSize 128).
+ */
+
+export interface QuantRowFormat {
+  width: number;
+  groupSize: number;
+  bits: 1 | 2 | 4;
+  clipQuantile: number;
+}
+
+export function codeWordsPerRow(f: QuantRowFormat): number {
+  return (f.width * f.bits) / 32;
+}
+
+export function rowWords(f: QuantRowFormat): number {
+  return codeWordsPerRow(f) + f.width / f.groupSize;
+}
+
+export function validateQuantRowFormat(f: QuantRowFormat): string | null {
+  if (![1, 2, 4].includes(f.bits)) return `bits must be 1, 2 or 4, got ${f.bits}`;
+  if (!Number.isInteger(f.groupSize) || f.groupSize < 32 / f.bits || f.width % f.groupSize !== 0) {
+    return `group size ${f.groupSize} must divide the row width ${f.width} (kvHeads × headDim) and be at least ${32 / f.bits}`;
+  }
+  if (f.groupSize % (32 / f.bits) !== 0) return `group size ${f.groupSize} must be a multiple of ${32 / f.bits}`;
+  if (!(f.clipQuantile > 0.5 && f.clipQuantile <= 1)) return `clip quantile ${f.clipQuantile} must be in (0.5, 1]`;
+  return null;
+}
+
+const f32 = new Float32Array(1);
+const u32 = new Uint32Array(f32.buffer);
+
+/** Round to the nearest f16 value (ties to even), returned as a number; matches WGSL pack2x16float. */
+export function roundToF16(x: number): number {
+  if (!Number.isFinite(x)) return x;
+  const bits = f16Bits(x);
+  return f16BitsToNumber(bits);
+}
+
+export function f16Bits(x: number): number {
+  f32[0] = x;
+  const b = u32[0];
+  const sign = (b >>> 16) & 0x8000;
+  const exp = (b >>> 23) & 0xff;
+  let mant = b & 0x7fffff;
+  if (exp === 0xff) return sign | 0x7c00 | (mant ? 0x200 : 0);
+  let e = exp - 127 + 15;
+  if (e >= 0x1f) return sign | 0x7c00;
+  if (e <= 0) {
+    if (e < -10) return sign;
+    mant |= 0x800000;
+    const shift = 14 - e;
+    const half = 1 << (shift - 1);
+    let m = mant >>> shift;
+    const rest = mant & ((1 << shift) - 1);
+    if (rest > half || (rest === half && m & 1)) m++;
+    return sign | m;
+  }
+  let m = mant >>> 13;
+  const rest = mant & 0x1fff;
+  if (rest > 0x1000 || (rest === 0x1000 && m & 1)) {
+    m++;
+    if (m === 0x400) {
+      m = 0;
+      e++;
+      if (e >= 0x1f) return sign | 0x7c00;
+    }
+  }
+  return sign | (e << 10) | m;
+}
+
+export function f16BitsToNumber(h: number): number {
+  const sign = h & 0x8000 ? -1 : 1;
+  const e = (h >>> 10) & 0x1f;
+  const m = h & 0x3ff;
+  if (e === 0) return sign * m * 2 ** -24;
+  if (e === 0x1f) return m ? Number.NaN : sign * Number.POSITIVE_INFINITY;
+  return sign * (1 + m / 1024) * 2 ** (e - 15);
+}
+
+/** The value at fractional rank q of sorted values (no interpolation: rank rounded, the same rule as the kernel). */
+export function quantileOfSorted(sorted: ArrayLike<number>, q: number): number {
+  const rank = Math.min(sorted.length - 1, Math.max(0, Math.round(q * (sorted.length - 1))));
+  return sorted[rank];
+}
+
+/** Quantizes one row; returns its words (codes then group parameters). */
+export function quantizeRow(values: ArrayLike<number>, f: QuantRowFormat): Uint32Array {
+  const out = new Uint32Array(rowWords(f));
+  const perWord = 32 / f.bits;
+  const levels = (1 << f.bits) - 1;
+  const codeWords = codeWordsPerRow(f);
+  const groups = f.width / f.groupSize;
+  for (let g = 0; g < groups; g++) {
+    const group = Array.from({ length: f.groupSize }, (_, i) => values[g * f.groupSize + i]);
+    const sorted = group.slice().sort((a, b) => a - b);
+    const lo = roundToF16(quantileOfSorted(sorted, 1 - f.clipQuantile));
+    const hi = quantileOfSorted(sorted, f.clipQuantile);
+    const scale = roundToF16(Math.max(hi - lo, 0) / levels);
+    out[codeWords + g] = (f16Bits(lo) | (f16Bits(scale) << 16)) >>> 0;
+    for (let i = 0; i < f.groupSize; i++) {
+      const index = g * f.groupSize + i;
+      const code = scale > 0 ? Math.min(levels, Math.max(0, Math.round((group[i] - lo) / scale))) : 0;
+      out[Math.floor(index / perWord)] |= code << ((index % perWord) * f.bits);
+    }
+  }
+  return out;
+}
+
+export function dequantizeRow(words: Uint32Array, f: QuantRowFormat): Float32Array {
+  const out = new Float32Array(f.width);
+  const perWord = 32 / f.bits;
+  const mask = (1 << f.bits) - 1;
+  const codeWords = codeWordsPerRow(f);
+  for (let i = 0; i < f.width; i++) {
+    const param = words[codeWords + Math.floor(i / f.groupSize)];
+    const lo = f16BitsToNumber(param & 0xffff);
+    const scale = f16BitsToNumber(param >>> 16);
+    const code = (words[Math.floor(i / perWord)] >>> ((i % perWord) * f.bits)) & mask;
+    out[i] = lo + code * scale;
+  }
+  return out;
+}
+
+/** Effective bits per element of a cache holding `tokens` positions, `f16Tokens` of them in 16-bit pages. */
+export function effectiveBitsPerElement(f: QuantRowFormat, tokens: number, f16Tokens: number): number {
+  const quantBits = (rowWords(f) * 32) / f.width;
+  return (f16Tokens * 16 + (tokens - f16Tokens) * quantBits) / tokens;
+}
