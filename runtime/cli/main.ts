@@ -6,6 +6,7 @@ import { LongtabError } from '../errors.ts';
 import { acquireGpu } from '../gpu/device.ts';
 import { nodeGpu, releaseNodeGpu } from '../gpu/node.ts';
 import { numberFlag, type ParsedArgs, parseArgs, stringFlag } from './args.ts';
+import { runEval } from './eval.ts';
 import { runGenerate } from './generate.ts';
 import { runInfo } from './info.ts';
 
@@ -16,6 +17,8 @@ const USAGE = `longtab — a local LLM runtime on WebGPU
   longtab generate [--model FILE] [--prompt TEXT] [--chat] [--max-tokens N] [--temperature T]
                    [--top-k K] [--top-p P] [--min-p P] [--repetition-penalty R] [--seed S] [--json]
       an empty prompt means BOS only; --json prints { ids, text, usage }
+  longtab eval [--model FILE] --text FILE [FILE...] [--ctx N] [--kv f16[,MODE...]] [--compare] [--max-windows W] [--json]
+      perplexity over non-overlapping windows of N tokens, per KV mode; --compare adds top-1 agreement with f16
 `;
 
 export async function runCli(argv: string[]): Promise<number> {
@@ -26,6 +29,8 @@ export async function runCli(argv: string[]): Promise<number> {
         return await runInfo(args);
       case 'generate':
         return await withGpu(args, runGenerate);
+      case 'eval':
+        return await withGpu(args, runEval);
       case 'help':
       case '--help':
       case '-h':

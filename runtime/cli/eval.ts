@@ -1,0 +1,82 @@
+import { readFileSync } from 'node:fs';
+import { Engine, type LoadOptions } from '../engine/engine.ts';
+import { InvalidRequestError } from '../errors.ts';
+import { perplexity, topOneAgreement } from '../eval/perplexity.ts';
+import { sourceFromPath } from '../gguf/node-source.ts';
+import type { GpuContext } from '../gpu/device.ts';
+import { numberFlag, type ParsedArgs, stringFlag } from './args.ts';
+import { defaultModelPath } from './default-model.ts';
+
+/** The KV configurations an evaluation compares, by name. */
+export function kvOptionsFor(name: string): LoadOptions {
+  switch (name) {
+    case 'f16':
+      return { kv: 'f16' };
+    default:
+      throw new InvalidRequestError(`Unknown KV configuration '${name}'.`);
+  }
+}
+
+/**
+ * `longtab eval --model FILE --text FILE... --ctx N --kv f16 [--compare] [--json]`: perplexity over
+ * non-overlapping windows of N tokens; with --compare, the top-1 agreement with the f16 cache.
+ */
+export async function runEval(args: ParsedArgs, gpu: GpuContext): Promise<number> {
+  const modelPath = stringFlag(args, 'model') ?? defaultModelPath();
+  const texts = [stringFlag(args, 'text'), ...args.positional].filter((t): t is string => Boolean(t));
+  if (texts.length === 0)
+    throw new InvalidRequestError('Usage: longtab eval --model FILE --text FILE [FILE...] --ctx N --kv MODE');
+  const ctx = numberFlag(args, 'ctx', 512);
+  const maxWindows = numberFlag(args, 'max-windows', Number.POSITIVE_INFINITY);
+  const modes = (stringFlag(args, 'kv') ?? 'f16').split(',');
+  if (args.flags.has('compare') && !modes.includes('f16')) modes.unshift('f16');
+  const engine = new Engine(gpu);
+  const source = await sourceFromPath(modelPath);
+  const rows: Array<{
+    kv: string;
+    windows: number;
+    tokens: number;
+    perplexity: number;
+    top1AgreementWithF16?: number;
+  }> = [];
+  try {
+    let reference: Int32Array[] | null = null;
+    for (const mode of modes) {
+      await engine.load(source, { ...kvOptionsFor(mode), prefillChunk: Math.min(ctx, 256), kvBudgetBytes: undefined });
+      const ids: number[] = [];
+      for (const path of texts) ids.push(...engine.tokenizer.encode(readFileSync(path, 'utf8'), { addSpecial: false }));
+      const result = await perplexity(engine, ids, ctx, engine.config.vocab, { maxWindows });
+      if (mode === 'f16') reference = result.argmax;
+      rows.push({
+        kv: mode,
+        windows: result.windows,
+        tokens: result.tokensScored,
+        perplexity: result.perplexity,
+        ...(reference && mode !== 'f16' ? { top1AgreementWithF16: topOneAgreement(reference, result.argmax) } : {}),
+      });
+      engine.unload();
+    }
+  } finally {
+    engine.unload();
+    await source.close?.();
+  }
+  const f16 = rows.find((r) => r.kv === 'f16');
+  const report = rows.map((r) => ({ ...r, vsF16: f16 ? r.perplexity / f16.perplexity - 1 : undefined }));
+  if (args.flags.has('json')) {
+    process.stdout.write(
+      `${JSON.stringify({ model: modelPath, ctx, texts, adapter: gpu.adapter, results: report }, null, 2)}\n`,
+    );
+  } else {
+    process.stdout.write(
+      `| KV | windows | tokens | perplexity | vs f16 | top-1 agreement |\n|---|---|---|---|---|---|\n`,
+    );
+    for (const r of report) {
+      const vs = r.vsF16 === undefined ? '' : `${(r.vsF16 * 100).toFixed(2)}%`;
+      const agree = r.top1AgreementWithF16 === undefined ? '' : `${(r.top1AgreementWithF16 * 100).toFixed(1)}%`;
+      process.stdout.write(
+        `| ${r.kv} | ${r.windows} | ${r.tokens} | ${r.perplexity.toFixed(3)} | ${vs} | ${agree} |\n`,
+      );
+    }
+  }
+  return 0;
+}
