@@ -1,39 +1,110 @@
 import { encodeDispatches, type PreparedDispatch } from '../../kernels/dispatch.ts';
 import { prepareSampler, type Sampler } from '../../kernels/sample.ts';
-import { AbortedError, InvalidRequestError, ModelNotLoadedError } from '../errors.ts';
+import { ContextOverflowError, InvalidRequestError, ModelNotLoadedError } from '../errors.ts';
 import { parseGguf } from '../gguf/parse.ts';
 import type { ByteSource, GgufFile } from '../gguf/types.ts';
 import type { MemorySnapshot } from '../gpu/allocator.ts';
 import type { GpuContext } from '../gpu/device.ts';
 import { readFloat32 } from '../gpu/readback.ts';
 import { PagedKvAttention } from '../kv/paged-attention.ts';
-import { KvPagePool, type KvSequence } from '../kv/pool.ts';
+import { KvPagePool, type KvPoolOptions, type KvSequence } from '../kv/pool.ts';
 import { type ModelConfig, readModelConfig } from '../model/config.ts';
 import { Transformer } from '../model/transformer.ts';
 import { loadModelWeights, type ModelWeights, releaseModelWeights } from '../model/weights.ts';
-import { resolveSamplingParams, type SamplingParams } from '../sampling/params.ts';
+import { GREEDY_SAMPLING, resolveSamplingParams, type SamplingParams } from '../sampling/params.ts';
 import { GgufTokenizer } from '../tokenizer/tokenizer.ts';
 
 export type KvMode = 'f16' | 'int2';
 
-export interface LoadOptions {
+/** How the KV cache is built. All of it reaches the pool through `kvPoolOptions`, the one place that reads it. */
+export interface KvCacheOptions {
+  /** Page format: 'f16' today; 'int2' (2-bit pages with an f16 sink and window) once the pool has that kind. */
   kv?: KvMode;
   /** Bytes of GPU memory the KV pool may grow to (default 64 MiB, capped by the model's context length). */
   kvBudgetBytes?: number;
+  /** int2: the first `sink` positions of each sequence stay f16 (attention sinks). */
+  sink?: number;
+  /** int2: the most recent `window` positions stay f16 until they are quantized. */
+  window?: number;
+  /** int2: values per quantization group (one scale and offset each). */
+  groupSize?: number;
+  /** int2: rotate each head before quantizing (spreads outliers over the group). */
+  rotation?: boolean;
+  /** Live KV sequences at once (conversations plus shared system prompts; default 16). */
+  maxSequences?: number;
+}
+
+export interface LoadOptions extends KvCacheOptions {
   /** Tokens per prefill submit (default 128). */
   prefillChunk?: number;
   onProgress?: (progress: LoadProgress) => void;
 }
 
+/**
+ * Load phases, always in this order: `download` (URL sources: the size probe; Range reads then stream during the
+ * next phases), `parse` (GGUF header and metadata), `upload` (weights to the GPU), `calibrate` (a warm-up forward;
+ * the int2 KV mode will fit its quantizer here). `bytesDone` never decreases within a phase.
+ */
 export interface LoadProgress {
-  phase: 'parse' | 'upload';
+  phase: 'download' | 'parse' | 'upload' | 'calibrate';
   bytesDone: number;
   bytesTotal: number;
+}
+
+export const LOAD_PHASES: readonly LoadProgress['phase'][] = ['download', 'parse', 'upload', 'calibrate'];
+
+const DEFAULT_KV_BUDGET = 64 * 1024 * 1024;
+const DEFAULT_MAX_SEQUENCES = 16;
+
+function checkInteger(name: string, value: unknown, min: number, max = Number.MAX_SAFE_INTEGER): void {
+  if (value === undefined) return;
+  if (typeof value !== 'number' || !Number.isInteger(value) || value < min || value > max) {
+    throw new InvalidRequestError(`Load option ${name} = ${String(value)} must be an integer in ${min}..${max}.`, {
+      option: name,
+      value,
+    });
+  }
+}
+
+/**
+ * The one place KV options become pool options: validates them and rejects modes this build cannot run yet.
+ * (Switching on int2 = removing its rejection here and passing sink/window/groupSize/rotation to the pool.)
+ */
+export function kvPoolOptions(config: ModelConfig, options: KvCacheOptions): KvPoolOptions {
+  const kv = options.kv ?? 'f16';
+  if (kv !== 'f16' && kv !== 'int2') {
+    throw new InvalidRequestError(`Load option kv = ${String(kv)} must be 'f16' or 'int2'.`, { option: 'kv' });
+  }
+  checkInteger('kvBudgetBytes', options.kvBudgetBytes, 1);
+  checkInteger('sink', options.sink, 0);
+  checkInteger('window', options.window, 0);
+  checkInteger('groupSize', options.groupSize, 1, 1 << 16);
+  checkInteger('maxSequences', options.maxSequences, 1, 256);
+  if (options.rotation !== undefined && typeof options.rotation !== 'boolean') {
+    throw new InvalidRequestError(`Load option rotation must be true or false.`, { option: 'rotation' });
+  }
+  if (kv === 'int2') {
+    throw new InvalidRequestError("The int2 KV cache is not available yet in this build; load with { kv: 'f16' }.", {
+      option: 'kv',
+    });
+  }
+  return {
+    layers: config.layers,
+    kvHeads: config.kvHeads,
+    headDim: config.headDim,
+    budgetBytes: options.kvBudgetBytes ?? DEFAULT_KV_BUDGET,
+    maxSequences: options.maxSequences ?? DEFAULT_MAX_SEQUENCES,
+    maxSequenceTokens: config.contextLength,
+  };
 }
 
 export interface GenerationUsage {
   promptTokens: number;
   completionTokens: number;
+  /** Prompt tokens whose KV was already in the sequence (prefix reuse); only the rest was prefilled. */
+  cachedTokens: number;
+  /** Prompt tokens this request ran through the model. */
+  prefilledTokens: number;
   prefillTokensPerSecond: number;
   decodeTokensPerSecond: number;
   /** Time to first token, from the start of prefill. */
@@ -56,6 +127,15 @@ export interface GenerateRequest {
   signal?: AbortSignal;
 }
 
+/** Generation into a sequence the caller owns (a conversation), reusing the KV it already holds. */
+export interface SequenceGenerateRequest extends GenerateRequest {
+  /**
+   * Leading prompt ids whose K/V the sequence already holds. The sequence is truncated to it (at most
+   * promptIds.length - 1, so the last prompt token is always run to get logits) and the rest is prefilled.
+   */
+  reuseTokens?: number;
+}
+
 export interface GenerateResult {
   ids: number[];
   finishReason: FinishReason;
@@ -74,8 +154,6 @@ interface LoadedModel {
   sampledId: GPUBuffer;
   readback: GPUBuffer;
 }
-
-const DEFAULT_KV_BUDGET = 64 * 1024 * 1024;
 
 /**
  * One model on one device: load, generate, unload. Every GPU buffer it creates is released by `unload()` or by
@@ -103,34 +181,29 @@ export class Engine {
   }
 
   async load(source: ByteSource, options: LoadOptions = {}): Promise<ModelConfig> {
-    if (options.kv === 'int2') {
-      throw new InvalidRequestError("The int2 KV cache is not available yet in this build; load with { kv: 'f16' }.");
-    }
+    checkInteger('prefillChunk', options.prefillChunk, 1, 4096);
     this.unload();
     const gpu = this.gpu;
-    options.onProgress?.({ phase: 'parse', bytesDone: 0, bytesTotal: source.size });
+    const progress = options.onProgress ?? (() => {});
+    progress({ phase: 'parse', bytesDone: 0, bytesTotal: source.size });
     const file = await parseGguf(source);
     const config = readModelConfig(file);
+    const poolOptions = kvPoolOptions(config, options);
     const tokenizer = GgufTokenizer.fromMetadata(file.metadata);
+    progress({ phase: 'parse', bytesDone: source.size, bytesTotal: source.size });
     const weights = await loadModelWeights(gpu, file, source, config, (p) =>
-      options.onProgress?.({ phase: 'upload', bytesDone: p.bytesDone, bytesTotal: p.bytesTotal }),
+      progress({ phase: 'upload', bytesDone: p.bytesDone, bytesTotal: p.bytesTotal }),
     );
     const created: Array<{ release(): void }> = [{ release: () => releaseModelWeights(gpu, weights) }];
     try {
-      const pool = new KvPagePool(gpu, {
-        layers: config.layers,
-        kvHeads: config.kvHeads,
-        headDim: config.headDim,
-        budgetBytes: options.kvBudgetBytes ?? DEFAULT_KV_BUDGET,
-        maxSequenceTokens: config.contextLength,
-      });
+      const pool = new KvPagePool(gpu, poolOptions);
       created.push({ release: () => pool.destroy() });
       const prefillChunk = options.prefillChunk ?? 128;
       const transformer = new Transformer(
         gpu,
         config,
         weights,
-        new PagedKvAttention(gpu, pool, config.heads),
+        new PagedKvAttention(gpu, pool, { heads: config.heads }),
         prefillChunk,
       );
       created.push({ release: () => transformer.release() });
@@ -149,9 +222,20 @@ export class Engine {
         output: sampledId,
       });
       created.push({ release: () => sampler.release() });
+      const model: LoadedModel = { file, config, tokenizer, weights, pool, transformer, sampler, sampledId, readback };
+      // Calibrate: one warm-up token through the whole pipeline (first submits compile lazily on some drivers).
+      progress({ phase: 'calibrate', bytesDone: 0, bytesTotal: 1 });
+      const warmup = pool.createSequence();
+      try {
+        pool.reserve(warmup, 1);
+        await this.step(model, warmup, [tokenizer.bosId ?? 0], 0, { params: GREEDY_SAMPLING, step: 0 });
+      } finally {
+        pool.free(warmup);
+      }
       await gpu.device.queue.onSubmittedWorkDone();
       gpu.throwIfErrors();
-      this.model = { file, config, tokenizer, weights, pool, transformer, sampler, sampledId, readback };
+      progress({ phase: 'calibrate', bytesDone: 1, bytesTotal: 1 });
+      this.model = model;
       return config;
     } catch (error) {
       for (const c of created.reverse()) c.release();
@@ -175,43 +259,113 @@ export class Engine {
     return this.gpu.allocator.snapshot();
   }
 
-  /** Greedy or sampled generation from a prompt in a fresh KV sequence. */
+  /** The loaded model's KV pool: sequences for conversations are created, forked and freed through it. */
+  get pool(): KvPagePool {
+    return this.require().pool;
+  }
+
+  /** Greedy or sampled generation from a prompt in a fresh KV sequence (freed afterwards). */
   async generate(request: GenerateRequest): Promise<GenerateResult> {
     const m = this.require();
-    if (this.busy)
-      throw new InvalidRequestError('The engine is already generating; wait for the current request or abort it.');
+    const seq = m.pool.createSequence();
+    try {
+      return await this.generateInSequence(seq, request);
+    } finally {
+      m.pool.free(seq);
+    }
+  }
+
+  /**
+   * Generation into `seq`, which keeps its K/V afterwards: positions [0, seq.length) hold the prompt followed by
+   * the generated ids except the last (never fed back), fewer after an abort: whatever the last completed submit wrote.
+   */
+  async generateInSequence(seq: KvSequence, request: SequenceGenerateRequest): Promise<GenerateResult> {
+    const m = this.require();
     this.validatePrompt(m, request.promptIds);
     if (!Number.isInteger(request.maxTokens) || request.maxTokens < 0) {
       throw new InvalidRequestError(`max_tokens must be an integer >= 0, got ${request.maxTokens}.`);
     }
     const params = resolveSamplingParams(request.sampling ?? {});
+    return this.exclusive(() => this.run(m, seq, request, params));
+  }
+
+  /** Prefills `ids` into `seq` after its first `reuseTokens` positions (no sampling): shared prefixes. */
+  async prefillSequence(seq: KvSequence, ids: number[], reuseTokens = 0): Promise<void> {
+    const m = this.require();
+    this.validatePrompt(m, ids);
+    await this.exclusive(async () => {
+      const from = this.rewind(m, seq, ids, reuseTokens, ids.length);
+      m.pool.reserve(seq, ids.length);
+      const chunk = m.transformer.maxTokens;
+      for (let position = from; position < ids.length; position += chunk) {
+        await this.step(m, seq, ids.slice(position, position + chunk), position, null);
+      }
+      await this.gpu.device.queue.onSubmittedWorkDone();
+      this.gpu.throwIfErrors();
+    });
+  }
+
+  private async exclusive<T>(work: () => Promise<T>): Promise<T> {
+    if (this.busy)
+      throw new InvalidRequestError('The engine is already generating; wait for the current request or abort it.');
     this.busy = true;
-    const seq = m.pool.createSequence();
     try {
-      return await this.run(m, seq, request, params);
+      return await work();
     } finally {
-      m.pool.free(seq);
       this.busy = false;
     }
+  }
+
+  /** Truncates `seq` to the reusable prefix (at most `limit`) and returns the first position to prefill. */
+  private rewind(m: LoadedModel, seq: KvSequence, ids: number[], reuseTokens: number, limit: number): number {
+    if (!Number.isInteger(reuseTokens) || reuseTokens < 0) {
+      throw new InvalidRequestError(`reuseTokens must be an integer >= 0, got ${reuseTokens}.`);
+    }
+    const reuse = Math.min(reuseTokens, seq.length, limit, ids.length);
+    m.pool.truncate(seq, reuse);
+    return reuse;
   }
 
   private async run(
     m: LoadedModel,
     seq: KvSequence,
-    request: GenerateRequest,
+    request: SequenceGenerateRequest,
     params: SamplingParams,
   ): Promise<GenerateResult> {
     const prompt = request.promptIds;
     const start = performance.now();
-    m.pool.reserve(seq, prompt.length + request.maxTokens);
+    const reused = this.rewind(m, seq, prompt, request.reuseTokens ?? 0, prompt.length - 1);
+    try {
+      m.pool.reserve(seq, prompt.length + request.maxTokens);
+    } catch (error) {
+      // Room for the prompt but not for every requested token: decode until the pool is full ('length').
+      if (!(error instanceof ContextOverflowError)) throw error;
+      m.pool.reserve(seq, prompt.length + 1);
+    }
     m.sampler.resetHistory(prompt);
     const chunk = m.transformer.maxTokens;
     let step = 0;
     let next = -1;
-    for (let position = 0; position < prompt.length; position += chunk) {
+    const usage = (generated: number, firstTokenAt: number, end: number): GenerationUsage => {
+      const decodeTokens = Math.max(generated - 1, 0);
+      return {
+        promptTokens: prompt.length,
+        completionTokens: generated,
+        cachedTokens: reused,
+        prefilledTokens: prompt.length - reused,
+        prefillTokensPerSecond: (prompt.length - reused) / Math.max((firstTokenAt - start) / 1000, 1e-9),
+        decodeTokensPerSecond: decodeTokens > 0 ? decodeTokens / ((end - firstTokenAt) / 1000) : 0,
+        ttftMs: firstTokenAt - start,
+        tpotMs: decodeTokens > 0 ? (end - firstTokenAt) / decodeTokens : 0,
+      };
+    };
+    for (let position = reused; position < prompt.length; position += chunk) {
+      if (request.signal?.aborted) {
+        const now = performance.now();
+        return { ids: [], finishReason: 'abort', usage: usage(0, now, now) };
+      }
       const ids = prompt.slice(position, position + chunk);
       const last = position + ids.length === prompt.length;
-      this.throwIfAborted(request.signal);
       next = await this.step(m, seq, ids, position, last ? { params, step: step++ } : null);
     }
     const firstTokenAt = performance.now();
@@ -233,23 +387,16 @@ export class Engine {
         finishReason = 'abort';
         break;
       }
-      next = await this.step(m, seq, [next], position, { params, step: step++ });
+      try {
+        next = await this.step(m, seq, [next], position, { params, step: step++ });
+      } catch (error) {
+        // The pool is full (other sequences hold the rest): the reply ends here, as at the context limit.
+        if (error instanceof ContextOverflowError) break;
+        throw error;
+      }
       position += 1;
     }
-    const end = performance.now();
-    const decodeTokens = Math.max(generated.length - 1, 0);
-    return {
-      ids: generated,
-      finishReason,
-      usage: {
-        promptTokens: prompt.length,
-        completionTokens: generated.length,
-        prefillTokensPerSecond: prompt.length / Math.max((firstTokenAt - start) / 1000, 1e-9),
-        decodeTokensPerSecond: decodeTokens > 0 ? decodeTokens / ((end - firstTokenAt) / 1000) : 0,
-        ttftMs: firstTokenAt - start,
-        tpotMs: decodeTokens > 0 ? (end - firstTokenAt) / decodeTokens : 0,
-      },
-    };
+    return { ids: generated, finishReason, usage: usage(generated.length, firstTokenAt, performance.now()) };
   }
 
   /**
@@ -324,10 +471,6 @@ export class Engine {
         throw new InvalidRequestError(`Prompt token id ${id} is outside the vocabulary (0..${m.config.vocab - 1}).`);
       }
     }
-  }
-
-  private throwIfAborted(signal?: AbortSignal): void {
-    if (signal?.aborted) throw new AbortedError();
   }
 
   private require(): LoadedModel {
