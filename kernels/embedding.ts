@@ -2,6 +2,7 @@ import { InvalidRequestError } from '../runtime/errors.ts';
 import type { GpuContext } from '../runtime/gpu/device.ts';
 import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from './dispatch.ts';
 import { embeddingWgsl } from './embedding.wgsl.ts';
+import { requireBytes } from './matmul.ts';
 import { type GpuWeight, packedRowWords } from './weights.ts';
 
 export interface EmbeddingBinding {
@@ -26,6 +27,8 @@ export function prepareEmbedding(gpu: GpuContext, label: string, b: EmbeddingBin
     );
   }
   const K = weight.rowLength;
+  requireBytes(label, 'tokenIds', b.tokenIds, tokens * 4);
+  requireBytes(label, 'output', b.output, tokens * K * 4);
   const pipeline = computePipeline(gpu, 'embedding', embeddingWgsl(weight.type));
   const rowWords = packedRowWords(weight.type, K);
   const groupsK = Math.ceil(K / 256);

@@ -103,6 +103,25 @@ describe('matmul dispatch shape', () => {
   });
 });
 
+describe('matmul bindings', () => {
+  it('rejects buffers too small for the shapes instead of letting WebGPU clamp the accesses', () => {
+    const { gpu } = ctx;
+    const raw = randomWeightBytes(GgmlType.Q8_0, 64 * 8, seededRandom(2));
+    const weight = uploadWeightFromBytes(gpu, 'w', GgmlType.Q8_0, [64, 8], raw);
+    const input = gpu.allocator.createStorage('x', 'scratch', 2 * 64 * 4);
+    const output = gpu.allocator.createStorage('y', 'scratch', 2 * 8 * 4);
+    const small = gpu.allocator.createStorage('small', 'scratch', 8 * 4 - 4);
+    expect(() => prepareMatmul(gpu, 'm', { weight, input, output, tokens: 3 })).toThrow(/input/);
+    expect(() => prepareMatmul(gpu, 'm', { weight, input, output: small, tokens: 1 })).toThrow(/output/);
+    expect(() => prepareMatmul(gpu, 'm', { weight, input, output, tokens: 2, bias: small })).toThrow(/bias/);
+    releaseDispatches(gpu, prepareMatmul(gpu, 'm', { weight, input, output, tokens: 2, bias: output }));
+    gpu.allocator.release(small);
+    releaseWeight(gpu, weight);
+    gpu.allocator.release(input);
+    gpu.allocator.release(output);
+  });
+});
+
 describe('matmul kernels catch broken code', () => {
   it('a Q4_0 matvec with the high-nibble elements shifted by one block position fails', async () => {
     let changed = false;

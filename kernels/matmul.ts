@@ -36,6 +36,16 @@ export function foldWorkgroups(gpu: GpuContext, count: number): [number, number]
   return [Math.ceil(count / y), y];
 }
 
+/** Out-of-range reads and writes are silently clamped on WebGPU, so buffer sizes are checked up front. */
+export function requireBytes(label: string, role: string, buffer: GPUBuffer, bytes: number): void {
+  if (buffer.size < bytes) {
+    throw new InvalidRequestError(`'${label}' needs ${bytes} bytes of ${role} but the buffer has ${buffer.size}.`, {
+      label,
+      role,
+    });
+  }
+}
+
 /** Matvec units in one row: words for dense types, blocks x units-per-block for quantized ones. */
 export function matvecUnitsPerRow(type: GgmlType, rowLength: number): number {
   if (type === GgmlType.F32 || type === GgmlType.F16 || type === GgmlType.BF16) {
@@ -59,6 +69,9 @@ export function prepareMatmul(
     throw new InvalidRequestError(`Matmul '${label}' needs tokens >= 1, got ${tokens}.`);
   }
   const K = weight.rowLength;
+  requireBytes(label, 'input', b.input, tokens * K * 4);
+  requireBytes(label, 'output', b.output, tokens * weight.rows * 4);
+  if (b.bias) requireBytes(label, 'bias', b.bias, weight.rows * 4);
   const matvec = tokens === 1;
   const hasBias = b.bias !== undefined;
   const code = matvec ? matvecWgsl(weight.type, hasBias) : matmulWgsl(weight.type, hasBias);
