@@ -8,7 +8,8 @@
  *   A unit is the span of weight words one thread reads once (a word of quants plus the block's scales).
  *   Units per block: `MATVEC_UNITS_PER_BLOCK`; dense types use one unit per word.
  */
-import { GgmlType } from '../runtime/gguf/types.ts';
+import { UnsupportedModelError } from '../runtime/errors.ts';
+import { GGML_TYPE_INFO, GgmlType } from '../runtime/gguf/types.ts';
 
 const common = /* wgsl */ `
 fn bytes4(v: u32) -> vec4<f32> {
@@ -244,7 +245,11 @@ const TYPE_WGSL: Partial<Record<GgmlType, TypeWgsl>> = {
 
 function typeWgsl(type: GgmlType): TypeWgsl {
   const t = TYPE_WGSL[type];
-  if (!t) throw new Error(`no WGSL for GGML type ${type}`);
+  if (!t) {
+    throw new UnsupportedModelError(`No GPU kernel for weights of type ${GGML_TYPE_INFO[type]?.name ?? type}.`, {
+      type,
+    });
+  }
   return t;
 }
 

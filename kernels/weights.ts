@@ -192,7 +192,7 @@ function planWeight(
   return { rowLength, rows, rowWords, rawRow, rowsPerPart, rowsPerChunk };
 }
 
-/** Creates the part buffers and calls `fill(part, firstRow, rowCount, offsetBytes)` chunk by chunk. */
+/** Creates one GPU buffer per run of at most `rowsPerPart` rows. */
 function allocateParts(gpu: GpuContext, name: string, plan: WeightPlan): GpuWeightPart[] {
   const parts: GpuWeightPart[] = [];
   for (let firstRow = 0; firstRow < plan.rows; firstRow += plan.rowsPerPart) {
@@ -208,6 +208,7 @@ function allocateParts(gpu: GpuContext, name: string, plan: WeightPlan): GpuWeig
   return parts;
 }
 
+/** Row ranges of at most `rowsPerChunk` rows that never cross a part boundary. */
 function* chunksOf(plan: WeightPlan, parts: GpuWeightPart[]) {
   for (const part of parts) {
     for (let r = 0; r < part.rowCount; r += plan.rowsPerChunk) {
