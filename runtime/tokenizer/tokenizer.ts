@@ -50,7 +50,7 @@ export class GgufTokenizer {
   readonly model: 'llama' | 'gpt2';
 
   private readonly vocab: GgufVocab;
-  private readonly idByText = new Map<string, number>();
+  private readonly idByText: ReadonlyMap<string, number>;
   /** Special tokens in llama.cpp's partition order (longest text first). */
   private readonly specialIds: number[];
   private readonly spm?: SentencePieceVocab;
@@ -66,7 +66,7 @@ export class GgufTokenizer {
     this.eosId = vocab.eosId;
     this.eotId = vocab.eotId;
     this.padId = vocab.padId;
-    for (let id = 0; id < this.vocabSize; id++) this.idByText.set(vocab.tokens[id], id);
+    this.idByText = vocab.idByText;
     this.pieces = new Array(this.vocabSize);
 
     const special = (t: TokenType) => t === TokenType.Control || t === TokenType.UserDefined || t === TokenType.Unknown;
@@ -112,6 +112,8 @@ export class GgufTokenizer {
 
   encode(text: string, options: EncodeOptions = {}): number[] {
     const addSpecial = options.addSpecial ?? true;
+    // Lone surrogates become U+FFFD, as they do on their way into llama.cpp (and in TextEncoder).
+    text = text.replace(/\p{Cs}/gu, '\uFFFD');
     const out: number[] = [];
     if (addSpecial && this.vocab.addBos && this.bosId !== undefined) out.push(this.bosId);
     for (const fragment of this.partition(text, options.parseSpecial ?? false)) {

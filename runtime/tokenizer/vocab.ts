@@ -24,6 +24,8 @@ export interface GgufVocab {
   /** `tokenizer.ggml.pre` (gpt2 only; '' when absent, which llama.cpp treats as 'default'). */
   pre: string;
   tokens: string[];
+  /** Token text → id (texts are unique; llama.cpp refuses duplicates too). */
+  idByText: Map<string, number>;
   types: TokenType[];
   /** SentencePiece piece scores (llama only). */
   scores: Float32Array | null;
@@ -229,6 +231,7 @@ export function readVocab(meta: GgufMetadata): GgufVocab {
     model,
     pre,
     tokens,
+    idByText,
     types,
     scores,
     merges,
