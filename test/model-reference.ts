@@ -1,0 +1,239 @@
+/**
+ * A whole-model CPU reference for the oracle tests: the llama/qwen2/qwen3 forward pass in f64 over dequantized
+ * weights (kernels/reference/dequantize.ts), with the KV cache rounded to f16 as both engines store it.
+ *
+ * `emulateLlamaCpp` adds the conversions llama.cpp's CPU backend applies to activations, so the reference can say
+ * which part of a difference to llama.cpp is llama.cpp's own rounding and which is ours:
+ * - each matmul input becomes the weight type's "vec_dot" type first: f16 for F16, bf16 for BF16, int8 blocks of 32
+ *   with an f16 scale (Q8_0/Q8_1) for Q4_0..Q8_0, int8 blocks of 256 with an f32 scale (Q8_K) for K-quants;
+ * - attention (no flash attention) multiplies f16 K by q rounded to f16, and f16 V by the softmax rounded to f16.
+ */
+import { readFile } from 'node:fs/promises';
+import { bf16ToF32, dequantize, f16ToF32, f32ToF16Bits } from '../kernels/reference/dequantize.ts';
+import { sourceFromPath } from '../runtime/gguf/node-source.ts';
+import { parseGguf } from '../runtime/gguf/parse.ts';
+import { GgmlType } from '../runtime/gguf/types.ts';
+
+interface Matrix {
+  type: GgmlType;
+  /** Row length (GGUF ne0). */
+  k: number;
+  rows: number;
+  values: Float32Array;
+}
+
+const roundF16 = (x: number) => f16ToF32(f32ToF16Bits(x));
+const scratch = new DataView(new ArrayBuffer(4));
+function roundBf16(x: number): number {
+  scratch.setFloat32(0, x);
+  const u = scratch.getUint32(0);
+  return bf16ToF32((u + 0x7fff + ((u >>> 16) & 1)) >>> 16);
+}
+
+/** Round half to even, as ggml's nearest_int (and x86 rounding) does. */
+function roundEven(x: number): number {
+  const r = Math.round(x);
+  return Math.abs(x - Math.trunc(x)) === 0.5 && r % 2 !== 0 ? r - 1 : r;
+}
+
+/** Emulates the activation conversion llama.cpp's CPU matmul applies before a dot product with `type` weights. */
+export function llamaCppActivation(type: GgmlType, x: Float64Array): Float64Array {
+  switch (type) {
+    case GgmlType.F32:
+      return x;
+    case GgmlType.F16:
+      return x.map(roundF16);
+    case GgmlType.BF16:
+      return x.map(roundBf16);
+    case GgmlType.Q4_K:
+    case GgmlType.Q5_K:
+    case GgmlType.Q6_K:
+      return quantizeBlocks(x, 256, (_amax, max) => {
+        const inverse = Math.fround(-127 / max);
+        return { inverse, scale: Math.fround(1 / inverse) };
+      });
+    default:
+      return quantizeBlocks(x, 32, (amax) => {
+        const d = Math.fround(amax / 127);
+        return { inverse: d ? Math.fround(1 / d) : 0, scale: roundF16(d) };
+      });
+  }
+}
+
+function quantizeBlocks(
+  x: Float64Array,
+  block: number,
+  scales: (amax: number, max: number) => { inverse: number; scale: number },
+): Float64Array {
+  const y = new Float64Array(x.length);
+  for (let b = 0; b < x.length; b += block) {
+    let amax = 0;
+    let max = 0;
+    for (let j = b; j < b + block; j++) {
+      if (Math.abs(x[j]) > amax) {
+        amax = Math.abs(x[j]);
+        max = x[j];
+      }
+    }
+    if (amax === 0) continue;
+    const { inverse, scale } = scales(amax, max);
+    for (let j = b; j < b + block; j++) y[j] = Math.min(127, roundEven(Math.fround(x[j] * inverse))) * scale;
+  }
+  return y;
+}
+
+export interface ReferenceOptions {
+  emulateLlamaCpp: boolean;
+}
+
+/**
+ * Teacher-forced next-token log-probabilities, [ids.length × vocab], of the GGUF model at `path` (llama, qwen2 or
+ * qwen3; norms and biases F32, matrices any type the reference dequantizer reads).
+ */
+export async function referenceLogProbs(
+  path: string,
+  ids: readonly number[],
+  options: ReferenceOptions,
+): Promise<Float64Array> {
+  const source = await sourceFromPath(path);
+  const file = await parseGguf(source);
+  await source.close?.();
+  const bytes = await readFile(path);
+  const meta = file.metadata;
+  const tensors = new Map(file.tensors.map((t) => [t.name, t]));
+  const data = (name: string) => {
+    const t = tensors.get(name);
+    if (!t) return null;
+    const count = t.shape.reduce((a, b) => a * b, 1);
+    const raw = new Uint8Array(bytes.buffer, bytes.byteOffset + t.offset, t.byteLength);
+    return { type: t.type, shape: t.shape, values: dequantize(t.type, raw, count) };
+  };
+  const matrix = (name: string): Matrix => {
+    const t = data(name);
+    if (!t) throw new Error(`reference: no tensor ${name}`);
+    return { type: t.type, k: t.shape[0], rows: t.shape[1], values: t.values };
+  };
+  const vector = (name: string) => data(name)?.values ?? null;
+  const num = (key: string) => {
+    const v = meta[key];
+    return typeof v === 'bigint' ? Number(v) : (v as number | undefined);
+  };
+
+  const arch = meta['general.architecture'] as string;
+  const dim = num(`${arch}.embedding_length`)!;
+  const heads = num(`${arch}.attention.head_count`)!;
+  const kvHeads = num(`${arch}.attention.head_count_kv`) ?? heads;
+  const headDim = num(`${arch}.attention.key_length`) ?? dim / heads;
+  const layers = num(`${arch}.block_count`)!;
+  const eps = num(`${arch}.attention.layer_norm_rms_epsilon`)!;
+  const base = num(`${arch}.rope.freq_base`) ?? 10000;
+  const neox = arch !== 'llama';
+  const freqFactors = vector('rope_freqs.weight');
+  const embedding = matrix('token_embd.weight');
+  const output = tensors.has('output.weight') ? matrix('output.weight') : embedding;
+  const vocab = embedding.rows;
+  const emulate = options.emulateLlamaCpp;
+
+  const matmul = (w: Matrix, x: Float64Array, bias?: Float32Array | null) => {
+    const input = emulate ? llamaCppActivation(w.type, x) : x;
+    const y = new Float64Array(w.rows);
+    for (let r = 0; r < w.rows; r++) {
+      let sum = 0;
+      for (let k = 0; k < w.k; k++) sum += w.values[r * w.k + k] * input[k];
+      y[r] = sum + (bias ? bias[r] : 0);
+    }
+    return y;
+  };
+  const rmsNorm = (x: Float64Array, weight: Float32Array) => {
+    let sum = 0;
+    for (const v of x) sum += v * v;
+    const scale = 1 / Math.sqrt(sum / x.length + eps);
+    return x.map((v, i) => v * scale * weight[i]);
+  };
+  const rope = (v: Float64Array, count: number, position: number) => {
+    for (let h = 0; h < count; h++) {
+      for (let i = 0; i < headDim / 2; i++) {
+        const theta = (position * base ** ((-2 * i) / headDim)) / (freqFactors ? freqFactors[i] : 1);
+        const a = neox ? h * headDim + i : h * headDim + 2 * i;
+        const b = neox ? a + headDim / 2 : a + 1;
+        const [x0, x1] = [v[a], v[b]];
+        v[a] = x0 * Math.cos(theta) - x1 * Math.sin(theta);
+        v[b] = x0 * Math.sin(theta) + x1 * Math.cos(theta);
+      }
+    }
+  };
+
+  const n = ids.length;
+  const x = ids.map((id) => Float64Array.from(embedding.values.subarray(id * dim, (id + 1) * dim)));
+  for (let l = 0; l < layers; l++) {
+    const p = `blk.${l}.`;
+    const attnNorm = vector(`${p}attn_norm.weight`)!;
+    const ffnNorm = vector(`${p}ffn_norm.weight`)!;
+    const [wq, wk, wv, wo] = ['attn_q', 'attn_k', 'attn_v', 'attn_output'].map((m) => matrix(`${p}${m}.weight`));
+    const [gate, up, down] = ['ffn_gate', 'ffn_up', 'ffn_down'].map((m) => matrix(`${p}${m}.weight`));
+    const qNorm = vector(`${p}attn_q_norm.weight`);
+    const kNorm = vector(`${p}attn_k_norm.weight`);
+    const qs: Float64Array[] = [];
+    const ks: Float64Array[] = [];
+    const vs: Float64Array[] = [];
+    for (let t = 0; t < n; t++) {
+      const h = rmsNorm(x[t], attnNorm);
+      const q = matmul(wq, h, vector(`${p}attn_q.bias`));
+      const k = matmul(wk, h, vector(`${p}attn_k.bias`));
+      const v = matmul(wv, h, vector(`${p}attn_v.bias`));
+      if (qNorm && kNorm) {
+        for (let i = 0; i < heads; i++) q.set(rmsNorm(q.subarray(i * headDim, (i + 1) * headDim), qNorm), i * headDim);
+        for (let i = 0; i < kvHeads; i++)
+          k.set(rmsNorm(k.subarray(i * headDim, (i + 1) * headDim), kNorm), i * headDim);
+      }
+      rope(q, heads, t);
+      rope(k, kvHeads, t);
+      qs.push(emulate ? q.map(roundF16) : q);
+      ks.push(k.map(roundF16));
+      vs.push(v.map(roundF16));
+    }
+    for (let t = 0; t < n; t++) {
+      const attention = new Float64Array(heads * headDim);
+      for (let i = 0; i < heads; i++) {
+        const g = Math.floor(i / (heads / kvHeads));
+        const scores = new Float64Array(t + 1);
+        let max = Number.NEGATIVE_INFINITY;
+        for (let j = 0; j <= t; j++) {
+          let dot = 0;
+          for (let e = 0; e < headDim; e++) dot += qs[t][i * headDim + e] * ks[j][g * headDim + e];
+          scores[j] = dot / Math.sqrt(headDim);
+          max = Math.max(max, scores[j]);
+        }
+        let sum = 0;
+        for (let j = 0; j <= t; j++) {
+          scores[j] = Math.exp(scores[j] - max);
+          sum += scores[j];
+        }
+        for (let j = 0; j <= t; j++) {
+          const weight = emulate ? roundF16(scores[j] / sum) : scores[j] / sum;
+          for (let e = 0; e < headDim; e++) attention[i * headDim + e] += weight * vs[j][g * headDim + e];
+        }
+      }
+      const projected = matmul(wo, attention);
+      x[t] = x[t].map((v, i) => v + projected[i]);
+      const h = rmsNorm(x[t], ffnNorm);
+      const g = matmul(gate, h);
+      const u = matmul(up, h);
+      const hidden = g.map((a, i) => (a / (1 + Math.exp(-a))) * u[i]);
+      const y = matmul(down, hidden);
+      x[t] = x[t].map((v, i) => v + y[i]);
+    }
+  }
+  const outputNorm = vector('output_norm.weight')!;
+  const logProbs = new Float64Array(n * vocab);
+  for (let t = 0; t < n; t++) {
+    const logits = matmul(output, rmsNorm(x[t], outputNorm));
+    let max = Number.NEGATIVE_INFINITY;
+    for (const v of logits) max = Math.max(max, v);
+    let sum = 0;
+    for (const v of logits) sum += Math.exp(v - max);
+    const lse = max + Math.log(sum);
+    for (let i = 0; i < vocab; i++) logProbs[t * vocab + i] = logits[i] - lse;
+  }
+  return logProbs;
+}
