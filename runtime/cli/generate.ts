@@ -24,7 +24,9 @@ export async function runGenerate(args: ParsedArgs, gpu: GpuContext): Promise<nu
         bos_token: tokenizer.bosId !== undefined ? tokenizer.tokenText(tokenizer.bosId) : '',
         eos_token: tokenizer.eosId !== undefined ? tokenizer.tokenText(tokenizer.eosId) : '',
       });
-      promptIds = tokenizer.encode(text, { addSpecial: true, parseSpecial: true });
+      // Templates that already write BOS (Llama 3's) must not get a second one from the tokenizer.
+      const bosText = tokenizer.bosId !== undefined ? tokenizer.tokenText(tokenizer.bosId) : '';
+      promptIds = tokenizer.encode(text, { addSpecial: !(bosText && text.startsWith(bosText)), parseSpecial: true });
     } else if (prompt === '') {
       if (tokenizer.bosId === undefined) throw new InvalidRequestError('This model has no BOS token: give a --prompt.');
       promptIds = [tokenizer.bosId];
