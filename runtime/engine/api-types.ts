@@ -1,0 +1,210 @@
+/**
+ * The public API's types: OpenAI's chat/completions shapes (the subset longtab implements, plus its own fields),
+ * the load options and the stats. Shared by the in-process `LongtabEngine` and the worker client, so both are used
+ * through the one `LongtabEngineApi` interface.
+ */
+import type { AdapterSummary, GpuFeatures } from '../gpu/device.ts';
+import type { FinishReason, KvCacheOptions, KvMode, LoadProgress } from './engine.ts';
+
+export type { FinishReason, KvMode, LoadProgress };
+
+/**
+ * What to load: an http(s) URL (read with Range requests), a File or Blob, or, in Node only, a file path.
+ * A relative URL resolves against the page (or worker) location.
+ */
+export type ModelSource = string | URL | Blob;
+
+export interface EngineLoadOptions extends KvCacheOptions {
+  /** Tokens per prefill submit (default 128). */
+  prefillChunk?: number;
+  /** Called in phase order download → parse → upload → calibrate (through the worker the client proxies it). */
+  onProgress?: (progress: LoadProgress) => void;
+}
+
+export interface ModelInfo {
+  name: string;
+  architecture: string;
+  layers: number;
+  vocab: number;
+  contextLength: number;
+  /** Tokens one conversation can hold in this KV budget. */
+  contextCapacity: number;
+  kv: KvMode;
+  hasChatTemplate: boolean;
+}
+
+export interface ChatMessageParam {
+  role: 'system' | 'user' | 'assistant';
+  content: string;
+}
+
+/** What to do when a conversation no longer fits one KV sequence. */
+export type ContextOverflowPolicy = 'error' | 'drop_oldest_turns';
+
+interface SamplingRequest {
+  /** Most tokens to generate (default 256, capped by the room left in the context). */
+  max_tokens?: number;
+  /** 0 (default) = greedy. */
+  temperature?: number;
+  top_p?: number;
+  /** longtab extension (llama.cpp): 0 = off. */
+  top_k?: number;
+  /** longtab extension (llama.cpp): 0 = off. */
+  min_p?: number;
+  /** longtab extension (llama.cpp's repeat penalty): 1 = off. */
+  repetition_penalty?: number;
+  seed?: number;
+  /** Up to 4 strings; generation ends before the first one that appears (it is not returned). */
+  stop?: string | string[];
+}
+
+export interface ChatCompletionRequest extends SamplingRequest {
+  messages: ChatMessageParam[];
+  stream?: boolean;
+  /**
+   * longtab extension: keep this conversation's KV cache between requests, so a follow-up turn prefills only its new
+   * tokens. Without it the request runs in a temporary sequence.
+   */
+  conversation_id?: string;
+  /** longtab extension: 'error' (default) throws ContextOverflowError; 'drop_oldest_turns' keeps the system prompt. */
+  context_overflow?: ContextOverflowPolicy;
+  /** Informational; the loaded model is always used. */
+  model?: string;
+}
+
+export interface CompletionRequest extends SamplingRequest {
+  prompt: string;
+  stream?: boolean;
+  model?: string;
+}
+
+/** longtab's timing stats for one request, beside OpenAI's token counts. */
+export interface GenerationStats {
+  /** Prompt tokens run through the model (prompt_tokens - cached_tokens). */
+  prefill_tokens: number;
+  prefill_tokens_per_second: number;
+  decode_tokens_per_second: number;
+  /** Time to first token (ms), from the start of prefill. */
+  ttft_ms: number;
+  /** Mean time per output token after the first (ms). */
+  tpot_ms: number;
+  /** Prompt messages dropped by the 'drop_oldest_turns' policy. */
+  dropped_messages: number;
+}
+
+export interface CompletionUsage {
+  prompt_tokens: number;
+  completion_tokens: number;
+  total_tokens: number;
+  prompt_tokens_details: { cached_tokens: number };
+  longtab: GenerationStats;
+}
+
+export interface ChatCompletion {
+  id: string;
+  object: 'chat.completion';
+  created: number;
+  model: string;
+  choices: Array<{
+    index: 0;
+    message: { role: 'assistant'; content: string };
+    finish_reason: FinishReason;
+    logprobs: null;
+  }>;
+  usage: CompletionUsage;
+}
+
+export interface ChatCompletionChunk {
+  id: string;
+  object: 'chat.completion.chunk';
+  created: number;
+  model: string;
+  choices: Array<{
+    index: 0;
+    delta: { role?: 'assistant'; content?: string };
+    finish_reason: FinishReason | null;
+    logprobs: null;
+  }>;
+  /** Only on the last chunk (the one with a finish_reason). */
+  usage?: CompletionUsage;
+}
+
+export interface Completion {
+  id: string;
+  object: 'text_completion';
+  created: number;
+  model: string;
+  choices: Array<{ index: 0; text: string; finish_reason: FinishReason | null; logprobs: null }>;
+  usage?: CompletionUsage;
+}
+
+/** A stream of chunks; `abort()` ends it (the last chunk then says finish_reason 'abort'). */
+export interface CompletionStream<T> extends AsyncIterable<T> {
+  abort(): void;
+}
+
+export interface EngineStats {
+  model: ModelInfo | null;
+  /** Bytes of GPU memory, from the allocator's counts. */
+  memory: {
+    weights: number;
+    /** KV pages that hold tokens. */
+    kvUsed: number;
+    /** KV pages allocated (used + free) plus the page table. */
+    kvReserved: number;
+    /** What the held tokens would take as f16 K/V (equals the used bytes' payload in f16 mode). */
+    kvF16Equivalent: number;
+    scratch: number;
+    staging: number;
+    total: number;
+    peak: number;
+  };
+  kv: {
+    mode: KvMode;
+    pageTokens: number;
+    pageBytes: number;
+    pagesUsed: number;
+    pagesFree: number;
+    pagesReserved: number;
+    pagesBudget: number;
+    sequences: number;
+  };
+  context: {
+    /** Tokens held in KV over all live sequences (a forked prefix counts once per sequence). */
+    used: number;
+    /** Tokens one conversation can hold. */
+    capacity: number;
+    conversations: number;
+    /** Sequences evicted (least recently used first) to make room since the model was loaded. */
+    evictions: number;
+  };
+  queue: { running: boolean; waiting: number };
+  adapter:
+    | (AdapterSummary & { features: GpuFeatures; maxBufferSize: number; maxStorageBufferBindingSize: number })
+    | null;
+}
+
+/** The engine as callers see it, in-process (`LongtabEngine`) and through the worker (`createEngine()`). */
+export interface LongtabEngineApi {
+  load(source: ModelSource, options?: EngineLoadOptions): Promise<ModelInfo>;
+  chat: {
+    completions: {
+      create(request: ChatCompletionRequest & { stream: true }): Promise<CompletionStream<ChatCompletionChunk>>;
+      create(request: ChatCompletionRequest & { stream?: false }): Promise<ChatCompletion>;
+      create(request: ChatCompletionRequest): Promise<ChatCompletion | CompletionStream<ChatCompletionChunk>>;
+    };
+  };
+  completions: {
+    create(request: CompletionRequest & { stream: true }): Promise<CompletionStream<Completion>>;
+    create(request: CompletionRequest & { stream?: false }): Promise<Completion>;
+    create(request: CompletionRequest): Promise<Completion | CompletionStream<Completion>>;
+  };
+  stats(): Promise<EngineStats>;
+  /** Calls `listener` now and whenever the stats change (load, each request, every few tokens). Returns the unsubscribe. */
+  subscribeStats(listener: (stats: EngineStats) => void): Promise<() => void>;
+  /** Forgets a conversation and frees its KV. */
+  deleteConversation(conversationId: string): Promise<void>;
+  /** Ends the running request and every queued one; each returns what it generated with finish_reason 'abort'. */
+  abort(): Promise<void>;
+  unload(): Promise<void>;
+}

@@ -1,0 +1,712 @@
+/**
+ * LongtabEngine: the OpenAI-shaped API over one Engine (one model on one device). The same class runs in-process
+ * (Node CLI, tests) and inside the engine worker (workers/engine.worker.ts), which wraps it for comlink.
+ *
+ * Requests queue and run one at a time. Each chat request renders the conversation with the model's chat template,
+ * reuses whatever prefix of its tokens the conversation's KV sequence already holds (conversations.ts) and prefills
+ * only the rest.
+ */
+import { ContextOverflowError, InvalidRequestError, ModelNotLoadedError } from '../errors.ts';
+import { sourceFromBlob, sourceFromUrl } from '../gguf/sources.ts';
+import type { ByteSource } from '../gguf/types.ts';
+import { acquireGpu, type GpuContext } from '../gpu/device.ts';
+import { resolveSamplingParams } from '../sampling/params.ts';
+import { type ChatMessage, chatTemplateFromMetadata, renderChatTemplate } from '../tokenizer/chat-template.ts';
+import { StopStringMatcher } from '../tokenizer/stop-strings.ts';
+import type {
+  ChatCompletion,
+  ChatCompletionChunk,
+  ChatCompletionRequest,
+  ChatMessageParam,
+  Completion,
+  CompletionRequest,
+  CompletionStream,
+  CompletionUsage,
+  EngineLoadOptions,
+  EngineStats,
+  LongtabEngineApi,
+  ModelInfo,
+  ModelSource,
+} from './api-types.ts';
+import { type CachedSequence, ConversationCache, commonPrefixLength } from './conversations.ts';
+import { Engine, type FinishReason, type GenerateResult, type LoadProgress } from './engine.ts';
+import {
+  type ValidatedChatRequest,
+  type ValidatedSampling,
+  validateChatRequest,
+  validateCompletionRequest,
+  validateId,
+  validateLoadOptions,
+} from './validate.ts';
+
+export * from './api-types.ts';
+
+const DEFAULT_MAX_TOKENS = 256;
+/** Live stats go out every this many generated tokens (and after each request). */
+const STATS_EVERY_TOKENS = 16;
+
+export interface LongtabEngineOptions {
+  /**
+   * The device, or how to get it (default: `acquireGpu()` on navigator.gpu, when the first model loads). A context
+   * passed in stays the caller's; one the engine acquired is destroyed by `destroy()`.
+   */
+  gpu?: GpuContext | (() => Promise<GpuContext>);
+  /** Opens a file path (Node only: `sourceFromPath`); without it, strings must be URLs. */
+  openPath?: (path: string) => Promise<ByteSource>;
+}
+
+/** A pull-based stream: the producer pushes, `for await` pulls; `return()` (break) aborts the request. */
+class ChunkStream<T> implements CompletionStream<T> {
+  private readonly items: T[] = [];
+  private waiting: ((result: IteratorResult<T>) => void) | null = null;
+  private failWaiting: ((error: unknown) => void) | null = null;
+  private done = false;
+  private error: unknown = null;
+  private readonly onAbort: () => void;
+
+  constructor(onAbort: () => void) {
+    this.onAbort = onAbort;
+  }
+
+  push(item: T): void {
+    if (this.done) return;
+    if (this.waiting) {
+      const resolve = this.waiting;
+      this.waiting = this.failWaiting = null;
+      resolve({ value: item, done: false });
+    } else this.items.push(item);
+  }
+
+  end(error?: unknown): void {
+    if (this.done) return;
+    this.done = true;
+    if (error !== undefined) this.error = error;
+    if (this.waiting) {
+      const resolve = this.waiting;
+      const reject = this.failWaiting!;
+      this.waiting = this.failWaiting = null;
+      if (error !== undefined) reject(error);
+      else resolve({ value: undefined, done: true });
+    }
+  }
+
+  abort(): void {
+    this.onAbort();
+  }
+
+  next(): Promise<IteratorResult<T>> {
+    const item = this.items.shift();
+    if (item !== undefined) return Promise.resolve({ value: item, done: false });
+    if (this.done) {
+      if (this.error !== null) {
+        const error = this.error;
+        this.error = null;
+        return Promise.reject(error);
+      }
+      return Promise.resolve({ value: undefined, done: true });
+    }
+    return new Promise((resolve, reject) => {
+      this.waiting = resolve;
+      this.failWaiting = reject;
+    });
+  }
+
+  [Symbol.asyncIterator](): AsyncIterator<T> {
+    return {
+      next: () => this.next(),
+      return: async () => {
+        if (!this.done) this.onAbort();
+        return { value: undefined, done: true };
+      },
+    };
+  }
+}
+
+function newId(prefix: string): string {
+  const random =
+    typeof crypto !== 'undefined' && 'randomUUID' in crypto
+      ? crypto.randomUUID().replaceAll('-', '')
+      : Math.random().toString(16).slice(2) + Date.now().toString(16);
+  return `${prefix}-${random.slice(0, 24)}`;
+}
+
+/** What one request produced, before it is shaped as a ChatCompletion or a Completion. */
+interface RunOutcome {
+  text: string;
+  finishReason: FinishReason;
+  usage: CompletionUsage;
+}
+
+interface PreparedPrompt {
+  ids: number[];
+  systemIds: number[] | null;
+  droppedMessages: number;
+}
+
+export class LongtabEngine implements LongtabEngineApi {
+  private readonly options: LongtabEngineOptions;
+  private gpuContext: GpuContext | null = null;
+  private engine: Engine | null = null;
+  private cache: ConversationCache | null = null;
+  private modelInfo: ModelInfo | null = null;
+  private template = '';
+  /** The queue: each request chains on the previous one. */
+  private tail: Promise<unknown> = Promise.resolve();
+  private waiting = 0;
+  private running = false;
+  /** Bumped by abort(): requests submitted before it end with finish_reason 'abort'. */
+  private abortEpoch = 0;
+  private current: AbortController | null = null;
+  private readonly listeners = new Set<(stats: EngineStats) => void>();
+
+  readonly chat: LongtabEngineApi['chat'];
+  readonly completions: LongtabEngineApi['completions'];
+
+  constructor(options: LongtabEngineOptions = {}) {
+    this.options = options;
+    this.chat = {
+      completions: { create: ((request: ChatCompletionRequest) => this.createChat(request)) as never },
+    };
+    this.completions = { create: ((request: CompletionRequest) => this.createCompletion(request)) as never };
+  }
+
+  /** The low-level engine (tests and the CLI use its tokenizer and pool); null before the first load. */
+  get core(): Engine | null {
+    return this.engine;
+  }
+
+  async load(source: ModelSource, options: EngineLoadOptions = {}): Promise<ModelInfo> {
+    const validated = validateLoadOptions(options);
+    const onProgress = validated.onProgress ?? (() => {});
+    return this.enqueue(async () => {
+      this.unloadNow();
+      const gpu = await this.gpu();
+      const engine = (this.engine ??= new Engine(gpu));
+      const bytes = await this.openSource(source, onProgress);
+      try {
+        await engine.load(bytes, { ...validated, onProgress });
+      } finally {
+        await bytes.close?.();
+      }
+      const loaded = engine.loaded!;
+      this.cache = new ConversationCache(engine);
+      this.template = chatTemplateFromMetadata(loaded.file.metadata);
+      const meta = loaded.file.metadata['tokenizer.chat_template'];
+      this.modelInfo = {
+        name: loaded.config.name,
+        architecture: loaded.config.architecture,
+        layers: loaded.config.layers,
+        vocab: loaded.config.vocab,
+        contextLength: loaded.config.contextLength,
+        contextCapacity: this.capacity(),
+        kv: validated.kv ?? 'f16',
+        hasChatTemplate: typeof meta === 'string' && meta.trim().length > 0,
+      };
+      this.notify();
+      return this.modelInfo;
+    });
+  }
+
+  async unload(): Promise<void> {
+    this.abortNow();
+    await this.enqueue(async () => this.unloadNow());
+    this.notify();
+  }
+
+  async abort(): Promise<void> {
+    this.abortNow();
+  }
+
+  async deleteConversation(conversationId: string): Promise<void> {
+    const id = validateId('conversation_id', conversationId);
+    await this.enqueue(async () => this.cache?.delete(id));
+    this.notify();
+  }
+
+  async stats(): Promise<EngineStats> {
+    return this.snapshot();
+  }
+
+  async subscribeStats(listener: (stats: EngineStats) => void): Promise<() => void> {
+    if (typeof listener !== 'function') throw new InvalidRequestError('subscribeStats needs a function.');
+    this.listeners.add(listener);
+    this.emit(listener, this.snapshot());
+    return () => {
+      this.listeners.delete(listener);
+    };
+  }
+
+  /** Gives the device back (in-process use; the worker's device ends with the worker). */
+  destroy(): void {
+    this.abortNow();
+    this.unloadNow();
+    this.listeners.clear();
+    if (this.gpuContext && typeof this.options.gpu !== 'object') this.gpuContext.destroy();
+    this.gpuContext = null;
+    this.engine = null;
+  }
+
+  // ---------------------------------------------------------------------------------------------------------------
+
+  private async createChat(
+    request: ChatCompletionRequest,
+  ): Promise<ChatCompletion | CompletionStream<ChatCompletionChunk>> {
+    const r = validateChatRequest(request);
+    const id = newId('chatcmpl');
+    const created = Math.floor(Date.now() / 1000);
+    const chunk = (
+      delta: ChatCompletionChunk['choices'][0]['delta'],
+      finish: FinishReason | null,
+      usage?: CompletionUsage,
+    ): ChatCompletionChunk => ({
+      id,
+      object: 'chat.completion.chunk',
+      created,
+      model: this.modelInfo?.name ?? '',
+      choices: [{ index: 0, delta, finish_reason: finish, logprobs: null }],
+      ...(usage ? { usage } : {}),
+    });
+    if (r.stream) {
+      return this.streamed(
+        (controller, onText) => this.runChat(r, controller, onText),
+        (stream) => stream.push(chunk({ role: 'assistant', content: '' }, null)),
+        (text) => chunk({ content: text }, null),
+        (outcome) => chunk({}, outcome.finishReason, outcome.usage),
+      );
+    }
+    const outcome = await this.submit((controller) => this.runChat(r, controller, () => {}));
+    return {
+      id,
+      object: 'chat.completion',
+      created,
+      model: this.modelInfo?.name ?? '',
+      choices: [
+        {
+          index: 0,
+          message: { role: 'assistant', content: outcome.text },
+          finish_reason: outcome.finishReason,
+          logprobs: null,
+        },
+      ],
+      usage: outcome.usage,
+    };
+  }
+
+  private async createCompletion(request: CompletionRequest): Promise<Completion | CompletionStream<Completion>> {
+    const r = validateCompletionRequest(request);
+    const id = newId('cmpl');
+    const created = Math.floor(Date.now() / 1000);
+    const completion = (text: string, finish: FinishReason | null, usage?: CompletionUsage): Completion => ({
+      id,
+      object: 'text_completion',
+      created,
+      model: this.modelInfo?.name ?? '',
+      choices: [{ index: 0, text, finish_reason: finish, logprobs: null }],
+      ...(usage ? { usage } : {}),
+    });
+    if (r.stream) {
+      return this.streamed(
+        (controller, onText) => this.runText(r, controller, onText),
+        () => {},
+        (text) => completion(text, null),
+        (outcome) => completion('', outcome.finishReason, outcome.usage),
+      );
+    }
+    const outcome = await this.submit((controller) => this.runText(r, controller, () => {}));
+    return completion(outcome.text, outcome.finishReason, outcome.usage);
+  }
+
+  /** Starts a queued request whose text arrives as chunks; the stream is returned at once. */
+  private streamed<T>(
+    run: (controller: AbortController, onText: (text: string) => void) => Promise<RunOutcome>,
+    start: (stream: ChunkStream<T>) => void,
+    delta: (text: string) => T,
+    finish: (outcome: RunOutcome) => T,
+  ): CompletionStream<T> {
+    let controller: AbortController | null = null;
+    let abortedEarly = false;
+    const stream = new ChunkStream<T>(() => {
+      abortedEarly = true;
+      controller?.abort();
+    });
+    start(stream);
+    this.submit((c) => {
+      controller = c;
+      if (abortedEarly) c.abort();
+      return run(c, (text) => stream.push(delta(text)));
+    }).then(
+      (outcome) => {
+        stream.push(finish(outcome));
+        stream.end();
+      },
+      (error) => stream.end(error),
+    );
+    return stream;
+  }
+
+  /** Queues `run` with its own AbortController, which engine.abort() also triggers. */
+  private submit(run: (controller: AbortController) => Promise<RunOutcome>): Promise<RunOutcome> {
+    const epoch = this.abortEpoch;
+    return this.enqueue(async () => {
+      const controller = new AbortController();
+      if (epoch !== this.abortEpoch) controller.abort();
+      this.current = controller;
+      try {
+        return await run(controller);
+      } finally {
+        this.current = null;
+      }
+    });
+  }
+
+  private enqueue<T>(work: () => Promise<T>): Promise<T> {
+    this.waiting++;
+    const result = this.tail.then(async () => {
+      this.waiting--;
+      this.running = true;
+      try {
+        return await work();
+      } finally {
+        this.running = false;
+      }
+    });
+    this.tail = result.catch(() => {});
+    return result;
+  }
+
+  private abortNow(): void {
+    this.abortEpoch++;
+    this.current?.abort();
+  }
+
+  private async runChat(
+    r: ValidatedChatRequest,
+    controller: AbortController,
+    onText: (text: string) => void,
+  ): Promise<RunOutcome> {
+    const engine = this.requireEngine();
+    const cache = this.cache!;
+    const maxTokens = r.maxTokens ?? DEFAULT_MAX_TOKENS;
+    const prompt = this.prepareChat(r);
+    // Aborted while it waited in the queue: nothing ran, nothing changed.
+    if (controller.signal.aborted) return this.aborted(prompt.ids.length, prompt.droppedMessages);
+    const entry = r.conversationId ? cache.conversation(r.conversationId) : cache.temporary();
+    try {
+      const systemPrefilled = await cache.attach(entry, prompt.systemIds);
+      return await this.generate(engine, entry, prompt, maxTokens, r, controller, onText, systemPrefilled, true);
+    } catch (error) {
+      // Whatever the sequence holds after a failure is not trusted: the next turn re-prefills.
+      cache.evict(entry);
+      throw error;
+    } finally {
+      if (entry.kind === 'temporary') cache.release(entry);
+      this.notify();
+    }
+  }
+
+  private async runText(
+    r: ValidatedSampling & { prompt: string },
+    controller: AbortController,
+    onText: (text: string) => void,
+  ): Promise<RunOutcome> {
+    const engine = this.requireEngine();
+    const cache = this.cache!;
+    const maxTokens = r.maxTokens ?? DEFAULT_MAX_TOKENS;
+    const ids = engine.tokenizer.encode(r.prompt, { addSpecial: true });
+    if (ids.length === 0) throw new InvalidRequestError('The prompt is empty and this model has no BOS token.');
+    this.checkFits(ids.length);
+    if (controller.signal.aborted) return this.aborted(ids.length, 0);
+    const entry = cache.temporary();
+    try {
+      await cache.attach(entry, null);
+      return await this.generate(
+        engine,
+        entry,
+        { ids, systemIds: null, droppedMessages: 0 },
+        maxTokens,
+        r,
+        controller,
+        onText,
+        0,
+        r.prompt.length === 0,
+      );
+    } finally {
+      cache.release(entry);
+      this.notify();
+    }
+  }
+
+  private async generate(
+    engine: Engine,
+    entry: CachedSequence,
+    prompt: PreparedPrompt,
+    requestedMaxTokens: number,
+    r: ValidatedSampling,
+    controller: AbortController,
+    onText: (text: string) => void,
+    systemPrefilled: number,
+    startsText: boolean,
+  ): Promise<RunOutcome> {
+    const cache = this.cache!;
+    const pool = engine.pool;
+    const ids = prompt.ids;
+    const maxTokens = Math.max(0, Math.min(requestedMaxTokens, this.capacity() - ids.length + 1));
+    const reuse = Math.min(commonPrefixLength(entry.ids, ids), ids.length - 1);
+    const pages = Math.ceil((ids.length + maxTokens) / pool.pageTokens) - Math.floor(reuse / pool.pageTokens) + 1;
+    cache.makeRoom([entry], pages);
+    const decoder = engine.tokenizer.createStreamDecoder({ skipSpecial: true });
+    const stops = new StopStringMatcher(r.stop);
+    let text = '';
+    let sinceStats = 0;
+    const emit = (piece: string) => {
+      if (piece.length === 0) return;
+      text += piece;
+      onText(piece);
+    };
+    const result: GenerateResult = await engine.generateInSequence(entry.seq!, {
+      promptIds: ids,
+      reuseTokens: reuse,
+      maxTokens,
+      sampling: resolveSamplingParams(r.sampling),
+      signal: controller.signal,
+      onToken: (id) => {
+        let piece = decoder.push(id);
+        // SentencePiece's dummy-prefix space on the first word of a text is not part of the reply (as in decode()).
+        if (
+          startsText &&
+          text.length === 0 &&
+          piece.startsWith(' ') &&
+          engine.tokenizer.decode([id]) === piece.slice(1)
+        )
+          piece = piece.slice(1);
+        const out = stops.push(piece);
+        emit(out.text);
+        if (++sinceStats >= STATS_EVERY_TOKENS) {
+          sinceStats = 0;
+          this.notify();
+        }
+        return out.stop !== undefined ? false : undefined;
+      },
+    });
+    if (!stops.isStopped) emit(stops.push(decoder.flush()).text + stops.flush());
+    cache.record(entry, [...ids, ...result.ids]);
+    const u = result.usage;
+    const cached = Math.max(0, u.cachedTokens - systemPrefilled);
+    return {
+      text,
+      finishReason: result.finishReason,
+      usage: {
+        prompt_tokens: u.promptTokens,
+        completion_tokens: u.completionTokens,
+        total_tokens: u.promptTokens + u.completionTokens,
+        prompt_tokens_details: { cached_tokens: cached },
+        longtab: {
+          prefill_tokens: u.promptTokens - cached,
+          prefill_tokens_per_second: u.prefillTokensPerSecond,
+          decode_tokens_per_second: u.decodeTokensPerSecond,
+          ttft_ms: u.ttftMs,
+          tpot_ms: u.tpotMs,
+          dropped_messages: prompt.droppedMessages,
+        },
+      },
+    };
+  }
+
+  private aborted(promptTokens: number, droppedMessages: number): RunOutcome {
+    return {
+      text: '',
+      finishReason: 'abort',
+      usage: {
+        prompt_tokens: promptTokens,
+        completion_tokens: 0,
+        total_tokens: promptTokens,
+        prompt_tokens_details: { cached_tokens: 0 },
+        longtab: {
+          prefill_tokens: 0,
+          prefill_tokens_per_second: 0,
+          decode_tokens_per_second: 0,
+          ttft_ms: 0,
+          tpot_ms: 0,
+          dropped_messages: droppedMessages,
+        },
+      },
+    };
+  }
+
+  /**
+   * Renders and tokenizes the conversation. When it does not fit one sequence: ContextOverflowError, or with
+   * 'drop_oldest_turns' the oldest non-system messages go first (the last message always stays).
+   */
+  private prepareChat(r: ValidatedChatRequest): PreparedPrompt {
+    let messages = r.messages;
+    let dropped = 0;
+    const capacity = this.capacity();
+    for (;;) {
+      const ids = this.encodeChat(messages, true);
+      const fits = ids.length <= capacity;
+      if (fits || r.overflow === 'error') {
+        if (!fits) this.checkFits(ids.length);
+        const system = messages[0]?.role === 'system' && messages.length > 1 ? [messages[0]] : null;
+        return { ids, systemIds: system ? this.encodeChat(system, false) : null, droppedMessages: dropped };
+      }
+      const first = messages.findIndex((m) => m.role !== 'system');
+      if (first < 0 || first === messages.length - 1) this.checkFits(ids.length);
+      messages = [...messages.slice(0, first), ...messages.slice(first + 1)];
+      dropped++;
+    }
+  }
+
+  private encodeChat(messages: ChatMessageParam[], addGenerationPrompt: boolean): number[] {
+    const tokenizer = this.requireEngine().tokenizer;
+    const bos = tokenizer.bosId !== undefined ? tokenizer.tokenText(tokenizer.bosId) : '';
+    const text = renderChatTemplate(this.template, {
+      messages: messages as ChatMessage[],
+      add_generation_prompt: addGenerationPrompt,
+      bos_token: bos,
+      eos_token: tokenizer.eosId !== undefined ? tokenizer.tokenText(tokenizer.eosId) : '',
+    });
+    // A template that writes BOS itself must not get a second one from the tokenizer.
+    const addSpecial = !(bos && text.startsWith(bos));
+    return tokenizer.encode(text, { addSpecial, parseSpecial: true });
+  }
+
+  private checkFits(promptTokens: number): void {
+    const capacity = this.capacity();
+    if (promptTokens > capacity) {
+      throw new ContextOverflowError(
+        promptTokens,
+        capacity,
+        "Shorten the conversation, pass context_overflow: 'drop_oldest_turns', or load with a larger kvBudgetBytes.",
+      );
+    }
+  }
+
+  /** Tokens one sequence can hold. */
+  private capacity(): number {
+    const pool = this.requireEngine().pool;
+    return pool.maxPagesPerSequence * pool.pageTokens;
+  }
+
+  private async openSource(source: ModelSource, onProgress: (p: LoadProgress) => void): Promise<ByteSource> {
+    if (typeof Blob !== 'undefined' && source instanceof Blob) return sourceFromBlob(source);
+    if (typeof source !== 'string' && !(source instanceof URL)) {
+      throw new InvalidRequestError('load(source): pass an http(s) URL, a File or a Blob (or, in Node, a file path).');
+    }
+    const text = source.toString();
+    const url = this.parseUrl(text);
+    if (!url) {
+      if (!this.options.openPath) {
+        throw new InvalidRequestError(`'${text}' is not an http(s) URL; file paths can only be loaded in Node.`);
+      }
+      return this.options.openPath(text);
+    }
+    if (url.protocol !== 'http:' && url.protocol !== 'https:') {
+      throw new InvalidRequestError(`Models load over http(s) only; '${url.protocol}' URLs are not accepted.`, {
+        protocol: url.protocol,
+      });
+    }
+    onProgress({ phase: 'download', bytesDone: 0, bytesTotal: 0 });
+    const bytes = await sourceFromUrl(url.href);
+    onProgress({ phase: 'download', bytesDone: 0, bytesTotal: bytes.size });
+    return bytes;
+  }
+
+  /** Absolute URLs anywhere; relative ones only where there is a location to resolve them (page, worker). */
+  private parseUrl(text: string): URL | null {
+    if (/^[a-zA-Z][a-zA-Z0-9+.-]*:\/\//.test(text) || /^(blob|data|javascript|file):/i.test(text)) {
+      try {
+        return new URL(text);
+      } catch {
+        throw new InvalidRequestError(`'${text}' is not a valid URL.`);
+      }
+    }
+    const base = (globalThis as { location?: { href: string } }).location?.href;
+    if (base && !this.options.openPath) return new URL(text, base);
+    return null;
+  }
+
+  private async gpu(): Promise<GpuContext> {
+    if (this.gpuContext) return this.gpuContext;
+    const option = this.options.gpu;
+    this.gpuContext =
+      option === undefined ? await acquireGpu() : typeof option === 'function' ? await option() : option;
+    return this.gpuContext;
+  }
+
+  private unloadNow(): void {
+    this.cache?.clear();
+    this.cache = null;
+    this.engine?.unload();
+    this.modelInfo = null;
+    this.template = '';
+  }
+
+  private requireEngine(): Engine {
+    if (!this.engine?.loaded || !this.cache) throw new ModelNotLoadedError();
+    return this.engine;
+  }
+
+  private snapshot(): EngineStats {
+    const gpu = this.gpuContext;
+    const memory = gpu?.allocator.snapshot();
+    const loaded = this.engine?.loaded ?? null;
+    const pool = loaded?.pool.stats();
+    const config = loaded?.config;
+    const f16BytesPerToken = config ? 2 * config.layers * config.kvHeads * config.headDim * 2 : 0;
+    const kvBytes = memory?.bytes.kv ?? 0;
+    return {
+      model: this.modelInfo,
+      memory: {
+        weights: memory?.bytes.weights ?? 0,
+        kvUsed: pool?.bytesUsed ?? 0,
+        kvReserved: kvBytes,
+        kvF16Equivalent: (pool?.tokensHeld ?? 0) * f16BytesPerToken,
+        scratch: memory?.bytes.scratch ?? 0,
+        staging: memory?.bytes.staging ?? 0,
+        total: memory?.totalBytes ?? 0,
+        peak: memory?.peakBytes ?? 0,
+      },
+      kv: {
+        mode: this.modelInfo?.kv ?? 'f16',
+        pageTokens: pool?.pageTokens ?? 0,
+        pageBytes: pool?.pageBytes ?? 0,
+        pagesUsed: pool?.pagesUsed ?? 0,
+        pagesFree: pool?.pagesFree ?? 0,
+        pagesReserved: pool?.pagesReserved ?? 0,
+        pagesBudget: pool?.pagesBudget ?? 0,
+        sequences: pool?.sequences ?? 0,
+      },
+      context: {
+        used: pool?.tokensHeld ?? 0,
+        capacity: loaded ? loaded.pool.maxPagesPerSequence * loaded.pool.pageTokens : 0,
+        conversations: this.cache?.size ?? 0,
+        evictions: this.cache?.evictions ?? 0,
+      },
+      queue: { running: this.running, waiting: this.waiting },
+      adapter: gpu
+        ? {
+            ...gpu.adapter,
+            features: { ...gpu.features },
+            maxBufferSize: gpu.limits.maxBufferSize,
+            maxStorageBufferBindingSize: gpu.limits.maxStorageBufferBindingSize,
+          }
+        : null,
+    };
+  }
+
+  private notify(): void {
+    if (this.listeners.size === 0) return;
+    const stats = this.snapshot();
+    for (const listener of this.listeners) this.emit(listener, stats);
+  }
+
+  private emit(listener: (stats: EngineStats) => void, stats: EngineStats): void {
+    try {
+      // A listener across the worker returns a promise; a failing one must not break generation.
+      const result = listener(stats) as unknown;
+      if (result instanceof Promise) result.catch(() => this.listeners.delete(listener));
+    } catch {
+      this.listeners.delete(listener);
+    }
+  }
+}

@@ -1,0 +1,20 @@
+/**
+ * The API engine for Node (CLI, tests, scripts): Dawn's WebGPU and file paths as model sources. Browser bundles
+ * never import this module (it pulls in `node:fs` and `webgpu`).
+ */
+import { sourceFromPath } from '../gguf/node-source.ts';
+import { acquireGpu, type GpuContext } from '../gpu/device.ts';
+import { nodeGpu } from '../gpu/node.ts';
+import { LongtabEngine } from './api.ts';
+
+export interface NodeEngineOptions {
+  /** An existing device (tests share one per file); by default the engine acquires its own through Dawn. */
+  gpu?: GpuContext;
+}
+
+export function createNodeEngine(options: NodeEngineOptions = {}): LongtabEngine {
+  return new LongtabEngine({
+    gpu: options.gpu ?? (async () => acquireGpu({ gpu: await nodeGpu() })),
+    openPath: sourceFromPath,
+  });
+}

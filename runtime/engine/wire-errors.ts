@@ -1,0 +1,85 @@
+/**
+ * Typed errors across a structured-clone boundary (the engine worker): the prototype does not survive, so errors
+ * travel as plain objects and are rebuilt as the LongtabError subclass their `code` names.
+ */
+import {
+  AbortedError,
+  ContextOverflowError,
+  CorruptModelFileError,
+  DeviceLostError,
+  DownloadFailedError,
+  GpuOutOfMemoryError,
+  GpuValidationError,
+  InvalidRequestError,
+  LongtabError,
+  type LongtabErrorCode,
+  ModelNotLoadedError,
+  UnsupportedModelError,
+  WebGpuUnavailableError,
+} from '../errors.ts';
+
+export interface WireError {
+  longtabError: true;
+  /** null for errors that are not LongtabErrors (bugs): rebuilt as a plain Error with the same name and message. */
+  code: LongtabErrorCode | null;
+  name: string;
+  message: string;
+  details: Record<string, unknown>;
+  stack?: string;
+}
+
+export function isWireError(value: unknown): value is WireError {
+  return typeof value === 'object' && value !== null && (value as WireError).longtabError === true;
+}
+
+/** Details must survive structured clone: keep only JSON-like values. */
+function cloneableDetails(details: Record<string, unknown>): Record<string, unknown> {
+  try {
+    return JSON.parse(JSON.stringify(details)) as Record<string, unknown>;
+  } catch {
+    return {};
+  }
+}
+
+export function toWireError(error: unknown): WireError {
+  if (isWireError(error)) return error;
+  if (error instanceof LongtabError) {
+    return {
+      longtabError: true,
+      code: error.code,
+      name: error.name,
+      message: error.message,
+      details: cloneableDetails(error.details),
+      stack: error.stack,
+    };
+  }
+  const e = error instanceof Error ? error : new Error(String(error));
+  return { longtabError: true, code: null, name: e.name, message: e.message, details: {}, stack: e.stack };
+}
+
+const BUILDERS: Record<LongtabErrorCode, (w: WireError) => LongtabError> = {
+  'webgpu-unavailable': (w) => new WebGpuUnavailableError(w.message, w.details),
+  'gpu-validation': (w) => new GpuValidationError(w.message, w.details),
+  'device-lost': (w) => new DeviceLostError(w.message, w.details),
+  'out-of-memory': (w) => new GpuOutOfMemoryError(w.message, w.details),
+  'corrupt-model-file': (w) => new CorruptModelFileError(w.message, w.details),
+  'unsupported-model': (w) => new UnsupportedModelError(w.message, w.details),
+  'context-overflow': (w) =>
+    new ContextOverflowError(Number(w.details.tokensNeeded ?? 0), Number(w.details.tokensAvailable ?? 0)),
+  'invalid-request': (w) => new InvalidRequestError(w.message, w.details),
+  'model-not-loaded': (w) => new ModelNotLoadedError(w.message),
+  aborted: (w) => new AbortedError(w.message),
+  'download-failed': (w) => new DownloadFailedError(w.message, w.details),
+  'storage-quota': (w) => new LongtabError('storage-quota', w.message, w.details),
+};
+
+/** The error as it was thrown on the other side: same class (by code), message and details. */
+export function fromWireError(wire: WireError): Error {
+  const build = wire.code ? BUILDERS[wire.code] : undefined;
+  const error: Error = build ? build(wire) : Object.assign(new Error(wire.message), { name: wire.name });
+  // Messages are kept verbatim (ContextOverflowError composes its own; the sender's may carry a hint).
+  error.message = wire.message;
+  if (error instanceof LongtabError) Object.assign(error.details, wire.details);
+  if (wire.stack) error.stack = `${error.name}: ${wire.message}\n    (in the engine worker)\n${wire.stack}`;
+  return error;
+}
