@@ -20,6 +20,8 @@ interface Matrix {
   k: number;
   rows: number;
   values: Float32Array;
+  /** Q4_1/Q5_1: each block's f16 min `m`, [rows × k/32]. */
+  mins?: Float32Array;
 }
 
 const roundF16 = (x: number) => f16ToF32(f32ToF16Bits(x));
@@ -82,6 +84,30 @@ function quantizeBlocks(
   return y;
 }
 
+/** Per 32-block of `x`: f16(d·Σq) - f16(d)·Σq, where Q8_1 stores the first and the dequantized codes sum to the second. */
+function q8_1SumErrors(x: Float64Array): Float64Array {
+  const out = new Float64Array(x.length / 32);
+  for (let b = 0; b < out.length; b++) {
+    let amax = 0;
+    for (let j = b * 32; j < b * 32 + 32; j++) amax = Math.max(amax, Math.abs(x[j]));
+    const d = Math.fround(amax / 127);
+    const inverse = d ? Math.fround(1 / d) : 0;
+    let codes = 0;
+    for (let j = b * 32; j < b * 32 + 32; j++) codes += Math.min(127, roundEven(Math.fround(x[j] * inverse)));
+    out[b] = roundF16(Math.fround(d * codes)) - roundF16(d) * codes;
+  }
+  return out;
+}
+
+/** The f16 `m` of every 32-block of Q4_1/Q5_1 bytes (bytes 2-3 of each block). */
+function blockMins(raw: Uint8Array, type: GgmlType): Float32Array {
+  const blockBytes = type === GgmlType.Q4_1 ? 20 : 24;
+  const view = new DataView(raw.buffer, raw.byteOffset, raw.byteLength);
+  const out = new Float32Array(raw.byteLength / blockBytes);
+  for (let b = 0; b < out.length; b++) out[b] = f16ToF32(view.getUint16(b * blockBytes + 2, true));
+  return out;
+}
+
 export interface ReferenceOptions {
   emulateLlamaCpp: boolean;
 }
@@ -106,12 +132,14 @@ export async function referenceLogProbs(
     if (!t) return null;
     const count = t.shape.reduce((a, b) => a * b, 1);
     const raw = new Uint8Array(bytes.buffer, bytes.byteOffset + t.offset, t.byteLength);
-    return { type: t.type, shape: t.shape, values: dequantize(t.type, raw, count) };
+    return { type: t.type, shape: t.shape, raw, values: dequantize(t.type, raw, count) };
   };
   const matrix = (name: string): Matrix => {
     const t = data(name);
     if (!t) throw new Error(`reference: no tensor ${name}`);
-    return { type: t.type, k: t.shape[0], rows: t.shape[1], values: t.values };
+    const matrix: Matrix = { type: t.type, k: t.shape[0], rows: t.shape[1], values: t.values };
+    if (t.type === GgmlType.Q4_1 || t.type === GgmlType.Q5_1) matrix.mins = blockMins(t.raw, t.type);
+    return matrix;
   };
   const vector = (name: string) => data(name)?.values ?? null;
   const num = (key: string) => {
@@ -137,9 +165,13 @@ export async function referenceLogProbs(
   const matmul = (w: Matrix, x: Float64Array, bias?: Float32Array | null) => {
     const input = emulate ? llamaCppActivation(w.type, x) : x;
     const y = new Float64Array(w.rows);
+    // Q8_1 keeps s = f16(d·Σq) per block and the Q4_1/Q5_1 dot product uses m·s, not m·f16(d)·Σq.
+    const sumError = emulate && w.mins ? q8_1SumErrors(x) : null;
+    const blocks = w.k / 32;
     for (let r = 0; r < w.rows; r++) {
       let sum = 0;
       for (let k = 0; k < w.k; k++) sum += w.values[r * w.k + k] * input[k];
+      if (sumError && w.mins) for (let b = 0; b < blocks; b++) sum += w.mins[r * blocks + b] * sumError[b];
       y[r] = sum + (bias ? bias[r] : 0);
     }
     return y;

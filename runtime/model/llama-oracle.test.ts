@@ -7,14 +7,22 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { dequantize } from '../../kernels/reference/dequantize.ts';
 import { withTestGpu } from '../../test/gpu.ts';
 import { referenceLogProbs } from '../../test/model-reference.ts';
 import { seededRandom } from '../../test/random.ts';
 import { LlamaReference } from '../../tools/fixtures/llama-reference.ts';
-import { fixtureName, type ModelFixtureSpec, writeModelFixture } from '../../tools/fixtures/model-fixtures.ts';
+import {
+  fixtureName,
+  type ModelFixtureSpec,
+  matrixTypeFor,
+  randomMatrixBytes,
+  writeModelFixture,
+} from '../../tools/fixtures/model-fixtures.ts';
 import { Engine } from '../engine/engine.ts';
+import { InvalidRequestError } from '../errors.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
-import { GgmlType } from '../gguf/types.ts';
+import { GGML_TYPE_INFO, GgmlType } from '../gguf/types.ts';
 
 /**
  * Three comparisons per fixture, each the max |Δ log p| over every token of every position.
@@ -33,10 +41,14 @@ import { GgmlType } from '../gguf/types.ts';
  *    BF16 0.086 → 0.15 (bf16 activations, 2^-8); Q8_0 0.20, Q4_0 0.11, Q4_1 0.20, Q5_0 0.33, Q5_1 0.18 → 0.5 (int8
  *    per 32: ≈ 0.5% of the activations' std per matmul); Q4_K 0.53, Q5_K 0.49, Q6_K 0.55 → 0.8 (int8 per 256, the
  *    scale set by the largest of 256 values, K-quant models here also have larger logit margins).
- * 3. The CPU reference with llama.cpp's activation rounding emulated vs llama.cpp, where the emulation reproduces
- *    llama.cpp (F32, F16, BF16, Q8_0, Q6_K): EMULATION_TOLERANCE. This shows that (2)'s differences are llama.cpp's
- *    rounding and not a mistake shared by our reference and engine. For Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q5_K the
- *    emulation does not reproduce llama.cpp (its x86 kernels repack or round differently); those are only reported.
+ * 3. The CPU reference with llama.cpp's activation rounding emulated (f16/bf16/Q8_0/Q8_1 with its f16 block sum/Q8_K,
+ *    f16 q and softmax in attention) vs llama.cpp. Asserted for F32, F16 and BF16 (EMULATION_TOLERANCE), where it
+ *    shows that (2)'s differences are llama.cpp's rounding and not a mistake our reference and engine share. For the
+ *    quantized types it is reported only: it reproduces llama.cpp bit for bit at most positions (Q8_0 and Q6_K here
+ *    at all of them), but from isolated positions on llama.cpp differs by up to ~0.2 (up to 0.4 for the Q5_K model).
+ *    The cause is not identified: one dot product with ggml's own quantize_row_q8_* and vec_dot (called directly)
+ *    matches the emulation exactly, so it is a kernel-path difference inside llama.cpp's matmuls (repacked or tiled
+ *    x86 kernels), and which kernels run depends on the CPU.
  */
 const ENGINE_TOLERANCE = 0.005;
 
@@ -54,12 +66,11 @@ const LLAMA_TOLERANCE: Partial<Record<GgmlType, number>> = {
   [GgmlType.Q6_K]: 0.8,
 };
 
+/** Measured: F32 ≤ 0.0044, F16 0.0062, BF16 0.032 (single positions; means ≤ 0.0015). */
 const EMULATION_TOLERANCE: Partial<Record<GgmlType, number>> = {
   [GgmlType.F32]: 0.01,
   [GgmlType.F16]: 0.015,
   [GgmlType.BF16]: 0.05,
-  [GgmlType.Q8_0]: 0.005,
-  [GgmlType.Q6_K]: 0.005,
 };
 
 type Shape = Omit<ModelFixtureSpec, 'weightType' | 'architecture' | 'seed'>;
@@ -251,6 +262,32 @@ function describeWorst(c: Comparison): string {
 }
 
 const ctx = withTestGpu();
+
+describe('model fixtures', () => {
+  it('dequantize to the intended scale in every type, K-quant rows of 384 falling back to a 32-block type', () => {
+    const random = seededRandom(7);
+    for (const type of Object.keys(LLAMA_TOLERANCE).map(Number) as GgmlType[]) {
+      const k = 256;
+      const values = dequantize(type, randomMatrixBytes(type, k, 64, 1 / 16, random), k * 64);
+      let sum = 0;
+      let squares = 0;
+      for (const v of values) {
+        sum += v;
+        squares += v * v;
+      }
+      const mean = sum / values.length;
+      const std = Math.sqrt(squares / values.length - mean * mean);
+      expect(std * 16, GGML_TYPE_INFO[type]?.name).toBeGreaterThan(0.9);
+      expect(std * 16, GGML_TYPE_INFO[type]?.name).toBeLessThan(1.1);
+      expect(values.every(Number.isFinite)).toBe(true);
+    }
+    expect(matrixTypeFor(GgmlType.Q4_K, 384)).toBe(GgmlType.Q5_0);
+    expect(matrixTypeFor(GgmlType.Q5_K, 384)).toBe(GgmlType.Q5_1);
+    expect(matrixTypeFor(GgmlType.Q6_K, 384)).toBe(GgmlType.Q8_0);
+    expect(matrixTypeFor(GgmlType.Q4_K, 512)).toBe(GgmlType.Q4_K);
+    expect(() => matrixTypeFor(GgmlType.Q8_0, 48)).toThrow(InvalidRequestError);
+  });
+});
 
 describe('teacher-forced log-probabilities match llama.cpp', () => {
   let llamaCpp: LlamaReference;
