@@ -1,0 +1,84 @@
+import { describe, expect, it } from 'vitest';
+import { releaseDispatches, submitDispatches } from '../../kernels/dispatch.ts';
+import { withTestGpu } from '../../test/gpu.ts';
+import { maxToleranceRatio, randomFloats, seededRandom } from '../../test/random.ts';
+import { readFloat32 } from '../gpu/readback.ts';
+import { PagedKvAttention } from './paged-attention.ts';
+import { KvPagePool } from './pool.ts';
+import { RotatedKvAttention } from './rotated-attention.ts';
+import { covarianceRotation, hadamardMatrix, multiply, rotationSet, transpose } from './rotation.ts';
+
+const ctx = withTestGpu();
+
+describe('RotatedKvAttention', () => {
+  it('gives the same attention output as the unrotated cache (Hadamard and calibrated rotations)', async () => {
+    const { gpu } = ctx;
+    const before = gpu.allocator.snapshot().totalBuffers;
+    const [layers, heads, kvHeads, headDim, maxTokens] = [2, 8, 2, 64, 5];
+    const random = seededRandom(42);
+    // Layer 0: Hadamard; layer 1: a calibrated rotation per KV head.
+    const keyRotations = rotationSet('hadamard', layers, kvHeads, headDim);
+    const valueRotations = rotationSet('hadamard', layers, kvHeads, headDim);
+    for (let h = 0; h < kvHeads; h++) {
+      const a = Float64Array.from(randomFloats(random, headDim * headDim, 1));
+      const sigma = multiply(transpose(a, headDim), a, headDim);
+      keyRotations.set(covarianceRotation(sigma, headDim), (kvHeads + h) * headDim * headDim);
+      valueRotations.set(hadamardMatrix(headDim), (kvHeads + h) * headDim * headDim);
+    }
+    const rotations = {
+      key: gpu.allocator.createStorage('rk', 'kv', keyRotations),
+      value: gpu.allocator.createStorage('rv', 'kv', valueRotations),
+    };
+    const f32 = (n: number) => gpu.allocator.createStorage('test', 'scratch', n * 4);
+    const run = async (rotated: boolean) => {
+      const pool = new KvPagePool(gpu, { layers, kvHeads, headDim, budgetBytes: 1 << 20 });
+      const plain = new PagedKvAttention(gpu, pool, { heads });
+      const backend = rotated
+        ? new RotatedKvAttention(gpu, plain, rotations, { heads, kvHeads, headDim }, pool.step)
+        : plain;
+      const bufs = {
+        q: f32(maxTokens * heads * headDim),
+        k: f32(maxTokens * kvHeads * headDim),
+        v: f32(maxTokens * kvHeads * headDim),
+        output: f32(maxTokens * heads * headDim),
+      };
+      const data = seededRandom(7);
+      const seq = pool.createSequence();
+      const outputs: Float32Array[] = [];
+      let lastKeys = new Float32Array();
+      const graphs = new Map<number, ReturnType<typeof backend.prepareLayer>[]>();
+      for (const tokens of [5, 3, 1, 1]) {
+        if (!graphs.has(tokens))
+          graphs.set(
+            tokens,
+            [0, 1].map((l) => backend.prepareLayer(l, bufs, tokens)),
+          );
+        pool.beginStep(seq, tokens);
+        for (const layer of [0, 1]) {
+          gpu.device.queue.writeBuffer(bufs.q, 0, randomFloats(data, tokens * heads * headDim, 2));
+          gpu.device.queue.writeBuffer(bufs.k, 0, randomFloats(data, tokens * kvHeads * headDim, 2));
+          gpu.device.queue.writeBuffer(bufs.v, 0, randomFloats(data, tokens * kvHeads * headDim, 1));
+          const g = graphs.get(tokens)![layer];
+          submitDispatches(gpu, 'step', [...g.append, ...g.attention]);
+          outputs.push(await readFloat32(gpu, bufs.output, tokens * heads * headDim));
+          // The cache really holds rotated keys: k is rotated in place before it is stored.
+          lastKeys = await readFloat32(gpu, bufs.k, tokens * kvHeads * headDim);
+        }
+      }
+      for (const gs of graphs.values()) for (const g of gs) releaseDispatches(gpu, [...g.append, ...g.attention]);
+      for (const b of Object.values(bufs)) gpu.allocator.release(b);
+      pool.destroy();
+      return { outputs, lastKeys };
+    };
+    const { outputs: reference, lastKeys: plainKeys } = await run(false);
+    const { outputs: rotated, lastKeys: rotatedKeys } = await run(true);
+    expect(maxToleranceRatio(rotatedKeys, plainKeys, 1e-3, 1e-3)).toBeGreaterThan(1);
+    for (let i = 0; i < reference.length; i++) {
+      // Rotated values are rounded to f16 in a different basis: equal within f16 rounding of the outputs.
+      expect(maxToleranceRatio(rotated[i], reference[i], 3e-3, 3e-3)).toBeLessThanOrEqual(1);
+    }
+    gpu.allocator.release(rotations.key);
+    gpu.allocator.release(rotations.value);
+    expect(gpu.allocator.snapshot().totalBuffers).toBe(before);
+  });
+});
