@@ -47,7 +47,7 @@ export function toWireError(error: unknown): WireError {
     return {
       longtabError: true,
       code: error.code,
-      name: error.name,
+      name: ERROR_NAMES[error.code] ?? error.name,
       message: error.message,
       details: cloneableDetails(error.details),
       stack: error.stack,
@@ -56,6 +56,25 @@ export function toWireError(error: unknown): WireError {
   const e = error instanceof Error ? error : new Error(String(error));
   return { longtabError: true, code: null, name: e.name, message: e.message, details: {}, stack: e.stack };
 }
+
+/**
+ * Class names by code, as string literals: `new.target.name` is mangled by minifiers (a production worker bundle
+ * reports 'p'), so names are restored from the code on both sides.
+ */
+const ERROR_NAMES: Record<LongtabErrorCode, string> = {
+  'webgpu-unavailable': 'WebGpuUnavailableError',
+  'gpu-validation': 'GpuValidationError',
+  'device-lost': 'DeviceLostError',
+  'out-of-memory': 'GpuOutOfMemoryError',
+  'corrupt-model-file': 'CorruptModelFileError',
+  'unsupported-model': 'UnsupportedModelError',
+  'context-overflow': 'ContextOverflowError',
+  'invalid-request': 'InvalidRequestError',
+  'model-not-loaded': 'ModelNotLoadedError',
+  aborted: 'AbortedError',
+  'download-failed': 'DownloadFailedError',
+  'storage-quota': 'LongtabError',
+};
 
 const BUILDERS: Record<LongtabErrorCode, (w: WireError) => LongtabError> = {
   'webgpu-unavailable': (w) => new WebGpuUnavailableError(w.message, w.details),
@@ -79,6 +98,7 @@ export function fromWireError(wire: WireError): Error {
   const error: Error = build ? build(wire) : Object.assign(new Error(wire.message), { name: wire.name });
   // Messages are kept verbatim (ContextOverflowError composes its own; the sender's may carry a hint).
   error.message = wire.message;
+  if (wire.code && ERROR_NAMES[wire.code]) error.name = ERROR_NAMES[wire.code];
   if (error instanceof LongtabError) Object.assign(error.details, wire.details);
   if (wire.stack) error.stack = `${error.name}: ${wire.message}\n    (in the engine worker)\n${wire.stack}`;
   return error;

@@ -1,0 +1,293 @@
+/**
+ * The engine through its real module worker in Chromium (SwiftShader WebGPU), with stories260K served over HTTP
+ * Range requests by a small server started here from ../shared (never copied into the repository).
+ */
+import { createReadStream, existsSync, statSync } from 'node:fs';
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { join } from 'node:path';
+import { expect, type Page, test } from '@playwright/test';
+import { STORIES260K, sharedRoot } from '../test/shared.ts';
+
+const modelFile = join(sharedRoot, STORIES260K);
+const haveModel = existsSync(modelFile);
+if (!haveModel) console.warn(`\n*** SKIPPING worker-api.spec.ts: ${modelFile} is missing (set LONGTAB_SHARED). ***\n`);
+
+let server: Server;
+let modelUrl = '';
+
+/** Serves the model with Range support and CORS (the page's origin is the vite preview server). */
+function serveModel(): Promise<string> {
+  const size = statSync(modelFile).size;
+  server = createServer((req, res) => {
+    res.setHeader('Access-Control-Allow-Origin', '*');
+    res.setHeader('Access-Control-Allow-Headers', 'Range');
+    res.setHeader('Access-Control-Expose-Headers', 'Content-Range, Content-Length');
+    if (req.method === 'OPTIONS') return void res.writeHead(204).end();
+    if (req.url !== '/models/stories260K.gguf') return void res.writeHead(404).end();
+    const match = /^bytes=(\d+)-(\d+)?$/.exec(req.headers.range ?? '');
+    if (!match) {
+      res.writeHead(200, { 'Content-Length': size, 'Accept-Ranges': 'bytes' });
+      return void (req.method === 'HEAD' ? res.end() : createReadStream(modelFile).pipe(res));
+    }
+    const start = Number(match[1]);
+    const end = Math.min(match[2] === undefined ? size - 1 : Number(match[2]), size - 1);
+    res.writeHead(206, { 'Content-Range': `bytes ${start}-${end}/${size}`, 'Content-Length': end - start + 1 });
+    createReadStream(modelFile, { start, end }).pipe(res);
+  });
+  return new Promise((resolve) =>
+    server.listen(0, '127.0.0.1', () => resolve(`http://127.0.0.1:${(server.address() as AddressInfo).port}`)),
+  );
+}
+
+test.describe('engine worker API (Chromium, real worker)', () => {
+  test.skip(!haveModel, 'stories260K is not available');
+  test.beforeAll(async () => {
+    modelUrl = `${await serveModel()}/models/stories260K.gguf`;
+  });
+  test.afterAll(() => new Promise<void>((resolve) => (server ? server.close(() => resolve()) : resolve())));
+
+  async function open(page: Page): Promise<string[]> {
+    const pageErrors: string[] = [];
+    page.on('pageerror', (error) => pageErrors.push(error.message));
+    await page.goto('/e2e/harness/worker-api.html');
+    await page.waitForFunction(() => window.harness !== undefined);
+    return pageErrors;
+  }
+
+  test('load progress, streaming, conversations, abort and stats through the worker', async ({ page }) => {
+    test.setTimeout(240_000);
+    const pageErrors = await open(page);
+    const result = await page.evaluate(async (url) => {
+      const { createEngine } = window.harness!;
+      const engine = createEngine();
+      const progress: Array<{ phase: string; bytesDone: number; bytesTotal: number }> = [];
+      const info = await engine.load(url, { kvBudgetBytes: 4 << 20, onProgress: (p) => progress.push(p) });
+      const statsSeen: number[] = [];
+      const unsubscribe = await engine.subscribeStats((s) => statsSeen.push(s.context.used));
+
+      const system = { role: 'system' as const, content: 'You tell short stories about Lily and her red ball.' };
+      const ask = { role: 'user' as const, content: 'Tell me about Lily.' };
+      const whole = await engine.chat.completions.create({ messages: [system, ask], max_tokens: 20, temperature: 0 });
+      const chunks = [];
+      for await (const chunk of await engine.chat.completions.create({
+        messages: [system, ask],
+        max_tokens: 20,
+        temperature: 0,
+        stream: true,
+      }))
+        chunks.push(chunk);
+
+      // Two conversations, alone then interleaved (after forgetting them).
+      type Turn = { role: 'user' | 'assistant' | 'system'; content: string };
+      async function play(order: string[]): Promise<Record<string, string[]>> {
+        const history: Record<string, Turn[]> = {};
+        const replies: Record<string, string[]> = {};
+        for (const id of order) {
+          history[id] ??= [system];
+          history[id].push({ role: 'user', content: `What did ${id} do next?` });
+          const r = await engine.chat.completions.create({
+            messages: history[id],
+            conversation_id: id,
+            max_tokens: 10,
+            temperature: 0,
+          });
+          history[id].push({ role: 'assistant', content: r.choices[0].message.content });
+          (replies[id] ??= []).push(r.choices[0].message.content);
+        }
+        return replies;
+      }
+      const alone = { ...(await play(['Lily', 'Lily'])), ...(await play(['Tom', 'Tom'])) };
+      await engine.deleteConversation('Lily');
+      await engine.deleteConversation('Tom');
+      const interleaved = await play(['Lily', 'Tom', 'Lily', 'Tom']);
+
+      // A follow-up turn in a kept conversation.
+      const first = await engine.chat.completions.create({
+        messages: [ask],
+        conversation_id: 'follow',
+        max_tokens: 12,
+        temperature: 0,
+      });
+      const followUp = await engine.chat.completions.create({
+        messages: [
+          ask,
+          { role: 'assistant', content: first.choices[0].message.content },
+          { role: 'user', content: 'And then?' },
+        ],
+        conversation_id: 'follow',
+        max_tokens: 4,
+        temperature: 0,
+      });
+
+      // Abort mid-stream.
+      const aborted = [];
+      const stream = await engine.chat.completions.create({
+        messages: [ask],
+        max_tokens: 300,
+        temperature: 0,
+        stream: true,
+      });
+      for await (const chunk of stream) {
+        aborted.push(chunk);
+        if (aborted.length === 3) await engine.abort();
+      }
+      const afterAbort = await engine.chat.completions.create({ messages: [ask], max_tokens: 20, temperature: 0 });
+      const stats = await engine.stats();
+      unsubscribe();
+      await engine.unload();
+      const unloaded = await engine.stats();
+      engine.terminate();
+      return {
+        info,
+        progress,
+        whole,
+        chunks,
+        alone,
+        interleaved,
+        first: first.usage,
+        followUp: followUp.usage,
+        aborted,
+        afterAbort: afterAbort.choices[0].message.content,
+        stats,
+        statsSeen,
+        unloadedBytes: unloaded.memory.total,
+      };
+    }, modelUrl);
+
+    expect(result.info).toMatchObject({ architecture: 'llama', layers: 5, vocab: 512, kv: 'f16' });
+    // Progress: phases in order, bytes never going back within a phase, upload complete.
+    const phases = result.progress.map((p) => p.phase).filter((p, i, all) => all[i - 1] !== p);
+    expect(phases).toEqual(['download', 'parse', 'upload', 'calibrate']);
+    for (let i = 1; i < result.progress.length; i++) {
+      const [a, b] = [result.progress[i - 1], result.progress[i]];
+      if (a.phase === b.phase) expect(b.bytesDone).toBeGreaterThanOrEqual(a.bytesDone);
+    }
+    const size = statSync(modelFile).size;
+    expect(result.progress.find((p) => p.phase === 'download' && p.bytesTotal > 0)?.bytesTotal).toBe(size);
+    const upload = result.progress.filter((p) => p.phase === 'upload').at(-1)!;
+    expect(upload.bytesDone).toBe(upload.bytesTotal);
+    expect(result.progress.at(-1)).toEqual({ phase: 'calibrate', bytesDone: 1, bytesTotal: 1 });
+
+    // Streamed chunks (OpenAI shape) concatenate to the non-streamed reply.
+    expect(result.whole.object).toBe('chat.completion');
+    expect(result.chunks[0].choices[0].delta.role).toBe('assistant');
+    for (const c of result.chunks) expect(c.object).toBe('chat.completion.chunk');
+    const streamed = result.chunks.map((c) => c.choices[0].delta.content ?? '').join('');
+    expect(streamed.length).toBeGreaterThan(0);
+    expect(streamed).toBe(result.whole.choices[0].message.content);
+    const last = result.chunks.at(-1)!;
+    expect(last.choices[0].finish_reason).toBe(result.whole.choices[0].finish_reason);
+    expect(last.usage?.completion_tokens).toBe(result.whole.usage.completion_tokens);
+    expect(last.usage?.longtab.decode_tokens_per_second).toBeGreaterThan(0);
+
+    expect(result.interleaved).toEqual(result.alone);
+
+    // The follow-up prefilled only what the cache did not hold.
+    const cached = result.followUp.prompt_tokens_details.cached_tokens;
+    expect(cached).toBeGreaterThanOrEqual(result.first.prompt_tokens);
+    expect(result.followUp.longtab.prefill_tokens).toBe(result.followUp.prompt_tokens - cached);
+
+    const abortedLast = result.aborted.at(-1)!;
+    expect(abortedLast.choices[0].finish_reason).toBe('abort');
+    expect(abortedLast.usage!.completion_tokens).toBeLessThan(300);
+    const partial = result.aborted.map((c) => c.choices[0].delta.content ?? '').join('');
+    expect(result.afterAbort.startsWith(partial) || partial.startsWith(result.afterAbort)).toBe(true);
+
+    expect(result.stats.memory.weights).toBeGreaterThan(0);
+    expect(result.stats.context.conversations).toBeGreaterThanOrEqual(3);
+    expect(result.stats.adapter?.isFallbackAdapter).toBe(true);
+    expect(result.statsSeen.length).toBeGreaterThan(3);
+    expect(result.unloadedBytes).toBe(0);
+    expect(pageErrors).toEqual([]);
+  });
+
+  test('errors cross the worker boundary as typed errors with their messages', async ({ page }) => {
+    const pageErrors = await open(page);
+    const result = await page.evaluate(async (url) => {
+      const { createEngine, errors } = window.harness!;
+      const engine = createEngine();
+      const summarize = (e: unknown) => ({
+        name: (e as Error).name,
+        code: (e as InstanceType<typeof errors.LongtabError>).code,
+        message: (e as Error).message,
+        details: (e as InstanceType<typeof errors.LongtabError>).details,
+        isLongtab: e instanceof errors.LongtabError,
+        isInvalid: e instanceof errors.InvalidRequestError,
+        isNotLoaded: e instanceof errors.ModelNotLoadedError,
+        isOverflow: e instanceof errors.ContextOverflowError,
+        isDownload: e instanceof errors.DownloadFailedError,
+      });
+      const attempt = async (f: () => Promise<unknown>) => {
+        try {
+          await f();
+          return null;
+        } catch (error) {
+          return summarize(error);
+        }
+      };
+      const user = [{ role: 'user' as const, content: 'Hello' }];
+      const notLoaded = await attempt(() => engine.chat.completions.create({ messages: user }));
+      const badScheme = await attempt(() => engine.load('ftp://example.com/model.gguf'));
+      const missing = await attempt(() => engine.load(url.replace('stories260K.gguf', 'missing.gguf')));
+      const int2 = await attempt(() => engine.load(url, { kv: 'int2' }));
+      await engine.load(url, { kvBudgetBytes: 8 * 10240 });
+      const badTemperature = await attempt(() => engine.chat.completions.create({ messages: user, temperature: -1 }));
+      const unknownField = await attempt(() =>
+        engine.chat.completions.create({ messages: user, n: 2 } as unknown as Parameters<
+          typeof engine.chat.completions.create
+        >[0]),
+      );
+      const long = [{ role: 'user' as const, content: 'Lily and the ball went to the park. '.repeat(20) }];
+      const overflow = await attempt(() => engine.chat.completions.create({ messages: long }));
+      // A message that is not a call of the worker's API is answered with an error, and never reaches comlink.
+      const rejected = await new Promise((resolve) => {
+        engine.worker.addEventListener('message', function listen(event) {
+          if (event.data?.id !== 'probe') return;
+          engine.worker.removeEventListener('message', listen);
+          resolve(event.data.value?.value);
+        });
+        engine.worker.postMessage({ id: 'probe', type: 'GET', path: ['constructor'] });
+      });
+      const stillWorks = await engine.chat.completions.create({ messages: user, max_tokens: 3, temperature: 0 });
+      engine.terminate();
+      return {
+        notLoaded,
+        badScheme,
+        missing,
+        int2,
+        badTemperature,
+        unknownField,
+        overflow,
+        rejected,
+        stillWorks: stillWorks.usage.completion_tokens,
+      };
+    }, modelUrl);
+
+    expect(result.notLoaded).toMatchObject({
+      code: 'model-not-loaded',
+      name: 'ModelNotLoadedError',
+      isNotLoaded: true,
+    });
+    expect(result.notLoaded!.message).toMatch(/call engine.load/);
+    expect(result.badScheme).toMatchObject({ code: 'invalid-request', isInvalid: true, isLongtab: true });
+    expect(result.badScheme!.message).toMatch(/http\(s\) only/);
+    expect(result.missing).toMatchObject({ code: 'download-failed', isDownload: true, details: { status: 404 } });
+    expect(result.missing!.message).toMatch(/HTTP 404/);
+    expect(result.int2).toMatchObject({ code: 'invalid-request', isInvalid: true });
+    expect(result.int2!.message).toMatch(/int2 KV cache is not available/);
+    expect(result.badTemperature).toMatchObject({ name: 'InvalidRequestError', isInvalid: true });
+    expect(result.badTemperature!.message).toMatch(/temperature = -1/);
+    expect(result.unknownField!.message).toMatch(/unknown field 'n'/);
+    expect(result.overflow).toMatchObject({
+      code: 'context-overflow',
+      isOverflow: true,
+      details: { tokensAvailable: 128 },
+    });
+    expect(result.overflow!.message).toMatch(/drop_oldest_turns/);
+    expect(result.rejected).toMatchObject({ longtabError: true, code: 'invalid-request' });
+    expect((result.rejected as { message: string }).message).toMatch(/only method calls/);
+    expect(result.stillWorks).toBe(3);
+    expect(pageErrors).toEqual([]);
+  });
+});

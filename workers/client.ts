@@ -1,0 +1,147 @@
+/**
+ * `createEngine()`: the engine in a dedicated module worker, used through the same `LongtabEngineApi` as the
+ * in-process LongtabEngine. Callbacks (load progress, stats) cross as Comlink proxies. Streams are pull-based: each
+ * `for await` step is one `next` call to the worker, which buffers the chunks generated meanwhile. Errors thrown in
+ * the worker are rebuilt here as the LongtabError subclass their code names, with the worker's message and details.
+ */
+import { proxy, type Remote, wrap } from 'comlink';
+import type {
+  ChatCompletion,
+  ChatCompletionChunk,
+  ChatCompletionRequest,
+  Completion,
+  CompletionRequest,
+  CompletionStream,
+  EngineLoadOptions,
+  EngineStats,
+  LongtabEngineApi,
+  ModelInfo,
+  ModelSource,
+} from '../runtime/engine/api-types.ts';
+import { fromWireError, isWireError } from '../runtime/engine/wire-errors.ts';
+import type { StreamHandle, WorkerEngineApi } from './protocol.ts';
+
+export interface CreateEngineOptions {
+  /** A worker you started yourself (e.g. from your bundler's worker import); by default one is started here. */
+  worker?: Worker;
+}
+
+export interface EngineClient extends LongtabEngineApi {
+  readonly worker: Worker;
+  /** Stops the worker (and with it the GPU device and everything loaded). */
+  terminate(): void;
+}
+
+async function call<T>(promise: Promise<T>): Promise<T> {
+  try {
+    return await promise;
+  } catch (error) {
+    throw isWireError(error) ? fromWireError(error) : error;
+  }
+}
+
+function isStream(value: unknown): value is StreamHandle {
+  return typeof value === 'object' && value !== null && (value as StreamHandle).object === 'longtab.stream';
+}
+
+class RemoteStream<T> implements CompletionStream<T> {
+  private readonly remote: Remote<WorkerEngineApi>;
+  private readonly id: number;
+  private finished = false;
+
+  constructor(remote: Remote<WorkerEngineApi>, id: number) {
+    this.remote = remote;
+    this.id = id;
+  }
+
+  abort(): void {
+    if (!this.finished) call(this.remote.abortStream(this.id)).catch(() => {});
+  }
+
+  [Symbol.asyncIterator](): AsyncIterator<T> {
+    return {
+      next: async () => {
+        if (this.finished) return { done: true, value: undefined };
+        const result = (await call(this.remote.next(this.id) as Promise<IteratorResult<unknown>>)) as IteratorResult<T>;
+        if (result.done) this.finished = true;
+        return result;
+      },
+      return: async () => {
+        if (!this.finished) {
+          this.finished = true;
+          await call(this.remote.closeStream(this.id));
+        }
+        return { done: true, value: undefined };
+      },
+    };
+  }
+}
+
+class WorkerEngineClient implements EngineClient {
+  readonly worker: Worker;
+  readonly chat: LongtabEngineApi['chat'];
+  readonly completions: LongtabEngineApi['completions'];
+  private readonly remote: Remote<WorkerEngineApi>;
+
+  constructor(worker: Worker) {
+    this.worker = worker;
+    this.remote = wrap<WorkerEngineApi>(worker);
+    this.chat = {
+      completions: {
+        create: (async (request: ChatCompletionRequest) => {
+          const result = await call(this.remote.chat(request) as Promise<ChatCompletion | StreamHandle>);
+          return isStream(result)
+            ? new RemoteStream<ChatCompletionChunk>(this.remote, result.stream)
+            : (result as ChatCompletion);
+        }) as never,
+      },
+    };
+    this.completions = {
+      create: (async (request: CompletionRequest) => {
+        const result = await call(this.remote.completion(request) as Promise<Completion | StreamHandle>);
+        return isStream(result) ? new RemoteStream<Completion>(this.remote, result.stream) : (result as Completion);
+      }) as never,
+    };
+  }
+
+  load(source: ModelSource, options: EngineLoadOptions = {}): Promise<ModelInfo> {
+    const { onProgress, ...rest } = options;
+    const src = source instanceof URL ? source.href : source;
+    return call(this.remote.load(src, rest, onProgress ? proxy(onProgress) : undefined));
+  }
+
+  stats(): Promise<EngineStats> {
+    return call(this.remote.stats());
+  }
+
+  async subscribeStats(listener: (stats: EngineStats) => void): Promise<() => void> {
+    const id = await call(this.remote.subscribeStats(proxy(listener)));
+    return () => {
+      call(this.remote.unsubscribeStats(id)).catch(() => {});
+    };
+  }
+
+  deleteConversation(conversationId: string): Promise<void> {
+    return call(this.remote.deleteConversation(conversationId));
+  }
+
+  abort(): Promise<void> {
+    return call(this.remote.abort());
+  }
+
+  unload(): Promise<void> {
+    return call(this.remote.unload());
+  }
+
+  terminate(): void {
+    this.worker.terminate();
+  }
+}
+
+/** Starts the engine worker and returns its client. */
+export function createEngine(options: CreateEngineOptions = {}): EngineClient {
+  const worker =
+    options.worker ??
+    new Worker(new URL('./engine.worker.ts', import.meta.url), { type: 'module', name: 'longtab-engine' });
+  return new WorkerEngineClient(worker);
+}

@@ -1,0 +1,128 @@
+/**
+ * The engine worker: one LongtabEngine (one model on this worker's GPU device) behind comlink. Every message is
+ * checked by `guardedEndpoint` and every method validates its arguments; errors leave as WireErrors, which the client
+ * turns back into the LongtabError subclass their code names.
+ */
+import { type Endpoint, expose } from 'comlink';
+import { LongtabEngine } from '../runtime/engine/api.ts';
+import type {
+  ChatCompletionChunk,
+  Completion,
+  CompletionStream,
+  EngineStats,
+  LoadProgress,
+} from '../runtime/engine/api-types.ts';
+import { toWireError } from '../runtime/engine/wire-errors.ts';
+import { InvalidRequestError } from '../runtime/errors.ts';
+import { guardedEndpoint, type StreamHandle, type WorkerEngineApi } from './protocol.ts';
+
+const engine = new LongtabEngine();
+const streams = new Map<
+  number,
+  {
+    stream: CompletionStream<ChatCompletionChunk | Completion>;
+    iterator: AsyncIterator<ChatCompletionChunk | Completion>;
+  }
+>();
+const subscriptions = new Map<number, () => void>();
+let nextHandle = 1;
+
+function integer(name: string, value: unknown): number {
+  if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < 1) {
+    throw new InvalidRequestError(`${name} must be a positive integer handle, got ${String(value)}.`);
+  }
+  return value;
+}
+
+function keep(stream: CompletionStream<ChatCompletionChunk | Completion>): StreamHandle {
+  const id = nextHandle++;
+  streams.set(id, { stream, iterator: stream[Symbol.asyncIterator]() });
+  return { object: 'longtab.stream', stream: id };
+}
+
+function stream(id: unknown) {
+  const entry = streams.get(integer('stream', id));
+  if (!entry) throw new InvalidRequestError(`Stream ${String(id)} does not exist (finished or closed).`);
+  return entry;
+}
+
+const api: WorkerEngineApi = {
+  async load(source, options, onProgress) {
+    if (typeof source !== 'string' && !(source instanceof Blob)) {
+      throw new InvalidRequestError('load(source): pass an http(s) URL string, a File or a Blob.');
+    }
+    if (onProgress !== undefined && typeof onProgress !== 'function') {
+      throw new InvalidRequestError('load: onProgress must be a callback (Comlink.proxy).');
+    }
+    if (options !== undefined && (typeof options !== 'object' || options === null || 'onProgress' in options)) {
+      throw new InvalidRequestError('load: options must be a plain object without onProgress (passed separately).');
+    }
+    // Progress calls are messages on their own port: wait for the last one so none lands after load resolves.
+    let delivered: unknown = Promise.resolve();
+    const info = await engine.load(source, {
+      ...options,
+      ...(onProgress ? { onProgress: (p: LoadProgress) => (delivered = onProgress(p)) } : {}),
+    });
+    await delivered;
+    return info;
+  },
+  async chat(request) {
+    const result = await engine.chat.completions.create(request);
+    return Symbol.asyncIterator in result ? keep(result) : result;
+  },
+  async completion(request) {
+    const result = await engine.completions.create(request);
+    return Symbol.asyncIterator in result ? keep(result) : result;
+  },
+  async next(id) {
+    const entry = stream(id);
+    try {
+      const result = await entry.iterator.next();
+      if (result.done) streams.delete(id);
+      return result.done ? { done: true, value: undefined } : result;
+    } catch (error) {
+      streams.delete(id);
+      throw error;
+    }
+  },
+  async abortStream(id) {
+    stream(id).stream.abort();
+  },
+  async closeStream(id) {
+    if (!streams.has(integer('stream', id))) return;
+    const entry = stream(id);
+    streams.delete(id);
+    await entry.iterator.return?.();
+  },
+  stats: () => engine.stats(),
+  async subscribeStats(listener) {
+    if (typeof listener !== 'function')
+      throw new InvalidRequestError('subscribeStats needs a callback (Comlink.proxy).');
+    const id = nextHandle++;
+    subscriptions.set(id, await engine.subscribeStats((stats: EngineStats) => listener(stats)));
+    return id;
+  },
+  async unsubscribeStats(id) {
+    subscriptions.get(integer('subscription', id))?.();
+    subscriptions.delete(id);
+  },
+  deleteConversation: (id) => engine.deleteConversation(id),
+  abort: () => engine.abort(),
+  unload: () => engine.unload(),
+};
+
+/** Errors cross as plain WireError objects (comlink would keep only an Error's name and message). */
+const wireApi = Object.fromEntries(
+  Object.entries(api).map(([name, method]) => [
+    name,
+    async (...args: unknown[]) => {
+      try {
+        return await (method as (...a: unknown[]) => Promise<unknown>)(...args);
+      } catch (error) {
+        throw toWireError(error);
+      }
+    },
+  ]),
+);
+
+expose(wireApi, guardedEndpoint(self as unknown as Endpoint));

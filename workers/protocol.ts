@@ -1,0 +1,119 @@
+/**
+ * The engine worker's message surface: the flat method list comlink calls, and the check every incoming message
+ * passes before comlink sees it (only calls of these methods, with plain values or callback proxies as arguments).
+ */
+import type { Endpoint } from 'comlink';
+import type {
+  ChatCompletion,
+  ChatCompletionChunk,
+  ChatCompletionRequest,
+  Completion,
+  CompletionRequest,
+  EngineLoadOptions,
+  EngineStats,
+  LoadProgress,
+  ModelInfo,
+} from '../runtime/engine/api-types.ts';
+import { toWireError } from '../runtime/engine/wire-errors.ts';
+import { InvalidRequestError } from '../runtime/errors.ts';
+
+/** A stream stays in the worker; the client pulls its chunks one `next` call at a time. */
+export interface StreamHandle {
+  object: 'longtab.stream';
+  stream: number;
+}
+
+export type WorkerLoadSource = string | Blob;
+
+/** What the worker exposes. Every method validates its arguments; errors arrive as WireError objects. */
+export interface WorkerEngineApi {
+  load(
+    source: WorkerLoadSource,
+    options: Omit<EngineLoadOptions, 'onProgress'> | undefined,
+    onProgress: ((progress: LoadProgress) => void) | undefined,
+  ): Promise<ModelInfo>;
+  chat(request: ChatCompletionRequest): Promise<ChatCompletion | StreamHandle>;
+  completion(request: CompletionRequest): Promise<Completion | StreamHandle>;
+  next(stream: number): Promise<IteratorResult<ChatCompletionChunk | Completion, undefined>>;
+  /** Aborts the stream's request; its remaining chunks (ending with finish_reason 'abort') can still be read. */
+  abortStream(stream: number): Promise<void>;
+  /** The reader is gone: abort and forget the stream. */
+  closeStream(stream: number): Promise<void>;
+  stats(): Promise<EngineStats>;
+  subscribeStats(listener: (stats: EngineStats) => void): Promise<number>;
+  unsubscribeStats(subscription: number): Promise<void>;
+  deleteConversation(conversationId: string): Promise<void>;
+  abort(): Promise<void>;
+  unload(): Promise<void>;
+}
+
+export const WORKER_METHODS: readonly (keyof WorkerEngineApi)[] = [
+  'load',
+  'chat',
+  'completion',
+  'next',
+  'abortStream',
+  'closeStream',
+  'stats',
+  'subscribeStats',
+  'unsubscribeStats',
+  'deleteConversation',
+  'abort',
+  'unload',
+];
+
+const MAX_ARGUMENTS = 4;
+
+/** Why a message is not a call this worker accepts, or null when it is. */
+export function checkWorkerMessage(data: unknown): string | null {
+  if (typeof data !== 'object' || data === null) return 'not an object';
+  const m = data as Record<string, unknown>;
+  if (typeof m.id !== 'string' || m.id.length === 0 || m.id.length > 128) return 'no valid message id';
+  if (m.type === 'RELEASE') return Array.isArray(m.path) && m.path.length === 0 ? null : 'RELEASE of a member';
+  if (m.type !== 'APPLY') return `message type ${String(m.type)} is not accepted (only method calls)`;
+  if (!Array.isArray(m.path) || m.path.length !== 1 || !WORKER_METHODS.includes(m.path[0] as keyof WorkerEngineApi))
+    return `unknown method ${JSON.stringify(m.path)}`;
+  const args = m.argumentList;
+  if (!Array.isArray(args) || args.length > MAX_ARGUMENTS) return 'argumentList must be an array of at most 4 values';
+  for (const arg of args) {
+    if (typeof arg !== 'object' || arg === null) return 'malformed argument';
+    const wire = arg as Record<string, unknown>;
+    if (wire.type === 'RAW') continue;
+    if (wire.type === 'HANDLER' && wire.name === 'proxy' && wire.value instanceof MessagePort) continue;
+    return 'arguments must be plain values or Comlink.proxy callbacks';
+  }
+  return null;
+}
+
+/**
+ * Wraps the worker's global scope so comlink only receives messages that pass `checkWorkerMessage`. A rejected
+ * message with an id is answered with an InvalidRequestError (as comlink answers a throw); one without is dropped.
+ */
+export function guardedEndpoint(scope: Endpoint): Endpoint {
+  const wrapped = new Map<EventListenerOrEventListenerObject, EventListener>();
+  return {
+    postMessage: (message, transfer) => scope.postMessage(message, transfer),
+    addEventListener(type, listener) {
+      const guard: EventListener = (event) => {
+        const data = (event as MessageEvent).data;
+        const problem = checkWorkerMessage(data);
+        if (problem === null) {
+          if (typeof listener === 'function') listener(event);
+          else listener.handleEvent(event);
+          return;
+        }
+        const id = (data as { id?: unknown } | null)?.id;
+        if (typeof id !== 'string') return;
+        const error = toWireError(new InvalidRequestError(`The engine worker rejected a message: ${problem}.`));
+        scope.postMessage({ id, type: 'HANDLER', name: 'throw', value: { isError: false, value: error } });
+      };
+      wrapped.set(listener, guard);
+      scope.addEventListener(type, guard);
+    },
+    removeEventListener(type, listener) {
+      const guard = wrapped.get(listener);
+      if (guard) scope.removeEventListener(type, guard);
+      wrapped.delete(listener);
+    },
+  };
+}
