@@ -22,7 +22,7 @@ export interface AttentionBinding {
   /** Usually 1/sqrt(headDim). */
   scale: number;
   /**
-   * Chunks the keys are cut into (one workgroup each, merged after). Default: 16 when maxTokens = 1 (decode: a long
+   * Chunks the keys are cut into (one workgroup each, merged after). Default: 32 when maxTokens = 1 (decode: a long
    * context uses many workgroups), 1 otherwise (prefill: the query tokens give the parallelism, no merge pass).
    */
   splits?: number;
@@ -46,10 +46,10 @@ export function prepareAttention(
 ): PreparedDispatch[] {
   const { pool, heads, maxTokens } = b;
   const { kvHeads, headDim } = pool;
-  const splits = b.splits ?? (maxTokens === 1 ? 16 : 1);
-  if (heads % kvHeads !== 0 || headDim > 128 || headDim % 2 !== 0 || splits < 1) {
+  const splits = b.splits ?? (maxTokens === 1 ? 32 : 1);
+  if (heads % kvHeads !== 0 || headDim > 128 || headDim % 8 !== 0 || splits < 1) {
     throw new InvalidRequestError(
-      `attention: needs heads (${heads}) a multiple of kvHeads (${kvHeads}), an even headDim <= 128 (${headDim}) and splits >= 1`,
+      `attention: needs heads (${heads}) a multiple of kvHeads (${kvHeads}), a headDim <= 128 and a multiple of 8 (${headDim}) and splits >= 1`,
     );
   }
   // A workgroup serves `rows` (query token, head) pairs of one KV head: the GQA group in decode, plus several query

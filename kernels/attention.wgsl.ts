@@ -1,10 +1,10 @@
-import { kvPagesWgsl } from './kv-append.wgsl.ts';
+import { kvTileLoaderWgsl } from './kv-append.wgsl.ts';
 
 /** Query rows (token, head) one workgroup serves, keys per block, and their product caps (shared-memory budget). */
 export const ATTENTION_MAX_ROWS = 16;
 export const ATTENTION_BLOCK_KEYS = 16;
 /** rows * headDim/2 <= this (private accumulators per invocation = this / 64). */
-export const ATTENTION_MAX_ROW_PAIRS = 1024;
+export const ATTENTION_MAX_ROW_PAIRS = 512;
 
 /**
  * Causal GQA attention over the paged f16 KV cache, flash-decoding style.
@@ -12,10 +12,12 @@ export const ATTENTION_MAX_ROW_PAIRS = 1024;
  * Workgroup (split s, kv head, row tile w). The rows of a kv head are its (query token t, head in group g) pairs,
  * g fastest; a tile holds `rows` of them, so the heads sharing a KV head (GQA) and, in prefill, several query tokens
  * read each K/V block once. Query t sits at position p = step.position + t and sees keys 0..p. Keys
- * 0..step.length-1 are cut into `splits` equal chunks; per chunk, blocks of 16 keys go through shared memory:
- * K tile → scores (rows x keys) → per-row online-softmax update (f32) → V accumulated by (row, dim pair).
+ * 0..step.length-1 are cut into `splits` equal chunks. A chunk is walked in blocks of <= 16 keys that never cross a
+ * page, so a block's K and V are two contiguous runs of one slab, copied to shared memory by the whole workgroup
+ * (independent loads, no per-key page lookups), then: scores (rows x keys) → per-row online-softmax update (f32)
+ * → V accumulated by (row, dim pair) from shared memory.
  * splits = 1: writes the normalized output. splits > 1: writes (max, sum, Σ p·V) per (t, h, s) for the merge pass.
- * headDim <= 128, even; rows <= 16; rows * headDim/2 <= 1024.
+ * headDim <= 128, a multiple of 8 (K/V move as vec4<u32>: 8 halves); rows <= 16; rows * headDim/2 <= 512. Shared memory: 4 + 4 + 4 + 1 KiB.
  */
 export const attentionPartialWgsl = /* wgsl */ `
 struct Params {
@@ -29,7 +31,15 @@ struct Params {
 @group(0) @binding(2) var<storage, read> pageTable: array<u32>;
 @group(0) @binding(3) var<uniform> step: KvStep;
 @group(0) @binding(4) var<uniform> params: Params;
-${kvPagesWgsl('read', 5)}
+${kvTileLoaderWgsl(
+  [
+    { name: 'loadKeys', target: 'kt' },
+    { name: 'loadValues', target: 'vt' },
+  ],
+  5,
+  64,
+  (ATTENTION_BLOCK_KEYS * 64) / 4,
+)}
 
 const WG: u32 = 64u;
 const MAX_ROWS: u32 = ${ATTENTION_MAX_ROWS}u;
@@ -38,7 +48,8 @@ const MAX_ITEMS: u32 = ${ATTENTION_MAX_ROW_PAIRS / 64}u;
 const NONE: f32 = -1e30;
 
 var<workgroup> qs: array<vec2<f32>, ${ATTENTION_MAX_ROW_PAIRS}>;
-var<workgroup> kt: array<u32, ${ATTENTION_BLOCK_KEYS * 64}>;
+var<workgroup> kt: array<vec4<u32>, ${(ATTENTION_BLOCK_KEYS * 64) / 4}>;
+var<workgroup> vt: array<vec4<u32>, ${(ATTENTION_BLOCK_KEYS * 64) / 4}>;
 var<workgroup> sc: array<f32, ${ATTENTION_MAX_ROWS * ATTENTION_BLOCK_KEYS}>;
 var<workgroup> rowMax: array<f32, MAX_ROWS>;
 var<workgroup> rowSum: array<f32, MAX_ROWS>;
@@ -74,16 +85,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   }
   var acc: array<vec2<f32>, MAX_ITEMS>;
   for (var k = 0u; k < MAX_ITEMS; k++) { acc[k] = vec2<f32>(0.0); }
-  workgroupBarrier();
 
   let headBase = kvh * params.pageTokens * pairs;
-  for (var block = start; block < end; block += BLOCK) {
-    let n = min(BLOCK, end - block);
-    for (var i = lid; i < n * pairs; i += WG) {
-      let key = block + i / pairs;
-      let entry = pageTable[step.tableOffset + key / params.pageTokens];
-      kt[i] = kvLoad(entry, params.kOffset + headBase + (key % params.pageTokens) * pairs + i % pairs);
-    }
+  var block = start;
+  loop {
+    if (block >= end) { break; }
+    let inPage = block % params.pageTokens;
+    let n = min(min(BLOCK, end - block), params.pageTokens - inPage);
+    let entry = pageTable[step.tableOffset + block / params.pageTokens];
+    workgroupBarrier();
+    loadKeys(entry, (params.kOffset + headBase + inPage * pairs) / 4u, n * pairs / 4u, lid);
+    loadValues(entry, (params.vOffset + headBase + inPage * pairs) / 4u, n * pairs / 4u, lid);
     workgroupBarrier();
     for (var i = lid; i < rows * BLOCK; i += WG) {
       let r = i / BLOCK;
@@ -92,8 +104,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
       var score = NONE;
       if (j < n && row / group < step.tokens && block + j <= step.position + row / group) {
         var sum = 0.0;
-        for (var w = 0u; w < pairs; w++) {
-          sum += dot(qs[r * pairs + w], unpack2x16float(kt[j * pairs + w]));
+        let quads = pairs / 4u;
+        for (var w = 0u; w < quads; w++) {
+          let kw = kt[j * quads + w];
+          let qi = r * pairs + 4u * w;
+          sum += dot(qs[qi], unpack2x16float(kw.x)) + dot(qs[qi + 1u], unpack2x16float(kw.y)) +
+            dot(qs[qi + 2u], unpack2x16float(kw.z)) + dot(qs[qi + 3u], unpack2x16float(kw.w));
         }
         score = sum;
       }
@@ -123,15 +139,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
       let pair = i % pairs;
       var a = acc[k] * rowScale[r];
       for (var j = 0u; j < n; j++) {
-        let key = block + j;
-        let entry = pageTable[step.tableOffset + key / params.pageTokens];
-        let v = unpack2x16float(kvLoad(entry, params.vOffset + headBase + (key % params.pageTokens) * pairs + pair));
-        a += sc[r * BLOCK + j] * v;
+        let word = j * pairs + pair;
+        a += sc[r * BLOCK + j] * unpack2x16float(vt[word / 4u][word % 4u]);
       }
       acc[k] = a;
     }
-    workgroupBarrier();
+    block += n;
   }
+  workgroupBarrier();
 
   for (var k = 0u; k < MAX_ITEMS; k++) {
     let i = lid + k * WG;

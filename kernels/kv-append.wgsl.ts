@@ -33,6 +33,44 @@ ${fn}`;
 }
 
 /**
+ * The four slabs as `array<vec4<u32>>` (read-only) and `fn name(entry, first, count, lid)`: the workgroup copies
+ * vec4 words first..first+count of the page `entry` (in vec4 units) into `target[0..count)`, count <= maxCount.
+ * One uniform branch per call and a constant-trip loop, so the loads are independent and in flight together.
+ */
+export function kvTileLoaderWgsl(
+  names: readonly { name: string; target: string }[],
+  firstBinding: number,
+  wgSize: number,
+  maxCount: number,
+): string {
+  const slabs = [0, 1, 2, 3]
+    .map((i) => `@group(0) @binding(${firstBinding + i}) var<storage, read> slab${i}: array<vec4<u32>>;`)
+    .join('\n');
+  const loaders = names.map(({ name, target }) => {
+    const cases = [0, 1, 2, 3]
+      .map(
+        (i) =>
+          `    ${i === 3 ? 'default' : `case ${i}u`}: {
+      for (var k = 0u; k < ${Math.ceil(maxCount / wgSize)}u; k++) {
+        let i = lid + k * ${wgSize}u;
+        if (i < count) { ${target}[i] = slab${i}[base + i]; }
+      }
+    }`,
+      )
+      .join('\n');
+    return `fn ${name}(entry: u32, first: u32, count: u32, lid: u32) {
+  let base = (entry & 0xffffffu) * (params.pageWords / 4u) + first;
+  switch ((entry >> 24u) & 0xfu) {
+${cases}
+  }
+}`;
+  });
+  return `struct KvStep { position: u32, tokens: u32, tableOffset: u32, length: u32 }
+${slabs}
+${loaders.join('\n')}`;
+}
+
+/**
  * Writes the step's K and V rows (f32 [tokens, kvHeads*headDim]) into their pages as packed f16.
  * One invocation per (token, kv head, dim pair); invocations past step.tokens do nothing.
  */
