@@ -41,6 +41,7 @@ describe('embedded demo model vs llama.cpp', () => {
         expect(ids[t + 1], `greedy token at position ${t + 1}`).toBe(order[0]);
       }
     }
+    console.info(`demo model vs llama.cpp: max |d log p| over the top-5 tokens = ${worst.toFixed(4)}`);
     expect(worst).toBeLessThan(Q8_0_TOLERANCE);
     expect(reference.errors).toEqual([]);
   });
