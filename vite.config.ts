@@ -3,6 +3,7 @@ import { dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import react from '@vitejs/plugin-react';
 import { defineConfig } from 'vite';
+import { VitePWA } from 'vite-plugin-pwa';
 
 const root = dirname(fileURLToPath(import.meta.url));
 
@@ -19,7 +20,42 @@ function harnessPages(): Record<string, string> {
 export default defineConfig(({ mode }) => {
   const e2e = mode === 'e2e';
   return {
-    plugins: [react()],
+    plugins: [
+      react(),
+      // The chat page's service worker precaches the app shell (HTML, JS incl. the engine worker, CSS, icons) so it
+      // works offline after one visit. Model files are stored by the app in OPFS (app/storage/models.ts), never here.
+      VitePWA({
+        registerType: 'autoUpdate',
+        injectRegister: 'script-defer',
+        manifest: {
+          name: 'longtab: a local LLM in a browser tab',
+          short_name: 'longtab',
+          description: 'Chat with language models on your own GPU through WebGPU. Nothing leaves the tab.',
+          theme_color: '#4f46e5',
+          background_color: '#f7f7f8',
+          display: 'standalone',
+          start_url: '/',
+          scope: '/',
+          icons: [
+            { src: '/icons/icon-192.png', sizes: '192x192', type: 'image/png' },
+            { src: '/icons/icon-512.png', sizes: '512x512', type: 'image/png' },
+            { src: '/icons/maskable-512.png', sizes: '512x512', type: 'image/png', purpose: 'maskable' },
+            { src: '/favicon.svg', sizes: 'any', type: 'image/svg+xml' },
+          ],
+        },
+        workbox: {
+          globPatterns: ['**/*.{js,css,html,svg,png,webmanifest,wasm}'],
+          globIgnores: ['**/models/**', '**/*.gguf'],
+          maximumFileSizeToCacheInBytes: 16 * 1024 * 1024,
+          navigateFallback: '/index.html',
+          // Test harness pages and model files are never answered with the app shell.
+          navigateFallbackDenylist: [/^\/e2e\//, /^\/models\//, /\.gguf$/],
+          clientsClaim: true,
+          skipWaiting: true,
+          cleanupOutdatedCaches: true,
+        },
+      }),
+    ],
     // Module workers with code splitting (the engine worker, the kernel test worker).
     worker: { format: 'es' },
     build: {

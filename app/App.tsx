@@ -1,92 +1,391 @@
-import { useEffect, useState } from 'react';
-import { type AdapterSummary, acquireGpu } from '../runtime/gpu/device.ts';
-
-type WebGpuStatus =
-  | { state: 'checking' }
-  | { state: 'available'; adapter: AdapterSummary; maxBufferMiB: number; shaderF16: boolean }
-  | { state: 'unavailable'; reason: string | null };
-
 /**
- * Asks for a device once and gives it back: this placeholder only reports whether longtab can run here.
- * (The chat page will ask the engine worker instead; it owns the device.)
+ * The chat page: conversations (IndexedDB), the engine (a worker, through engine/engine-client.ts), models (OPFS),
+ * live stats. Every change to a conversation is saved as it happens, so a reload, a crash or a lost GPU device
+ * never loses one.
  */
-async function probeWebGpu(): Promise<WebGpuStatus> {
-  try {
-    const gpu = await acquireGpu();
-    const status: WebGpuStatus = {
-      state: 'available',
-      adapter: gpu.adapter,
-      maxBufferMiB: Math.floor(gpu.limits.maxBufferSize / 2 ** 20),
-      shaderF16: gpu.features.shaderF16,
-    };
-    gpu.destroy();
-    return status;
-  } catch (error) {
-    // Without navigator.gpu the list below says it all; otherwise the error tells what failed (no adapter, no device).
-    const reason = error instanceof Error ? error.message : String(error);
-    return { state: 'unavailable', reason: navigator.gpu ? reason : null };
-  }
-}
+import { useCallback, useEffect, useMemo, useRef, useState } from 'react';
+import { ChatView } from './components/ChatView.tsx';
+import { ModelsPanel } from './components/ModelsPanel.tsx';
+import { checkWebGpu, NoWebGpu, type WebGpuCheck } from './components/NoWebGpu.tsx';
+import { SettingsPanel } from './components/SettingsPanel.tsx';
+import { Sidebar } from './components/Sidebar.tsx';
+import { EMPTY_PERF, type Perf, StatsPanel } from './components/StatsPanel.tsx';
+import { errorMessage } from './engine/engine-client.ts';
+import type { ChatMessageParam, LoadProgress } from './engine/types.ts';
+import { type LoadRequest, useEngine } from './engine/use-engine.ts';
+import {
+  type Conversation,
+  deleteConversation,
+  loadConversations,
+  newConversation,
+  newId,
+  type StoredMessage,
+  saveConversation,
+  titleFrom,
+} from './storage/conversations.ts';
+import { formatBytes, openModelFile } from './storage/models.ts';
+import { DEFAULT_SETTINGS, loadSettings, type Settings, saveSettings } from './storage/settings.ts';
+import { useModels } from './storage/use-models.ts';
 
-function adapterName(adapter: AdapterSummary): string {
-  const name = adapter.description || [adapter.vendor, adapter.architecture, adapter.device].filter(Boolean).join(' ');
-  return name || 'unnamed adapter';
-}
+const SAVE_EVERY_MS = 400;
+const SAMPLE_EVERY_MS = 500;
+const MAX_SAMPLES = 120;
 
-function StatusPanel({ status }: { status: WebGpuStatus }) {
-  if (status.state === 'checking') return <p>Checking for WebGPU…</p>;
-  if (status.state === 'available') {
-    const { adapter } = status;
-    return (
-      <>
-        <p>
-          <strong>WebGPU is available.</strong> Adapter: {adapterName(adapter)}
-          {adapter.isFallbackAdapter ? ' (a software fallback: expect it to be slow)' : ''}.
-        </p>
-        <p>
-          Largest buffer: {status.maxBufferMiB} MiB; 16-bit shader math: {status.shaderF16 ? 'yes' : 'no'}.
-        </p>
-      </>
-    );
-  }
-  return (
-    <>
-      <p>
-        <strong>WebGPU is not available in this browser, so longtab cannot run here.</strong>
-      </p>
-      {status.reason && <p>{status.reason}</p>}
-      <p>longtab needs one of:</p>
-      <ul>
-        <li>Chrome or Edge 113 or newer (desktop; Android 121+)</li>
-        <li>Safari 26 (macOS, iOS, iPadOS)</li>
-        <li>Firefox 141 or newer on Windows</li>
-      </ul>
-      <p>with hardware acceleration turned on in the browser settings.</p>
-    </>
-  );
+function progressText(progress: LoadProgress | null): string {
+  if (!progress) return 'Starting…';
+  const share = progress.bytesTotal ? ` ${Math.round((progress.bytesDone / progress.bytesTotal) * 100)}%` : '';
+  return `${progress.phase}${share}`;
 }
 
 export function App() {
-  const [status, setStatus] = useState<WebGpuStatus>({ state: 'checking' });
+  const [gpu, setGpu] = useState<WebGpuCheck>({ state: 'checking' });
+  useEffect(() => {
+    void checkWebGpu().then(setGpu);
+  }, []);
+  if (gpu.state === 'checking') return <div className="splash">Checking for WebGPU…</div>;
+  if (gpu.state === 'unavailable') return <NoWebGpu reason={gpu.reason} />;
+  return <ChatApp />;
+}
+
+function ChatApp() {
+  const [settings, setSettings] = useState<Settings | null>(null);
+  const [conversations, setConversations] = useState<Conversation[]>([]);
+  const [activeId, setActiveId] = useState<string | null>(null);
+  const [busy, setBusy] = useState(false);
+  const [perf, setPerf] = useState<Perf>(EMPTY_PERF);
+  const [panel, setPanel] = useState<'models' | 'settings' | null>(null);
+  const [sidebarOpen, setSidebarOpen] = useState(false);
+  const [statsOpen, setStatsOpen] = useState(true);
+  const [chatError, setChatError] = useState<string | null>(null);
+  const { state: engineState, ensure, reportError } = useEngine();
+  const models = useModels(settings?.hubBaseUrl ?? DEFAULT_SETTINGS.hubBaseUrl);
+  const streamRef = useRef<{ abort(): void } | null>(null);
+  const conversationsRef = useRef(conversations);
+  conversationsRef.current = conversations;
 
   useEffect(() => {
-    let current = true;
-    probeWebGpu().then((result) => {
-      if (current) setStatus(result);
-    });
-    return () => {
-      current = false;
-    };
+    void (async () => {
+      const [loadedSettings, loaded] = await Promise.all([loadSettings(), loadConversations()]);
+      setSettings(loadedSettings);
+      if (loaded.length === 0) {
+        const first = newConversation(loadedSettings.defaultSystemPrompt);
+        await saveConversation(first);
+        loaded.push(first);
+      }
+      setConversations(loaded);
+      setActiveId(loaded[0]!.id);
+    })();
   }, []);
 
+  const updateSettings = useCallback((patch: Partial<Settings>) => {
+    setSettings((current) => {
+      const next = { ...(current ?? DEFAULT_SETTINGS), ...patch };
+      void saveSettings(next);
+      return next;
+    });
+  }, []);
+
+  /** Replaces a conversation in state and in IndexedDB. */
+  const putConversation = useCallback(async (conversation: Conversation, persist = true) => {
+    setConversations((list) => {
+      const rest = list.filter((c) => c.id !== conversation.id);
+      return [conversation, ...rest].sort((a, b) => b.updatedAt - a.updatedAt);
+    });
+    if (persist) await saveConversation(conversation);
+  }, []);
+
+  const active = conversations.find((c) => c.id === activeId) ?? null;
+  const selectedModel = models.models.find((m) => m.id === settings?.modelId && m.complete) ?? null;
+
+  const loadRequest = useMemo((): LoadRequest | null => {
+    if (!settings || !selectedModel) return null;
+    const kvBudgetBytes = Math.round(settings.kvBudgetMiB * 1024 * 1024);
+    return {
+      key: `${selectedModel.id}|${settings.kv}|${kvBudgetBytes}`,
+      label: selectedModel.name,
+      open: () => openModelFile(selectedModel.id),
+      kv: settings.kv,
+      kvBudgetBytes,
+    };
+  }, [settings, selectedModel]);
+
+  // Load the selected model as soon as it (or the KV setup) changes, so the stats show it before the first message.
+  useEffect(() => {
+    if (!loadRequest || busy) return;
+    const timer = setTimeout(() => void ensure(loadRequest), 300);
+    return () => clearTimeout(timer);
+  }, [loadRequest, busy, ensure]);
+
+  const generate = useCallback(
+    async (conversation: Conversation) => {
+      if (!settings || !loadRequest) return;
+      setChatError(null);
+      setBusy(true);
+      const reply: StoredMessage = {
+        id: newId('m'),
+        role: 'assistant',
+        content: '',
+        createdAt: Date.now(),
+        status: 'streaming',
+      };
+      let working: Conversation = {
+        ...conversation,
+        messages: [...conversation.messages, reply],
+        updatedAt: Date.now(),
+      };
+      await putConversation(working);
+      const setReply = (patch: Partial<StoredMessage>) => {
+        const messages = working.messages.slice();
+        messages[messages.length - 1] = { ...messages[messages.length - 1]!, ...patch };
+        working = { ...working, messages, updatedAt: Date.now() };
+      };
+      let lastSave = performance.now();
+      const started = performance.now();
+      let firstAt: number | null = null;
+      let tokens = 0;
+      let sampleAt = started;
+      let sampleTokens = 0;
+      const series: Perf['series'] = [];
+      setPerf((p) => ({ ...p, live: true, tokens: 0, series: [], ttftMs: null, tpotMs: null }));
+      try {
+        const engine = await ensure(loadRequest);
+        if (!engine) throw new Error('The model is not loaded (see the message above).');
+        const history: ChatMessageParam[] = [];
+        if (conversation.systemPrompt.trim()) history.push({ role: 'system', content: conversation.systemPrompt });
+        for (const m of conversation.messages) {
+          if (m.role === 'assistant' && (m.status === 'error' || !m.content)) continue;
+          history.push({ role: m.role, content: m.content });
+        }
+        const stream = await engine.chat.completions.create({
+          messages: history,
+          stream: true,
+          max_tokens: settings.maxTokens,
+          temperature: settings.temperature,
+          top_p: settings.topP,
+          conversation_id: conversation.id,
+          context_overflow: 'drop_oldest_turns',
+        });
+        streamRef.current = stream;
+        let content = '';
+        let finish: string | null = null;
+        for await (const chunk of stream) {
+          const choice = chunk.choices[0];
+          const delta = choice?.delta.content;
+          const now = performance.now();
+          if (delta) {
+            content += delta;
+            tokens++;
+            if (firstAt === null) firstAt = now;
+            setReply({ content });
+          }
+          if (choice?.finish_reason) finish = choice.finish_reason;
+          if (now - sampleAt >= SAMPLE_EVERY_MS) {
+            series.push({ t: now, tps: ((tokens - sampleTokens) * 1000) / (now - sampleAt) });
+            if (series.length > MAX_SAMPLES) series.shift();
+            sampleAt = now;
+            sampleTokens = tokens;
+          }
+          const live = chunk.usage?.longtab;
+          setPerf((p) => ({
+            ...p,
+            live: true,
+            tokens,
+            series: series.slice(),
+            ttftMs: live?.ttft_ms ?? (firstAt === null ? null : firstAt - started),
+            decodeTps:
+              live?.decode_tokens_per_second ??
+              (firstAt !== null && tokens > 1 && now > firstAt ? ((tokens - 1) * 1000) / (now - firstAt) : p.decodeTps),
+            tpotMs: live?.tpot_ms ?? (firstAt !== null && tokens > 1 ? (now - firstAt) / (tokens - 1) : p.tpotMs),
+            prefillTps: live?.prefill_tokens_per_second ?? p.prefillTps,
+          }));
+          if (chunk.usage) {
+            setReply({
+              stats: {
+                completionTokens: chunk.usage.completion_tokens,
+                decodeTokensPerSecond: live?.decode_tokens_per_second ?? 0,
+                ttftMs: live?.ttft_ms ?? 0,
+              },
+            });
+          }
+          await putConversation(working, now - lastSave > SAVE_EVERY_MS);
+          if (now - lastSave > SAVE_EVERY_MS) lastSave = now;
+        }
+        setReply({
+          status: finish === 'abort' ? 'stopped' : 'done',
+          note: finish === 'length' ? 'reached max tokens' : undefined,
+        });
+      } catch (error) {
+        setReply({ status: 'error', note: errorMessage(error) });
+        setChatError(errorMessage(error));
+        await reportError(error);
+      } finally {
+        streamRef.current = null;
+        await putConversation(working);
+        setPerf((p) => ({ ...p, live: false }));
+        setBusy(false);
+      }
+    },
+    [settings, loadRequest, ensure, putConversation, reportError],
+  );
+
+  const send = useCallback(
+    async (text: string) => {
+      if (!active) return;
+      const message: StoredMessage = {
+        id: newId('m'),
+        role: 'user',
+        content: text,
+        createdAt: Date.now(),
+        status: 'done',
+      };
+      const next: Conversation = {
+        ...active,
+        title: active.messages.length === 0 && active.title === 'New chat' ? titleFrom(text) : active.title,
+        messages: [...active.messages, message],
+        updatedAt: Date.now(),
+      };
+      await putConversation(next);
+      await generate(next);
+    },
+    [active, generate, putConversation],
+  );
+
+  const regenerate = useCallback(async () => {
+    if (!active || busy) return;
+    const messages = active.messages.slice();
+    while (messages.length && messages[messages.length - 1]!.role === 'assistant') messages.pop();
+    if (!messages.length) return;
+    await generate({ ...active, messages });
+  }, [active, busy, generate]);
+
+  const stop = useCallback(() => streamRef.current?.abort(), []);
+
+  const newChat = useCallback(async () => {
+    const conversation = newConversation(settings?.defaultSystemPrompt ?? DEFAULT_SETTINGS.defaultSystemPrompt);
+    await putConversation(conversation);
+    setActiveId(conversation.id);
+    setSidebarOpen(false);
+  }, [settings, putConversation]);
+
+  const removeConversation = useCallback(
+    async (id: string) => {
+      await deleteConversation(id);
+      const rest = conversationsRef.current.filter((c) => c.id !== id);
+      setConversations(rest);
+      if (activeId === id) setActiveId(rest[0]?.id ?? null);
+      if (rest.length === 0) await newChat();
+    },
+    [activeId, newChat],
+  );
+
+  if (!settings) return <div className="splash">Opening your conversations…</div>;
+
+  const modelLabel =
+    engineState.status === 'loading'
+      ? `Loading ${selectedModel?.name ?? 'model'}: ${progressText(engineState.progress)}`
+      : engineState.status === 'ready' && engineState.model
+        ? `${selectedModel?.name ?? engineState.model.name} · ${engineState.model.kv} KV`
+        : selectedModel
+          ? selectedModel.name
+          : 'No model selected';
+
   return (
-    <main>
-      <h1>longtab</h1>
-      <p>A local language model runtime for the browser: models run on your own GPU through WebGPU.</p>
-      <p>The chat page is coming. For now this page checks whether your browser can run it.</p>
-      <section className="status" data-testid="webgpu-status" data-state={status.state} aria-live="polite">
-        <StatusPanel status={status} />
-      </section>
-    </main>
+    <div className={`layout ${statsOpen ? 'with-stats' : ''}`}>
+      <Sidebar
+        conversations={conversations}
+        activeId={activeId}
+        open={sidebarOpen}
+        onNew={() => void newChat()}
+        onSelect={(id) => {
+          setActiveId(id);
+          setSidebarOpen(false);
+        }}
+        onRename={(id, title) => {
+          const conversation = conversations.find((c) => c.id === id);
+          if (conversation) void putConversation({ ...conversation, title });
+        }}
+        onDelete={(id) => void removeConversation(id)}
+      />
+      <div className="main">
+        <header className="topbar">
+          <button
+            type="button"
+            className="icon only-narrow"
+            aria-label="Conversations"
+            onClick={() => setSidebarOpen((v) => !v)}
+          >
+            ☰
+          </button>
+          <h1 className="title" data-testid="conversation-title">
+            {active?.title ?? 'longtab'}
+          </h1>
+          <button
+            type="button"
+            className={`model-chip ${engineState.status}`}
+            onClick={() => setPanel('models')}
+            data-testid="model-chip"
+            data-status={engineState.status}
+          >
+            <span className="dot" />
+            {modelLabel}
+          </button>
+          <button type="button" className="ghost" onClick={() => setPanel('settings')} data-testid="open-settings">
+            Settings
+          </button>
+          <button type="button" className="ghost" onClick={() => setStatsOpen((v) => !v)} aria-pressed={statsOpen}>
+            Stats
+          </button>
+        </header>
+        {engineState.status === 'loading' && (
+          <div className="load-bar" data-testid="load-progress">
+            <div
+              className="bar-fill bar-weights"
+              style={{
+                width: `${engineState.progress?.bytesTotal ? (engineState.progress.bytesDone / engineState.progress.bytesTotal) * 100 : 5}%`,
+              }}
+            />
+          </div>
+        )}
+        {(engineState.error || chatError) && (
+          <div className="alert" role="alert" data-testid="engine-error">
+            {engineState.error?.message ?? chatError}
+          </div>
+        )}
+        {!selectedModel && (
+          <div className="notice" data-testid="no-model">
+            <span>Choose a model to start: download a preset, paste a URL, or open a .gguf file.</span>
+            <button type="button" className="primary" onClick={() => setPanel('models')} data-testid="open-models">
+              Models
+            </button>
+            {models.quota && <span className="muted small">Storage: {formatBytes(models.quota.usage)} used</span>}
+          </div>
+        )}
+        <ChatView
+          conversation={active}
+          busy={busy}
+          canSend={Boolean(selectedModel) && engineState.status !== 'loading'}
+          modelHint={selectedModel ? `Model: ${selectedModel.name}. Nothing leaves this tab.` : null}
+          onSend={(text) => void send(text)}
+          onStop={stop}
+          onRegenerate={() => void regenerate()}
+          onSystemPrompt={(systemPrompt) => active && void putConversation({ ...active, systemPrompt })}
+        />
+      </div>
+      {statsOpen && <StatsPanel stats={engineState.stats} perf={perf} model={engineState.model} />}
+      {panel === 'models' && (
+        <ModelsPanel
+          api={models}
+          selectedId={settings.modelId}
+          onSelect={(modelId) => {
+            updateSettings({ modelId });
+            setPanel(null);
+          }}
+          onClose={() => setPanel(null)}
+        />
+      )}
+      {panel === 'settings' && (
+        <SettingsPanel settings={settings} onChange={updateSettings} onClose={() => setPanel(null)} />
+      )}
+    </div>
   );
 }

@@ -1,0 +1,222 @@
+/** Model management: presets from the hub, the demo model, any URL, a local file; stored models; storage quota. */
+
+import { useState } from 'react';
+import { MODEL_PRESETS } from '../models/presets.ts';
+import { formatBytes, formatDuration, type StoredModel } from '../storage/models.ts';
+import type { DownloadState, ModelsApi } from '../storage/use-models.ts';
+import { useCloseOnEscape } from './use-close-on-escape.ts';
+
+function ProgressBar({ state, total }: { state: DownloadState; total: number | null }) {
+  const bytesTotal = state.bytesTotal ?? total;
+  const share = bytesTotal ? state.bytesDone / bytesTotal : 0;
+  return (
+    <div className="download" data-testid="download-progress">
+      <div className="bar">
+        <div className="bar-fill bar-weights" style={{ width: `${(share * 100).toFixed(1)}%` }} />
+      </div>
+      <div className="download-text">
+        {formatBytes(state.bytesDone)}
+        {bytesTotal ? ` of ${formatBytes(bytesTotal)}` : ''} · {formatBytes(state.speed)}/s ·{' '}
+        {state.secondsLeft === null ? 'estimating…' : `${formatDuration(state.secondsLeft)} left`}
+      </div>
+    </div>
+  );
+}
+
+function StoredRow({
+  model,
+  api,
+  selected,
+  onSelect,
+}: {
+  model: StoredModel;
+  api: ModelsApi;
+  selected: boolean;
+  onSelect: (id: string) => void;
+}) {
+  const download = api.downloads[model.id];
+  return (
+    <li className={`stored ${selected ? 'selected' : ''}`} data-testid="stored-model" data-model-id={model.id}>
+      <div className="stored-main">
+        <div className="stored-name">{model.name}</div>
+        <div className="muted small">
+          {model.complete
+            ? `${formatBytes(model.totalBytes ?? model.storedBytes)} · stored`
+            : `${formatBytes(model.storedBytes)}${model.totalBytes ? ` of ${formatBytes(model.totalBytes)}` : ''} · incomplete`}
+          {model.error ? ` · ${model.error}` : ''}
+        </div>
+        {download && <ProgressBar state={download} total={model.totalBytes} />}
+      </div>
+      <div className="stored-actions">
+        {model.complete && (
+          <button type="button" className="primary" onClick={() => onSelect(model.id)} disabled={selected}>
+            {selected ? 'Selected' : 'Use'}
+          </button>
+        )}
+        {!model.complete && model.url && !download && (
+          <button type="button" onClick={() => void api.resume(model.id)}>
+            Resume
+          </button>
+        )}
+        {download && (
+          <button type="button" onClick={() => api.pause(model.id)}>
+            Pause
+          </button>
+        )}
+        <button
+          type="button"
+          className="danger"
+          onClick={() => void api.remove(model.id)}
+          aria-label={`Delete ${model.name}`}
+        >
+          Delete
+        </button>
+      </div>
+    </li>
+  );
+}
+
+export function ModelsPanel({
+  api,
+  selectedId,
+  onSelect,
+  onClose,
+}: {
+  api: ModelsApi;
+  selectedId: string | null;
+  onSelect: (id: string) => void;
+  onClose: () => void;
+}) {
+  const [url, setUrl] = useState('');
+  useCloseOnEscape(onClose);
+  const storedIds = new Set(api.models.map((m) => m.id));
+  const select = (model: StoredModel | null) => {
+    if (model?.complete) onSelect(model.id);
+  };
+  return (
+    <div className="modal-backdrop">
+      <div className="modal" role="dialog" aria-modal="true" aria-labelledby="models-title" data-testid="models-panel">
+        <header className="modal-header">
+          <h2 id="models-title">Models</h2>
+          <button type="button" className="icon" onClick={onClose} aria-label="Close">
+            ✕
+          </button>
+        </header>
+        {api.error && (
+          <div className="alert" role="alert" data-testid="models-error">
+            {api.error}
+          </div>
+        )}
+        <section>
+          <h3>Stored on this device</h3>
+          {api.quota && (
+            <div className="quota" data-testid="storage-quota">
+              <div className="bar">
+                <div
+                  className="bar-fill bar-scratch"
+                  style={{
+                    width: `${api.quota.quota ? Math.min(100, (api.quota.usage / api.quota.quota) * 100) : 0}%`,
+                  }}
+                />
+              </div>
+              <span className="muted small">
+                {formatBytes(api.quota.usage)} used of {formatBytes(api.quota.quota)} available to this site
+              </span>
+            </div>
+          )}
+          {api.models.length === 0 ? (
+            <p className="muted">No models stored yet. Download one below or open a .gguf file.</p>
+          ) : (
+            <ul className="stored-list">
+              {api.models.map((model) => (
+                <StoredRow
+                  key={model.id}
+                  model={model}
+                  api={api}
+                  selected={model.id === selectedId}
+                  onSelect={onSelect}
+                />
+              ))}
+            </ul>
+          )}
+        </section>
+        <section>
+          <h3>Open a file</h3>
+          <label className="file-button">
+            <input
+              type="file"
+              accept=".gguf"
+              data-testid="model-file-input"
+              onChange={async (event) => {
+                const file = event.target.files?.[0];
+                event.target.value = '';
+                if (file) select(await api.importFile(file));
+              }}
+            />
+            <span>Choose a .gguf file…</span>
+          </label>
+          <span className="muted small"> A copy is stored so it also works offline.</span>
+        </section>
+        <section>
+          <h3>Download</h3>
+          <ul className="preset-list">
+            {api.demoAvailable && (
+              <li className="preset" data-testid="preset-demo">
+                <div>
+                  <div className="stored-name">longtab demo model</div>
+                  <div className="muted small">Trained by the project, shipped with this app</div>
+                </div>
+                <button
+                  type="button"
+                  disabled={storedIds.has('longtab-demo')}
+                  onClick={async () => select(await api.downloadDemo())}
+                >
+                  {storedIds.has('longtab-demo') ? 'Stored' : 'Get'}
+                </button>
+              </li>
+            )}
+            {api.demoAvailable === false && (
+              <li className="preset muted small" data-testid="preset-demo-missing">
+                The demo model is not part of this build.
+              </li>
+            )}
+            {MODEL_PRESETS.map((preset) => (
+              <li className="preset" key={preset.id} data-testid={`preset-${preset.id}`}>
+                <div>
+                  <div className="stored-name">{preset.label}</div>
+                  <div className="muted small">
+                    {preset.repo} · {preset.file} · ≈{formatBytes(preset.approxBytes)} (approx.) · {preset.note}
+                  </div>
+                </div>
+                <button
+                  type="button"
+                  disabled={storedIds.has(preset.id)}
+                  onClick={async () => select(await api.downloadPreset(preset))}
+                >
+                  {storedIds.has(preset.id) ? 'Stored' : 'Download'}
+                </button>
+              </li>
+            ))}
+          </ul>
+          <form
+            className="url-form"
+            onSubmit={async (event) => {
+              event.preventDefault();
+              if (url.trim()) select(await api.downloadUrl(url.trim()));
+            }}
+          >
+            <input
+              type="url"
+              placeholder="https://…/model.gguf"
+              value={url}
+              onChange={(e) => setUrl(e.target.value)}
+              aria-label="GGUF URL"
+              data-testid="model-url"
+            />
+            <button type="submit">Download URL</button>
+          </form>
+        </section>
+      </div>
+    </div>
+  );
+}
