@@ -90,6 +90,25 @@ describe.each(TYPES)('matmul over %s weights', (name, type, K) => {
   });
 });
 
+// Rows long enough that each matvec thread walks several units (more than 128 units, not a multiple of 128).
+const LONG_ROWS: [string, GgmlType, number][] = [
+  ['Q8_0', GgmlType.Q8_0, 1184],
+  ['Q4_0', GgmlType.Q4_0, 1184],
+  ['Q4_1', GgmlType.Q4_1, 1184],
+  ['Q5_0', GgmlType.Q5_0, 1184],
+  ['Q5_1', GgmlType.Q5_1, 1184],
+  ['Q4_K', GgmlType.Q4_K, 1280],
+  ['Q5_K', GgmlType.Q5_K, 1280],
+  ['Q6_K', GgmlType.Q6_K, 2304],
+  ['F16', GgmlType.F16, 1031],
+];
+
+describe.each(LONG_ROWS)('matmul over long %s rows', (name, type, K) => {
+  it.each([1, 3])(`${name}: K=${K}, N=9, tokens=%i`, async (tokens) => {
+    expect(await runMatmul(ctx.gpu, type, K, { tokens, rows: 9, bias: false })).toBeLessThanOrEqual(1);
+  });
+});
+
 describe('matmul dispatch shape', () => {
   // A device that allows only 3 workgroups per dimension forces the row groups into x·y (matvec: 10 groups of 4
   // rows -> 4 x 3, one spare; matmul: 2 row tiles -> 2 x 1); the results must not change.
