@@ -32,9 +32,31 @@ export interface EngineClient extends LongtabEngineApi {
   terminate(): void;
 }
 
-async function call<T>(promise: Promise<T>): Promise<T> {
+/** Rejects once the worker fails to start or crashes (comlink alone would leave every pending call hanging). */
+const workerFailures = new WeakMap<Worker, Promise<never>>();
+
+function watchWorker(worker: Worker): void {
+  const failed = new Promise<never>((_, reject) => {
+    worker.addEventListener('error', (event) => {
+      event.preventDefault();
+      reject(
+        Object.assign(
+          new Error(
+            `The engine worker failed${event.message ? `: ${event.message}` : ' to start (its script could not be loaded)'}. Check that longtab's assets are served next to longtab.js, then create a new engine.`,
+          ),
+          { name: 'EngineWorkerError' },
+        ),
+      );
+    });
+  });
+  failed.catch(() => {});
+  workerFailures.set(worker, failed);
+}
+
+async function call<T>(promise: Promise<T>, worker?: Worker): Promise<T> {
   try {
-    return await promise;
+    const failed = worker ? workerFailures.get(worker) : undefined;
+    return await (failed ? Promise.race([promise, failed]) : promise);
   } catch (error) {
     throw isWireError(error) ? fromWireError(error) : error;
   }
@@ -46,11 +68,13 @@ function isStream(value: unknown): value is StreamHandle {
 
 class RemoteStream<T> implements CompletionStream<T> {
   private readonly remote: Remote<WorkerEngineApi>;
+  private readonly worker: Worker;
   private readonly id: number;
   private finished = false;
 
-  constructor(remote: Remote<WorkerEngineApi>, id: number) {
+  constructor(remote: Remote<WorkerEngineApi>, worker: Worker, id: number) {
     this.remote = remote;
+    this.worker = worker;
     this.id = id;
   }
 
@@ -62,7 +86,10 @@ class RemoteStream<T> implements CompletionStream<T> {
     return {
       next: async () => {
         if (this.finished) return { done: true, value: undefined };
-        const result = (await call(this.remote.next(this.id) as Promise<IteratorResult<unknown>>)) as IteratorResult<T>;
+        const result = (await call(
+          this.remote.next(this.id) as Promise<IteratorResult<unknown>>,
+          this.worker,
+        )) as IteratorResult<T>;
         if (result.done) this.finished = true;
         return result;
       },
@@ -85,21 +112,24 @@ class WorkerEngineClient implements EngineClient {
 
   constructor(worker: Worker) {
     this.worker = worker;
+    watchWorker(worker);
     this.remote = wrap<WorkerEngineApi>(worker);
     this.chat = {
       completions: {
         create: (async (request: ChatCompletionRequest) => {
-          const result = await call(this.remote.chat(request) as Promise<ChatCompletion | StreamHandle>);
+          const result = await call(this.remote.chat(request) as Promise<ChatCompletion | StreamHandle>, this.worker);
           return isStream(result)
-            ? new RemoteStream<ChatCompletionChunk>(this.remote, result.stream)
+            ? new RemoteStream<ChatCompletionChunk>(this.remote, this.worker, result.stream)
             : (result as ChatCompletion);
         }) as never,
       },
     };
     this.completions = {
       create: (async (request: CompletionRequest) => {
-        const result = await call(this.remote.completion(request) as Promise<Completion | StreamHandle>);
-        return isStream(result) ? new RemoteStream<Completion>(this.remote, result.stream) : (result as Completion);
+        const result = await call(this.remote.completion(request) as Promise<Completion | StreamHandle>, this.worker);
+        return isStream(result)
+          ? new RemoteStream<Completion>(this.remote, this.worker, result.stream)
+          : (result as Completion);
       }) as never,
     };
   }
@@ -107,30 +137,30 @@ class WorkerEngineClient implements EngineClient {
   load(source: ModelSource, options: EngineLoadOptions = {}): Promise<ModelInfo> {
     const { onProgress, ...rest } = options;
     const src = source instanceof URL ? source.href : source;
-    return call(this.remote.load(src, rest, onProgress ? proxy(onProgress) : undefined));
+    return call(this.remote.load(src, rest, onProgress ? proxy(onProgress) : undefined), this.worker);
   }
 
   stats(): Promise<EngineStats> {
-    return call(this.remote.stats());
+    return call(this.remote.stats(), this.worker);
   }
 
   async subscribeStats(listener: (stats: EngineStats) => void): Promise<() => void> {
-    const id = await call(this.remote.subscribeStats(proxy(listener)));
+    const id = await call(this.remote.subscribeStats(proxy(listener)), this.worker);
     return () => {
       call(this.remote.unsubscribeStats(id)).catch(() => {});
     };
   }
 
   deleteConversation(conversationId: string): Promise<void> {
-    return call(this.remote.deleteConversation(conversationId));
+    return call(this.remote.deleteConversation(conversationId), this.worker);
   }
 
   abort(): Promise<void> {
-    return call(this.remote.abort());
+    return call(this.remote.abort(), this.worker);
   }
 
   unload(): Promise<void> {
-    return call(this.remote.unload());
+    return call(this.remote.unload(), this.worker);
   }
 
   terminate(): void {
