@@ -1,35 +1,23 @@
 /**
- * WGSL shared by the paged-KV kernels: the KvStep uniform, the four f16 page slabs and word access through a
- * page-table entry (kind << 28 | slab << 24 | page). The including shader declares `params.pageWords`.
- * See runtime/kv/pool.ts for the page layout.
+ * The KvStep uniform, the four f16 page slabs (writable) and `kvStore`, which writes one u32 (two halves) of the
+ * page named by a page-table entry (kind << 28 | slab << 24 | page). The including shader declares
+ * `params.pageWords`. See runtime/kv/pool.ts for the page layout.
  */
-export function kvPagesWgsl(access: 'read' | 'read_write', firstBinding: number): string {
+export function kvPagesWritableWgsl(firstBinding: number): string {
   const slabs = [0, 1, 2, 3]
-    .map((i) => `@group(0) @binding(${firstBinding + i}) var<storage, ${access}> slab${i}: array<u32>;`)
+    .map((i) => `@group(0) @binding(${firstBinding + i}) var<storage, read_write> slab${i}: array<u32>;`)
     .join('\n');
-  const cases = [0, 1, 2]
-    .map((i) => `    case ${i}u: { ${access === 'read' ? `return slab${i}[index];` : `slab${i}[index] = value;`} }`)
-    .join('\n');
-  const last = access === 'read' ? 'return slab3[index];' : 'slab3[index] = value;';
-  const fn =
-    access === 'read'
-      ? `fn kvLoad(entry: u32, word: u32) -> u32 {
-  let index = (entry & 0xffffffu) * params.pageWords + word;
-  switch ((entry >> 24u) & 0xfu) {
-${cases}
-    default: { ${last} }
-  }
-}`
-      : `fn kvStore(entry: u32, word: u32, value: u32) {
-  let index = (entry & 0xffffffu) * params.pageWords + word;
-  switch ((entry >> 24u) & 0xfu) {
-${cases}
-    default: { ${last} }
-  }
-}`;
   return `struct KvStep { position: u32, tokens: u32, tableOffset: u32, length: u32 }
 ${slabs}
-${fn}`;
+fn kvStore(entry: u32, word: u32, value: u32) {
+  let index = (entry & 0xffffffu) * params.pageWords + word;
+  switch ((entry >> 24u) & 0xfu) {
+    case 0u: { slab0[index] = value; }
+    case 1u: { slab1[index] = value; }
+    case 2u: { slab2[index] = value; }
+    default: { slab3[index] = value; }
+  }
+}`;
 }
 
 /**
@@ -82,7 +70,7 @@ struct Params { kOffset: u32, vOffset: u32, pageWords: u32, pageTokens: u32, kvH
 @group(0) @binding(2) var<storage, read> pageTable: array<u32>;
 @group(0) @binding(3) var<uniform> step: KvStep;
 @group(0) @binding(4) var<uniform> params: Params;
-${kvPagesWgsl('read_write', 5)}
+${kvPagesWritableWgsl(5)}
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
