@@ -12,10 +12,12 @@
  *
  * ## Slabs
  * Pages live in up to MAX_KV_SLABS GPU buffers ("slabs", category 'kv', each <= maxStorageBufferBindingSize),
- * created one at a time as `reserve` needs pages, never copied. A fixed slab count keeps every kernel at
- * <= 7 storage bindings (4 slabs + page table + 2 activations) under the spec default of 8. Until a slab exists its
- * binding is a 16-byte placeholder; kernels re-create their bind group lazily when `generation` changes (which
- * happens only inside `reserve`/`writeStep` when the pool grows, never in a steady decode loop).
+ * created one at a time as `reserve` needs pages, never copied; each slab holds a quarter of the budget. A fixed
+ * slab count keeps every kernel at <= 7 storage bindings (4 slabs + page table + 2 activations) under the spec
+ * default of 8. So the usable budget is capped at 4 x maxStorageBufferBindingSize (`stats().pagesBudget` says what
+ * was granted; 512 MiB where a browser keeps the 128 MiB default). Until a slab exists its binding is a 16-byte
+ * placeholder; kernels re-create their bind group lazily when `generation` changes (which happens only inside
+ * `reserve`/`writeStep` when the pool grows, never in a steady decode loop).
  *
  * ## Page table
  * ONE u32 storage buffer for all sequences: sequence slot s owns entries
@@ -29,6 +31,15 @@
  * page table (in entries), `length = position + tokens` the sequence length after the step. The caller writes it
  * once per submit with `pool.writeStep(seq, position, tokens)`; every layer's append and attention dispatch binds
  * the same buffer, so the whole forward is prepared once and re-encoded every token with nothing allocated.
+ * `tokens` must not exceed the maxTokens the submitted dispatches were prepared with (their grid): prepare one
+ * graph for decode (maxTokens 1) and one for prefill chunks.
+ *
+ * ## Wiring (see runtime/kv/paged-attention.ts)
+ *     const pool = new KvPagePool(gpu, { layers, kvHeads, headDim, budgetBytes });
+ *     const kv = new PagedKvAttention(gpu, pool, { heads });      // kv.prepareLayer(layer, {q,k,v,output}, maxTokens)
+ *     const seq = pool.createSequence();
+ *     pool.writeStep(seq, seq.length, ids.length);                // before each submit; throws ContextOverflowError
+ *     pool.fork(seq) / pool.truncate(seq, n) / pool.free(seq)     // branches share full pages copy-on-write
  */
 
 import { ContextOverflowError, InvalidRequestError } from '../errors.ts';
