@@ -3,10 +3,38 @@
  * the load options and the stats. Shared by the in-process `LongtabEngine` and the worker client, so both are used
  * through the one `LongtabEngineApi` interface.
  */
-import type { AdapterSummary, GpuFeatures } from '../gpu/device.ts';
-import type { FinishReason, KvCacheOptions, KvMode, LoadProgress } from './engine.ts';
+export type KvMode = 'f16' | 'int2';
 
-export type { FinishReason, KvMode, LoadProgress };
+/** How the KV cache is built. All of it reaches the pool through `kvPoolOptions`, the one place that reads it. */
+export interface KvCacheOptions {
+  /** Page format: 'f16' today; 'int2' (2-bit pages with an f16 sink and window) once the pool has that kind. */
+  kv?: KvMode;
+  /** Bytes of GPU memory the KV pool may grow to (default 64 MiB, capped by the model's context length). */
+  kvBudgetBytes?: number;
+  /** int2: the first `sink` positions of each sequence stay f16 (attention sinks). */
+  sink?: number;
+  /** int2: the most recent `window` positions stay f16 until they are quantized. */
+  window?: number;
+  /** int2: values per quantization group (one scale and offset each). */
+  groupSize?: number;
+  /** int2: rotate each head before quantizing (spreads outliers over the group). */
+  rotation?: boolean;
+  /** Live KV sequences at once (conversations plus shared system prompts; default 16). */
+  maxSequences?: number;
+}
+
+/**
+ * Load phases, always in this order: `download` (URL sources: the size probe; Range reads then stream during the
+ * next phases), `parse` (GGUF header and metadata), `upload` (weights to the GPU), `calibrate` (a warm-up forward;
+ * the int2 KV mode will fit its quantizer here). `bytesDone` never decreases within a phase.
+ */
+export interface LoadProgress {
+  phase: 'download' | 'parse' | 'upload' | 'calibrate';
+  bytesDone: number;
+  bytesTotal: number;
+}
+
+export type FinishReason = 'stop' | 'length' | 'abort';
 
 /**
  * What to load: an http(s) URL (read with Range requests), a File or Blob, or, in Node only, a file path.
@@ -143,6 +171,20 @@ export interface CompletionStream<T> extends AsyncIterable<T> {
   abort(): void;
 }
 
+/** The GPU adapter (no WebGPU types here, so the library's declarations need no @webgpu/types). */
+export interface AdapterStats {
+  vendor: string;
+  architecture: string;
+  device: string;
+  description: string;
+  isFallbackAdapter: boolean;
+  subgroupMinSize?: number;
+  subgroupMaxSize?: number;
+  features: { shaderF16: boolean; subgroups: boolean; timestampQuery: boolean };
+  maxBufferSize: number;
+  maxStorageBufferBindingSize: number;
+}
+
 export interface EngineStats {
   model: ModelInfo | null;
   /** Bytes of GPU memory, from the allocator's counts. */
@@ -179,9 +221,7 @@ export interface EngineStats {
     evictions: number;
   };
   queue: { running: boolean; waiting: number };
-  adapter:
-    | (AdapterSummary & { features: GpuFeatures; maxBufferSize: number; maxStorageBufferBindingSize: number })
-    | null;
+  adapter: AdapterStats | null;
 }
 
 /** The engine as callers see it, in-process (`LongtabEngine`) and through the worker (`createEngine()`). */

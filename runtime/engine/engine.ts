@@ -13,45 +13,15 @@ import { Transformer } from '../model/transformer.ts';
 import { loadModelWeights, type ModelWeights, releaseModelWeights } from '../model/weights.ts';
 import { GREEDY_SAMPLING, resolveSamplingParams, type SamplingParams } from '../sampling/params.ts';
 import { GgufTokenizer } from '../tokenizer/tokenizer.ts';
+import type { FinishReason, KvCacheOptions, LoadProgress } from './api-types.ts';
 
-export type KvMode = 'f16' | 'int2';
-
-/** How the KV cache is built. All of it reaches the pool through `kvPoolOptions`, the one place that reads it. */
-export interface KvCacheOptions {
-  /** Page format: 'f16' today; 'int2' (2-bit pages with an f16 sink and window) once the pool has that kind. */
-  kv?: KvMode;
-  /** Bytes of GPU memory the KV pool may grow to (default 64 MiB, capped by the model's context length). */
-  kvBudgetBytes?: number;
-  /** int2: the first `sink` positions of each sequence stay f16 (attention sinks). */
-  sink?: number;
-  /** int2: the most recent `window` positions stay f16 until they are quantized. */
-  window?: number;
-  /** int2: values per quantization group (one scale and offset each). */
-  groupSize?: number;
-  /** int2: rotate each head before quantizing (spreads outliers over the group). */
-  rotation?: boolean;
-  /** Live KV sequences at once (conversations plus shared system prompts; default 16). */
-  maxSequences?: number;
-}
+export type { FinishReason, KvCacheOptions, KvMode, LoadProgress } from './api-types.ts';
 
 export interface LoadOptions extends KvCacheOptions {
   /** Tokens per prefill submit (default 128). */
   prefillChunk?: number;
   onProgress?: (progress: LoadProgress) => void;
 }
-
-/**
- * Load phases, always in this order: `download` (URL sources: the size probe; Range reads then stream during the
- * next phases), `parse` (GGUF header and metadata), `upload` (weights to the GPU), `calibrate` (a warm-up forward;
- * the int2 KV mode will fit its quantizer here). `bytesDone` never decreases within a phase.
- */
-export interface LoadProgress {
-  phase: 'download' | 'parse' | 'upload' | 'calibrate';
-  bytesDone: number;
-  bytesTotal: number;
-}
-
-export const LOAD_PHASES: readonly LoadProgress['phase'][] = ['download', 'parse', 'upload', 'calibrate'];
 
 const DEFAULT_KV_BUDGET = 64 * 1024 * 1024;
 const DEFAULT_MAX_SEQUENCES = 16;
@@ -112,8 +82,6 @@ export interface GenerationUsage {
   /** Mean time per output token after the first. */
   tpotMs: number;
 }
-
-export type FinishReason = 'stop' | 'length' | 'abort';
 
 export interface GenerateRequest {
   /** Prompt token ids, BOS included when the model wants one. Must not be empty. */
