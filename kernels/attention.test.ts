@@ -8,7 +8,7 @@ import { type AttentionSources, prepareAttention } from './attention.ts';
 import { attentionMergeWgsl, attentionPartialWgsl } from './attention.wgsl.ts';
 import { type PreparedDispatch, releaseDispatches, submitDispatches } from './dispatch.ts';
 import { prepareKvAppend } from './kv-append.ts';
-import { attentionReference } from './reference/attention.ts';
+import { attentionReference, f16Bits, f16BitsToNumber } from './reference/attention.ts';
 
 const ctx = withTestGpu();
 const ATOL = 2e-5;
@@ -273,5 +273,33 @@ describe('paged attention', () => {
     const ratios = [await harness.step(seq, 6, random), await harness.step(seq, 1, random)];
     harness.release();
     expect(Math.max(...ratios)).toBeGreaterThan(1);
+  });
+});
+
+describe('f16 rounding of the reference', () => {
+  it.each([
+    [1, 0x3c00],
+    [-2, 0xc000],
+    [65504, 0x7bff],
+    [65519, 0x7bff],
+    [65520, 0x7c00], // rounds up past the largest half: +Inf
+    [1 + 2 ** -11, 0x3c00], // tie: to even
+    [1 + 3 * 2 ** -11, 0x3c02], // tie: to even (up)
+    [2 ** -14, 0x0400], // smallest normal
+    [2 ** -24, 0x0001], // smallest subnormal
+    [2 ** -25, 0x0000], // tie: to even (zero)
+    [3 * 2 ** -25, 0x0002],
+    [-0, 0x8000],
+    [Number.POSITIVE_INFINITY, 0x7c00],
+  ])('rounds %d to half bits %i', (value, bits) => {
+    expect(f16Bits(value)).toBe(bits);
+  });
+
+  it('maps every finite half to its own bits', () => {
+    let wrong = 0;
+    for (let h = 0; h < 0x10000; h++) {
+      if ((h & 0x7c00) !== 0x7c00 && f16Bits(f16BitsToNumber(h)) !== h) wrong++;
+    }
+    expect(wrong).toBe(0);
   });
 });
