@@ -58,7 +58,9 @@ function MessageView({
           {message.status === 'stopped' && <span className="tag">stopped</span>}
           {message.status === 'interrupted' && <span className="tag">interrupted</span>}
           {message.status === 'error' && <span className="tag error">error</span>}
-          {message.note && <span className="note">{message.note}</span>}
+          {message.note && (
+            <span className={message.status === 'error' ? 'note error' : 'note muted'}>{message.note}</span>
+          )}
           {message.stats && (
             <span className="muted small">
               {message.stats.completionTokens} tokens · {message.stats.decodeTokensPerSecond.toFixed(1)} tok/s

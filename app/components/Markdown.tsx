@@ -91,7 +91,7 @@ function safeHref(url: string): string | null {
 
 /** Inline spans: `code`, **bold**, *italic* / _italic_, [text](url). Everything else is plain text. */
 const INLINE =
-  /(`+)([^`]+?)\1|\*\*(.+?)\*\*|__(.+?)__|\*(?!\s)(.+?)\*|(?<![\w])_(?!\s)(.+?)_(?![\w])|\[([^\]]+)\]\(([^)\s]+)\)/s;
+  /(`+)([^`]+?)\1|\*\*(.+?)\*\*|(?<![\w])__(?!\s)(.+?)__(?![\w])|\*(?!\s)(.+?)\*|(?<![\w])_(?!\s)(.+?)_(?![\w])|\[([^\]]+)\]\(([^)\s]+)\)/s;
 
 function renderInline(text: string, keyPrefix: string): ReactNode[] {
   const out: ReactNode[] = [];

@@ -42,7 +42,9 @@ function StoredRow({
         <div className="muted small">
           {model.complete
             ? `${formatBytes(model.totalBytes ?? model.storedBytes)} · stored`
-            : `${formatBytes(model.storedBytes)}${model.totalBytes ? ` of ${formatBytes(model.totalBytes)}` : ''} · incomplete`}
+            : download
+              ? 'downloading…'
+              : `${formatBytes(model.storedBytes)}${model.totalBytes ? ` of ${formatBytes(model.totalBytes)}` : ''} · incomplete`}
           {model.error ? ` · ${model.error}` : ''}
         </div>
         {download && <ProgressBar state={download} total={model.totalBytes} />}
@@ -153,7 +155,7 @@ export function ModelsPanel({
                 if (file) select(await api.importFile(file));
               }}
             />
-            <span>Choose a .gguf file…</span>
+            <span className="button-like">Choose a .gguf file…</span>
           </label>
           <span className="muted small"> A copy is stored so it also works offline.</span>
         </section>

@@ -1,0 +1,292 @@
+/**
+ * The chat page in Chromium (SwiftShader WebGPU) with stories260K (1 MB), from ../shared (never copied into the
+ * repository): pick a model, stream a reply, live stats, KV modes, persistence across reloads, safe markdown,
+ * resumed downloads from a local stand-in of the hub, and chatting offline from the service worker's app shell.
+ * Screenshots of the main states are attached to each test (test-results/, and the HTML report).
+ */
+import { createHash } from 'node:crypto';
+import { existsSync, readFileSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import { expect, type Page, type TestInfo, test } from '@playwright/test';
+import { STORIES260K, sharedRoot } from '../test/shared.ts';
+import { startHubServer } from './fixtures/hub-server.ts';
+
+const modelFile = join(sharedRoot, STORIES260K);
+const haveModel = existsSync(modelFile);
+if (!haveModel)
+  console.warn(`\n*** SKIPPING chat.spec.ts model tests: ${modelFile} is missing (set LONGTAB_SHARED). ***\n`);
+const appDir = resolve('dist/e2e');
+/** The preset the stand-in hub serves stories260K under (the bytes differ from the real file; the layout does not). */
+const PRESET = {
+  id: 'smollm2-360m-instruct-q4_k_m',
+  repo: 'bartowski/SmolLM2-360M-Instruct-GGUF',
+  file: 'SmolLM2-360M-Instruct-Q4_K_M.gguf',
+};
+
+async function shot(page: Page, testInfo: TestInfo, name: string): Promise<void> {
+  const path = testInfo.outputPath(`${name}.png`);
+  await page.screenshot({ path });
+  await testInfo.attach(name, { path, contentType: 'image/png' });
+}
+
+function collectPageErrors(page: Page): string[] {
+  const errors: string[] = [];
+  page.on('pageerror', (error) => errors.push(error.message));
+  return errors;
+}
+
+async function openModels(page: Page): Promise<void> {
+  if (!(await page.getByTestId('models-panel').isVisible())) await page.getByTestId('model-chip').click();
+  await expect(page.getByTestId('models-panel')).toBeVisible();
+}
+
+async function pickStoriesFile(page: Page): Promise<void> {
+  await openModels(page);
+  await page.getByTestId('model-file-input').setInputFiles(modelFile);
+  await expect(page.getByTestId('models-panel')).toBeHidden();
+  await expect(page.getByTestId('model-chip')).toHaveAttribute('data-status', 'ready', { timeout: 90_000 });
+}
+
+/** Sends a message and waits for the reply to finish; returns its text. */
+async function chat(page: Page, text: string): Promise<string> {
+  const replies = page.getByTestId('message-assistant');
+  const before = await replies.count();
+  await page.getByTestId('composer-input').fill(text);
+  await page.getByTestId('send').click();
+  await expect(replies).toHaveCount(before + 1);
+  const reply = replies.nth(before);
+  await expect(reply).not.toHaveAttribute('data-status', 'streaming', { timeout: 90_000 });
+  await expect(reply).toHaveAttribute('data-status', 'done');
+  return ((await reply.locator('.bubble').textContent()) ?? '').trim();
+}
+
+async function setMaxTokens(page: Page, maxTokens: number): Promise<void> {
+  await page.getByTestId('open-settings').click();
+  await page.getByTestId('setting-maxTokens').fill(String(maxTokens));
+  await page.keyboard.press('Escape');
+}
+
+function statNumber(text: string | null): number {
+  return Number.parseFloat((text ?? '').replace(/[^\d.]/g, '')) || 0;
+}
+
+test.describe('chat page', () => {
+  test('a model from a local file streams a reply with live stats; the chat survives a reload; KV modes', async ({
+    page,
+  }, testInfo) => {
+    test.skip(!haveModel, 'stories260K is missing');
+    const errors = collectPageErrors(page);
+    await page.goto('/');
+    await expect(page.getByTestId('no-model')).toBeVisible();
+    await expect(page.getByTestId('stats-panel')).toBeVisible();
+    await shot(page, testInfo, '01-empty');
+
+    await openModels(page);
+    await expect(page.getByTestId(`preset-${PRESET.id}`)).toContainText('approx.');
+    await expect(page.getByTestId('storage-quota')).toBeVisible();
+    await shot(page, testInfo, '02-models-panel');
+    await pickStoriesFile(page);
+    await setMaxTokens(page, 8);
+
+    const reply = await chat(page, 'Once upon a time');
+    expect(reply.length).toBeGreaterThan(0);
+    await expect(page.getByTestId('message-user')).toHaveText('Once upon a time');
+    expect(statNumber(await page.getByTestId('stat-decode').textContent())).toBeGreaterThan(0);
+    expect(statNumber(await page.getByTestId('stat-prefill').textContent())).toBeGreaterThan(0);
+    expect(statNumber(await page.getByTestId('stat-ttft').textContent())).toBeGreaterThan(0);
+    expect(statNumber(await page.getByTestId('stat-context').textContent())).toBeGreaterThan(0);
+    await expect(page.getByTestId('mem-weights')).not.toContainText(/^weights0 B$/);
+    await expect(page.getByTestId('stat-kv-mode')).toHaveText('f16');
+    await expect(page.getByTestId('stat-kv-bits')).toHaveText('16');
+    await expect(page.getByTestId('tps-chart')).toBeVisible();
+    await shot(page, testInfo, '03-chat-reply-f16');
+
+    // Rename, then reload: the conversation, its title and the reply come back from IndexedDB.
+    const item = page.getByTestId('conversation-item').first();
+    await item.getByRole('button', { name: /^Rename/ }).click();
+    await page.getByTestId('rename-input').fill('Stories test');
+    await page.getByTestId('rename-input').press('Enter');
+    await expect(page.getByTestId('conversation-title')).toHaveText('Stories test');
+    await page.reload();
+    await expect(page.getByTestId('conversation-title')).toHaveText('Stories test');
+    await expect(page.getByTestId('message-assistant').first().locator('.bubble')).toHaveText(reply);
+    await expect(page.getByTestId('model-chip')).toHaveAttribute('data-status', 'ready', { timeout: 90_000 });
+    await shot(page, testInfo, '04-after-reload');
+
+    // int2: the engine rejects it until the int2 pool lands; then this part checks a reply and < 16 bits per element.
+    await page.getByTestId('open-settings').click();
+    await page.getByTestId('kv-int2').check();
+    await shot(page, testInfo, '05-settings');
+    await page.keyboard.press('Escape');
+    // The reload starts after a short debounce: wait for it to end in int2 or in an error.
+    const chip = page.getByTestId('model-chip');
+    await expect
+      .poll(async () => `${await chip.getAttribute('data-status')} ${await chip.textContent()}`, { timeout: 90_000 })
+      .toMatch(/^error |^ready .*int2 KV/);
+    const status = await chip.getAttribute('data-status');
+    if (status === 'error') {
+      const message = (await page.getByTestId('engine-error').textContent()) ?? '';
+      expect(message).toMatch(/int2/i);
+      testInfo.annotations.push({ type: 'skip-int2', description: `The engine still rejects int2: ${message}` });
+      console.warn(`*** int2 part skipped: the engine rejects it (${message}) ***`);
+      await shot(page, testInfo, '06-int2-rejected');
+    } else {
+      await chat(page, 'The cat');
+      await expect(page.getByTestId('stat-kv-mode')).toHaveText('int2');
+      expect(statNumber(await page.getByTestId('stat-kv-bits').textContent())).toBeLessThan(16);
+      await shot(page, testInfo, '06-chat-int2');
+    }
+    expect(errors).toEqual([]);
+  });
+
+  test('HTML and script in a reply show as text and never run', async ({ page }, testInfo) => {
+    const errors = collectPageErrors(page);
+    await page.goto('/');
+    await expect(page.getByTestId('composer-input')).toBeVisible();
+    const hostile =
+      'Look: <img src=x onerror="window.__pwned=1"> and <script>window.__pwned=2</script>\n\n' +
+      '**bold** and [a link](javascript:window.__pwned=3) and `<b>code</b>`\n\n```html\n<iframe src="javascript:alert(1)"></iframe>\n```';
+    // A reply as a model would leave it, written straight into the app's IndexedDB store.
+    await page.evaluate(async (content) => {
+      const db = await new Promise<IDBDatabase>((ok, fail) => {
+        const open = indexedDB.open('longtab-chat');
+        open.onsuccess = () => ok(open.result);
+        open.onerror = () => fail(open.error);
+      });
+      const now = Date.now() + 1000;
+      const conversation = {
+        id: 'c-hostile',
+        title: 'Hostile output',
+        systemPrompt: '',
+        createdAt: now,
+        updatedAt: now,
+        messages: [
+          { id: 'm1', role: 'user', content: 'say something nasty', createdAt: now, status: 'done' },
+          { id: 'm2', role: 'assistant', content, createdAt: now, status: 'done' },
+        ],
+      };
+      await new Promise<void>((ok, fail) => {
+        const tx = db.transaction('conversations', 'readwrite');
+        tx.objectStore('conversations').put(conversation, conversation.id);
+        tx.oncomplete = () => ok();
+        tx.onerror = () => fail(tx.error);
+      });
+      db.close();
+    }, hostile);
+    await page.reload();
+    await expect(page.getByTestId('conversation-title')).toHaveText('Hostile output');
+    const bubble = page.getByTestId('message-assistant').locator('.bubble');
+    await expect(bubble).toContainText('<img src=x onerror="window.__pwned=1">');
+    await expect(bubble).toContainText('<script>window.__pwned=2</script>');
+    await expect(bubble).toContainText('<iframe src="javascript:alert(1)"></iframe>');
+    await expect(bubble.locator('strong')).toHaveText('bold');
+    await expect(bubble.locator('img, script, iframe')).toHaveCount(0);
+    await expect(bubble.locator('a')).toHaveCount(0);
+    await page.waitForTimeout(300);
+    expect(await page.evaluate(() => (window as { __pwned?: number }).__pwned)).toBeUndefined();
+    await shot(page, testInfo, '07-hostile-markdown-as-text');
+    expect(errors).toEqual([]);
+  });
+
+  test('a download cut mid-file resumes with Range and stores a byte-identical file', async ({ page }, testInfo) => {
+    test.skip(!haveModel, 'stories260K is missing');
+    const hub = await startHubServer({
+      files: [{ repo: PRESET.repo, file: PRESET.file, path: modelFile }],
+      cutOnceAfterBytes: 400_000,
+      chunkDelayMs: 60,
+    });
+    try {
+      await page.goto('/');
+      await page.getByTestId('open-settings').click();
+      await page.getByTestId('setting-hub').fill(hub.hubBase);
+      await page.keyboard.press('Escape');
+      await openModels(page);
+      await page.getByTestId(`preset-${PRESET.id}`).getByRole('button', { name: 'Download' }).click();
+      await expect(page.getByTestId('download-progress')).toBeVisible();
+      await shot(page, testInfo, '08-download-progress');
+      // Completing selects the model and closes the panel; it then loads.
+      await expect(page.getByTestId('model-chip')).toHaveAttribute('data-status', 'ready', { timeout: 90_000 });
+      const ranges = hub.requests.filter((r) => r.url.endsWith(PRESET.file)).map((r) => r.range);
+      expect(ranges[0]).toBeNull();
+      expect(ranges.some((r) => r !== null && /^bytes=[1-9]\d*-$/.test(r))).toBe(true);
+
+      const stored = await page.evaluate(async (id) => {
+        const dir = await (await navigator.storage.getDirectory()).getDirectoryHandle('models');
+        const file = await (await dir.getFileHandle(`${id}.gguf`)).getFile();
+        const digest = await crypto.subtle.digest('SHA-256', await file.arrayBuffer());
+        return {
+          size: file.size,
+          sha256: [...new Uint8Array(digest)].map((b) => b.toString(16).padStart(2, '0')).join(''),
+        };
+      }, PRESET.id);
+      const bytes = readFileSync(modelFile);
+      expect(stored.size).toBe(bytes.length);
+      expect(stored.sha256).toBe(createHash('sha256').update(bytes).digest('hex'));
+
+      await openModels(page);
+      await expect(page.getByTestId('stored-model')).toContainText('stored');
+      await shot(page, testInfo, '09-stored-models');
+    } finally {
+      await hub.close();
+    }
+  });
+
+  test('after one online visit the app reloads and chats offline with a stored model', async ({ page }, testInfo) => {
+    test.skip(!haveModel, 'stories260K is missing');
+    test.skip(!existsSync(join(appDir, 'sw.js')), 'dist/e2e has no service worker (build first)');
+    // One server for the app and the hub, so stopping it takes the whole network away (Playwright's setOffline does
+    // not cover service-worker fetches).
+    const server = await startHubServer({ files: [{ repo: PRESET.repo, file: PRESET.file, path: modelFile }], appDir });
+    let stopped = false;
+    try {
+      await page.goto(`${server.origin}/`);
+      await page.evaluate(() => navigator.serviceWorker.ready);
+      await expect.poll(() => page.evaluate(() => Boolean(navigator.serviceWorker.controller))).toBe(true);
+      await page.getByTestId('open-settings').click();
+      await page.getByTestId('setting-hub').fill(server.hubBase);
+      await page.getByTestId('setting-maxTokens').fill('6');
+      await page.keyboard.press('Escape');
+      await openModels(page);
+      await page.getByTestId(`preset-${PRESET.id}`).getByRole('button', { name: 'Download' }).click();
+      await expect(page.getByTestId('model-chip')).toHaveAttribute('data-status', 'ready', { timeout: 90_000 });
+
+      await server.close();
+      stopped = true;
+      await page.reload();
+      await expect(page.getByTestId('composer-input')).toBeVisible();
+      await expect(page.getByTestId('model-chip')).toHaveAttribute('data-status', 'ready', { timeout: 90_000 });
+      const reply = await chat(page, 'Once upon a time');
+      expect(reply.length).toBeGreaterThan(0);
+      await shot(page, testInfo, '10-offline-chat');
+    } finally {
+      if (!stopped) await server.close();
+    }
+  });
+
+  test('without WebGPU the page says which browsers it needs', async ({ page }, testInfo) => {
+    const errors = collectPageErrors(page);
+    await page.addInitScript(() => {
+      Object.defineProperty(Navigator.prototype, 'gpu', { value: undefined, configurable: true });
+    });
+    await page.goto('/');
+    const status = page.getByTestId('webgpu-status');
+    await expect(status).toHaveAttribute('data-state', 'unavailable');
+    await expect(status).toContainText('WebGPU is not available');
+    await expect(status).toContainText('Chrome or Edge 113');
+    await expect(status).toContainText('Safari 26');
+    await expect(status).toContainText('Firefox 141');
+    await shot(page, testInfo, '11-no-webgpu');
+    expect(errors).toEqual([]);
+  });
+
+  test('with WebGPU but no adapter the page says so', async ({ page }) => {
+    await page.addInitScript(() => {
+      if (navigator.gpu) Object.defineProperty(navigator.gpu, 'requestAdapter', { value: async () => null });
+    });
+    await page.goto('/');
+    const status = page.getByTestId('webgpu-status');
+    await expect(status).toHaveAttribute('data-state', 'unavailable');
+    await expect(status).toContainText('no GPU adapter');
+    await expect(status).toContainText('Chrome or Edge 113');
+  });
+});
