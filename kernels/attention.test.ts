@@ -184,6 +184,12 @@ describe('paged attention', () => {
       3,
     ],
     [
+      'hd 8, 2:1, 70 splits (merge past 64)',
+      { layers: 1, heads: 4, kvHeads: 2, headDim: 8, pageTokens: 16 },
+      [90, 1, 1],
+      70,
+    ],
+    [
       'hd 8, 20:1, a group spans two tiles',
       { layers: 1, heads: 20, kvHeads: 1, headDim: 8, pageTokens: 4 },
       [7, 1, 1],
@@ -255,10 +261,7 @@ describe('paged attention', () => {
     [
       'merge without the rescale',
       {
-        merge: attentionMergeWgsl.replace(
-          '* exp(partials[base + s * rec] - best);\n    }\n    out',
-          ';\n    }\n    out',
-        ),
+        merge: attentionMergeWgsl.replace('let w = exp(partials[base + s * rec] - best);', 'let w = 1.0;'),
       },
       4,
     ],

@@ -3,6 +3,7 @@ import type { GpuContext } from '../runtime/gpu/device.ts';
 import {
   ATTENTION_MAX_ROW_PAIRS,
   ATTENTION_MAX_ROWS,
+  ATTENTION_MAX_SPLITS,
   attentionMergeWgsl,
   attentionPartialWgsl,
 } from './attention.wgsl.ts';
@@ -47,9 +48,9 @@ export function prepareAttention(
   const { pool, heads, maxTokens } = b;
   const { kvHeads, headDim } = pool;
   const splits = b.splits ?? (maxTokens === 1 ? 32 : 1);
-  if (heads % kvHeads !== 0 || headDim > 128 || headDim % 8 !== 0 || splits < 1) {
+  if (heads % kvHeads !== 0 || headDim > 128 || headDim % 8 !== 0 || splits < 1 || splits > ATTENTION_MAX_SPLITS) {
     throw new InvalidRequestError(
-      `attention: needs heads (${heads}) a multiple of kvHeads (${kvHeads}), a headDim <= 128 and a multiple of 8 (${headDim}) and splits >= 1`,
+      `attention: needs heads (${heads}) a multiple of kvHeads (${kvHeads}), a headDim <= 128 and a multiple of 8 (${headDim}) and 1 <= splits <= ${ATTENTION_MAX_SPLITS}`,
     );
   }
   // A workgroup serves `rows` (query token, head) pairs of one KV head: the GQA group in decode, plus several query

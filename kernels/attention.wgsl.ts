@@ -175,9 +175,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 }
 `;
 
+/** Most key splits the merge pass takes (its shared weight array). */
+export const ATTENTION_MAX_SPLITS = 256;
+
 /**
  * Merges the splits' partial softmax results of one (head, query) into the output:
  * out = Σ_s e^(m_s − M)·acc_s / Σ_s e^(m_s − M)·l_s with M = max_s m_s. Empty splits carry m = −1e30, l = 0.
+ * The split weights are computed once, in parallel, into shared memory; the weighted sum over splits is unrolled
+ * by 4 so each invocation keeps several independent loads in flight.
  */
 export const attentionMergeWgsl = /* wgsl */ `
 struct Params { heads: u32, headDim: u32, splits: u32, _p: u32 }
@@ -188,25 +193,47 @@ struct KvStep { position: u32, tokens: u32, tableOffset: u32, length: u32 }
 @group(0) @binding(2) var<uniform> step: KvStep;
 @group(0) @binding(3) var<uniform> params: Params;
 
+var<workgroup> weight: array<f32, ${ATTENTION_MAX_SPLITS}>;
+var<workgroup> lane: array<f32, 64>;
+
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   let h = wg.x;
   let t = wg.y;
   if (t >= step.tokens) { return; }
+  let splits = params.splits;
   let rec = params.headDim + 2u;
-  let base = (t * params.heads + h) * params.splits * rec;
+  let base = (t * params.heads + h) * splits * rec;
+  var m = -1e30;
+  for (var s = lid; s < splits; s += 64u) { m = max(m, partials[base + s * rec]); }
+  lane[lid] = m;
+  workgroupBarrier();
   var best = -1e30;
-  for (var s = 0u; s < params.splits; s++) { best = max(best, partials[base + s * rec]); }
-  var total = 0.0;
-  for (var s = 0u; s < params.splits; s++) {
-    total += partials[base + s * rec + 1u] * exp(partials[base + s * rec] - best);
+  for (var i = 0u; i < 64u; i++) { best = max(best, lane[i]); }
+  workgroupBarrier();
+  var sum = 0.0;
+  for (var s = lid; s < splits; s += 64u) {
+    let w = exp(partials[base + s * rec] - best);
+    weight[s] = w;
+    sum += w * partials[base + s * rec + 1u];
   }
+  lane[lid] = sum;
+  workgroupBarrier();
+  var total = 0.0;
+  for (var i = 0u; i < 64u; i++) { total += lane[i]; }
   let outBase = (t * params.heads + h) * params.headDim;
   for (var d = lid; d < params.headDim; d += 64u) {
+    let at = base + 2u + d;
     var acc = 0.0;
-    for (var s = 0u; s < params.splits; s++) {
-      acc += partials[base + s * rec + 2u + d] * exp(partials[base + s * rec] - best);
+    var s = 0u;
+    for (; s + 4u <= splits; s += 4u) {
+      let a0 = partials[at + s * rec];
+      let a1 = partials[at + (s + 1u) * rec];
+      let a2 = partials[at + (s + 2u) * rec];
+      let a3 = partials[at + (s + 3u) * rec];
+      acc += weight[s] * a0 + weight[s + 1u] * a1 + weight[s + 2u] * a2 + weight[s + 3u] * a3;
     }
+    for (; s < splits; s++) { acc += weight[s] * partials[at + s * rec]; }
     out[outBase + d] = acc / total;
   }
 }
