@@ -11,7 +11,7 @@ export function seededRandom(seed: number): () => number {
 }
 
 /** Uniform values in [-scale, scale), never all zero. */
-export function randomFloats(random: () => number, count: number, scale = 1): Float32Array {
+export function randomFloats(random: () => number, count: number, scale = 1): Float32Array<ArrayBuffer> {
   const out = new Float32Array(count);
   for (let i = 0; i < count; i++) out[i] = (random() * 2 - 1) * scale;
   return out;

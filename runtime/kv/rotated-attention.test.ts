@@ -45,7 +45,7 @@ describe('RotatedKvAttention', () => {
       const data = seededRandom(7);
       const seq = pool.createSequence();
       const outputs: Float32Array[] = [];
-      let lastKeys = new Float32Array();
+      let lastKeys: Float32Array = new Float32Array();
       const graphs = new Map<number, ReturnType<typeof backend.prepareLayer>[]>();
       for (const tokens of [5, 3, 1, 1]) {
         if (!graphs.has(tokens))
