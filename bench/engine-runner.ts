@@ -1,0 +1,264 @@
+/**
+ * longtab's engine on one GGUF file and one KV mode: loads it once with a KV budget for the largest context, then
+ * measures each context (see BENCH.md for the protocol). Decode steps go through `generateInSequence`, the product's
+ * own path (one submit and one 4-byte readback per token), timed on the host between consecutive tokens.
+ */
+
+import { Engine, type KvMode } from '../runtime/engine/engine.ts';
+import { InvalidRequestError } from '../runtime/errors.ts';
+import { sourceFromPath } from '../runtime/gguf/node-source.ts';
+import type { ByteSource } from '../runtime/gguf/types.ts';
+import type { MemorySnapshot } from '../runtime/gpu/allocator.ts';
+import type { GpuContext } from '../runtime/gpu/device.ts';
+import type { BenchModelFile } from './models.ts';
+import { type RowTiming, summarize, type TimedRepeat } from './stats.ts';
+
+export type FillMode = 'prefill' | 'fast';
+
+export interface DecodeGraphCounts {
+  /** PreparedDispatches recorded per decode token: forward body + logits + sampler. */
+  dispatches: number;
+  forwardDispatches: number;
+  logitsDispatches: number;
+  samplerDispatches: number;
+  /** Compute passes per decode token (forward, logits, sample). */
+  computePasses: number;
+  /** Measured by counting queue calls over the timed decode steps, divided by the steps. */
+  submitsPerToken: number;
+  writeBuffersPerToken: number;
+}
+
+export interface EngineRowResult {
+  fill: FillMode;
+  promptTokens: number;
+  timing: RowTiming;
+  /** Measured from the pool after the run: bytes of pages the sequence holds / its length. */
+  kvBytesPerToken: number;
+  memory: MemorySnapshot;
+  kvPool: { bytesUsed: number; bytesReserved: number; slabs: number; pageTokens: number; pageBytes: number };
+  graph: DecodeGraphCounts;
+  /** Weights read per decode token (every matrix once; the embedding one row unless tied to the output). */
+  weightBytesReadPerToken: number;
+  /** KV bytes read per decode token at the mean decode position. */
+  kvBytesReadPerToken: number;
+}
+
+export interface EngineLoadResult {
+  available: boolean;
+  /** Why the mode is not available (the engine's own error message). */
+  reason?: string;
+  loadSeconds?: number;
+}
+
+/** Counts submits and writeBuffers on a queue while `active` (patched in place; `restore()` puts them back). */
+function countQueueCalls(queue: GPUQueue) {
+  const counts = { submits: 0, writeBuffers: 0 };
+  const submit = queue.submit;
+  const writeBuffer = queue.writeBuffer;
+  const patched = queue as unknown as Record<string, unknown>;
+  patched.submit = function (this: GPUQueue, ...args: Parameters<GPUQueue['submit']>) {
+    counts.submits++;
+    return submit.apply(this, args);
+  };
+  patched.writeBuffer = function (this: GPUQueue, ...args: Parameters<GPUQueue['writeBuffer']>) {
+    counts.writeBuffers++;
+    return writeBuffer.apply(this, args);
+  };
+  return {
+    counts,
+    restore() {
+      delete patched.submit;
+      delete patched.writeBuffer;
+      if (queue.submit !== submit) patched.submit = submit;
+      if (queue.writeBuffer !== writeBuffer) patched.writeBuffer = writeBuffer;
+    },
+  };
+}
+
+export class EngineRunner {
+  private readonly engine: Engine;
+  private source: ByteSource | null = null;
+  private file: BenchModelFile | null = null;
+
+  constructor(gpu: GpuContext) {
+    this.engine = new Engine(gpu);
+  }
+
+  get gpu(): GpuContext {
+    return this.engine.gpu;
+  }
+
+  /** Loads `file` with `kv`; an unavailable KV mode is reported, not thrown. */
+  async load(
+    file: BenchModelFile,
+    kv: KvMode,
+    maxContext: number,
+    prefillChunk: number | undefined,
+  ): Promise<EngineLoadResult> {
+    await this.unload();
+    const s = file.shape;
+    const f16BytesPerToken = 2 * s.layers * s.kvHeads * s.headDim * 2;
+    const started = performance.now();
+    this.source = await sourceFromPath(file.path);
+    try {
+      await this.engine.load(this.source, {
+        kv,
+        // Room for the largest context plus page rounding; int2 pages are smaller, so this is enough for them too.
+        kvBudgetBytes: f16BytesPerToken * (maxContext + 64),
+        maxSequences: 2,
+        ...(prefillChunk ? { prefillChunk } : {}),
+      });
+    } catch (error) {
+      await this.unload();
+      if (error instanceof InvalidRequestError && error.details.option === 'kv') {
+        return { available: false, reason: error.message };
+      }
+      throw error;
+    }
+    this.file = file;
+    return { available: true, loadSeconds: (performance.now() - started) / 1000 };
+  }
+
+  async unload(): Promise<void> {
+    this.engine.unload();
+    await this.source?.close?.();
+    this.source = null;
+    this.file = null;
+  }
+
+  get prefillChunk(): number {
+    return this.engine.loaded?.transformer.maxTokens ?? 0;
+  }
+
+  /** The decode graph's size, from the Transformer's recorded dispatches and the sampler. */
+  decodeGraph(): Omit<DecodeGraphCounts, 'submitsPerToken' | 'writeBuffersPerToken'> {
+    const m = this.engine.loaded;
+    if (!m) throw new Error('load first');
+    const g = m.transformer.graph(1);
+    const samplerDispatches = m.sampler.dispatches.length;
+    return {
+      dispatches: g.body.length + g.logits.length + samplerDispatches,
+      forwardDispatches: g.body.length,
+      logitsDispatches: g.logits.length,
+      samplerDispatches,
+      computePasses: 3,
+    };
+  }
+
+  /** One context: warm-up, then up to `repeats` timed runs within `budgetMs`. */
+  async measure(request: {
+    context: number;
+    decodeSteps: number;
+    repeats: number;
+    fill: FillMode;
+    budgetMs: number;
+    promptIds: number[];
+  }): Promise<EngineRowResult> {
+    const m = this.engine.loaded;
+    if (!m || !this.file) throw new Error('load first');
+    const { decodeSteps, fill, promptIds } = request;
+    const prompt = promptIds.length;
+    const pool = this.engine.pool;
+    const chunk = m.transformer.maxTokens;
+
+    const runOnce = async (ids: number[], tokens: number, mode: FillMode, counting: boolean) => {
+      const seq = pool.createSequence();
+      try {
+        let reuseTokens = 0;
+        if (mode === 'fast') {
+          // Timing-only fill: pages for the prompt are reserved and the sequence length set without computing K/V
+          // (the pages hold zeros or stale values); attention reads the same bytes and does the same arithmetic.
+          pool.reserve(seq, ids.length + tokens);
+          if (ids.length > 1) pool.writeStep(seq, 0, ids.length - 1);
+          reuseTokens = ids.length - 1;
+        }
+        const stamps: number[] = [];
+        let counter: ReturnType<typeof countQueueCalls> | null = null;
+        let countedFrom = { submits: 0, writeBuffers: 0 };
+        const result = await this.engine.generateInSequence(seq, {
+          promptIds: ids,
+          reuseTokens,
+          maxTokens: tokens,
+          stopAtEog: false,
+          sampling: { temperature: 0 },
+          onToken: () => {
+            stamps.push(performance.now());
+            if (counting && stamps.length === 1) {
+              counter = countQueueCalls(this.engine.gpu.device.queue);
+              countedFrom = { ...counter.counts };
+            }
+            return undefined;
+          },
+        });
+        const counted = counter as ReturnType<typeof countQueueCalls> | null;
+        counted?.restore();
+        const steps = Math.max(stamps.length - 1, 1);
+        const calls = counted
+          ? {
+              submitsPerToken: (counted.counts.submits - countedFrom.submits) / steps,
+              writeBuffersPerToken: (counted.counts.writeBuffers - countedFrom.writeBuffers) / steps,
+            }
+          : null;
+        const stepMs: number[] = [];
+        for (let i = 1; i < stamps.length; i++) stepMs.push(stamps[i] - stamps[i - 1]);
+        const repeat: TimedRepeat = {
+          promptTokens: ids.length - reuseTokens,
+          ttftMs: result.usage.ttftMs,
+          prefillTokensPerSecond: result.usage.prefillTokensPerSecond,
+          stepMs,
+        };
+        const stats = pool.stats();
+        return { repeat, calls, seqLength: seq.length, stats, memory: this.engine.memory() };
+      } finally {
+        pool.free(seq);
+      }
+    };
+
+    // Warm-up: every graph size the timed runs use (full chunks, the remainder chunk, one token) and a few steps.
+    const warmupLength = fill === 'fast' || prompt <= chunk ? prompt : chunk + (prompt % chunk);
+    await runOnce(promptIds.slice(0, warmupLength), Math.min(4, decodeSteps + 1), fill, false);
+
+    const repeats: TimedRepeat[] = [];
+    let last: Awaited<ReturnType<typeof runOnce>> | null = null;
+    let calls: { submitsPerToken: number; writeBuffersPerToken: number } | null = null;
+    const started = performance.now();
+    for (let r = 0; r < request.repeats; r++) {
+      last = await runOnce(promptIds, decodeSteps + 1, fill, r === 0);
+      calls ??= last.calls;
+      repeats.push(last.repeat);
+      const perRepeat = (performance.now() - started) / repeats.length;
+      if (performance.now() - started + perRepeat > request.budgetMs) break;
+    }
+    if (!last) throw new Error('no repeat ran');
+    // A page holds pageTokens positions of every layer; f16 pages have no other overhead (int2 pages: see BENCH.md).
+    const kvBytesPerToken = last.stats.pageBytes / last.stats.pageTokens;
+    const meanPosition = prompt + decodeSteps / 2;
+    const weights = m.weights;
+    const embeddingBytes = weights.embedding.byteLength;
+    const weightBytesReadPerToken =
+      last.memory.bytes.weights -
+      (m.config.tiedOutput ? 0 : embeddingBytes) +
+      (m.config.tiedOutput ? 0 : embeddingBytes / m.config.vocab);
+    return {
+      fill,
+      promptTokens: prompt,
+      timing: summarize(repeats, request.repeats, fill === 'prefill'),
+      kvBytesPerToken,
+      memory: last.memory,
+      kvPool: {
+        bytesUsed: last.stats.bytesUsed,
+        bytesReserved: last.stats.bytesReserved,
+        slabs: last.stats.slabs,
+        pageTokens: last.stats.pageTokens,
+        pageBytes: last.stats.pageBytes,
+      },
+      graph: {
+        ...this.decodeGraph(),
+        submitsPerToken: calls?.submitsPerToken ?? Number.NaN,
+        writeBuffersPerToken: calls?.writeBuffersPerToken ?? Number.NaN,
+      },
+      weightBytesReadPerToken,
+      kvBytesReadPerToken: kvBytesPerToken * meanPosition,
+    };
+  }
+}
