@@ -6,6 +6,7 @@ import { LongtabError } from '../errors.ts';
 import { acquireGpu } from '../gpu/device.ts';
 import { nodeGpu, releaseNodeGpu } from '../gpu/node.ts';
 import { numberFlag, type ParsedArgs, parseArgs, stringFlag } from './args.ts';
+import { runCalibrate } from './calibrate.ts';
 import { runEval } from './eval.ts';
 import { runGenerate } from './generate.ts';
 import { runInfo } from './info.ts';
@@ -19,6 +20,8 @@ const USAGE = `longtab — a local LLM runtime on WebGPU
       an empty prompt means BOS only; --json prints { ids, text, usage }
   longtab eval [--model FILE] --text FILE [FILE...] [--ctx N] [--kv f16[,MODE...]] [--compare] [--max-windows W] [--json]
       perplexity over non-overlapping windows of N tokens, per KV mode; --compare adds top-1 agreement with f16
+  longtab calibrate [--model FILE] [--out FILE.bin] [--embed OUT.gguf] [--text FILE] [--tokens N] [--seed S]
+      fits the int2 cache's KV rotations (OSCAR) on self-generated text (or --text); caches them by model digest
 `;
 
 export async function runCli(argv: string[]): Promise<number> {
@@ -31,6 +34,8 @@ export async function runCli(argv: string[]): Promise<number> {
         return await withGpu(args, runGenerate);
       case 'eval':
         return await withGpu(args, runEval);
+      case 'calibrate':
+        return await withGpu(args, runCalibrate);
       case 'help':
       case '--help':
       case '-h':
