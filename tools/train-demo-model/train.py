@@ -58,6 +58,14 @@ class Config:
     dropout = 0.1
 
 
+SHAPES = {
+    # --shape: "demo" is the shipped model; "probe" the research doc's shape (shared/docs/kv-cache-research.md:
+    # 2 heads of 128, 1 KV head, INT2 group 128), there naive INT2 +34-38%, Hadamard +1.5-3.3%
+    "demo": {},
+    "probe": {"n_layers": 6, "n_heads": 2, "n_kv_heads": 1, "head_dim": 128},
+}
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim, eps):
         super().__init__()
@@ -395,6 +403,9 @@ def main():
     ap.add_argument("--sweep", default="d1_e12", help="runs from SWEEP, in order; the best is kept")
     ap.add_argument("--epoch-scale", type=float, default=1.0, help="multiplies every run's epochs (smoke tests)")
     ap.add_argument("--deadline-s", type=float, default=515, help="start no run that would end after this")
+    ap.add_argument("--shape", default="demo", choices=sorted(SHAPES), help="model shape (SHAPES)")
+    ap.add_argument("--train-deadline-s", type=float, default=None,
+                    help="stop training (then evaluate and save) once the script has run this long")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--min-lr-frac", type=float, default=0.1)
@@ -411,6 +422,8 @@ def main():
     log(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}")
 
     cfg = Config()
+    for k, v in SHAPES[args.shape].items():
+        setattr(cfg, k, v)
     data = {n: load_u16(os.path.join(args.data, f"{n}.u16"), dev) for n in ("train", "val", "wikitext2_test", "tinystories", "tinyshakespeare")}
     log("tokens: " + ", ".join(f"{k} {v.numel()}" for k, v in data.items()))
 
@@ -478,7 +491,7 @@ def main():
         "torch": torch.__version__,
         "train_tokens": data["train"].numel(),
         "kv_sim": {"group": hd, "sink": 64, "window": 256, "scale_zero": "fp16", "k": "after RoPE",
-                   "int2": "token-wise asymmetric min/max, codes 0..3", "hadamard": "Sylvester 64x64 / 8 on K (and Q) and V"},
+                   "int2": "token-wise asymmetric min/max, codes 0..3", "hadamard": f"Sylvester {hd}x{hd} / sqrt({hd}) on K (and Q) and V"},
         "runs": {},
         "chosen": None,
     }
@@ -529,7 +542,8 @@ def main():
             loss.backward()
             gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
-            if step + 1 in eval_at:
+            out_of_time = args.train_deadline_s is not None and time.time() - T_START > args.train_deadline_s
+            if step + 1 in eval_at or out_of_time:
                 vl, sl = val_loss()
                 el = time.time() - t0
                 rec = {"step": step + 1, "tokens": (step + 1) * B * T, "train_loss": loss.item(), "val_loss": vl,
@@ -539,6 +553,10 @@ def main():
                     f"lr {lr:.2e} gap {max_gap} {(step + 1) * B * T / el / 1e3:.0f}K tok/s")
                 if vl < best["val"]:
                     best = {"val": vl, "step": step + 1, "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+            if out_of_time:
+                log(f"{run_name}: stopped by --train-deadline-s at step {step + 1}/{steps} (lr schedule not finished)")
+                steps = step + 1
+                break
         train_s = time.time() - t0
         seconds_per_epoch = train_s / epochs  # the first run's includes compilation: an overestimate
         run = {"dropout": dropout, "epochs": epochs, "weight_decay": wd, "shuffled_span_frac": shuffle,
