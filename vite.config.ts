@@ -26,7 +26,8 @@ export default defineConfig(({ mode }) => {
       // works offline after one visit. Model files are stored by the app in OPFS (app/storage/models.ts), never here.
       VitePWA({
         registerType: 'autoUpdate',
-        injectRegister: 'script-defer',
+        // Registered by app/main.tsx, so the e2e harness pages never install it.
+        injectRegister: false,
         manifest: {
           name: 'longtab: a local LLM in a browser tab',
           short_name: 'longtab',

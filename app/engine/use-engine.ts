@@ -92,6 +92,12 @@ export function useEngine() {
           error: { code, message: `Could not load ${request.label}: ${errorMessage(error)}` },
         }));
         if (code === 'device-lost') await discard();
+        else {
+          // A failed load leaves no model behind: show the engine's numbers as they are now, not the old model's.
+          const current = await handleRef.current?.catch(() => null);
+          const stats = await current?.engine.stats().catch(() => null);
+          if (stats) setState((s) => ({ ...s, stats }));
+        }
         return null;
       }
     },
