@@ -282,7 +282,12 @@ describe.skipIf(!modelPath || !goldenPath)('LongtabEngine API on stories260K', (
     expect(partial.length).toBeGreaterThan(0);
 
     // The partial reply is a prefix of the full one, and the conversation continues as if it had been cut there.
+    // A reader that stops early (break) aborts its request; the engine goes on serving.
+    const early = await engine.chat.completions.create({ messages, max_tokens: 200, temperature: 0, stream: true });
+    for await (const chunk of early) if (chunk.choices[0].delta.content) break;
+
     const full = await chat(engine, { messages, max_tokens: last.usage!.completion_tokens + 8 });
+    expect((await engine.stats()).queue).toEqual({ running: false, waiting: 0 });
     expect(full.choices[0].message.content.startsWith(partial)).toBe(true);
     const next: ChatMessageParam[] = [
       ...messages,
@@ -340,7 +345,9 @@ describe.skipIf(!modelPath || !goldenPath)('LongtabEngine API on stories260K', (
     await expect(engine.load('file:///tmp/model.gguf')).rejects.toThrow(InvalidRequestError);
     await expect(engine.load(modelPath!, { kv: 'int2' })).rejects.toThrow(/int2 KV cache is not available/);
     await expect(engine.load(modelPath!, { kvBudgetBytes: -1 })).rejects.toThrow(/kvBudgetBytes/);
-    await engine.load(modelPath!, { kvBudgetBytes: 4 << 20 });
+    // A Blob (a File in the browser) loads like a path.
+    await engine.load(new Blob([readFileSync(modelPath!)]), { kvBudgetBytes: 4 << 20 });
+    expect((await engine.stats()).model?.layers).toBe(5);
     const bad: Array<[unknown, RegExp]> = [
       [{ messages: [] }, /non-empty array/],
       [{ messages: [{ role: 'robot', content: 'x' }] }, /role/],
