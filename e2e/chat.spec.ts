@@ -259,12 +259,12 @@ test.describe('chat page', () => {
 
   test('a full disk gets a clear message and nothing half-written is marked complete', async ({ page }, testInfo) => {
     test.skip(!haveModel, 'stories260K is missing');
-    const hub = await startHubServer({ files: [{ repo: PRESET.repo, file: PRESET.file, path: modelFile }] });
+    // The stand-in hub announces a 100 TB file: more than any storage quota.
+    const hub = await startHubServer({
+      files: [{ repo: PRESET.repo, file: PRESET.file, path: modelFile }],
+      announcedBytes: 100e12,
+    });
     try {
-      // Storage that has room for 1000 more bytes.
-      await page.addInitScript(() => {
-        StorageManager.prototype.estimate = async () => ({ usage: 5000, quota: 6000 });
-      });
       await page.goto('/');
       await page.getByTestId('open-settings').click();
       await page.getByTestId('setting-hub').fill(hub.hubBase);

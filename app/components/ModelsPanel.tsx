@@ -16,8 +16,8 @@ function ProgressBar({ state, total }: { state: DownloadState; total: number | n
       </div>
       <div className="download-text">
         {formatBytes(state.bytesDone)}
-        {bytesTotal ? ` of ${formatBytes(bytesTotal)}` : ''} · {formatBytes(state.speed)}/s ·{' '}
-        {state.secondsLeft === null ? 'estimating…' : `${formatDuration(state.secondsLeft)} left`}
+        {bytesTotal ? ` of ${formatBytes(bytesTotal)}` : ''} · {state.speed > 0 ? `${formatBytes(state.speed)}/s` : '—'}{' '}
+        · {state.secondsLeft === null ? 'estimating…' : `${formatDuration(state.secondsLeft)} left`}
       </div>
     </div>
   );
@@ -92,6 +92,7 @@ export function ModelsPanel({
   const [url, setUrl] = useState('');
   useCloseOnEscape(onClose);
   const storedIds = new Set(api.models.map((m) => m.id));
+  const completeIds = new Set(api.models.filter((m) => m.complete).map((m) => m.id));
   const select = (model: StoredModel | null) => {
     if (model?.complete) onSelect(model.id);
   };
@@ -173,7 +174,7 @@ export function ModelsPanel({
                   disabled={storedIds.has('longtab-demo')}
                   onClick={async () => select(await api.downloadDemo())}
                 >
-                  {storedIds.has('longtab-demo') ? 'Stored' : 'Get'}
+                  {storedIds.has('longtab-demo') ? (completeIds.has('longtab-demo') ? 'Stored' : 'In list') : 'Get'}
                 </button>
               </li>
             )}
@@ -195,7 +196,7 @@ export function ModelsPanel({
                   disabled={storedIds.has(preset.id)}
                   onClick={async () => select(await api.downloadPreset(preset))}
                 >
-                  {storedIds.has(preset.id) ? 'Stored' : 'Download'}
+                  {storedIds.has(preset.id) ? (completeIds.has(preset.id) ? 'Stored' : 'In list') : 'Download'}
                 </button>
               </li>
             ))}

@@ -43,8 +43,65 @@ export class ModelDownloadError extends Error {
 
 const store = createStore('longtab-models', 'models');
 const MODELS_DIR = 'models';
-/** Committing a writable flushes its swap file into the real file: every this many bytes a crash loses at most this. */
-const COMMIT_EVERY_BYTES = 16 * 1024 * 1024;
+/** In a worker, bytes are flushed to disk (and the record updated) this often: a crash loses at most this much. */
+const CHECKPOINT_EVERY_BYTES = 8 * 1024 * 1024;
+
+interface ModelFileWriter {
+  write(chunk: Uint8Array, at: number): Promise<void>;
+  /** Makes the bytes written so far durable; absent where that would cost a copy of the whole file. */
+  checkpoint?(): Promise<void>;
+  close(): Promise<void>;
+}
+
+type SyncAccessHandle = {
+  write(buffer: Uint8Array, options: { at: number }): number;
+  truncate(size: number): void;
+  flush(): void;
+  close(): void;
+};
+
+/**
+ * In a worker (download.worker.ts) a sync access handle writes in place and flushes cheaply. On the main thread a
+ * writable stream is the only way; it writes into a swap file that replaces the real one on close, so it is opened
+ * once per attempt (re-opening it to checkpoint would copy the whole file each time) and closed, keeping the bytes,
+ * when the connection drops.
+ */
+async function openWriter(handle: FileSystemFileHandle, truncate: boolean): Promise<ModelFileWriter> {
+  const withSync = handle as FileSystemFileHandle & { createSyncAccessHandle?: () => Promise<SyncAccessHandle> };
+  if (typeof withSync.createSyncAccessHandle === 'function' && typeof document === 'undefined') {
+    const access = await withSync.createSyncAccessHandle();
+    if (truncate) access.truncate(0);
+    let closed = false;
+    return {
+      async write(chunk, at) {
+        let offset = 0;
+        while (offset < chunk.byteLength) offset += access.write(chunk.subarray(offset), { at: at + offset });
+      },
+      async checkpoint() {
+        access.flush();
+      },
+      async close() {
+        if (closed) return;
+        closed = true;
+        access.flush();
+        access.close();
+      },
+    };
+  }
+  const writable = await handle.createWritable({ keepExistingData: !truncate });
+  if (truncate) await writable.truncate(0);
+  let closed = false;
+  return {
+    async write(chunk, at) {
+      await writable.write({ type: 'write', position: at, data: chunk as Uint8Array<ArrayBuffer> });
+    },
+    async close() {
+      if (closed) return;
+      closed = true;
+      await writable.close();
+    },
+  };
+}
 
 export function opfsAvailable(): boolean {
   return typeof navigator !== 'undefined' && typeof navigator.storage?.getDirectory === 'function';
@@ -256,7 +313,7 @@ async function downloadOnce(
     if (free !== null && total - start > free) {
       await response.body.cancel();
       const message = quotaMessage(model.name, total - start);
-      await putModel({ ...model, error: message });
+      await putModel({ ...model, error: 'not enough storage' });
       throw new ModelDownloadError('storage-quota', message);
     }
   }
@@ -282,40 +339,35 @@ async function downloadOnce(
     });
   };
 
-  let writable = await handle.createWritable({ keepExistingData: !truncate });
-  if (truncate) await writable.truncate(0);
-  await writable.seek(start);
-  let sinceCommit = 0;
+  const writer = await openWriter(handle, truncate);
+  let sinceCheckpoint = 0;
   const reader = response.body.getReader();
   report();
   try {
     for (;;) {
       const { done, value } = await reader.read();
       if (done) break;
-      await writable.write(value);
+      await writer.write(value, written);
       written += value.byteLength;
-      sinceCommit += value.byteLength;
-      if (sinceCommit >= COMMIT_EVERY_BYTES) {
-        await writable.close();
+      sinceCheckpoint += value.byteLength;
+      if (sinceCheckpoint >= CHECKPOINT_EVERY_BYTES && writer.checkpoint) {
+        await writer.checkpoint();
         await putModel({ ...model, storedBytes: written });
-        writable = await handle.createWritable({ keepExistingData: true });
-        await writable.seek(written);
-        sinceCommit = 0;
+        sinceCheckpoint = 0;
       }
       report();
     }
-    await writable.close();
+    await writer.close();
   } catch (error) {
-    // Keep whatever was written (the next try resumes from it) unless the disk is full, where the partial swap is
-    // discarded; either way the record stays incomplete.
+    // Whatever reached the disk stays (the next try resumes from it); the record stays incomplete either way.
+    await writer.close().catch(() => {});
+    const storedBytes = (await handle.getFile()).size;
     if (isQuotaError(error)) {
-      await writable.abort().catch(() => {});
       const message = quotaMessage(model.name, total);
-      await putModel({ ...model, storedBytes: (await handle.getFile()).size, error: message });
+      await putModel({ ...model, storedBytes, error: 'not enough storage' });
       throw new ModelDownloadError('storage-quota', message);
     }
-    await writable.close().catch(() => writable.abort().catch(() => {}));
-    await putModel({ ...model, storedBytes: (await handle.getFile()).size });
+    await putModel({ ...model, storedBytes });
     if (signal?.aborted) throw new ModelDownloadError('aborted', 'Download paused.');
     throw new ModelDownloadError('download-failed', `The connection dropped at ${formatBytes(written)}: ${error}`);
   }
@@ -364,7 +416,7 @@ export async function importLocalFile(file: File): Promise<StoredModel> {
     await writable.abort().catch(() => {});
     if (isQuotaError(error)) {
       const message = quotaMessage(file.name, file.size);
-      await putModel({ ...model, error: message });
+      await putModel({ ...model, error: 'not enough storage' });
       throw new ModelDownloadError('storage-quota', message);
     }
     throw error;

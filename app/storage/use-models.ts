@@ -1,11 +1,11 @@
 /** Stored models and running downloads, shared by the models panel and the model picker. */
 import { useCallback, useEffect, useRef, useState } from 'react';
 import { DEMO_MODEL_PATH, hubUrl, type ModelPreset } from '../models/presets.ts';
+import { downloadInWorker } from './download-client.ts';
 import {
   addRemoteModel,
   type DownloadProgress,
   deleteModel,
-  downloadModel,
   ggufExistsAt,
   importLocalFile,
   listModels,
@@ -49,7 +49,7 @@ export function useModels(hubBaseUrl: string) {
         [id]: { bytesDone: 0, bytesTotal: null, speed: 0, secondsLeft: null, running: true },
       }));
       try {
-        const done = await downloadModel(
+        const done = await downloadInWorker(
           id,
           (progress) => setDownloads((d) => ({ ...d, [id]: { ...progress, running: true } })),
           controller.signal,
