@@ -70,6 +70,8 @@ export interface BenchReport {
   date: string;
   quick: boolean;
   finished: boolean;
+  /** Git commit of the bench and runtime that ran (`+dirty`: uncommitted changes; `+worktree`: bundled from them). */
+  commit: string;
   host: { platform: string; arch: string; cpus: number; cpuModel: string; node: string; memoryBytes: number };
   adapter: {
     info: Record<string, unknown>;
@@ -112,7 +114,7 @@ function ratio(value: number | null | undefined): string {
 export function renderMarkdown(report: BenchReport): string {
   const a = report.adapter.info;
   const lines: string[] = [];
-  lines.push(`# longtab bench ${report.date}${report.quick ? ' (quick)' : ''}`);
+  lines.push(`# longtab bench ${report.date}${report.quick ? ' (quick)' : ''}, commit ${report.commit.slice(0, 12)}`);
   lines.push('');
   lines.push(
     `Adapter: ${String(a.vendor ?? '')} ${String(a.device ?? '')} (${String(a.description ?? '')}, architecture ${String(a.architecture ?? '')}` +
@@ -192,6 +194,7 @@ export function validateReport(value: unknown): string[] {
   need(r.schema === REPORT_SCHEMA, `schema is ${String(r.schema)}`);
   need(typeof r.date === 'string' && !Number.isNaN(Date.parse(r.date as string)), 'date is not an ISO date');
   need(typeof r.quick === 'boolean' && typeof r.finished === 'boolean', 'quick/finished are not booleans');
+  need(typeof r.commit === 'string', 'commit missing');
   need(isObject(r.host) && typeof r.host.node === 'string', 'host.node missing');
   const adapter = r.adapter;
   need(

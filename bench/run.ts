@@ -3,6 +3,7 @@
  * Protocol, flags and how to run it on the GPU host: BENCH.md. Results: bench/results/<date>-<adapter>.{json,md},
  * rewritten after every row so an interrupted run keeps what it measured.
  */
+import { execFileSync } from 'node:child_process';
 import { mkdir, writeFile } from 'node:fs/promises';
 import { cpus, tmpdir, totalmem } from 'node:os';
 import { join, resolve } from 'node:path';
@@ -63,8 +64,8 @@ const USAGE = `Usage: npm run bench -- [flags]   (or: node .gpu/bench.mjs [flags
   --decode-steps n        default 64
   --repeats n             timed repeats after warm-up, default 5
   --fill auto|prefill|fast  how the KV is filled before decode (default auto, see BENCH.md)
-  --prefill-limit-s s     auto fill: fast fill when one prefill is estimated to take longer (default 60)
-  --row-budget-s s        per row: no further repeat past this (default 120)
+  --prefill-limit-s s     auto fill: fast fill when one prefill is estimated to take longer (default 45)
+  --row-budget-s s        per row: no further repeat past this (default 60)
   --budget-s s            whole run: later rows are skipped (default: none)
   --prefill-chunk n       longtab tokens per prefill submit (default: the engine's, 128)
   --llama auto|vulkan|cpu|off   node-llama-cpp backend (auto: vulkan on a GPU adapter, cpu on a CPU one)
@@ -73,7 +74,7 @@ const USAGE = `Usage: npm run bench -- [flags]   (or: node .gpu/bench.mjs [flags
   --llama-batch n         llama.cpp batch size (default 512)
   --models-dir dir        cache of generated GGUF files (default $TMPDIR/longtab-bench)
   --out dir               default bench/results
-  --name stem             output file stem (default <date>-<adapter>[-quick])
+  --name stem             output file stem (default <date>-<adapter>[-<models> when not all][-quick])
   --seed n                default 1`;
 
 function list(value: string): string[] {
@@ -150,8 +151,8 @@ export function parseBenchArgs(argv: readonly string[], log: (line: string) => v
     decodeSteps: num('decode-steps', defaults.decodeSteps),
     repeats: Math.max(1, num('repeats', defaults.repeats)),
     fill,
-    prefillLimitSeconds: num('prefill-limit-s', 60),
-    rowBudgetSeconds: num('row-budget-s', 120),
+    prefillLimitSeconds: num('prefill-limit-s', 45),
+    rowBudgetSeconds: num('row-budget-s', 60),
     totalBudgetSeconds: num('budget-s', Number.POSITIVE_INFINITY),
     prefillChunk: chunk ? Number(chunk) : undefined,
     llama,
@@ -169,6 +170,21 @@ export function parseBenchArgs(argv: readonly string[], log: (line: string) => v
     if (c <= options.decodeSteps + 1) throw new Error(`context ${c} must exceed decode steps + 1`);
   }
   return options;
+}
+
+/** The commit the bench runs (the GPU bundle has it built in; `+dirty` when the working tree has changes). */
+function sourceCommit(): string {
+  if (process.env.LONGTAB_BENCH_COMMIT) return process.env.LONGTAB_BENCH_COMMIT;
+  try {
+    const head = execFileSync('git', ['rev-parse', 'HEAD'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] });
+    const dirty = execFileSync('git', ['status', '--porcelain', '--untracked-files=no'], {
+      encoding: 'utf8',
+      stdio: ['ignore', 'pipe', 'ignore'],
+    });
+    return `${head.trim()}${dirty.trim() ? '+dirty' : ''}`;
+  } catch {
+    return 'unknown';
+  }
 }
 
 function slug(text: string): string {
@@ -240,7 +256,15 @@ export async function runBench(
     }
   }
   const date = new Date();
-  const name = options.name ?? `${date.toISOString().slice(0, 10)}-${adapterSlug(gpu)}${options.quick ? '-quick' : ''}`;
+  const subset = !options.quick && options.models.length < BENCH_MODELS.length;
+  const name =
+    options.name ??
+    [
+      date.toISOString().slice(0, 10),
+      adapterSlug(gpu),
+      ...(subset ? [options.models.map((m) => m.id).join('+')] : []),
+      ...(options.quick ? ['quick'] : []),
+    ].join('-');
   await mkdir(options.outDir, { recursive: true });
   const jsonPath = resolve(options.outDir, `${name}.json`);
   const mdPath = resolve(options.outDir, `${name}.md`);
@@ -253,6 +277,7 @@ export async function runBench(
     date: date.toISOString(),
     quick: options.quick,
     finished: false,
+    commit: sourceCommit(),
     host: {
       platform: process.platform,
       arch: process.arch,
