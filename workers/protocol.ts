@@ -47,22 +47,23 @@ export interface WorkerEngineApi {
   unload(): Promise<void>;
 }
 
-export const WORKER_METHODS: readonly (keyof WorkerEngineApi)[] = [
-  'load',
-  'chat',
-  'completion',
-  'next',
-  'abortStream',
-  'closeStream',
-  'stats',
-  'subscribeStats',
-  'unsubscribeStats',
-  'deleteConversation',
-  'abort',
-  'unload',
-];
+/** Each method's most arguments, and which of them may be a callback (a Comlink.proxy). */
+const SIGNATURES: Record<keyof WorkerEngineApi, { args: number; callbacks: number[] }> = {
+  load: { args: 3, callbacks: [2] },
+  chat: { args: 1, callbacks: [] },
+  completion: { args: 1, callbacks: [] },
+  next: { args: 1, callbacks: [] },
+  abortStream: { args: 1, callbacks: [] },
+  closeStream: { args: 1, callbacks: [] },
+  stats: { args: 0, callbacks: [] },
+  subscribeStats: { args: 1, callbacks: [0] },
+  unsubscribeStats: { args: 1, callbacks: [] },
+  deleteConversation: { args: 1, callbacks: [] },
+  abort: { args: 0, callbacks: [] },
+  unload: { args: 0, callbacks: [] },
+};
 
-const MAX_ARGUMENTS = 4;
+export const WORKER_METHODS = Object.keys(SIGNATURES) as (keyof WorkerEngineApi)[];
 
 /** Why a message is not a call this worker accepts, or null when it is. */
 export function checkWorkerMessage(data: unknown): string | null {
@@ -71,16 +72,20 @@ export function checkWorkerMessage(data: unknown): string | null {
   if (typeof m.id !== 'string' || m.id.length === 0 || m.id.length > 128) return 'no valid message id';
   if (m.type === 'RELEASE') return Array.isArray(m.path) && m.path.length === 0 ? null : 'RELEASE of a member';
   if (m.type !== 'APPLY') return `message type ${String(m.type)} is not accepted (only method calls)`;
-  if (!Array.isArray(m.path) || m.path.length !== 1 || !WORKER_METHODS.includes(m.path[0] as keyof WorkerEngineApi))
+  const method = Array.isArray(m.path) && m.path.length === 1 ? m.path[0] : undefined;
+  if (typeof method !== 'string' || !Object.hasOwn(SIGNATURES, method))
     return `unknown method ${JSON.stringify(m.path)}`;
+  const signature = SIGNATURES[method as keyof WorkerEngineApi];
   const args = m.argumentList;
-  if (!Array.isArray(args) || args.length > MAX_ARGUMENTS) return 'argumentList must be an array of at most 4 values';
-  for (const arg of args) {
-    if (typeof arg !== 'object' || arg === null) return 'malformed argument';
-    const wire = arg as Record<string, unknown>;
+  if (!Array.isArray(args) || args.length > signature.args)
+    return `${method} takes at most ${signature.args} argument(s)`;
+  for (let i = 0; i < args.length; i++) {
+    const wire = args[i] as Record<string, unknown> | null;
+    if (typeof wire !== 'object' || wire === null) return `${method}: malformed argument ${i}`;
     if (wire.type === 'RAW') continue;
-    if (wire.type === 'HANDLER' && wire.name === 'proxy' && wire.value instanceof MessagePort) continue;
-    return 'arguments must be plain values or Comlink.proxy callbacks';
+    const isCallback = wire.type === 'HANDLER' && wire.name === 'proxy' && wire.value instanceof MessagePort;
+    if (isCallback && signature.callbacks.includes(i)) continue;
+    return `${method}: argument ${i} must be a plain value${signature.callbacks.includes(i) ? ' or a Comlink.proxy callback' : ''}`;
   }
   return null;
 }

@@ -21,6 +21,8 @@ export interface KvCacheOptions {
   rotation?: boolean;
   /** Live KV sequences at once (conversations plus shared system prompts; default 16). */
   maxSequences?: number;
+  /** Longest sequence in tokens (default: the model's context length; the budget caps it too). */
+  maxContextTokens?: number;
 }
 
 /**

@@ -50,6 +50,7 @@ export function kvPoolOptions(config: ModelConfig, options: KvCacheOptions): KvP
   checkInteger('window', options.window, 0);
   checkInteger('groupSize', options.groupSize, 1, 1 << 16);
   checkInteger('maxSequences', options.maxSequences, 1, 256);
+  checkInteger('maxContextTokens', options.maxContextTokens, 1);
   if (options.rotation !== undefined && typeof options.rotation !== 'boolean') {
     throw new InvalidRequestError(`Load option rotation must be true or false.`, { option: 'rotation' });
   }
@@ -64,7 +65,7 @@ export function kvPoolOptions(config: ModelConfig, options: KvCacheOptions): KvP
     headDim: config.headDim,
     budgetBytes: options.kvBudgetBytes ?? DEFAULT_KV_BUDGET,
     maxSequences: options.maxSequences ?? DEFAULT_MAX_SEQUENCES,
-    maxSequenceTokens: config.contextLength,
+    maxSequenceTokens: options.maxContextTokens ?? config.contextLength,
   };
 }
 

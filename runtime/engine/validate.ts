@@ -178,6 +178,7 @@ export const LOAD_OPTION_FIELDS = [
   'groupSize',
   'rotation',
   'maxSequences',
+  'maxContextTokens',
   'prefillChunk',
   'onProgress',
 ] as const;
@@ -190,7 +191,15 @@ export function validateLoadOptions(options: unknown): EngineLoadOptions {
   if (options === undefined || options === null) return {};
   const o = checkObject('load options', options, LOAD_OPTION_FIELDS);
   if (o.kv !== undefined && o.kv !== 'f16' && o.kv !== 'int2') fail('kv', o.kv, "use 'f16' or 'int2'");
-  for (const name of ['kvBudgetBytes', 'sink', 'window', 'groupSize', 'maxSequences', 'prefillChunk'] as const) {
+  for (const name of [
+    'kvBudgetBytes',
+    'sink',
+    'window',
+    'groupSize',
+    'maxSequences',
+    'maxContextTokens',
+    'prefillChunk',
+  ] as const) {
     optionalNumber(name, o[name], (n) => n >= 0 && Number.isSafeInteger(n), 'use a non-negative integer', true);
   }
   optionalBoolean('rotation', o.rotation);
