@@ -67,6 +67,24 @@ async function setMaxTokens(page: Page, maxTokens: number): Promise<void> {
   await page.keyboard.press('Escape');
 }
 
+/** Conversation titles as stored in the app's IndexedDB. */
+function storedTitles(page: Page): Promise<string[]> {
+  return page.evaluate(async () => {
+    const db = await new Promise<IDBDatabase>((ok, fail) => {
+      const open = indexedDB.open('longtab-chat');
+      open.onsuccess = () => ok(open.result);
+      open.onerror = () => fail(open.error);
+    });
+    const all = await new Promise<Array<{ title: string }>>((ok, fail) => {
+      const request = db.transaction('conversations').objectStore('conversations').getAll();
+      request.onsuccess = () => ok(request.result);
+      request.onerror = () => fail(request.error);
+    });
+    db.close();
+    return all.map((c) => c.title);
+  });
+}
+
 function statNumber(text: string | null): number {
   return Number.parseFloat((text ?? '').replace(/[^\d.]/g, '')) || 0;
 }
@@ -89,7 +107,7 @@ test.describe('chat page', () => {
     await expect(page.getByTestId('storage-quota')).toBeVisible();
     await shot(page, testInfo, '02-models-panel');
     await pickStoriesFile(page);
-    await setMaxTokens(page, 5);
+    await setMaxTokens(page, 3);
 
     const reply = await chat(page, 'Once upon a time');
     expect(reply.length).toBeGreaterThan(0);
@@ -110,6 +128,8 @@ test.describe('chat page', () => {
     await page.getByTestId('rename-input').fill('Stories test');
     await page.getByTestId('rename-input').press('Enter');
     await expect(page.getByTestId('conversation-title')).toHaveText('Stories test');
+    // The write to IndexedDB is asynchronous: reload once it has landed (a person's reload comes later than this).
+    await expect.poll(() => storedTitles(page)).toContain('Stories test');
     await page.reload();
     await expect(page.getByTestId('conversation-title')).toHaveText('Stories test');
     await expect(page.getByTestId('message-assistant').first().locator('.bubble')).toHaveText(reply);
@@ -293,7 +313,7 @@ test.describe('chat page', () => {
       await expect.poll(() => page.evaluate(() => Boolean(navigator.serviceWorker.controller))).toBe(true);
       await page.getByTestId('open-settings').click();
       await page.getByTestId('setting-hub').fill(server.hubBase);
-      await page.getByTestId('setting-maxTokens').fill('6');
+      await page.getByTestId('setting-maxTokens').fill('3');
       await page.keyboard.press('Escape');
       await openModels(page);
       await page.getByTestId(`preset-${PRESET.id}`).getByRole('button', { name: 'Download' }).click();
