@@ -1,17 +1,21 @@
 import { InvalidRequestError } from '../runtime/errors.ts';
 import type { GpuContext } from '../runtime/gpu/device.ts';
 import {
+  ATTENTION_BLOCK_KEYS,
   ATTENTION_MAX_ROW_PAIRS,
   ATTENTION_MAX_ROWS,
   ATTENTION_MAX_SPLITS,
   attentionMergeWgsl,
+  attentionMixedWgsl,
   attentionPartialWgsl,
 } from './attention.wgsl.ts';
 import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from './dispatch.ts';
 import { type KvPageSource, kvPoolDispatch } from './kv-append.ts';
+import type { KvQuantPages } from './kv-demote.ts';
 
 export interface AttentionBinding {
-  pool: KvPageSource;
+  /** With `quant` set (pool mode 'quant'), the mixed kernel reads f16 and quant pages. */
+  pool: KvPageSource & { readonly quant?: KvQuantPages | null };
   layer: number;
   /** f32 [tokens, heads*headDim], RoPE applied. */
   q: GPUBuffer;
@@ -63,26 +67,43 @@ export function prepareAttention(
   if (splits > maxGrid || tiles > maxGrid) {
     throw new InvalidRequestError(`attention: grid ${splits} x ${kvHeads} x ${tiles} exceeds ${maxGrid} per dimension`);
   }
-  const partialPipeline = computePipeline(gpu, 'attention-partial', sources.partial ?? attentionPartialWgsl);
-  const params = uniformBuffer(
+  const quant = pool.quant ?? null;
+  const partialPipeline = computePipeline(
     gpu,
-    `${label}.params`,
-    [
-      pool.layerOffsetWords(b.layer, 0),
-      pool.layerOffsetWords(b.layer, 1),
-      pool.pageWords,
-      pool.pageTokens,
-      heads,
-      kvHeads,
-      headDim,
-      splits,
-      b.scale,
-      rows,
-      0,
-      0,
-    ],
-    'uuuuuuuufuuu',
+    quant ? 'attention-mixed' : 'attention-partial',
+    sources.partial ?? (quant ? attentionMixedWgsl : attentionPartialWgsl),
   );
+  const words = [
+    pool.layerOffsetWords(b.layer, 0),
+    pool.layerOffsetWords(b.layer, 1),
+    pool.pageWords,
+    pool.pageTokens,
+    heads,
+    kvHeads,
+    headDim,
+    splits,
+    b.scale,
+    rows,
+    0,
+    0,
+  ];
+  if (quant) {
+    words.push(
+      quant.pageWords,
+      quant.layerOffsetWords(b.layer, 0),
+      quant.layerOffsetWords(b.layer, 1),
+      Math.min(ATTENTION_BLOCK_KEYS, Math.floor((ATTENTION_BLOCK_KEYS * 64) / headDim)),
+      quant.key.bits,
+      quant.key.groupSize,
+      quant.keyCodeWords,
+      quant.keyRowWords,
+      quant.value.bits,
+      quant.value.groupSize,
+      quant.valueCodeWords,
+      quant.valueRowWords,
+    );
+  }
+  const params = uniformBuffer(gpu, `${label}.params`, words, 'uuuuuuuufuuu'.padEnd(words.length, 'u'));
   if (splits === 1) {
     return [
       kvPoolDispatch(

@@ -6,6 +6,42 @@ export const ATTENTION_BLOCK_KEYS = 16;
 /** rows * headDim/2 <= this (private accumulators per invocation = this / 64). */
 export const ATTENTION_MAX_ROW_PAIRS = 512;
 
+/** Extra Params fields of the mixed (f16 + quant pages) variant. */
+const QUANT_PARAMS = `
+  quantPageWords: u32, quantKOffset: u32, quantVOffset: u32, quantBlock: u32,
+  kBits: u32, kGroup: u32, kCodeWords: u32, kRowWords: u32,
+  vBits: u32, vGroup: u32, vCodeWords: u32, vRowWords: u32,`;
+
+/**
+ * Quant page loads of the mixed variant: slots 2 and 3 hold quant slabs (runtime/kv/pool.ts). A block of a quant
+ * page is dequantized (lo + code · scale, exactly dequantizeRow's f32 values) into kt / vt as f32 bits, headDim per
+ * key, so a quant block holds at most quantBlock = min(16, 1024 / headDim) keys.
+ */
+const QUANT_LOADERS = `
+fn quantWord(slot: u32, index: u32) -> u32 {
+  var w = vec4<u32>(0u);
+  if (slot == 2u) { w = slab2[index / 4u]; } else { w = slab3[index / 4u]; }
+  return w[index % 4u];
+}
+fn dequantize(slot: u32, row: u32, bits: u32, group: u32, codeWords: u32, e: u32) -> f32 {
+  let perWord = 32u / bits;
+  let code = (quantWord(slot, row + e / perWord) >> ((e % perWord) * bits)) & ((1u << bits) - 1u);
+  let p = unpack2x16float(quantWord(slot, row + codeWords + e / group));
+  return p.x + f32(code) * p.y;
+}
+fn loadQuant(entry: u32, inPage: u32, n: u32, kvh: u32, lid: u32) {
+  let slot = (entry >> 24u) & 0xfu;
+  let page = (entry & 0xffffffu) * params.quantPageWords;
+  for (var i = lid; i < n * params.headDim; i += 64u) {
+    let j = i / params.headDim;
+    let e = kvh * params.headDim + i % params.headDim;
+    let kRow = page + params.quantKOffset + (inPage + j) * params.kRowWords;
+    let vRow = page + params.quantVOffset + (inPage + j) * params.vRowWords;
+    kt[i / 4u][i % 4u] = bitcast<u32>(dequantize(slot, kRow, params.kBits, params.kGroup, params.kCodeWords, e));
+    vt[i / 4u][i % 4u] = bitcast<u32>(dequantize(slot, vRow, params.vBits, params.vGroup, params.vCodeWords, e));
+  }
+}`;
+
 /**
  * Causal GQA attention over the paged f16 KV cache, flash-decoding style.
  *
@@ -19,11 +55,12 @@ export const ATTENTION_MAX_ROW_PAIRS = 512;
  * splits = 1: writes the normalized output. splits > 1: writes (max, sum, Σ p·V) per (t, h, s) for the merge pass.
  * headDim <= 128, a multiple of 8 (K/V move as vec4<u32>: 8 halves); rows <= 16; rows * headDim/2 <= 512. Shared memory: 4 + 4 + 4 + 1 KiB.
  */
-export const attentionPartialWgsl = /* wgsl */ `
+export function attentionPartialSource(quant: boolean): string {
+  return /* wgsl */ `
 struct Params {
   kOffset: u32, vOffset: u32, pageWords: u32, pageTokens: u32,
   heads: u32, kvHeads: u32, headDim: u32, splits: u32,
-  scale: f32, rows: u32, _p1: u32, _p2: u32,
+  scale: f32, rows: u32, _p1: u32, _p2: u32,${quant ? QUANT_PARAMS : ''}
 }
 
 @group(0) @binding(0) var<storage, read> q: array<f32>;
@@ -39,7 +76,7 @@ ${kvTileLoaderWgsl(
   5,
   64,
   (ATTENTION_BLOCK_KEYS * 64) / 4,
-)}
+)}${quant ? QUANT_LOADERS : ''}
 
 const WG: u32 = 64u;
 const MAX_ROWS: u32 = ${ATTENTION_MAX_ROWS}u;
@@ -91,11 +128,25 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   loop {
     if (block >= end) { break; }
     let inPage = block % params.pageTokens;
-    let n = min(min(BLOCK, end - block), params.pageTokens - inPage);
+${
+  quant
+    ? `    let entry = pageTable[step.tableOffset + block / params.pageTokens];
+    let quantPage = (entry >> 28u) == 1u;
+    var n = min(min(BLOCK, end - block), params.pageTokens - inPage);
+    if (quantPage) { n = min(n, params.quantBlock); }
+    workgroupBarrier();
+    if (quantPage) {
+      loadQuant(entry, inPage, n, kvh, lid);
+    } else {
+      loadKeys(entry, (params.kOffset + headBase + inPage * pairs) / 4u, n * pairs / 4u, lid);
+      loadValues(entry, (params.vOffset + headBase + inPage * pairs) / 4u, n * pairs / 4u, lid);
+    }`
+    : `    let n = min(min(BLOCK, end - block), params.pageTokens - inPage);
     let entry = pageTable[step.tableOffset + block / params.pageTokens];
     workgroupBarrier();
     loadKeys(entry, (params.kOffset + headBase + inPage * pairs) / 4u, n * pairs / 4u, lid);
-    loadValues(entry, (params.vOffset + headBase + inPage * pairs) / 4u, n * pairs / 4u, lid);
+    loadValues(entry, (params.vOffset + headBase + inPage * pairs) / 4u, n * pairs / 4u, lid);`
+}
     workgroupBarrier();
     for (var i = lid; i < rows * BLOCK; i += WG) {
       let r = i / BLOCK;
@@ -104,14 +155,27 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
       var score = NONE;
       if (j < n && row / group < step.tokens && block + j <= step.position + row / group) {
         var sum = 0.0;
-        let quads = pairs / 4u;
+${
+  quant
+    ? `        if (quantPage) {
+          // The tile holds f32 values (dequantized on load), headDim per key.
+          for (var p = 0u; p < pairs; p++) {
+            let e = j * params.headDim + 2u * p;
+            let w = kt[e / 4u];
+            let k2 = bitcast<vec2<f32>>(select(w.zw, w.xy, e % 4u == 0u));
+            sum += dot(qs[r * pairs + p], k2);
+          }
+        } else {
+`
+    : ''
+}        let quads = pairs / 4u;
         for (var w = 0u; w < quads; w++) {
           let kw = kt[j * quads + w];
           let qi = r * pairs + 4u * w;
           sum += dot(qs[qi], unpack2x16float(kw.x)) + dot(qs[qi + 1u], unpack2x16float(kw.y)) +
             dot(qs[qi + 2u], unpack2x16float(kw.z)) + dot(qs[qi + 3u], unpack2x16float(kw.w));
         }
-        score = sum;
+${quant ? '        }\n' : ''}        score = sum;
       }
       sc[i] = score;
     }
@@ -138,11 +202,22 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
       let r = i / pairs;
       let pair = i % pairs;
       var a = acc[k] * rowScale[r];
-      for (var j = 0u; j < n; j++) {
+${
+  quant
+    ? `      if (quantPage) {
+        for (var j = 0u; j < n; j++) {
+          let e = j * params.headDim + 2u * pair;
+          let w = vt[e / 4u];
+          a += sc[r * BLOCK + j] * bitcast<vec2<f32>>(select(w.zw, w.xy, e % 4u == 0u));
+        }
+      } else {
+`
+    : ''
+}      for (var j = 0u; j < n; j++) {
         let word = j * pairs + pair;
         a += sc[r * BLOCK + j] * unpack2x16float(vt[word / 4u][word % 4u]);
       }
-      acc[k] = a;
+${quant ? '      }\n' : ''}      acc[k] = a;
     }
     block += n;
   }
@@ -174,6 +249,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   }
 }
 `;
+}
+
+export const attentionPartialWgsl = attentionPartialSource(false);
+
+/** Attention over f16 and quant pages (pool mode 'quant'): per block, the page-table entry's kind picks the load. */
+export const attentionMixedWgsl = attentionPartialSource(true);
 
 /** Most key splits the merge pass takes (its shared weight array). */
 export const ATTENTION_MAX_SPLITS = 256;

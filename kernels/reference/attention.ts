@@ -58,10 +58,13 @@ export interface AttentionReferenceInput {
   kvHeads: number;
   headDim: number;
   scale: number;
+  /** k and v are the values the cache holds (e.g. dequantized rows): use them as they are, no f16 rounding. */
+  stored?: boolean;
 }
 
 /**
- * Plain causal GQA attention in f64 over f16-rounded K/V (the cache stores f16): query head h reads KV head
+ * Plain causal GQA attention in f64 over f16-rounded K/V (the cache stores f16; or over the stored values as given,
+ * `stored`, for quantized pages: dequantizeRow of what they hold): query head h reads KV head
  * floor(h / (heads / kvHeads)). Returns f32 [tokens, heads*headDim].
  */
 export function attentionReference(input: AttentionReferenceInput): Float32Array {
@@ -72,8 +75,8 @@ export function attentionReference(input: AttentionReferenceInput): Float32Array
   const kr = new Float64Array(length * kvStride);
   const vr = new Float64Array(length * kvStride);
   for (let i = 0; i < kr.length; i++) {
-    kr[i] = roundToF16(k[i]);
-    vr[i] = roundToF16(v[i]);
+    kr[i] = input.stored ? k[i] : roundToF16(k[i]);
+    vr[i] = input.stored ? v[i] : roundToF16(v[i]);
   }
   const out = new Float32Array(tokens * heads * headDim);
   const scores = new Float64Array(length);

@@ -1,6 +1,7 @@
 import { prepareAttention } from '../../kernels/attention.ts';
 import type { PreparedDispatch } from '../../kernels/dispatch.ts';
 import { prepareKvAppend } from '../../kernels/kv-append.ts';
+import { prepareKvDemote } from '../../kernels/kv-demote.ts';
 import type { GpuContext } from '../gpu/device.ts';
 import type { KvPagePool } from './pool.ts';
 
@@ -14,9 +15,10 @@ export interface PagedAttentionOptions {
 }
 
 /**
- * The f16 paged cache as the forward pass sees it: per layer, the append of this step's k/v and the attention of
- * its queries. Every dispatch binds the pool's KvStep uniform: call `pool.writeStep` (or `pool.beginStep`) before
- * each submit, with tokens <= the maxTokens the graph was prepared for.
+ * The paged cache as the forward pass sees it: per layer, the append of this step's k/v (preceded, in quant mode, by
+ * the demotion of the pages that left the window) and the attention of its queries over f16 and quant pages. Every
+ * dispatch binds the pool's KvStep uniform: call `pool.writeStep` (or `pool.beginStep`) before each submit, with
+ * tokens <= the maxTokens the graph was prepared for.
  */
 export class PagedKvAttention {
   readonly pool: KvPagePool;
@@ -36,8 +38,15 @@ export class PagedKvAttention {
   ): { append: PreparedDispatch[]; attention: PreparedDispatch[] } {
     const { gpu, pool, options } = this;
     const label = `kv.layer${layer}.t${maxTokens}`;
+    const append = prepareKvAppend(gpu, `${label}.append`, {
+      pool,
+      layer,
+      k: buffers.k,
+      v: buffers.v,
+      tokens: maxTokens,
+    });
     return {
-      append: [prepareKvAppend(gpu, `${label}.append`, { pool, layer, k: buffers.k, v: buffers.v, tokens: maxTokens })],
+      append: pool.quant ? [prepareKvDemote(gpu, `${label}.demote`, { pool, layer, maxTokens }), append] : [append],
       attention: prepareAttention(gpu, `${label}.attention`, {
         pool,
         layer,

@@ -3,7 +3,7 @@ import { describe, expect, it } from 'vitest';
 import { withTestGpu } from '../../test/gpu.ts';
 import { ContextOverflowError, InvalidRequestError } from '../errors.ts';
 import { readUint32 } from '../gpu/readback.ts';
-import { KvPagePool, type KvSequence, MAX_KV_SLABS } from './pool.ts';
+import { decodePageEntry, KV_PAGE_KIND, KvPagePool, type KvSequence, MAX_KV_SLABS } from './pool.ts';
 
 const ctx = withTestGpu();
 
@@ -19,6 +19,28 @@ function smallPool(budgetPages: number, slabPages = 5, maxSequences = 4): KvPage
     budgetBytes: budgetPages * PAGE_BYTES,
     maxSlabBytes: slabPages * PAGE_BYTES,
     maxSequences,
+  });
+}
+
+// quant: kvHeads 2 x headDim 8 = rows of 16 values, 2-bit, group 16: 4 + 1 words; pages of 4 tokens.
+const QUANT_PAGE_BYTES = 1 * 4 * (5 + 5) * 4;
+
+function quantPool(f16Pages: number, quantPages: number): KvPagePool {
+  const f16PageBytes = 1 * 2 * 2 * 4 * 8 * 2;
+  return new KvPagePool(ctx.gpu, {
+    layers: 1,
+    kvHeads: 2,
+    headDim: 8,
+    pageTokens: 4,
+    kv: 'quant',
+    sink: 4,
+    window: 4,
+    keyFormat: { groupSize: 16 },
+    valueFormat: { groupSize: 16 },
+    f16BudgetBytes: f16Pages * f16PageBytes,
+    budgetBytes: f16Pages * f16PageBytes + quantPages * QUANT_PAGE_BYTES,
+    maxSlabBytes: 12 * f16PageBytes,
+    maxSequences: 4,
   });
 }
 
@@ -56,7 +78,7 @@ const opArb: fc.Arbitrary<Op> = fc.oneof(
 );
 
 /** How often the interesting paths ran, so a change that stops exercising them fails loudly. */
-const coverage = { copyOnWrite: 0, overflow: 0, forkShared: 0 };
+const coverage = { copyOnWrite: 0, overflow: 0, forkShared: 0, quantPages: 0 };
 
 function owners(live: readonly KvSequence[], entry: number): number {
   let n = 0;
@@ -82,7 +104,9 @@ function apply(pool: KvPagePool, live: KvSequence[], op: Op): void {
     switch (op.op) {
       case 'reserve':
         pool.reserve(seq, op.length);
-        expect(seq.pages.length).toBeGreaterThanOrEqual(Math.ceil(op.length / pool.pageTokens));
+        // quant mode checks capacity only; writeStep takes the pages.
+        if (pool.mode === 'f16')
+          expect(seq.pages.length).toBeGreaterThanOrEqual(Math.ceil(op.length / pool.pageTokens));
         expect(seq.length).toBe(before.length);
         break;
       case 'step': {
@@ -94,8 +118,18 @@ function apply(pool: KvPagePool, live: KvSequence[], op: Op): void {
         expect(seq.length).toBe(position + op.tokens);
         // Every page the step writes is private to this sequence (copy-on-write happened).
         const first = Math.floor(position / pool.pageTokens);
-        for (let i = first; i < Math.ceil(seq.length / pool.pageTokens); i++)
+        for (let i = first; i < Math.ceil(seq.length / pool.pageTokens); i++) {
           expect(owners(live, seq.pages[i])).toBe(1);
+          expect(decodePageEntry(seq.pages[i]).kind).toBe(KV_PAGE_KIND.f16);
+        }
+        if (pool.mode === 'quant') {
+          // Pages that left the window are quantized (up to the step's demotion budget), the sink never.
+          for (let i = 0; i < seq.pages.length; i++) {
+            const kind = decodePageEntry(seq.pages[i]).kind;
+            if (i < pool.sinkPages) expect(kind).toBe(KV_PAGE_KIND.f16);
+            if (kind === KV_PAGE_KIND.quant) coverage.quantPages++;
+          }
+        }
         if (writesShared) coverage.copyOnWrite++;
         break;
       }
@@ -178,6 +212,88 @@ describe('KvPagePool', () => {
     const after = gpu.allocator.snapshot();
     expect(after.totalBuffers).toBe(baseline.totalBuffers);
     expect(after.bytes.kv).toBe(baseline.bytes.kv);
+  });
+
+  it('quant mode: never leaks or double-owns a page of either kind under random ops with demotion and promotion', async () => {
+    const { gpu } = ctx;
+    const baseline = gpu.allocator.snapshot();
+    let demotions = 0;
+    coverage.overflow = 0;
+    await fc.assert(
+      fc.asyncProperty(
+        fc.array(opArb, { minLength: 20, maxLength: 50 }),
+        fc.integer({ min: 8, max: 24 }),
+        fc.integer({ min: 2, max: 30 }),
+        async (ops, f16Pages, quantPages) => {
+          const pool = quantPool(f16Pages, quantPages);
+          const live: KvSequence[] = [];
+          try {
+            for (const op of ops) {
+              apply(pool, live, op);
+              expect(pool.audit()).toEqual([]);
+              const stats = pool.stats();
+              expect(stats.pagesUsed + stats.pagesFree).toBe(stats.pagesReserved);
+              expect(stats.f16.pagesReserved).toBeLessThanOrEqual(stats.f16.pagesBudget);
+              expect(stats.quant.pagesReserved).toBeLessThanOrEqual(stats.quant.pagesBudget);
+              expect(stats.f16.slabs + stats.quant.slabs).toBeLessThanOrEqual(MAX_KV_SLABS);
+            }
+            await gpu.device.queue.onSubmittedWorkDone();
+            for (const seq of live) {
+              if (seq.pages.length === 0) continue;
+              const table = await readUint32(gpu, pool.pageTable, seq.pages.length, seq.tableOffset);
+              expect([...table]).toEqual(seq.pages);
+            }
+            for (const seq of live.splice(0)) pool.free(seq);
+            expect(pool.audit()).toEqual([]);
+            expect(pool.stats().pagesUsed).toBe(0);
+            demotions += pool.demotions;
+          } finally {
+            pool.destroy();
+          }
+        },
+      ),
+      { numRuns: 60, seed: 20261130 },
+    );
+    expect(demotions).toBeGreaterThan(20);
+    expect(coverage.quantPages).toBeGreaterThan(20);
+    expect(coverage.overflow).toBeGreaterThan(5);
+    const after = gpu.allocator.snapshot();
+    expect(after.totalBuffers).toBe(baseline.totalBuffers);
+    expect(after.bytes.kv).toBe(baseline.bytes.kv);
+  });
+
+  it('quant mode: a long sequence ends up quantized but for sink and window, then overflows with a typed error', () => {
+    const pool = quantPool(8, 10);
+    try {
+      const seq = pool.createSequence();
+      // sink 4 (1 page), window 4: at length L the f16 pages are the sink, the window and the step's pages.
+      for (let n = 0; n < 40; n++) pool.writeStep(seq, seq.length, 1);
+      const kinds = seq.pages.map((e) => decodePageEntry(e).kind);
+      expect(kinds).toEqual([0, 1, 1, 1, 1, 1, 1, 1, 0, 0]);
+      expect(pool.audit()).toEqual([]);
+      // 10 quant pages + sink + window + 2: the pool holds far more than its 8 f16 pages alone.
+      let error: unknown;
+      try {
+        for (;;) pool.writeStep(seq, seq.length, 3);
+      } catch (e) {
+        error = e;
+      }
+      expect(error).toBeInstanceOf(ContextOverflowError);
+      const overflow = error as ContextOverflowError;
+      expect(overflow.tokensNeeded).toBe(seq.length + 3);
+      expect(overflow.tokensAvailable).toBeLessThan(overflow.tokensNeeded);
+      expect(seq.length).toBeGreaterThan(8 * 4);
+      expect(pool.audit()).toEqual([]);
+      expect(() => pool.reserve(seq, 10_000)).toThrow(ContextOverflowError);
+      // A rollback into the quantized region promotes the page it rewrites.
+      pool.truncate(seq, 10);
+      pool.writeStep(seq, 10, 1);
+      expect(decodePageEntry(seq.pages[2]).kind).toBe(KV_PAGE_KIND.f16);
+      expect(pool.promotions).toBe(1);
+      expect(pool.audit()).toEqual([]);
+    } finally {
+      pool.destroy();
+    }
   });
 
   it('throws ContextOverflowError with the tokens needed and available instead of truncating', () => {

@@ -1,7 +1,7 @@
 /**
  * KvPagePool: the paged KV cache. One pool per loaded model; sequences own lists of pages.
  *
- * ## Page (kind 'f16', the only kind so far)
+ * ## Page kind 'f16' (kind 0)
  * A page holds `pageTokens` consecutive positions of ONE sequence for EVERY layer, so one page table serves all
  * layers. K and V are f16, two per u32 (`pack2x16float`, element 2i in the low half). Word layout of a page:
  *
@@ -10,19 +10,51 @@
  * i.e. K of (layer l, head h, token t, dims 2w..2w+1) is word `((l*2 + 0)*kvHeads + h)*pageTokens*headDim/2 +
  * t*headDim/2 + w`, so one head's keys of a page are contiguous. `pageWords = layers*2*kvHeads*pageTokens*headDim/2`.
  *
+ * ## Page kind 'quant' (kind 1; pool option `kv: 'quant'`)
+ * Also `pageTokens` positions of one sequence for every layer, each row (one token's K or V of one layer, `width =
+ * kvHeads*headDim` values) in the format of runtime/kv/quant-format.ts (codes, then one (lo, scale) f16 pair per group;
+ * K and V may have different formats). Word layout:
+ *
+ *     [layer][kv: 0 = K, 1 = V][token in page][rowWords(kv)]
+ *
+ * `quantPageWords = layers * pageTokens * (keyRowWords + valueRowWords)`. Quant pages are never written by kv-append:
+ * positions land in f16 pages and are DEMOTED later, a whole page at a time:
+ * - positions [0, sinkPages*pageTokens) stay f16 (`sink` rounded up to whole pages), and so does every page that is
+ *   not entirely older than `window` positions before the step's first position;
+ * - `writeStep(seq, position, tokens)` demotes each full page i >= sinkPages with (i+1)*pageTokens <= position - window
+ *   (oldest first, at most `demotionsPerStep(tokens)` = ceil(tokens/pageTokens) + 1 per step; the rest wait for the next
+ *   step): a quant page is allocated, the job (f16 entry, quant entry) goes into the `demotions` storage buffer
+ *   (queue.writeBuffer), the page-table entry is switched and the f16 page is released. The demotion kernel
+ *   (kernels/kv-demote.ts) is part of every layer's `append` dispatch list (PagedKvAttention prepends it), so it runs
+ *   in the SAME submit as the step's forward, before that layer's attention, with no extra submit and no engine hook.
+ *   (Deviation from the first design, which had the engine call `encodePendingDemotions(encoder)`: the engine
+ *   records forwards in several places (generation, teacher forcing, calibration) and any one that forgot the call
+ *   would read unwritten quant pages. The cost is a fixed grid of ceil(maxTokens/pageTokens)+1 pages of rows per
+ *   layer whose workgroups exit at once when the step has no job.)
+ * - A demoted f16 page whose last owner let go is "retiring": it returns to the free list only at the next
+ *   `writeStep`, i.e. after the submit that reads it, so no copy (fork / copy-on-write) can overwrite it first.
+ * - Writing into a quant page (a rewrite after `truncate` into the quantized region) first PROMOTES it: a private f16
+ *   page is filled with its dequantized values (one small submit) and replaces it, so history is never lost.
+ * A long prompt prefilled chunk by chunk therefore ends up quantized except its sink and last window; peak f16 use of
+ * a sequence is about sink + window + chunk + 2 pages.
+ *
  * ## Slabs
- * Pages live in up to MAX_KV_SLABS GPU buffers ("slabs", category 'kv', each <= maxStorageBufferBindingSize),
- * created one at a time as `reserve` needs pages, never copied; each slab holds a quarter of the budget. A fixed
- * slab count keeps every kernel at <= 7 storage bindings (4 slabs + page table + 2 activations) under the spec
- * default of 8. So the usable budget is capped at 4 x maxStorageBufferBindingSize (`stats().pagesBudget` says what
- * was granted; 512 MiB where a browser keeps the 128 MiB default). Until a slab exists its binding is a 16-byte
- * placeholder; kernels re-create their bind group lazily when `generation` changes (which happens only inside
- * `reserve`/`writeStep` when the pool grows, never in a steady decode loop).
+ * Pages live in GPU buffers ("slabs", category 'kv', each <= maxStorageBufferBindingSize), created one at a time as
+ * pages are needed, never copied. Kernels bind MAX_KV_SLABS = 4 slab slots, so every kernel stays at <= 7 storage
+ * bindings (4 slabs + page table + 2 activations) under the spec default of 8, for both kinds together:
+ * - mode 'f16': slots 0..3 are f16 slabs (a quarter of the budget each), exactly as before;
+ * - mode 'quant': slots 0..1 are f16 slabs, slots 2..3 quant slabs. The budget is split: `f16BudgetBytes` (default:
+ *   two sequences' sink + window + 2 pages plus a 512-token prefill chunk, at most half of the budget) for f16 pages,
+ *   the rest for quant pages.
+ * The slab field of a page-table entry is the SLOT, so f16 code paths (kv-append, the f16 attention loads) are the
+ * same in both modes, and a quant entry names slot 2 or 3. `stats().pagesBudget` says what was granted. Until a slab
+ * exists its binding is a 16-byte placeholder; kernels re-create their bind group lazily when `generation` changes
+ * (which happens only inside `reserve`/`writeStep`/`fork` when the pool grows, never in a steady decode loop).
  *
  * ## Page table
  * ONE u32 storage buffer for all sequences: sequence slot s owns entries
- * [s*maxPagesPerSequence, (s+1)*maxPagesPerSequence). Entry = kind << 28 | slab << 24 | page index in slab.
- * Kinds other than 0 (f16) are reserved for the INT2 page kind (its own slabs, its own free list).
+ * [s*maxPagesPerSequence, (s+1)*maxPagesPerSequence). Entry = kind << 28 | slot << 24 | page index in slab.
+ * Each kind has its own PageStore (slabs, refcounts, free list); forks share full pages of either kind.
  * The table is rewritten with `queue.writeBuffer` only when a sequence's pages change.
  *
  * ## Step uniform (`KvStep`, 16 bytes, `pool.step`)
@@ -32,25 +64,36 @@
  * once per submit with `pool.writeStep(seq, position, tokens)`; every layer's append and attention dispatch binds
  * the same buffer, so the whole forward is prepared once and re-encoded every token with nothing allocated.
  * `tokens` must not exceed the maxTokens the submitted dispatches were prepared with (their grid): prepare one
- * graph for decode (maxTokens 1) and one for prefill chunks.
+ * graph for decode (maxTokens 1) and one for prefill chunks. Call `writeStep` once per submitted forward, in order.
+ *
+ * ## Capacity
+ * In quant mode `reserve(seq, L)` only checks that L positions can fit in their final layout (f16 sink + window +
+ * a page, quant for the rest) with the pages free now, and throws ContextOverflowError otherwise; pages are taken by
+ * `writeStep`, which throws ContextOverflowError, before changing anything, when a step cannot get its pages.
  *
  * ## Wiring (see runtime/kv/paged-attention.ts)
- *     const pool = new KvPagePool(gpu, { layers, kvHeads, headDim, budgetBytes });
+ *     const pool = new KvPagePool(gpu, { layers, kvHeads, headDim, budgetBytes, kv: 'quant', sink, window });
  *     const kv = new PagedKvAttention(gpu, pool, { heads });      // kv.prepareLayer(layer, {q,k,v,output}, maxTokens)
  *     const seq = pool.createSequence();
  *     pool.writeStep(seq, seq.length, ids.length);                // before each submit; throws ContextOverflowError
  *     pool.fork(seq) / pool.truncate(seq, n) / pool.free(seq)     // branches share full pages copy-on-write
  */
 
+import { releaseDispatches, submitDispatches } from '../../kernels/dispatch.ts';
+import { prepareKvPromote } from '../../kernels/kv-demote.ts';
 import { ContextOverflowError, InvalidRequestError } from '../errors.ts';
 import type { GpuContext } from '../gpu/device.ts';
+import { codeWordsPerRow, type QuantRowFormat, rowWords, validateQuantRowFormat } from './quant-format.ts';
 
 export const MAX_KV_SLABS = 4;
 export const KV_STEP_BYTES = 16;
+/** Most demotion jobs one step can carry (the jobs buffer). */
+export const MAX_DEMOTIONS_PER_STEP = 64;
 
 /** Page kinds; the code goes into the top 4 bits of a page-table entry. */
-export const KV_PAGE_KIND = { f16: 0 } as const;
+export const KV_PAGE_KIND = { f16: 0, quant: 1 } as const;
 export type KvPageKind = keyof typeof KV_PAGE_KIND;
+export type KvPoolMode = 'f16' | 'quant';
 
 const ENTRY_KIND_SHIFT = 28;
 const ENTRY_SLAB_SHIFT = 24;
@@ -63,6 +106,9 @@ export function encodePageEntry(kind: number, slab: number, page: number): numbe
 export function decodePageEntry(entry: number): { kind: number; slab: number; page: number } {
   return { kind: entry >>> ENTRY_KIND_SHIFT, slab: (entry >>> ENTRY_SLAB_SHIFT) & 0xf, page: entry & ENTRY_PAGE_MASK };
 }
+
+/** A quantized row format without its width (the pool knows it: kvHeads × headDim). */
+export type KvRowFormatOptions = Partial<Omit<QuantRowFormat, 'width'>>;
 
 export interface KvPoolOptions {
   layers: number;
@@ -79,25 +125,52 @@ export interface KvPoolOptions {
   maxSequenceTokens?: number;
   /** Caps a slab below maxStorageBufferBindingSize (tests use it to exercise several slabs). */
   maxSlabBytes?: number;
+  /** 'f16' (default): every page f16. 'quant': an f16 sink and window, quantized pages for the rest. */
+  kv?: KvPoolMode;
+  /** quant: positions kept f16 at the start of each sequence, rounded up to whole pages (default 64). */
+  sink?: number;
+  /** quant: recent positions kept f16 (default 256). */
+  window?: number;
+  /** quant: K row format (default 2 bits, groupSize min(128, width), clipQuantile 1). */
+  keyFormat?: KvRowFormatOptions;
+  /** quant: V row format (same defaults). */
+  valueFormat?: KvRowFormatOptions;
+  /** quant: bytes of the budget for f16 pages (see the doc comment for the default). */
+  f16BudgetBytes?: number;
+}
+
+export interface KvKindStats {
+  pageBytes: number;
+  pagesUsed: number;
+  pagesFree: number;
+  pagesReserved: number;
+  pagesBudget: number;
+  bytesUsed: number;
+  slabs: number;
 }
 
 export interface KvPoolStats {
   pageTokens: number;
+  /** Bytes of an f16 page. */
   pageBytes: number;
-  /** Pages referenced by at least one sequence. */
+  /** Pages referenced by at least one sequence (both kinds). */
   pagesUsed: number;
-  /** Pages in allocated slabs that nobody references. */
+  /** Pages in allocated slabs that nobody references (both kinds; retiring pages count as free). */
   pagesFree: number;
   /** Pages in allocated slabs (used + free). */
   pagesReserved: number;
   /** Pages the budget allows once every slab exists. */
   pagesBudget: number;
+  /** Bytes of the used pages of both kinds. */
   bytesUsed: number;
   bytesReserved: number;
   /** Sum of the live sequences' lengths (shared pages counted once per sequence). */
   tokensHeld: number;
   sequences: number;
   slabs: number;
+  mode: KvPoolMode;
+  f16: KvKindStats;
+  quant: KvKindStats;
 }
 
 /** A sequence's handle. Its pages and length belong to the pool; read them, never write. */
@@ -108,7 +181,7 @@ export class KvSequence {
   readonly tableOffset: number;
   /** Positions whose K/V are written (or will be by the submitted step). */
   length = 0;
-  /** Page-table entries, one per pageTokens positions (may run past `length`: reserved ahead). */
+  /** Page-table entries, one per pageTokens positions (may run past `length` in f16 mode: reserved ahead). */
   readonly pages: number[] = [];
   alive = true;
 
@@ -125,34 +198,91 @@ class PageStore {
   readonly pageBytes: number;
   readonly pagesPerSlab: number;
   readonly maxPages: number;
+  /** Slab slot of this store's first slab (the kernels' slab binding index). */
+  readonly firstSlot: number;
+  readonly maxSlabs: number;
   readonly slabs: GPUBuffer[] = [];
   readonly free: number[] = [];
+  /** Released pages that a submitted-next step still reads (demotion sources): free at the next writeStep. */
+  readonly retiring: number[] = [];
   /** Indexed by global page id = slab * pagesPerSlab + page. */
   readonly refcounts: Int32Array;
   allocatedPages = 0;
   usedPages = 0;
 
-  constructor(kind: number, pageBytes: number, pagesPerSlab: number, maxPages: number) {
+  constructor(
+    kind: number,
+    pageBytes: number,
+    pagesPerSlab: number,
+    maxPages: number,
+    firstSlot: number,
+    slabs: number,
+  ) {
     this.kind = kind;
     this.pageBytes = pageBytes;
     this.pagesPerSlab = pagesPerSlab;
     this.maxPages = maxPages;
-    this.refcounts = new Int32Array(MAX_KV_SLABS * pagesPerSlab);
+    this.firstSlot = firstSlot;
+    this.maxSlabs = slabs;
+    this.refcounts = new Int32Array(slabs * pagesPerSlab);
   }
 
   globalId(entry: number): number {
     const { slab, page } = decodePageEntry(entry);
-    return slab * this.pagesPerSlab + page;
+    return (slab - this.firstSlot) * this.pagesPerSlab + page;
   }
 
   entryOf(globalId: number): number {
-    return encodePageEntry(this.kind, Math.floor(globalId / this.pagesPerSlab), globalId % this.pagesPerSlab);
+    return encodePageEntry(
+      this.kind,
+      this.firstSlot + Math.floor(globalId / this.pagesPerSlab),
+      globalId % this.pagesPerSlab,
+    );
   }
 
   /** Pages obtainable now: free ones plus what the remaining budget can still allocate. */
   available(): number {
     return this.free.length + (this.maxPages - this.allocatedPages);
   }
+
+  stats(): KvKindStats {
+    return {
+      pageBytes: this.pageBytes,
+      pagesUsed: this.usedPages,
+      pagesFree: this.allocatedPages - this.usedPages,
+      pagesReserved: this.allocatedPages,
+      pagesBudget: this.maxPages,
+      bytesUsed: this.usedPages * this.pageBytes,
+      slabs: this.slabs.length,
+    };
+  }
+}
+
+/** What the demotion kernel and the mixed attention need to know about quant pages. */
+export interface KvQuantLayout {
+  pageWords: number;
+  key: QuantRowFormat;
+  value: QuantRowFormat;
+  keyRowWords: number;
+  valueRowWords: number;
+  keyCodeWords: number;
+  valueCodeWords: number;
+  /** Word offset of K (kv = 0) or V (kv = 1) of `layer`, token 0 inside a quant page. */
+  layerOffsetWords(layer: number, kv: 0 | 1): number;
+  /** [count, 0, 0, 0, src0, dst0, src1, dst1, ...]: this step's demotions (f16 entry → quant entry). */
+  jobs: GPUBuffer;
+}
+
+function resolveFormat(width: number, o: KvRowFormatOptions | undefined, name: string): QuantRowFormat {
+  const f: QuantRowFormat = {
+    width,
+    bits: o?.bits ?? 2,
+    groupSize: o?.groupSize ?? Math.min(128, width),
+    clipQuantile: o?.clipQuantile ?? 1,
+  };
+  const problem = validateQuantRowFormat(f);
+  if (problem) throw new InvalidRequestError(`KV pool: ${name} format: ${problem}`, { option: name });
+  return f;
 }
 
 export class KvPagePool {
@@ -164,6 +294,13 @@ export class KvPagePool {
   readonly pageBytes: number;
   readonly maxSequences: number;
   readonly maxPagesPerSequence: number;
+  readonly mode: KvPoolMode;
+  /** quant: whole f16 pages kept at the start of each sequence. */
+  readonly sinkPages: number;
+  /** quant: recent positions kept f16. */
+  readonly window: number;
+  /** quant: the layout of quant pages (null in f16 mode). */
+  readonly quant: KvQuantLayout | null;
   /** The page table of every sequence (u32 entries). */
   readonly pageTable: GPUBuffer;
   /** The KvStep uniform every KV kernel binds. */
@@ -173,12 +310,18 @@ export class KvPagePool {
 
   private readonly gpu: GpuContext;
   private readonly f16: PageStore;
+  private readonly q: PageStore | null;
   private readonly placeholders: GPUBuffer[] = [];
   private readonly sequences = new Map<number, KvSequence>();
   private readonly freeSlots: number[] = [];
   private readonly stepWords = new Uint32Array(4);
-  private bounce: GPUBuffer | null = null;
+  private readonly jobWords = new Uint32Array(4 + 2 * MAX_DEMOTIONS_PER_STEP);
+  private jobsWritten = 0;
+  private readonly bounce = new Map<number, GPUBuffer>();
   private nextId = 1;
+  /** Demotions since the pool was made (tests check the paths ran). */
+  demotions = 0;
+  promotions = 0;
 
   constructor(gpu: GpuContext, options: KvPoolOptions) {
     const { layers, kvHeads, headDim, budgetBytes } = options;
@@ -194,29 +337,88 @@ export class KvPagePool {
     this.pageTokens = pageTokens;
     this.pageWords = (layers * 2 * kvHeads * pageTokens * headDim) / 2;
     this.pageBytes = this.pageWords * 4;
+    this.mode = options.kv ?? 'f16';
+    if (this.mode !== 'f16' && this.mode !== 'quant') {
+      throw new InvalidRequestError(`KV pool: kv must be 'f16' or 'quant', got ${String(this.mode)}`);
+    }
+    const sink = options.sink ?? 64;
+    const window = options.window ?? 256;
+    for (const [name, value] of Object.entries({ sink, window })) {
+      if (!Number.isInteger(value) || value < 0) throw new InvalidRequestError(`KV pool: ${name} must be >= 0`);
+    }
+    this.sinkPages = this.mode === 'quant' ? Math.ceil(sink / pageTokens) : 0;
+    this.window = window;
 
     const slabLimit = Math.min(
       gpu.limits.maxStorageBufferBindingSize,
       gpu.limits.maxBufferSize,
       options.maxSlabBytes ?? Number.POSITIVE_INFINITY,
     );
-    const pagesPerSlabLimit = Math.min(Math.floor(slabLimit / this.pageBytes), ENTRY_PAGE_MASK + 1);
-    const budgetPages = Math.floor(budgetBytes / this.pageBytes);
-    if (pagesPerSlabLimit < 1 || budgetPages < 1) {
-      throw new InvalidRequestError(
-        `KV pool: one page is ${this.pageBytes} bytes (${pageTokens} tokens x ${layers} layers), more than ` +
-          `${budgetPages < 1 ? `the KV budget of ${budgetBytes} bytes` : `a GPU buffer binding (${slabLimit} bytes)`}. ` +
+    const tooBig = (pageBytes: number, budget: number, what: string) =>
+      new InvalidRequestError(
+        `KV pool: one ${what} page is ${pageBytes} bytes (${pageTokens} tokens x ${layers} layers), more than ` +
+          `${budget < pageBytes ? `the KV budget of ${budget} bytes` : `a GPU buffer binding (${slabLimit} bytes)`}. ` +
           'Raise kvBudgetBytes or use fewer pageTokens.',
-        { pageBytes: this.pageBytes, budgetBytes, slabLimit },
+        { pageBytes, budgetBytes, slabLimit },
       );
+    const makeStore = (kind: number, pageBytes: number, budget: number, firstSlot: number, slabs: number) => {
+      const perSlabLimit = Math.min(Math.floor(slabLimit / pageBytes), ENTRY_PAGE_MASK + 1);
+      const budgetPages = Math.floor(budget / pageBytes);
+      if (perSlabLimit < 1 || budgetPages < 1) throw tooBig(pageBytes, budget, kind === 0 ? 'f16' : 'quant');
+      const maxPages = Math.min(budgetPages, slabs * perSlabLimit);
+      const pagesPerSlab = Math.min(perSlabLimit, Math.ceil(maxPages / slabs));
+      return new PageStore(kind, pageBytes, pagesPerSlab, maxPages, firstSlot, slabs);
+    };
+
+    if (this.mode === 'f16') {
+      this.f16 = makeStore(KV_PAGE_KIND.f16, this.pageBytes, budgetBytes, 0, MAX_KV_SLABS);
+      this.q = null;
+      this.quant = null;
+    } else {
+      const width = kvHeads * headDim;
+      const key = resolveFormat(width, options.keyFormat, 'keyFormat');
+      const value = resolveFormat(width, options.valueFormat, 'valueFormat');
+      const keyRowWords = rowWords(key);
+      const valueRowWords = rowWords(value);
+      const quantPageWords = layers * pageTokens * (keyRowWords + valueRowWords);
+      const windowPages = Math.ceil(window / pageTokens) + 2;
+      const defaultF16 = (2 * (this.sinkPages + windowPages) + Math.ceil(512 / pageTokens)) * this.pageBytes;
+      const f16Budget = Math.min(
+        options.f16BudgetBytes ?? Math.min(defaultF16, Math.floor(budgetBytes / 2)),
+        budgetBytes - quantPageWords * 4,
+      );
+      this.f16 = makeStore(KV_PAGE_KIND.f16, this.pageBytes, f16Budget, 0, MAX_KV_SLABS / 2);
+      this.q = makeStore(
+        KV_PAGE_KIND.quant,
+        quantPageWords * 4,
+        budgetBytes - this.f16.maxPages * this.pageBytes,
+        MAX_KV_SLABS / 2,
+        MAX_KV_SLABS / 2,
+      );
+      const jobs = gpu.allocator.createBuffer({
+        label: 'kv.demotions',
+        category: 'kv',
+        size: this.jobWords.byteLength,
+        usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST,
+      });
+      this.quant = {
+        pageWords: quantPageWords,
+        key,
+        value,
+        keyRowWords,
+        valueRowWords,
+        keyCodeWords: codeWordsPerRow(key),
+        valueCodeWords: codeWordsPerRow(value),
+        layerOffsetWords: (layer, kv) =>
+          layer * pageTokens * (keyRowWords + valueRowWords) + kv * pageTokens * keyRowWords,
+        jobs,
+      };
     }
-    const maxPages = Math.min(budgetPages, MAX_KV_SLABS * pagesPerSlabLimit);
-    const pagesPerSlab = Math.min(pagesPerSlabLimit, Math.ceil(maxPages / MAX_KV_SLABS));
-    this.f16 = new PageStore(KV_PAGE_KIND.f16, this.pageBytes, pagesPerSlab, maxPages);
 
     this.maxSequences = options.maxSequences ?? 8;
-    const maxSequenceTokens = options.maxSequenceTokens ?? maxPages * pageTokens;
-    this.maxPagesPerSequence = Math.min(maxPages, Math.ceil(maxSequenceTokens / pageTokens));
+    const maxPagesAll = this.f16.maxPages + (this.q?.maxPages ?? 0);
+    const maxSequenceTokens = options.maxSequenceTokens ?? maxPagesAll * pageTokens;
+    this.maxPagesPerSequence = Math.max(1, Math.min(maxPagesAll, Math.ceil(maxSequenceTokens / pageTokens)));
     for (let s = this.maxSequences - 1; s >= 0; s--) this.freeSlots.push(s);
 
     this.pageTable = gpu.allocator.createBuffer({
@@ -244,19 +446,27 @@ export class KvPagePool {
     }
   }
 
-  /** Word offset of K (kv = 0) or V (kv = 1) of `layer`, head 0, token 0 inside a page. */
+  /** Word offset of K (kv = 0) or V (kv = 1) of `layer`, head 0, token 0 inside an f16 page. */
   layerOffsetWords(layer: number, kv: 0 | 1): number {
     return (layer * 2 + kv) * this.kvHeads * this.pageTokens * (this.headDim / 2);
   }
 
-  /** The f16 slabs to bind at the kernels' slab bindings 0..MAX_KV_SLABS-1 (placeholders where none exists yet). */
+  /** The slabs to bind at the kernels' slab bindings 0..MAX_KV_SLABS-1 (placeholders where none exists yet). */
   slabBindings(): GPUBuffer[] {
-    return this.placeholders.map((p, i) => this.f16.slabs[i] ?? p);
+    return this.placeholders.map((placeholder, slot) => {
+      const store = this.storeOfSlot(slot);
+      return store?.slabs[slot - store.firstSlot] ?? placeholder;
+    });
+  }
+
+  /** Most demotions a step of `tokens` positions carries: the demotion grid of a graph prepared for `tokens`. */
+  demotionsPerStep(tokens: number): number {
+    return Math.min(MAX_DEMOTIONS_PER_STEP, Math.ceil(tokens / this.pageTokens) + 1);
   }
 
   /** The most tokens one more sequence could hold now (free pages plus unallocated budget). */
   get tokensAvailable(): number {
-    return Math.min(this.f16.available(), this.maxPagesPerSequence) * this.pageTokens;
+    return this.longestFor(0, 0);
   }
 
   createSequence(): KvSequence {
@@ -272,23 +482,25 @@ export class KvPagePool {
   }
 
   /**
-   * A new sequence with the same contents: full pages are shared (refcount + 1, copied on the first write),
-   * a partly filled last page is copied now on the GPU.
+   * A new sequence with the same contents: full pages (of either kind) are shared (refcount + 1, copied on the first
+   * write), a partly filled last page is copied now on the GPU.
    */
   fork(parent: KvSequence): KvSequence {
     this.assertAlive(parent);
     const full = Math.floor(parent.length / this.pageTokens);
     const partial = parent.length % this.pageTokens !== 0;
-    if (partial && this.f16.available() < 1) {
+    const partialStore = partial ? this.storeOf(parent.pages[full]) : null;
+    if (partialStore && partialStore.available() < 1) {
       throw new ContextOverflowError(parent.length, this.tokensAvailable, 'Forking needs one free KV page.');
     }
     const child = this.createSequence();
     for (let i = 0; i < full; i++) {
-      this.f16.refcounts[this.f16.globalId(parent.pages[i])]++;
+      const store = this.storeOf(parent.pages[i]);
+      store.refcounts[store.globalId(parent.pages[i])]++;
       child.pages.push(parent.pages[i]);
     }
-    if (partial) {
-      const copy = this.allocatePage();
+    if (partialStore) {
+      const copy = this.allocatePage(partialStore);
       this.copyPages([[parent.pages[full], copy]]);
       child.pages.push(copy);
     }
@@ -308,16 +520,30 @@ export class KvPagePool {
   }
 
   /**
-   * Makes sure `seq` has pages for `newLength` positions (allocating, growing the pool if needed). Does not change
-   * `seq.length`. Throws ContextOverflowError, before changing anything, when the budget cannot hold it.
+   * f16 mode: makes sure `seq` has pages for `newLength` positions (allocating, growing the pool if needed).
+   * quant mode: checks that `newLength` positions fit in their final layout with the pages free now (pages are taken
+   * step by step by writeStep). Does not change `seq.length`. Throws ContextOverflowError, before changing anything,
+   * when the budget cannot hold it.
    */
   reserve(seq: KvSequence, newLength: number): void {
     this.assertAlive(seq);
+    if (this.q) {
+      const needed = Math.ceil(newLength / this.pageTokens);
+      if (needed <= seq.pages.length) return;
+      const { f16, quant } = this.layoutPages(newLength);
+      const held = this.heldPages(seq);
+      const fits =
+        needed <= this.maxPagesPerSequence &&
+        Math.max(0, f16 - held.f16) <= this.f16.available() + this.f16.retiring.length &&
+        Math.max(0, quant - held.quant) <= this.q.available();
+      if (!fits) throw this.overflow(seq, newLength);
+      return;
+    }
     const needed = Math.ceil(newLength / this.pageTokens) - seq.pages.length;
     if (needed <= 0) return;
     this.checkCapacity(seq, newLength, needed);
     const start = seq.pages.length;
-    for (let i = 0; i < needed; i++) seq.pages.push(this.allocatePage());
+    for (let i = 0; i < needed; i++) seq.pages.push(this.allocatePage(this.f16));
     this.uploadTable(seq, start, seq.pages.length);
   }
 
@@ -335,8 +561,9 @@ export class KvPagePool {
 
   /**
    * Prepares the next submit to write `tokens` positions of `seq` starting at `position` (<= seq.length; a smaller
-   * position rewrites, as after a rollback): reserves pages, copies shared pages it would write, sets
-   * `seq.length = position + tokens` and writes the KvStep uniform. Allocation-free when no page is needed.
+   * position rewrites, as after a rollback): demotes pages that left the window (quant mode), reserves pages,
+   * copies shared pages it would write (promoting quant ones), sets `seq.length = position + tokens` and writes the
+   * KvStep uniform. Allocation-free when no page is needed.
    */
   writeStep(seq: KvSequence, position: number, tokens: number): void {
     this.assertAlive(seq);
@@ -345,17 +572,34 @@ export class KvPagePool {
     }
     if (!Number.isInteger(tokens) || tokens < 1)
       throw new InvalidRequestError(`KV step: tokens ${tokens} must be >= 1`);
+    // The previous submit, which read the retiring pages, precedes anything this step submits.
+    for (const store of this.stores()) {
+      for (const id of store.retiring) store.free.push(id);
+      store.retiring.length = 0;
+    }
     const end = position + tokens;
     const first = Math.floor(position / this.pageTokens);
     const last = Math.ceil(end / this.pageTokens);
-    let shared = 0;
+    // Pages this step writes that it must replace: shared ones (copy-on-write) and quant ones (promotion).
+    let f16Needed = Math.max(0, last - seq.pages.length);
+    let rewrite = false;
     for (let i = first; i < Math.min(last, seq.pages.length); i++) {
-      if (this.f16.refcounts[this.f16.globalId(seq.pages[i])] > 1) shared++;
+      const store = this.storeOf(seq.pages[i]);
+      if (store !== this.f16 || store.refcounts[store.globalId(seq.pages[i])] > 1) {
+        f16Needed++;
+        rewrite = true;
+      }
     }
-    const needed = Math.max(0, last - seq.pages.length) + shared;
-    if (needed > 0) this.checkCapacity(seq, end, needed, first);
-    if (shared > 0) this.copyOnWrite(seq, first, Math.min(last, seq.pages.length));
-    this.reserve(seq, end);
+    if (Math.ceil(end / this.pageTokens) > this.maxPagesPerSequence || f16Needed > this.f16.available()) {
+      if (this.q) throw this.overflow(seq, end);
+      this.checkCapacity(seq, end, f16Needed, first);
+    }
+    const demote = this.q ? this.planDemotions(seq, position, tokens) : [];
+    if (rewrite) this.rewritePages(seq, first, Math.min(last, seq.pages.length));
+    const start = seq.pages.length;
+    while (seq.pages.length < last) seq.pages.push(this.allocatePage(this.f16));
+    this.uploadTable(seq, start, seq.pages.length);
+    if (this.q) this.startDemotions(seq, demote);
     seq.length = end;
     const w = this.stepWords;
     w[0] = position;
@@ -375,71 +619,140 @@ export class KvPagePool {
   stats(): KvPoolStats {
     let tokensHeld = 0;
     for (const s of this.sequences.values()) tokensHeld += s.length;
-    const store = this.f16;
+    const f = this.f16.stats();
+    const q = this.q?.stats() ?? {
+      pageBytes: 0,
+      pagesUsed: 0,
+      pagesFree: 0,
+      pagesReserved: 0,
+      pagesBudget: 0,
+      bytesUsed: 0,
+      slabs: 0,
+    };
     return {
       pageTokens: this.pageTokens,
       pageBytes: this.pageBytes,
-      pagesUsed: store.usedPages,
-      pagesFree: store.allocatedPages - store.usedPages,
-      pagesReserved: store.allocatedPages,
-      pagesBudget: store.maxPages,
-      bytesUsed: store.usedPages * this.pageBytes,
-      bytesReserved: store.allocatedPages * this.pageBytes,
+      pagesUsed: f.pagesUsed + q.pagesUsed,
+      pagesFree: f.pagesFree + q.pagesFree,
+      pagesReserved: f.pagesReserved + q.pagesReserved,
+      pagesBudget: f.pagesBudget + q.pagesBudget,
+      bytesUsed: f.bytesUsed + q.bytesUsed,
+      bytesReserved: f.pagesReserved * f.pageBytes + q.pagesReserved * q.pageBytes,
       tokensHeld,
       sequences: this.sequences.size,
-      slabs: store.slabs.length,
+      slabs: f.slabs + q.slabs,
+      mode: this.mode,
+      f16: f,
+      quant: q,
     };
   }
 
   /**
-   * Recomputes ownership from the live sequences and compares it with the refcounts and the free list.
+   * Recomputes ownership from the live sequences and compares it with the refcounts and the free lists.
    * Returns the problems found (empty when consistent); tests call it after every operation.
    */
   audit(): string[] {
     const problems: string[] = [];
-    const store = this.f16;
-    const counts = new Int32Array(store.refcounts.length);
+    const counts = new Map<PageStore, Int32Array>();
+    for (const store of this.stores()) counts.set(store, new Int32Array(store.refcounts.length));
     for (const seq of this.sequences.values()) {
       if (seq.pages.length < Math.ceil(seq.length / this.pageTokens))
         problems.push(`sequence ${seq.id}: ${seq.pages.length} pages for ${seq.length} tokens`);
       if (seq.pages.length > this.maxPagesPerSequence) problems.push(`sequence ${seq.id}: over its table slice`);
-      for (const entry of seq.pages) {
+      for (const [i, entry] of seq.pages.entries()) {
+        const store = this.storeOf(entry);
         const id = store.globalId(entry);
-        if (id >= store.allocatedPages) problems.push(`sequence ${seq.id}: page ${id} is not allocated`);
-        counts[id]++;
+        if (id < 0 || id >= store.allocatedPages) problems.push(`sequence ${seq.id}: page ${entry} is not allocated`);
+        else (counts.get(store) as Int32Array)[id]++;
+        if (store !== this.f16 && (i < this.sinkPages || (i + 1) * this.pageTokens > seq.length))
+          problems.push(`sequence ${seq.id}: page ${i} is quantized inside the sink or not full`);
       }
     }
-    const inFree = new Uint8Array(store.refcounts.length);
-    for (const id of store.free) {
-      if (inFree[id]) problems.push(`page ${id} is twice in the free list`);
-      inFree[id] = 1;
+    for (const store of this.stores()) {
+      const name = store.kind === 0 ? 'f16' : 'quant';
+      const owned = counts.get(store) as Int32Array;
+      const inFree = new Uint8Array(store.refcounts.length);
+      for (const id of [...store.free, ...store.retiring]) {
+        if (inFree[id]) problems.push(`${name} page ${id} is twice in the free lists`);
+        inFree[id] = 1;
+      }
+      let used = 0;
+      for (let id = 0; id < store.allocatedPages; id++) {
+        if (owned[id] !== store.refcounts[id])
+          problems.push(`${name} page ${id}: refcount ${store.refcounts[id]}, owners ${owned[id]}`);
+        if (owned[id] > 0) used++;
+        if ((owned[id] === 0) !== (inFree[id] === 1))
+          problems.push(`${name} page ${id}: ${owned[id]} owners but ${inFree[id] ? 'in' : 'not in'} the free lists`);
+      }
+      if (used !== store.usedPages) problems.push(`${name}: usedPages ${store.usedPages}, counted ${used}`);
+      if (store.free.length + store.retiring.length + used !== store.allocatedPages)
+        problems.push(`${name}: free + used != allocated`);
     }
-    let used = 0;
-    for (let id = 0; id < store.allocatedPages; id++) {
-      if (counts[id] !== store.refcounts[id])
-        problems.push(`page ${id}: refcount ${store.refcounts[id]}, owners ${counts[id]}`);
-      if (counts[id] > 0) used++;
-      if ((counts[id] === 0) !== (inFree[id] === 1))
-        problems.push(`page ${id}: ${counts[id]} owners but ${inFree[id] ? 'in' : 'not in'} the free list`);
-    }
-    if (used !== store.usedPages) problems.push(`usedPages ${store.usedPages}, counted ${used}`);
-    if (store.free.length + used !== store.allocatedPages) problems.push('free + used != allocated');
     return problems;
   }
 
   /** Releases every GPU buffer of the pool; sequences become invalid. */
   destroy(): void {
     for (const seq of [...this.sequences.values()]) this.free(seq);
-    for (const b of [...this.f16.slabs, ...this.placeholders, this.pageTable, this.step]) this.gpu.allocator.release(b);
-    if (this.bounce) this.gpu.allocator.release(this.bounce);
-    this.bounce = null;
+    const buffers = [...this.f16.slabs, ...(this.q?.slabs ?? []), ...this.placeholders, this.pageTable, this.step];
+    if (this.quant) buffers.push(this.quant.jobs);
+    for (const b of [...buffers, ...this.bounce.values()]) this.gpu.allocator.release(b);
+    this.bounce.clear();
     this.f16.slabs.length = 0;
+    if (this.q) this.q.slabs.length = 0;
+  }
+
+  private stores(): PageStore[] {
+    return this.q ? [this.f16, this.q] : [this.f16];
+  }
+
+  private storeOf(entry: number): PageStore {
+    return entry >>> ENTRY_KIND_SHIFT === KV_PAGE_KIND.quant && this.q ? this.q : this.f16;
+  }
+
+  private storeOfSlot(slot: number): PageStore | null {
+    for (const store of this.stores()) {
+      if (slot >= store.firstSlot && slot < store.firstSlot + store.maxSlabs) return store;
+    }
+    return null;
   }
 
   private assertAlive(seq: KvSequence): void {
     if (!seq.alive || this.sequences.get(seq.id) !== seq) {
       throw new InvalidRequestError(`KV sequence ${seq.id} was freed or belongs to another pool`);
     }
+  }
+
+  /** quant mode: the f16 and quant pages a sequence of `length` positions holds once its old pages are demoted. */
+  private layoutPages(length: number): { f16: number; quant: number } {
+    const pages = Math.ceil(length / this.pageTokens);
+    const quant = Math.max(0, Math.floor((length - this.window) / this.pageTokens) - this.sinkPages - 1);
+    return { f16: pages - quant, quant };
+  }
+
+  private heldPages(seq: KvSequence): { f16: number; quant: number } {
+    let quant = 0;
+    for (const e of seq.pages) if (this.storeOf(e) !== this.f16) quant++;
+    return { f16: seq.pages.length - quant, quant };
+  }
+
+  /** The longest a sequence holding `f16Held`/`quantHeld` pages could get with what is free now. */
+  private longestFor(f16Held: number, quantHeld: number): number {
+    const f16 = f16Held + this.f16.available() + this.f16.retiring.length;
+    let pages: number;
+    if (!this.q) pages = f16;
+    else {
+      // Steady state needs sink + window + 2 f16 pages; the rest can be quantized.
+      const f16Steady = this.sinkPages + Math.ceil(this.window / this.pageTokens) + 2;
+      pages = f16 < f16Steady ? f16 : f16Steady + quantHeld + this.q.available();
+    }
+    return Math.min(pages, this.maxPagesPerSequence) * this.pageTokens;
+  }
+
+  private overflow(seq: KvSequence, newLength: number): ContextOverflowError {
+    const held = this.heldPages(seq);
+    const available = Math.min(this.longestFor(held.f16, held.quant), newLength - 1);
+    return new ContextOverflowError(newLength, Math.max(0, available));
   }
 
   /** Throws ContextOverflowError when writing up to `newLength` from page `firstWritten` needs more than is free. */
@@ -464,9 +777,42 @@ export class KvPagePool {
     throw new ContextOverflowError(newLength, Math.min(pages, this.maxPagesPerSequence) * this.pageTokens);
   }
 
-  private allocatePage(): number {
-    const store = this.f16;
-    if (store.free.length === 0) this.growSlab();
+  /** Indices of `seq`'s f16 pages that leave the window at this step (oldest first, as many as the step carries). */
+  private planDemotions(seq: KvSequence, position: number, tokens: number): number[] {
+    const q = this.q as PageStore;
+    const limit = Math.floor((position - this.window) / this.pageTokens);
+    const out: number[] = [];
+    const max = Math.min(this.demotionsPerStep(tokens), q.available());
+    for (let i = this.sinkPages; i < Math.min(limit, seq.pages.length) && out.length < max; i++) {
+      if (this.storeOf(seq.pages[i]) === this.f16) out.push(i);
+    }
+    return out;
+  }
+
+  /** Allocates the quant pages, writes the jobs buffer, switches the entries and retires the f16 pages. */
+  private startDemotions(seq: KvSequence, indices: readonly number[]): void {
+    const quant = this.quant as KvQuantLayout;
+    const w = this.jobWords;
+    w[0] = indices.length;
+    for (const [j, i] of indices.entries()) {
+      const source = seq.pages[i];
+      const target = this.allocatePage(this.q as PageStore);
+      w[4 + 2 * j] = source;
+      w[5 + 2 * j] = target;
+      seq.pages[i] = target;
+      this.releasePage(source, true);
+      this.uploadTable(seq, i, i + 1);
+    }
+    this.demotions += indices.length;
+    // Skip the write when the previous step also had none: decode writes it once per page, not per token.
+    if (indices.length > 0 || this.jobsWritten > 0) {
+      this.gpu.device.queue.writeBuffer(quant.jobs, 0, w, 0, 4 + 2 * indices.length);
+      this.jobsWritten = indices.length;
+    }
+  }
+
+  private allocatePage(store: PageStore): number {
+    if (store.free.length === 0) this.growSlab(store);
     const id = store.free.pop();
     if (id === undefined) throw new ContextOverflowError(0, 0, 'KV pool bookkeeping error: no page after growth.');
     store.refcounts[id] = 1;
@@ -474,25 +820,26 @@ export class KvPagePool {
     return store.entryOf(id);
   }
 
-  private releasePage(entry: number): void {
-    const store = this.f16;
+  /** Drops one reference; `retire`: a submit still to come reads the page, so it is reusable only after the next step. */
+  private releasePage(entry: number, retire = false): void {
+    const store = this.storeOf(entry);
     const id = store.globalId(entry);
     if (--store.refcounts[id] === 0) {
-      store.free.push(id);
+      (retire ? store.retiring : store.free).push(id);
       store.usedPages--;
     }
   }
 
-  private growSlab(): void {
-    const store = this.f16;
+  private growSlab(store: PageStore): void {
     const slab = store.slabs.length;
     const pages = Math.min(store.pagesPerSlab, store.maxPages - store.allocatedPages);
-    if (slab >= MAX_KV_SLABS || pages < 1) return;
+    if (slab >= store.maxSlabs || pages < 1) return;
     store.slabs.push(
       this.gpu.allocator.createBuffer({
-        label: `kv.f16.slab${slab}`,
+        label: `kv.${store.kind === 0 ? 'f16' : 'quant'}.slab${slab}`,
         category: 'kv',
-        size: pages * store.pageBytes,
+        // vec4 loads: a multiple of 16 bytes.
+        size: Math.ceil((pages * store.pageBytes) / 16) * 16,
         usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST | GPUBufferUsage.COPY_SRC,
       }),
     );
@@ -502,42 +849,61 @@ export class KvPagePool {
     this.generation++;
   }
 
-  /** Replaces shared pages in seq.pages[from, to) by private copies. Capacity was checked by the caller. */
-  private copyOnWrite(seq: KvSequence, from: number, to: number): void {
+  /**
+   * Replaces the pages in seq.pages[from, to) that this step would write but may not: shared f16 pages by private
+   * copies, quant pages by private f16 pages holding their dequantized values. Capacity was checked by the caller.
+   */
+  private rewritePages(seq: KvSequence, from: number, to: number): void {
     const copies: Array<[number, number]> = [];
+    const promotions: Array<[number, number]> = [];
     for (let i = from; i < to; i++) {
       const entry = seq.pages[i];
-      if (this.f16.refcounts[this.f16.globalId(entry)] <= 1) continue;
-      const copy = this.allocatePage();
-      copies.push([entry, copy]);
+      const store = this.storeOf(entry);
+      if (store === this.f16 && store.refcounts[store.globalId(entry)] <= 1) continue;
+      const copy = this.allocatePage(this.f16);
+      (store === this.f16 ? copies : promotions).push([entry, copy]);
+      // The copy reads the old page in a submit made now: it may go back to the free list at once.
       this.releasePage(entry);
       seq.pages[i] = copy;
     }
     this.copyPages(copies);
+    if (promotions.length > 0) {
+      const dispatches = prepareKvPromote(this.gpu, 'kv.promote', this, promotions);
+      submitDispatches(this.gpu, 'kv.promote', dispatches);
+      releaseDispatches(this.gpu, dispatches);
+      this.promotions += promotions.length;
+    }
     this.uploadTable(seq, from, to);
   }
 
+  /** Copies pages of one kind (pairs of entries of the same kind). */
   private copyPages(pairs: ReadonlyArray<readonly [number, number]>): void {
     if (pairs.length === 0) return;
     const encoder = this.gpu.device.createCommandEncoder({ label: 'kv.copyPages' });
     for (const [src, dst] of pairs) {
+      const store = this.storeOf(src);
       const s = decodePageEntry(src);
       const d = decodePageEntry(dst);
-      const from = this.f16.slabs[s.slab];
-      const to = this.f16.slabs[d.slab];
+      const bytes = store.pageBytes;
+      const from = store.slabs[s.slab - store.firstSlot];
+      const to = store.slabs[d.slab - store.firstSlot];
       if (from !== to) {
-        encoder.copyBufferToBuffer(from, s.page * this.pageBytes, to, d.page * this.pageBytes, this.pageBytes);
+        encoder.copyBufferToBuffer(from, s.page * bytes, to, d.page * bytes, bytes);
         continue;
       }
       // WebGPU forbids copies within one buffer: go through a one-page bounce buffer.
-      this.bounce ??= this.gpu.allocator.createBuffer({
-        label: 'kv.copyBounce',
-        category: 'kv',
-        size: this.pageBytes,
-        usage: GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
-      });
-      encoder.copyBufferToBuffer(from, s.page * this.pageBytes, this.bounce, 0, this.pageBytes);
-      encoder.copyBufferToBuffer(this.bounce, 0, to, d.page * this.pageBytes, this.pageBytes);
+      let bounce = this.bounce.get(store.kind);
+      if (!bounce) {
+        bounce = this.gpu.allocator.createBuffer({
+          label: `kv.copyBounce${store.kind}`,
+          category: 'kv',
+          size: bytes,
+          usage: GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
+        });
+        this.bounce.set(store.kind, bounce);
+      }
+      encoder.copyBufferToBuffer(from, s.page * bytes, bounce, 0, bytes);
+      encoder.copyBufferToBuffer(bounce, 0, to, d.page * bytes, bytes);
     }
     this.gpu.device.queue.submit([encoder.finish()]);
   }

@@ -1,0 +1,147 @@
+import { InvalidRequestError } from '../runtime/errors.ts';
+import type { GpuContext } from '../runtime/gpu/device.ts';
+import { computePipeline, type PreparedDispatch, uniformBuffer } from './dispatch.ts';
+import { type KvPageSource, kvPoolDispatch, workgroupGrid } from './kv-append.ts';
+import { KV_DEMOTE_MAX_WIDTH, kvDemoteWgsl, kvPromoteWgsl } from './kv-demote.wgsl.ts';
+
+/** A quantized row format (runtime/kv/quant-format.ts `QuantRowFormat`; kernels/ may not import runtime/kv). */
+export interface KvRowFormat {
+  width: number;
+  groupSize: number;
+  bits: 1 | 2 | 4;
+  clipQuantile: number;
+}
+
+/** The quant pages of a pool (runtime/kv/pool.ts `KvQuantLayout`). */
+export interface KvQuantPages {
+  pageWords: number;
+  key: KvRowFormat;
+  value: KvRowFormat;
+  keyRowWords: number;
+  valueRowWords: number;
+  keyCodeWords: number;
+  valueCodeWords: number;
+  layerOffsetWords(layer: number, kv: 0 | 1): number;
+  /** [count, 0, 0, 0, src0, dst0, ...]. */
+  jobs: GPUBuffer;
+}
+
+export interface KvMixedPageSource extends KvPageSource {
+  readonly quant: KvQuantPages | null;
+  demotionsPerStep(tokens: number): number;
+}
+
+/** Rank of the (1-q) and q quantiles in a sorted group of n, as quantileOfSorted rounds them. */
+export function quantileRanks(n: number, q: number): [number, number] {
+  const rank = (x: number) => Math.min(n - 1, Math.max(0, Math.round(x * (n - 1))));
+  return [rank(1 - q), rank(q)];
+}
+
+function formatWords(f: KvRowFormat, codeWords: number, rowWords: number): number[] {
+  const [lo, hi] = quantileRanks(f.groupSize, f.clipQuantile);
+  return [f.bits, f.groupSize, codeWords, rowWords, lo, hi, 0, 0];
+}
+
+function requireQuant(pool: KvMixedPageSource): KvQuantPages {
+  const quant = pool.quant;
+  if (!quant) throw new InvalidRequestError('KV demotion needs a pool in quant mode');
+  if (quant.key.width > KV_DEMOTE_MAX_WIDTH) {
+    throw new InvalidRequestError(
+      `The quantized KV cache supports rows of at most ${KV_DEMOTE_MAX_WIDTH} values (kvHeads × headDim), got ${quant.key.width}.`,
+    );
+  }
+  return quant;
+}
+
+/**
+ * Prepares the demotion of `layer`'s rows for the jobs a step of up to `maxTokens` tokens carries (the pool's jobs
+ * buffer says which pages and how many). Record it before the layer's attention; it reads f16 pages no step writes.
+ */
+export function prepareKvDemote(
+  gpu: GpuContext,
+  label: string,
+  b: { pool: KvMixedPageSource; layer: number; maxTokens: number },
+): PreparedDispatch {
+  const { pool } = b;
+  const quant = requireQuant(pool);
+  const maxJobs = pool.demotionsPerStep(b.maxTokens);
+  const params = uniformBuffer(
+    gpu,
+    `${label}.params`,
+    [
+      pool.layerOffsetWords(b.layer, 0),
+      pool.layerOffsetWords(b.layer, 1),
+      quant.layerOffsetWords(b.layer, 0),
+      quant.layerOffsetWords(b.layer, 1),
+      pool.pageWords,
+      quant.pageWords,
+      pool.pageTokens,
+      pool.headDim,
+      quant.key.width,
+      maxJobs,
+      0,
+      0,
+      ...formatWords(quant.key, quant.keyCodeWords, quant.keyRowWords),
+      ...formatWords(quant.value, quant.valueCodeWords, quant.valueRowWords),
+    ],
+    'u'.repeat(28),
+  );
+  return kvPoolDispatch(
+    gpu,
+    label,
+    computePipeline(gpu, 'kv-demote', kvDemoteWgsl),
+    pool,
+    [quant.jobs, params],
+    workgroupGrid(gpu, maxJobs * 2 * pool.pageTokens),
+    [params],
+  );
+}
+
+/**
+ * Prepares a one-off promotion of quant pages to f16 pages: pairs of (quant entry, f16 entry). The dispatch owns its
+ * job and parameter buffers (release it after the submit).
+ */
+export function prepareKvPromote(
+  gpu: GpuContext,
+  label: string,
+  pool: KvMixedPageSource,
+  pairs: ReadonlyArray<readonly [number, number]>,
+): PreparedDispatch[] {
+  const quant = requireQuant(pool);
+  const jobs = gpu.allocator.createBuffer({
+    label: `${label}.jobs`,
+    category: 'scratch',
+    size: Math.max(16, pairs.length * 8),
+    usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST,
+  });
+  gpu.device.queue.writeBuffer(jobs, 0, Uint32Array.from(pairs.flat()));
+  const params = uniformBuffer(
+    gpu,
+    `${label}.params`,
+    [
+      pool.layers,
+      pool.kvHeads,
+      pool.headDim,
+      pool.pageTokens,
+      pool.pageWords,
+      quant.pageWords,
+      pairs.length,
+      quant.key.width,
+      ...formatWords(quant.key, quant.keyCodeWords, quant.keyRowWords),
+      ...formatWords(quant.value, quant.valueCodeWords, quant.valueRowWords),
+    ],
+    'u'.repeat(24),
+  );
+  const invocations = pairs.length * pool.layers * 2 * pool.pageTokens * (quant.key.width / 2);
+  return [
+    kvPoolDispatch(
+      gpu,
+      label,
+      computePipeline(gpu, 'kv-promote', kvPromoteWgsl),
+      pool,
+      [jobs, params],
+      workgroupGrid(gpu, Math.ceil(invocations / 64)),
+      [jobs, params],
+    ),
+  ];
+}

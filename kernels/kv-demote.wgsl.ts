@@ -1,0 +1,200 @@
+/**
+ * Demotion and promotion of KV pages between the f16 kind and the quantized kind (runtime/kv/pool.ts has the page
+ * layouts, runtime/kv/quant-format.ts the row format and its CPU reference `quantizeRow` / `dequantizeRow`).
+ */
+
+/** Maximum row width (kvHeads × headDim) the demotion kernel holds in workgroup memory. */
+export const KV_DEMOTE_MAX_WIDTH = 2048;
+
+const formatStruct = /* wgsl */ `
+struct Format { bits: u32, groupSize: u32, codeWords: u32, rowWords: u32, loRank: u32, hiRank: u32, _a: u32, _b: u32 }`;
+
+/** The four slab slots (read_write u32) with a load and a store by slot. */
+function slabAccessWgsl(firstBinding: number): string {
+  const slabs = [0, 1, 2, 3]
+    .map((i) => `@group(0) @binding(${firstBinding + i}) var<storage, read_write> slab${i}: array<u32>;`)
+    .join('\n');
+  return `${slabs}
+fn slabLoad(slot: u32, index: u32) -> u32 {
+  var value = 0u;
+  switch (slot) {
+    case 0u: { value = slab0[index]; }
+    case 1u: { value = slab1[index]; }
+    case 2u: { value = slab2[index]; }
+    default: { value = slab3[index]; }
+  }
+  return value;
+}
+fn slabStore(slot: u32, index: u32, value: u32) {
+  switch (slot) {
+    case 0u: { slab0[index] = value; }
+    case 1u: { slab1[index] = value; }
+    case 2u: { slab2[index] = value; }
+    default: { slab3[index] = value; }
+  }
+}`;
+}
+
+/**
+ * Quantizes rows of f16 pages into quant pages, for one layer. Workgroup = one row: (job, kv, token in page), job j
+ * being the pair (f16 entry, quant entry) at jobs[4 + 2j]; jobs[0] is this step's job count (the grid is sized for
+ * the most a step can carry; surplus workgroups exit at once). Per group, exactly as quantizeRow: lo and hi are the
+ * values of ranks loRank and hiRank (= round((1-q)(n-1)) and round(q(n-1)), computed on the CPU) in the group's
+ * stable sort, found by counting (O(groupSize) per value, no sort); lo and scale = (hi - lo) / levels are rounded
+ * to f16 before coding; code = Math.round((x - lo) / scale) clamped, checked against exact products so the f32
+ * division's rounding cannot move a value across a code boundary.
+ */
+export const kvDemoteWgsl = /* wgsl */ `
+${formatStruct}
+struct Params {
+  f16K: u32, f16V: u32, quantK: u32, quantV: u32,
+  f16PageWords: u32, quantPageWords: u32, pageTokens: u32, headDim: u32,
+  width: u32, maxJobs: u32, _p0: u32, _p1: u32,
+  k: Format, v: Format,
+}
+
+@group(0) @binding(0) var<storage, read> jobs: array<u32>;
+@group(0) @binding(1) var<uniform> params: Params;
+${slabAccessWgsl(2)}
+
+const WG: u32 = 64u;
+var<workgroup> vals: array<f32, ${KV_DEMOTE_MAX_WIDTH}>;
+var<workgroup> groupLo: array<f32, ${KV_DEMOTE_MAX_WIDTH / 8}>;
+var<workgroup> groupHi: array<f32, ${KV_DEMOTE_MAX_WIDTH / 8}>;
+var<workgroup> groupScale: array<f32, ${KV_DEMOTE_MAX_WIDTH / 8}>;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+  let id = wg.y * groups.x + wg.x;
+  let job = id / (2u * params.pageTokens);
+  if (job >= jobs[0] || job >= params.maxJobs) { return; }
+  let kv = (id / params.pageTokens) % 2u;
+  let t = id % params.pageTokens;
+  let src = jobs[4u + 2u * job];
+  let dst = jobs[5u + 2u * job];
+  var f = params.k;
+  var srcBase = params.f16K;
+  var dstBase = params.quantK;
+  if (kv == 1u) {
+    f = params.v;
+    srcBase = params.f16V;
+    dstBase = params.quantV;
+  }
+  srcBase += (src & 0xffffffu) * params.f16PageWords;
+  dstBase += (dst & 0xffffffu) * params.quantPageWords + t * f.rowWords;
+  let srcSlot = (src >> 24u) & 0xfu;
+  let dstSlot = (dst >> 24u) & 0xfu;
+  let headPairs = params.headDim / 2u;
+
+  for (var i = lid; i < params.width; i += WG) {
+    let h = i / params.headDim;
+    let d = i % params.headDim;
+    let word = slabLoad(srcSlot, srcBase + (h * params.pageTokens + t) * headPairs + d / 2u);
+    vals[i] = unpack2x16float(word)[d % 2u];
+  }
+  workgroupBarrier();
+  let size = f.groupSize;
+  for (var i = lid; i < params.width; i += WG) {
+    let g = i / size;
+    let base = g * size;
+    let x = vals[i];
+    var rank = 0u;
+    for (var j = 0u; j < size; j++) {
+      let u = vals[base + j];
+      if (u < x || (u == x && base + j < i)) { rank++; }
+    }
+    if (rank == f.loRank) { groupLo[g] = x; }
+    if (rank == f.hiRank) { groupHi[g] = x; }
+  }
+  workgroupBarrier();
+  let maxCode = (1u << f.bits) - 1u;
+  for (var g = lid; g < params.width / size; g += WG) {
+    let loBits = pack2x16float(vec2<f32>(groupLo[g], 0.0)) & 0xffffu;
+    let lo = unpack2x16float(loBits).x;
+    let scaleBits = pack2x16float(vec2<f32>(max(groupHi[g] - lo, 0.0) / f32(maxCode), 0.0)) & 0xffffu;
+    slabStore(dstSlot, dstBase + f.codeWords + g, loBits | (scaleBits << 16u));
+    groupLo[g] = lo;
+    groupScale[g] = unpack2x16float(scaleBits).x;
+  }
+  workgroupBarrier();
+  let perWord = 32u / f.bits;
+  for (var w = lid; w < f.codeWords; w += WG) {
+    var word = 0u;
+    for (var k = 0u; k < perWord; k++) {
+      let i = w * perWord + k;
+      let g = i / size;
+      let s = groupScale[g];
+      var code = 0u;
+      if (s > 0.0) {
+        let diff = vals[i] - groupLo[g];
+        var c = floor(diff / s + 0.5);
+        if (diff < (c - 0.5) * s) { c -= 1.0; } else if (diff >= (c + 0.5) * s) { c += 1.0; }
+        code = u32(clamp(c, 0.0, f32(maxCode)));
+      }
+      word |= code << (k * f.bits);
+    }
+    slabStore(dstSlot, dstBase + w, word);
+  }
+}
+`;
+
+/**
+ * Promotes quant pages back to f16 pages (their dequantized values rounded to f16), for every layer: one
+ * invocation per (job, layer, kv, token, value pair). Used only when a rollback rewrites a quantized position.
+ */
+export const kvPromoteWgsl = /* wgsl */ `
+${formatStruct}
+struct Params {
+  layers: u32, kvHeads: u32, headDim: u32, pageTokens: u32,
+  f16PageWords: u32, quantPageWords: u32, jobs: u32, width: u32,
+  k: Format, v: Format,
+}
+
+@group(0) @binding(0) var<storage, read> jobs: array<u32>;
+@group(0) @binding(1) var<uniform> params: Params;
+${slabAccessWgsl(2)}
+
+fn dequantize(slot: u32, row: u32, f: Format, e: u32) -> f32 {
+  let perWord = 32u / f.bits;
+  let code = (slabLoad(slot, row + e / perWord) >> ((e % perWord) * f.bits)) & ((1u << f.bits) - 1u);
+  let p = unpack2x16float(slabLoad(slot, row + f.codeWords + e / f.groupSize));
+  return p.x + f32(code) * p.y;
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+  let i = (wg.y * groups.x + wg.x) * 64u + lid;
+  let rowPairs = params.width / 2u;
+  let perJob = params.layers * 2u * params.pageTokens * rowPairs;
+  let job = i / perJob;
+  if (job >= params.jobs) { return; }
+  var r = i % perJob;
+  let pair = r % rowPairs;
+  r = r / rowPairs;
+  let t = r % params.pageTokens;
+  r = r / params.pageTokens;
+  let kv = r % 2u;
+  let layer = r / 2u;
+  let src = jobs[2u * job];
+  let dst = jobs[2u * job + 1u];
+  var f = params.k;
+  var row = layer * params.pageTokens * (params.k.rowWords + params.v.rowWords) + t * params.k.rowWords;
+  if (kv == 1u) {
+    f = params.v;
+    row = layer * params.pageTokens * (params.k.rowWords + params.v.rowWords) + params.pageTokens * params.k.rowWords +
+      t * params.v.rowWords;
+  }
+  let slot = (src >> 24u) & 0xfu;
+  row += (src & 0xffffffu) * params.quantPageWords;
+  let e = 2u * pair;
+  let value = vec2<f32>(dequantize(slot, row, f, e), dequantize(slot, row, f, e + 1u));
+  let headPairs = params.headDim / 2u;
+  let h = e / params.headDim;
+  let d = e % params.headDim;
+  let word = (dst & 0xffffffu) * params.f16PageWords + (layer * 2u + kv) * params.kvHeads * params.pageTokens * headPairs +
+    (h * params.pageTokens + t) * headPairs + d / 2u;
+  slabStore((dst >> 24u) & 0xfu, word, pack2x16float(value));
+}
+`;
