@@ -194,8 +194,10 @@ export interface EngineStats {
     weights: number;
     /** KV pages that hold tokens. */
     kvUsed: number;
-    /** KV pages allocated (used + free) plus the page table. */
+    /** KV pages allocated (used + free), from the pool's stats. */
     kvReserved: number;
+    /** Everything in the allocator's 'kv' category: the pages plus the page table and step uniform. */
+    kvTotal: number;
     /** What the held tokens would take as f16 K/V (equals the used bytes' payload in f16 mode). */
     kvF16Equivalent: number;
     scratch: number;

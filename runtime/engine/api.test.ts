@@ -317,7 +317,11 @@ describe.skipIf(!modelPath || !goldenPath)('LongtabEngine API on stories260K', (
     });
     expect(stats.memory.weights).toBeGreaterThan(250_000 * 4);
     expect(stats.memory.kvUsed).toBe(stats.kv.pagesUsed * stats.kv.pageBytes);
-    expect(stats.memory.kvReserved).toBeGreaterThanOrEqual(stats.kv.pagesReserved * stats.kv.pageBytes);
+    expect(stats.memory.kvReserved).toBe(stats.kv.pagesReserved * stats.kv.pageBytes);
+    expect(stats.memory.kvTotal).toBeGreaterThan(stats.memory.kvReserved);
+    expect(stats.memory.total).toBe(
+      stats.memory.weights + stats.memory.kvTotal + stats.memory.scratch + stats.memory.staging,
+    );
     // f16 mode: the fp16 equivalent of the held tokens fits in the pages that hold them.
     expect(stats.memory.kvF16Equivalent).toBe(stats.context.used * 2 * 5 * 4 * 8 * 2);
     expect(stats.memory.kvF16Equivalent).toBeLessThanOrEqual(stats.memory.kvUsed);

@@ -659,7 +659,8 @@ export class LongtabEngine implements LongtabEngineApi {
       memory: {
         weights: memory?.bytes.weights ?? 0,
         kvUsed: pool?.bytesUsed ?? 0,
-        kvReserved: kvBytes,
+        kvReserved: pool?.bytesReserved ?? 0,
+        kvTotal: kvBytes,
         kvF16Equivalent: (pool?.tokensHeld ?? 0) * f16BytesPerToken,
         scratch: memory?.bytes.scratch ?? 0,
         staging: memory?.bytes.staging ?? 0,
