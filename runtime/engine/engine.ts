@@ -1,12 +1,12 @@
 import { encodeDispatches, type PreparedDispatch } from '../../kernels/dispatch.ts';
 import { prepareSampler, type Sampler } from '../../kernels/sample.ts';
-import { ContextOverflowError, InvalidRequestError, ModelNotLoadedError } from '../errors.ts';
+import { ContextOverflowError, InvalidRequestError, LongtabError, ModelNotLoadedError } from '../errors.ts';
 import { parseGguf } from '../gguf/parse.ts';
 import type { ByteSource, GgufFile } from '../gguf/types.ts';
 import type { MemorySnapshot } from '../gpu/allocator.ts';
 import type { GpuContext } from '../gpu/device.ts';
 import { readFloat32 } from '../gpu/readback.ts';
-import { PagedKvAttention } from '../kv/paged-attention.ts';
+import { createKvAttention } from '../kv/paged-attention.ts';
 import { KvPagePool, type KvPoolOptions, type KvSequence } from '../kv/pool.ts';
 import { type ModelConfig, readModelConfig } from '../model/config.ts';
 import { Transformer } from '../model/transformer.ts';
@@ -51,15 +51,33 @@ export function kvPoolOptions(config: ModelConfig, options: KvCacheOptions): KvP
   checkInteger('groupSize', options.groupSize, 1, 1 << 16);
   checkInteger('maxSequences', options.maxSequences, 1, 256);
   checkInteger('maxContextTokens', options.maxContextTokens, 1);
-  if (options.rotation !== undefined && typeof options.rotation !== 'boolean') {
-    throw new InvalidRequestError(`Load option rotation must be true or false.`, { option: 'rotation' });
-  }
-  if (kv === 'int2') {
-    throw new InvalidRequestError("The int2 KV cache is not available yet in this build; load with { kv: 'f16' }.", {
-      option: 'kv',
+  // --- KV pool owner's block (int2 mode and rotation; runtime/kv/pool.ts documents the options) ---
+  const rotation = options.rotation ?? (kv === 'int2' ? 'hadamard' : 'none');
+  if (rotation !== 'hadamard' && rotation !== 'none' && rotation !== 'calibrated') {
+    throw new InvalidRequestError(`Load option rotation = ${String(rotation)} must be 'hadamard', 'none' or 'calibrated'.`, {
+      option: 'rotation',
     });
   }
+  if (rotation === 'calibrated') {
+    throw new InvalidRequestError(
+      "Load option rotation = 'calibrated' needs fitted rotations, which this build does not load yet; use 'hadamard' (default for int2) or 'none'.",
+      { option: 'rotation' },
+    );
+  }
+  const quant =
+    kv === 'int2'
+      ? {
+          kv: 'quant' as const,
+          sink: options.sink ?? 64,
+          window: options.window ?? 256,
+          keyFormat: { bits: 2 as const, groupSize: options.groupSize },
+          valueFormat: { bits: 2 as const, groupSize: options.groupSize },
+        }
+      : {};
+  // --- end of the KV pool owner's block ---
   return {
+    ...quant,
+    rotation,
     layers: config.layers,
     kvHeads: config.kvHeads,
     headDim: config.headDim,
@@ -172,7 +190,7 @@ export class Engine {
         gpu,
         config,
         weights,
-        new PagedKvAttention(gpu, pool, { heads: config.heads }),
+        createKvAttention(gpu, pool, { heads: config.heads }), // KV pool owner: rotation wrapping lives there
         prefillChunk,
       );
       created.push({ release: () => transformer.release() });
@@ -393,7 +411,11 @@ export class Engine {
     }
     device.queue.submit([encoder.finish()]);
     if (!sample) return -1;
-    await m.readback.mapAsync(GPUMapMode.READ, 0, 4);
+    try {
+      await m.readback.mapAsync(GPUMapMode.READ, 0, 4);
+    } catch (error) {
+      throw await this.lostOr(error);
+    }
     const id = new Uint32Array(m.readback.getMappedRange(0, 4))[0];
     m.readback.unmap();
     this.gpu.throwIfErrors();
@@ -431,6 +453,23 @@ export class Engine {
       m.pool.free(seq);
       this.busy = false;
     }
+  }
+
+  /**
+   * A readback that fails because the device was lost rejects with a bare AbortError; the context's DeviceLostError
+   * (typed, says to reload) is what callers get instead. `lost` resolves shortly after, so wait for it briefly.
+   */
+  private async lostOr(error: unknown): Promise<unknown> {
+    if (error instanceof LongtabError) return error;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const lost = await Promise.race([
+      this.gpu.lost,
+      new Promise<null>((resolve) => {
+        timer = setTimeout(() => resolve(null), 1000);
+      }),
+    ]);
+    clearTimeout(timer);
+    return lost ?? error;
   }
 
   private validatePrompt(m: LoadedModel, ids: number[]): void {
