@@ -1,0 +1,144 @@
+/**
+ * Device loss in the middle of a generation (issue 9): a separate Dawn device is destroyed from inside the token
+ * callback. The engine must report a typed DeviceLostError that says what to do, and a fresh engine on a new device,
+ * given the same conversation messages, re-prefills and continues exactly as a run that was never interrupted.
+ */
+import { readFileSync } from 'node:fs';
+import { afterAll, describe, expect, it } from 'vitest';
+import { withTestGpu } from '../../test/gpu.ts';
+import { describeError, faultLog } from '../../test/regressions/fault-log.ts';
+import { STORIES260K, STORIES260K_GOLDEN, sharedPath } from '../../test/shared.ts';
+import { DeviceLostError } from '../errors.ts';
+import { sourceFromPath } from '../gguf/node-source.ts';
+import { acquireGpu, type GpuContext } from '../gpu/device.ts';
+import { nodeGpu } from '../gpu/node.ts';
+import type { ChatCompletionChunk, ChatMessageParam } from './api.ts';
+import { Engine } from './engine.ts';
+import { createNodeEngine } from './node.ts';
+
+const ctx = withTestGpu();
+const modelPath = sharedPath(STORIES260K);
+const goldenPath = sharedPath(STORIES260K_GOLDEN);
+const log = faultLog('device-loss');
+
+/** Devices this file acquires besides the shared one; each test loses or releases its own. */
+const extra: GpuContext[] = [];
+async function separateDevice(): Promise<GpuContext> {
+  const gpu = await acquireGpu({ gpu: await nodeGpu() });
+  extra.push(gpu);
+  return gpu;
+}
+afterAll(() => {
+  for (const gpu of extra) if (!gpu.isLost) gpu.destroy();
+});
+
+const SYSTEM: ChatMessageParam = { role: 'system', content: 'You tell short stories about Lily and her red ball.' };
+
+describe.skipIf(!modelPath || !goldenPath)('device loss on stories260K', () => {
+  it('Engine.generate: device.destroy() after 3 tokens rejects with DeviceLostError; a new device continues the golden ids', async () => {
+    const golden = JSON.parse(readFileSync(goldenPath!, 'utf8')) as { greedy_ids: number[] };
+    const gpu = await separateDevice();
+    const engine = new Engine(gpu);
+    const source = await sourceFromPath(modelPath!);
+    await engine.load(source, { kvBudgetBytes: 4 << 20 });
+    const seen: number[] = [];
+    const bos = golden.greedy_ids[0];
+    let failure: unknown = null;
+    try {
+      await engine.generate({
+        promptIds: [bos],
+        maxTokens: 64,
+        stopAtEog: false,
+        onToken: (id) => {
+          seen.push(id);
+          if (seen.length === 3) gpu.device.destroy();
+          return undefined;
+        },
+      });
+    } catch (error) {
+      failure = error;
+    }
+    log.record({
+      area: 'device',
+      fault: 'GPUDevice.destroy() from onToken after 3 decoded tokens (Engine.generate)',
+      expected: 'DeviceLostError with an actionable message',
+      outcome: failure ? describeError(failure) : 'resolved',
+      ok: failure instanceof DeviceLostError,
+    });
+    expect(failure).toBeInstanceOf(DeviceLostError);
+    expect((failure as DeviceLostError).code).toBe('device-lost');
+    expect((failure as DeviceLostError).message).toMatch(/reload the model/i);
+    expect(seen).toEqual(golden.greedy_ids.slice(1, 4));
+    // A lost engine answers every later call with the same typed error instead of hanging or crashing.
+    await expect(engine.generate({ promptIds: [bos], maxTokens: 4 })).rejects.toBeInstanceOf(DeviceLostError);
+
+    const fresh = new Engine(await separateDevice());
+    await fresh.load(source, { kvBudgetBytes: 4 << 20 });
+    const resumed = await fresh.generate({ promptIds: [bos, ...seen], maxTokens: 20, stopAtEog: false });
+    expect(resumed.ids).toEqual(golden.greedy_ids.slice(4, 24));
+    fresh.unload();
+    await source.close?.();
+  });
+
+  it('chat API: the stream fails with DeviceLostError and a fresh engine on a new device continues the conversation', async () => {
+    const turn1: ChatMessageParam[] = [SYSTEM, { role: 'user', content: 'Where did Lily go?' }];
+    const request = { temperature: 0, max_tokens: 24, conversation_id: 'story' } as const;
+
+    // Uninterrupted reference on the test's shared device.
+    const reference = createNodeEngine({ gpu: ctx.gpu });
+    await reference.load(modelPath!, { kvBudgetBytes: 4 << 20 });
+    const r1 = (await reference.chat.completions.create({ ...request, messages: turn1 })).choices[0].message.content;
+    const turn2: ChatMessageParam[] = [
+      ...turn1,
+      { role: 'assistant', content: r1 },
+      { role: 'user', content: 'What happened next?' },
+    ];
+    const r2 = (await reference.chat.completions.create({ ...request, messages: turn2 })).choices[0].message.content;
+    reference.destroy();
+
+    // The same conversation on a device that is lost while the second reply streams.
+    const doomed = await separateDevice();
+    const engine = createNodeEngine({ gpu: doomed });
+    await engine.load(modelPath!, { kvBudgetBytes: 4 << 20 });
+    const a1 = (await engine.chat.completions.create({ ...request, messages: turn1 })).choices[0].message.content;
+    expect(a1).toBe(r1);
+    const stream = await engine.chat.completions.create({ ...request, messages: turn2, stream: true });
+    const chunks: ChatCompletionChunk[] = [];
+    let failure: unknown = null;
+    try {
+      for await (const chunk of stream) {
+        chunks.push(chunk);
+        if (chunks.length === 4) doomed.device.destroy();
+      }
+    } catch (error) {
+      failure = error;
+    }
+    log.record({
+      area: 'device',
+      fault: 'GPUDevice.destroy() while a chat reply streams (LongtabEngine, conversation turn 2)',
+      expected: 'the stream rejects with DeviceLostError; a new engine continues the conversation identically',
+      outcome: failure ? describeError(failure) : 'stream ended normally',
+      ok: failure instanceof DeviceLostError,
+    });
+    expect(failure).toBeInstanceOf(DeviceLostError);
+    expect((failure as Error).message).toMatch(/conversation is kept/);
+    const partial = chunks.map((c) => c.choices[0].delta.content ?? '').join('');
+    expect(r2.startsWith(partial)).toBe(true);
+
+    // The API keeps the messages, not the device: a fresh engine re-prefills them and gives the uninterrupted reply.
+    const recovered = createNodeEngine({ gpu: await separateDevice() });
+    await recovered.load(modelPath!, { kvBudgetBytes: 4 << 20 });
+    const again = await recovered.chat.completions.create({ ...request, messages: turn2 });
+    expect(again.choices[0].message.content).toBe(r2);
+    expect(again.usage.prompt_tokens_details.cached_tokens).toBe(0);
+    log.record({
+      area: 'device',
+      fault: 'reload on a new device after the loss, same conversation messages',
+      expected: 'the same greedy reply as an uninterrupted run (re-prefilled, nothing cached)',
+      outcome: again.choices[0].message.content === r2 ? 'identical reply' : 'different reply',
+      ok: again.choices[0].message.content === r2,
+    });
+    recovered.destroy();
+    engine.destroy();
+  });
+});
