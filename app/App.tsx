@@ -57,7 +57,7 @@ function ChatApp() {
   const [sidebarOpen, setSidebarOpen] = useState(false);
   const [statsOpen, setStatsOpen] = useState(true);
   const [chatError, setChatError] = useState<string | null>(null);
-  const { state: engineState, ensure, reportError } = useEngine();
+  const { state: engineState, ensure, reportError, forget } = useEngine();
   const models = useModels(settings?.hubBaseUrl ?? DEFAULT_SETTINGS.hubBaseUrl);
   const streamRef = useRef<{ abort(): void } | null>(null);
   const conversationsRef = useRef(conversations);
@@ -270,12 +270,13 @@ function ChatApp() {
   const removeConversation = useCallback(
     async (id: string) => {
       await deleteConversation(id);
+      await forget(id);
       const rest = conversationsRef.current.filter((c) => c.id !== id);
       setConversations(rest);
       if (activeId === id) setActiveId(rest[0]?.id ?? null);
       if (rest.length === 0) await newChat();
     },
-    [activeId, newChat],
+    [activeId, newChat, forget],
   );
 
   if (!settings) return <div className="splash">Opening your conversations…</div>;
@@ -384,7 +385,12 @@ function ChatApp() {
         />
       )}
       {panel === 'settings' && (
-        <SettingsPanel settings={settings} onChange={updateSettings} onClose={() => setPanel(null)} />
+        <SettingsPanel
+          settings={settings}
+          models={models.models}
+          onChange={updateSettings}
+          onClose={() => setPanel(null)}
+        />
       )}
     </div>
   );

@@ -147,6 +147,7 @@ export function ChatView({
             value={conversation?.systemPrompt ?? ''}
             placeholder="Instructions the model sees before the conversation"
             data-testid="system-prompt"
+            disabled={busy}
             onChange={(e) => onSystemPrompt(e.target.value)}
           />
         )}

@@ -1,13 +1,16 @@
 /** Generation and engine settings. KV mode and budget take effect when the model (re)loads. */
+import type { StoredModel } from '../storage/models.ts';
 import type { Settings } from '../storage/settings.ts';
 import { useCloseOnEscape } from './use-close-on-escape.ts';
 
 export function SettingsPanel({
   settings,
+  models,
   onChange,
   onClose,
 }: {
   settings: Settings;
+  models: StoredModel[];
   onChange: (patch: Partial<Settings>) => void;
   onClose: () => void;
 }) {
@@ -50,6 +53,26 @@ export function SettingsPanel({
             ✕
           </button>
         </header>
+        <section>
+          <h3>Model</h3>
+          <label className="field">
+            <span>Stored model (manage them from the model button)</span>
+            <select
+              value={settings.modelId ?? ''}
+              data-testid="setting-model"
+              onChange={(e) => onChange({ modelId: e.target.value || null })}
+            >
+              <option value="">None</option>
+              {models
+                .filter((m) => m.complete)
+                .map((m) => (
+                  <option key={m.id} value={m.id}>
+                    {m.name}
+                  </option>
+                ))}
+            </select>
+          </label>
+        </section>
         <section>
           <h3>KV cache</h3>
           <div className="segmented" role="radiogroup" aria-label="KV mode">

@@ -145,6 +145,12 @@ export function useEngine() {
     [discard],
   );
 
+  /** Frees a deleted conversation's KV cache, if an engine is running (never starts one for that). */
+  const forget = useCallback(async (conversationId: string) => {
+    const current = await handleRef.current?.catch(() => null);
+    await current?.engine.deleteConversation(conversationId).catch(() => {});
+  }, []);
+
   useEffect(
     () => () => {
       unsubscribeRef.current?.();
@@ -153,5 +159,5 @@ export function useEngine() {
     [],
   );
 
-  return { state, load, ensure, engine, reportError, discard };
+  return { state, load, ensure, engine, reportError, discard, forget };
 }
