@@ -15,7 +15,7 @@ describe('npm run bench -- --quick', () => {
     for (const dir of dirs) await rm(dir, { recursive: true, force: true });
   });
 
-  it('writes a JSON report matching the schema, with a markdown table', { timeout: 300_000 }, async () => {
+  it('writes a JSON report matching the schema, with a markdown table', { timeout: 600_000 }, async () => {
     const dir = await mkdtemp(join(tmpdir(), 'longtab-bench-test-'));
     dirs.push(dir);
     const lines: string[] = [];

@@ -43,6 +43,8 @@ export class LlamaCppRunner {
   private readonly options: LlamaRunnerOptions;
   private model: LlamaModel | null = null;
   private modelPath = '';
+  /** Device VRAM in use before the model was loaded (Vulkan only). */
+  private vramBaseline: number | null = null;
 
   private constructor(llama: Llama, info: LlamaInfo, options: LlamaRunnerOptions) {
     this.llama = llama;
@@ -63,6 +65,7 @@ export class LlamaCppRunner {
       },
     });
     let gpuDevices: string[] = [];
+    // A Vulkan build with no GPU device (a CPU Vulkan driver: llama.cpp skips those) runs on its CPU backend.
     try {
       gpuDevices = await llama.getGpuDeviceNames();
     } catch {
@@ -91,6 +94,7 @@ export class LlamaCppRunner {
   async loadModel(path: string): Promise<void> {
     if (this.model && this.modelPath === path) return;
     await this.unloadModel();
+    this.vramBaseline = await this.vramUsed();
     this.model = await this.llama.loadModel({
       modelPath: path,
       gpuLayers: this.options.backend === 'vulkan' ? 'max' : 0,
@@ -116,7 +120,6 @@ export class LlamaCppRunner {
     const model = this.model;
     if (!model) throw new Error('loadModel first');
     const type = request.kv === 'f16' ? 'F16' : 'Q4_0';
-    const vramBefore = await this.vramUsed();
     const context: LlamaContext = await model.createContext({
       contextSize: request.context,
       batchSize: Math.min(this.options.batchSize, request.context),
@@ -150,7 +153,8 @@ export class LlamaCppRunner {
       await sequence.clearHistory();
       return {
         timing: summarize(repeats, request.repeats),
-        vramUsedBytes: vramBefore !== null && vramAfter !== null ? vramAfter - vramBefore : null,
+        // Model + this context, as longtab's allocator total counts weights + KV + scratch.
+        vramUsedBytes: this.vramBaseline !== null && vramAfter !== null ? vramAfter - this.vramBaseline : null,
       };
     } finally {
       await context.dispose();

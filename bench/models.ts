@@ -293,6 +293,20 @@ export function modelFileName(shape: BenchModelShape, mix: WeightMix, seed: numb
   return `longtab-bench-${shape.id}-${mix}-s${seed}-${key}.gguf`;
 }
 
+/** The file's layout (sizes, tensor types) without writing it. */
+export function planModelFile(shape: BenchModelShape, mix: WeightMix, seed: number) {
+  const { metadata, tensors, random } = planModel(shape, mix, seed);
+  const layout = planGguf({ metadata, tensors });
+  const tensorBytes: Record<string, number> = {};
+  const typeCounts: Record<string, number> = {};
+  tensors.forEach((t, i) => {
+    tensorBytes[t.name] = layout.tensorByteLengths[i];
+    const name = GGML_TYPE_INFO[t.type]?.name ?? String(t.type);
+    typeCounts[name] = (typeCounts[name] ?? 0) + 1;
+  });
+  return { metadata, tensors, random, layout, tensorBytes, typeCounts };
+}
+
 /** Bytes of each pool of random blocks a tensor's data is copied from. */
 const BLOCK_POOL_BYTES = 4 << 20;
 /** Bytes copied from one random pool offset (then a new offset is drawn). */
@@ -311,15 +325,7 @@ export async function ensureModelFile(
   dir: string,
   log: (line: string) => void = () => {},
 ): Promise<BenchModelFile> {
-  const { metadata, tensors, random } = planModel(shape, mix, seed);
-  const layout = planGguf({ metadata, tensors });
-  const tensorBytes: Record<string, number> = {};
-  const typeCounts: Record<string, number> = {};
-  tensors.forEach((t, i) => {
-    tensorBytes[t.name] = layout.tensorByteLengths[i];
-    const name = GGML_TYPE_INFO[t.type]?.name ?? String(t.type);
-    typeCounts[name] = (typeCounts[name] ?? 0) + 1;
-  });
+  const { tensors, random, layout, tensorBytes, typeCounts } = planModelFile(shape, mix, seed);
   const path = join(dir, modelFileName(shape, mix, seed));
   const base = { path, shape, mix, seed, bytes: layout.fileSize, tensorBytes, typeCounts };
   if (existsSync(path) && (await stat(path)).size === layout.fileSize) {

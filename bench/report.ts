@@ -32,7 +32,8 @@ export interface BenchRow {
   tpotMs?: Spread;
   decodeTokensPerSecond?: number;
   kvBytesPerToken?: number;
-  /** longtab: the allocator's total after the run; llama.cpp: the device's VRAM use increase (null on CPU). */
+  /** longtab: the allocator's total after the run; llama.cpp: the device's VRAM use increase since before the model
+   * was loaded, i.e. model + context (null on CPU). */
   gpuMemoryBytes?: number | null;
   memory?: MemorySnapshot;
   kvPool?: { bytesUsed: number; bytesReserved: number; slabs: number; pageTokens: number; pageBytes: number };

@@ -102,46 +102,58 @@ function keepModuleLocations(distDir) {
 
 // 3. node-llama-cpp: its JS as one file, in its own package folder so the paths it computes from import.meta.url
 //    (../llama, ../package.json) and its binary self-test (it forks its own file) still work.
-const stage = mkdtempSync(join(tmpdir(), 'longtab-llama-kit-'));
-try {
-  const nlc = join(NM, 'node-llama-cpp');
-  const target = join(stage, 'node_modules', 'node-llama-cpp');
-  mkdirSync(join(target, 'dist'), { recursive: true });
-  await build({
-    entryPoints: [join(nlc, 'dist', 'index.js')],
-    outfile: join(target, 'dist', 'index.js'),
-    bundle: true,
-    platform: 'node',
-    format: 'esm',
-    target: 'node20',
-    // Prebuilt binaries are found by importing their package (its getBinsDir() points next to itself).
-    // @reflink: ipull's copy-on-write file cloning for downloads (a native .node, imported lazily): never reached.
-    external: ['@node-llama-cpp/*', '@reflink/*'],
-    plugins: [keepModuleLocations(join(nlc, 'dist'))],
-    banner: { js: nodeBuiltinsBanner },
-    legalComments: 'none',
-    logLevel: 'error',
-  });
-  cpSync(join(nlc, 'package.json'), join(target, 'package.json'));
-  cpSync(join(nlc, 'LICENSE'), join(target, 'LICENSE'));
-  mkdirSync(join(target, 'llama'), { recursive: true });
-  for (const file of ['binariesGithubRelease.json', 'llama.cpp.info.json', 'package.json']) {
-    if (existsSync(join(nlc, 'llama', file))) cpSync(join(nlc, 'llama', file), join(target, 'llama', file));
-  }
-  for (const name of ['linux-x64-vulkan']) {
-    const from = join(NM, '@node-llama-cpp', name);
-    if (!existsSync(join(from, 'package.json'))) {
-      throw new Error(
-        `node_modules/@node-llama-cpp/${name} is missing: it is an optional dependency of node-llama-cpp (npm i -E -D @node-llama-cpp/${name}@3.21.1).`,
-      );
+// Rebuilt only when node-llama-cpp or this script changed (xz takes minutes on 2 cores); --force rebuilds it.
+const llamaKit = join(OUT, 'llama-kit.tar.xz');
+const llamaKitFresh =
+  !process.argv.includes('--force') &&
+  existsSync(llamaKit) &&
+  statSync(llamaKit).mtimeMs > statSync(join(NM, 'node-llama-cpp', 'package.json')).mtimeMs &&
+  statSync(llamaKit).mtimeMs > statSync(fileURLToPath(import.meta.url)).mtimeMs;
+if (llamaKitFresh) log('.gpu/llama-kit.tar.xz is up to date');
+else await packLlamaKit();
+
+async function packLlamaKit() {
+  const stage = mkdtempSync(join(tmpdir(), 'longtab-llama-kit-'));
+  try {
+    const nlc = join(NM, 'node-llama-cpp');
+    const target = join(stage, 'node_modules', 'node-llama-cpp');
+    mkdirSync(join(target, 'dist'), { recursive: true });
+    await build({
+      entryPoints: [join(nlc, 'dist', 'index.js')],
+      outfile: join(target, 'dist', 'index.js'),
+      bundle: true,
+      platform: 'node',
+      format: 'esm',
+      target: 'node20',
+      // Prebuilt binaries are found by importing their package (its getBinsDir() points next to itself).
+      // @reflink: ipull's copy-on-write file cloning for downloads (a native .node, imported lazily): never reached.
+      external: ['@node-llama-cpp/*', '@reflink/*'],
+      plugins: [keepModuleLocations(join(nlc, 'dist'))],
+      banner: { js: nodeBuiltinsBanner },
+      legalComments: 'none',
+      logLevel: 'error',
+    });
+    cpSync(join(nlc, 'package.json'), join(target, 'package.json'));
+    cpSync(join(nlc, 'LICENSE'), join(target, 'LICENSE'));
+    mkdirSync(join(target, 'llama'), { recursive: true });
+    for (const file of ['binariesGithubRelease.json', 'llama.cpp.info.json', 'package.json']) {
+      if (existsSync(join(nlc, 'llama', file))) cpSync(join(nlc, 'llama', file), join(target, 'llama', file));
     }
-    cpSync(from, join(stage, 'node_modules', '@node-llama-cpp', name), { recursive: true });
+    for (const name of ['linux-x64-vulkan']) {
+      const from = join(NM, '@node-llama-cpp', name);
+      if (!existsSync(join(from, 'package.json'))) {
+        throw new Error(
+          `node_modules/@node-llama-cpp/${name} is missing: it is an optional dependency of node-llama-cpp (npm i -E -D @node-llama-cpp/${name}@3.21.1).`,
+        );
+      }
+      cpSync(from, join(stage, 'node_modules', '@node-llama-cpp', name), { recursive: true });
+    }
+    const tarball = llamaKit;
+    execFileSync('sh', ['-c', `tar -C "${stage}" -cf - node_modules | xz -6 -T2 > "${tarball}"`], { stdio: 'inherit' });
+    log(`.gpu/llama-kit.tar.xz ${mib(size(tarball))}`);
+  } finally {
+    rmSync(stage, { recursive: true, force: true });
   }
-  const tarball = join(OUT, 'llama-kit.tar.xz');
-  execFileSync('sh', ['-c', `tar -C "${stage}" -cf - node_modules | xz -6 -T2 > "${tarball}"`], { stdio: 'inherit' });
-  log(`.gpu/llama-kit.tar.xz ${mib(size(tarball))}`);
-} finally {
-  rmSync(stage, { recursive: true, force: true });
 }
 
 // 4. What the device tool carries (these three files; other files in .gpu/ are not needed).

@@ -15,7 +15,8 @@ tar xJf "$ROOT/.gpu/kit.tar.xz" -C "$T"
 tar xJf "$ROOT/.gpu/llama-kit.tar.xz" -C "$T/kit"
 cp "$ROOT/.gpu/bench.mjs" "$T/kit/bench.mjs"
 if [ "$LLAMA" = cpu ]; then cp -r "$ROOT/node_modules/@node-llama-cpp/linux-x64" "$T/kit/node_modules/@node-llama-cpp/"; fi
-[ $# -ge 1 ] || set -- --quick
+# One llama.cpp thread: the Vulkan build finds no GPU on a CPU driver and runs on 2 shared cores here.
+[ $# -ge 1 ] || set -- --quick --llama-threads 1
 mkdir -p "$ROOT/.gpu/check-out"
 cd "$T"
 XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp} "$T/kit/bin/node" "$T/kit/bench.mjs" --llama "$LLAMA" \
