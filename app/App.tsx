@@ -55,7 +55,8 @@ function ChatApp() {
   const [perf, setPerf] = useState<Perf>(EMPTY_PERF);
   const [panel, setPanel] = useState<'models' | 'settings' | null>(null);
   const [sidebarOpen, setSidebarOpen] = useState(false);
-  const [statsOpen, setStatsOpen] = useState(true);
+  // On a phone the stats start folded away (the Stats button opens them below the chat).
+  const [statsOpen, setStatsOpen] = useState(() => window.matchMedia('(min-width: 901px)').matches);
   const [chatError, setChatError] = useState<string | null>(null);
   const { state: engineState, ensure, reportError, forget } = useEngine();
   const models = useModels(settings?.hubBaseUrl ?? DEFAULT_SETTINGS.hubBaseUrl);

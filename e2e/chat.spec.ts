@@ -224,11 +224,13 @@ test.describe('chat page', () => {
 
     // A phone-sized window: one column, the conversation list behind the menu button.
     await page.setViewportSize({ width: 390, height: 844 });
+    await page.waitForTimeout(400); // the sidebar slides out
     await expect(page.getByRole('button', { name: 'Conversations' })).toBeVisible();
     await expect(page.getByTestId('composer-input')).toBeVisible();
     await shot(page, testInfo, '08b-narrow');
     await page.getByRole('button', { name: 'Conversations' }).click();
     await expect(page.getByTestId('new-chat')).toBeInViewport();
+    await page.waitForTimeout(400); // the sidebar slides in
     await shot(page, testInfo, '08c-narrow-sidebar');
     expect(errors).toEqual([]);
   });

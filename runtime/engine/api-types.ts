@@ -17,8 +17,11 @@ export interface KvCacheOptions {
   window?: number;
   /** int2: values per quantization group (one scale and offset each). */
   groupSize?: number;
-  /** int2: rotate each head before quantizing (spreads outliers over the group). */
-  rotation?: boolean;
+  /**
+   * Rotation of each head's K/V before storage (spreads outliers over the quantization group): 'hadamard' (default
+   * for int2), 'none' (default for f16), 'calibrated' (OSCAR rotations fitted to the model; not loadable yet).
+   */
+  rotation?: 'calibrated' | 'hadamard' | 'none';
   /** Live KV sequences at once (conversations plus shared system prompts; default 16). */
   maxSequences?: number;
   /** Longest sequence in tokens (default: the model's context length; the budget caps it too). */

@@ -54,9 +54,12 @@ export function kvPoolOptions(config: ModelConfig, options: KvCacheOptions): KvP
   // --- KV pool owner's block (int2 mode and rotation; runtime/kv/pool.ts documents the options) ---
   const rotation = options.rotation ?? (kv === 'int2' ? 'hadamard' : 'none');
   if (rotation !== 'hadamard' && rotation !== 'none' && rotation !== 'calibrated') {
-    throw new InvalidRequestError(`Load option rotation = ${String(rotation)} must be 'hadamard', 'none' or 'calibrated'.`, {
-      option: 'rotation',
-    });
+    throw new InvalidRequestError(
+      `Load option rotation = ${String(rotation)}: use 'hadamard', 'none' or 'calibrated'.`,
+      {
+        option: 'rotation',
+      },
+    );
   }
   if (rotation === 'calibrated') {
     throw new InvalidRequestError(

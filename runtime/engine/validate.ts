@@ -202,7 +202,8 @@ export function validateLoadOptions(options: unknown): EngineLoadOptions {
   ] as const) {
     optionalNumber(name, o[name], (n) => n >= 0 && Number.isSafeInteger(n), 'use a non-negative integer', true);
   }
-  optionalBoolean('rotation', o.rotation);
+  if (o.rotation !== undefined && o.rotation !== 'calibrated' && o.rotation !== 'hadamard' && o.rotation !== 'none')
+    fail('rotation', o.rotation, "use 'hadamard', 'none' or 'calibrated'");
   if (o.onProgress !== undefined && typeof o.onProgress !== 'function')
     fail('onProgress', o.onProgress, 'use a function');
   return o as EngineLoadOptions;
