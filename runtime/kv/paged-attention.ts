@@ -3,7 +3,10 @@ import type { PreparedDispatch } from '../../kernels/dispatch.ts';
 import { prepareKvAppend } from '../../kernels/kv-append.ts';
 import { prepareKvDemote } from '../../kernels/kv-demote.ts';
 import type { GpuContext } from '../gpu/device.ts';
+import type { KvAttentionBackend } from '../model/transformer.ts';
 import type { KvPagePool } from './pool.ts';
+import { RotatedKvAttention } from './rotated-attention.ts';
+import { rotationSet } from './rotation.ts';
 
 export interface PagedAttentionOptions {
   /** Query heads (a multiple of the pool's kvHeads). */
@@ -59,4 +62,35 @@ export class PagedKvAttention {
       }),
     };
   }
+}
+
+/**
+ * The KV backend the forward pass uses for `pool`: PagedKvAttention, wrapped in RotatedKvAttention when the pool
+ * stores rotated K/V (`pool.rotation`). The rotation matrices (one per layer and KV head, the same for K and V) are
+ * uploaded once, category 'kv', and live as long as the pool.
+ */
+export function createKvAttention(
+  gpu: GpuContext,
+  pool: KvPagePool,
+  options: PagedAttentionOptions,
+): KvAttentionBackend {
+  const paged = new PagedKvAttention(gpu, pool, options);
+  if (pool.rotation === 'none') return paged;
+  const { layers, kvHeads, headDim } = pool;
+  const matrices = rotationSet(pool.rotation, layers, kvHeads, headDim);
+  const rotation = gpu.allocator.createBuffer({
+    label: `kv.rotation.${pool.rotation}`,
+    category: 'kv',
+    size: matrices.byteLength,
+    usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST,
+  });
+  gpu.device.queue.writeBuffer(rotation, 0, matrices.buffer as ArrayBuffer, matrices.byteOffset, matrices.byteLength);
+  pool.adopt(rotation);
+  return new RotatedKvAttention(
+    gpu,
+    paged,
+    { key: rotation, value: rotation },
+    { heads: options.heads, kvHeads, headDim },
+    pool.step,
+  );
 }

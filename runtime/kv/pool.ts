@@ -137,6 +137,11 @@ export interface KvPoolOptions {
   valueFormat?: KvRowFormatOptions;
   /** quant: bytes of the budget for f16 pages (see the doc comment for the default). */
   f16BudgetBytes?: number;
+  /**
+   * Rotation of what the cache stores (runtime/kv/rotation.ts; applied by `createKvAttention` around the pool):
+   * 'hadamard' or 'none' (default).
+   */
+  rotation?: 'hadamard' | 'none';
 }
 
 export interface KvKindStats {
@@ -301,6 +306,7 @@ export class KvPagePool {
   readonly window: number;
   /** quant: the layout of quant pages (null in f16 mode). */
   readonly quant: KvQuantLayout | null;
+  readonly rotation: 'hadamard' | 'none';
   /** The page table of every sequence (u32 entries). */
   readonly pageTable: GPUBuffer;
   /** The KvStep uniform every KV kernel binds. */
@@ -318,6 +324,7 @@ export class KvPagePool {
   private readonly jobWords = new Uint32Array(4 + 2 * MAX_DEMOTIONS_PER_STEP);
   private jobsWritten = 0;
   private readonly bounce = new Map<number, GPUBuffer>();
+  private readonly adopted: GPUBuffer[] = [];
   private nextId = 1;
   /** Demotions since the pool was made (tests check the paths ran). */
   demotions = 0;
@@ -338,6 +345,10 @@ export class KvPagePool {
     this.pageWords = (layers * 2 * kvHeads * pageTokens * headDim) / 2;
     this.pageBytes = this.pageWords * 4;
     this.mode = options.kv ?? 'f16';
+    this.rotation = options.rotation ?? 'none';
+    if (this.rotation !== 'hadamard' && this.rotation !== 'none') {
+      throw new InvalidRequestError(`KV pool: rotation must be 'hadamard' or 'none', got ${String(this.rotation)}`);
+    }
     if (this.mode !== 'f16' && this.mode !== 'quant') {
       throw new InvalidRequestError(`KV pool: kv must be 'f16' or 'quant', got ${String(this.mode)}`);
     }
@@ -691,13 +702,19 @@ export class KvPagePool {
     return problems;
   }
 
+  /** Makes `buffer` live as long as the pool (the rotation matrices of what it stores): released by destroy(). */
+  adopt(buffer: GPUBuffer): void {
+    this.adopted.push(buffer);
+  }
+
   /** Releases every GPU buffer of the pool; sequences become invalid. */
   destroy(): void {
     for (const seq of [...this.sequences.values()]) this.free(seq);
     const buffers = [...this.f16.slabs, ...(this.q?.slabs ?? []), ...this.placeholders, this.pageTable, this.step];
     if (this.quant) buffers.push(this.quant.jobs);
-    for (const b of [...buffers, ...this.bounce.values()]) this.gpu.allocator.release(b);
+    for (const b of [...buffers, ...this.bounce.values(), ...this.adopted]) this.gpu.allocator.release(b);
     this.bounce.clear();
+    this.adopted.length = 0;
     this.f16.slabs.length = 0;
     if (this.q) this.q.slabs.length = 0;
   }
