@@ -166,10 +166,13 @@ export class EngineRunner {
       try {
         let reuseTokens = 0;
         if (mode === 'fast') {
-          // Timing-only fill: pages for the prompt are reserved and the sequence length set without computing K/V
-          // (the pages hold zeros or stale values); attention reads the same bytes and does the same arithmetic.
+          // Timing-only fill: pages for the prompt are reserved and the sequence advanced chunk by chunk, as a prefill
+          // would, but nothing is submitted: K/V are never computed (the pages hold zeros or stale values), while
+          // attention reads the same bytes and does the same arithmetic.
           pool.reserve(seq, ids.length + tokens);
-          if (ids.length > 1) pool.writeStep(seq, 0, ids.length - 1);
+          for (let position = 0; position < ids.length - 1; position += chunk) {
+            pool.writeStep(seq, position, Math.min(chunk, ids.length - 1 - position));
+          }
           reuseTokens = ids.length - 1;
         }
         const stamps: number[] = [];
@@ -230,8 +233,13 @@ export class EngineRunner {
       if (performance.now() - started + perRepeat > request.budgetMs) break;
     }
     if (!last) throw new Error('no repeat ran');
-    // A page holds pageTokens positions of every layer; f16 pages have no other overhead (int2 pages: see BENCH.md).
-    const kvBytesPerToken = last.stats.pageBytes / last.stats.pageTokens;
+    // f16: a page holds pageTokens positions of every layer, nothing else. int2 (quant pages): effective bytes per
+    // cached position with one live sequence, used pages of both kinds (the f16 sink and window included) over its
+    // length. (f16 mode reserves a page ahead, so used pages / length would overstate small contexts.)
+    const kvBytesPerToken =
+      last.stats.mode === 'quant'
+        ? last.stats.bytesUsed / Math.max(last.seqLength, 1)
+        : last.stats.pageBytes / last.stats.pageTokens;
     const meanPosition = prompt + decodeSteps / 2;
     const weights = m.weights;
     const embeddingBytes = weights.embedding.byteLength;
@@ -258,7 +266,7 @@ export class EngineRunner {
         writeBuffersPerToken: calls?.writeBuffersPerToken ?? Number.NaN,
       },
       weightBytesReadPerToken,
-      kvBytesReadPerToken: kvBytesPerToken * meanPosition,
+      kvBytesReadPerToken: kvBytesPerToken * Math.min(meanPosition, last.seqLength),
     };
   }
 }
