@@ -2,12 +2,12 @@
  * The engine through its real module worker in Chromium (SwiftShader WebGPU), with stories260K served over HTTP
  * Range requests by a small server started here from ../shared (never copied into the repository).
  */
-import { createReadStream, existsSync, statSync } from 'node:fs';
+import { createReadStream, existsSync, readFileSync, statSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { expect, type Page, test } from '@playwright/test';
-import { STORIES260K, sharedRoot } from '../test/shared.ts';
+import { STORIES260K, STORIES260K_GOLDEN, sharedRoot } from '../test/shared.ts';
 
 const modelFile = join(sharedRoot, STORIES260K);
 const haveModel = existsSync(modelFile);
@@ -48,7 +48,8 @@ test.describe('engine worker API (Chromium, real worker)', () => {
   test.afterAll(() => new Promise<void>((resolve) => (server ? server.close(() => resolve()) : resolve())));
 
   async function open(page: Page): Promise<string[]> {
-    test.setTimeout(240_000);
+    // SwiftShader on two shared cores: a few hundred tokens take minutes when other jobs run.
+    test.setTimeout(360_000);
     const pageErrors: string[] = [];
     page.on('pageerror', (error) => pageErrors.push(error.message));
     await page.goto('/e2e/harness/worker-api.html');
@@ -77,12 +78,27 @@ test.describe('engine worker API (Chromium, real worker)', () => {
         stream: true,
       }))
         chunks.push(chunk);
+      // Raw text: from BOS alone, stories260K's greedy continuation (the golden text's start).
+      const text = await engine.completions.create({ prompt: '', max_tokens: 10, temperature: 0 });
+      let textStreamed = '';
+      for await (const c of await engine.completions.create({ prompt: '', max_tokens: 10, stream: true }))
+        textStreamed += c.choices[0].text;
       const stats = await engine.stats();
       unsubscribe();
       await engine.unload();
       const unloaded = await engine.stats();
       engine.terminate();
-      return { info, progress, whole, chunks, stats, statsSeen, unloadedBytes: unloaded.memory.total };
+      return {
+        info,
+        progress,
+        whole,
+        chunks,
+        text: text.choices[0].text,
+        textStreamed,
+        stats,
+        statsSeen,
+        unloadedBytes: unloaded.memory.total,
+      };
     }, modelUrl);
 
     expect(result.info).toMatchObject({ architecture: 'llama', layers: 5, vocab: 512, kv: 'f16' });
@@ -111,6 +127,11 @@ test.describe('engine worker API (Chromium, real worker)', () => {
     expect(last.usage?.completion_tokens).toBe(result.whole.usage.completion_tokens);
     expect(last.usage?.longtab.decode_tokens_per_second).toBeGreaterThan(0);
     expect(last.usage?.longtab.ttft_ms).toBeGreaterThan(0);
+
+    const golden = JSON.parse(readFileSync(join(sharedRoot, STORIES260K_GOLDEN), 'utf8')) as { greedy_text: string };
+    expect(result.text.length).toBeGreaterThan(10);
+    expect(golden.greedy_text.startsWith(result.text)).toBe(true);
+    expect(result.textStreamed).toBe(result.text);
 
     expect(result.stats.memory.weights).toBeGreaterThan(0);
     expect(result.stats.kv.pagesBudget).toBeGreaterThan(0);

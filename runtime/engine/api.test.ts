@@ -199,6 +199,19 @@ describe.skipIf(!modelPath || !goldenPath)('LongtabEngine API on stories260K', (
     fresh.destroy();
   });
 
+  it('concurrent requests queue (one runs at a time) and answer as they would one by one', async () => {
+    const engine = await loaded();
+    const ask = (content: string) => chat(engine, { messages: [{ role: 'user', content }], max_tokens: 10 });
+    const sequential = [(await ask('Lily')).choices[0].message.content, (await ask('Tom')).choices[0].message.content];
+    const running: boolean[] = [];
+    const unsubscribe = await engine.subscribeStats((s) => running.push(s.queue.waiting > 0));
+    const concurrent = await Promise.all([ask('Lily'), ask('Tom')]);
+    unsubscribe();
+    expect(concurrent.map((r) => r.choices[0].message.content)).toEqual(sequential);
+    expect(running).toContain(true); // the second request waited while the first ran
+    engine.destroy();
+  });
+
   it('when the pool is full the least recently used conversation is evicted and re-prefilled when it returns', async () => {
     // 24 pages of 16 tokens: room for about three of these conversations.
     const engine = await loaded({ kvBudgetBytes: 24 * 10240 });
