@@ -1,5 +1,5 @@
 import type { RopeLayout } from '../../kernels/rope.ts';
-import { UnsupportedModelError } from '../errors.ts';
+import { CorruptModelFileError, UnsupportedModelError } from '../errors.ts';
 import { metaNumber, metaOptionalNumber, metaString } from '../gguf/metadata.ts';
 import type { GgufFile, GgufTensorInfo } from '../gguf/types.ts';
 
@@ -55,7 +55,7 @@ export function readModelConfig(file: GgufFile): ModelConfig {
     metaOptionalNumber(meta, `${arch}.vocab_size`) ??
     embedding?.shape[1] ??
     (Array.isArray(tokens) ? tokens.length : 0);
-  return {
+  const config: ModelConfig = {
     architecture,
     name: typeof meta['general.name'] === 'string' ? (meta['general.name'] as string) : architecture,
     layers: metaNumber(meta, `${arch}.block_count`),
@@ -75,4 +75,31 @@ export function readModelConfig(file: GgufFile): ModelConfig {
     tiedOutput: !tensors.has('output.weight'),
     ropeFreqFactors: tensors.has('rope_freqs.weight'),
   };
+  checkShape(config, file.tensors.length);
+  return config;
+}
+
+/**
+ * Hyperparameters that no tensor table could back (found by fuzzing the loader): a block count of 10^9 would build a
+ * 10^10-entry list of expected tensors before any shape check ran. Each layer needs at least 9 tensors.
+ */
+function checkShape(c: ModelConfig, tensorCount: number): void {
+  const sizes: Array<[string, number, number]> = [
+    ['block_count', c.layers, Math.floor(tensorCount / 9)],
+    ['embedding_length', c.dim, 1 << 20],
+    ['attention.head_count', c.heads, 1 << 16],
+    ['attention.head_count_kv', c.kvHeads, c.heads],
+    ['head dimension', c.headDim, 1 << 16],
+    ['feed_forward_length', c.ffnDim, 1 << 24],
+    ['vocab size', c.vocab, 1 << 24],
+    ['context_length', c.contextLength, 2 ** 40],
+  ];
+  for (const [name, value, max] of sizes) {
+    if (!Number.isInteger(value) || value < 1 || value > max) {
+      throw new CorruptModelFileError(
+        `The model's ${name} is ${value}, which its ${tensorCount} tensors cannot back (expected an integer in 1..${max}): the file is damaged. Download it again.`,
+        { field: name, value },
+      );
+    }
+  }
 }
