@@ -76,7 +76,7 @@ function countQueueCalls(queue: GPUQueue) {
 }
 
 export class EngineRunner {
-  private readonly engine: Engine;
+  readonly engine: Engine;
   private source: ByteSource | null = null;
   private file: BenchModelFile | null = null;
 

@@ -5,6 +5,7 @@
  *
  *   .gpu/kit.tar.xz        node + Dawn (webgpu) + Vulkan loader debs: ../shared/gpu/make-kit.sh (made if missing)
  *   .gpu/bench.mjs         bench/run.ts bundled into one ESM file; `webgpu` and `node-llama-cpp` stay external
+ *   .gpu/profile.mjs       bench/profile-decode.ts the same way (per-kernel decode timings)
  *   .gpu/llama-kit.tar.xz  node_modules/node-llama-cpp (its JS bundled into one dist/index.js, plus package.json and
  *                          the llama/ metadata files it reads) and @node-llama-cpp/linux-x64-vulkan (the prebuilt
  *                          Vulkan binaries); unpacked into the kit, next to the kit's node_modules/webgpu
@@ -62,21 +63,36 @@ if (!fromWorktree) {
 log(`bundling bench/run.ts from ${fromWorktree ? 'the working tree' : `HEAD ${commit.slice(0, 12)}`}`);
 const nodeBuiltinsBanner =
   "import { createRequire as __longtabCreateRequire } from 'node:module'; const require = __longtabCreateRequire(import.meta.url);";
-await build({
-  entryPoints: [join(SRC, 'bench', 'run.ts')],
-  define: { 'process.env.LONGTAB_BENCH_COMMIT': JSON.stringify(fromWorktree ? `${commit}+worktree` : commit) },
-  outfile: join(OUT, 'bench.mjs'),
-  bundle: true,
-  platform: 'node',
-  format: 'esm',
-  target: 'node20',
-  external: ['webgpu', 'node-llama-cpp', '@node-llama-cpp/*'],
-  banner: { js: nodeBuiltinsBanner },
-  legalComments: 'none',
-  logLevel: 'warning',
-});
-if (exported) rmSync(exported, { recursive: true, force: true });
-log(`.gpu/bench.mjs ${mib(size(join(OUT, 'bench.mjs')))}`);
+const benchBuild = (entry, outfile) =>
+  build({
+    entryPoints: [join(SRC, 'bench', entry)],
+    outfile: join(OUT, outfile),
+    define: { 'process.env.LONGTAB_BENCH_COMMIT': JSON.stringify(fromWorktree ? `${commit}+worktree` : commit) },
+    bundle: true,
+    platform: 'node',
+    format: 'esm',
+    target: 'node20',
+    external: ['webgpu', 'node-llama-cpp', '@node-llama-cpp/*'],
+    banner: { js: nodeBuiltinsBanner },
+    legalComments: 'none',
+    logLevel: 'warning',
+  });
+try {
+  await benchBuild('run.ts', 'bench.mjs');
+  // Per-kernel decode profile (bench/profile-decode.ts): 0.2 MiB more, optional on the host.
+  await benchBuild('profile-decode.ts', 'profile.mjs');
+} catch {
+  log(
+    fromWorktree
+      ? 'the working tree does not bundle (see the error above)'
+      : `HEAD ${commit.slice(0, 12)} does not bundle (see the error above; a commit that misses a file?): fix HEAD, or bundle the working tree with --worktree`,
+  );
+  process.exitCode = 1;
+} finally {
+  if (exported) rmSync(exported, { recursive: true, force: true });
+}
+if (process.exitCode) process.exit();
+log(`.gpu/bench.mjs ${mib(size(join(OUT, 'bench.mjs')))}, .gpu/profile.mjs ${mib(size(join(OUT, 'profile.mjs')))}`);
 
 /**
  * node-llama-cpp finds its files from each module's own location (`dist/utils/x.js` reads `../../package.json`,
@@ -157,7 +173,7 @@ async function packLlamaKit() {
 }
 
 // 4. What the device tool carries (these three files; other files in .gpu/ are not needed).
-const carried = ['kit.tar.xz', 'bench.mjs', 'llama-kit.tar.xz'];
+const carried = ['kit.tar.xz', 'bench.mjs', 'llama-kit.tar.xz', 'profile.mjs'];
 const total = carried.reduce((sum, f) => sum + size(join(OUT, f)), 0);
 log(`carry: ${carried.map((f) => `.gpu/${f}`).join(' + ')} = ${mib(total)} (limit ${mib(CARRY_LIMIT)})`);
 if (total > CARRY_LIMIT) {
