@@ -137,6 +137,17 @@ interface RunOutcome {
   usage: CompletionUsage;
 }
 
+interface GenerationRun {
+  maxTokens: number;
+  request: ValidatedSampling;
+  signal: AbortSignal;
+  onText: (text: string) => void;
+  /** System-prompt tokens prefilled for this request before it ran (reported as prefilled, not cached). */
+  systemPrefilled: number;
+  /** The reply starts a text (chat, or raw text from BOS): drop SentencePiece's leading space. */
+  startsText: boolean;
+}
+
 interface PreparedPrompt {
   ids: number[];
   systemIds: number[] | null;
@@ -393,7 +404,14 @@ export class LongtabEngine implements LongtabEngineApi {
     const entry = r.conversationId ? cache.conversation(r.conversationId) : cache.temporary();
     try {
       const systemPrefilled = await cache.attach(entry, prompt.systemIds);
-      return await this.generate(engine, entry, prompt, maxTokens, r, controller, onText, systemPrefilled, true);
+      return await this.generate(engine, entry, prompt, {
+        maxTokens,
+        request: r,
+        signal: controller.signal,
+        onText,
+        systemPrefilled,
+        startsText: true,
+      });
     } catch (error) {
       // Whatever the sequence holds after a failure is not trusted: the next turn re-prefills.
       cache.evict(entry);
@@ -419,34 +437,30 @@ export class LongtabEngine implements LongtabEngineApi {
     const entry = cache.temporary();
     try {
       await cache.attach(entry, null);
-      return await this.generate(
-        engine,
-        entry,
-        { ids, systemIds: null, droppedMessages: 0 },
+      const prompt = { ids, systemIds: null, droppedMessages: 0 };
+      return await this.generate(engine, entry, prompt, {
         maxTokens,
-        r,
-        controller,
+        request: r,
+        signal: controller.signal,
         onText,
-        0,
-        r.prompt.length === 0,
-      );
+        systemPrefilled: 0,
+        startsText: r.prompt.length === 0,
+      });
     } finally {
       cache.release(entry);
       this.notify();
     }
   }
 
+  /** Runs one prepared prompt in `entry`'s sequence, reusing the prefix it holds, and records what it holds after. */
   private async generate(
     engine: Engine,
     entry: CachedSequence,
     prompt: PreparedPrompt,
-    requestedMaxTokens: number,
-    r: ValidatedSampling,
-    controller: AbortController,
-    onText: (text: string) => void,
-    systemPrefilled: number,
-    startsText: boolean,
+    run: GenerationRun,
   ): Promise<RunOutcome> {
+    const { request: r, onText, systemPrefilled, startsText } = run;
+    const requestedMaxTokens = run.maxTokens;
     const cache = this.cache!;
     const pool = engine.pool;
     const ids = prompt.ids;
@@ -468,7 +482,7 @@ export class LongtabEngine implements LongtabEngineApi {
       reuseTokens: reuse,
       maxTokens,
       sampling: resolveSamplingParams(r.sampling),
-      signal: controller.signal,
+      signal: run.signal,
       onToken: (id) => {
         let piece = decoder.push(id);
         // SentencePiece's dummy-prefix space on the first word of a text is not part of the reply (as in decode()).
