@@ -13,6 +13,7 @@ import { bf16ToF32, dequantize, f16ToF32, f32ToF16Bits } from '../kernels/refere
 import { sourceFromPath } from '../runtime/gguf/node-source.ts';
 import { parseGguf } from '../runtime/gguf/parse.ts';
 import { GgmlType } from '../runtime/gguf/types.ts';
+import { dequantizeRow, quantizeRow } from '../runtime/kv/quant-format.ts';
 
 interface Matrix {
   type: GgmlType;
@@ -110,6 +111,13 @@ function blockMins(raw: Uint8Array, type: GgmlType): Float32Array {
 
 export interface ReferenceOptions {
   emulateLlamaCpp: boolean;
+  /**
+   * Emulates longtab's quantized KV cache as decoding sees it (one token per step): when the query is at position t,
+   * a key/value at position j is read dequantized iff j is past the sink pages and its whole page is older than the
+   * window ((page + 1) · pageTokens <= t − window). Rows are quantized from their f16-rounded values over the full
+   * kvHeads × headDim width (runtime/kv/quant-format.ts), without rotation.
+   */
+  kvQuant?: { sink: number; window: number; pageTokens: number; groupSize: number; bits: 1 | 2 | 4 };
 }
 
 /**
@@ -224,6 +232,26 @@ export async function referenceLogProbs(
       ks.push(k.map(roundF16));
       vs.push(v.map(roundF16));
     }
+    const kq = options.kvQuant;
+    const quantized = kq
+      ? (rows: Float64Array[]) => {
+          const format = { width: kvHeads * headDim, groupSize: kq.groupSize, bits: kq.bits, clipQuantile: 1 };
+          return rows.map((row) => Float64Array.from(dequantizeRow(quantizeRow(row, format), format)));
+        }
+      : null;
+    const kq8 = quantized ? { k: quantized(ks), v: quantized(vs) } : null;
+    const sinkPages = kq ? Math.ceil(kq.sink / kq.pageTokens) : 0;
+    const keyAt = (t: number, j: number, store: 'k' | 'v') => {
+      if (
+        kq &&
+        kq8 &&
+        j >= sinkPages * kq.pageTokens &&
+        (Math.floor(j / kq.pageTokens) + 1) * kq.pageTokens <= t - kq.window
+      ) {
+        return kq8[store][j];
+      }
+      return (store === 'k' ? ks : vs)[j];
+    };
     for (let t = 0; t < n; t++) {
       const attention = new Float64Array(heads * headDim);
       for (let i = 0; i < heads; i++) {
@@ -232,7 +260,8 @@ export async function referenceLogProbs(
         let max = Number.NEGATIVE_INFINITY;
         for (let j = 0; j <= t; j++) {
           let dot = 0;
-          for (let e = 0; e < headDim; e++) dot += qs[t][i * headDim + e] * ks[j][g * headDim + e];
+          const key = keyAt(t, j, 'k');
+          for (let e = 0; e < headDim; e++) dot += qs[t][i * headDim + e] * key[g * headDim + e];
           scores[j] = dot / Math.sqrt(headDim);
           max = Math.max(max, scores[j]);
         }
@@ -243,7 +272,8 @@ export async function referenceLogProbs(
         }
         for (let j = 0; j <= t; j++) {
           const weight = emulate ? roundF16(scores[j] / sum) : scores[j] / sum;
-          for (let e = 0; e < headDim; e++) attention[i * headDim + e] += weight * vs[j][g * headDim + e];
+          const value = keyAt(t, j, 'v');
+          for (let e = 0; e < headDim; e++) attention[i * headDim + e] += weight * value[g * headDim + e];
         }
       }
       const projected = matmul(wo, attention);

@@ -12,6 +12,11 @@ export function kvOptionsFor(name: string): LoadOptions {
   switch (name) {
     case 'f16':
       return { kv: 'f16' };
+    case 'int2':
+    case 'int2-hadamard':
+      return { kv: 'int2', rotation: 'hadamard' };
+    case 'int2-none':
+      return { kv: 'int2', rotation: 'none' };
     default:
       throw new InvalidRequestError(`Unknown KV configuration '${name}'.`);
   }
@@ -42,7 +47,15 @@ export async function runEval(args: ParsedArgs, gpu: GpuContext): Promise<number
   try {
     let reference: Int32Array[] | null = null;
     for (const mode of modes) {
-      await engine.load(source, { ...kvOptionsFor(mode), prefillChunk: Math.min(ctx, 256), kvBudgetBytes: undefined });
+      // Small prefill chunks: every query of a chunk sees the chunk itself in f16, so the chunk is kept well below
+      // the window for the evaluation to measure what decoding sees.
+      await engine.load(source, {
+        ...kvOptionsFor(mode),
+        prefillChunk: numberFlag(args, 'chunk', 64),
+        ...(args.flags.has('sink') ? { sink: numberFlag(args, 'sink', 64) } : {}),
+        ...(args.flags.has('window') ? { window: numberFlag(args, 'window', 256) } : {}),
+        ...(args.flags.has('group-size') ? { groupSize: numberFlag(args, 'group-size', 128) } : {}),
+      });
       const ids: number[] = [];
       for (const path of texts) ids.push(...engine.tokenizer.encode(readFileSync(path, 'utf8'), { addSpecial: false }));
       const result = await perplexity(engine, ids, ctx, engine.config.vocab, { maxWindows });

@@ -1,0 +1,51 @@
+import { readFileSync } from 'node:fs';
+import { describe, expect, it } from 'vitest';
+import { withTestGpu } from '../../test/gpu.ts';
+import { referenceLogProbs } from '../../test/model-reference.ts';
+import { STORIES260K, sharedPath } from '../../test/shared.ts';
+import { Engine } from '../engine/engine.ts';
+import { logProbability } from '../eval/perplexity.ts';
+import { sourceFromPath } from '../gguf/node-source.ts';
+
+const ctx = withTestGpu();
+const modelPath = sharedPath(STORIES260K);
+const textPath = sharedPath('corpora/tinystories/TinyStories-valid-30KB-subset.txt');
+
+describe.skipIf(!modelPath || !textPath)('int2 KV cache against an f64 reference of the same quantization', () => {
+  it('decoding with demoted pages gives the log-probabilities of the reference model reading dequantized history', async () => {
+    const { gpu } = ctx;
+    const engine = new Engine(gpu);
+    const kv = { sink: 16, window: 32, groupSize: 16 };
+    await engine.load(await sourceFromPath(modelPath!), { kv: 'int2', rotation: 'none', ...kv, prefillChunk: 1 });
+    const ids = engine.tokenizer
+      .encode(readFileSync(textPath!, 'utf8').slice(0, 2000), { addSpecial: true })
+      .slice(0, 120);
+    const vocab = engine.config.vocab;
+    const ours = await engine.teacherForcedLogits(ids);
+    engine.unload();
+    const quantized = await referenceLogProbs(modelPath!, ids, {
+      emulateLlamaCpp: false,
+      kvQuant: { ...kv, pageTokens: 16, bits: 2 },
+    });
+    const exact = await referenceLogProbs(modelPath!, ids, { emulateLlamaCpp: false });
+    let differenceToQuantized = 0;
+    let differenceToExact = 0;
+    let worst = 0;
+    for (let t = 0; t + 1 < ids.length; t++) {
+      const target = ids[t + 1];
+      const mine = logProbability(ours, t * vocab, vocab, target);
+      const d = Math.abs(mine - quantized[t * vocab + target]);
+      differenceToQuantized += d;
+      differenceToExact += Math.abs(mine - exact[t * vocab + target]);
+      worst = Math.max(worst, d);
+    }
+    const count = ids.length - 1;
+    console.info(
+      `int2 vs reference: mean |Δ log p| ${(differenceToQuantized / count).toFixed(4)} (max ${worst.toFixed(3)}) to the quantized reference, ${(differenceToExact / count).toFixed(4)} to the exact one`,
+    );
+    // GPU and CPU may round a value to neighbouring codes at a boundary; on average they must agree closely, and far
+    // more closely than the quantization itself moves the model.
+    expect(differenceToQuantized / count).toBeLessThan(0.02);
+    expect(differenceToExact / count).toBeGreaterThan(5 * (differenceToQuantized / count));
+  });
+});
