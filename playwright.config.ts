@@ -5,7 +5,8 @@ import { defineConfig } from '@playwright/test';
  * on SwiftShader, which needs --enable-unsafe-webgpu; --no-sandbox because CI runs as root. The server is the
  * production build (`--mode e2e` adds the e2e/harness pages) so the tests exercise the bundled module workers.
  */
-const port = 41731;
+// Fixed so the server and the test workers agree; LONGTAB_E2E_PORT moves it when two checkouts test at once.
+const port = Number(process.env.LONGTAB_E2E_PORT ?? 41731);
 const baseURL = `http://127.0.0.1:${port}`;
 const isCI = Boolean(process.env.CI);
 
