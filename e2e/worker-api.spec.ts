@@ -247,7 +247,7 @@ test.describe('engine worker API (Chromium, real worker)', () => {
       const notLoaded = await attempt(() => engine.chat.completions.create({ messages: user }));
       const badScheme = await attempt(() => engine.load('ftp://example.com/model.gguf'));
       const missing = await attempt(() => engine.load(url.replace('stories260K.gguf', 'missing.gguf')));
-      const int2 = await attempt(() => engine.load(url, { kv: 'int2' }));
+      const badKv = await attempt(() => engine.load(url, { kv: 'int4' as 'int2' }));
       // A Blob (as a File from a picker would be) crosses to the worker by structured clone.
       const blob = await (await fetch(url)).blob();
       await engine.load(blob, { kvBudgetBytes: 8 * 10240 });
@@ -274,7 +274,7 @@ test.describe('engine worker API (Chromium, real worker)', () => {
         notLoaded,
         badScheme,
         missing,
-        int2,
+        badKv,
         badTemperature,
         unknownField,
         overflow,
@@ -293,8 +293,8 @@ test.describe('engine worker API (Chromium, real worker)', () => {
     expect(result.badScheme!.message).toMatch(/http\(s\) only/);
     expect(result.missing).toMatchObject({ code: 'download-failed', isDownload: true, details: { status: 404 } });
     expect(result.missing!.message).toMatch(/HTTP 404/);
-    expect(result.int2).toMatchObject({ code: 'invalid-request', isInvalid: true });
-    expect(result.int2!.message).toMatch(/int2 KV cache is not available/);
+    expect(result.badKv).toMatchObject({ code: 'invalid-request', isInvalid: true, details: { field: 'kv' } });
+    expect(result.badKv!.message).toMatch(/kv = "int4" is invalid/);
     expect(result.badTemperature).toMatchObject({ name: 'InvalidRequestError', isInvalid: true });
     expect(result.badTemperature!.message).toMatch(/temperature = -1/);
     expect(result.unknownField!.message).toMatch(/unknown field 'n'/);

@@ -314,6 +314,27 @@ describe.skipIf(!modelPath || !goldenPath)('LongtabEngine API on stories260K', (
     engine.destroy();
   });
 
+  it('int2 KV: the same API over 2-bit pages, conversations included', async () => {
+    const engine = await loaded({ kv: 'int2' });
+    const turn1: ChatMessageParam[] = [SYSTEM, { role: 'user', content: 'Where is the ball?' }];
+    const first = await chat(engine, { messages: turn1, conversation_id: 'q' });
+    expect(first.choices[0].message.content.length).toBeGreaterThan(0);
+    const second = await chat(engine, {
+      messages: [
+        ...turn1,
+        { role: 'assistant', content: first.choices[0].message.content },
+        { role: 'user', content: 'Then?' },
+      ],
+      conversation_id: 'q',
+    });
+    expect(second.usage.prompt_tokens_details.cached_tokens).toBeGreaterThanOrEqual(first.usage.prompt_tokens);
+    const stats = await engine.stats();
+    expect(stats.kv.mode).toBe('int2');
+    expect(stats.model?.kv).toBe('int2');
+    expect(stats.memory.kvF16Equivalent).toBeGreaterThan(0);
+    engine.destroy();
+  });
+
   it('stats: memory by category, KV pages, context and adapter, also as a live subscription', async () => {
     const engine = createNodeEngine({ gpu: ctx.gpu });
     const seen: EngineStats[] = [];
@@ -360,7 +381,8 @@ describe.skipIf(!modelPath || !goldenPath)('LongtabEngine API on stories260K', (
     await expect(chat(engine, { messages: [{ role: 'user', content: 'x' }] })).rejects.toThrow(ModelNotLoadedError);
     await expect(engine.load('ftp://example.com/model.gguf')).rejects.toThrow(/http\(s\) only/);
     await expect(engine.load('file:///tmp/model.gguf')).rejects.toThrow(InvalidRequestError);
-    await expect(engine.load(modelPath!, { kv: 'int2' })).rejects.toThrow(/int2 KV cache is not available/);
+    await expect(engine.load(modelPath!, { kv: 'int4' as 'int2' })).rejects.toThrow(/kv = "int4" is invalid/);
+    await expect(engine.load(modelPath!, { rotation: 'diagonal' as 'none' })).rejects.toThrow(/rotation/);
     await expect(engine.load(modelPath!, { kvBudgetBytes: -1 })).rejects.toThrow(/kvBudgetBytes/);
     // A Blob (a File in the browser) loads like a path.
     await engine.load(new Blob([readFileSync(modelPath!)]), { kvBudgetBytes: 4 << 20 });
