@@ -56,7 +56,7 @@ async function chat(page: Page, text: string): Promise<string> {
   await page.getByTestId('send').click();
   await expect(replies).toHaveCount(before + 1);
   const reply = replies.nth(before);
-  await expect(reply).not.toHaveAttribute('data-status', 'streaming', { timeout: 90_000 });
+  await expect(reply).not.toHaveAttribute('data-status', 'streaming', { timeout: 150_000 });
   await expect(reply).toHaveAttribute('data-status', 'done');
   return ((await reply.locator('.bubble').textContent()) ?? '').trim();
 }
@@ -95,7 +95,7 @@ test.describe('chat page', () => {
   }, testInfo) => {
     test.skip(!haveModel, 'stories260K is missing');
     // Three loads and three short replies at ~0.5 tok/s on SwiftShader with two busy cores.
-    test.setTimeout(240_000);
+    test.setTimeout(300_000);
     const errors = collectPageErrors(page);
     await page.goto('/');
     await expect(page.getByTestId('no-model')).toBeVisible();
@@ -305,6 +305,7 @@ test.describe('chat page', () => {
   test('after one online visit the app reloads and chats offline with a stored model', async ({ page }, testInfo) => {
     test.skip(!haveModel, 'stories260K is missing');
     test.skip(!existsSync(join(appDir, 'sw.js')), 'dist/e2e has no service worker (build first)');
+    test.setTimeout(240_000);
     // One server for the app and the hub, so stopping it takes the whole network away (Playwright's setOffline does
     // not cover service-worker fetches).
     const server = await startHubServer({ files: [{ repo: PRESET.repo, file: PRESET.file, path: modelFile }], appDir });

@@ -23,7 +23,6 @@ export interface EngineState {
   progress: LoadProgress | null;
   error: { code: string | null; message: string } | null;
   stats: EngineStats | null;
-  transport: EngineHandle['transport'] | null;
 }
 
 export function useEngine() {
@@ -38,7 +37,6 @@ export function useEngine() {
     progress: null,
     error: null,
     stats: null,
-    transport: null,
   });
 
   const handle = useCallback(async (): Promise<EngineHandle> => {
@@ -49,7 +47,6 @@ export function useEngine() {
         handleRef.current = null;
       });
       const engineHandle = await started;
-      setState((s) => ({ ...s, transport: engineHandle.transport }));
       const unsubscribe = await engineHandle.engine.subscribeStats((stats) => setState((s) => ({ ...s, stats })));
       unsubscribeRef.current = unsubscribe;
     }
