@@ -180,7 +180,7 @@ export function ModelsPanel({
             )}
             {api.demoAvailable === false && (
               <li className="preset muted small" data-testid="preset-demo-missing">
-                The demo model is not part of this build.
+                The demo model is not available here (not part of this build, or offline).
               </li>
             )}
             {MODEL_PRESETS.map((preset) => (
