@@ -103,8 +103,10 @@ export class EngineRunner {
     try {
       await this.engine.load(this.source, {
         kv,
-        // Room for the largest context plus page rounding; int2 pages are smaller, so this is enough for them too.
-        kvBudgetBytes: f16BytesPerToken * (maxContext + 64),
+        // Room for the largest context plus page rounding. int2: the pool gives at most half the budget to f16 pages
+        // (sink + window + a prefill chunk, for two sequences), so 4096 more f16 tokens' worth keeps a short context's
+        // prompt, which is all f16 window, within that half; quant pages are smaller, so the rest is plenty.
+        kvBudgetBytes: f16BytesPerToken * (maxContext + 64 + (kv === 'int2' ? 4096 : 0)),
         maxSequences: 2,
         ...(prefillChunk ? { prefillChunk } : {}),
       });
@@ -169,7 +171,8 @@ export class EngineRunner {
           // Timing-only fill: pages for the prompt are reserved and the sequence advanced chunk by chunk, as a prefill
           // would, but nothing is submitted: K/V are never computed (the pages hold zeros or stale values), while
           // attention reads the same bytes and does the same arithmetic.
-          pool.reserve(seq, ids.length + tokens);
+          // The last sampled token is never fed back: ids.length + tokens - 1 positions (= the context) are written.
+          pool.reserve(seq, ids.length + tokens - 1);
           for (let position = 0; position < ids.length - 1; position += chunk) {
             pool.writeStep(seq, position, Math.min(chunk, ids.length - 1 - position));
           }

@@ -1,7 +1,7 @@
 /**
  * Where a decode step's time goes: every PreparedDispatch of the decode graph (forward body, logits, sampler) is
  * submitted alone and waited for, `--reps` times, and the medians are summed by kernel role (the label without its
- * `blk.N.` prefix). Each lone submit also pays a submit + wait round trip, measured separately (an empty submit) and
+ * layer number). Each lone submit also pays a submit + wait round trip, measured separately (an empty submit) and
  * subtracted. The sum is an upper bound on the kernels' share of a real step (one submit, no waits in between).
  *
  *   npx tsx bench/profile-decode.ts --model qwen2.5-0.5b --weights q4_k_m --context 1024 [--reps 5]
@@ -79,7 +79,7 @@ export async function profileDecode(runner: EngineRunner, context: number, reps:
     const roles = new Map<string, RoleTiming>();
     for (const d of all) {
       const ms = Math.max(0, (await median([d])) - roundTripMs);
-      const role = d.label.replace(/^blk\.\d+\./, '');
+      const role = d.label.replace(/^blk\.\d+\./, '').replace(/layer\d+\./, 'layerN.');
       const entry = roles.get(role) ?? { role, dispatches: 0, ms: 0 };
       entry.dispatches += 1;
       entry.ms += ms;
