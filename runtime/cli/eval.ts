@@ -57,7 +57,7 @@ export async function runEval(args: ParsedArgs, gpu: GpuContext): Promise<number
         ...(args.flags.has('group-size') ? { groupSize: numberFlag(args, 'group-size', 128) } : {}),
       });
       const ids: number[] = [];
-      for (const path of texts) ids.push(...engine.tokenizer.encode(readFileSync(path, 'utf8'), { addSpecial: false }));
+      for (const path of texts) for (const id of engine.tokenizer.encode(readFileSync(path, 'utf8'), { addSpecial: false })) ids.push(id);
       const result = await perplexity(engine, ids, ctx, engine.config.vocab, { maxWindows });
       if (mode === 'f16') reference = result.argmax;
       rows.push({

@@ -7,6 +7,7 @@ import { acquireGpu } from '../gpu/device.ts';
 import { nodeGpu, releaseNodeGpu } from '../gpu/node.ts';
 import { numberFlag, type ParsedArgs, parseArgs, stringFlag } from './args.ts';
 import { runCalibrate } from './calibrate.ts';
+import { runCapacity } from './capacity.ts';
 import { runEval } from './eval.ts';
 import { runGenerate } from './generate.ts';
 import { runInfo } from './info.ts';
@@ -20,6 +21,8 @@ const USAGE = `longtab — a local LLM runtime on WebGPU
       an empty prompt means BOS only; --json prints { ids, text, usage }
   longtab eval [--model FILE] --text FILE [FILE...] [--ctx N] [--kv f16[,MODE...]] [--compare] [--max-windows W] [--json]
       perplexity over non-overlapping windows of N tokens, per KV mode; --compare adds top-1 agreement with f16
+  longtab capacity [--model FILE] --kv-budget BYTES [--decode-steps N] [--json]
+      per KV mode, the longest context the budget holds and its bits per element, found by allocating it
   longtab calibrate [--model FILE] [--out FILE.bin] [--embed OUT.gguf] [--text FILE] [--tokens N] [--seed S]
       fits the int2 cache's KV rotations (OSCAR) on self-generated text (or --text); caches them by model digest
 `;
@@ -36,6 +39,8 @@ export async function runCli(argv: string[]): Promise<number> {
         return await withGpu(args, runEval);
       case 'calibrate':
         return await withGpu(args, runCalibrate);
+      case 'capacity':
+        return await withGpu(args, runCapacity);
       case 'help':
       case '--help':
       case '-h':
