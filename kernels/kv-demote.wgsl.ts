@@ -41,8 +41,8 @@ fn slabStore(slot: u32, index: u32, value: u32) {
  * the most a step can carry; surplus workgroups exit at once). Per group, exactly as quantizeRow: lo and hi are the
  * values of ranks loRank and hiRank (= round((1-q)(n-1)) and round(q(n-1)), computed on the CPU) in the group's
  * stable sort, found by counting (O(groupSize) per value, no sort); lo and scale = (hi - lo) / levels are rounded
- * to f16 before coding; code = Math.round((x - lo) / scale) clamped, checked against exact products so the f32
- * division's rounding cannot move a value across a code boundary.
+ * to f16 before coding; code = Math.round((x - lo) / scale) clamped, found by comparing x - lo with the exact
+ * products (k - 1/2)·scale.
  */
 export const kvDemoteWgsl = /* wgsl */ `
 ${formatStruct}
@@ -62,6 +62,7 @@ var<workgroup> vals: array<f32, ${KV_DEMOTE_MAX_WIDTH}>;
 var<workgroup> groupLo: array<f32, ${KV_DEMOTE_MAX_WIDTH / 8}>;
 var<workgroup> groupHi: array<f32, ${KV_DEMOTE_MAX_WIDTH / 8}>;
 var<workgroup> groupScale: array<f32, ${KV_DEMOTE_MAX_WIDTH / 8}>;
+var<workgroup> groupParam: array<u32, ${KV_DEMOTE_MAX_WIDTH / 8}>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
@@ -109,13 +110,24 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: v
   }
   workgroupBarrier();
   let maxCode = (1u << f.bits) - 1u;
+  // The rounded lo and scale reach the coding loop through workgroup memory as packed halves: lavapipe folds
+  // unpack2x16float(pack2x16float(x)) back to x within one expression, which skips the f16 rounding.
   for (var g = lid; g < params.width / size; g += WG) {
     let loBits = pack2x16float(vec2<f32>(groupLo[g], 0.0)) & 0xffffu;
-    let lo = unpack2x16float(loBits).x;
+    groupParam[g] = loBits;
+  }
+  workgroupBarrier();
+  for (var g = lid; g < params.width / size; g += WG) {
+    let lo = unpack2x16float(groupParam[g]).x;
     let scaleBits = pack2x16float(vec2<f32>(max(groupHi[g] - lo, 0.0) / f32(maxCode), 0.0)) & 0xffffu;
-    slabStore(dstSlot, dstBase + f.codeWords + g, loBits | (scaleBits << 16u));
-    groupLo[g] = lo;
-    groupScale[g] = unpack2x16float(scaleBits).x;
+    groupParam[g] = groupParam[g] | (scaleBits << 16u);
+    slabStore(dstSlot, dstBase + f.codeWords + g, groupParam[g]);
+  }
+  workgroupBarrier();
+  for (var g = lid; g < params.width / size; g += WG) {
+    let p = unpack2x16float(groupParam[g]);
+    groupLo[g] = p.x;
+    groupScale[g] = p.y;
   }
   workgroupBarrier();
   let perWord = 32u / f.bits;
@@ -125,12 +137,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: v
       let i = w * perWord + k;
       let g = i / size;
       let s = groupScale[g];
+      // Math.round((x - lo) / s) clamped = the largest k with x - lo >= (k - 1/2)·s: exact products and comparisons,
+      // no division (whose rounding moved values across code boundaries on lavapipe).
       var code = 0u;
       if (s > 0.0) {
         let diff = vals[i] - groupLo[g];
-        var c = floor(diff / s + 0.5);
-        if (diff < (c - 0.5) * s) { c -= 1.0; } else if (diff >= (c + 0.5) * s) { c += 1.0; }
-        code = u32(clamp(c, 0.0, f32(maxCode)));
+        for (var c = 1u; c <= maxCode; c++) {
+          if (diff >= (f32(c) - 0.5) * s) { code = c; }
+        }
       }
       word |= code << (k * f.bits);
     }

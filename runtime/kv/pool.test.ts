@@ -296,6 +296,34 @@ describe('KvPagePool', () => {
     }
   });
 
+  it('quant mode at a Llama-3.2-1B shape: effective bits per element from the pool stats', () => {
+    // 16 layers, 8 KV heads x 64 (rows of 512), 2-bit, group 128, sink 64, window 256; prefill in chunks of 128.
+    const pool = new KvPagePool(ctx.gpu, {
+      layers: 16,
+      kvHeads: 8,
+      headDim: 64,
+      kv: 'quant',
+      budgetBytes: 200 << 20,
+    });
+    try {
+      const width = 8 * 64;
+      const seq = pool.createSequence();
+      const report: string[] = [];
+      for (const target of [1024, 8192, 32768]) {
+        while (seq.length < target) pool.writeStep(seq, seq.length, Math.min(128, target - seq.length));
+        pool.writeStep(seq, seq.length, 1); // the next decode step demotes what the last chunk pushed out
+        const s = pool.stats();
+        const bits = (8 * s.bytesUsed) / (seq.length * pool.layers * 2 * width);
+        report.push(`${seq.length}: ${bits.toFixed(3)} (f16 pages ${s.f16.pagesUsed}, quant ${s.quant.pagesUsed})`);
+        if (target === 32768) expect(bits).toBeLessThan(2.45);
+      }
+      expect(pool.audit()).toEqual([]);
+      console.log(`effective bits per element, Llama-3.2-1B shape: ${report.join('; ')}`);
+    } finally {
+      pool.destroy();
+    }
+  });
+
   it('throws ContextOverflowError with the tokens needed and available instead of truncating', () => {
     const pool = smallPool(6, 2);
     try {
