@@ -64,7 +64,25 @@ async function runMixed(gpu: GpuContext, c: Case, seed: number) {
   let mismatchedParams = 0;
   const checked = new Set<string>();
   let quantPositions = 0;
+  let lastStored: { k: number[][]; v: number[][] } | null = null;
   for (const tokens of c.chunks) {
+    if (tokens < 0) {
+      // Rollback: the kept part of a quant page is promoted to f16 on the next write, holding its dequantized values.
+      const length = seq.length + tokens;
+      const first = Math.floor(length / pool.pageTokens) * pool.pageTokens;
+      const partial = seq.pages[Math.floor(length / pool.pageTokens)];
+      if (length > first && decodePageEntry(partial).kind === KV_PAGE_KIND.quant && lastStored) {
+        for (let l = 0; l < layers; l++) {
+          for (const key of ['k', 'v'] as const) {
+            const from = lastStored[key][l].slice(first * width, length * width);
+            history[key][l].splice(first * width, from.length, ...from);
+          }
+        }
+      }
+      for (const rows of [...history.k, ...history.v]) rows.length = length * width;
+      pool.truncate(seq, length);
+      continue;
+    }
     const position = seq.length;
     pool.writeStep(seq, position, tokens);
     const qs = randomFloats(random, tokens * heads * headDim, 2);
@@ -115,6 +133,7 @@ async function runMixed(gpu: GpuContext, c: Case, seed: number) {
       quantPositions += pool.pageTokens;
       for (let t = 0; t < pool.pageTokens; t++) checked.add(`${entry}:${i * pool.pageTokens + t}`);
     }
+    lastStored = stored;
     for (let l = 0; l < layers; l++) {
       const actual = await readFloat32(gpu, out[l], tokens * heads * headDim);
       const expected = attentionReference({
@@ -134,12 +153,21 @@ async function runMixed(gpu: GpuContext, c: Case, seed: number) {
     expect(seq.length).toBe(end);
     expect(pool.audit()).toEqual([]);
   }
-  const demotions = pool.demotions;
+  const { demotions, promotions } = pool;
   releaseDispatches(gpu, [...prefill, ...decode]);
   for (const b of [q, ...k, ...v, ...out]) gpu.allocator.release(b);
   pool.destroy();
   expect(gpu.allocator.snapshot().totalBuffers).toBe(before);
-  return { worst, values, mismatchedCodes, mismatchedParams, quantPositions, demotions, length: seq.length };
+  return {
+    worst,
+    values,
+    mismatchedCodes,
+    mismatchedParams,
+    quantPositions,
+    demotions,
+    promotions,
+    length: seq.length,
+  };
 }
 
 describe('attention over mixed f16 / quant pages', () => {
@@ -152,7 +180,8 @@ describe('attention over mixed f16 / quant pages', () => {
         kvHeads: 4,
         headDim: 8,
         pool: { pageTokens: 4, sink: 4, window: 8, keyFormat: { groupSize: 32 }, valueFormat: { groupSize: 32 } },
-        chunks: [10, 3, 1, 1, 1, 1, 1, 6, 1, 1, 1, 1],
+        // -14: a rollback into a quant page, which the next write promotes (and a later step demotes again).
+        chunks: [10, 3, 1, 1, 1, 1, 1, 6, 1, 1, 1, 1, -14, 1, 1, 6, 1, 1],
       },
     ],
     [
@@ -197,6 +226,7 @@ describe('attention over mixed f16 / quant pages', () => {
   ])('%s', async (_, c) => {
     const r = await runMixed(ctx.gpu, c, 4242);
     expect(r.demotions).toBeGreaterThan(1);
+    if (c.chunks.some((n) => n < 0)) expect(r.promotions).toBeGreaterThan(0);
     expect(r.quantPositions).toBeGreaterThanOrEqual(2 * (c.pool.pageTokens ?? 16));
     // Rows the demotion kernel wrote equal quantizeRow bit for bit (codes and f16 parameters).
     expect(r.values).toBeGreaterThan(0);
