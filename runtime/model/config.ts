@@ -93,6 +93,8 @@ function checkShape(c: ModelConfig, tensorCount: number): void {
     ['feed_forward_length', c.ffnDim, 1 << 24],
     ['vocab size', c.vocab, 1 << 24],
     ['context_length', c.contextLength, 2 ** 40],
+    // rope_freqs.ones has ropeDim/2 floats: a fuzzed 10^9 allocated gigabytes.
+    ['rope.dimension_count', c.ropeDim, c.headDim],
   ];
   for (const [name, value, max] of sizes) {
     if (!Number.isInteger(value) || value < 1 || value > max) {
