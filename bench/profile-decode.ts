@@ -4,7 +4,7 @@
  * layer number). Each lone submit also pays a submit + wait round trip, measured separately (an empty submit) and
  * subtracted. The sum is an upper bound on the kernels' share of a real step (one submit, no waits in between).
  *
- *   npx tsx bench/profile-decode.ts --model qwen2.5-0.5b --weights q4_k_m --context 1024 [--reps 5]
+ *   npx tsx bench/profile-decode.ts --model qwen2.5-0.5b --weights q4_k_m --context 1024 [--kv int2] [--reps 5]
  *   npx tsx bench/profile-decode.ts --quick
  */
 import { tmpdir } from 'node:os';
@@ -12,6 +12,7 @@ import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import type { PreparedDispatch } from '../kernels/dispatch.ts';
 import { encodeDispatches } from '../kernels/dispatch.ts';
+import type { KvMode } from '../runtime/engine/engine.ts';
 import { acquireGpu } from '../runtime/gpu/device.ts';
 import { nodeGpu, releaseNodeGpu } from '../runtime/gpu/node.ts';
 import { GREEDY_SAMPLING } from '../runtime/sampling/params.ts';
@@ -115,11 +116,13 @@ async function main(): Promise<void> {
   const gpu = await acquireGpu({ gpu: await nodeGpu() });
   const runner = new EngineRunner(gpu);
   try {
-    await runner.load(file, 'f16', context, undefined);
+    const kv = (flag('kv') ?? 'f16') as KvMode;
+    const loaded = await runner.load(file, kv, context, undefined);
+    if (!loaded.available) throw new Error(`kv ${kv} is not available: ${loaded.reason}`);
     const p = await profileDecode(runner, context, reps);
     const total = p.roles.reduce((s, r) => s + r.ms, 0);
     const lines = [
-      `${shape.name} ${mix}, context ${context}, adapter ${gpu.adapter.description || gpu.adapter.device}`,
+      `${shape.name} ${mix}, KV ${kv}, context ${context}, adapter ${gpu.adapter.description || gpu.adapter.device}`,
       `decode graph: ${p.dispatches} dispatches; whole step in one submit ${p.wholeStepMs.toFixed(2)} ms; empty submit round trip ${p.roundTripMs.toFixed(2)} ms; sum of lone dispatches ${total.toFixed(2)} ms`,
       '',
       '| role | dispatches | ms | share |',
