@@ -373,7 +373,14 @@ function ChatApp() {
           onSystemPrompt={(systemPrompt) => active && void putConversation({ ...active, systemPrompt })}
         />
       </div>
-      {statsOpen && <StatsPanel stats={engineState.stats} perf={perf} model={engineState.model} />}
+      {statsOpen && (
+        <StatsPanel
+          stats={engineState.stats}
+          perf={perf}
+          model={engineState.model}
+          kvBudgetBytes={Math.round(settings.kvBudgetMiB * 1024 * 1024)}
+        />
+      )}
       {panel === 'models' && (
         <ModelsPanel
           api={models}

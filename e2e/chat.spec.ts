@@ -85,17 +85,35 @@ function storedTitles(page: Page): Promise<string[]> {
   });
 }
 
+/** The KV mode saved in the app's settings store. */
+function storedKvMode(page: Page): Promise<string | null> {
+  return page.evaluate(async () => {
+    const db = await new Promise<IDBDatabase>((ok, fail) => {
+      const open = indexedDB.open('longtab-settings');
+      open.onsuccess = () => ok(open.result);
+      open.onerror = () => fail(open.error);
+    });
+    const settings = await new Promise<{ kv?: string } | undefined>((ok, fail) => {
+      const request = db.transaction('settings').objectStore('settings').get('settings');
+      request.onsuccess = () => ok(request.result);
+      request.onerror = () => fail(request.error);
+    });
+    db.close();
+    return settings?.kv ?? null;
+  });
+}
+
 function statNumber(text: string | null): number {
   return Number.parseFloat((text ?? '').replace(/[^\d.]/g, '')) || 0;
 }
 
 test.describe('chat page', () => {
-  test('a model from a local file streams a reply with live stats; the chat survives a reload; KV modes', async ({
+  test('a model from a local file streams a reply with live stats; the chat and settings survive a reload; int2 KV; stop and regenerate', async ({
     page,
   }, testInfo) => {
     test.skip(!haveModel, 'stories260K is missing');
-    // Three loads and three short replies at ~0.5 tok/s on SwiftShader with two busy cores.
-    test.setTimeout(300_000);
+    // Two loads and three short replies at 0.1-0.5 tok/s on SwiftShader with two busy cores.
+    test.setTimeout(360_000);
     const errors = collectPageErrors(page);
     await page.goto('/');
     await expect(page.getByTestId('no-model')).toBeVisible();
@@ -122,56 +140,61 @@ test.describe('chat page', () => {
     await expect(page.getByTestId('tps-chart')).toBeVisible();
     await shot(page, testInfo, '03-chat-reply-f16');
 
-    // Rename, then reload: the conversation, its title and the reply come back from IndexedDB.
+    // Rename and choose the int2 KV cache, then reload: the conversation, its title, the reply and the settings come
+    // back from IndexedDB, and the model loads again (from OPFS) straight into int2.
     const item = page.getByTestId('conversation-item').first();
     await item.getByRole('button', { name: /^Rename/ }).click();
     await page.getByTestId('rename-input').fill('Stories test');
     await page.getByTestId('rename-input').press('Enter');
     await expect(page.getByTestId('conversation-title')).toHaveText('Stories test');
-    // The write to IndexedDB is asynchronous: reload once it has landed (a person's reload comes later than this).
+    await page.getByTestId('open-settings').click();
+    await page.getByTestId('kv-int2').check();
+    await shot(page, testInfo, '04-settings');
+    await page.keyboard.press('Escape');
+    // Writes to IndexedDB are asynchronous: reload once they have landed (a person's reload comes later than this).
     await expect.poll(() => storedTitles(page)).toContain('Stories test');
+    await expect.poll(() => storedKvMode(page)).toBe('int2');
     await page.reload();
     await expect(page.getByTestId('conversation-title')).toHaveText('Stories test');
     await expect(page.getByTestId('message-assistant').first().locator('.bubble')).toHaveText(reply);
-    await expect(page.getByTestId('model-chip')).toHaveAttribute('data-status', 'ready', { timeout: 90_000 });
-    await shot(page, testInfo, '04-after-reload');
+    const chip = page.getByTestId('model-chip');
+    await expect
+      .poll(async () => `${await chip.getAttribute('data-status')} ${await chip.textContent()}`, { timeout: 120_000 })
+      .toMatch(/^error |^ready .*int2 KV/);
+    await shot(page, testInfo, '05-after-reload');
+    let kv: 'int2' | 'f16' = 'int2';
+    if ((await chip.getAttribute('data-status')) === 'error') {
+      // An engine without the int2 pool rejects it with a typed error; the rest runs on f16.
+      const message = (await page.getByTestId('engine-error').textContent()) ?? '';
+      expect(message).toMatch(/int2/i);
+      testInfo.annotations.push({ type: 'skip-int2', description: `The engine rejects int2: ${message}` });
+      console.warn(`*** int2 part skipped: the engine rejects it (${message}) ***`);
+      await page.getByTestId('open-settings').click();
+      await page.getByTestId('kv-f16').check();
+      await page.keyboard.press('Escape');
+      await expect(chip).toContainText('f16 KV', { timeout: 120_000 });
+      kv = 'f16';
+    }
 
     // Stop ends a reply early and keeps what it had; Regenerate replaces the last reply.
     const replies = page.getByTestId('message-assistant');
     await page.getByTestId('composer-input').fill('The dog');
     await page.getByTestId('send').click();
     await expect(replies).toHaveCount(2);
-    await expect(replies.nth(1).locator('.markdown')).not.toBeEmpty({ timeout: 90_000 });
+    await expect(replies.nth(1).locator('.markdown')).not.toBeEmpty({ timeout: 150_000 });
     await page.getByTestId('stop').click();
     await expect(replies.nth(1)).toHaveAttribute('data-status', 'stopped');
-    await shot(page, testInfo, '05-stopped');
+    await shot(page, testInfo, '06-stopped');
     await replies.nth(1).getByTestId('regenerate').click();
     await expect(replies).toHaveCount(2);
-    await expect(replies.nth(1)).toHaveAttribute('data-status', 'done', { timeout: 90_000 });
-
-    // int2: the engine rejects it until the int2 pool lands; then this part checks a reply and < 16 bits per element.
-    await page.getByTestId('open-settings').click();
-    await page.getByTestId('kv-int2').check();
-    await shot(page, testInfo, '06-settings');
-    await page.keyboard.press('Escape');
-    // The reload starts after a short debounce: wait for it to end in int2 or in an error.
-    const chip = page.getByTestId('model-chip');
-    await expect
-      .poll(async () => `${await chip.getAttribute('data-status')} ${await chip.textContent()}`, { timeout: 90_000 })
-      .toMatch(/^error |^ready .*int2 KV/);
-    const status = await chip.getAttribute('data-status');
-    if (status === 'error') {
-      const message = (await page.getByTestId('engine-error').textContent()) ?? '';
-      expect(message).toMatch(/int2/i);
-      testInfo.annotations.push({ type: 'skip-int2', description: `The engine still rejects int2: ${message}` });
-      console.warn(`*** int2 part skipped: the engine rejects it (${message}) ***`);
-      await shot(page, testInfo, '07-int2-rejected');
-    } else {
-      await chat(page, 'The cat');
-      await expect(page.getByTestId('stat-kv-mode')).toHaveText('int2');
+    await expect(replies.nth(1)).toHaveAttribute('data-status', 'done', { timeout: 150_000 });
+    await expect(page.getByTestId('stat-kv-mode')).toHaveText(kv);
+    if (kv === 'int2') {
+      // Below 16 bits per element on average (the newest tokens stay f16 until their page is quantized).
       expect(statNumber(await page.getByTestId('stat-kv-bits').textContent())).toBeLessThan(16);
-      await shot(page, testInfo, '07-chat-int2');
+      await expect(page.getByTestId('stat-f16-tokens')).toContainText('An f16 cache would hold');
     }
+    await shot(page, testInfo, `07-regenerated-${kv}`);
     expect(errors).toEqual([]);
   });
 

@@ -93,25 +93,36 @@ function Metric({ label, value, testId }: { label: string; value: string; testId
   );
 }
 
-/** Derived KV numbers: bits per cached element and what an f16 cache would hold in the same bytes. */
-export function kvFigures(stats: EngineStats | null) {
-  if (!stats) return { bits: null, f16Tokens: null, budgetBytes: 0 };
+/**
+ * Derived KV numbers: average bits per cached element (int2 pages plus the f16 sink/window and page slack), and how
+ * many tokens an f16 cache would hold in the same budget, at the bytes per token of the tokens held now.
+ */
+export function kvFigures(stats: EngineStats | null, budgetBytes: number) {
+  if (!stats) return { bits: null, f16Tokens: null, gain: null };
   const { memory, kv, context } = stats;
-  const budgetBytes = kv.pagesBudget * kv.pageBytes;
-  const f16BytesPerToken =
-    context.used > 0 && memory.kvF16Equivalent > 0 ? memory.kvF16Equivalent / context.used : null;
+  const f16PerToken = context.used > 0 && memory.kvF16Equivalent > 0 ? memory.kvF16Equivalent / context.used : null;
+  const heldPerToken = context.used > 0 && memory.kvUsed > 0 ? memory.kvUsed / context.used : null;
   let bits: number | null = kv.mode === 'f16' ? 16 : null;
   if (kv.mode !== 'f16' && memory.kvF16Equivalent > 0) bits = (memory.kvUsed * 8) / (memory.kvF16Equivalent / 2);
-  let f16Tokens: number | null = null;
-  if (kv.mode === 'f16') f16Tokens = context.capacity;
-  else if (f16BytesPerToken) f16Tokens = Math.floor(budgetBytes / f16BytesPerToken);
-  return { bits, f16Tokens, budgetBytes };
+  const f16Tokens = kv.mode === 'f16' ? context.capacity : f16PerToken ? Math.floor(budgetBytes / f16PerToken) : null;
+  const gain = kv.mode !== 'f16' && f16PerToken && heldPerToken ? f16PerToken / heldPerToken : null;
+  return { bits, f16Tokens, gain };
 }
 
-export function StatsPanel({ stats, perf, model }: { stats: EngineStats | null; perf: Perf; model: ModelInfo | null }) {
+export function StatsPanel({
+  stats,
+  perf,
+  model,
+  kvBudgetBytes,
+}: {
+  stats: EngineStats | null;
+  perf: Perf;
+  model: ModelInfo | null;
+  kvBudgetBytes: number;
+}) {
   const memory = stats?.memory;
   const context = stats?.context;
-  const { bits, f16Tokens } = kvFigures(stats);
+  const { bits, f16Tokens, gain } = kvFigures(stats, kvBudgetBytes);
   const maxBytes = memory ? Math.max(memory.weights, memory.kvReserved, memory.scratch, 1) : 1;
   const used = context?.used ?? 0;
   const capacity = context?.capacity ?? model?.contextCapacity ?? 0;
@@ -143,8 +154,8 @@ export function StatsPanel({ stats, perf, model }: { stats: EngineStats | null; 
           {stats?.kv.mode === 'f16'
             ? `f16 cache: ${f16Tokens?.toLocaleString() ?? '—'} tokens in this budget`
             : f16Tokens !== null
-              ? `An f16 cache would hold ${f16Tokens.toLocaleString()} tokens in the same memory (${capacity && f16Tokens ? (capacity / f16Tokens).toFixed(1) : '—'}× fewer)`
-              : 'f16 comparison appears once tokens are cached'}
+              ? `An f16 cache would hold ${f16Tokens.toLocaleString()} tokens in the same ${formatBytes(kvBudgetBytes)}; ${stats?.kv.mode ?? 'this cache'} holds ${gain?.toFixed(1) ?? '—'}× as many per byte so far (the newest tokens stay f16 until quantized).`
+              : 'The f16 comparison appears once tokens are cached.'}
         </p>
       </section>
       <section>
