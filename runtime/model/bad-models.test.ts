@@ -1,0 +1,95 @@
+import { readFileSync } from 'node:fs';
+import { describe, expect, it } from 'vitest';
+import { withTestGpu } from '../../test/gpu.ts';
+import { STORIES260K, STORIES260K_GOLDEN, sharedPath } from '../../test/shared.ts';
+import { Engine } from '../engine/engine.ts';
+import { CorruptModelFileError, UnsupportedModelError } from '../errors.ts';
+import { parseGguf } from '../gguf/parse.ts';
+import { sourceFromBytes } from '../gguf/sources.ts';
+import { GgmlType, type GgufFile } from '../gguf/types.ts';
+import { type GgufMetadataEntry, metadataEntriesOf, writeGguf } from '../gguf/writer.ts';
+
+const ctx = withTestGpu();
+const modelPath = sharedPath(STORIES260K);
+const goldenPath = sharedPath(STORIES260K_GOLDEN);
+
+/** stories260K rewritten through the project's GGUF writer with one deliberate defect. */
+function variant(
+  bytes: Uint8Array,
+  file: GgufFile,
+  change: { metadata?: (entries: GgufMetadataEntry[]) => GgufMetadataEntry[]; tensorType?: [string, GgmlType] },
+): Uint8Array {
+  const metadata = (change.metadata ?? ((e) => e))(metadataEntriesOf(file));
+  const tensors = file.tensors.map((t) => {
+    const data = bytes.subarray(t.offset, t.offset + t.byteLength);
+    if (change.tensorType && t.name === change.tensorType[0]) {
+      // Q8_1: a type the parser knows and the runtime does not run as a weight (36 bytes per 32 values).
+      const count = t.shape.reduce((a, b) => a * b, 1);
+      return { name: t.name, shape: t.shape, type: change.tensorType[1], data: new Uint8Array((count / 32) * 36) };
+    }
+    return { name: t.name, shape: t.shape, type: t.type, data };
+  });
+  return writeGguf({ metadata, tensors, alignment: file.alignment });
+}
+
+describe.skipIf(!modelPath || !goldenPath)(
+  'bad model files: typed errors, nothing left on the GPU, the engine still works',
+  () => {
+    it('rejects each defect with an error that names it, then loads the real model and reproduces the golden ids', async () => {
+      const { gpu } = ctx;
+      const bytes = new Uint8Array(readFileSync(modelPath!));
+      const file = await parseGguf(sourceFromBytes(bytes));
+      const setValue = (key: string, value: number | string) => (entries: GgufMetadataEntry[]) =>
+        entries.map((e) => (e.key === key ? { ...e, value } : e));
+      const cases: Array<{ name: string; bytes: Uint8Array; error: new (...args: never[]) => Error; message: RegExp }> =
+        [
+          {
+            name: 'not a GGUF file',
+            bytes: new TextEncoder().encode('<html>404 Not Found</html>'.repeat(4)),
+            error: CorruptModelFileError,
+            message: /not a GGUF/i,
+          },
+          {
+            name: 'truncated inside tensor data',
+            bytes: bytes.subarray(0, bytes.length - 5000),
+            error: CorruptModelFileError,
+            message: /output|tensor|truncat|bounds|end of/i,
+          },
+          {
+            name: 'unknown architecture',
+            bytes: variant(bytes, file, { metadata: setValue('general.architecture', 'gpt-neox') }),
+            error: UnsupportedModelError,
+            message: /gpt-neox/,
+          },
+          {
+            name: 'unsupported tensor type',
+            bytes: variant(bytes, file, { tensorType: ['blk.0.attn_q.weight', GgmlType.Q8_1] }),
+            error: UnsupportedModelError,
+            message: /attn_q.*Q8_1/,
+          },
+          {
+            name: 'metadata contradicts tensor shapes',
+            bytes: variant(bytes, file, { metadata: setValue('llama.embedding_length', 96) }),
+            error: CorruptModelFileError,
+            message: /contradicts|shape/,
+          },
+        ];
+      const engine = new Engine(gpu);
+      const baseline = gpu.allocator.snapshot();
+      for (const c of cases) {
+        const attempt = engine.load(sourceFromBytes(c.bytes, c.name), { kv: 'f16' });
+        await expect(attempt, c.name).rejects.toBeInstanceOf(c.error);
+        await expect(engine.load(sourceFromBytes(c.bytes, c.name), { kv: 'f16' }), c.name).rejects.toThrow(c.message);
+        const after = gpu.allocator.snapshot();
+        expect(after.totalBuffers, `${c.name}: GPU buffers left behind`).toBe(baseline.totalBuffers);
+        expect(after.totalBytes, `${c.name}: GPU bytes left behind`).toBe(baseline.totalBytes);
+      }
+      const golden = JSON.parse(readFileSync(goldenPath!, 'utf8')) as { greedy_ids: number[] };
+      await engine.load(sourceFromBytes(bytes), { kv: 'f16' });
+      const result = await engine.generate({ promptIds: [golden.greedy_ids[0]], maxTokens: 20, stopAtEog: false });
+      expect(result.ids).toEqual(golden.greedy_ids.slice(1, 21));
+      engine.unload();
+      expect(gpu.allocator.snapshot().totalBuffers).toBe(baseline.totalBuffers);
+    });
+  },
+);
