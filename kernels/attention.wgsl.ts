@@ -12,10 +12,38 @@ const QUANT_PARAMS = `
   kBits: u32, kGroup: u32, kCodeWords: u32, kRowWords: u32,
   vBits: u32, vGroup: u32, vCodeWords: u32, vRowWords: u32,`;
 
+/** Dequantizes the KV head's part of `n` rows of one kind (K or V) of a quant page into `target` as f32 bits. */
+function quantRowLoader(name: string, target: string, p: 'k' | 'v', offset: string): string {
+  return `fn ${name}(slot: u32, page: u32, inPage: u32, n: u32, kvh: u32, lid: u32) {
+  let bits = params.${p}Bits;
+  let perWord = 32u / bits;
+  let mask = (1u << bits) - 1u;
+  let firstE = kvh * params.headDim;
+  let firstWord = firstE / perWord;
+  let words = (firstE + params.headDim - 1u) / perWord - firstWord + 1u;
+  for (var i = lid; i < n * words; i += 64u) {
+    let j = i / words;
+    let w = firstWord + i % words;
+    let row = page + params.${offset} + (inPage + j) * params.${p}RowWords;
+    let codes = quantWord(slot, row + w);
+    // A code word never straddles groups (groupSize is a multiple of 32 / bits).
+    let lohi = unpack2x16float(quantWord(slot, row + params.${p}CodeWords + (w * perWord) / params.${p}Group));
+    for (var c = 0u; c < perWord; c++) {
+      let e = w * perWord + c;
+      if (e >= firstE && e < firstE + params.headDim) {
+        let t = j * params.headDim + e - firstE;
+        ${target}[t / 4u][t % 4u] = bitcast<u32>(lohi.x + f32((codes >> (c * bits)) & mask) * lohi.y);
+      }
+    }
+  }
+}`;
+}
+
 /**
  * Quant page loads of the mixed variant: slots 2 and 3 hold quant slabs (runtime/kv/pool.ts). A block of a quant
  * page is dequantized (lo + code · scale, exactly dequantizeRow's f32 values) into kt / vt as f32 bits, headDim per
- * key, so a quant block holds at most quantBlock = min(16, 1024 / headDim) keys.
+ * key, so a quant block holds at most quantBlock = min(16, 1024 / headDim) keys. One invocation per (key, code word):
+ * each code word and group parameter is read once.
  */
 const QUANT_LOADERS = `
 fn quantWord(slot: u32, index: u32) -> u32 {
@@ -23,23 +51,13 @@ fn quantWord(slot: u32, index: u32) -> u32 {
   if (slot == 2u) { w = slab2[index / 4u]; } else { w = slab3[index / 4u]; }
   return w[index % 4u];
 }
-fn dequantize(slot: u32, row: u32, bits: u32, group: u32, codeWords: u32, e: u32) -> f32 {
-  let perWord = 32u / bits;
-  let code = (quantWord(slot, row + e / perWord) >> ((e % perWord) * bits)) & ((1u << bits) - 1u);
-  let p = unpack2x16float(quantWord(slot, row + codeWords + e / group));
-  return p.x + f32(code) * p.y;
-}
+${quantRowLoader('loadQuantKeys', 'kt', 'k', 'quantKOffset')}
+${quantRowLoader('loadQuantValues', 'vt', 'v', 'quantVOffset')}
 fn loadQuant(entry: u32, inPage: u32, n: u32, kvh: u32, lid: u32) {
   let slot = (entry >> 24u) & 0xfu;
   let page = (entry & 0xffffffu) * params.quantPageWords;
-  for (var i = lid; i < n * params.headDim; i += 64u) {
-    let j = i / params.headDim;
-    let e = kvh * params.headDim + i % params.headDim;
-    let kRow = page + params.quantKOffset + (inPage + j) * params.kRowWords;
-    let vRow = page + params.quantVOffset + (inPage + j) * params.vRowWords;
-    kt[i / 4u][i % 4u] = bitcast<u32>(dequantize(slot, kRow, params.kBits, params.kGroup, params.kCodeWords, e));
-    vt[i / 4u][i % 4u] = bitcast<u32>(dequantize(slot, vRow, params.vBits, params.vGroup, params.vCodeWords, e));
-  }
+  loadQuantKeys(slot, page, inPage, n, kvh, lid);
+  loadQuantValues(slot, page, inPage, n, kvh, lid);
 }`;
 
 /**
