@@ -2,7 +2,7 @@ import { readdirSync } from 'node:fs';
 import { dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import react from '@vitejs/plugin-react';
-import { defineConfig } from 'vite';
+import { defineConfig, type Plugin } from 'vite';
 import { VitePWA } from 'vite-plugin-pwa';
 
 const root = dirname(fileURLToPath(import.meta.url));
@@ -17,11 +17,50 @@ function harnessPages(): Record<string, string> {
   return pages;
 }
 
+/**
+ * The chat page's Content-Security-Policy: no 'unsafe-eval' and no inline scripts (chat templates run in an
+ * interpreter, never as code; e2e/security.spec.ts runs a model under it). Downloads may come from any http(s) hub
+ * mirror the user sets. Built pages only: the dev server's React refresh preamble is an inline script.
+ */
+export const CONTENT_SECURITY_POLICY = [
+  "default-src 'self'",
+  "script-src 'self'",
+  "worker-src 'self'",
+  "style-src 'self' 'unsafe-inline'",
+  "img-src 'self' data: blob:",
+  "connect-src 'self' https: http://localhost:* http://127.0.0.1:*",
+  "object-src 'none'",
+  "base-uri 'self'",
+  "form-action 'self'",
+  "manifest-src 'self'",
+].join('; ');
+
+function contentSecurityPolicy(): Plugin {
+  return {
+    name: 'longtab-content-security-policy',
+    apply: 'build',
+    transformIndexHtml: {
+      order: 'post',
+      handler: (_html, context) =>
+        context.path === '/index.html'
+          ? [
+              {
+                tag: 'meta',
+                attrs: { 'http-equiv': 'Content-Security-Policy', content: CONTENT_SECURITY_POLICY },
+                injectTo: 'head-prepend',
+              },
+            ]
+          : [],
+    },
+  };
+}
+
 export default defineConfig(({ mode }) => {
   const e2e = mode === 'e2e';
   return {
     plugins: [
       react(),
+      contentSecurityPolicy(),
       // The chat page's service worker precaches the app shell (HTML, JS incl. the engine worker, CSS, icons) so it
       // works offline after one visit. Model files are stored by the app in OPFS (app/storage/models.ts), never here.
       VitePWA({
