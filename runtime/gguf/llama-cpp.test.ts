@@ -10,6 +10,7 @@ import { getLlama, type Llama, LlamaLogLevel } from 'node-llama-cpp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { seededRandom } from '../../test/random.ts';
 import { STORIES260K, sharedPath } from '../../test/shared.ts';
+import { sentencePieceVocabularyMetadata } from '../../tools/fixtures/vocabulary.ts';
 import { sourceFromPath } from './node-source.ts';
 import { parseGguf } from './parse.ts';
 import { GgmlType } from './types.ts';
@@ -24,28 +25,22 @@ const KV_WIDTH = (EMBED / HEADS) * KV_HEADS;
 
 /** A minimal SentencePiece vocabulary: specials, 256 byte-fallback tokens, and the prefixes that merge into words. */
 function sentencePieceVocabulary(): GgufMetadataEntry[] {
-  const tokens = ['<unk>', '<s>', '</s>'];
-  const types = [2, 3, 3]; // unknown, control, control
-  for (let byte = 0; byte < 256; byte++) {
-    tokens.push(`<0x${byte.toString(16).toUpperCase().padStart(2, '0')}>`);
-    types.push(6); // byte
-  }
-  const pieces = ['▁', 'h', 'e', 'l', 'o', 'a', 'b', '▁a', '▁b', '▁h', '▁he', '▁hel', '▁hell', '▁hello'];
-  for (const piece of pieces) {
-    tokens.push(piece);
-    types.push(1); // normal
-  }
-  // SentencePiece merges the highest-scoring pair first; longer pieces score higher so words end up whole.
-  const scores = tokens.map((token, id) => (id < 259 ? 0 : -10 + token.length));
-  return [
-    { key: 'tokenizer.ggml.model', value: 'llama' },
-    { key: 'tokenizer.ggml.tokens', type: 'string[]', value: tokens },
-    { key: 'tokenizer.ggml.scores', type: 'f32[]', value: scores },
-    { key: 'tokenizer.ggml.token_type', type: 'i32[]', value: types },
-    { key: 'tokenizer.ggml.unknown_token_id', type: 'u32', value: 0 },
-    { key: 'tokenizer.ggml.bos_token_id', type: 'u32', value: 1 },
-    { key: 'tokenizer.ggml.eos_token_id', type: 'u32', value: 2 },
-  ];
+  return sentencePieceVocabularyMetadata([
+    '▁',
+    'h',
+    'e',
+    'l',
+    'o',
+    'a',
+    'b',
+    '▁a',
+    '▁b',
+    '▁h',
+    '▁he',
+    '▁hel',
+    '▁hell',
+    '▁hello',
+  ]);
 }
 
 /** Q8_0 blocks (f16 scale + 32 int8) whose scale is the power of two `2^scaleExponent`, exact in f16. */
