@@ -3,6 +3,7 @@
  * checked by `guardedEndpoint` and every method validates its arguments; errors leave as WireErrors, which the client
  * turns back into the LongtabError subclass their code names.
  */
+
 import { type Endpoint, expose } from 'comlink';
 import { LongtabEngine } from '../runtime/engine/api.ts';
 import type {
@@ -14,9 +15,10 @@ import type {
 } from '../runtime/engine/api-types.ts';
 import { toWireError } from '../runtime/engine/wire-errors.ts';
 import { InvalidRequestError } from '../runtime/errors.ts';
+import { indexedDbRotationCache } from '../runtime/kv/rotation-cache-idb.ts';
 import { guardedEndpoint, type StreamHandle, type WorkerEngineApi } from './protocol.ts';
 
-const engine = new LongtabEngine();
+const engine = new LongtabEngine({ rotationCache: indexedDbRotationCache() });
 const streams = new Map<
   number,
   {

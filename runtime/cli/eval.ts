@@ -4,6 +4,7 @@ import { InvalidRequestError } from '../errors.ts';
 import { perplexity, topOneAgreement } from '../eval/perplexity.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
 import type { GpuContext } from '../gpu/device.ts';
+import { nodeRotationCache } from '../kv/rotation-cache-node.ts';
 import { numberFlag, type ParsedArgs, stringFlag } from './args.ts';
 import { defaultModelPath } from './default-model.ts';
 
@@ -16,9 +17,17 @@ export function kvOptionsFor(name: string): LoadOptions {
     case 'int2-hadamard':
       return { kv: 'int2', rotation: 'hadamard' };
     case 'int2-none':
+      // The weak control: naive INT2, no rotation, no clipping.
       return { kv: 'int2', rotation: 'none' };
+    case 'int2-calibrated':
+      return { kv: 'int2', rotation: 'calibrated', rotationCache: nodeRotationCache() };
+    case 'int1-none':
+      // The weakest control: 1-bit codes, no rotation.
+      return { kv: 'int2', rotation: 'none', codeBits: 1 };
     default:
-      throw new InvalidRequestError(`Unknown KV configuration '${name}'.`);
+      throw new InvalidRequestError(
+        `Unknown KV configuration '${name}': use f16, int2 (= int2-hadamard), int2-calibrated, int2-none or int1-none.`,
+      );
   }
 }
 
@@ -57,7 +66,8 @@ export async function runEval(args: ParsedArgs, gpu: GpuContext): Promise<number
         ...(args.flags.has('group-size') ? { groupSize: numberFlag(args, 'group-size', 128) } : {}),
       });
       const ids: number[] = [];
-      for (const path of texts) for (const id of engine.tokenizer.encode(readFileSync(path, 'utf8'), { addSpecial: false })) ids.push(id);
+      for (const path of texts)
+        for (const id of engine.tokenizer.encode(readFileSync(path, 'utf8'), { addSpecial: false })) ids.push(id);
       const result = await perplexity(engine, ids, ctx, engine.config.vocab, { maxWindows });
       if (mode === 'f16') reference = result.argmax;
       rows.push({

@@ -18,6 +18,11 @@ export interface KvCacheOptions {
   /** int2: values per quantization group (one scale and offset each). */
   groupSize?: number;
   /**
+   * int2 pages' code bits (default 2). 1 exists only as the weak control of `longtab eval`; the public API does not
+   * accept this field.
+   */
+  codeBits?: 1 | 2;
+  /**
    * Rotation of each head's K/V before storage (spreads outliers over the quantization group): 'hadamard' (default
    * for int2), 'none' (default for f16), 'calibrated' (OSCAR rotations fitted to the model; not loadable yet).
    */

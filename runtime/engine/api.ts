@@ -6,10 +6,12 @@
  * reuses whatever prefix of its tokens the conversation's KV sequence already holds (conversations.ts) and prefills
  * only the rest.
  */
+
 import { ContextOverflowError, InvalidRequestError, ModelNotLoadedError } from '../errors.ts';
 import { sourceFromBlob, sourceFromUrl } from '../gguf/sources.ts';
 import type { ByteSource } from '../gguf/types.ts';
 import { acquireGpu, type GpuContext } from '../gpu/device.ts';
+import type { RotationCache } from '../kv/rotation-store.ts';
 import { resolveSamplingParams } from '../sampling/params.ts';
 import { type ChatMessage, chatTemplateFromMetadata, renderChatTemplate } from '../tokenizer/chat-template.ts';
 import { StopStringMatcher } from '../tokenizer/stop-strings.ts';
@@ -53,6 +55,8 @@ export interface LongtabEngineOptions {
   gpu?: GpuContext | (() => Promise<GpuContext>);
   /** Opens a file path (Node only: `sourceFromPath`); without it, strings must be URLs. */
   openPath?: (path: string) => Promise<ByteSource>;
+  /** Where calibrated KV rotations are cached (`rotation: 'calibrated'`). */
+  rotationCache?: RotationCache;
 }
 
 /** A pull-based stream: the producer pushes, `for await` pulls; `return()` (break) aborts the request. */
@@ -195,7 +199,7 @@ export class LongtabEngine implements LongtabEngineApi {
       const engine = (this.engine ??= new Engine(gpu));
       const bytes = await this.openSource(source, onProgress);
       try {
-        await engine.load(bytes, { ...validated, onProgress });
+        await engine.load(bytes, { ...validated, onProgress, rotationCache: this.options.rotationCache });
       } finally {
         await bytes.close?.();
       }

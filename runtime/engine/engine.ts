@@ -8,6 +8,7 @@ import type { GpuContext } from '../gpu/device.ts';
 import { readFloat32 } from '../gpu/readback.ts';
 import { createKvAttention } from '../kv/paged-attention.ts';
 import { KvPagePool, type KvPoolOptions, type KvSequence } from '../kv/pool.ts';
+import { decodeRotations, modelDigest, type RotationCache, rotationsFromMetadata } from '../kv/rotation-store.ts';
 import { type ModelConfig, readModelConfig } from '../model/config.ts';
 import { Transformer } from '../model/transformer.ts';
 import { loadModelWeights, type ModelWeights, releaseModelWeights } from '../model/weights.ts';
@@ -18,6 +19,8 @@ import type { FinishReason, KvCacheOptions, LoadProgress } from './api-types.ts'
 export type { FinishReason, KvCacheOptions, KvMode, LoadProgress } from './api-types.ts';
 
 export interface LoadOptions extends KvCacheOptions {
+  /** Where calibrated KV rotations are cached (Node: nodeRotationCache(); browser: indexedDbRotationCache()). */
+  rotationCache?: RotationCache;
   /** Tokens per prefill submit (default 128). */
   prefillChunk?: number;
   onProgress?: (progress: LoadProgress) => void;
@@ -36,10 +39,7 @@ function checkInteger(name: string, value: unknown, min: number, max = Number.MA
   }
 }
 
-/**
- * The one place KV options become pool options: validates them and rejects modes this build cannot run yet.
- * (Switching on int2 = removing its rejection here and passing sink/window/groupSize/rotation to the pool.)
- */
+/** The one place KV options become pool options: validates them (calibrated rotations are found by `load`). */
 export function kvPoolOptions(config: ModelConfig, options: KvCacheOptions): KvPoolOptions {
   const kv = options.kv ?? 'f16';
   if (kv !== 'f16' && kv !== 'int2') {
@@ -51,6 +51,11 @@ export function kvPoolOptions(config: ModelConfig, options: KvCacheOptions): KvP
   checkInteger('groupSize', options.groupSize, 1, 1 << 16);
   checkInteger('maxSequences', options.maxSequences, 1, 256);
   checkInteger('maxContextTokens', options.maxContextTokens, 1);
+  if (options.codeBits !== undefined && options.codeBits !== 1 && options.codeBits !== 2) {
+    throw new InvalidRequestError(`Load option codeBits = ${String(options.codeBits)} must be 1 or 2.`, {
+      option: 'codeBits',
+    });
+  }
   // --- KV pool owner's block (int2 mode and rotation; runtime/kv/pool.ts documents the options) ---
   const rotation = options.rotation ?? (kv === 'int2' ? 'hadamard' : 'none');
   if (rotation !== 'hadamard' && rotation !== 'none' && rotation !== 'calibrated') {
@@ -61,20 +66,14 @@ export function kvPoolOptions(config: ModelConfig, options: KvCacheOptions): KvP
       },
     );
   }
-  if (rotation === 'calibrated') {
-    throw new InvalidRequestError(
-      "Load option rotation = 'calibrated' needs fitted rotations, which this build does not load yet; use 'hadamard' (default for int2) or 'none'.",
-      { option: 'rotation' },
-    );
-  }
   const quant =
     kv === 'int2'
       ? {
           kv: 'quant' as const,
           sink: options.sink ?? 64,
           window: options.window ?? 256,
-          keyFormat: { bits: 2 as const, groupSize: options.groupSize },
-          valueFormat: { bits: 2 as const, groupSize: options.groupSize },
+          keyFormat: { bits: options.codeBits ?? 2, groupSize: options.groupSize },
+          valueFormat: { bits: options.codeBits ?? 2, groupSize: options.groupSize },
         }
       : {};
   // --- end of the KV pool owner's block ---
@@ -149,6 +148,26 @@ interface LoadedModel {
  * One model on one device: load, generate, unload. Every GPU buffer it creates is released by `unload()` or by
  * a failed `load()`, so the allocator's counts return to where they were.
  */
+/**
+ * Calibrated rotations for this model: from its own metadata (the demo model ships them), else from the cache
+ * under the model's digest. Fitting them needs a generation pass: `longtab calibrate` (Node) does it.
+ */
+async function findCalibratedRotations(
+  file: GgufFile,
+  source: ByteSource,
+  config: ModelConfig,
+  cache: RotationCache | undefined,
+): Promise<{ key: Float32Array; value: Float32Array }> {
+  const embedded = rotationsFromMetadata(file.metadata, config);
+  if (embedded) return embedded;
+  const cached = cache ? await cache.get(await modelDigest(file, source)) : undefined;
+  if (cached) return decodeRotations(cached, config);
+  throw new InvalidRequestError(
+    "Load option rotation = 'calibrated': this model has no calibrated KV rotations yet. Run `longtab calibrate --model FILE` once (it caches them), or load with rotation 'hadamard'.",
+    { option: 'rotation' },
+  );
+}
+
 export class Engine {
   readonly gpu: GpuContext;
   private model: LoadedModel | null = null;
@@ -179,6 +198,9 @@ export class Engine {
     const file = await parseGguf(source);
     const config = readModelConfig(file);
     const poolOptions = kvPoolOptions(config, options);
+    if (poolOptions.rotation === 'calibrated') {
+      poolOptions.calibratedRotations = await findCalibratedRotations(file, source, config, options.rotationCache);
+    }
     const tokenizer = GgufTokenizer.fromMetadata(file.metadata);
     progress({ phase: 'parse', bytesDone: source.size, bytesTotal: source.size });
     const weights = await loadModelWeights(gpu, file, source, config, (p) =>

@@ -5,6 +5,7 @@
 import { sourceFromPath } from '../gguf/node-source.ts';
 import { acquireGpu, type GpuContext } from '../gpu/device.ts';
 import { nodeGpu } from '../gpu/node.ts';
+import { nodeRotationCache } from '../kv/rotation-cache-node.ts';
 import { LongtabEngine } from './api.ts';
 
 export interface NodeEngineOptions {
@@ -16,5 +17,6 @@ export function createNodeEngine(options: NodeEngineOptions = {}): LongtabEngine
   return new LongtabEngine({
     gpu: options.gpu ?? (async () => acquireGpu({ gpu: await nodeGpu() })),
     openPath: sourceFromPath,
+    rotationCache: nodeRotationCache(),
   });
 }

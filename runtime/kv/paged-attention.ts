@@ -77,20 +77,23 @@ export function createKvAttention(
   const paged = new PagedKvAttention(gpu, pool, options);
   if (pool.rotation === 'none') return paged;
   const { layers, kvHeads, headDim } = pool;
-  const matrices = rotationSet(pool.rotation, layers, kvHeads, headDim);
-  const rotation = gpu.allocator.createBuffer({
-    label: `kv.rotation.${pool.rotation}`,
-    category: 'kv',
-    size: matrices.byteLength,
-    usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST,
-  });
-  gpu.device.queue.writeBuffer(rotation, 0, matrices.buffer as ArrayBuffer, matrices.byteOffset, matrices.byteLength);
-  pool.adopt(rotation);
-  return new RotatedKvAttention(
-    gpu,
-    paged,
-    { key: rotation, value: rotation },
-    { heads: options.heads, kvHeads, headDim },
-    pool.step,
-  );
+  const upload = (label: string, matrices: Float32Array) => {
+    const buffer = gpu.allocator.createBuffer({
+      label: `kv.rotation.${label}`,
+      category: 'kv',
+      size: matrices.byteLength,
+      usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST,
+    });
+    gpu.device.queue.writeBuffer(buffer, 0, matrices.buffer as ArrayBuffer, matrices.byteOffset, matrices.byteLength);
+    pool.adopt(buffer);
+    return buffer;
+  };
+  const calibrated = pool.rotation === 'calibrated' ? pool.calibratedRotations : null;
+  const rotations = calibrated
+    ? { key: upload('calibrated.key', calibrated.key), value: upload('calibrated.value', calibrated.value) }
+    : (() => {
+        const shared = upload(pool.rotation, rotationSet(pool.rotation as 'hadamard', layers, kvHeads, headDim));
+        return { key: shared, value: shared };
+      })();
+  return new RotatedKvAttention(gpu, paged, rotations, { heads: options.heads, kvHeads, headDim }, pool.step);
 }

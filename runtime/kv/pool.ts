@@ -144,9 +144,11 @@ export interface KvPoolOptions {
   f16BudgetBytes?: number;
   /**
    * Rotation of what the cache stores (runtime/kv/rotation.ts; applied by `createKvAttention` around the pool):
-   * 'hadamard' or 'none' (default).
+   * 'hadamard', 'calibrated' (with `calibratedRotations`) or 'none' (default).
    */
-  rotation?: 'hadamard' | 'none';
+  rotation?: 'hadamard' | 'calibrated' | 'none';
+  /** f32 [layers × kvHeads × headDim × headDim] each (runtime/kv/calibration.ts); required with 'calibrated'. */
+  calibratedRotations?: { key: Float32Array; value: Float32Array };
 }
 
 export interface KvKindStats {
@@ -311,7 +313,8 @@ export class KvPagePool {
   readonly window: number;
   /** quant: the layout of quant pages (null in f16 mode). */
   readonly quant: KvQuantLayout | null;
-  readonly rotation: 'hadamard' | 'none';
+  readonly rotation: 'hadamard' | 'calibrated' | 'none';
+  readonly calibratedRotations: { key: Float32Array; value: Float32Array } | null;
   /** The page table of every sequence (u32 entries). */
   readonly pageTable: GPUBuffer;
   /** The KvStep uniform every KV kernel binds. */
@@ -351,8 +354,20 @@ export class KvPagePool {
     this.pageBytes = this.pageWords * 4;
     this.mode = options.kv ?? 'f16';
     this.rotation = options.rotation ?? 'none';
-    if (this.rotation !== 'hadamard' && this.rotation !== 'none') {
-      throw new InvalidRequestError(`KV pool: rotation must be 'hadamard' or 'none', got ${String(this.rotation)}`);
+    if (this.rotation !== 'hadamard' && this.rotation !== 'none' && this.rotation !== 'calibrated') {
+      throw new InvalidRequestError(
+        `KV pool: rotation must be 'hadamard', 'calibrated' or 'none', got ${String(this.rotation)}`,
+      );
+    }
+    this.calibratedRotations = options.calibratedRotations ?? null;
+    const matrixFloats = layers * kvHeads * headDim * headDim;
+    if (
+      this.rotation === 'calibrated' &&
+      (this.calibratedRotations?.key.length !== matrixFloats || this.calibratedRotations?.value.length !== matrixFloats)
+    ) {
+      throw new InvalidRequestError(
+        `KV pool: calibrated rotations must hold ${matrixFloats} floats each for K and for V.`,
+      );
     }
     if (this.mode !== 'f16' && this.mode !== 'quant') {
       throw new InvalidRequestError(`KV pool: kv must be 'f16' or 'quant', got ${String(this.mode)}`);

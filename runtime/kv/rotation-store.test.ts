@@ -7,9 +7,12 @@ import { promisify } from 'node:util';
 import { getLlama } from 'node-llama-cpp';
 import { describe, expect, it } from 'vitest';
 import { STORIES260K, STORIES260K_GOLDEN, sharedPath } from '../../test/shared.ts';
+import { Engine } from '../engine/engine.ts';
 import { LongtabError } from '../errors.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
 import { parseGguf } from '../gguf/parse.ts';
+import { acquireGpu } from '../gpu/device.ts';
+import { nodeGpu } from '../gpu/node.ts';
 import { readModelConfig } from '../model/config.ts';
 import { nodeRotationCache } from './rotation-cache-node.ts';
 import { decodeRotations, encodeRotations, modelDigest, rotationsFromMetadata } from './rotation-store.ts';
@@ -62,6 +65,23 @@ describe.skipIf(!modelPath || !goldenPath)('calibrated rotations at rest (storie
     expect(ids).toEqual(golden.greedy_ids.slice(1, 17));
     await context.dispose();
     await model.dispose();
+
+    // longtab loads the rotations for rotation: 'calibrated' from the file itself, or from the cache by digest.
+    const gpu = await acquireGpu({ gpu: await nodeGpu() });
+    try {
+      const engine = new Engine(gpu);
+      const kv = { kv: 'int2' as const, rotation: 'calibrated' as const, sink: 16, window: 16 };
+      await engine.load(await sourceFromPath(embedded), kv);
+      expect(engine.loaded!.pool.rotation).toBe('calibrated');
+      const fromFile = await engine.generate({ promptIds: [1], maxTokens: 40, stopAtEog: false });
+      await engine.load(await sourceFromPath(modelPath!), { ...kv, rotationCache: nodeRotationCache(dir) });
+      const fromCache = await engine.generate({ promptIds: [1], maxTokens: 40, stopAtEog: false });
+      expect(fromCache.ids).toEqual(fromFile.ids);
+      await expect(engine.load(await sourceFromPath(modelPath!), kv)).rejects.toThrow(/longtab calibrate/);
+      engine.unload();
+    } finally {
+      gpu.destroy();
+    }
   });
 
   it('damaged or mismatched cached rotations are a typed error', async () => {
