@@ -85,9 +85,10 @@ export async function runEval(args: ParsedArgs, gpu: GpuContext): Promise<number
   }
   const f16 = rows.find((r) => r.kv === 'f16');
   const report = rows.map((r) => ({ ...r, vsF16: f16 ? r.perplexity / f16.perplexity - 1 : undefined }));
+  const verdict = judgeTable(report);
   if (args.flags.has('json')) {
     process.stdout.write(
-      `${JSON.stringify({ model: modelPath, ctx, texts, adapter: gpu.adapter, results: report }, null, 2)}\n`,
+      `${JSON.stringify({ model: modelPath, ctx, texts, adapter: gpu.adapter, results: report, verdict }, null, 2)}\n`,
     );
   } else {
     process.stdout.write(
@@ -100,6 +101,39 @@ export async function runEval(args: ParsedArgs, gpu: GpuContext): Promise<number
         `| ${r.kv} | ${r.windows} | ${r.tokens} | ${r.perplexity.toFixed(3)} | ${vs} | ${agree} |\n`,
       );
     }
+    process.stdout.write(`\n${verdict.status.toUpperCase()}: ${verdict.reason}\n`);
   }
   return 0;
+}
+
+/** The weak controls: a table in which they stay close to f16 cannot tell a good cache from a bad one. */
+export const WEAK_CONTROLS = ['int2-none', 'int1-none'];
+const BLIND_THRESHOLD = 0.1;
+
+/**
+ * A quality table only counts when a deliberately bad cache fails it: if every weak control it contains is within
+ * 10% of f16 perplexity, the table is blind (the model does not read its history closely enough to judge).
+ */
+export function judgeTable(rows: Array<{ kv: string; vsF16?: number }>): {
+  status: 'blind' | 'informative' | 'no-control';
+  reason: string;
+} {
+  const controls = rows.filter((r) => WEAK_CONTROLS.includes(r.kv) && r.vsF16 !== undefined);
+  if (controls.length === 0) {
+    return {
+      status: 'no-control',
+      reason: `add a weak control (${WEAK_CONTROLS.join(' or ')}) and f16 to judge this table`,
+    };
+  }
+  const worst = Math.max(...controls.map((r) => r.vsF16!));
+  if (worst < BLIND_THRESHOLD) {
+    return {
+      status: 'blind',
+      reason: `the weak controls are within ${(worst * 100).toFixed(1)}% of f16 perplexity (< ${BLIND_THRESHOLD * 100}%): this model and text cannot judge a KV cache, whatever the other rows say`,
+    };
+  }
+  return {
+    status: 'informative',
+    reason: `the weak controls cost up to ${(worst * 100).toFixed(1)}% perplexity, so the table can separate good caches from bad`,
+  };
 }

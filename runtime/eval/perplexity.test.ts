@@ -37,3 +37,29 @@ describe('perplexity', () => {
     expect(topOneAgreement(result.argmax, result.argmax)).toBe(1);
   });
 });
+
+describe('quality table verdict', () => {
+  it('calls a table blind when the weak controls stay within 10% of f16, informative otherwise', async () => {
+    const { judgeTable } = await import('../cli/eval.ts');
+    expect(
+      judgeTable([
+        { kv: 'f16', vsF16: 0 },
+        { kv: 'int2-hadamard', vsF16: 0.01 },
+      ]).status,
+    ).toBe('no-control');
+    expect(
+      judgeTable([
+        { kv: 'f16', vsF16: 0 },
+        { kv: 'int2-none', vsF16: 0.02 },
+        { kv: 'int2-hadamard', vsF16: 0.01 },
+      ]).status,
+    ).toBe('blind');
+    expect(
+      judgeTable([
+        { kv: 'f16', vsF16: 0 },
+        { kv: 'int2-none', vsF16: 0.35 },
+        { kv: 'int2-hadamard', vsF16: 0.02 },
+      ]).status,
+    ).toBe('informative');
+  });
+});
