@@ -26,6 +26,8 @@ export interface LoadOptions extends KvCacheOptions {
   onProgress?: (progress: LoadProgress) => void;
 }
 
+/** Tokens per prefill submit. */
+const DEFAULT_PREFILL_CHUNK = 128;
 const DEFAULT_KV_BUDGET = 64 * 1024 * 1024;
 const DEFAULT_MAX_SEQUENCES = 16;
 
@@ -197,7 +199,8 @@ export class Engine {
     progress({ phase: 'parse', bytesDone: 0, bytesTotal: source.size });
     const file = await parseGguf(source);
     const config = readModelConfig(file);
-    const poolOptions = kvPoolOptions(config, options);
+    const prefillChunk = options.prefillChunk ?? DEFAULT_PREFILL_CHUNK;
+    const poolOptions = { ...kvPoolOptions(config, options), maxStepTokens: prefillChunk };
     if (poolOptions.rotation === 'calibrated') {
       poolOptions.calibratedRotations = await findCalibratedRotations(file, source, config, options.rotationCache);
     }
@@ -210,7 +213,6 @@ export class Engine {
     try {
       const pool = new KvPagePool(gpu, poolOptions);
       created.push({ release: () => pool.destroy() });
-      const prefillChunk = options.prefillChunk ?? 128;
       const transformer = new Transformer(
         gpu,
         config,

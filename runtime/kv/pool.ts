@@ -49,7 +49,8 @@
  * bindings (4 slabs + page table + 2 activations) under the spec default of 8, for both kinds together:
  * - mode 'f16': slots 0..3 are f16 slabs (a quarter of the budget each), exactly as before;
  * - mode 'quant': slots 0..1 are f16 slabs, slots 2..3 quant slabs. The budget is split: `f16BudgetBytes` (default:
- *   two sequences' sink + window + 2 pages plus a 512-token prefill chunk, at most half of the budget) for f16 pages,
+ *   min(2, maxSequences) sequences' sink + window + 2 pages plus `maxStepTokens` (default 512) positions, at most
+ *   half of the budget) for f16 pages,
  *   the rest for quant pages.
  * The slab field of a page-table entry is the SLOT, so f16 code paths (kv-append, the f16 attention loads) are the
  * same in both modes, and a quant entry names slot 2 or 3. `stats().pagesBudget` says what was granted. Until a slab
@@ -142,6 +143,8 @@ export interface KvPoolOptions {
   valueFormat?: KvRowFormatOptions;
   /** quant: bytes of the budget for f16 pages (see the doc comment for the default). */
   f16BudgetBytes?: number;
+  /** quant: most positions one step writes (the prefill chunk); sizes the default f16 budget. */
+  maxStepTokens?: number;
   /**
    * Rotation of what the cache stores (runtime/kv/rotation.ts; applied by `createKvAttention` around the pool):
    * 'hadamard', 'calibrated' (with `calibratedRotations`) or 'none' (default).
@@ -413,7 +416,10 @@ export class KvPagePool {
       const valueRowWords = rowWords(value);
       const quantPageWords = layers * pageTokens * (keyRowWords + valueRowWords);
       const windowPages = Math.ceil(window / pageTokens) + 2;
-      const defaultF16 = (2 * (this.sinkPages + windowPages) + Math.ceil(512 / pageTokens)) * this.pageBytes;
+      // Enough f16 pages for the sink and window of up to two live sequences plus one step's worth of new positions.
+      const sequencesWithF16 = Math.min(2, options.maxSequences ?? 2);
+      const stepPages = Math.ceil((options.maxStepTokens ?? 512) / pageTokens);
+      const defaultF16 = (sequencesWithF16 * (this.sinkPages + windowPages) + stepPages) * this.pageBytes;
       const f16Budget = Math.min(
         options.f16BudgetBytes ?? Math.min(defaultF16, Math.floor(budgetBytes / 2)),
         budgetBytes - quantPageWords * 4,
