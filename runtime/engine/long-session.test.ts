@@ -235,7 +235,19 @@ describe.skipIf(!modelPath)('a long session on stories260K', () => {
       test.skip();
       return;
     }
-    const session = await runSession(engine, 30, 200, 10);
+    let session: SessionResult;
+    try {
+      session = await runSession(engine, 30, 200, 10);
+    } catch (error) {
+      log.record({
+        area: 'session',
+        fault: "long session, int2 KV: chat turns with context_overflow 'drop_oldest_turns' (seed 10)",
+        expected: 'pool audit empty after every request; no ContextOverflowError when turns can be dropped',
+        outcome: `FINDING: ${error instanceof Error ? `${error.name}: ${error.message}` : String(error)}`,
+        ok: false,
+      });
+      throw error;
+    }
     log.record({
       area: 'session',
       fault: `long session, int2 KV: ${session.generations} mixed requests`,
