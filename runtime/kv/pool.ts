@@ -416,10 +416,11 @@ export class KvPagePool {
       const valueRowWords = rowWords(value);
       const quantPageWords = layers * pageTokens * (keyRowWords + valueRowWords);
       const windowPages = Math.ceil(window / pageTokens) + 2;
-      // Enough f16 pages for the sink and window of up to two live sequences plus one step's worth of new positions.
+      // Enough f16 pages for the sink and window of up to two live sequences.
       const sequencesWithF16 = Math.min(2, options.maxSequences ?? 2);
       const stepPages = Math.ceil((options.maxStepTokens ?? 512) / pageTokens);
-      const defaultF16 = (sequencesWithF16 * (this.sinkPages + windowPages) + stepPages) * this.pageBytes;
+      // A step's new pages, plus the pages it demotes, which return to the free list only at the next step.
+      const defaultF16 = (sequencesWithF16 * (this.sinkPages + windowPages) + 2 * stepPages + 2) * this.pageBytes;
       const f16Budget = Math.min(
         options.f16BudgetBytes ?? Math.min(defaultF16, Math.floor(budgetBytes / 2)),
         budgetBytes - quantPageWords * 4,
