@@ -5,6 +5,9 @@ import type { GpuContext } from '../gpu/device.ts';
 import { numberFlag, type ParsedArgs, stringFlag } from './args.ts';
 import { defaultModelPath } from './default-model.ts';
 
+/** Positions per fill step (and prefill chunk) during a capacity run. */
+const CAPACITY_STEP_TOKENS = 32;
+
 /** The KV configurations `capacity` compares. */
 const CAPACITY_MODES: Array<{ name: string; options: LoadOptions }> = [
   { name: 'f16', options: { kv: 'f16' } },
@@ -79,14 +82,23 @@ export async function measureCapacity(
 export async function runCapacity(args: ParsedArgs, gpu: GpuContext): Promise<number> {
   const modelPath = stringFlag(args, 'model') ?? defaultModelPath();
   const budget = numberFlag(args, 'kv-budget', 0);
-  if (!Number.isInteger(budget) || budget <= 0) throw new InvalidRequestError('--kv-budget BYTES is required (a positive integer).');
+  if (!Number.isInteger(budget) || budget <= 0)
+    throw new InvalidRequestError('--kv-budget BYTES is required (a positive integer).');
   const decodeSteps = numberFlag(args, 'decode-steps', 4);
   const rows: CapacityRow[] = [];
   const source = await sourceFromPath(modelPath);
   const engine = new Engine(gpu);
   try {
     for (const mode of CAPACITY_MODES) {
-      await engine.load(source, { ...mode.options, kvBudgetBytes: budget, maxSequences: 1, maxContextTokens: 1 << 24 });
+      // One sequence and short steps: the f16 share of an int2 pool is sized for what one sequence's sink, window and
+      // step need, so the rest of the budget holds 2-bit pages (a decode-only workload; prompts prefill the same way).
+      await engine.load(source, {
+        ...mode.options,
+        kvBudgetBytes: budget,
+        maxSequences: 1,
+        maxContextTokens: 1 << 24,
+        prefillChunk: CAPACITY_STEP_TOKENS,
+      });
       rows.push({ kv: mode.name, ...(await measureCapacity(gpu, engine, { decodeSteps })) });
       engine.unload();
     }
@@ -95,13 +107,22 @@ export async function runCapacity(args: ParsedArgs, gpu: GpuContext): Promise<nu
     await source.close?.();
   }
   const f16 = rows.find((r) => r.kv === 'f16')!;
-  const report = { model: modelPath, kvBudgetBytes: budget, adapter: gpu.adapter, rows: rows.map((r) => ({ ...r, vsF16: r.contextTokens / f16.contextTokens })) };
+  const report = {
+    model: modelPath,
+    kvBudgetBytes: budget,
+    adapter: gpu.adapter,
+    rows: rows.map((r) => ({ ...r, vsF16: r.contextTokens / f16.contextTokens })),
+  };
   if (args.flags.has('json')) {
     process.stdout.write(`${JSON.stringify(report, null, 2)}\n`);
   } else {
-    process.stdout.write('| KV | context tokens | × f16 | KV bytes used | bits / element | decode ms/token at that length |\n|---|---|---|---|---|---|\n');
+    process.stdout.write(
+      '| KV | context tokens | × f16 | KV bytes used | bits / element | decode ms/token at that length |\n|---|---|---|---|---|---|\n',
+    );
     for (const r of report.rows) {
-      process.stdout.write(`| ${r.kv} | ${r.contextTokens} | ${r.vsF16.toFixed(2)} | ${r.kvBytesUsed} | ${r.effectiveBitsPerElement.toFixed(3)} | ${r.decodeMsPerToken.toFixed(1)} |\n`);
+      process.stdout.write(
+        `| ${r.kv} | ${r.contextTokens} | ${r.vsF16.toFixed(2)} | ${r.kvBytesUsed} | ${r.effectiveBitsPerElement.toFixed(3)} | ${r.decodeMsPerToken.toFixed(1)} |\n`,
+      );
     }
   }
   return 0;

@@ -1,0 +1,37 @@
+import { describe, expect, it } from 'vitest';
+import { withTestGpu } from '../../test/gpu.ts';
+import { Engine } from '../engine/engine.ts';
+import { sourceFromPath } from '../gguf/node-source.ts';
+import { measureCapacity } from './capacity.ts';
+import { defaultModelPath } from './default-model.ts';
+
+const ctx = withTestGpu();
+
+describe('longtab capacity on the demo model (head_dim 64)', () => {
+  it('an int2 pool holds several times the f16 context in the same budget, at close to 2.25 bits per element', async () => {
+    const { gpu } = ctx;
+    const budget = 8 << 20; // 2048 f16 tokens of the demo model (4 KiB per token)
+    const engine = new Engine(gpu);
+    const source = await sourceFromPath(defaultModelPath());
+    const rows = [];
+    for (const kv of ['f16', 'int2'] as const) {
+      await engine.load(source, {
+        kv,
+        kvBudgetBytes: budget,
+        maxSequences: 1,
+        maxContextTokens: 1 << 20,
+        prefillChunk: 32,
+      });
+      rows.push(await measureCapacity(gpu, engine, { decodeSteps: 1 }));
+      engine.unload();
+    }
+    const [f16, int2] = rows;
+    expect(f16.contextTokens).toBeGreaterThan(2000);
+    expect(f16.effectiveBitsPerElement).toBeCloseTo(16, 1);
+    // At this small budget the f16 sink and window (320 tokens) still weigh: ~5x. The committed 128 MiB run is ~7x.
+    expect(int2.contextTokens / f16.contextTokens).toBeGreaterThan(4.5);
+    expect(int2.effectiveBitsPerElement).toBeLessThan(3.4);
+    expect(int2.decodeSteps).toBe(1);
+    await source.close?.();
+  });
+});
