@@ -22,7 +22,7 @@ describe('longtab capacity on the demo model (head_dim 64)', () => {
         maxContextTokens: 1 << 20,
         prefillChunk: 32,
       });
-      rows.push(await measureCapacity(gpu, engine, { decodeSteps: 1 }));
+      rows.push(await measureCapacity(engine, { decodeSteps: 1 }));
       engine.unload();
     }
     const [f16, int2] = rows;

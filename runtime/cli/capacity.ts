@@ -28,7 +28,6 @@ export interface CapacityRow {
 
 /** Fills one sequence to the largest length the budget allows, then runs decode steps at that length. */
 export async function measureCapacity(
-  gpu: GpuContext,
   engine: Engine,
   options: { decodeSteps: number },
 ): Promise<Omit<CapacityRow, 'kv'>> {
@@ -99,7 +98,7 @@ export async function runCapacity(args: ParsedArgs, gpu: GpuContext): Promise<nu
         maxContextTokens: 1 << 24,
         prefillChunk: CAPACITY_STEP_TOKENS,
       });
-      rows.push({ kv: mode.name, ...(await measureCapacity(gpu, engine, { decodeSteps })) });
+      rows.push({ kv: mode.name, ...(await measureCapacity(engine, { decodeSteps })) });
       engine.unload();
     }
   } finally {
