@@ -79,3 +79,13 @@ export function submitDispatches(gpu: GpuContext, label: string, dispatches: rea
   pass.end();
   gpu.device.queue.submit([encoder.finish()]);
 }
+
+/**
+ * Workgroups for `invocations` threads in one dimension, folded into y past 65535 groups. Kernels using it index
+ * their thread as `gid.x + gid.y * 65535u * WG` (WG = workgroupSize) and return past the end.
+ */
+export function linearInvocationGrid(invocations: number, workgroupSize: number): [number, number, number] {
+  const groups = Math.ceil(invocations / workgroupSize);
+  if (groups <= 65535) return [Math.max(groups, 1), 1, 1];
+  return [65535, Math.ceil(groups / 65535), 1];
+}

@@ -1,7 +1,12 @@
 import type { GpuContext } from '../runtime/gpu/device.ts';
-import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from './dispatch.ts';
+import {
+  bindBuffers,
+  computePipeline,
+  linearInvocationGrid,
+  type PreparedDispatch,
+  uniformBuffer,
+} from './dispatch.ts';
 import { addInPlaceWgsl, swigluWgsl } from './elementwise.wgsl.ts';
-import { workgroupGrid } from './rope.ts';
 
 /** out = silu(gate) * up over `count` f32 values. */
 export function prepareSwiglu(
@@ -15,7 +20,7 @@ export function prepareSwiglu(
     label,
     pipeline,
     bindGroup: bindBuffers(gpu, label, pipeline, [b.gate, b.up, b.output, params]),
-    workgroups: workgroupGrid(b.count, 64),
+    workgroups: linearInvocationGrid(b.count, 64),
     owned: [params],
   };
 }
@@ -32,7 +37,7 @@ export function prepareAddInPlace(
     label,
     pipeline,
     bindGroup: bindBuffers(gpu, label, pipeline, [b.x, b.y, params]),
-    workgroups: workgroupGrid(b.count, 64),
+    workgroups: linearInvocationGrid(b.count, 64),
     owned: [params],
   };
 }

@@ -1,5 +1,11 @@
 import type { GpuContext } from '../runtime/gpu/device.ts';
-import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from './dispatch.ts';
+import {
+  bindBuffers,
+  computePipeline,
+  linearInvocationGrid,
+  type PreparedDispatch,
+  uniformBuffer,
+} from './dispatch.ts';
 import { ropeWgsl } from './rope.wgsl.ts';
 
 export type RopeLayout = 'normal' | 'neox';
@@ -19,13 +25,6 @@ export interface RopeBinding {
   layout: RopeLayout;
 }
 
-/** Splits a 1-D dispatch over y when it exceeds the per-dimension workgroup limit. */
-export function workgroupGrid(invocations: number, workgroupSize: number): [number, number, number] {
-  const groups = Math.ceil(invocations / workgroupSize);
-  if (groups <= 65535) return [Math.max(groups, 1), 1, 1];
-  return [65535, Math.ceil(groups / 65535), 1];
-}
-
 export function prepareRope(gpu: GpuContext, label: string, b: RopeBinding, source = ropeWgsl): PreparedDispatch {
   const pipeline = computePipeline(gpu, 'rope', source);
   const params = uniformBuffer(
@@ -38,7 +37,7 @@ export function prepareRope(gpu: GpuContext, label: string, b: RopeBinding, sour
     label,
     pipeline,
     bindGroup: bindBuffers(gpu, label, pipeline, [b.x, b.freqFactors, params, b.step]),
-    workgroups: workgroupGrid((b.tokens * b.heads * b.ropeDim) / 2, 64),
+    workgroups: linearInvocationGrid((b.tokens * b.heads * b.ropeDim) / 2, 64),
     owned: [params],
   };
 }
