@@ -1,9 +1,9 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
+import { metadataForEveryValueType, randomBytes } from '../../test/gguf-fixtures.ts';
 import { CorruptModelFileError, LongtabError, UnsupportedModelError } from '../errors.ts';
 import { parseGguf } from './parse.ts';
 import { sourceFromBytes } from './sources.ts';
-import { metadataForEveryValueType, randomBytes } from './test-fixtures.ts';
 import { type ByteSource, GgmlType, GgufValueType } from './types.ts';
 import { writeGguf } from './writer.ts';
 

@@ -2,12 +2,12 @@ import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
+import { metadataForEveryValueType, randomBytes } from '../../test/gguf-fixtures.ts';
 import { AbortedError, CorruptModelFileError, DownloadFailedError, InvalidRequestError } from '../errors.ts';
 import { sourceFromPath } from './node-source.ts';
 import { parseGguf } from './parse.ts';
 import { streamTensorBytes } from './read-tensor.ts';
 import { sourceFromBlob, sourceFromBytes, sourceFromUrl } from './sources.ts';
-import { metadataForEveryValueType, randomBytes } from './test-fixtures.ts';
 import { GGML_TYPE_INFO, GgmlType, type GgufMetadataType } from './types.ts';
 import { type GgufTensorInput, metadataEntriesOf, planGguf, writeGguf } from './writer.ts';
 

@@ -1,6 +1,7 @@
 /** Test-only GGUF inputs shared by the gguf tests (never imported by runtime code). */
-import { seededRandom } from '../../test/random.ts';
-import type { GgufMetadataEntry } from './writer.ts';
+
+import type { GgufMetadataEntry } from '../runtime/gguf/writer.ts';
+import { seededRandom } from './random.ts';
 
 export function randomBytes(length: number, seed: number): Uint8Array {
   const random = seededRandom(seed);
