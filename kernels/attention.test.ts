@@ -44,7 +44,7 @@ class Harness {
     readonly gpu: GpuContext,
     readonly shape: Shape,
     readonly maxTokens: number,
-    opts: { decodeSplits?: number; prefillSplits?: number; sources?: AttentionSources } = {},
+    opts: { decodeSplits?: number; prefillSplits?: number; minChunkKeys?: number; sources?: AttentionSources } = {},
   ) {
     const { layers, heads, kvHeads, headDim, pageTokens } = shape;
     const pageBytes = layers * 2 * kvHeads * pageTokens * headDim * 2;
@@ -74,7 +74,7 @@ class Harness {
         ...prepareAttention(
           gpu,
           `prefill.attn${layer}`,
-          { ...common, maxTokens, splits: opts.prefillSplits },
+          { ...common, maxTokens, splits: opts.prefillSplits, minChunkKeys: opts.minChunkKeys },
           opts.sources,
         ),
       );
@@ -83,7 +83,7 @@ class Harness {
         ...prepareAttention(
           gpu,
           `decode.attn${layer}`,
-          { ...common, maxTokens: 1, splits: opts.decodeSplits },
+          { ...common, maxTokens: 1, splits: opts.decodeSplits, minChunkKeys: opts.minChunkKeys },
           opts.sources,
         ),
       );
@@ -159,9 +159,16 @@ class Harness {
   }
 }
 
-async function runSteps(gpu: GpuContext, shape: Shape, chunks: number[], seed: number, decodeSplits?: number) {
+async function runSteps(
+  gpu: GpuContext,
+  shape: Shape,
+  chunks: number[],
+  seed: number,
+  decodeSplits?: number,
+  more: { prefillSplits?: number; minChunkKeys?: number } = {},
+) {
   const before = gpu.allocator.snapshot().totalBuffers;
-  const harness = new Harness(gpu, shape, Math.max(...chunks), { decodeSplits });
+  const harness = new Harness(gpu, shape, Math.max(...chunks), { decodeSplits, ...more });
   const random = seededRandom(seed);
   const seq = harness.sequence();
   const ratios: number[] = [];
@@ -203,6 +210,43 @@ describe('paged attention', () => {
     ],
   ])('matches the CPU reference: %s', async (_name, shape, chunks, splits) => {
     const { ratios } = await runSteps(ctx.gpu, shape, chunks, chunks.length * 31 + shape.headDim, splits);
+    expect(Math.max(...ratios)).toBeLessThanOrEqual(1);
+  });
+
+  it.each<[string, Shape, number[], number, { prefillSplits?: number; minChunkKeys: number }]>([
+    // 8 decode splits of >= 5 keys: at 21..26 keys only 5 or 6 splits are used, the rest of the grid returns at once.
+    [
+      'decode, idle splits',
+      { layers: 1, heads: 4, kvHeads: 2, headDim: 64, pageTokens: 8 },
+      [20, 1, 1, 1, 1, 1, 1],
+      8,
+      {
+        minChunkKeys: 5,
+      },
+    ],
+    // prefill split over keys too: query tiles whose causal end falls before a split's start leave it empty.
+    [
+      'prefill, 4 splits of >= 6 keys',
+      { layers: 2, heads: 6, kvHeads: 2, headDim: 64, pageTokens: 4 },
+      [9, 13, 1, 7, 1],
+      3,
+      {
+        prefillSplits: 4,
+        minChunkKeys: 6,
+      },
+    ],
+    [
+      'prefill, 3 splits, hd 128',
+      { layers: 1, heads: 4, kvHeads: 1, headDim: 128, pageTokens: 8 },
+      [17, 5, 1, 11],
+      2,
+      {
+        prefillSplits: 3,
+        minChunkKeys: 4,
+      },
+    ],
+  ])('with a minimum chunk per split matches the CPU reference: %s', async (_name, shape, chunks, splits, more) => {
+    const { ratios } = await runSteps(ctx.gpu, shape, chunks, chunks.length * 17 + shape.headDim, splits, more);
     expect(Math.max(...ratios)).toBeLessThanOrEqual(1);
   });
 

@@ -31,6 +31,21 @@ export interface AttentionBinding {
    * context uses many workgroups), 1 otherwise (prefill: the query tokens give the parallelism, no merge pass).
    */
   splits?: number;
+  /**
+   * Fewest keys per split (default 1): with it, `splits` is a ceiling, and a step of `length` keys uses
+   * ceil(length / max(minChunkKeys, ceil(length / splits))) of them, so one prepared graph suits short and long contexts.
+   */
+  minChunkKeys?: number;
+  /**
+   * Scratch for the split pass's partial results (splits > 1), at least `attentionPartialsBytes(...)`; default: a buffer
+   * of its own, owned by the dispatch. Layers run one after another, so one graph's layers can share one.
+   */
+  partials?: GPUBuffer;
+}
+
+/** Bytes of the split pass's partial results: (max, sum, Σ p·V) per query token, head and split. */
+export function attentionPartialsBytes(maxTokens: number, heads: number, splits: number, headDim: number): number {
+  return maxTokens * heads * splits * (headDim + 2) * 4;
 }
 
 export interface AttentionSources {
@@ -84,7 +99,7 @@ export function prepareAttention(
     splits,
     b.scale,
     rows,
-    0,
+    b.minChunkKeys ?? 1,
     0,
   ];
   if (quant) {
@@ -117,14 +132,25 @@ export function prepareAttention(
       ),
     ];
   }
-  const partials = gpu.allocator.createBuffer({
-    label: `${label}.partials`,
-    category: 'scratch',
-    size: maxTokens * heads * splits * (headDim + 2) * 4,
-    usage: GPUBufferUsage.STORAGE,
-  });
+  const partialsBytes = attentionPartialsBytes(maxTokens, heads, splits, headDim);
+  if (b.partials && b.partials.size < partialsBytes) {
+    throw new InvalidRequestError(`attention: partials buffer of ${b.partials.size} bytes, needs ${partialsBytes}`);
+  }
+  const partials =
+    b.partials ??
+    gpu.allocator.createBuffer({
+      label: `${label}.partials`,
+      category: 'scratch',
+      size: partialsBytes,
+      usage: GPUBufferUsage.STORAGE,
+    });
   const mergePipeline = computePipeline(gpu, 'attention-merge', sources.merge ?? attentionMergeWgsl);
-  const mergeParams = uniformBuffer(gpu, `${label}.merge.params`, [heads, headDim, splits, 0], 'uuuu');
+  const mergeParams = uniformBuffer(
+    gpu,
+    `${label}.merge.params`,
+    [heads, headDim, splits, b.minChunkKeys ?? 1],
+    'uuuu',
+  );
   return [
     kvPoolDispatch(
       gpu,
@@ -133,7 +159,7 @@ export function prepareAttention(
       pool,
       [b.q, partials, pool.pageTable, pool.step, params],
       [splits, kvHeads, tiles],
-      [params, partials],
+      b.partials ? [params] : [params, partials],
     ),
     {
       label: `${label}.merge`,

@@ -6,6 +6,16 @@ export const ATTENTION_BLOCK_KEYS = 16;
 /** rows * headDim/2 <= this (private accumulators per invocation = this / 64). */
 export const ATTENTION_MAX_ROW_PAIRS = 512;
 
+/**
+ * Keys per split: the keys cut into `splits` chunks, but never fewer than `minChunk` per chunk, so a short context uses
+ * few splits (less merge work) and a long one many (enough workgroups to fill the GPU). The grid always has `splits`
+ * workgroups along x; the ones past the keys return at once. Shared by the split and the merge pass.
+ */
+const SPLIT_CHUNK_WGSL = /* wgsl */ `
+fn splitChunk(length: u32, splits: u32, minChunk: u32) -> u32 {
+  return max(max(minChunk, 1u), (length + splits - 1u) / splits);
+}`;
+
 /** Extra Params fields of the mixed (f16 + quant pages) variant. */
 const QUANT_PARAMS = `
   quantPageWords: u32, quantKOffset: u32, quantVOffset: u32, quantBlock: u32,
@@ -78,7 +88,7 @@ export function attentionPartialSource(quant: boolean): string {
 struct Params {
   kOffset: u32, vOffset: u32, pageWords: u32, pageTokens: u32,
   heads: u32, kvHeads: u32, headDim: u32, splits: u32,
-  scale: f32, rows: u32, _p1: u32, _p2: u32,${quant ? QUANT_PARAMS : ''}
+  scale: f32, rows: u32, minChunk: u32, _p2: u32,${quant ? QUANT_PARAMS : ''}
 }
 
 @group(0) @binding(0) var<storage, read> q: array<f32>;
@@ -86,6 +96,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read> pageTable: array<u32>;
 @group(0) @binding(3) var<uniform> step: KvStep;
 @group(0) @binding(4) var<uniform> params: Params;
+${SPLIT_CHUNK_WGSL}
 ${kvTileLoaderWgsl(
   [
     { name: 'loadKeys', target: 'kt' },
@@ -120,8 +131,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   if (firstRow / group >= step.tokens) { return; }
   let pairs = params.headDim / 2u;
   let lastT = min(step.tokens - 1u, (firstRow + rows - 1u) / group);
-  let chunk = (step.length + params.splits - 1u) / params.splits;
+  let chunk = splitChunk(step.length, params.splits, params.minChunk);
   let start = s * chunk;
+  // Splits past the keys have nothing to do: the merge pass reads only ceil(length / chunk) of them.
+  if (start >= step.length && s > 0u) { return; }
   let end = min(start + chunk, step.position + lastT + 1u);
 
   for (var i = lid; i < rows * pairs; i += WG) {
@@ -278,13 +291,13 @@ export const attentionMixedWgsl = attentionPartialSource(true);
 export const ATTENTION_MAX_SPLITS = 256;
 
 /**
- * Merges the splits' partial softmax results of one (head, query) into the output:
+ * Merges the used splits' (ceil(length / chunk)) partial softmax results of one (head, query) into the output:
  * out = Σ_s e^(m_s − M)·acc_s / Σ_s e^(m_s − M)·l_s with M = max_s m_s. Empty splits carry m = −1e30, l = 0.
  * The split weights are computed once, in parallel, into shared memory; the weighted sum over splits is unrolled
  * by 4 so each invocation keeps several independent loads in flight.
  */
 export const attentionMergeWgsl = /* wgsl */ `
-struct Params { heads: u32, headDim: u32, splits: u32, _p: u32 }
+struct Params { heads: u32, headDim: u32, splits: u32, minChunk: u32 }
 struct KvStep { position: u32, tokens: u32, tableOffset: u32, length: u32 }
 
 @group(0) @binding(0) var<storage, read> partials: array<f32>;
@@ -292,6 +305,7 @@ struct KvStep { position: u32, tokens: u32, tableOffset: u32, length: u32 }
 @group(0) @binding(2) var<uniform> step: KvStep;
 @group(0) @binding(3) var<uniform> params: Params;
 
+${SPLIT_CHUNK_WGSL}
 var<workgroup> weight: array<f32, ${ATTENTION_MAX_SPLITS}>;
 var<workgroup> lane: array<f32, 64>;
 
@@ -300,9 +314,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let h = wg.x;
   let t = wg.y;
   if (t >= step.tokens) { return; }
-  let splits = params.splits;
+  let splits = (step.length + splitChunk(step.length, params.splits, params.minChunk) - 1u) /
+    splitChunk(step.length, params.splits, params.minChunk);
   let rec = params.headDim + 2u;
-  let base = (t * params.heads + h) * splits * rec;
+  let base = (t * params.heads + h) * params.splits * rec;
   var m = -1e30;
   for (var s = lid; s < splits; s += 64u) { m = max(m, partials[base + s * rec]); }
   lane[lid] = m;

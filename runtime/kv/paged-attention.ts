@@ -1,4 +1,4 @@
-import { prepareAttention } from '../../kernels/attention.ts';
+import { attentionPartialsBytes, prepareAttention } from '../../kernels/attention.ts';
 import type { PreparedDispatch } from '../../kernels/dispatch.ts';
 import { prepareKvAppend } from '../../kernels/kv-append.ts';
 import { prepareKvDemote } from '../../kernels/kv-demote.ts';
@@ -13,9 +13,23 @@ export interface PagedAttentionOptions {
   heads: number;
   /** Default 1/sqrt(headDim). */
   scale?: number;
-  /** Key splits for decode graphs (maxTokens = 1); default 32 (best of 8-64 on an H200 at 1K-32K). Prefill graphs use 1. */
+  /**
+   * Most key splits of a decode graph (maxTokens = 1), each at least DECODE_MIN_CHUNK_KEYS keys: 32 splits at 1K keys
+   * (the best fixed count of 8-64 measured on an H200), up to 256 at 32K, so long contexts fill the GPU.
+   */
   decodeSplits?: number;
 }
+
+/** Decode: most splits and fewest keys per split (see PagedAttentionOptions.decodeSplits). */
+const DECODE_SPLITS = 256;
+const DECODE_MIN_CHUNK_KEYS = 32;
+/**
+ * Prefill graphs split the keys too, once a step sees more than PREFILL_MIN_CHUNK_KEYS of them: without splits, one
+ * workgroup walks every key of a long context for its query tile (prefill at 32K ran ~36× slower than llama.cpp on
+ * an H200). The partials of a prefill graph are large (tokens × heads × splits), so its layers share one buffer.
+ */
+const PREFILL_SPLITS = 16;
+const PREFILL_MIN_CHUNK_KEYS = 256;
 
 /**
  * The paged cache as the forward pass sees it: per layer, the append of this step's k/v (preceded, in quant mode, by
@@ -27,6 +41,8 @@ export class PagedKvAttention {
   readonly pool: KvPagePool;
   private readonly gpu: GpuContext;
   private readonly options: PagedAttentionOptions;
+  /** The prefill partials buffer of the graph being prepared (layer 0 allocates it and owns it), by maxTokens. */
+  private readonly sharedPartials = new Map<number, GPUBuffer>();
 
   constructor(gpu: GpuContext, pool: KvPagePool, options: PagedAttentionOptions) {
     this.gpu = gpu;
@@ -48,18 +64,40 @@ export class PagedKvAttention {
       v: buffers.v,
       tokens: maxTokens,
     });
+    const decode = maxTokens === 1;
+    const splits = decode ? (options.decodeSplits ?? DECODE_SPLITS) : PREFILL_SPLITS;
+    let partials: GPUBuffer | undefined;
+    let ownPartials: GPUBuffer | undefined;
+    if (!decode) {
+      // Layers are prepared in order: layer 0 starts a graph, the rest reuse its buffer, released with layer 0's dispatch.
+      partials = layer === 0 ? undefined : this.sharedPartials.get(maxTokens);
+      if (!partials) {
+        ownPartials = gpu.allocator.createBuffer({
+          label: `kv.t${maxTokens}.attention.partials`,
+          category: 'scratch',
+          size: attentionPartialsBytes(maxTokens, options.heads, splits, pool.headDim),
+          usage: GPUBufferUsage.STORAGE,
+        });
+        partials = ownPartials;
+        this.sharedPartials.set(maxTokens, ownPartials);
+      }
+    }
+    const attention = prepareAttention(gpu, `${label}.attention`, {
+      pool,
+      layer,
+      q: buffers.q,
+      output: buffers.output,
+      heads: options.heads,
+      maxTokens,
+      scale: options.scale ?? 1 / Math.sqrt(pool.headDim),
+      splits,
+      minChunkKeys: decode ? DECODE_MIN_CHUNK_KEYS : PREFILL_MIN_CHUNK_KEYS,
+      partials,
+    });
+    if (ownPartials) attention[0]!.owned.push(ownPartials);
     return {
       append: pool.quant ? [prepareKvDemote(gpu, `${label}.demote`, { pool, layer, maxTokens }), append] : [append],
-      attention: prepareAttention(gpu, `${label}.attention`, {
-        pool,
-        layer,
-        q: buffers.q,
-        output: buffers.output,
-        heads: options.heads,
-        maxTokens,
-        scale: options.scale ?? 1 / Math.sqrt(pool.headDim),
-        splits: maxTokens === 1 ? (options.decodeSplits ?? 32) : 1,
-      }),
+      attention,
     };
   }
 }
