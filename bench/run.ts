@@ -262,7 +262,7 @@ export async function runBench(
     [
       date.toISOString().slice(0, 10),
       adapterSlug(gpu),
-      ...(subset ? [options.models.map((m) => m.id).join('+')] : []),
+      ...(subset ? [options.models.map((m) => m.id).join('_')] : []),
       ...(options.quick ? ['quick'] : []),
     ].join('-');
   await mkdir(options.outDir, { recursive: true });
