@@ -9,6 +9,7 @@ import { numberFlag, type ParsedArgs, parseArgs, stringFlag } from './args.ts';
 import { runCalibrate } from './calibrate.ts';
 import { runCapacity } from './capacity.ts';
 import { runEval } from './eval.ts';
+import { runFidelity } from './fidelity.ts';
 import { runGenerate } from './generate.ts';
 import { runInfo } from './info.ts';
 
@@ -25,6 +26,9 @@ const USAGE = `longtab — a local LLM runtime on WebGPU
       per KV mode, the longest context the budget holds and its bits per element, found by allocating it
   longtab calibrate [--model FILE] [--out FILE.bin] [--embed OUT.gguf] [--text FILE] [--tokens N] [--seed S]
       fits the int2 cache's KV rotations (OSCAR) on self-generated text (or --text); caches them by model digest
+  longtab fidelity [--model FILE] --text FILE [--ctx N] [--windows W] [--modes f16,int2-none,...]
+                   [--sink S] [--window W] [--group-size G] [--json]
+      per layer, attention output error and attention-weight KL of each quantized KV cache against f16
 `;
 
 export async function runCli(argv: string[]): Promise<number> {
@@ -41,6 +45,8 @@ export async function runCli(argv: string[]): Promise<number> {
         return await withGpu(args, runCalibrate);
       case 'capacity':
         return await withGpu(args, runCapacity);
+      case 'fidelity':
+        return await withGpu(args, runFidelity);
       case 'help':
       case '--help':
       case '-h':

@@ -1,0 +1,160 @@
+/**
+ * Reads back what attention sees in the GPU forward pass: per layer, q and k after RoPE, v, and (optionally) the
+ * attention output, for every position of a token window. A KV backend wrapper (like the calibration's moment
+ * capture) copies the activations into per-layer capture buffers inside each prefill submit, so the Transformer and
+ * the decode path are untouched. For runtime/eval/fidelity.ts.
+ */
+import type { PreparedDispatch } from '../../kernels/dispatch.ts';
+import { prepareAddInPlace } from '../../kernels/elementwise.ts';
+import type { GpuContext } from '../gpu/device.ts';
+import { createKvAttention } from '../kv/paged-attention.ts';
+import { KvPagePool, type KvPoolOptions } from '../kv/pool.ts';
+import type { ModelConfig } from '../model/config.ts';
+import { type KvAttentionBackend, Transformer } from '../model/transformer.ts';
+import type { ModelWeights } from '../model/weights.ts';
+import type { LayerActivations } from './fidelity.ts';
+
+type Kind = 'q' | 'k' | 'v' | 'output';
+
+/**
+ * Copies (as x += y into a buffer cleared before the submit) the layer's q and k after RoPE and v before the cache
+ * stores them (before any rotation: this wraps the rotation), and the attention output after it.
+ */
+class AttentionCapture implements KvAttentionBackend {
+  constructor(
+    private readonly gpu: GpuContext,
+    private readonly inner: KvAttentionBackend,
+    private readonly buffers: Array<Record<Kind, GPUBuffer | null>>,
+    private readonly widths: Record<Kind, number>,
+  ) {}
+
+  prepareLayer(layer: number, b: { q: GPUBuffer; k: GPUBuffer; v: GPUBuffer; output: GPUBuffer }, maxTokens: number) {
+    const into = this.buffers[layer];
+    const copy = (kind: Kind, from: GPUBuffer): PreparedDispatch[] => {
+      const target = into[kind];
+      if (!target) return [];
+      return [
+        prepareAddInPlace(this.gpu, `blk.${layer}.capture_${kind}`, {
+          x: target,
+          y: from,
+          count: maxTokens * this.widths[kind],
+        }),
+      ];
+    };
+    const inner = this.inner.prepareLayer(layer, b, maxTokens);
+    return {
+      append: [...copy('q', b.q), ...copy('k', b.k), ...copy('v', b.v), ...inner.append],
+      attention: [...inner.attention, ...copy('output', b.output)],
+    };
+  }
+}
+
+export interface CaptureOptions {
+  /**
+   * The cache the forward runs with (default: f16, one sequence). With a quant pool the captured q/k/v are those of
+   * a forward reading a quantized history (for validating the emulation), not the f16 activations.
+   */
+  pool?: Partial<KvPoolOptions>;
+  /** Positions per submit (default 128); 1 reproduces decoding's one-token steps. */
+  chunk?: number;
+  /** Also capture the attention output (default false). */
+  output?: boolean;
+  onProgress?: (done: number, total: number) => void;
+}
+
+/**
+ * Runs `tokens` through the model as one sequence (teacher-forced prefill, no logits) and returns each layer's
+ * attention inputs. Every GPU buffer it creates is released before it returns.
+ */
+export async function captureAttentionInputs(
+  gpu: GpuContext,
+  config: ModelConfig,
+  weights: ModelWeights,
+  tokens: readonly number[],
+  options: CaptureOptions = {},
+): Promise<LayerActivations[]> {
+  const c = config;
+  const n = tokens.length;
+  const chunk = Math.min(options.chunk ?? 128, n);
+  const widths: Record<Kind, number> = {
+    q: c.heads * c.headDim,
+    k: c.kvHeads * c.headDim,
+    v: c.kvHeads * c.headDim,
+    output: c.heads * c.headDim,
+  };
+  const kinds: Kind[] = options.output ? ['q', 'k', 'v', 'output'] : ['q', 'k', 'v'];
+  const f16Bytes = 2 * c.layers * c.kvHeads * c.headDim * 2 * (n + 64);
+  const pool = new KvPagePool(gpu, {
+    layers: c.layers,
+    kvHeads: c.kvHeads,
+    headDim: c.headDim,
+    budgetBytes: Math.max(f16Bytes, 1 << 20),
+    maxSequences: 1,
+    maxSequenceTokens: n + 64,
+    maxStepTokens: chunk,
+    ...options.pool,
+  });
+  const created: GPUBuffer[] = [];
+  const buffers = Array.from({ length: c.layers }, (_, l) => {
+    const entry: Record<Kind, GPUBuffer | null> = { q: null, k: null, v: null, output: null };
+    for (const kind of kinds) {
+      entry[kind] = gpu.allocator.createStorage(`fidelity.capture.${l}.${kind}`, 'scratch', chunk * widths[kind] * 4);
+      created.push(entry[kind]);
+    }
+    return entry;
+  });
+  const rowFloats = kinds.reduce((s, kind) => s + widths[kind], 0);
+  const staging = gpu.allocator.createBuffer({
+    label: 'fidelity.capture.readback',
+    category: 'staging',
+    size: c.layers * chunk * rowFloats * 4,
+    usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+  });
+  created.push(staging);
+  const out: LayerActivations[] = Array.from({ length: c.layers }, () => ({
+    q: new Float32Array(n * widths.q),
+    k: new Float32Array(n * widths.k),
+    v: new Float32Array(n * widths.v),
+    ...(options.output ? { output: new Float32Array(n * widths.output) } : {}),
+  }));
+  const backend = new AttentionCapture(gpu, createKvAttention(gpu, pool, { heads: c.heads }), buffers, widths);
+  const transformer = new Transformer(gpu, c, weights, backend, chunk);
+  const seq = pool.createSequence();
+  try {
+    for (let position = 0; position < n; position += chunk) {
+      const ids = tokens.slice(position, position + chunk);
+      const count = ids.length;
+      pool.writeStep(seq, position, count);
+      transformer.writeStep(ids, position);
+      const encoder = gpu.device.createCommandEncoder({ label: 'fidelity.capture' });
+      for (const b of created) if (b !== staging) encoder.clearBuffer(b);
+      transformer.encode(encoder, count, 'none');
+      const offsets: Array<{ layer: number; kind: Kind; byteOffset: number }> = [];
+      let byteOffset = 0;
+      for (let l = 0; l < c.layers; l++) {
+        for (const kind of kinds) {
+          const bytes = count * widths[kind] * 4;
+          encoder.copyBufferToBuffer(buffers[l][kind] as GPUBuffer, 0, staging, byteOffset, bytes);
+          offsets.push({ layer: l, kind, byteOffset });
+          byteOffset += bytes;
+        }
+      }
+      gpu.device.queue.submit([encoder.finish()]);
+      await staging.mapAsync(GPUMapMode.READ, 0, byteOffset);
+      const data = new Float32Array(staging.getMappedRange(0, byteOffset).slice(0));
+      staging.unmap();
+      gpu.throwIfErrors();
+      for (const { layer, kind, byteOffset: at } of offsets) {
+        const floats = count * widths[kind];
+        (out[layer][kind] as Float32Array).set(data.subarray(at / 4, at / 4 + floats), position * widths[kind]);
+      }
+      options.onProgress?.(position + count, n);
+    }
+    return out;
+  } finally {
+    pool.free(seq);
+    transformer.release();
+    for (const b of created) gpu.allocator.release(b);
+    pool.destroy();
+  }
+}
