@@ -1,10 +1,12 @@
 import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
 import { withTestGpu } from '../../test/gpu.ts';
+import { randomFloats, seededRandom } from '../../test/random.ts';
 import { STORIES260K, sharedPath } from '../../test/shared.ts';
 import { defaultModelPath } from '../cli/default-model.ts';
 import { Engine, kvPoolOptions } from '../engine/engine.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
+import { covarianceRotation } from '../kv/rotation.ts';
 import {
   accumulateLayerFidelity,
   emptySums,
@@ -117,6 +119,21 @@ function relativeDifference(a: Float32Array, b: Float32Array): number {
   return Math.sqrt(diff / norm);
 }
 
+/** A random orthogonal, non-symmetric rotation per (layer, KV head): eigenvectors of a random covariance · H. */
+function randomRotations(c: { layers: number; kvHeads: number; headDim: number }, seed: number): Float32Array {
+  const d = c.headDim;
+  const random = seededRandom(seed);
+  const out = new Float32Array(c.layers * c.kvHeads * d * d);
+  for (let m = 0; m < c.layers * c.kvHeads; m++) {
+    const a = Float64Array.from(randomFloats(random, d * d));
+    const covariance = new Float64Array(d * d);
+    for (let i = 0; i < d; i++)
+      for (let j = 0; j < d; j++) for (let k = 0; k < d; k++) covariance[i * d + j] += a[i * d + k] * a[j * d + k];
+    out.set(covarianceRotation(covariance, d), m * d * d);
+  }
+  return out;
+}
+
 // A small cache so a short window reaches quantized pages: history is quantized from query 64 on.
 const smallPolicy: QuantPolicy = { sink: 16, window: 32, pageTokens: 16, stepTokens: 1 };
 const realModes = ['f16', 'int2-none', 'int2-hadamard', 'int1-none'];
@@ -167,19 +184,22 @@ describe('attention fidelity on stories260K (head_dim 8)', () => {
       }
       checkRealText(f16, tokens, config);
 
-      // The GPU with a Hadamard-rotated INT2 cache, one token per step (decoding's view): its attention output is
-      // the emulation's from the q/k/v it saw, far closer than the quantization error itself.
-      const hadamard = fidelityVariant('int2-hadamard', config);
+      // The GPU with a rotated INT2 cache, one token per step (decoding's view): its attention output is the
+      // emulation's from the q/k/v it saw, far closer than the quantization error itself. The rotations are random
+      // orthogonal, not symmetric (unlike Hadamard) and different for K and V, so a transposed or swapped one shows.
+      const rotations = { key: randomRotations(config, 11), value: randomRotations(config, 12) };
+      const variant = fidelityVariant('int2-calibrated', config, { calibrated: rotations });
       const int2 = await captureAttentionInputs(gpu, config, weights, ids, {
         chunk: 1,
         output: true,
         pool: {
-          ...kvPoolOptions(config, { kv: 'int2', rotation: 'hadamard', sink: 16, window: 32 }),
+          ...kvPoolOptions(config, { kv: 'int2', rotation: 'calibrated', sink: 16, window: 32 }),
+          calibratedRotations: rotations,
           maxSequences: 1,
         },
       });
       for (let l = 0; l < config.layers; l++) {
-        const emulated = emulatedAttention(l, int2[l], tokens, config, smallPolicy, hadamard);
+        const emulated = emulatedAttention(l, int2[l], tokens, config, smallPolicy, variant);
         const asF16 = emulatedAttention(l, int2[l], tokens, config, smallPolicy, f16Variant);
         const gpuVsEmulation = relativeDifference(emulated, int2[l].output!);
         const quantizationEffect = relativeDifference(asF16, int2[l].output!);
