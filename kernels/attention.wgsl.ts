@@ -352,3 +352,237 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   }
 }
 `;
+
+/** Keys one decode workgroup scores per block: one per invocation. */
+export const ATTENTION_DECODE_BLOCK_KEYS = 64;
+
+/**
+ * Decode attention (one query token) over the paged cache, flash-decoding style; same bindings, Params, split
+ * semantics and outputs as `attentionPartialSource`, which serves prefill.
+ *
+ * Workgroup (split s, kv head, row tile). The prefill kernel stages 16-key K/V tiles in workgroup memory with a
+ * barrier per tile, which left a decode step latency-bound (H200, Llama-3.2-1B at 32K keys: attention at ~130 GB/s).
+ * Here a block is 64 keys, one per invocation: each invocation looks up its key's page, reads the key straight from
+ * its slab (f16: headDim/8 vec4 loads; quant: the code words and group parameters, scored without dequantizing to
+ * memory: Σ q·(lo + code·scale)) and scores it for every row (the GQA group's heads); the rows' online softmax is
+ * updated once per block; then V is accumulated by (row, dim pair) straight from the slabs, the keys' page
+ * addresses shared through workgroup memory. Three barriers per 64 keys instead of three per 16.
+ */
+export function attentionDecodeSource(quant: boolean): string {
+  return /* wgsl */ `
+struct Params {
+  kOffset: u32, vOffset: u32, pageWords: u32, pageTokens: u32,
+  heads: u32, kvHeads: u32, headDim: u32, splits: u32,
+  scale: f32, rows: u32, minChunk: u32, _p2: u32,${quant ? QUANT_PARAMS : ''}
+}
+
+@group(0) @binding(0) var<storage, read> q: array<f32>;
+@group(0) @binding(1) var<storage, read_write> dst: array<f32>;
+@group(0) @binding(2) var<storage, read> pageTable: array<u32>;
+@group(0) @binding(3) var<uniform> step: KvStep;
+@group(0) @binding(4) var<uniform> params: Params;
+${SPLIT_CHUNK_WGSL}
+${kvTileLoaderWgsl([], 5, 64, 4)}
+
+fn slabQuad(slot: u32, index4: u32) -> vec4<u32> {
+  switch slot {
+    case 0u: { return slab0[index4]; }
+    case 1u: { return slab1[index4]; }
+    case 2u: { return slab2[index4]; }
+    default: { return slab3[index4]; }
+  }
+}
+fn slabWord(slot: u32, index: u32) -> u32 {
+  let w = slabQuad(slot, index / 4u);
+  return w[index % 4u];
+}
+
+const WG: u32 = 64u;
+const KB: u32 = ${ATTENTION_DECODE_BLOCK_KEYS}u;
+const MAX_ROWS: u32 = ${ATTENTION_MAX_ROWS}u;
+const MAX_ITEMS: u32 = ${ATTENTION_MAX_ROW_PAIRS / 64}u;
+const NONE: f32 = -1e30;
+const QUANT_KEY: u32 = 16u;
+
+var<workgroup> qf: array<f32, ${ATTENTION_MAX_ROW_PAIRS * 2}>;
+var<workgroup> sc: array<f32, ${ATTENTION_MAX_ROWS * ATTENTION_DECODE_BLOCK_KEYS}>;
+var<workgroup> keySlot: array<u32, KB>;
+var<workgroup> keyBase: array<u32, KB>;
+var<workgroup> rowMax: array<f32, MAX_ROWS>;
+var<workgroup> rowSum: array<f32, MAX_ROWS>;
+var<workgroup> rowScale: array<f32, MAX_ROWS>;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let s = wg.x;
+  let kvh = wg.y;
+  let rows = params.rows;
+  let hd = params.headDim;
+  let pairs = hd / 2u;
+  let group = params.heads / params.kvHeads;
+  let firstRow = wg.z * rows;
+  let chunk = splitChunk(step.length, params.splits, params.minChunk);
+  let start = s * chunk;
+  // Splits past the keys have nothing to do: the merge pass reads only ceil(length / chunk) of them.
+  if (start >= step.length && s > 0u) { return; }
+  let end = min(start + chunk, step.position + 1u);
+
+  // Rows past the group (a tile that straddles its end) get q = 0 and are never written.
+  for (var i = lid; i < rows * hd; i += WG) {
+    let row = firstRow + i / hd;
+    var v = 0.0;
+    if (row < group) { v = q[(kvh * group + row) * hd + i % hd] * params.scale; }
+    qf[i] = v;
+  }
+  if (lid < rows) {
+    rowMax[lid] = NONE;
+    rowSum[lid] = 0.0;
+  }
+  var acc: array<vec2<f32>, MAX_ITEMS>;
+  for (var k = 0u; k < MAX_ITEMS; k++) { acc[k] = vec2<f32>(0.0); }
+  workgroupBarrier(); // qf is complete before any key is scored
+
+  var block = start;
+  loop {
+    if (block >= end) { break; }
+    let n = min(KB, end - block);
+    var slot = 0u;
+    var base = 0u;
+    var score: array<f32, MAX_ROWS>;
+    for (var r = 0u; r < MAX_ROWS; r++) { score[r] = NONE; }
+    if (lid < n) {
+      let key = block + lid;
+      let entry = pageTable[step.tableOffset + key / params.pageTokens];
+      let inPage = key % params.pageTokens;
+      slot = (entry >> 24u) & 0xfu;
+      for (var r = 0u; r < MAX_ROWS; r++) { score[r] = 0.0; }
+${
+  quant
+    ? `      if ((entry >> 28u) == 1u) {
+        // A quant row holds every KV head of the token: codes, then one (lo, scale) f16 pair per group.
+        // keyBase of a quant key is its page's first word: K and V rows differ in width.
+        base = (entry & 0xffffffu) * params.quantPageWords;
+        slot |= QUANT_KEY;
+        let row = base + params.quantKOffset + inPage * params.kRowWords;
+        let perWord = 32u / params.kBits;
+        let mask = (1u << params.kBits) - 1u;
+        let firstE = kvh * hd;
+        for (var w = firstE / perWord; w <= (firstE + hd - 1u) / perWord; w++) {
+          let codes = slabWord(slot & 0xfu, row + w);
+          // A code word never straddles groups (groupSize is a multiple of 32 / bits).
+          let lohi = unpack2x16float(slabWord(slot & 0xfu, row + params.kCodeWords + (w * perWord) / params.kGroup));
+          for (var c = 0u; c < perWord; c++) {
+            let e = w * perWord + c;
+            if (e >= firstE && e < firstE + hd) {
+              let value = lohi.x + f32((codes >> (c * params.kBits)) & mask) * lohi.y;
+              let d = e - firstE;
+              for (var r = 0u; r < MAX_ROWS; r++) {
+                if (r < rows) { score[r] += qf[r * hd + d] * value; }
+              }
+            }
+          }
+        }
+      } else {
+`
+    : '      {\n'
+}        base = (entry & 0xffffffu) * params.pageWords + (kvh * params.pageTokens + inPage) * pairs;
+        let first4 = (base + params.kOffset) / 4u;
+        for (var w4 = 0u; w4 < pairs / 4u; w4++) {
+          let kw = slabQuad(slot, first4 + w4);
+          for (var c = 0u; c < 4u; c++) {
+            let k2 = unpack2x16float(kw[c]);
+            let d = 8u * w4 + 2u * c;
+            for (var r = 0u; r < MAX_ROWS; r++) {
+              if (r < rows) { score[r] += qf[r * hd + d] * k2.x + qf[r * hd + d + 1u] * k2.y; }
+            }
+          }
+        }
+      }
+    }
+    workgroupBarrier(); // the previous block's V pass is done with sc, keySlot and keyBase
+    keySlot[lid] = slot;
+    keyBase[lid] = base;
+    for (var r = 0u; r < MAX_ROWS; r++) {
+      if (r < rows) { sc[r * KB + lid] = score[r]; }
+    }
+    workgroupBarrier();
+    if (lid < rows) {
+      var best = rowMax[lid];
+      for (var j = 0u; j < n; j++) { best = max(best, sc[lid * KB + j]); }
+      var total = 0.0;
+      for (var j = 0u; j < n; j++) {
+        let x = sc[lid * KB + j];
+        let p = select(0.0, exp(x - best), x > NONE);
+        sc[lid * KB + j] = p;
+        total += p;
+      }
+      let correction = select(1.0, exp(rowMax[lid] - best), rowMax[lid] > NONE);
+      rowScale[lid] = correction;
+      rowSum[lid] = rowSum[lid] * correction + total;
+      rowMax[lid] = best;
+    }
+    workgroupBarrier();
+    for (var k = 0u; k < MAX_ITEMS; k++) {
+      let i = lid + k * WG;
+      if (i >= rows * pairs) { break; }
+      let r = i / pairs;
+      let pair = i % pairs;
+      var a = acc[k] * rowScale[r];
+      for (var j = 0u; j < n; j++) {
+        let p = sc[r * KB + j];
+        let ks = keySlot[j];
+${
+  quant
+    ? `        if ((ks & QUANT_KEY) != 0u) {
+          let row = keyBase[j] + params.quantVOffset + ((block + j) % params.pageTokens) * params.vRowWords;
+          let perWord = 32u / params.vBits;
+          let mask = (1u << params.vBits) - 1u;
+          let e = kvh * hd + 2u * pair;
+          let w = e / perWord;
+          let codes = slabWord(ks & 0xfu, row + w);
+          let lohi = unpack2x16float(slabWord(ks & 0xfu, row + params.vCodeWords + (w * perWord) / params.vGroup));
+          let c0 = f32((codes >> ((e % perWord) * params.vBits)) & mask);
+          let c1 = f32((codes >> (((e + 1u) % perWord) * params.vBits)) & mask);
+          a += p * vec2<f32>(lohi.x + c0 * lohi.y, lohi.x + c1 * lohi.y);
+        } else {
+          a += p * unpack2x16float(slabWord(ks, keyBase[j] + params.vOffset + pair));
+        }
+`
+    : `        a += p * unpack2x16float(slabWord(ks, keyBase[j] + params.vOffset + pair));
+`
+}      }
+      acc[k] = a;
+    }
+    block += n;
+  }
+  workgroupBarrier();
+
+  for (var k = 0u; k < MAX_ITEMS; k++) {
+    let i = lid + k * WG;
+    if (i >= rows * pairs) { break; }
+    let r = i / pairs;
+    let row = firstRow + r;
+    if (row >= group) { continue; }
+    let h = kvh * group + row;
+    let pair = i % pairs;
+    if (params.splits == 1u) {
+      let o = h * hd + 2u * pair;
+      let v = acc[k] / rowSum[r];
+      dst[o] = v.x;
+      dst[o + 1u] = v.y;
+    } else {
+      let rec = (h * params.splits + s) * (hd + 2u);
+      if (pair == 0u) {
+        dst[rec] = rowMax[r];
+        dst[rec + 1u] = rowSum[r];
+      }
+      dst[rec + 2u + 2u * pair] = acc[k].x;
+      dst[rec + 3u + 2u * pair] = acc[k].y;
+    }
+  }
+}
+`;
+}
+
+export const attentionDecodeWgsl = attentionDecodeSource(false);
+export const attentionDecodeMixedWgsl = attentionDecodeSource(true);
