@@ -5,8 +5,6 @@ import {
   ATTENTION_MAX_ROW_PAIRS,
   ATTENTION_MAX_ROWS,
   ATTENTION_MAX_SPLITS,
-  attentionDecodeMixedWgsl,
-  attentionDecodeWgsl,
   attentionMergeWgsl,
   attentionMixedWgsl,
   attentionPartialWgsl,
@@ -51,10 +49,7 @@ export function attentionPartialsBytes(maxTokens: number, heads: number, splits:
 }
 
 export interface AttentionSources {
-  /** Replaces both the prefill and the decode kernel (tests of broken kernels). */
   partial?: string;
-  /** Replaces the decode kernel only. */
-  decode?: string;
   merge?: string;
 }
 
@@ -88,20 +83,11 @@ export function prepareAttention(
     throw new InvalidRequestError(`attention: grid ${splits} x ${kvHeads} x ${tiles} exceeds ${maxGrid} per dimension`);
   }
   const quant = pool.quant ?? null;
-  // One query token: the decode kernel (a key per invocation); more: the tiled kernel. A test's `partial` source
-  // replaces both.
-  const decode = maxTokens === 1 && !sources.partial;
-  const partialPipeline = decode
-    ? computePipeline(
-        gpu,
-        quant ? 'attention-decode-mixed' : 'attention-decode',
-        sources.decode ?? (quant ? attentionDecodeMixedWgsl : attentionDecodeWgsl),
-      )
-    : computePipeline(
-        gpu,
-        quant ? 'attention-mixed' : 'attention-partial',
-        sources.partial ?? (quant ? attentionMixedWgsl : attentionPartialWgsl),
-      );
+  const partialPipeline = computePipeline(
+    gpu,
+    quant ? 'attention-mixed' : 'attention-partial',
+    sources.partial ?? (quant ? attentionMixedWgsl : attentionPartialWgsl),
+  );
   const words = [
     pool.layerOffsetWords(b.layer, 0),
     pool.layerOffsetWords(b.layer, 1),
