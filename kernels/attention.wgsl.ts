@@ -190,7 +190,10 @@ ${
   quant
     ? `        if (quantPage) {
           // The tile holds f32 values (dequantized on load), headDim per key.
-          for (var p = 0u; p < pairs; p++) {
+          // Start each key at a different pair: keys sit headDim floats apart, so the same pair of 16 keys
+          // would hit one shared-memory bank.
+          for (var pp = 0u; pp < pairs; pp++) {
+            let p = (pp + j) % pairs;
             let e = j * params.headDim + 2u * p;
             let w = kt[e / 4u];
             let k2 = bitcast<vec2<f32>>(select(w.zw, w.xy, e % 4u == 0u));
@@ -200,7 +203,9 @@ ${
 `
     : ''
 }        let quads = pairs / 4u;
-        for (var w = 0u; w < quads; w++) {
+        // Staggered start per key (see above): rows of kt are quads vec4s apart, a bank-conflicting stride.
+        for (var ww = 0u; ww < quads; ww++) {
+          let w = (ww + j) % quads;
           let kw = kt[j * quads + w];
           let qi = r * pairs + 4u * w;
           sum += dot(qs[qi], unpack2x16float(kw.x)) + dot(qs[qi + 1u], unpack2x16float(kw.y)) +
