@@ -2,6 +2,17 @@ import { readFileSync } from 'node:fs';
 import { Engine, type LoadOptions } from '../engine/engine.ts';
 import { InvalidRequestError } from '../errors.ts';
 import { perplexity, topOneAgreement } from '../eval/perplexity.ts';
+import {
+  analyticChance,
+  formatRetrievalTable,
+  judgeRetrieval,
+  RETRIEVAL_TASKS,
+  type RetrievalRow,
+  type RetrievalSettings,
+  type RetrievalTask,
+  RetrievalTaskBuilder,
+  runCell,
+} from '../eval/retrieval.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
 import type { GpuContext } from '../gpu/device.ts';
 import { nodeRotationCache } from '../kv/rotation-cache-node.ts';
@@ -31,19 +42,39 @@ export function kvOptionsFor(name: string): LoadOptions {
   }
 }
 
+/** The KV modes of an evaluation: --kv's list, with f16 first under --compare; checked before anything loads. */
+export function evalModes(args: ParsedArgs): string[] {
+  const modes = (stringFlag(args, 'kv') ?? 'f16').split(',');
+  if (args.flags.has('compare') && !modes.includes('f16')) modes.unshift('f16');
+  for (const mode of modes) kvOptionsFor(mode);
+  return modes;
+}
+
+/** Load options of one mode. Small prefill chunks: see runEval. */
+export function evalLoadOptions(args: ParsedArgs, mode: string): LoadOptions {
+  return {
+    ...kvOptionsFor(mode),
+    prefillChunk: numberFlag(args, 'chunk', 64),
+    ...(args.flags.has('sink') ? { sink: numberFlag(args, 'sink', 64) } : {}),
+    ...(args.flags.has('window') ? { window: numberFlag(args, 'window', 256) } : {}),
+    ...(args.flags.has('group-size') ? { groupSize: numberFlag(args, 'group-size', 128) } : {}),
+    ...(args.flags.has('kv-budget') ? { kvBudgetBytes: numberFlag(args, 'kv-budget', 0) } : {}),
+  };
+}
+
 /**
  * `longtab eval --model FILE --text FILE... --ctx N --kv f16 [--compare] [--json]`: perplexity over
  * non-overlapping windows of N tokens; with --compare, the top-1 agreement with the f16 cache.
  */
 export async function runEval(args: ParsedArgs, gpu: GpuContext): Promise<number> {
+  if (args.flags.has('task')) return runRetrievalEval(args, gpu);
   const modelPath = stringFlag(args, 'model') ?? defaultModelPath();
   const texts = [stringFlag(args, 'text'), ...args.positional].filter((t): t is string => Boolean(t));
   if (texts.length === 0)
     throw new InvalidRequestError('Usage: longtab eval --model FILE --text FILE [FILE...] --ctx N --kv MODE');
   const ctx = numberFlag(args, 'ctx', 512);
   const maxWindows = numberFlag(args, 'max-windows', Number.POSITIVE_INFINITY);
-  const modes = (stringFlag(args, 'kv') ?? 'f16').split(',');
-  if (args.flags.has('compare') && !modes.includes('f16')) modes.unshift('f16');
+  const modes = evalModes(args);
   const engine = new Engine(gpu);
   const source = await sourceFromPath(modelPath);
   const rows: Array<{
@@ -58,13 +89,7 @@ export async function runEval(args: ParsedArgs, gpu: GpuContext): Promise<number
     for (const mode of modes) {
       // Small prefill chunks: every query of a chunk sees the chunk itself in f16, so the chunk is kept well below
       // the window for the evaluation to measure what decoding sees.
-      await engine.load(source, {
-        ...kvOptionsFor(mode),
-        prefillChunk: numberFlag(args, 'chunk', 64),
-        ...(args.flags.has('sink') ? { sink: numberFlag(args, 'sink', 64) } : {}),
-        ...(args.flags.has('window') ? { window: numberFlag(args, 'window', 256) } : {}),
-        ...(args.flags.has('group-size') ? { groupSize: numberFlag(args, 'group-size', 128) } : {}),
-      });
+      await engine.load(source, evalLoadOptions(args, mode));
       const ids: number[] = [];
       for (const path of texts)
         for (const id of engine.tokenizer.encode(readFileSync(path, 'utf8'), { addSpecial: false })) ids.push(id);
@@ -136,4 +161,160 @@ export function judgeTable(rows: Array<{ kv: string; vsF16?: number }>): {
     status: 'informative',
     reason: `the weak controls cost up to ${(worst * 100).toFixed(1)}% perplexity, so the table can separate good caches from bad`,
   };
+}
+
+function numberListFlag(args: ParsedArgs, name: string, fallback: number[]): number[] {
+  const v = stringFlag(args, name);
+  if (v === undefined) return fallback;
+  const list = v.split(',').map((word) => Number(word));
+  if (list.length === 0 || list.some((n) => !Number.isFinite(n)))
+    throw new InvalidRequestError(`--${name} must be a comma-separated list of numbers, got '${v}'.`);
+  return list;
+}
+
+function integerFlag(args: ParsedArgs, name: string, fallback: number, min: number): number {
+  const n = numberFlag(args, name, fallback);
+  if (!Number.isInteger(n) || n < min) throw new InvalidRequestError(`--${name} must be an integer >= ${min}.`);
+  return n;
+}
+
+/**
+ * `longtab eval --task passkey|copy|recall --text FILE... [--lengths L,...] [--depths D,...|--distances N,...]
+ * [--trials 200] [--kv MODES] [--compare] [--json]`: accuracy with a Wilson 95% interval per KV mode × length ×
+ * depth (copy: distance), one teacher-forced prefill per trial, the same trials for every mode.
+ */
+export async function runRetrievalEval(args: ParsedArgs, gpu: GpuContext): Promise<number> {
+  const task = stringFlag(args, 'task') as RetrievalTask;
+  if (!RETRIEVAL_TASKS.includes(task))
+    throw new InvalidRequestError(`--task must be one of ${RETRIEVAL_TASKS.join(', ')}, got '${task}'.`);
+  const modelPath = stringFlag(args, 'model') ?? defaultModelPath();
+  const texts = [stringFlag(args, 'text'), ...args.positional].filter((t): t is string => Boolean(t));
+  if (texts.length === 0)
+    throw new InvalidRequestError(`Usage: longtab eval --task ${task} --text FILLER.txt [FILE...]: the filler text.`);
+  const modes = evalModes(args);
+  const lengths = numberListFlag(args, 'lengths', [1024, 2048]);
+  if (task === 'copy' && args.flags.has('depths'))
+    throw new InvalidRequestError('copy places its passage by --distances (tokens between the copies), not --depths.');
+  if (task !== 'copy' && args.flags.has('distances'))
+    throw new InvalidRequestError(`${task} places its needle by --depths (fractions 0..1), not --distances.`);
+  const depths =
+    task === 'copy'
+      ? numberListFlag(args, 'distances', [512, 1024, 1536])
+      : numberListFlag(args, 'depths', [0, 0.25, 0.5, 0.75, 1]);
+  const trials = integerFlag(args, 'trials', 200, 1);
+  const seed = integerFlag(args, 'seed', 1, 0);
+  const settings: Partial<RetrievalSettings> = {};
+  for (const [flag, key] of [
+    ['digits', 'digits'],
+    ['pairs', 'pairs'],
+    ['queries', 'queries'],
+    ['value-digits', 'valueDigits'],
+    ['copy-tokens', 'copyTokens'],
+  ] as const) {
+    if (args.flags.has(flag)) settings[key] = integerFlag(args, flag, 0, 0);
+  }
+  const log = (line: string) => {
+    if (!args.flags.has('quiet')) process.stderr.write(`${line}\n`);
+  };
+
+  const engine = new Engine(gpu);
+  const source = await sourceFromPath(modelPath);
+  const rows: RetrievalRow[] = [];
+  const skipped: Array<{ length: number; depth: number; reason: string }> = [];
+  let builder: RetrievalTaskBuilder | null = null;
+  let cells: Array<{ length: number; depth: number }> = [];
+  try {
+    for (const mode of modes) {
+      await engine.load(source, evalLoadOptions(args, mode));
+      if (!builder) {
+        const context = engine.config.contextLength;
+        const tooLong = lengths.filter((l) => l > context);
+        if (tooLong.length > 0) {
+          throw new InvalidRequestError(
+            `--lengths ${tooLong.join(',')}: the model's context is ${context} tokens; pass shorter --lengths.`,
+          );
+        }
+        const filler: number[] = [];
+        for (const path of texts)
+          for (const id of engine.tokenizer.encode(readFileSync(path, 'utf8'), { addSpecial: false })) filler.push(id);
+        builder = new RetrievalTaskBuilder(engine.tokenizer, filler, settings, seed);
+        // A cell that cannot be built (the context too short for what it holds) is skipped and reported.
+        for (const length of lengths) {
+          for (const depth of depths) {
+            try {
+              builder.trial(task, length, depth, 0);
+              cells.push({ length, depth });
+            } catch (error) {
+              if (!(error instanceof InvalidRequestError)) throw error;
+              skipped.push({ length, depth, reason: error.message });
+              log(`skipped length ${length} ${task === 'copy' ? 'distance' : 'depth'} ${depth}: ${error.message}`);
+            }
+          }
+        }
+        if (cells.length === 0)
+          throw new InvalidRequestError('No cell of the grid can be built: see the reasons above.');
+        log(
+          `${task}: ${cells.length} cells × ${trials} trials × ${modes.length} KV modes, one prefill each (filler ${filler.length} tokens)`,
+        );
+      }
+      for (const cell of cells) {
+        const started = performance.now();
+        const { summary } = await runCell(engine, builder, engine.config.vocab, { task, ...cell, trials });
+        const seconds = (performance.now() - started) / 1000;
+        rows.push({ kv: mode, ...cell, ...summary, seconds });
+        log(
+          `[${mode}] length ${cell.length} ${task === 'copy' ? 'distance' : 'depth'} ${cell.depth}: ${summary.accuracy.toFixed(3)} [${summary.ci.low.toFixed(3)}, ${summary.ci.high.toFixed(3)}] over ${trials} trials, ${seconds.toFixed(1)} s`,
+        );
+      }
+      engine.unload();
+    }
+  } finally {
+    engine.unload();
+    await source.close?.();
+  }
+  cells = cells.filter((c) => rows.some((r) => r.length === c.length && r.depth === c.depth));
+  const resolved = builder!.settings;
+  const { chance, note } = analyticChance(task, resolved);
+  const verdict = judgeRetrieval(rows, chance);
+  const taskSettings =
+    task === 'passkey'
+      ? { digits: resolved.digits }
+      : task === 'recall'
+        ? { pairs: resolved.pairs, queries: resolved.queries, valueDigits: resolved.valueDigits }
+        : { copyTokens: resolved.copyTokens };
+  if (args.flags.has('json')) {
+    const report = {
+      task,
+      model: modelPath,
+      texts,
+      adapter: gpu.adapter,
+      seed,
+      trials,
+      settings: taskSettings,
+      depthUnit: task === 'copy' ? 'tokens between the copies' : 'fraction of the filler before the needle',
+      lengths,
+      depths,
+      modes,
+      chance,
+      chanceNote: note,
+      results: rows,
+      skipped,
+      verdict,
+    };
+    process.stdout.write(`${JSON.stringify(report, null, 2)}\n`);
+  } else {
+    const what =
+      task === 'passkey'
+        ? `pass key of ${resolved.digits} digits, all top-1`
+        : task === 'recall'
+          ? `${resolved.queries} of ${resolved.pairs} key→value pairs asked, ${resolved.valueDigits}-digit values, all digits top-1; score = fraction of queries`
+          : `${resolved.copyTokens}-token passage repeated; score = top-1 agreement over the repeat`;
+    process.stdout.write(
+      `${task} (${what}): accuracy [Wilson 95% CI], ${trials} trials per cell; chance: ${chance === null ? note : `${chance.toPrecision(2)} (${note})`}\n\n`,
+    );
+    process.stdout.write(formatRetrievalTable(task, rows, modes, chance));
+    for (const s of skipped) process.stdout.write(`\nskipped length ${s.length}, ${s.depth}: ${s.reason}`);
+    process.stdout.write(`\n${verdict.status.toUpperCase()}: ${verdict.reason}\n`);
+  }
+  return 0;
 }

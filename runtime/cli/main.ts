@@ -22,6 +22,11 @@ const USAGE = `longtab — a local LLM runtime on WebGPU
       an empty prompt means BOS only; --json prints { ids, text, usage }
   longtab eval [--model FILE] --text FILE [FILE...] [--ctx N] [--kv f16[,MODE...]] [--compare] [--max-windows W] [--json]
       perplexity over non-overlapping windows of N tokens, per KV mode; --compare adds top-1 agreement with f16
+  longtab eval --task passkey|copy|recall [--model FILE] --text FILLER [FILE...] [--lengths L,...]
+               [--depths D,...] (copy: [--distances N,...]) [--trials 200] [--seed S] [--kv f16[,MODE...]] [--compare]
+               [--digits 5] [--pairs 8 --queries 4 --value-digits 3] [--copy-tokens 64] [--json] [--quiet]
+      retrieval accuracy with Wilson 95% intervals per KV mode × length × needle depth (copy: distance in tokens),
+      one teacher-forced prefill per trial, the same seeded trials for every mode
   longtab capacity [--model FILE] --kv-budget BYTES [--decode-steps N] [--json]
       per KV mode, the longest context the budget holds and its bits per element, found by allocating it
   longtab calibrate [--model FILE] [--out FILE.bin] [--embed OUT.gguf] [--text FILE] [--tokens N] [--seed S]
