@@ -63,6 +63,8 @@ SHAPES = {
     # 2 heads of 128, 1 KV head, INT2 group 128), there naive INT2 +34-38%, Hadamard +1.5-3.3%
     "demo": {},
     "probe": {"n_layers": 6, "n_heads": 2, "n_kv_heads": 1, "head_dim": 128},
+    # the demo width with one KV head shared by all 4 query heads (head_dim 64, INT2 group 64)
+    "gqa4": {"n_kv_heads": 1},
 }
 
 
@@ -392,6 +394,9 @@ SWEEP = {
     "d3_e120": (0.3, 120, 0.1, 0.0, 0.25),
     "d3_e120_shuf": (0.3, 120, 0.1, 0.5, 0.25),
     "d1_e12": (0.1, 12, 0.1, 0.0, 0.25),
+    # session 2: longer runs without dropout, between the early-stopped and the memorized ends of sweep 2
+    "d0_e30": (0.0, 30, 0.1, 0.0, 0.25),
+    "d0_e20_shuf": (0.0, 20, 0.1, 0.5, 0.5),
 }
 
 
