@@ -1,26 +1,30 @@
-# session 2 sweep: probe (2x128 heads, 1 KV head) and gqa4 (4x64 heads, 1 KV head) trained side by side on one H200
+# Trains shapes side by side on one H200 (device `run`, carry .train/tok), e.g. session 2:
+#   SHAPES="probe gqa4" SWEEP=d1_e12,d0_e30,d0_e20_shuf sh tools/train-demo-model/run-sweep.sh
+# Returns each shape's train.log and log.json, and the weights of the first shape (in SHAPES order) whose chosen
+# checkpoint passes the INT2 proof, else of the first shape.
 set -u
-for s in probe gqa4; do
+SHAPES=${SHAPES:-probe gqa4}
+for s in $SHAPES; do
   mkdir -p /tmp/$s
   ( PYTHONUNBUFFERED=1 timeout -s INT 560 python3 tools/train-demo-model/train.py --data .train/tok --out /tmp/$s \
-      --shape $s --sweep d1_e12,d0_e30,d0_e20_shuf --deadline-s 420 > /tmp/$s/train.log 2>&1 ) &
+      --shape $s --sweep ${SWEEP:-d1_e12,d0_e30,d0_e20_shuf} --deadline-s 420 > /tmp/$s/train.log 2>&1 ) &
 done
 wait
-for s in probe gqa4; do cp /tmp/$s/train.log $OUT/${s}_train.log; cp /tmp/$s/log.json $OUT/${s}_log.json; done
-pick=$(python3 - <<'PY'
-import json
+for s in $SHAPES; do cp /tmp/$s/train.log $OUT/${s}_train.log; cp /tmp/$s/log.json $OUT/${s}_log.json; done
+pick=$(SHAPES="$SHAPES" python3 - <<'PY'
+import json, os
+shapes = os.environ["SHAPES"].split()
 best = None
-for s in ("gqa4", "probe"):
+for s in shapes:
     try:
         r = json.load(open(f"/tmp/{s}/log.json"))
     except Exception:
         continue
     rn, cn = r["chosen"].split("/")
-    ok = r["runs"][rn]["checkpoints"][cn]["passes_int2_proof"]
-    if ok and best is None:
+    if r["runs"][rn]["checkpoints"][cn]["passes_int2_proof"] and best is None:
         best = s
-print(best or "gqa4")
+print(best or shapes[0])
 PY
 )
 echo "weights from: $pick"; cp /tmp/$pick/weights-*.bin /tmp/$pick/manifest.json $OUT/
-grep -h "===\|evaluating\|val:\|wikitext2_test:\|repeat@\|saved\|chosen" /tmp/probe/train.log /tmp/gqa4/train.log
+grep -h "===\|evaluating\|  val:\|wikitext2_test:\|repeat@\|saved\|chosen" $(for s in $SHAPES; do echo /tmp/$s/train.log; done)

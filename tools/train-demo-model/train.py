@@ -244,6 +244,23 @@ def add_retrieval(seq, n, max_gap, gen, shuffle_frac=0.0):
     return seq
 
 
+def add_random_spans(seq, n, pairs, max_gap, gen, vocab):
+    """Induction curriculum: in the first n sequences, `pairs` spans of 16-64 uniformly random tokens, each repeated
+    after a gap of up to max_gap. Random tokens cannot be memorized or predicted from the text, only copied, so the
+    loss on every second copy rewards reading the history (natural spans are memorized within a few epochs)."""
+    T1 = seq.shape[1]
+    for i in range(n):
+        for _ in range(pairs):
+            L = int(torch.randint(16, 65, (1,), generator=gen))
+            d = int(torch.randint(L, max(L + 1, max_gap + 1), (1,), generator=gen))
+            d = min(d, T1 - L - 2)
+            s = int(torch.randint(1, T1 - d - L, (1,), generator=gen))
+            span = torch.randint(0, vocab, (L,), generator=gen).to(seq.device)
+            seq[i, s : s + L] = span
+            seq[i, s + d : s + d + L] = span
+    return seq
+
+
 def repeated_span_batch(data, n, dist, span, seed, device):
     """[bos] + P + filler + P, the second copy of P starting `dist` tokens after the first; P, filler from held-out text."""
     g = torch.Generator().manual_seed(seed)
@@ -381,6 +398,9 @@ def save_weights(model, out, cfg, max_file_bytes=15 * 1024 * 1024):
 # ----------------------------------------------------------------------------------------------------------------------
 
 
+# Ids from here up are control tokens (<|bos|> 8188 ...): random spans use ordinary tokens only.
+CONTROL_TOKENS_FROM = 8188
+
 SWEEP = {
     # name: (residual dropout, epochs over the train split, weight decay, fraction of retrieval spans token-shuffled,
     #        fraction of sequences with a retrieval span)
@@ -396,6 +416,9 @@ SWEEP = {
     "d1_e12": (0.1, 12, 0.1, 0.0, 0.25),
     # session 2: longer runs without dropout, between the early-stopped and the memorized ends of sweep 2
     "d0_e30": (0.0, 30, 0.1, 0.0, 0.25),
+    # 6th field: random-token span pairs per retrieval sequence (add_random_spans), instead of natural spans
+    "d1_e12_rand": (0.1, 12, 0.1, 0.0, 0.5, 4),
+    "d1_e30_rand": (0.1, 30, 0.1, 0.0, 0.5, 4),
     "d0_e20_shuf": (0.0, 20, 0.1, 0.5, 0.5),
 }
 
@@ -503,7 +526,8 @@ def main():
     chosen_key = None
     seconds_per_epoch = None
     for run_name in args.sweep.split(","):
-        dropout, epochs, wd, shuffle, retrieval_frac = SWEEP[run_name]
+        dropout, epochs, wd, shuffle, retrieval_frac, *rest = SWEEP[run_name]
+        random_pairs = rest[0] if rest else 0
         n_ret = int(round(B * retrieval_frac))
         epochs *= args.epoch_scale
         steps = max(20, int(epochs * data["train"].numel() / (B * T)))
@@ -538,7 +562,9 @@ def main():
             for g in opt.param_groups:
                 g["lr"] = lr
             seq = get_batch(data["train"], B, T, gen)
-            if n_ret:
+            if n_ret and random_pairs:
+                seq = add_random_spans(seq, n_ret, random_pairs, max_gap, cgen, CONTROL_TOKENS_FROM)
+            elif n_ret:
                 seq = add_retrieval(seq, n_ret, max_gap, cgen, shuffle)
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 logits = fwd(seq[:, :-1])
@@ -565,7 +591,7 @@ def main():
         train_s = time.time() - t0
         seconds_per_epoch = train_s / epochs  # the first run's includes compilation: an overestimate
         run = {"dropout": dropout, "epochs": epochs, "weight_decay": wd, "shuffled_span_frac": shuffle,
-               "retrieval_frac": retrieval_frac, "steps": steps, "tokens": steps * B * T, "train_seconds": train_s,
+               "retrieval_frac": retrieval_frac, "random_span_pairs": random_pairs, "steps": steps, "tokens": steps * B * T, "train_seconds": train_s,
                "best_step": best["step"], "best_val_loss_bf16": best["val"], "final_train_loss": curve[-1]["train_loss"],
                "final_val_loss_bf16": curve[-1]["val_loss"], "curve": curve, "checkpoints": {}}
         result["runs"][run_name] = run
