@@ -40,13 +40,18 @@
  * after one big chunk decode catches up two pages per token.
  * Measured (pool stats, bytesUsed / (tokens × layers × 2 × width)): Llama-3.2-1B shape (16 layers, 8 × 64, group 128,
  * sink 64, window 256, chunks of 128) 8.08 bits at 1K, 2.98 at 8K, 2.43 at 32K; quant rows alone are 2.25.
- * Known limit: f16 pages are a separate share of the budget, so many idle sequences each holding their sink and
- * window can fill it while quant pages are free (ContextOverflowError says so); idle sequences are not flushed.
+ * f16 pages are a separate share of the budget, so idle sequences each holding their sink and window can fill it
+ * while quant pages are free. Whoever keeps idle sequences (runtime/engine/conversations.ts) asks
+ * `pagesNeeded(seq, position, length)` (per kind, at the run's peak) against `pagesObtainable()` before a request,
+ * and makes room: `flush(idle)` demotes an idle sequence's full window pages now (one submit; it keeps its contents,
+ * the window at 2 bits as if it had aged out), and freeing a sequence returns pages of both kinds.
  *
  * ## Slabs
  * Pages live in GPU buffers ("slabs", category 'kv', each <= maxStorageBufferBindingSize), created one at a time as
- * pages are needed, never copied. Kernels bind MAX_KV_SLABS = 4 slab slots, so every kernel stays at <= 7 storage
- * bindings (4 slabs + page table + 2 activations) under the spec default of 8, for both kinds together:
+ * pages are needed, never copied; `releaseFreeSlabs()` destroys trailing slabs none of whose pages is in use (the
+ * conversation cache calls it once every conversation is deleted). Kernels bind MAX_KV_SLABS = 4 slab slots, so
+ * every kernel stays at <= 7 storage bindings (4 slabs + page table + 2 activations) under the spec default of 8,
+ * for both kinds together:
  * - mode 'f16': slots 0..3 are f16 slabs (a quarter of the budget each), exactly as before;
  * - mode 'quant': slots 0..1 are f16 slabs, slots 2..3 quant slabs. The budget is split: `f16BudgetBytes` (default:
  *   min(2, maxSequences) sequences' sink + window + 2 pages plus `maxStepTokens` (default 512) positions, at most
@@ -74,8 +79,9 @@
  *
  * ## Capacity
  * In quant mode `reserve(seq, L)` only checks that L positions can fit in their final layout (f16 sink + window +
- * a page, quant for the rest) with the pages free now, and throws ContextOverflowError otherwise; pages are taken by
- * `writeStep`, which throws ContextOverflowError, before changing anything, when a step cannot get its pages.
+ * a page, quant for the rest; pages held keep their kind, so a flushed window stays quantized) with the pages free
+ * now, and throws ContextOverflowError otherwise; pages are taken by `writeStep`, which throws ContextOverflowError,
+ * before changing anything, when a step cannot get its pages. `pagesNeeded` bounds a whole run's peak instead.
  *
  * ## Wiring (see runtime/kv/paged-attention.ts)
  *     const pool = new KvPagePool(gpu, { layers, kvHeads, headDim, budgetBytes, kv: 'quant', sink, window });
@@ -86,7 +92,7 @@
  */
 
 import { releaseDispatches, submitDispatches } from '../../kernels/dispatch.ts';
-import { prepareKvPromote } from '../../kernels/kv-demote.ts';
+import { prepareKvDemote, prepareKvPromote } from '../../kernels/kv-demote.ts';
 import { ContextOverflowError, InvalidRequestError } from '../errors.ts';
 import type { GpuContext } from '../gpu/device.ts';
 import { codeWordsPerRow, type QuantRowFormat, rowWords, validateQuantRowFormat } from './quant-format.ts';
@@ -162,6 +168,12 @@ export interface KvKindStats {
   pagesBudget: number;
   bytesUsed: number;
   slabs: number;
+}
+
+/** A number of pages of each kind (quant is 0 in f16 mode). */
+export interface KvPageCounts {
+  f16: number;
+  quant: number;
 }
 
 export interface KvPoolStats {
@@ -316,6 +328,8 @@ export class KvPagePool {
   readonly window: number;
   /** quant: the layout of quant pages (null in f16 mode). */
   readonly quant: KvQuantLayout | null;
+  /** Most positions one step writes (the prefill chunk): sizes the f16 peak of a running sequence. */
+  readonly maxStepTokens: number;
   readonly rotation: 'hadamard' | 'calibrated' | 'none';
   readonly calibratedRotations: { key: Float32Array; value: Float32Array } | null;
   /** The page table of every sequence (u32 entries). */
@@ -340,11 +354,14 @@ export class KvPagePool {
   /** Demotions since the pool was made (tests check the paths ran). */
   demotions = 0;
   promotions = 0;
+  /** Pages demoted by `flush` (idle sequences) since the pool was made. */
+  flushed = 0;
 
   constructor(gpu: GpuContext, options: KvPoolOptions) {
     const { layers, kvHeads, headDim, budgetBytes } = options;
     const pageTokens = options.pageTokens ?? 16;
-    for (const [name, value] of Object.entries({ layers, kvHeads, headDim, pageTokens })) {
+    const maxStepTokens = options.maxStepTokens ?? 512;
+    for (const [name, value] of Object.entries({ layers, kvHeads, headDim, pageTokens, maxStepTokens })) {
       if (!Number.isInteger(value) || value < 1) throw new InvalidRequestError(`KV pool: ${name} must be >= 1`);
     }
     if (headDim % 2 !== 0) throw new InvalidRequestError(`KV pool: headDim ${headDim} must be even (f16 pairs)`);
@@ -353,6 +370,7 @@ export class KvPagePool {
     this.kvHeads = kvHeads;
     this.headDim = headDim;
     this.pageTokens = pageTokens;
+    this.maxStepTokens = maxStepTokens;
     this.pageWords = (layers * 2 * kvHeads * pageTokens * headDim) / 2;
     this.pageBytes = this.pageWords * 4;
     this.mode = options.kv ?? 'f16';
@@ -418,7 +436,7 @@ export class KvPagePool {
       const windowPages = Math.ceil(window / pageTokens) + 2;
       // Enough f16 pages for the sink and window of up to two live sequences.
       const sequencesWithF16 = Math.min(2, options.maxSequences ?? 2);
-      const stepPages = Math.ceil((options.maxStepTokens ?? 512) / pageTokens);
+      const stepPages = Math.ceil(maxStepTokens / pageTokens);
       // A step's new pages, plus the pages it demotes, which return to the free list only at the next step.
       const defaultF16 = (sequencesWithF16 * (this.sinkPages + windowPages) + 2 * stepPages + 2) * this.pageBytes;
       const f16Budget = Math.min(
@@ -568,12 +586,21 @@ export class KvPagePool {
     if (this.q) {
       const needed = Math.ceil(newLength / this.pageTokens);
       if (needed <= seq.pages.length) return;
-      const { f16, quant } = this.layoutPages(newLength);
-      const held = this.heldPages(seq);
+      // Final layout: pages [sinkPages, quantEnd) quantized, the others f16. Pages held keep their kind (a flushed
+      // window stays quantized) except f16 ones in the quantized range, which are demoted and free their f16 page.
+      const quantEnd = this.sinkPages + this.layoutPages(newLength).quant;
+      const inQuant = (i: number) => i >= this.sinkPages && i < quantEnd;
+      let newQuant = 0;
+      for (let i = seq.pages.length; i < needed; i++) if (inQuant(i)) newQuant++;
+      const newF16 = needed - seq.pages.length - newQuant;
+      let demoted = 0;
+      for (let i = this.sinkPages; i < Math.min(seq.pages.length, quantEnd); i++) {
+        if (this.storeOf(seq.pages[i]) === this.f16) demoted++;
+      }
       const fits =
         needed <= this.maxPagesPerSequence &&
-        Math.max(0, f16 - held.f16) <= this.f16.available() + this.f16.retiring.length &&
-        Math.max(0, quant - held.quant) <= this.q.available();
+        newF16 - demoted <= this.f16.available() + this.f16.retiring.length &&
+        newQuant + demoted <= this.q.available();
       if (!fits) throw this.overflow(seq, newLength);
       return;
     }
@@ -595,6 +622,130 @@ export class KvPagePool {
     for (let i = keep; i < seq.pages.length; i++) this.releasePage(seq.pages[i]);
     seq.pages.length = keep;
     seq.length = length;
+  }
+
+  /**
+   * Pages of each kind that writing `seq` from `position` up to `newLength` may take from the pool at its peak, in
+   * steps of at most `maxStepTokens` (prefill chunks, then decode steps) as `writeStep` takes and demotes them; `seq`
+   * null: a sequence created next. An upper bound: the pages `seq` holds from `position` on are not counted as its
+   * own (the run truncates, copies or promotes them). Compare with `pagesObtainable()`. In quant mode the f16 peak
+   * is the sink, the window, the previous step's pages not yet old enough to demote and the step's own new pages
+   * (one more where it starts inside a page it must copy or promote); pages it keeps f16 from before count toward it.
+   */
+  pagesNeeded(seq: KvSequence | null, position: number, newLength: number): KvPageCounts {
+    if (seq) this.assertAlive(seq);
+    if (!Number.isInteger(position) || !Number.isInteger(newLength) || position < 0 || newLength < position) {
+      throw new InvalidRequestError(`KV pages needed: positions ${position}..${newLength} are not a range`);
+    }
+    const P = this.pageTokens;
+    const keep = seq ? Math.min(seq.pages.length, Math.floor(Math.min(position, seq.length) / P)) : 0;
+    let keptQuant = 0;
+    for (let i = 0; i < keep; i++) if (this.storeOf((seq as KvSequence).pages[i]) !== this.f16) keptQuant++;
+    const keptF16 = keep - keptQuant;
+    // Every page past the kept ones is taken at most once over the whole run.
+    const fresh = Math.max(0, Math.ceil(newLength / P) - keep);
+    if (!this.q) return { f16: fresh, quant: 0 };
+    const chunk = Math.ceil(this.maxStepTokens / P);
+    // The worst case runtime/kv/pool-pressure.test.ts finds is one page less: a page of margin.
+    const peak = this.sinkPages + Math.ceil(this.window / P) + 2 * chunk + 2;
+    const f16 = Math.min(fresh, Math.max(peak - keptF16, chunk + 2));
+    // Demotion quantizes pages [sinkPages, floor((step position - window) / P)), the kept f16 ones among them too,
+    // never the ones kept quant again.
+    const quant = Math.max(0, Math.floor((newLength - this.window) / P) - this.sinkPages - keptQuant);
+    return { f16, quant };
+  }
+
+  /** Pages of each kind obtainable now: free ones, retiring ones (free at the next step) and unallocated budget. */
+  pagesObtainable(): KvPageCounts {
+    const of = (store: PageStore | null) => (store ? store.available() + store.retiring.length : 0);
+    return { f16: of(this.f16), quant: of(this.q) };
+  }
+
+  /** Full f16 pages of `seq` past its sink that only it holds: what `flush` would demote (quant mode). */
+  flushablePages(seq: KvSequence): number {
+    this.assertAlive(seq);
+    return this.q ? this.flushCandidates(seq, Number.POSITIVE_INFINITY).length : 0;
+  }
+
+  /**
+   * quant mode: demotes up to `maxPages` of an IDLE sequence's full f16 pages past its sink (oldest first: its recent
+   * window), now, in one submit per MAX_DEMOTIONS_PER_STEP pages, and frees them at once. The sink and a partly
+   * filled last page stay f16, and so do pages shared with another sequence (demoting them for one owner frees
+   * nothing). The sequence keeps its contents, the window at 2 bits as if it had aged out; a later rewrite of a
+   * flushed page promotes it, as after a rollback. Limited by the quant pages obtainable. Safe between any two calls
+   * (the jobs buffer of a step written but not yet submitted is put back). Returns the pages demoted.
+   */
+  flush(seq: KvSequence, maxPages = Number.POSITIVE_INFINITY): number {
+    this.assertAlive(seq);
+    const quant = this.quant;
+    const q = this.q;
+    if (!quant || !q) return 0;
+    const indices = this.flushCandidates(seq, Math.min(maxPages, q.available()));
+    for (let from = 0; from < indices.length; from += MAX_DEMOTIONS_PER_STEP) {
+      const batch = indices.slice(from, from + MAX_DEMOTIONS_PER_STEP);
+      const jobs = new Uint32Array(4 + 2 * batch.length);
+      jobs[0] = batch.length;
+      const sources: number[] = [];
+      for (const [j, i] of batch.entries()) {
+        const target = this.allocatePage(q);
+        jobs[4 + 2 * j] = seq.pages[i];
+        jobs[5 + 2 * j] = target;
+        sources.push(seq.pages[i]);
+        seq.pages[i] = target;
+      }
+      this.gpu.device.queue.writeBuffer(quant.jobs, 0, jobs);
+      // Grids sized for the batch: demotionsPerStep(t) = ceil(t / pageTokens) + 1 >= batch.length.
+      const maxTokens = Math.max(1, (batch.length - 1) * this.pageTokens);
+      const dispatches = Array.from({ length: this.layers }, (_, layer) =>
+        prepareKvDemote(this.gpu, 'kv.flush', { pool: this, layer, maxTokens }),
+      );
+      submitDispatches(this.gpu, 'kv.flush', dispatches);
+      releaseDispatches(this.gpu, dispatches);
+      // The submit above reads the sources: anything that reuses them is queued after it.
+      for (const source of sources) this.releasePage(source);
+      this.uploadTable(seq, batch[0], batch[batch.length - 1] + 1);
+    }
+    if (indices.length > 0) {
+      // Put back the jobs of the last writeStep, in case its forward is still to be submitted.
+      this.gpu.device.queue.writeBuffer(quant.jobs, 0, this.jobWords, 0, 4 + 2 * this.jobWords[0]);
+    }
+    this.flushed += indices.length;
+    return indices.length;
+  }
+
+  /**
+   * Destroys the trailing slabs of each kind none of whose pages is in use (the page ids of a slab are positional, so
+   * only the last slabs can go), and a kind's copy bounce buffer once it has no slab. Call it between steps, once the
+   * forward of the last `writeStep` is submitted (as `writeStep` itself, it first returns that step's retiring pages
+   * to the free list; work already submitted keeps a destroyed buffer alive). Bind groups follow through
+   * `generation`. Returns the bytes released.
+   */
+  releaseFreeSlabs(): number {
+    let released = 0;
+    for (const store of this.stores()) {
+      for (const id of store.retiring) store.free.push(id);
+      store.retiring.length = 0;
+      while (store.slabs.length > 0) {
+        const slab = store.slabs.length - 1;
+        const first = slab * store.pagesPerSlab;
+        let busy = false;
+        for (let id = first; id < store.allocatedPages && !busy; id++) busy = store.refcounts[id] !== 0;
+        if (busy) break;
+        const buffer = store.slabs.pop() as GPUBuffer;
+        released += buffer.size;
+        this.gpu.allocator.release(buffer);
+        for (let i = store.free.length - 1; i >= 0; i--) if (store.free[i] >= first) store.free.splice(i, 1);
+        store.allocatedPages = first;
+        this.generation++;
+      }
+      const bounce = this.bounce.get(store.kind);
+      if (store.slabs.length === 0 && bounce) {
+        released += bounce.size;
+        this.gpu.allocator.release(bounce);
+        this.bounce.delete(store.kind);
+      }
+    }
+    return released;
   }
 
   /**
@@ -829,6 +980,17 @@ export class KvPagePool {
     const max = Math.min(this.demotionsPerStep(tokens), q.available());
     for (let i = this.sinkPages; i < Math.min(limit, seq.pages.length) && out.length < max; i++) {
       if (this.storeOf(seq.pages[i]) === this.f16) out.push(i);
+    }
+    return out;
+  }
+
+  /** Indices of `seq`'s full, unshared f16 pages past the sink, oldest first, at most `max`. */
+  private flushCandidates(seq: KvSequence, max: number): number[] {
+    const out: number[] = [];
+    const full = Math.min(seq.pages.length, Math.floor(seq.length / this.pageTokens));
+    for (let i = this.sinkPages; i < full && out.length < max; i++) {
+      const entry = seq.pages[i];
+      if (this.storeOf(entry) === this.f16 && this.f16.refcounts[this.f16.globalId(entry)] === 1) out.push(i);
     }
     return out;
   }
