@@ -466,12 +466,10 @@ export class LongtabEngine implements LongtabEngineApi {
     const { request: r, onText, systemPrefilled, startsText } = run;
     const requestedMaxTokens = run.maxTokens;
     const cache = this.cache!;
-    const pool = engine.pool;
     const ids = prompt.ids;
     const maxTokens = Math.max(0, Math.min(requestedMaxTokens, this.capacity() - ids.length + 1));
     const reuse = Math.min(commonPrefixLength(entry.ids, ids), ids.length - 1);
-    const pages = Math.ceil((ids.length + maxTokens) / pool.pageTokens) - Math.floor(reuse / pool.pageTokens) + 1;
-    cache.makeRoom([entry], pages);
+    cache.makeRoom([entry], entry.seq, reuse, ids.length + maxTokens);
     const decoder = engine.tokenizer.createStreamDecoder({ skipSpecial: true });
     const stops = new StopStringMatcher(r.stop);
     let text = '';
