@@ -269,10 +269,8 @@ async function downloadOnce(
   let truncate = false;
   if (response.status === 416 && start > 0) {
     // Asked past the end: the file may already be whole. Ask for the size with a one-byte range.
-    const probe = await fetch(model.url, { headers: { Range: 'bytes=0-0' }, signal, cache: 'no-store' });
-    total = rangeTotal(probe.headers.get('Content-Range'));
-    await probe.body?.cancel();
-    return finish(model, handle, total);
+    await response.body?.cancel();
+    return finish(model, handle, await probeTotal(model.url, signal));
   }
   if (response.status === 206) {
     total = rangeTotal(response.headers.get('Content-Range'));
@@ -371,7 +369,17 @@ async function downloadOnce(
     if (signal?.aborted) throw new ModelDownloadError('aborted', 'Download paused.');
     throw new ModelDownloadError('download-failed', `The connection dropped at ${formatBytes(written)}: ${error}`);
   }
-  return finish(model, handle, total);
+  // A compressed response (vite preview gzips the demo model) carries no length: ask for it with a one-byte range.
+  return finish(model, handle, total ?? (await probeTotal(model.url, signal)));
+}
+
+/** The file's size from a one-byte Range request (its Content-Range total), or null when the server does not say. */
+async function probeTotal(url: string, signal?: AbortSignal): Promise<number | null> {
+  const probe = await fetch(url, { headers: { Range: 'bytes=0-0' }, signal, cache: 'no-store' }).catch(() => null);
+  if (signal?.aborted) throw new ModelDownloadError('aborted', 'Download paused.');
+  if (!probe) return null;
+  await probe.body?.cancel();
+  return probe.status === 206 ? rangeTotal(probe.headers.get('Content-Range')) : null;
 }
 
 async function finish(model: StoredModel, handle: FileSystemFileHandle, total: number | null): Promise<StoredModel> {
