@@ -1,6 +1,11 @@
 /**
  * The engine's life in the page: start it once, load the selected model (again when the model or the KV settings
  * change, or after the device was lost), follow its live stats. Conversations never live here: they are in IndexedDB.
+ *
+ * The latest request wins. The engine cannot stop a load half way, so a load that a newer request supersedes runs to
+ * its end unseen (it never shows as ready, and its progress and errors are not shown), then the newer load, queued
+ * behind it, replaces it: the engine's load() frees the previous model's GPU memory before it reads the next one.
+ * Requests superseded before their turn came are skipped.
  */
 import { useCallback, useEffect, useRef, useState } from 'react';
 import { type EngineHandle, errorCode, errorMessage, startEngine } from './engine-client.ts';
@@ -19,7 +24,11 @@ export interface LoadRequest {
 export interface EngineState {
   status: EngineStatus;
   model: ModelInfo | null;
+  /** Key and label of the request whose model is loaded (status 'ready'). */
   loadedKey: string | null;
+  loadedLabel: string | null;
+  /** Key of the request being loaded (status 'loading'); `progress` is that load's. */
+  loadingKey: string | null;
   progress: LoadProgress | null;
   error: { code: string | null; message: string } | null;
   stats: EngineStats | null;
@@ -28,12 +37,17 @@ export interface EngineState {
 export function useEngine() {
   const handleRef = useRef<Promise<EngineHandle> | null>(null);
   const unsubscribeRef = useRef<(() => void) | null>(null);
-  const loadedKeyRef = useRef<string | null>(null);
+  /** What the engine holds (also a superseded load's model, until the next load replaces it). */
+  const loadedRef = useRef<{ key: string; label: string; model: ModelInfo } | null>(null);
   const loadingRef = useRef<{ key: string; done: Promise<ChatEngine | null> } | null>(null);
+  /** Key of the latest request: only its load may change what the page shows. */
+  const wantedRef = useRef<string | null>(null);
   const [state, setState] = useState<EngineState>({
     status: 'idle',
     model: null,
     loadedKey: null,
+    loadedLabel: null,
+    loadingKey: null,
     progress: null,
     error: null,
     stats: null,
@@ -59,37 +73,63 @@ export function useEngine() {
     handleRef.current = null;
     unsubscribeRef.current?.();
     unsubscribeRef.current = null;
-    loadedKeyRef.current = null;
-    setState((s) => ({ ...s, status: 'idle', model: null, loadedKey: null, stats: null }));
+    loadedRef.current = null;
+    setState((s) => ({
+      ...s,
+      status: 'idle',
+      model: null,
+      loadedKey: null,
+      loadedLabel: null,
+      loadingKey: null,
+      stats: null,
+    }));
     if (old) await (await old.catch(() => null))?.dispose().catch(() => {});
   }, []);
 
   const load = useCallback(
     async (request: LoadRequest): Promise<ChatEngine | null> => {
-      setState((s) => ({ ...s, status: 'loading', error: null, progress: null }));
-      loadedKeyRef.current = null;
+      wantedRef.current = request.key;
+      const wanted = () => wantedRef.current === request.key;
+      setState((s) => ({ ...s, status: 'loading', loadingKey: request.key, error: null, progress: null }));
+      loadedRef.current = null;
       try {
         const { engine } = await handle();
         const source = await request.open();
         const model = await engine.load(source, {
           kv: request.kv,
           kvBudgetBytes: request.kvBudgetBytes,
-          onProgress: (progress) => setState((s) => ({ ...s, progress })),
+          onProgress: (progress) => {
+            if (wanted()) setState((s) => ({ ...s, progress }));
+          },
         });
-        loadedKeyRef.current = request.key;
-        setState((s) => ({ ...s, status: 'ready', model, loadedKey: request.key, progress: null }));
+        loadedRef.current = { key: request.key, label: request.label, model };
+        // Superseded meanwhile: the newer load, queued behind this one, replaces this model; never show it as ready.
+        if (!wanted()) return null;
+        setState((s) => ({
+          ...s,
+          status: 'ready',
+          model,
+          loadedKey: request.key,
+          loadedLabel: request.label,
+          loadingKey: null,
+          progress: null,
+        }));
         return engine;
       } catch (error) {
         const code = errorCode(error);
-        setState((s) => ({
-          ...s,
-          status: 'error',
-          model: null,
-          loadedKey: null,
-          error: { code, message: `Could not load ${request.label}: ${errorMessage(error)}` },
-        }));
+        if (wanted()) {
+          setState((s) => ({
+            ...s,
+            status: 'error',
+            model: null,
+            loadedKey: null,
+            loadedLabel: null,
+            loadingKey: null,
+            error: { code, message: `Could not load ${request.label}: ${errorMessage(error)}` },
+          }));
+        }
         if (code === 'device-lost') await discard();
-        else {
+        else if (wanted()) {
           // A failed load leaves no model behind: show the engine's numbers as they are now, not the old model's.
           const current = await handleRef.current?.catch(() => null);
           const stats = await current?.engine.stats().catch(() => null);
@@ -101,15 +141,40 @@ export function useEngine() {
     [handle, discard],
   );
 
-  /** The engine with this model and KV setup loaded: reuses the loaded one, joins a load in flight, or loads. */
+  /**
+   * The engine with this model and KV setup loaded: reuses the loaded one, joins a load in flight, or loads (after
+   * the load in flight, which this request supersedes). Resolves null when the load failed or a newer request
+   * superseded this one before its turn.
+   */
   const ensure = useCallback(
     async (request: LoadRequest): Promise<ChatEngine | null> => {
-      if (loadedKeyRef.current === request.key && handleRef.current) return (await handleRef.current).engine;
+      wantedRef.current = request.key;
       if (loadingRef.current?.key === request.key) return loadingRef.current.done;
+      if (!loadingRef.current && loadedRef.current?.key === request.key && handleRef.current) {
+        return (await handleRef.current).engine;
+      }
       const previous = loadingRef.current?.done;
+      if (previous) {
+        // Until the superseded load ends, the page shows this one as the model coming.
+        setState((s) => ({ ...s, status: 'loading', loadingKey: request.key, error: null, progress: null }));
+      }
       const done = (async () => {
         await previous?.catch(() => null);
-        if (loadedKeyRef.current === request.key && handleRef.current) return (await handleRef.current).engine;
+        if (wantedRef.current !== request.key) return null;
+        const loaded = loadedRef.current;
+        if (loaded?.key === request.key && handleRef.current) {
+          // Back to the model the engine holds (a load superseded by a request that was itself superseded).
+          setState((s) => ({
+            ...s,
+            status: 'ready',
+            model: loaded.model,
+            loadedKey: loaded.key,
+            loadedLabel: loaded.label,
+            loadingKey: null,
+            progress: null,
+          }));
+          return (await handleRef.current).engine;
+        }
         return load(request);
       })();
       loadingRef.current = { key: request.key, done };
