@@ -12,7 +12,9 @@ import { Sidebar } from './components/Sidebar.tsx';
 import { EMPTY_PERF, type Perf, StatsPanel } from './components/StatsPanel.tsx';
 import { errorMessage } from './engine/engine-client.ts';
 import type { ChatMessageParam, LoadProgress } from './engine/types.ts';
-import { type LoadRequest, useEngine } from './engine/use-engine.ts';
+import { type EngineStatus, type LoadRequest, useEngine } from './engine/use-engine.ts';
+import { DEMO_MODEL_ID, DEMO_MODEL_NAME } from './models/presets.ts';
+import { useDefaultModel } from './models/use-default-model.ts';
 import {
   type Conversation,
   deleteConversation,
@@ -85,6 +87,17 @@ function ChatApp() {
       return next;
     });
   }, []);
+
+  /** Selects the default model only while nothing is chosen: a choice the user made meanwhile stays. */
+  const selectDefault = useCallback((modelId: string) => {
+    setSettings((current) => {
+      if (!current || current.modelId !== null) return current;
+      const next = { ...current, modelId };
+      void saveSettings(next);
+      return next;
+    });
+  }, []);
+  const defaultModel = useDefaultModel(settings, models, selectDefault);
 
   /** Replaces a conversation in state and in IndexedDB. */
   const putConversation = useCallback(async (conversation: Conversation, persist = true) => {
@@ -282,11 +295,28 @@ function ChatApp() {
 
   if (!settings) return <div className="splash">Opening your conversations…</div>;
 
+  // What the page shows about the model: the engine's state, except that a chosen model not loaded yet reads as
+  // loading (also in the moment before its load starts, never as the previous model ready), and so does the default
+  // model while it is being stored.
+  const fetchingDefault = defaultModel === 'fetching' && settings.modelId === null;
+  const pending =
+    loadRequest !== null &&
+    engineState.loadedKey !== loadRequest.key &&
+    (engineState.status === 'ready' || engineState.status === 'idle');
+  const status: EngineStatus = fetchingDefault || pending ? 'loading' : engineState.status;
+  const demoDownload = models.downloads[DEMO_MODEL_ID];
+  const loadProgress: LoadProgress | null = fetchingDefault
+    ? demoDownload
+      ? { phase: 'download', bytesDone: demoDownload.bytesDone, bytesTotal: demoDownload.bytesTotal ?? 0 }
+      : null
+    : engineState.loadingKey === loadRequest?.key
+      ? engineState.progress
+      : null;
   const modelLabel =
-    engineState.status === 'loading'
-      ? `Loading ${selectedModel?.name ?? 'model'}: ${progressText(engineState.progress)}`
-      : engineState.status === 'ready' && engineState.model
-        ? `${selectedModel?.name ?? engineState.model.name} · ${engineState.model.kv} KV`
+    status === 'loading'
+      ? `${fetchingDefault ? `Getting ${DEMO_MODEL_NAME}` : `Loading ${selectedModel?.name ?? 'model'}`}: ${progressText(loadProgress)}`
+      : status === 'ready' && engineState.model
+        ? `${engineState.loadedLabel ?? engineState.model.name} · ${engineState.model.kv} KV`
         : selectedModel
           ? selectedModel.name
           : 'No model selected';
@@ -323,10 +353,10 @@ function ChatApp() {
           </h1>
           <button
             type="button"
-            className={`model-chip ${engineState.status}`}
+            className={`model-chip ${status}`}
             onClick={() => setPanel('models')}
             data-testid="model-chip"
-            data-status={engineState.status}
+            data-status={status}
           >
             <span className="dot" />
             {modelLabel}
@@ -338,12 +368,12 @@ function ChatApp() {
             Stats
           </button>
         </header>
-        {engineState.status === 'loading' && (
+        {status === 'loading' && (
           <div className="load-bar" data-testid="load-progress">
             <div
               className="bar-fill bar-weights"
               style={{
-                width: `${engineState.progress?.bytesTotal ? (engineState.progress.bytesDone / engineState.progress.bytesTotal) * 100 : 5}%`,
+                width: `${loadProgress?.bytesTotal ? (loadProgress.bytesDone / loadProgress.bytesTotal) * 100 : 5}%`,
               }}
             />
           </div>
@@ -353,9 +383,20 @@ function ChatApp() {
             {engineState.error?.message ?? chatError}
           </div>
         )}
-        {!selectedModel && (
+        {!selectedModel && fetchingDefault && (
+          <div className="notice" data-testid="default-model">
+            <span>
+              Getting the demo model that ships with this page. It is stored on this device, so the page also works
+              offline; other models are in Models.
+            </span>
+          </div>
+        )}
+        {!selectedModel && !fetchingDefault && (
           <div className="notice" data-testid="no-model">
-            <span>Choose a model to start: download a preset, paste a URL, or open a .gguf file.</span>
+            <span>
+              Choose a model to start: download a preset, paste a URL, or open a .gguf file.
+              {defaultModel === 'failed' && models.error ? ` The demo model could not be stored: ${models.error}` : ''}
+            </span>
             <button type="button" className="primary" onClick={() => setPanel('models')} data-testid="open-models">
               Models
             </button>
@@ -365,7 +406,7 @@ function ChatApp() {
         <ChatView
           conversation={active}
           busy={busy}
-          canSend={Boolean(selectedModel) && engineState.status !== 'loading'}
+          canSend={Boolean(selectedModel) && status !== 'loading'}
           modelHint={selectedModel ? `Model: ${selectedModel.name}. Nothing leaves this tab.` : null}
           onSend={(text) => void send(text)}
           onStop={stop}

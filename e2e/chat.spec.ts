@@ -2,6 +2,8 @@
  * The chat page in Chromium (SwiftShader WebGPU) with stories260K (1 MB), from ../shared (never copied into the
  * repository): pick a model, stream a reply, live stats, KV modes, persistence across reloads, safe markdown,
  * resumed downloads from a local stand-in of the hub, and chatting offline from the service worker's app shell.
+ * Every test starts in a fresh browser context, where the page fetches and loads its default demo model by itself
+ * (e2e/demo-default.spec.ts tests that); the tests here choose another model over it, as a person would.
  * Screenshots of the main states are attached to each test (test-results/, and the HTML report).
  */
 import { createHash } from 'node:crypto';
@@ -22,6 +24,11 @@ const PRESET = {
   repo: 'bartowski/SmolLM2-360M-Instruct-GGUF',
   file: 'SmolLM2-360M-Instruct-Q4_K_M.gguf',
 };
+
+/** The preset's row among the stored models (the default demo model may be listed beside it). */
+function presetRow(page: Page) {
+  return page.locator(`[data-testid="stored-model"][data-model-id="${PRESET.id}"]`);
+}
 
 async function shot(page: Page, testInfo: TestInfo, name: string): Promise<void> {
   if (process.env.LONGTAB_E2E_TIMING) console.log(`${new Date().toISOString()} ${name}`);
@@ -45,7 +52,10 @@ async function pickStoriesFile(page: Page): Promise<void> {
   await openModels(page);
   await page.getByTestId('model-file-input').setInputFiles(modelFile);
   await expect(page.getByTestId('models-panel')).toBeHidden();
+  // The chosen model, never the default demo model that may have been loading meanwhile.
+  await expect(page.getByTestId('model-chip')).toContainText('stories260K');
   await expect(page.getByTestId('model-chip')).toHaveAttribute('data-status', 'ready', { timeout: 90_000 });
+  await expect(page.getByTestId('model-chip')).toContainText('stories260K');
 }
 
 /** Sends a message and waits for the reply to finish; returns its text. */
@@ -116,7 +126,8 @@ test.describe('chat page', () => {
     test.setTimeout(360_000);
     const errors = collectPageErrors(page);
     await page.goto('/');
-    await expect(page.getByTestId('no-model')).toBeVisible();
+    // A first visit starts on the demo model; the test chooses stories260K over it.
+    await expect(page.getByTestId('model-chip')).toContainText('longtab demo model');
     await expect(page.getByTestId('stats-panel')).toBeVisible();
     await shot(page, testInfo, '01-empty');
 
@@ -272,7 +283,7 @@ test.describe('chat page', () => {
       await page.keyboard.press('Escape');
       await openModels(page);
       await page.getByTestId(`preset-${PRESET.id}`).getByRole('button', { name: 'Download' }).click();
-      await expect(page.getByTestId('download-progress')).toBeVisible();
+      await expect(presetRow(page).getByTestId('download-progress')).toBeVisible();
       await shot(page, testInfo, '09-download-progress');
       // Completing selects the model and closes the panel (the model then loads; the offline test covers that).
       await expect(page.getByTestId('models-panel')).toBeHidden({ timeout: 60_000 });
@@ -295,7 +306,7 @@ test.describe('chat page', () => {
       expect(stored.sha256).toBe(createHash('sha256').update(bytes).digest('hex'));
 
       await openModels(page);
-      await expect(page.getByTestId('stored-model')).toContainText('stored');
+      await expect(presetRow(page)).toContainText('stored');
       await shot(page, testInfo, '10-stored-models');
     } finally {
       await hub.close();
@@ -317,8 +328,8 @@ test.describe('chat page', () => {
       await openModels(page);
       await page.getByTestId(`preset-${PRESET.id}`).getByRole('button', { name: 'Download' }).click();
       await expect(page.getByTestId('models-error')).toContainText('Not enough storage');
-      await expect(page.getByTestId('stored-model')).toContainText('incomplete');
-      await expect(page.getByTestId('stored-model').getByRole('button', { name: 'Use' })).toHaveCount(0);
+      await expect(presetRow(page)).toContainText('incomplete');
+      await expect(presetRow(page).getByRole('button', { name: 'Use' })).toHaveCount(0);
       await shot(page, testInfo, '10b-quota-exceeded');
     } finally {
       await hub.close();

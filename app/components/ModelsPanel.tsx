@@ -1,7 +1,7 @@
 /** Model management: presets from the hub, the demo model, any URL, a local file; stored models; storage quota. */
 
 import { useState } from 'react';
-import { MODEL_PRESETS } from '../models/presets.ts';
+import { DEMO_MODEL_ID, DEMO_MODEL_NAME, MODEL_PRESETS } from '../models/presets.ts';
 import { formatBytes, formatDuration, type StoredModel } from '../storage/models.ts';
 import type { DownloadState, ModelsApi } from '../storage/use-models.ts';
 import { useCloseOnEscape } from './use-close-on-escape.ts';
@@ -166,15 +166,17 @@ export function ModelsPanel({
             {api.demoAvailable && (
               <li className="preset" data-testid="preset-demo">
                 <div>
-                  <div className="stored-name">longtab demo model</div>
-                  <div className="muted small">Trained by the project, shipped with this app</div>
+                  <div className="stored-name">{DEMO_MODEL_NAME}</div>
+                  <div className="muted small">
+                    Trained by the project, shipped with this app; the page starts on it
+                  </div>
                 </div>
                 <button
                   type="button"
-                  disabled={storedIds.has('longtab-demo')}
+                  disabled={storedIds.has(DEMO_MODEL_ID)}
                   onClick={async () => select(await api.downloadDemo())}
                 >
-                  {storedIds.has('longtab-demo') ? (completeIds.has('longtab-demo') ? 'Stored' : 'In list') : 'Get'}
+                  {storedIds.has(DEMO_MODEL_ID) ? (completeIds.has(DEMO_MODEL_ID) ? 'Stored' : 'In list') : 'Get'}
                 </button>
               </li>
             )}

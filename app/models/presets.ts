@@ -58,5 +58,10 @@ export function hubUrl(baseUrl: string, repo: string, file: string): string {
   return `${base}/${repoPath}/resolve/main/${encodeURIComponent(file)}`;
 }
 
-/** The project's own demo model, shipped in public/models when it has been trained (it may be absent). */
+/**
+ * The project's own demo model, shipped in public/models when it has been trained (it may be absent). It is the page's
+ * default: a first visit stores it under DEMO_MODEL_ID and loads it (see app/models/use-default-model.ts).
+ */
 export const DEMO_MODEL_PATH = 'models/longtab-demo.gguf';
+export const DEMO_MODEL_ID = 'longtab-demo';
+export const DEMO_MODEL_NAME = 'longtab demo model';

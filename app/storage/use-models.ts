@@ -1,6 +1,6 @@
 /** Stored models and running downloads, shared by the models panel and the model picker. */
 import { useCallback, useEffect, useRef, useState } from 'react';
-import { DEMO_MODEL_PATH, hubUrl, type ModelPreset } from '../models/presets.ts';
+import { DEMO_MODEL_ID, DEMO_MODEL_NAME, DEMO_MODEL_PATH, hubUrl, type ModelPreset } from '../models/presets.ts';
 import { downloadInWorker } from './download-client.ts';
 import {
   addRemoteModel,
@@ -22,6 +22,8 @@ export interface DownloadState extends DownloadProgress {
 
 export function useModels(hubBaseUrl: string) {
   const [models, setModels] = useState<StoredModel[]>([]);
+  /** False until the stored models have been read once (an empty list before that means nothing). */
+  const [listed, setListed] = useState(false);
   const [downloads, setDownloads] = useState<Record<string, DownloadState>>({});
   const [quota, setQuota] = useState<StorageQuota | null>(null);
   const [demoAvailable, setDemoAvailable] = useState<boolean | null>(null);
@@ -30,6 +32,7 @@ export function useModels(hubBaseUrl: string) {
 
   const refresh = useCallback(async () => {
     setModels(await listModels());
+    setListed(true);
     setQuota(await storageQuota());
   }, []);
 
@@ -109,8 +112,8 @@ export function useModels(hubBaseUrl: string) {
 
   const downloadDemo = useCallback(async () => {
     const model = await addRemoteModel({
-      id: 'longtab-demo',
-      name: 'longtab demo model',
+      id: DEMO_MODEL_ID,
+      name: DEMO_MODEL_NAME,
       fileName: 'longtab-demo.gguf',
       url: new URL(DEMO_MODEL_PATH, document.baseURI).href,
       origin: 'demo',
@@ -147,6 +150,7 @@ export function useModels(hubBaseUrl: string) {
 
   return {
     models,
+    listed,
     downloads,
     quota,
     demoAvailable,
