@@ -36,7 +36,12 @@ export async function runCalibrate(args: ParsedArgs, gpu: GpuContext): Promise<n
     process.stderr.write(
       `\rcalibrated on ${tokens.length} tokens in ${((performance.now() - started) / 1000).toFixed(1)} s\n`,
     );
-    const rotations: StoredRotations = { key: fitted.key, value: fitted.value, tokens: tokens.length };
+    const rotations: StoredRotations = {
+      key: fitted.key,
+      value: fitted.value,
+      tokens: tokens.length,
+      ...(fitted.clip ? { clip: { key: fitted.clip.key, value: fitted.clip.value } } : {}),
+    };
     const file = engine.loaded!.file;
     const digest = await modelDigest(file, source);
     const bytes = encodeRotations(rotations);
@@ -46,7 +51,7 @@ export async function runCalibrate(args: ParsedArgs, gpu: GpuContext): Promise<n
     const embed = stringFlag(args, 'embed');
     if (embed) await writeModelWithRotations(modelPath, embed, engine, rotations);
     process.stdout.write(
-      `${JSON.stringify({ model: modelPath, digest, tokens: tokens.length, out: out ?? null, embed: embed ?? null })}\n`,
+      `${JSON.stringify({ model: modelPath, digest, tokens: tokens.length, clip: rotations.clip ?? null, out: out ?? null, embed: embed ?? null })}\n`,
     );
     return 0;
   } finally {

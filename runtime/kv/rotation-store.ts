@@ -6,10 +6,23 @@
 import { CorruptModelFileError } from '../errors.ts';
 import type { ByteSource, GgufFile, GgufMetadata } from '../gguf/types.ts';
 import type { ModelConfig } from '../model/config.ts';
+import type { KvPoolOptions } from './pool.ts';
 
 export const ROTATION_KEY_METADATA = 'longtab.kv.rotation_key';
 export const ROTATION_VALUE_METADATA = 'longtab.kv.rotation_value';
 export const ROTATION_TOKENS_METADATA = 'longtab.kv.calibration_tokens';
+/** Fitted clip quantiles of the K and V row format (optional: files and caches written before them lack them). */
+export const CLIP_KEY_METADATA = 'longtab.kv.clip_key';
+export const CLIP_VALUE_METADATA = 'longtab.kv.clip_value';
+
+/**
+ * The clip quantiles fitted with the rotations (runtime/kv/calibration.ts `fitClipQuantiles`): the `clipQuantile` of
+ * the K and V row formats (runtime/kv/quant-format.ts), in (0.5, 1]; 1 = plain min/max.
+ */
+export interface ClipQuantiles {
+  key: number;
+  value: number;
+}
 
 export interface StoredRotations {
   /** f32 [layers × kvHeads × headDim × headDim]. */
@@ -17,6 +30,8 @@ export interface StoredRotations {
   value: Float32Array;
   /** Calibration tokens the rotations were fitted on. */
   tokens: number;
+  /** Absent in rotations stored before clip quantiles were fitted: the quantizer then uses 1 (min/max). */
+  clip?: ClipQuantiles;
 }
 
 /** Where calibrated rotations are cached between loads, keyed by `modelDigest`. */
@@ -72,30 +87,52 @@ function matrixCount(config: ModelConfig): number {
   return config.layers * config.kvHeads * config.headDim * config.headDim;
 }
 
-/** Serialized form: magic, version, token count, element count, then key and value as little-endian f32. */
+const MAGIC = 0x4b56524c; // 'LRVK'
+
+function validClip(x: unknown): x is number {
+  return typeof x === 'number' && x > 0.5 && x <= 1;
+}
+
+/**
+ * Serialized form: magic, version, token count, element count, (version 2 only: K and V clip quantiles as f32),
+ * then key and value as little-endian f32. Rotations without clip quantiles are written as version 1, byte for byte
+ * what earlier builds wrote; both versions are read.
+ */
 export function encodeRotations(r: StoredRotations): Uint8Array {
   const n = r.key.length;
-  const bytes = new Uint8Array(16 + 8 * n);
+  const header = r.clip ? 24 : 16;
+  const bytes = new Uint8Array(header + 8 * n);
   const view = new DataView(bytes.buffer);
-  view.setUint32(0, 0x4b56524c, true); // 'LRVK'
-  view.setUint32(4, 1, true);
+  view.setUint32(0, MAGIC, true);
+  view.setUint32(4, r.clip ? 2 : 1, true);
   view.setUint32(8, r.tokens, true);
   view.setUint32(12, n, true);
-  new Float32Array(bytes.buffer, 16, n).set(r.key);
-  new Float32Array(bytes.buffer, 16 + 4 * n, n).set(r.value);
+  if (r.clip) {
+    view.setFloat32(16, r.clip.key, true);
+    view.setFloat32(20, r.clip.value, true);
+  }
+  new Float32Array(bytes.buffer, header, n).set(r.key);
+  new Float32Array(bytes.buffer, header + 4 * n, n).set(r.value);
   return bytes;
 }
 
 export function decodeRotations(bytes: Uint8Array, config: ModelConfig): StoredRotations {
   const copy = bytes.slice();
   const view = new DataView(copy.buffer);
+  const version = copy.byteLength >= 16 ? view.getUint32(4, true) : 0;
+  const header = version === 2 ? 24 : 16;
   const n = copy.byteLength >= 16 ? view.getUint32(12, true) : -1;
+  const clip =
+    version === 2 && copy.byteLength >= 24
+      ? { key: view.getFloat32(16, true), value: view.getFloat32(20, true) }
+      : undefined;
   if (
     copy.byteLength < 16 ||
-    view.getUint32(0, true) !== 0x4b56524c ||
-    view.getUint32(4, true) !== 1 ||
+    view.getUint32(0, true) !== MAGIC ||
+    (version !== 1 && version !== 2) ||
     n !== matrixCount(config) ||
-    copy.byteLength !== 16 + 8 * n
+    copy.byteLength !== header + 8 * n ||
+    (clip && (!validClip(clip.key) || !validClip(clip.value)))
   ) {
     throw new CorruptModelFileError(
       'The cached KV rotations are damaged or belong to another model shape; recalibrate.',
@@ -103,8 +140,9 @@ export function decodeRotations(bytes: Uint8Array, config: ModelConfig): StoredR
   }
   return {
     tokens: view.getUint32(8, true),
-    key: new Float32Array(copy.buffer, 16, n),
-    value: new Float32Array(copy.buffer, 16 + 4 * n, n),
+    key: new Float32Array(copy.buffer, header, n),
+    value: new Float32Array(copy.buffer, header + 4 * n, n),
+    ...(clip ? { clip } : {}),
   };
 }
 
@@ -120,10 +158,18 @@ export function rotationsFromMetadata(meta: GgufMetadata, config: ModelConfig): 
     );
   }
   const tokens = meta[ROTATION_TOKENS_METADATA];
+  const clipKey = meta[CLIP_KEY_METADATA];
+  const clipValue = meta[CLIP_VALUE_METADATA];
+  if ((clipKey !== undefined || clipValue !== undefined) && !(validClip(clipKey) && validClip(clipValue))) {
+    throw new CorruptModelFileError(
+      `The model's ${CLIP_KEY_METADATA}/${CLIP_VALUE_METADATA} must both be clip quantiles in (0.5, 1].`,
+    );
+  }
   return {
     key: Float32Array.from(key as number[]),
     value: Float32Array.from(value as number[]),
     tokens: typeof tokens === 'number' ? tokens : 0,
+    ...(validClip(clipKey) && validClip(clipValue) ? { clip: { key: clipKey, value: clipValue } } : {}),
   };
 }
 
@@ -133,5 +179,28 @@ export function rotationMetadataEntries(r: StoredRotations) {
     { key: ROTATION_KEY_METADATA, value: Array.from(r.key), type: 'f32[]' as const },
     { key: ROTATION_VALUE_METADATA, value: Array.from(r.value), type: 'f32[]' as const },
     { key: ROTATION_TOKENS_METADATA, value: r.tokens, type: 'u32' as const },
+    ...(r.clip
+      ? [
+          { key: CLIP_KEY_METADATA, value: r.clip.key, type: 'f32' as const },
+          { key: CLIP_VALUE_METADATA, value: r.clip.value, type: 'f32' as const },
+        ]
+      : []),
   ];
+}
+
+/**
+ * Pool options that store K/V with these rotations and, in quant mode, quantize with their clip quantiles (rotations
+ * without clip quantiles leave the formats' clipQuantile as it was: 1 unless set).
+ */
+export function withStoredRotations(options: KvPoolOptions, r: StoredRotations): KvPoolOptions {
+  const out: KvPoolOptions = {
+    ...options,
+    rotation: 'calibrated',
+    calibratedRotations: { key: r.key, value: r.value },
+  };
+  if (r.clip && out.kv === 'quant') {
+    out.keyFormat = { ...out.keyFormat, clipQuantile: r.clip.key };
+    out.valueFormat = { ...out.valueFormat, clipQuantile: r.clip.value };
+  }
+  return out;
 }
