@@ -8,7 +8,14 @@ import type { GpuContext } from '../gpu/device.ts';
 import { readFloat32 } from '../gpu/readback.ts';
 import { createKvAttention } from '../kv/paged-attention.ts';
 import { KvPagePool, type KvPoolOptions, type KvSequence } from '../kv/pool.ts';
-import { decodeRotations, modelDigest, type RotationCache, rotationsFromMetadata } from '../kv/rotation-store.ts';
+import {
+  decodeRotations,
+  modelDigest,
+  type RotationCache,
+  rotationsFromMetadata,
+  type StoredRotations,
+  withStoredRotations,
+} from '../kv/rotation-store.ts';
 import { type ModelConfig, readModelConfig } from '../model/config.ts';
 import { Transformer } from '../model/transformer.ts';
 import { loadModelWeights, type ModelWeights, releaseModelWeights } from '../model/weights.ts';
@@ -21,6 +28,12 @@ export type { FinishReason, KvCacheOptions, KvMode, LoadProgress } from './api-t
 export interface LoadOptions extends KvCacheOptions {
   /** Where calibrated KV rotations are cached (Node: nodeRotationCache(); browser: indexedDbRotationCache()). */
   rotationCache?: RotationCache;
+  /**
+   * rotation 'calibrated' on a model with no calibrated rotations yet: 'error' (default) throws; 'hadamard' loads
+   * with the Hadamard rotation and sets `loaded.kv.calibrationNeeded` (LongtabEngine then calibrates in the
+   * background and switches with `switchToCalibratedRotations`).
+   */
+  missingCalibration?: 'error' | 'hadamard';
   /** Tokens per prefill submit (default 128). */
   prefillChunk?: number;
   onProgress?: (progress: LoadProgress) => void;
@@ -138,9 +151,18 @@ interface LoadedModel {
   config: ModelConfig;
   tokenizer: GgufTokenizer;
   weights: ModelWeights;
+  /** The KV state below is replaced as a whole by `switchToCalibratedRotations`. */
   pool: KvPagePool;
   transformer: Transformer;
   sampler: Sampler;
+  kv: {
+    /** What the pool was made with (rotation 'calibrated' here means fitted rotations are in use). */
+    options: KvPoolOptions;
+    /** The model's digest (cache key of its rotations) when rotation 'calibrated' was asked for, else null. */
+    digest: string | null;
+    /** 'calibrated' was asked for but none exist yet: the pool uses Hadamard until rotations are fitted. */
+    calibrationNeeded: boolean;
+  };
   /** u32 the sampler writes; copied to `readback` after each step. */
   sampledId: GPUBuffer;
   readback: GPUBuffer;
@@ -152,22 +174,19 @@ interface LoadedModel {
  */
 /**
  * Calibrated rotations for this model: from its own metadata (the demo model ships them), else from the cache
- * under the model's digest. Fitting them needs a generation pass: `longtab calibrate` (Node) does it.
+ * under the model's digest, else null (the digest is returned either way, for the caller to cache fitted ones).
  */
 async function findCalibratedRotations(
   file: GgufFile,
   source: ByteSource,
   config: ModelConfig,
   cache: RotationCache | undefined,
-): Promise<{ key: Float32Array; value: Float32Array }> {
+): Promise<{ rotations: StoredRotations | null; digest: string }> {
+  const digest = await modelDigest(file, source);
   const embedded = rotationsFromMetadata(file.metadata, config);
-  if (embedded) return embedded;
-  const cached = cache ? await cache.get(await modelDigest(file, source)) : undefined;
-  if (cached) return decodeRotations(cached, config);
-  throw new InvalidRequestError(
-    "Load option rotation = 'calibrated': this model has no calibrated KV rotations yet. Run `longtab calibrate --model FILE` once (it caches them), or load with rotation 'hadamard'.",
-    { option: 'rotation' },
-  );
+  if (embedded) return { rotations: embedded, digest };
+  const cached = cache ? await cache.get(digest) : undefined;
+  return { rotations: cached ? decodeRotations(cached, config) : null, digest };
 }
 
 export class Engine {
@@ -200,9 +219,22 @@ export class Engine {
     const file = await parseGguf(source);
     const config = readModelConfig(file);
     const prefillChunk = options.prefillChunk ?? DEFAULT_PREFILL_CHUNK;
-    const poolOptions = { ...kvPoolOptions(config, options), maxStepTokens: prefillChunk };
+    let poolOptions: KvPoolOptions = { ...kvPoolOptions(config, options), maxStepTokens: prefillChunk };
+    let digest: string | null = null;
+    let calibrationNeeded = false;
     if (poolOptions.rotation === 'calibrated') {
-      poolOptions.calibratedRotations = await findCalibratedRotations(file, source, config, options.rotationCache);
+      const found = await findCalibratedRotations(file, source, config, options.rotationCache);
+      digest = found.digest;
+      if (found.rotations) poolOptions = withStoredRotations(poolOptions, found.rotations);
+      else if (options.missingCalibration === 'hadamard') {
+        poolOptions.rotation = 'hadamard';
+        calibrationNeeded = true;
+      } else {
+        throw new InvalidRequestError(
+          "Load option rotation = 'calibrated': this model has no calibrated KV rotations yet. Run `longtab calibrate --model FILE` once (it caches them), or load with rotation 'hadamard'.",
+          { option: 'rotation' },
+        );
+      }
     }
     const tokenizer = GgufTokenizer.fromMetadata(file.metadata);
     progress({ phase: 'parse', bytesDone: source.size, bytesTotal: source.size });
@@ -211,16 +243,6 @@ export class Engine {
     );
     const created: Array<{ release(): void }> = [{ release: () => releaseModelWeights(gpu, weights) }];
     try {
-      const pool = new KvPagePool(gpu, poolOptions);
-      created.push({ release: () => pool.destroy() });
-      const transformer = new Transformer(
-        gpu,
-        config,
-        weights,
-        createKvAttention(gpu, pool, { heads: config.heads }), // KV pool owner: rotation wrapping lives there
-        prefillChunk,
-      );
-      created.push({ release: () => transformer.release() });
       const sampledId = gpu.allocator.createStorage('sampledId', 'scratch', 16);
       created.push({ release: () => gpu.allocator.release(sampledId) });
       const readback = gpu.allocator.createBuffer({
@@ -230,24 +252,21 @@ export class Engine {
         usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
       });
       created.push({ release: () => gpu.allocator.release(readback) });
-      const sampler = prepareSampler(gpu, 'sampler', {
-        logits: transformer.buffers.logits,
-        vocab: config.vocab,
-        output: sampledId,
-      });
-      created.push({ release: () => sampler.release() });
-      const model: LoadedModel = { file, config, tokenizer, weights, pool, transformer, sampler, sampledId, readback };
+      const kv = this.createKvState(config, weights, poolOptions, prefillChunk, sampledId);
+      created.push(kv);
+      const model: LoadedModel = {
+        file,
+        config,
+        tokenizer,
+        weights,
+        ...kv.state,
+        kv: { options: poolOptions, digest, calibrationNeeded },
+        sampledId,
+        readback,
+      };
       // Calibrate: one warm-up token through the whole pipeline (first submits compile lazily on some drivers).
       progress({ phase: 'calibrate', bytesDone: 0, bytesTotal: 1 });
-      const warmup = pool.createSequence();
-      try {
-        pool.reserve(warmup, 1);
-        await this.step(model, warmup, [tokenizer.bosId ?? 0], 0, { params: GREEDY_SAMPLING, step: 0 });
-      } finally {
-        pool.free(warmup);
-      }
-      await gpu.device.queue.onSubmittedWorkDone();
-      gpu.throwIfErrors();
+      await this.warmUp(model);
       progress({ phase: 'calibrate', bytesDone: 1, bytesTotal: 1 });
       this.model = model;
       return config;
@@ -255,6 +274,81 @@ export class Engine {
       for (const c of created.reverse()) c.release();
       throw error;
     }
+  }
+
+  /** The pool, the forward pass over it and the sampler, for `poolOptions`; `release()` undoes a failed build. */
+  private createKvState(
+    config: ModelConfig,
+    weights: ModelWeights,
+    poolOptions: KvPoolOptions,
+    prefillChunk: number,
+    sampledId: GPUBuffer,
+  ): { state: Pick<LoadedModel, 'pool' | 'transformer' | 'sampler'>; release(): void } {
+    const gpu = this.gpu;
+    const created: Array<() => void> = [];
+    const release = () => {
+      for (const c of created.reverse()) c();
+    };
+    try {
+      const pool = new KvPagePool(gpu, poolOptions);
+      created.push(() => pool.destroy());
+      const transformer = new Transformer(
+        gpu,
+        config,
+        weights,
+        createKvAttention(gpu, pool, { heads: config.heads }), // KV pool owner: rotation wrapping lives there
+        prefillChunk,
+      );
+      created.push(() => transformer.release());
+      const sampler = prepareSampler(gpu, 'sampler', {
+        logits: transformer.buffers.logits,
+        vocab: config.vocab,
+        output: sampledId,
+      });
+      created.push(() => sampler.release());
+      return { state: { pool, transformer, sampler }, release };
+    } catch (error) {
+      release();
+      throw error;
+    }
+  }
+
+  private async warmUp(model: LoadedModel): Promise<void> {
+    const warmup = model.pool.createSequence();
+    try {
+      model.pool.reserve(warmup, 1);
+      await this.step(model, warmup, [model.tokenizer.bosId ?? 0], 0, { params: GREEDY_SAMPLING, step: 0 });
+    } finally {
+      model.pool.free(warmup);
+    }
+    await this.gpu.device.queue.onSubmittedWorkDone();
+    this.gpu.throwIfErrors();
+  }
+
+  /**
+   * Switches the KV cache to calibrated rotations (and their clip quantiles): a new pool, forward pass and sampler
+   * replace the old ones, which are released. Every sequence of the old pool is gone: their pages were written with
+   * the old rotation, so callers drop them first (LongtabEngine re-prefills those conversations on their next turn).
+   * Not while a request runs.
+   */
+  async switchToCalibratedRotations(rotations: StoredRotations): Promise<void> {
+    const m = this.require();
+    await this.exclusive(async () => {
+      const options = withStoredRotations(m.kv.options, rotations);
+      const next = this.createKvState(m.config, m.weights, options, m.transformer.maxTokens, m.sampledId);
+      try {
+        await this.warmUp({ ...m, ...next.state });
+      } catch (error) {
+        next.release();
+        throw error;
+      }
+      const old = { pool: m.pool, transformer: m.transformer, sampler: m.sampler };
+      Object.assign(m, next.state);
+      m.kv = { options, digest: m.kv.digest, calibrationNeeded: false };
+      old.sampler.release();
+      old.transformer.release();
+      old.pool.destroy();
+    });
   }
 
   unload(): void {
