@@ -18,6 +18,8 @@ import { InvalidRequestError } from '../runtime/errors.ts';
 import { indexedDbRotationCache } from '../runtime/kv/rotation-cache-idb.ts';
 import { guardedEndpoint, type StreamHandle, type WorkerEngineApi } from './protocol.ts';
 
+// Calibrated KV rotations (and the background calibration's results, load option `calibrate`) live in IndexedDB:
+// the next worker of this origin finds them under the model's digest and does not calibrate again.
 const engine = new LongtabEngine({ rotationCache: indexedDbRotationCache() });
 const streams = new Map<
   number,

@@ -24,7 +24,8 @@ export interface KvCacheOptions {
   codeBits?: 1 | 2;
   /**
    * Rotation of each head's K/V before storage (spreads outliers over the quantization group): 'hadamard' (default
-   * for int2), 'none' (default for f16), 'calibrated' (OSCAR rotations fitted to the model; not loadable yet).
+   * for int2), 'none' (default for f16), 'calibrated' (OSCAR rotations fitted to the model, from its metadata or the
+   * rotation cache; without them the engine starts with 'hadamard' and calibrates in the background, see `calibrate`).
    */
   rotation?: 'calibrated' | 'hadamard' | 'none';
   /** Live KV sequences at once (conversations plus shared system prompts; default 16). */
@@ -55,6 +56,15 @@ export type ModelSource = string | URL | Blob;
 export interface EngineLoadOptions extends KvCacheOptions {
   /** Tokens per prefill submit (default 128). */
   prefillChunk?: number;
+  /**
+   * rotation 'calibrated' on a model without fitted rotations: 'background' (default) loads with 'hadamard' and,
+   * between requests, fits rotations and clip quantiles on text the model writes itself, caches them under the
+   * model's digest and switches to them (conversations cached until then are re-prefilled on their next turn);
+   * 'off' rejects the load as before. `stats().kv.rotation` shows the progress.
+   */
+  calibrate?: 'background' | 'off';
+  /** Tokens of self-generated calibration text (16..4096; default 64 × head_dim within 128..4096). */
+  calibrationTokens?: number;
   /** Called in phase order download → parse → upload → calibrate (through the worker the client proxies it). */
   onProgress?: (progress: LoadProgress) => void;
 }
@@ -195,6 +205,17 @@ export interface AdapterStats {
   maxStorageBufferBindingSize: number;
 }
 
+export type KvRotationState = 'none' | 'hadamard' | 'calibrated' | `calibrating ${number}%`;
+
+export interface KvCalibrationStats {
+  /** 'paused' while requests run (it resumes between them); 'failed' keeps the Hadamard rotation. */
+  phase: 'paused' | 'generating' | 'fitting' | 'switching' | 'done' | 'failed' | 'stopped';
+  /** 0..1. */
+  progress: number;
+  tokens: number;
+  error?: string;
+}
+
 export interface EngineStats {
   model: ModelInfo | null;
   /** Bytes of GPU memory, from the allocator's counts. */
@@ -215,6 +236,12 @@ export interface EngineStats {
   };
   kv: {
     mode: KvMode;
+    /** The rotation K/V are stored with; 'calibrating N%' while a background calibration runs (Hadamard meanwhile). */
+    rotation: KvRotationState;
+    /** The background calibration, when one was started by this load (null otherwise). */
+    calibration: KvCalibrationStats | null;
+    /** Clip quantiles of the K and V row formats (int2; 1 = min/max), fitted with calibrated rotations. */
+    clip: { key: number; value: number } | null;
     pageTokens: number;
     pageBytes: number;
     pagesUsed: number;
@@ -252,7 +279,10 @@ export interface LongtabEngineApi {
     create(request: CompletionRequest): Promise<Completion | CompletionStream<Completion>>;
   };
   stats(): Promise<EngineStats>;
-  /** Calls `listener` now and whenever the stats change (load, each request, every few tokens). Returns the unsubscribe. */
+  /**
+   * Calls `listener` now and whenever the stats change (load, each request, every few tokens, each step of a
+   * background calibration: the event a page shows it with). Returns the unsubscribe.
+   */
   subscribeStats(listener: (stats: EngineStats) => void): Promise<() => void>;
   /** Forgets a conversation and frees its KV. */
   deleteConversation(conversationId: string): Promise<void>;

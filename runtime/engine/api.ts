@@ -11,7 +11,7 @@ import { ContextOverflowError, InvalidRequestError, ModelNotLoadedError } from '
 import { sourceFromBlob, sourceFromUrl } from '../gguf/sources.ts';
 import type { ByteSource } from '../gguf/types.ts';
 import { acquireGpu, type GpuContext } from '../gpu/device.ts';
-import type { RotationCache } from '../kv/rotation-store.ts';
+import type { RotationCache, StoredRotations } from '../kv/rotation-store.ts';
 import { resolveSamplingParams } from '../sampling/params.ts';
 import { type ChatMessage, chatTemplateFromMetadata, renderChatTemplate } from '../tokenizer/chat-template.ts';
 import { StopStringMatcher } from '../tokenizer/stop-strings.ts';
@@ -26,10 +26,12 @@ import type {
   CompletionUsage,
   EngineLoadOptions,
   EngineStats,
+  KvRotationState,
   LongtabEngineApi,
   ModelInfo,
   ModelSource,
 } from './api-types.ts';
+import { BackgroundCalibration, defaultCalibrationTokens } from './background-calibration.ts';
 import { type CachedSequence, ConversationCache, commonPrefixLength } from './conversations.ts';
 import { Engine, type FinishReason, type GenerateResult, type LoadProgress } from './engine.ts';
 import {
@@ -173,6 +175,11 @@ export class LongtabEngine implements LongtabEngineApi {
   private abortEpoch = 0;
   private current: AbortController | null = null;
   private readonly listeners = new Set<(stats: EngineStats) => void>();
+  /** Background calibration of the KV rotations (load with rotation 'calibrated' and none fitted yet). */
+  private calibration: BackgroundCalibration | null = null;
+  /** When the queue last became empty (null while a request runs or waits), and who waits for that. */
+  private idleAt: number | null = 0;
+  private idleWaiters: Array<() => void> = [];
 
   readonly chat: LongtabEngineApi['chat'];
   readonly completions: LongtabEngineApi['completions'];
@@ -194,12 +201,18 @@ export class LongtabEngine implements LongtabEngineApi {
     const validated = validateLoadOptions(options);
     const onProgress = validated.onProgress ?? (() => {});
     return this.enqueue(async () => {
+      await this.stopCalibration();
       this.unloadNow();
       const gpu = await this.gpu();
       const engine = (this.engine ??= new Engine(gpu));
       const bytes = await this.openSource(source, onProgress);
       try {
-        await engine.load(bytes, { ...validated, onProgress, rotationCache: this.options.rotationCache });
+        await engine.load(bytes, {
+          ...validated,
+          onProgress,
+          rotationCache: this.options.rotationCache,
+          missingCalibration: validated.calibrate === 'off' ? 'error' : 'hadamard',
+        });
       } finally {
         await bytes.close?.();
       }
@@ -217,6 +230,13 @@ export class LongtabEngine implements LongtabEngineApi {
         kv: validated.kv ?? 'f16',
         hasChatTemplate: typeof meta === 'string' && meta.trim().length > 0,
       };
+      if (loaded.kv.calibrationNeeded && loaded.kv.digest) {
+        this.startCalibration(
+          engine,
+          loaded.kv.digest,
+          validated.calibrationTokens ?? defaultCalibrationTokens(loaded.config),
+        );
+      }
       this.notify();
       return this.modelInfo;
     });
@@ -224,7 +244,10 @@ export class LongtabEngine implements LongtabEngineApi {
 
   async unload(): Promise<void> {
     this.abortNow();
-    await this.enqueue(async () => this.unloadNow());
+    await this.enqueue(async () => {
+      await this.stopCalibration();
+      this.unloadNow();
+    });
     this.notify();
   }
 
@@ -254,6 +277,9 @@ export class LongtabEngine implements LongtabEngineApi {
   /** Gives the device back (in-process use; the worker's device ends with the worker). */
   destroy(): void {
     this.abortNow();
+    // Stops at its next step; GPU memory it still holds is released then (no submit follows a stop).
+    this.calibration?.stop().catch(() => {});
+    this.calibration = null;
     this.unloadNow();
     this.listeners.clear();
     if (this.gpuContext && typeof this.options.gpu !== 'object') this.gpuContext.destroy();
@@ -376,6 +402,7 @@ export class LongtabEngine implements LongtabEngineApi {
 
   private enqueue<T>(work: () => Promise<T>): Promise<T> {
     this.waiting++;
+    this.idleAt = null;
     const result = this.tail.then(async () => {
       this.waiting--;
       this.running = true;
@@ -383,6 +410,7 @@ export class LongtabEngine implements LongtabEngineApi {
         return await work();
       } finally {
         this.running = false;
+        if (this.waiting === 0) this.becameIdle();
       }
     });
     this.tail = result.catch(() => {});
@@ -649,6 +677,62 @@ export class LongtabEngine implements LongtabEngineApi {
     return this.gpuContext;
   }
 
+  private becameIdle(): void {
+    this.idleAt = performance.now();
+    const waiters = this.idleWaiters;
+    this.idleWaiters = [];
+    for (const wake of waiters) wake();
+  }
+
+  /**
+   * Calibrates the KV rotations in the background (runtime/engine/background-calibration.ts): between requests,
+   * then switches at a safe point in the queue. Conversations cached until then lose their KV (written with the
+   * Hadamard rotation) and are re-prefilled on their next turn; a request already queued runs before the switch.
+   */
+  private startCalibration(engine: Engine, digest: string, tokens: number): void {
+    const loaded = engine.loaded;
+    const calibration: BackgroundCalibration = new BackgroundCalibration({
+      engine,
+      digest,
+      tokens,
+      cache: this.options.rotationCache,
+      idleSince: () => this.idleAt,
+      whenIdle: () => new Promise<void>((resolve) => this.idleWaiters.push(resolve)),
+      apply: (rotations: StoredRotations) =>
+        this.enqueue(async () => {
+          // A load, unload or destroy since then: that model (and this calibration) is gone.
+          if (this.calibration !== calibration || engine.loaded !== loaded || !this.cache) return false;
+          await engine.switchToCalibratedRotations(rotations);
+          const evictions = this.cache.evictions;
+          this.cache.clear();
+          this.cache.evictions = evictions;
+          return true;
+        }),
+      onStatus: () => this.notify(),
+    });
+    this.calibration = calibration;
+    calibration.start();
+  }
+
+  private async stopCalibration(): Promise<void> {
+    const calibration = this.calibration;
+    this.calibration = null;
+    await calibration?.stop();
+  }
+
+  private rotationState(): KvRotationState {
+    const pool = this.engine?.loaded?.pool;
+    const calibration = this.calibration?.status;
+    if (
+      calibration &&
+      calibration.phase !== 'done' &&
+      calibration.phase !== 'failed' &&
+      calibration.phase !== 'stopped'
+    )
+      return `calibrating ${Math.floor(calibration.progress * 100)}%`;
+    return pool?.rotation ?? 'none';
+  }
+
   private unloadNow(): void {
     this.cache?.clear();
     this.cache = null;
@@ -685,6 +769,11 @@ export class LongtabEngine implements LongtabEngineApi {
       },
       kv: {
         mode: this.modelInfo?.kv ?? 'f16',
+        rotation: this.rotationState(),
+        calibration: this.calibration ? { ...this.calibration.status } : null,
+        clip: loaded?.pool.quant
+          ? { key: loaded.pool.quant.key.clipQuantile, value: loaded.pool.quant.value.clipQuantile }
+          : null,
         pageTokens: pool?.pageTokens ?? 0,
         pageBytes: pool?.pageBytes ?? 0,
         pagesUsed: pool?.pagesUsed ?? 0,

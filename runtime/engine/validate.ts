@@ -180,6 +180,8 @@ export const LOAD_OPTION_FIELDS = [
   'maxSequences',
   'maxContextTokens',
   'prefillChunk',
+  'calibrate',
+  'calibrationTokens',
   'onProgress',
 ] as const;
 
@@ -204,6 +206,15 @@ export function validateLoadOptions(options: unknown): EngineLoadOptions {
   }
   if (o.rotation !== undefined && o.rotation !== 'calibrated' && o.rotation !== 'hadamard' && o.rotation !== 'none')
     fail('rotation', o.rotation, "use 'hadamard', 'none' or 'calibrated'");
+  if (o.calibrate !== undefined && o.calibrate !== 'background' && o.calibrate !== 'off')
+    fail('calibrate', o.calibrate, "use 'background' or 'off'");
+  optionalNumber(
+    'calibrationTokens',
+    o.calibrationTokens,
+    (n) => n >= 16 && n <= 4096,
+    'use an integer in 16..4096',
+    true,
+  );
   if (o.onProgress !== undefined && typeof o.onProgress !== 'function')
     fail('onProgress', o.onProgress, 'use a function');
   return o as EngineLoadOptions;
