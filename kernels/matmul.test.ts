@@ -6,6 +6,13 @@ import { withTestGpu } from '../test/gpu.ts';
 import { randomFloats, seededRandom } from '../test/random.ts';
 import { releaseDispatches, submitDispatches } from './dispatch.ts';
 import { prepareMatmul } from './matmul.ts';
+import {
+  MATMUL_TILES,
+  MATMUL_VARIANTS,
+  type MatmulVariant,
+  matmulTileShape,
+  registerTiledMatmulWgsl,
+} from './matmul.wgsl.ts';
 import { dequantize, randomWeightBytes } from './reference/dequantize.ts';
 import { matmulReference, maxErrorRelativeToMagnitude } from './reference/matmul.ts';
 import { releaseWeight, uploadWeightFromBytes } from './weights.ts';
@@ -38,6 +45,19 @@ interface Case {
   rows: number;
   bias: boolean;
   maxRowsPerPart?: number;
+  /** The tiled kernel (tokens > 1); tokens = 1 always runs the matvec. */
+  variant?: MatmulVariant;
+  /** Test name only: 'matvec' or the variant. */
+  kernel?: string;
+}
+
+/** Each case once per tiled-matmul variant when it has tokens > 1 (once when it runs the matvec). */
+function perVariant(cases: Case[]): Case[] {
+  return cases.flatMap((c) =>
+    c.tokens === 1
+      ? [{ ...c, kernel: 'matvec' }]
+      : MATMUL_VARIANTS.map((variant) => ({ ...c, variant, kernel: variant })),
+  );
 }
 
 // N = 37 is neither a multiple of the 32-row tile nor of the 4 matvec rows per workgroup.
@@ -47,6 +67,10 @@ const CASES: Case[] = [
   { tokens: 2, rows: 37, bias: true },
   { tokens: 7, rows: 37, bias: false, maxRowsPerPart: 13 },
   { tokens: 33, rows: 37, bias: true },
+  // Neither rows nor tokens a multiple of the 64- and 128-wide tiles; more than one tile each way; parts that split
+  // a 64- and a 128-row tile.
+  { tokens: 67, rows: 70, bias: true },
+  { tokens: 130, rows: 131, bias: false, maxRowsPerPart: 100 },
 ];
 
 async function runMatmul(
@@ -71,7 +95,7 @@ async function runMatmul(
     gpu,
     'matmul-test',
     { weight, input, output, tokens: c.tokens, bias: biasBuffer },
-    { transformSource },
+    { transformSource, variant: c.variant },
   );
   expect(dispatches.length).toBe(weight.parts.length);
   submitDispatches(gpu, 'matmul-test', dispatches);
@@ -85,7 +109,24 @@ async function runMatmul(
 }
 
 describe.each(TYPES)('matmul over %s weights', (name, type, K) => {
-  it.each(CASES)(`${name}: K=${K}, N=$rows, tokens=$tokens, bias=$bias, rows/part=$maxRowsPerPart`, async (c) => {
+  it.each(perVariant(CASES))(
+    `${name}: K=${K}, N=$rows, tokens=$tokens, bias=$bias, rows/part=$maxRowsPerPart, $kernel`,
+    async (c) => {
+      expect(await runMatmul(ctx.gpu, type, K, c)).toBeLessThanOrEqual(1);
+    },
+  );
+});
+
+// Dense rows shorter than one K step, down to less than one vec4 (every k-quad of the tile partial or empty).
+const SHORT_ROWS: [string, GgmlType, number][] = [
+  ['F32', GgmlType.F32, 5],
+  ['F16', GgmlType.F16, 3],
+  ['BF16', GgmlType.BF16, 13],
+  ['F32', GgmlType.F32, 35],
+];
+
+describe.each(SHORT_ROWS)('matmul over short %s rows', (name, type, K) => {
+  it.each(perVariant([{ tokens: 3, rows: 5, bias: true }]))(`${name}: K=${K}, N=5, tokens=3, $kernel`, async (c) => {
     expect(await runMatmul(ctx.gpu, type, K, c)).toBeLessThanOrEqual(1);
   });
 });
@@ -104,8 +145,43 @@ const LONG_ROWS: [string, GgmlType, number][] = [
 ];
 
 describe.each(LONG_ROWS)('matmul over long %s rows', (name, type, K) => {
-  it.each([1, 3])(`${name}: K=${K}, N=9, tokens=%i`, async (tokens) => {
-    expect(await runMatmul(ctx.gpu, type, K, { tokens, rows: 9, bias: false })).toBeLessThanOrEqual(1);
+  it.each(perVariant([1, 3].map((tokens) => ({ tokens, rows: 9, bias: false }))))(
+    `${name}: K=${K}, N=9, tokens=$tokens, $kernel`,
+    async (c) => {
+      expect(await runMatmul(ctx.gpu, type, K, c)).toBeLessThanOrEqual(1);
+    },
+  );
+});
+
+// The register-tiled kernel without the prefetch (the micro-bench compares both; no variant uses it).
+describe.each([
+  ['F32', GgmlType.F32, 35],
+  ['Q4_0', GgmlType.Q4_0, 288],
+  ['Q6_K', GgmlType.Q6_K, 768],
+] as const)('64x64 matmul over %s weights without the prefetch', (name, type, K) => {
+  it(`${name}: K=${K}, N=70, tokens=67`, async () => {
+    const code = registerTiledMatmulWgsl(type, true, { ...MATMUL_TILES['64x64'], prefetch: false });
+    const c: Case = { tokens: 67, rows: 70, bias: true, variant: '64x64' };
+    expect(await runMatmul(ctx.gpu, type, K, c, () => code)).toBeLessThanOrEqual(1);
+  });
+});
+
+describe('register-tiled matmul shapes', () => {
+  it("every variant fits WebGPU's default limits (256 invocations, 16 KiB of workgroup memory)", () => {
+    for (const tile of Object.values(MATMUL_TILES)) {
+      const code = registerTiledMatmulWgsl(GgmlType.Q4_K, true, tile);
+      const size = Number(/@workgroup_size\((\d+)\)/.exec(code)?.[1]);
+      const vec4s = [...code.matchAll(/var<workgroup> \w+: array<vec4<f32>, (\d+)>/g)].map((m) => Number(m[1]));
+      expect(size).toBeLessThanOrEqual(256);
+      expect(vec4s.reduce((a, b) => a + b, 0) * 16).toBeLessThanOrEqual(16384);
+    }
+  });
+
+  it('rejects tiles over those limits', () => {
+    const big = { rows: 128, tokens: 128, rowsPerThread: 8, tokensPerThread: 8, k: 32, prefetch: true };
+    expect(() => registerTiledMatmulWgsl(GgmlType.F32, false, big)).toThrow(/workgroup memory/);
+    const many = { rows: 64, tokens: 64, rowsPerThread: 2, tokensPerThread: 4, k: 16, prefetch: true };
+    expect(() => registerTiledMatmulWgsl(GgmlType.F32, false, many)).toThrow(/threads/);
   });
 });
 
@@ -120,6 +196,20 @@ describe('matmul dispatch shape', () => {
     const ratio = await runMatmul(limited, GgmlType.Q8_0, 288, { tokens, rows: 37, bias: true });
     expect(ratio).toBeLessThanOrEqual(1);
   });
+
+  // 5 row tiles fold into 3 x 2 workgroups: the spare one must return without writing.
+  it.each(MATMUL_VARIANTS)(
+    'folds row tiles past the per-dimension limit with a spare workgroup (%s)',
+    async (variant) => {
+      const { gpu } = ctx;
+      const limited = Object.assign(Object.create(gpu) as GpuContext, {
+        limits: { ...gpu.limits, maxComputeWorkgroupsPerDimension: 3 },
+      });
+      const rows = 4 * matmulTileShape(variant).rows + 5;
+      const ratio = await runMatmul(limited, GgmlType.Q8_0, 288, { tokens: 33, rows, bias: true, variant });
+      expect(ratio).toBeLessThanOrEqual(1);
+    },
+  );
 });
 
 describe('matmul bindings', () => {
@@ -154,15 +244,48 @@ describe('matmul kernels catch broken code', () => {
     expect(ratio).toBeGreaterThan(1);
   });
 
-  it('a Q4_0 tiled matmul with the wrong nibble shift fails', async () => {
+  it.each(MATMUL_VARIANTS)('a Q4_0 tiled matmul (%s) with the wrong nibble shift fails', async (variant) => {
     let changed = false;
     const mutate = (code: string) => {
       const broken = code.replace('select(0u, 4u, e >= 16u)', 'select(0u, 4u, e >= 12u)');
       changed = broken !== code;
       return broken;
     };
-    const ratio = await runMatmul(ctx.gpu, GgmlType.Q4_0, 288, { tokens: 7, rows: 37, bias: false }, mutate);
+    const ratio = await runMatmul(ctx.gpu, GgmlType.Q4_0, 288, { tokens: 7, rows: 37, bias: false, variant }, mutate);
     expect(changed).toBe(true);
+    expect(ratio).toBeGreaterThan(1);
+  });
+
+  // The edges of the register-tiled kernels. k past K is zeroed on both sides (either alone would do while the other
+  // side reads finite values), so only breaking both must fail. Rows past a part's end write into other parts'
+  // outputs (and those of the next token); the last part is dispatched last, so the damage stays.
+  const EDGE_MUTATIONS: [string, [string, string][], Case][] = [
+    [
+      'k past K is not zeroed',
+      [
+        [', kin);', ', vec4<bool>(true));'],
+        ['k < vec4<u32>(params.K));', 'vec4<bool>(true));'],
+      ],
+      { tokens: 7, rows: 37, bias: false },
+    ],
+    [
+      'rows past the end are written',
+      [['r < params.rows) {', 'r < params.rows + 9u) {']],
+      { tokens: 7, rows: 37, bias: false, maxRowsPerPart: 13 },
+    ],
+  ];
+  it.each(EDGE_MUTATIONS)('a register-tiled matmul where %s fails', async (_, edits, c) => {
+    let changed = 0;
+    const mutate = (code: string) => {
+      for (const [from, to] of edits) {
+        const broken = code.replace(from, to);
+        if (broken !== code) changed++;
+        code = broken;
+      }
+      return code;
+    };
+    const ratio = await runMatmul(ctx.gpu, GgmlType.F32, 35, { ...c, variant: '64x64' }, mutate);
+    expect(changed).toBe(edits.length);
     expect(ratio).toBeGreaterThan(1);
   });
 });

@@ -3,9 +3,10 @@ import { GgmlType } from '../runtime/gguf/types.ts';
 import type { GpuContext } from '../runtime/gpu/device.ts';
 import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from './dispatch.ts';
 import {
-  MATMUL_TILE_ROWS,
-  MATMUL_TILE_TOKENS,
+  DEFAULT_MATMUL_VARIANT,
   MATVEC_ROWS_PER_WORKGROUP,
+  type MatmulVariant,
+  matmulTileShape,
   matmulWgsl,
   matvecUnitsPerBlock,
   matvecWgsl,
@@ -26,6 +27,8 @@ export interface MatmulBinding {
 export interface MatmulOptions {
   /** Rewrites the generated WGSL (tests use it to prove a broken kernel fails). */
   transformSource?: (code: string) => string;
+  /** The tiled kernel for tokens > 1 (default DEFAULT_MATMUL_VARIANT); tokens = 1 always uses the matvec. */
+  variant?: MatmulVariant;
 }
 
 /** Splits `count` workgroups into x*y <= maxPerDimension each; kernels recover the index as x + y * nwg.x. */
@@ -74,15 +77,17 @@ export function prepareMatmul(
   if (b.bias) requireBytes(label, 'bias', b.bias, weight.rows * 4);
   const matvec = tokens === 1;
   const hasBias = b.bias !== undefined;
-  const code = matvec ? matvecWgsl(weight.type, hasBias) : matmulWgsl(weight.type, hasBias);
+  const variant = options.variant ?? DEFAULT_MATMUL_VARIANT;
+  const tile = matmulTileShape(variant);
+  const code = matvec ? matvecWgsl(weight.type, hasBias) : matmulWgsl(weight.type, hasBias, variant);
   const pipeline = computePipeline(
     gpu,
-    matvec ? 'matvec' : 'matmul',
+    matvec ? 'matvec' : `matmul ${variant}`,
     options.transformSource ? options.transformSource(code) : code,
   );
   const rowWords = packedRowWords(weight.type, K);
   const unitsPerRow = matvecUnitsPerRow(weight.type, K);
-  const tokenTiles = Math.ceil(tokens / MATMUL_TILE_TOKENS);
+  const tokenTiles = Math.ceil(tokens / tile.tokens);
   if (tokenTiles > gpu.limits.maxComputeWorkgroupsPerDimension) {
     throw new InvalidRequestError(
       `Matmul '${label}' over ${tokens} tokens exceeds the dispatch limit; split the batch.`,
@@ -100,7 +105,7 @@ export function prepareMatmul(
     if (b.bias) buffers.push(b.bias);
     const groups = matvec
       ? foldWorkgroups(gpu, Math.ceil(part.rowCount / MATVEC_ROWS_PER_WORKGROUP))
-      : foldWorkgroups(gpu, Math.ceil(part.rowCount / MATMUL_TILE_ROWS));
+      : foldWorkgroups(gpu, Math.ceil(part.rowCount / tile.rows));
     return {
       label: partLabel,
       pipeline,

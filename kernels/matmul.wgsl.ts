@@ -319,14 +319,68 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 `;
 }
 
-export const MATMUL_TILE_ROWS = 32;
-export const MATMUL_TILE_TOKENS = 32;
+/**
+ * Tiled-matmul variants for tokens > 1, named rows x tokens of one workgroup's output tile. '32x32' is the first
+ * kernel (2x2 outputs per thread, scalar reads of a padded tile); the others are `registerTiledMatmulWgsl` with the
+ * tiles below. Kept side by side so the GPU bench (bench/matmul-micro.ts) can compare them.
+ */
+export const MATMUL_VARIANTS = ['32x32', '64x64', '64x32', '128x64'] as const;
+export type MatmulVariant = (typeof MATMUL_VARIANTS)[number];
+
+/** The variant prepareMatmul uses when none is given. */
+export const DEFAULT_MATMUL_VARIANT: MatmulVariant = '32x32';
+
+/** The shape of a register-tiled matmul workgroup (see `registerTiledMatmulWgsl`). */
+export interface MatmulTile {
+  /** Weight rows per workgroup tile. */
+  rows: number;
+  /** Tokens per workgroup tile. */
+  tokens: number;
+  /** Outputs per thread along rows and tokens (1..8; rows / rowsPerThread and tokens / tokensPerThread threads). */
+  rowsPerThread: number;
+  tokensPerThread: number;
+  /** K elements per step: 16 or 32 (a divisor of every quantized block). */
+  k: number;
+  /** Dequantize the next K step into registers before computing the current one (the loads' latency overlaps it). */
+  prefetch: boolean;
+}
 
 /**
- * Tiled matmul for tokens > 1: a 16x16 workgroup computes 32 weight rows x 32 tokens (2x2 per thread). Each K step
+ * 64x64: 256 threads of 4x4, K step 32, 16 KiB of workgroup memory (all of WebGPU's default limit). 64x32: half the
+ * tokens on 128 threads (12 KiB), twice the workgroups for grids too small to fill the GPU (e.g. 2048 rows at 128
+ * tokens: 64 workgroups of 64x64). 128x64: 8x4 per thread (128 FMAs per 12 vec4 reads instead of 64 per 8), K step
+ * 16 to fit 12 KiB.
+ */
+export const MATMUL_TILES: Readonly<Record<Exclude<MatmulVariant, '32x32'>, MatmulTile>> = {
+  '64x64': { rows: 64, tokens: 64, rowsPerThread: 4, tokensPerThread: 4, k: 32, prefetch: true },
+  '64x32': { rows: 64, tokens: 32, rowsPerThread: 4, tokensPerThread: 4, k: 32, prefetch: true },
+  '128x64': { rows: 128, tokens: 64, rowsPerThread: 8, tokensPerThread: 4, k: 16, prefetch: true },
+};
+
+/** Weight rows and tokens of one workgroup's output tile. */
+export function matmulTileShape(variant: MatmulVariant): { rows: number; tokens: number } {
+  if (variant === '32x32') return { rows: 32, tokens: 32 };
+  const { rows, tokens } = MATMUL_TILES[variant];
+  return { rows, tokens };
+}
+
+/** WebGPU's default maxComputeWorkgroupStorageSize and maxComputeInvocationsPerWorkgroup: every variant fits both. */
+const WORKGROUP_STORAGE_BYTES = 16384;
+const WORKGROUP_INVOCATIONS = 256;
+
+/** Tiled matmul for tokens > 1 (see MATMUL_VARIANTS). */
+export function matmulWgsl(type: GgmlType, hasBias: boolean, variant: MatmulVariant = DEFAULT_MATMUL_VARIANT): string {
+  if (variant === '32x32') return matmul32Wgsl(type, hasBias);
+  const tile = MATMUL_TILES[variant];
+  if (!tile) throw new Error(`Unknown matmul variant '${variant}'.`);
+  return registerTiledMatmulWgsl(type, hasBias, tile);
+}
+
+/**
+ * The first tiled matmul: a 16x16 workgroup computes 32 weight rows x 32 tokens (2x2 per thread). Each K step
  * dequantizes a 32x32 weight tile (4 elements per thread, via dq4) and loads a 32x32 x tile into workgroup memory.
  */
-export function matmulWgsl(type: GgmlType, hasBias: boolean): string {
+function matmul32Wgsl(type: GgmlType, hasBias: boolean): string {
   return `${paramsStruct}${hasBias ? biasBinding : ''}${common}${typeWgsl(type).dq4}
 const TN: u32 = 32u;
 const TT: u32 = 32u;
@@ -377,6 +431,154 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
       y[tt * params.outStride + col] = acc[i]${hasBias ? ' + bias[col]' : ''};
     }
   }
+}
+`;
+}
+
+/**
+ * Register-tiled matmul for tokens > 1: one workgroup computes `rows` weight rows x `tokens` tokens, thread (tx, ty)
+ * the rows tx + TX·i and tokens ty + TY·j of the tile (TX, TY threads along each side). Per K step of `k` elements,
+ * every weight element of the tile is dequantized once (dq4: 4 consecutive k of one row) and every x element loaded
+ * once, into workgroup memory as vec4s of 4 consecutive k (ws[row][k/4], xs[token][k/4]). The inner loop reads one
+ * vec4 per row and per token of the thread and does 4 FMAs per (row, token) pair from registers: 4x4 outputs per
+ * thread is 64 FMAs per 8 vec4 reads (the 32x32 kernel: 1 FMA per scalar read).
+ *
+ * Loads: consecutive threads take consecutive k-quads of one row (QK = k/4 per row), so a warp reads a few rows'
+ * contiguous blocks and x rows, and stores whole vec4s. Quad kq of row n is stored at slot kq ^ ((n / SW) % QK)
+ * (SW = 8 / QK): the 8 rows that 8 consecutive threads read at once then sit in 8 different bank groups.
+ *
+ * Edges: rows past the end read the last row and tokens past the end the last token (their outputs are not
+ * written); k past K reads zeros on both sides (select, so garbage from a partial dense quad never reaches the sum).
+ * With `prefetch`, the next step's dq4 and x loads go to registers right after the barrier that publishes the
+ * current step, so their latency can overlap its FMAs (no second tile buffer: workgroup memory stays <= 16 KiB).
+ * Each output accumulates over k in order, as in the 32x32 kernel (fused multiply-adds).
+ */
+export function registerTiledMatmulWgsl(type: GgmlType, hasBias: boolean, tile: MatmulTile): string {
+  const { rows: TN, tokens: TT, rowsPerThread: RN, tokensPerThread: RT, k: TK } = tile;
+  const TX = TN / RN;
+  const TY = TT / RT;
+  const threads = TX * TY;
+  const QK = TK / 4;
+  const SW = 8 / QK;
+  const WQ = (TN * QK) / threads;
+  const XQ = (TT * QK) / threads;
+  const storage = TK * (TN + TT) * 4;
+  const problems = [
+    !(TK === 16 || TK === 32) && 'k must be 16 or 32',
+    !(Number.isInteger(RN) && Number.isInteger(RT) && RN >= 1 && RT >= 1 && RN <= 8 && RT <= 8) &&
+      'rows/tokens per thread must be 1..8',
+    !(Number.isInteger(TX) && Number.isInteger(TY) && TX % 8 === 0 && TY % 8 === 0) &&
+      'threads along rows and tokens must be multiples of 8',
+    !(threads % 32 === 0 && threads <= WORKGROUP_INVOCATIONS) && `${threads} threads (needs a multiple of 32, <= 256)`,
+    !(Number.isInteger(WQ) && Number.isInteger(XQ)) && 'loads must divide among threads',
+    storage > WORKGROUP_STORAGE_BYTES && `${storage} bytes of workgroup memory (limit ${WORKGROUP_STORAGE_BYTES})`,
+  ].filter(Boolean);
+  if (problems.length > 0) throw new Error(`Bad matmul tile ${JSON.stringify(tile)}: ${problems.join('; ')}.`);
+
+  const range = (n: number) => Array.from({ length: n }, (_, i) => i);
+  const plus = (v: number) => (v === 0 ? '' : ` + ${v}u`);
+  const acc = (i: number, j: number) => `a${i}_${j}`; // row tx + TX·i, token ty + TY·j
+  const decls = range(RN)
+    .map(
+      (i) =>
+        `  var ${range(RT)
+          .map((j) => `${acc(i, j)} = 0.0`)
+          .join('; var ')};`,
+    )
+    .join('\n');
+  const quad = (i: number) => `li${plus(i * threads)}`;
+  const loads = (k0: string, assign: (name: string) => string, indent: string) =>
+    [
+      ...range(WQ).map((i) => `${assign(`pw${i}`)}load_w(${quad(i)}, n0, ${k0});`),
+      ...range(XQ).map((i) => `${assign(`px${i}`)}load_x(${quad(i)}, t0, ${k0});`),
+    ].map((line) => `${indent}${line}`);
+  const stores = (value: (kind: 'w' | 'x', i: number) => string) =>
+    [
+      ...range(WQ).map((i) => `ws[slot(${quad(i)})] = ${value('w', i)};`),
+      ...range(XQ).map((i) => `xs[slot(${quad(i)})] = ${value('x', i)};`),
+    ].map((line) => `    ${line}`);
+  const fma = (a: string, w: string, x: string) =>
+    `${a} = fma(${w}.w, ${x}.w, fma(${w}.z, ${x}.z, fma(${w}.y, ${x}.y, fma(${w}.x, ${x}.x, ${a}))));`;
+  const inner = [
+    `      let cw = tx * QK + (kq ^ ((tx / SW) % QK));`,
+    `      let cx = ty * QK + (kq ^ ((ty / SW) % QK));`,
+    ...range(RT).map((j) => `      let x${j} = xs[cx${plus(j * TY * QK)}];`),
+    ...range(RN).map(
+      (i) =>
+        `      { let w = ws[cw${plus(i * TX * QK)}];\n        ${range(RT)
+          .map((j) => fma(acc(i, j), 'w', `x${j}`))
+          .join('\n        ')} }`,
+    ),
+  ].join('\n');
+  const body = tile.prefetch
+    ? [
+        ...loads('0u', (n) => `var ${n} = `, '  '),
+        '  for (var k0 = 0u; k0 < params.K; k0 += TK) {',
+        ...stores((kind, i) => `p${kind}${i}`),
+        '    workgroupBarrier();',
+        ...loads('k0 + TK', (n) => `${n} = `, '    '),
+      ]
+    : [
+        '  for (var k0 = 0u; k0 < params.K; k0 += TK) {',
+        ...stores((kind, i) => (kind === 'w' ? `load_w(${quad(i)}, n0, k0)` : `load_x(${quad(i)}, t0, k0)`)),
+        '    workgroupBarrier();',
+      ];
+  const puts = range(RN)
+    .flatMap((i) => range(RT).map((j) => `  put(t0 + ty${plus(j * TY)}, n0 + tx${plus(i * TX)}, ${acc(i, j)});`))
+    .join('\n');
+
+  return `${paramsStruct}${hasBias ? biasBinding : ''}${common}${typeWgsl(type).dq4}
+const TN: u32 = ${TN}u; // weight rows per tile (${RN} per thread)
+const TT: u32 = ${TT}u; // tokens per tile (${RT} per thread)
+const TK: u32 = ${TK}u; // k per step
+const QK: u32 = ${QK}u; // vec4s of k per row and step
+const TX: u32 = ${TX}u; // threads along rows (${TY} along tokens)
+const SW: u32 = ${SW}u; // swizzle: quad kq of row n sits at kq ^ ((n / SW) % QK)
+var<workgroup> ws: array<vec4<f32>, ${TN * QK}>; // [TN][QK]: ${(TN * TK * 4) / 1024} KiB
+var<workgroup> xs: array<vec4<f32>, ${TT * QK}>; // [TT][QK]: ${(TT * TK * 4) / 1024} KiB
+
+// Tile slot of quad q (row or token q / QK, k-quad q % QK).
+fn slot(q: u32) -> u32 {
+  let n = q / QK; let kq = q % QK;
+  return n * QK + (kq ^ ((n / SW) % QK));
+}
+// Quad q of the weight tile: row n0 + q / QK, elements k0 + 4 (q % QK) .. +3.
+fn load_w(q: u32, n0: u32, k0: u32) -> vec4<f32> {
+  let k = k0 + 4u * (q % QK);
+  let row = min(n0 + q / QK, params.rows - 1u);
+  let kin = vec4<u32>(k, k + 1u, k + 2u, k + 3u) < vec4<u32>(params.K);
+  return select(vec4<f32>(0.0), dq4(row * params.rowWords, select(k, 0u, k >= params.K)), kin);
+}
+// Quad q of the x tile: token t0 + q / QK, elements k0 + 4 (q % QK) .. +3.
+fn load_x(q: u32, t0: u32, k0: u32) -> vec4<f32> {
+  let k = vec4<u32>(k0 + 4u * (q % QK)) + vec4<u32>(0u, 1u, 2u, 3u);
+  let i = vec4<u32>(min(t0 + q / QK, params.tokens - 1u) * params.K) + min(k, vec4<u32>(params.K - 1u));
+  return select(vec4<f32>(0.0), vec4<f32>(x[i.x], x[i.y], x[i.z], x[i.w]), k < vec4<u32>(params.K));
+}
+// Output of token t, row r of this weight part.
+fn put(t: u32, r: u32, v: f32) {
+  if (t < params.tokens && r < params.rows) {
+    let col = params.firstRow + r;
+    y[t * params.outStride + col] = v${hasBias ? ' + bias[col]' : ''};
+  }
+}
+
+@compute @workgroup_size(${threads})
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+  let n0 = (wg.x + wg.y * nwg.x) * TN;
+  if (n0 >= params.rows) { return; } // a spare workgroup of the folded grid (uniform: no barrier is skipped)
+  let t0 = wg.z * TT;
+  let tx = li % TX;
+  let ty = li / TX;
+${decls}
+${body.join('\n')}
+    for (var kq = 0u; kq < QK; kq++) {
+${inner}
+    }
+    workgroupBarrier();
+  }
+${puts}
 }
 `;
 }
