@@ -76,7 +76,7 @@ export async function runFidelity(args: ParsedArgs, gpu: GpuContext): Promise<nu
     if (modes.includes('int2-calibrated')) {
       const found = await storedRotations(engine.loaded!.file, source, config);
       if (found) {
-        calibrated = { ...found.rotations, clip: clipOf(found.rotations) };
+        calibrated = found.rotations;
         calibration = { source: found.source, tokens: found.tokens, clip: calibrated.clip ?? null };
       } else {
         // One sequence no longer than the windows, so the fit sees the positions the model was evaluated at.
@@ -86,8 +86,13 @@ export async function runFidelity(args: ParsedArgs, gpu: GpuContext): Promise<nu
             'int2-calibrated: the model has no stored rotations and the text leaves fewer than 256 tokens after the windows to fit them on.',
           );
         log(`fitting calibrated rotations on ${heldOut.length} held-out tokens (text after the windows)`);
-        const fitted = await calibrateKvRotations(gpu, config, weights, heldOut);
-        calibrated = { key: fitted.key, value: fitted.value, clip: clipOf(fitted) };
+        // The clip quantiles are fitted for the row format evaluated here, as `longtab calibrate` does for the default.
+        const fitted = await calibrateKvRotations(gpu, config, weights, heldOut, { clip: { groupSize } });
+        calibrated = {
+          key: fitted.key,
+          value: fitted.value,
+          ...(fitted.clip ? { clip: { key: fitted.clip.key, value: fitted.clip.value } } : {}),
+        };
         calibration = {
           source: `fitted here on tokens ${windows * ctx}..${windows * ctx + heldOut.length - 1} of the text (after the windows)`,
           tokens: heldOut.length,
@@ -112,6 +117,11 @@ export async function runFidelity(args: ParsedArgs, gpu: GpuContext): Promise<nu
     const summary = summarize(variants, sums);
     const names = variants.map((v) => v.name);
     const report = {
+      command: [
+        'longtab fidelity',
+        ...args.positional,
+        ...[...args.flags].map(([k, v]) => (v === true ? `--${k}` : `--${k} ${v}`)),
+      ].join(' '),
       model: modelPath,
       text: textPath,
       ctx,
@@ -121,6 +131,7 @@ export async function runFidelity(args: ParsedArgs, gpu: GpuContext): Promise<nu
       cache: {
         ...policy,
         groupSize: groupSize ?? Math.min(128, config.kvHeads * config.headDim),
+        /** Of every quantized variant except int2-calibrated, which uses `calibration.clip` when it has one. */
         clipQuantile: 1,
         view: 'decode: the query at t reads the pages the pool has demoted when it runs as a one-token step',
       },
@@ -144,20 +155,12 @@ export async function runFidelity(args: ParsedArgs, gpu: GpuContext): Promise<nu
   }
 }
 
-/** The K and V clip quantiles stored or fitted with calibrated rotations, when the calibration provides them. */
-function clipOf(rotations: object): CalibratedKv['clip'] {
-  const clip = (rotations as { clip?: unknown }).clip as { key?: unknown; value?: unknown } | undefined;
-  return clip && typeof clip.key === 'number' && typeof clip.value === 'number'
-    ? { key: clip.key, value: clip.value }
-    : undefined;
-}
-
 /** Rotations the runtime's 'calibrated' mode would load: the model's metadata, else the digest-keyed cache. */
 async function storedRotations(
   file: GgufFile,
   source: ByteSource,
   config: ModelConfig,
-): Promise<{ rotations: { key: Float32Array; value: Float32Array }; source: string; tokens: number } | null> {
+): Promise<{ rotations: CalibratedKv; source: string; tokens: number } | null> {
   const embedded = rotationsFromMetadata(file.metadata, config);
   if (embedded) return { rotations: embedded, source: 'model metadata', tokens: embedded.tokens };
   const digest = await modelDigest(file, source);
