@@ -5,7 +5,7 @@ import { readFloat32 } from '../runtime/gpu/readback.ts';
 import { withTestGpu } from '../test/gpu.ts';
 import { randomFloats, seededRandom } from '../test/random.ts';
 import { releaseDispatches, submitDispatches } from './dispatch.ts';
-import { prepareMatmul } from './matmul.ts';
+import { defaultMatmulVariant, prepareMatmul } from './matmul.ts';
 import {
   MATMUL_TILES,
   MATMUL_VARIANTS,
@@ -287,5 +287,15 @@ describe('matmul kernels catch broken code', () => {
     const ratio = await runMatmul(ctx.gpu, GgmlType.F32, 35, { ...c, variant: '64x64' }, mutate);
     expect(changed).toBe(edits.length);
     expect(ratio).toBeGreaterThan(1);
+  });
+});
+
+describe('defaultMatmulVariant', () => {
+  it('takes the 64x64 tile only where its grid fills an H200 (>= 256 workgroups)', () => {
+    expect(defaultMatmulVariant(2048, 128)).toBe('32x32'); // 32 x 2 = 64 workgroups
+    expect(defaultMatmulVariant(2048, 512)).toBe('64x64'); // 32 x 8 = 256
+    expect(defaultMatmulVariant(8192, 128)).toBe('64x64'); // 128 x 2
+    expect(defaultMatmulVariant(151936, 2)).toBe('64x64');
+    expect(defaultMatmulVariant(896, 128)).toBe('32x32');
   });
 });

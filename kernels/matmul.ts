@@ -58,6 +58,16 @@ export function matvecUnitsPerRow(type: GgmlType, rowLength: number): number {
 }
 
 /**
+ * The tiled kernel for a matmul of `rows` weight rows over `tokens` tokens. Measured on an H200
+ * (bench/results/2026-11-29-nvidia-h200-matmul-micro.md): 64x64 is 1.6-1.7x faster than 32x32 once its grid has
+ * ~256 workgroups or more, and 0.8x on smaller grids (2048 rows x 128 tokens: 64 workgroups for 132 SMs), where
+ * 32x32's four times as many workgroups win.
+ */
+export function defaultMatmulVariant(rows: number, tokens: number): MatmulVariant {
+  return Math.ceil(rows / 64) * Math.ceil(tokens / 64) >= 256 ? '64x64' : DEFAULT_MATMUL_VARIANT;
+}
+
+/**
  * y[t, n] = Σ_k W[n, k]·x[t, k] (+ bias[n]). tokens = 1 uses the matvec kernel, tokens > 1 the tiled matmul.
  * One dispatch per weight part; each writes its own row range of y.
  */
@@ -77,7 +87,7 @@ export function prepareMatmul(
   if (b.bias) requireBytes(label, 'bias', b.bias, weight.rows * 4);
   const matvec = tokens === 1;
   const hasBias = b.bias !== undefined;
-  const variant = options.variant ?? DEFAULT_MATMUL_VARIANT;
+  const variant = options.variant ?? defaultMatmulVariant(weight.rows, tokens);
   const tile = matmulTileShape(variant);
   const code = matvec ? matvecWgsl(weight.type, hasBias) : matmulWgsl(weight.type, hasBias, variant);
   const pipeline = computePipeline(
