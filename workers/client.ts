@@ -19,17 +19,31 @@ import type {
   ModelSource,
 } from '../runtime/engine/api-types.ts';
 import { fromWireError, isWireError } from '../runtime/engine/wire-errors.ts';
-import type { StreamHandle, WorkerEngineApi } from './protocol.ts';
+import {
+  DEBUG_WORKER_NAME,
+  type StreamHandle,
+  WORKER_NAME,
+  type WorkerDebugAction,
+  type WorkerEngineApi,
+} from './protocol.ts';
 
 export interface CreateEngineOptions {
   /** A worker you started yourself (e.g. from your bundler's worker import); by default one is started here. */
   worker?: Worker;
+  /**
+   * Starts the worker in debug mode, which accepts `debug()` calls (fault injection for tests, e.g. destroying its
+   * GPU device). Never in production: an ordinary worker rejects them at its message check. Ignored with `worker`
+   * (a worker you start is a debug one when its name is 'longtab-engine-debug').
+   */
+  debug?: boolean;
 }
 
 export interface EngineClient extends LongtabEngineApi {
   readonly worker: Worker;
   /** Stops the worker (and with it the GPU device and everything loaded). */
   terminate(): void;
+  /** Fault injection, accepted only by a worker started with `debug: true` (InvalidRequestError otherwise). */
+  debug(action: WorkerDebugAction): Promise<void>;
 }
 
 /** Rejects once the worker fails to start or crashes (comlink alone would leave every pending call hanging). */
@@ -166,12 +180,19 @@ class WorkerEngineClient implements EngineClient {
   terminate(): void {
     this.worker.terminate();
   }
+
+  debug(action: WorkerDebugAction): Promise<void> {
+    return call(this.remote.debug(action), this.worker);
+  }
 }
 
 /** Starts the engine worker and returns its client. */
 export function createEngine(options: CreateEngineOptions = {}): EngineClient {
   const worker =
     options.worker ??
-    new Worker(new URL('./engine.worker.ts', import.meta.url), { type: 'module', name: 'longtab-engine' });
+    new Worker(new URL('./engine.worker.ts', import.meta.url), {
+      type: 'module',
+      name: options.debug ? DEBUG_WORKER_NAME : WORKER_NAME,
+    });
   return new WorkerEngineClient(worker);
 }

@@ -15,12 +15,27 @@ import type {
 } from '../runtime/engine/api-types.ts';
 import { toWireError } from '../runtime/engine/wire-errors.ts';
 import { InvalidRequestError } from '../runtime/errors.ts';
+import { acquireGpu, type GpuContext } from '../runtime/gpu/device.ts';
 import { indexedDbRotationCache } from '../runtime/kv/rotation-cache-idb.ts';
-import { guardedEndpoint, type StreamHandle, type WorkerEngineApi } from './protocol.ts';
+import {
+  DEBUG_ACTIONS,
+  DEBUG_WORKER_NAME,
+  guardedEndpoint,
+  type StreamHandle,
+  type WorkerEngineApi,
+} from './protocol.ts';
+
+/** Debug calls (fault injection for tests) only in a worker started as such: its name is fixed at creation. */
+const debug = (self as unknown as { name?: string }).name === DEBUG_WORKER_NAME;
+/** The engine's device, kept only in a debug worker (for `debug('destroyDevice')`). */
+let debugGpu: GpuContext | null = null;
 
 // Calibrated KV rotations (and the background calibration's results, load option `calibrate`) live in IndexedDB:
 // the next worker of this origin finds them under the model's digest and does not calibrate again.
-const engine = new LongtabEngine({ rotationCache: indexedDbRotationCache() });
+const engine = new LongtabEngine({
+  rotationCache: indexedDbRotationCache(),
+  ...(debug ? { gpu: async () => (debugGpu = await acquireGpu()) } : {}),
+});
 const streams = new Map<
   number,
   {
@@ -113,6 +128,13 @@ const api: WorkerEngineApi = {
   deleteConversation: (id) => engine.deleteConversation(id),
   abort: () => engine.abort(),
   unload: () => engine.unload(),
+  async debug(action) {
+    // The message check already refused this unless the worker is a debug one; checked again for any other caller.
+    if (!debug) throw new InvalidRequestError('debug calls are not accepted (this worker was not started with debug).');
+    if (!DEBUG_ACTIONS.includes(action)) throw new InvalidRequestError(`Unknown debug action ${String(action)}.`);
+    if (!debugGpu) throw new InvalidRequestError('debug(destroyDevice): no GPU device yet (load a model first).');
+    debugGpu.device.destroy();
+  },
 };
 
 /** Errors cross as plain WireError objects (comlink would keep only an Error's name and message). */
@@ -129,4 +151,4 @@ const wireApi = Object.fromEntries(
   ]),
 );
 
-expose(wireApi, guardedEndpoint(self as unknown as Endpoint));
+expose(wireApi, guardedEndpoint(self as unknown as Endpoint, { debug }));

@@ -48,4 +48,23 @@ describe('checkWorkerMessage', () => {
   ])('rejects %j', (message, reason) => {
     expect(checkWorkerMessage(message)).toMatch(reason);
   });
+
+  it('accepts debug calls only in a debug worker, and only known actions', () => {
+    const destroy = { id: 'a', type: 'APPLY', path: ['debug'], argumentList: [raw('destroyDevice')] };
+    expect(checkWorkerMessage(destroy)).toMatch(/not started with debug/);
+    expect(checkWorkerMessage(destroy, { debug: false })).toMatch(/not started with debug/);
+    expect(checkWorkerMessage(destroy, { debug: true })).toBeNull();
+    expect(checkWorkerMessage({ ...destroy, argumentList: [raw('destroyDevice'), raw(1)] }, { debug: true })).toMatch(
+      /at most 1/,
+    );
+    expect(checkWorkerMessage({ ...destroy, argumentList: [raw('format')] }, { debug: true })).toMatch(
+      /unknown debug action "format"/,
+    );
+    expect(checkWorkerMessage({ ...destroy, argumentList: [] }, { debug: true })).toMatch(/unknown debug action/);
+    expect(
+      checkWorkerMessage({ ...destroy, argumentList: [raw({ action: 'destroyDevice' })] }, { debug: true }),
+    ).toMatch(/unknown debug action/);
+    // Debug mode opens nothing else.
+    expect(checkWorkerMessage({ id: 'a', type: 'GET', path: ['debug'] }, { debug: true })).toMatch(/only method calls/);
+  });
 });

@@ -25,6 +25,21 @@ export interface StreamHandle {
 
 export type WorkerLoadSource = string | Blob;
 
+/**
+ * Fault injection for tests. Honoured only by a worker started with `createEngine({ debug: true })` (its name is
+ * DEBUG_WORKER_NAME, fixed at creation): any other worker rejects the call at the message check.
+ * 'destroyDevice' calls GPUDevice.destroy() on the engine's device, as a driver reset would lose it.
+ */
+export type WorkerDebugAction = 'destroyDevice';
+export const DEBUG_ACTIONS: readonly WorkerDebugAction[] = ['destroyDevice'];
+export const WORKER_NAME = 'longtab-engine';
+export const DEBUG_WORKER_NAME = 'longtab-engine-debug';
+
+export interface WorkerCheckOptions {
+  /** Whether `debug` calls are accepted (the worker was started in debug mode). */
+  debug?: boolean;
+}
+
 /** What the worker exposes. Every method validates its arguments; errors arrive as WireError objects. */
 export interface WorkerEngineApi {
   load(
@@ -45,6 +60,8 @@ export interface WorkerEngineApi {
   deleteConversation(conversationId: string): Promise<void>;
   abort(): Promise<void>;
   unload(): Promise<void>;
+  /** Only in a debug worker (see WorkerDebugAction). */
+  debug(action: WorkerDebugAction): Promise<void>;
 }
 
 /** Each method's most arguments, and which of them may be a callback (a Comlink.proxy). */
@@ -61,12 +78,13 @@ const SIGNATURES: Record<keyof WorkerEngineApi, { args: number; callbacks: numbe
   deleteConversation: { args: 1, callbacks: [] },
   abort: { args: 0, callbacks: [] },
   unload: { args: 0, callbacks: [] },
+  debug: { args: 1, callbacks: [] },
 };
 
 export const WORKER_METHODS = Object.keys(SIGNATURES) as (keyof WorkerEngineApi)[];
 
 /** Why a message is not a call this worker accepts, or null when it is. */
-export function checkWorkerMessage(data: unknown): string | null {
+export function checkWorkerMessage(data: unknown, options: WorkerCheckOptions = {}): string | null {
   if (typeof data !== 'object' || data === null) return 'not an object';
   const m = data as Record<string, unknown>;
   if (typeof m.id !== 'string' || m.id.length === 0 || m.id.length > 128) return 'no valid message id';
@@ -87,6 +105,11 @@ export function checkWorkerMessage(data: unknown): string | null {
     if (isCallback && signature.callbacks.includes(i)) continue;
     return `${method}: argument ${i} must be a plain value${signature.callbacks.includes(i) ? ' or a Comlink.proxy callback' : ''}`;
   }
+  if (method === 'debug') {
+    if (!options.debug) return 'debug calls are not accepted (this worker was not started with debug: true)';
+    const action = (args[0] as { value?: unknown } | undefined)?.value;
+    if (!DEBUG_ACTIONS.includes(action as WorkerDebugAction)) return `unknown debug action ${JSON.stringify(action)}`;
+  }
   return null;
 }
 
@@ -94,14 +117,14 @@ export function checkWorkerMessage(data: unknown): string | null {
  * Wraps the worker's global scope so comlink only receives messages that pass `checkWorkerMessage`. A rejected
  * message with an id is answered with an InvalidRequestError (as comlink answers a throw); one without is dropped.
  */
-export function guardedEndpoint(scope: Endpoint): Endpoint {
+export function guardedEndpoint(scope: Endpoint, options: WorkerCheckOptions = {}): Endpoint {
   const wrapped = new Map<EventListenerOrEventListenerObject, EventListener>();
   return {
     postMessage: (message, transfer) => scope.postMessage(message, transfer),
     addEventListener(type, listener) {
       const guard: EventListener = (event) => {
         const data = (event as MessageEvent).data;
-        const problem = checkWorkerMessage(data);
+        const problem = checkWorkerMessage(data, options);
         if (problem === null) {
           if (typeof listener === 'function') listener(event);
           else listener.handleEvent(event);
