@@ -10,7 +10,7 @@ import { checkWebGpu, NoWebGpu, type WebGpuCheck } from './components/NoWebGpu.t
 import { SettingsPanel } from './components/SettingsPanel.tsx';
 import { Sidebar } from './components/Sidebar.tsx';
 import { EMPTY_PERF, type Perf, StatsPanel } from './components/StatsPanel.tsx';
-import { errorMessage } from './engine/engine-client.ts';
+import { errorCode, errorMessage, pageDebug } from './engine/engine-client.ts';
 import type { ChatMessageParam, LoadProgress } from './engine/types.ts';
 import { type EngineStatus, type LoadRequest, useEngine } from './engine/use-engine.ts';
 import { DEMO_MODEL_ID, DEMO_MODEL_NAME } from './models/presets.ts';
@@ -32,6 +32,18 @@ import { useModels } from './storage/use-models.ts';
 const SAVE_EVERY_MS = 400;
 const SAMPLE_EVERY_MS = 500;
 const MAX_SAMPLES = 120;
+
+/** What a debug page (`?debug=1`) exposes to the e2e tests as `window.longtabDebug`. */
+interface LongtabDebug {
+  /** Destroys the engine worker's GPU device (as a driver reset would). */
+  destroyDevice(): Promise<void>;
+  /** The messages of the last chat request the page sent (what the model saw). */
+  lastRequest: ChatMessageParam[] | null;
+}
+
+function debugHooks(): LongtabDebug | undefined {
+  return (window as { longtabDebug?: LongtabDebug }).longtabDebug;
+}
 
 function progressText(progress: LoadProgress | null): string {
   if (!progress) return 'Starting…';
@@ -60,7 +72,9 @@ function ChatApp() {
   // On a phone the stats start folded away (the Stats button opens them below the chat).
   const [statsOpen, setStatsOpen] = useState(() => window.matchMedia('(min-width: 901px)').matches);
   const [chatError, setChatError] = useState<string | null>(null);
-  const { state: engineState, ensure, reportError, forget } = useEngine();
+  const { state: engineState, ensure, reportError, forget, destroyDevice } = useEngine();
+  // After a lost device the page waits for the person (Reload model, or a new message) instead of reloading by itself.
+  const deviceLost = engineState.error?.code === 'device-lost';
   const models = useModels(settings?.hubBaseUrl ?? DEFAULT_SETTINGS.hubBaseUrl);
   const streamRef = useRef<{ abort(): void } | null>(null);
   const conversationsRef = useRef(conversations);
@@ -125,10 +139,25 @@ function ChatApp() {
 
   // Load the selected model as soon as it (or the KV setup) changes, so the stats show it before the first message.
   useEffect(() => {
-    if (!loadRequest || busy) return;
+    if (!loadRequest || busy || deviceLost) return;
     const timer = setTimeout(() => void ensure(loadRequest), 300);
     return () => clearTimeout(timer);
-  }, [loadRequest, busy, ensure]);
+  }, [loadRequest, busy, deviceLost, ensure]);
+
+  useEffect(() => {
+    if (!pageDebug()) return;
+    const w = window as { longtabDebug?: LongtabDebug };
+    w.longtabDebug = { destroyDevice, lastRequest: null };
+    return () => {
+      delete w.longtabDebug;
+    };
+  }, [destroyDevice]);
+
+  /** The Reload model button after a lost device: a fresh engine (worker and device) loads the same model. */
+  const reloadModel = useCallback(() => {
+    setChatError(null);
+    if (loadRequest) void ensure(loadRequest);
+  }, [loadRequest, ensure]);
 
   const generate = useCallback(
     async (conversation: Conversation) => {
@@ -170,6 +199,8 @@ function ChatApp() {
           if (m.role === 'assistant' && (m.status === 'error' || !m.content)) continue;
           history.push({ role: m.role, content: m.content });
         }
+        const hooks = debugHooks();
+        if (hooks) hooks.lastRequest = history;
         const stream = await engine.chat.completions.create({
           messages: history,
           stream: true,
@@ -229,8 +260,14 @@ function ChatApp() {
           note: finish === 'length' ? 'reached max tokens' : undefined,
         });
       } catch (error) {
-        setReply({ status: 'error', note: errorMessage(error) });
-        setChatError(errorMessage(error));
+        if (errorCode(error) === 'device-lost') {
+          // The partial reply stays, marked interrupted (the next request sends it as the model's turn); the banner
+          // above the chat says what happened and offers the reload.
+          setReply({ status: 'interrupted', note: 'The GPU device was lost; the reply stops here.' });
+        } else {
+          setReply({ status: 'error', note: errorMessage(error) });
+          setChatError(errorMessage(error));
+        }
         await reportError(error);
       } finally {
         streamRef.current = null;
@@ -303,7 +340,7 @@ function ChatApp() {
     loadRequest !== null &&
     engineState.loadedKey !== loadRequest.key &&
     (engineState.status === 'ready' || engineState.status === 'idle');
-  const status: EngineStatus = fetchingDefault || pending ? 'loading' : engineState.status;
+  const status: EngineStatus = deviceLost ? 'error' : fetchingDefault || pending ? 'loading' : engineState.status;
   const demoDownload = models.downloads[DEMO_MODEL_ID];
   const loadProgress: LoadProgress | null = fetchingDefault
     ? demoDownload
@@ -378,10 +415,31 @@ function ChatApp() {
             />
           </div>
         )}
-        {(engineState.error || chatError) && (
-          <div className="alert" role="alert" data-testid="engine-error">
-            {engineState.error?.message ?? chatError}
+        {deviceLost ? (
+          <div className="alert device-lost" role="alert" data-testid="device-lost">
+            <div>
+              <strong>The GPU device was lost.</strong> Your conversation is saved: Reload model starts a new engine
+              with the same model (sending a message does too).{' '}
+              <span className="small" data-testid="device-lost-message">
+                DeviceLostError: {engineState.error?.message}
+              </span>
+            </div>
+            <button
+              type="button"
+              className="primary"
+              onClick={reloadModel}
+              disabled={!loadRequest || busy}
+              data-testid="reload-model"
+            >
+              Reload model
+            </button>
           </div>
+        ) : (
+          (engineState.error || chatError) && (
+            <div className="alert" role="alert" data-testid="engine-error">
+              {engineState.error?.message ?? chatError}
+            </div>
+          )
         )}
         {!selectedModel && fetchingDefault && (
           <div className="notice" data-testid="default-model">

@@ -9,13 +9,24 @@ export interface EngineHandle {
   engine: ChatEngine;
   /** Ends the engine for good: the worker, its GPU device and everything loaded. */
   dispose(): Promise<void>;
+  /** Destroys the worker's GPU device (fault injection; only a debug engine accepts it). */
+  destroyDevice(): Promise<void>;
+}
+
+/**
+ * Debug mode (`?debug=1` in the page's URL): the engine worker accepts fault injection (see workers/protocol.ts)
+ * and the page exposes it as `window.longtabDebug` for the e2e tests. Off in every ordinary page load.
+ */
+export function pageDebug(): boolean {
+  return new URLSearchParams(window.location.search).get('debug') === '1';
 }
 
 export async function startEngine(): Promise<EngineHandle> {
-  const client = createEngine();
+  const client = createEngine({ debug: pageDebug() });
   const engine: ChatEngine = client;
   return {
     engine,
+    destroyDevice: () => client.debug('destroyDevice'),
     async dispose() {
       await engine.unload().catch(() => {});
       client.terminate();

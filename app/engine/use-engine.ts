@@ -189,6 +189,13 @@ export function useEngine() {
 
   const engine = useCallback(async (): Promise<ChatEngine> => (await handle()).engine, [handle]);
 
+  /** Fault injection (debug pages only): loses the running engine's GPU device. */
+  const destroyDevice = useCallback(async () => {
+    const current = await handleRef.current;
+    if (!current) throw new Error('No engine is running.');
+    await current.destroyDevice();
+  }, []);
+
   const reportError = useCallback(
     async (error: unknown) => {
       const code = errorCode(error);
@@ -199,7 +206,8 @@ export function useEngine() {
           status: 'error',
           error: {
             code,
-            message: `${errorMessage(error)} Your conversation is saved; the model reloads on the next message.`,
+            // The engine's message says what was lost and to reload; the page's banner adds the way to do it.
+            message: errorMessage(error),
           },
         }));
       }
@@ -221,5 +229,5 @@ export function useEngine() {
     [],
   );
 
-  return { state, load, ensure, engine, reportError, discard, forget };
+  return { state, load, ensure, engine, reportError, discard, forget, destroyDevice };
 }
