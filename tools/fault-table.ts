@@ -3,7 +3,7 @@
  * test/regressions/fault-log.ts): every fault and bad input tried, what a correct runtime does, and what happened.
  *
  *   npx vitest run runtime/engine/{loader-fuzz,device-loss,long-session,security}.test.ts
- *   npx playwright test e2e/security.spec.ts
+ *   npx playwright test e2e/security.spec.ts e2e/device-loss.spec.ts
  *   npx tsx tools/fault-table.ts            # writes docs/faults.md
  */
 import { existsSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
@@ -22,6 +22,7 @@ const SOURCES: Record<string, string> = {
   session: 'runtime/engine/long-session.test.ts',
   security: 'runtime/engine/security.test.ts',
   page: 'e2e/security.spec.ts',
+  'page-device-loss': 'e2e/device-loss.spec.ts',
 };
 
 type Row = FaultRecord & { suite: string };
