@@ -588,13 +588,16 @@ export class LongtabEngine implements LongtabEngineApi {
     for (;;) {
       const ids = this.encodeChat(messages, true);
       const fits = ids.length <= capacity;
-      if (fits || r.overflow === 'error') {
+      const first = messages.findIndex((m) => m.role !== 'system');
+      // Dropping turns stops one token short of the capacity: Engine.run reserves the prompt plus one position, so a
+      // prompt of exactly `capacity` tokens failed there (the int2 long session met it).
+      const last = first < 0 || first === messages.length - 1;
+      if ((fits && (ids.length < capacity || last)) || r.overflow === 'error') {
         if (!fits) this.checkFits(ids.length);
         const system = messages[0]?.role === 'system' && messages.length > 1 ? [messages[0]] : null;
         return { ids, systemIds: system ? this.encodeChat(system, false) : null, droppedMessages: dropped };
       }
-      const first = messages.findIndex((m) => m.role !== 'system');
-      if (first < 0 || first === messages.length - 1) this.checkFits(ids.length);
+      if (last) this.checkFits(ids.length);
       messages = [...messages.slice(0, first), ...messages.slice(first + 1)];
       dropped++;
     }
