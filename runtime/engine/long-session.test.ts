@@ -23,9 +23,10 @@ const log = faultLog('session');
 /**
  * LONGTAB_SESSION=full is the issue's size for f16 KV (>= 20K tokens, replies up to 160 tokens): about 10-25 minutes
  * on a loaded 2-core CPU Vulkan machine. int2 attention is slower there, so the int2 session takes the same replies
- * but 100 generations and >= 5K tokens; LONGTAB_SESSION_INT2=full (with LONGTAB_SESSION=full) gives it the issue's
- * size too: 32-38 minutes there (2026-11-29, twice: 265 generations, 20,038 tokens, 266 clean audits, 1,284 idle-window pages
- * flushed, 18 evictions). The default keeps 200 generations with shorter replies (f16) and 30 (int2), a few minutes.
+ * but 100 generations and >= 5K tokens (8 min); LONGTAB_SESSION_INT2=full (with LONGTAB_SESSION=full) gives it the
+ * issue's size too: 32-38 minutes there (2026-11-29, twice: 265 generations, 20,038 tokens, 266 clean audits, 1,284
+ * idle-window pages flushed, 18 evictions). The default keeps 200 generations with shorter replies (f16) and 30
+ * (int2): a few minutes.
  */
 const FULL = process.env.LONGTAB_SESSION === 'full';
 const INT2_FULL = FULL && process.env.LONGTAB_SESSION_INT2 === 'full';
