@@ -9,6 +9,7 @@
  */
 import { describe, expect, it } from 'vitest';
 import { withTestGpu } from '../../test/gpu.ts';
+import { seededRandom } from '../../test/random.ts';
 import { type FaultRecord, faultLog } from '../../test/regressions/fault-log.ts';
 import { STORIES260K, sharedPath } from '../../test/shared.ts';
 import { InvalidRequestError } from '../errors.ts';
@@ -38,18 +39,6 @@ const SYSTEM: ChatMessageParam = { role: 'system', content: 'Once upon a time th
 const PROMPTS = ['', 'Once upon a time', 'Tom had a big red ball.', 'One day, a cat', 'The sun was hot and'];
 const FOLLOW_UPS = ['What happened next?', 'Tell me more.', 'Where did they go?', 'And then?'];
 
-/** A small deterministic generator, so a failing session can be replayed exactly. */
-function mulberry32(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 /** Labels and sizes of the live buffers (the allocator keeps them private; read here only to name a leak). */
 function liveBuffers(): string[] {
   const live = (ctx.gpu.allocator as unknown as { live: Map<GPUBuffer, { size: number }> }).live;
@@ -74,7 +63,7 @@ async function runSession(
   minTokens: number,
   seed: number,
 ): Promise<SessionResult> {
-  const random = mulberry32(seed);
+  const random = seededRandom(seed); // deterministic, so a failing session replays exactly
   const pick = <T>(items: readonly T[]): T => items[Math.floor(random() * items.length)];
   const afterLoad = ctx.gpu.allocator.snapshot();
   const histories = new Map<string, ChatMessageParam[]>();
