@@ -1,8 +1,10 @@
 /**
- * Where a decode step's time goes: every PreparedDispatch of the decode graph (forward body, logits, sampler) is
- * submitted alone and waited for, `--reps` times, and the medians are summed by kernel role (the label without its
- * layer number). Each lone submit also pays a submit + wait round trip, measured separately (an empty submit) and
- * subtracted. The sum is an upper bound on the kernels' share of a real step (one submit, no waits in between).
+ * Where a decode step's time goes, measured on the GPU: the decode graph (forward body, logits, sampler) is recorded
+ * with every PreparedDispatch in its own compute pass carrying timestamp writes, so each dispatch's GPU time is
+ * end − begin of its pass. The step is replayed `--reps` times; per dispatch the median is kept, then summed by kernel
+ * role (the label without its layer number). Pass boundaries serialize dispatches that a single pass might overlap a
+ * little, so the sum is close to, and usually just above, the whole step's GPU time (also measured: one pass,
+ * timestamps at its ends). Needs the adapter's `timestamp-query` feature.
  *
  *   npx tsx bench/profile-decode.ts --model qwen2.5-0.5b --weights q4_k_m --context 1024 [--kv int2] [--reps 5]
  *   npx tsx bench/profile-decode.ts --quick
@@ -13,6 +15,7 @@ import { pathToFileURL } from 'node:url';
 import type { PreparedDispatch } from '../kernels/dispatch.ts';
 import { encodeDispatches } from '../kernels/dispatch.ts';
 import type { KvMode } from '../runtime/engine/engine.ts';
+import type { GpuContext } from '../runtime/gpu/device.ts';
 import { acquireGpu } from '../runtime/gpu/device.ts';
 import { nodeGpu, releaseNodeGpu } from '../runtime/gpu/node.ts';
 import { GREEDY_SAMPLING } from '../runtime/sampling/params.ts';
@@ -23,25 +26,67 @@ import { spread } from './stats.ts';
 export interface RoleTiming {
   role: string;
   dispatches: number;
-  /** Sum over the role's dispatches of (median lone-submit time − empty round trip), ms. */
+  /** Sum over the role's dispatches of their median GPU time, ms. */
   ms: number;
 }
 
 export interface DecodeProfile {
   context: number;
   dispatches: number;
-  /** One empty submit + onSubmittedWorkDone, median ms. */
-  roundTripMs: number;
-  /** The whole decode graph in one submit, median ms (what the bench's TPOT pays minus the readback). */
-  wholeStepMs: number;
+  /** The whole decode graph in one compute pass, GPU time between its two timestamps, median ms. */
+  wholeStepGpuMs: number;
+  /** The same on the host: submit to onSubmittedWorkDone, median ms (adds the submit and wake-up latency). */
+  wholeStepHostMs: number;
   roles: RoleTiming[];
+}
+
+/** Records `groups` (each one compute pass) with begin/end timestamps; returns each pass's GPU time in ms. */
+async function timePasses(gpu: GpuContext, groups: readonly (readonly PreparedDispatch[])[]): Promise<number[]> {
+  const { device, allocator } = gpu;
+  const count = groups.length * 2;
+  const querySet = device.createQuerySet({ label: 'profile', type: 'timestamp', count });
+  const resolved = allocator.createBuffer({
+    label: 'profile.timestamps',
+    category: 'scratch',
+    size: count * 8,
+    usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC,
+  });
+  const readback = allocator.createBuffer({
+    label: 'profile.readback',
+    category: 'staging',
+    size: count * 8,
+    usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+  });
+  try {
+    const encoder = device.createCommandEncoder({ label: 'profile' });
+    groups.forEach((dispatches, i) => {
+      const pass = encoder.beginComputePass({
+        label: 'profile',
+        timestampWrites: { querySet, beginningOfPassWriteIndex: 2 * i, endOfPassWriteIndex: 2 * i + 1 },
+      });
+      encodeDispatches(pass, dispatches);
+      pass.end();
+    });
+    encoder.resolveQuerySet(querySet, 0, count, resolved, 0);
+    encoder.copyBufferToBuffer(resolved, 0, readback, 0, count * 8);
+    device.queue.submit([encoder.finish()]);
+    await readback.mapAsync(GPUMapMode.READ);
+    const ticks = new BigUint64Array(readback.getMappedRange().slice(0));
+    readback.unmap();
+    return groups.map((_, i) => Number(ticks[2 * i + 1] - ticks[2 * i]) / 1e6);
+  } finally {
+    querySet.destroy();
+    allocator.release(resolved);
+    allocator.release(readback);
+  }
 }
 
 export async function profileDecode(runner: EngineRunner, context: number, reps: number): Promise<DecodeProfile> {
   const engine = runner.engine;
   const m = engine.loaded;
   if (!m) throw new Error('load first');
-  const { device } = engine.gpu;
+  const gpu = engine.gpu;
+  if (!gpu.features.timestampQuery) throw new Error('profile-decode needs the timestamp-query feature');
   const pool = engine.pool;
   const seq = pool.createSequence();
   try {
@@ -57,41 +102,34 @@ export async function profileDecode(runner: EngineRunner, context: number, reps:
     const graph = m.transformer.graph(1);
     const all: PreparedDispatch[] = [...graph.body, ...graph.logits, ...(m.sampler.dispatches as PreparedDispatch[])];
 
-    const time = async (dispatches: readonly PreparedDispatch[]): Promise<number> => {
+    await timePasses(gpu, [all]); // warm-up
+    const whole: number[] = [];
+    const host: number[] = [];
+    const perDispatch: number[][] = all.map(() => []);
+    for (let r = 0; r < reps; r++) {
       const start = performance.now();
-      const encoder = device.createCommandEncoder({ label: 'profile' });
-      if (dispatches.length > 0) {
-        const pass = encoder.beginComputePass({ label: 'profile' });
-        encodeDispatches(pass, dispatches);
-        pass.end();
-      }
-      device.queue.submit([encoder.finish()]);
-      await device.queue.onSubmittedWorkDone();
-      return performance.now() - start;
-    };
-    await time(all); // warm-up
-    const median = async (dispatches: readonly PreparedDispatch[]) => {
-      const samples: number[] = [];
-      for (let r = 0; r < reps; r++) samples.push(await time(dispatches));
-      return spread(samples).median;
-    };
-    const roundTripMs = await median([]);
-    const wholeStepMs = await median(all);
+      whole.push((await timePasses(gpu, [all]))[0]);
+      host.push(performance.now() - start);
+      const times = await timePasses(
+        gpu,
+        all.map((d) => [d]),
+      );
+      for (const [i, ms] of times.entries()) perDispatch[i].push(ms);
+    }
     const roles = new Map<string, RoleTiming>();
-    for (const d of all) {
-      const ms = Math.max(0, (await median([d])) - roundTripMs);
+    all.forEach((d, i) => {
       const role = d.label.replace(/^blk\.\d+\./, '').replace(/layer\d+\./, 'layerN.');
       const entry = roles.get(role) ?? { role, dispatches: 0, ms: 0 };
       entry.dispatches += 1;
-      entry.ms += ms;
+      entry.ms += spread(perDispatch[i]).median;
       roles.set(role, entry);
-    }
-    engine.gpu.throwIfErrors();
+    });
+    gpu.throwIfErrors();
     return {
       context,
       dispatches: all.length,
-      roundTripMs,
-      wholeStepMs,
+      wholeStepGpuMs: spread(whole).median,
+      wholeStepHostMs: spread(host).median,
       roles: [...roles.values()].sort((a, b) => b.ms - a.ms),
     };
   } finally {
@@ -123,7 +161,7 @@ async function main(): Promise<void> {
     const total = p.roles.reduce((s, r) => s + r.ms, 0);
     const lines = [
       `${shape.name} ${mix}, KV ${kv}, context ${context}, adapter ${gpu.adapter.description || gpu.adapter.device}`,
-      `decode graph: ${p.dispatches} dispatches; whole step in one submit ${p.wholeStepMs.toFixed(2)} ms; empty submit round trip ${p.roundTripMs.toFixed(2)} ms; sum of lone dispatches ${total.toFixed(2)} ms`,
+      `decode graph: ${p.dispatches} dispatches; whole step in one pass: GPU ${p.wholeStepGpuMs.toFixed(3)} ms, host ${p.wholeStepHostMs.toFixed(3)} ms; sum of per-dispatch GPU times ${total.toFixed(3)} ms`,
       '',
       '| role | dispatches | ms | share |',
       '| --- | ---: | ---: | ---: |',

@@ -21,8 +21,14 @@ let cached: GPU | null = null;
 
 type DawnModule = { create: (flags: string[]) => GPU; globals: Record<string, unknown> };
 
+/**
+ * Dawn rounds timestamp queries to ~65 µs by default (a browser's guard against timing attacks). A Node process is
+ * not a web page, and the bench's per-kernel profile needs real kernel times of a few µs.
+ */
+const DAWN_FLAGS = ['disable-dawn-features=timestamp_quantization'];
+
 async function tryCreate(dawn: DawnModule): Promise<GPU | null> {
-  const gpu = dawn.create([]);
+  const gpu = dawn.create(DAWN_FLAGS);
   const adapter = await gpu.requestAdapter();
   return adapter ? gpu : null;
 }
