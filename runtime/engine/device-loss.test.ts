@@ -1,7 +1,8 @@
 /**
- * Device loss in the middle of a generation (issue 9): a separate Dawn device is destroyed from inside the token
- * callback. The engine must report a typed DeviceLostError that says what to do, and a fresh engine on a new device,
- * given the same conversation messages, re-prefills and continues exactly as a run that was never interrupted.
+ * Device loss (issue 9): a separate Dawn device is destroyed from inside the token callback, or from the load's
+ * progress callback while the model loads. The engine must report a typed DeviceLostError that says what to do, a
+ * failed load must leave no GPU buffer behind, and a fresh engine on a new device loads the model again and, given the
+ * same conversation messages, re-prefills and continues exactly as a run that was never interrupted.
  */
 import { readFileSync } from 'node:fs';
 import { afterAll, describe, expect, it } from 'vitest';
@@ -13,7 +14,7 @@ import { sourceFromPath } from '../gguf/node-source.ts';
 import { acquireGpu, type GpuContext } from '../gpu/device.ts';
 import { nodeGpu } from '../gpu/node.ts';
 import type { ChatCompletionChunk, ChatMessageParam } from './api.ts';
-import { Engine } from './engine.ts';
+import { Engine, type LoadProgress } from './engine.ts';
 import { createNodeEngine } from './node.ts';
 
 const ctx = withTestGpu();
@@ -79,6 +80,77 @@ describe.skipIf(!modelPath || !goldenPath)('device loss on stories260K', () => {
     fresh.unload();
     await source.close?.();
   });
+
+  // Each phase of a load, lost at its first progress event: before the GPU is used (parse), with part of the
+  // weights uploaded (upload), and in the warm-up token (calibrate).
+  it.each(['parse', 'upload', 'calibrate'] as const)(
+    'Engine.load: device.destroy() at the first %s progress event rejects with DeviceLostError, leaves no GPU buffer, and a new device loads and reproduces the golden ids',
+    async (phase) => {
+      const golden = JSON.parse(readFileSync(goldenPath!, 'utf8')) as { greedy_ids: number[] };
+      const gpu = await separateDevice();
+      const engine = new Engine(gpu);
+      const source = await sourceFromPath(modelPath!);
+      let lostAt: LoadProgress | null = null;
+      // The load only notices the loss at its warm-up readback (writes to a lost device are silently dropped), so the
+      // upload runs on to the end; the count shows how far.
+      let eventsAfterLoss = 0;
+      let failure: unknown = null;
+      try {
+        await engine.load(source, {
+          kvBudgetBytes: 4 << 20,
+          onProgress: (progress) => {
+            if (lostAt) eventsAfterLoss += 1;
+            if (lostAt || progress.phase !== phase) return;
+            lostAt = progress;
+            gpu.device.destroy();
+          },
+        });
+      } catch (error) {
+        failure = error;
+      }
+      const memory = gpu.allocator.snapshot();
+      const loadedAfterLoss = engine.loaded !== null;
+      // The lost device stays lost: loading on it again fails the same way instead of hanging.
+      let again: unknown = null;
+      await engine.load(source, { kvBudgetBytes: 4 << 20 }).catch((error: unknown) => {
+        again = error;
+      });
+
+      const fresh = new Engine(await separateDevice());
+      await fresh.load(source, { kvBudgetBytes: 4 << 20 });
+      const bos = golden.greedy_ids[0];
+      const result = await fresh.generate({ promptIds: [bos], maxTokens: 24, stopAtEog: false });
+      const goldenIds = result.ids.join(',') === golden.greedy_ids.slice(1, 25).join(',');
+      log.record({
+        area: 'device',
+        fault: `GPUDevice.destroy() at the first '${phase}' progress event of Engine.load; then a load on a new device`,
+        expected: 'DeviceLostError; nothing loaded; 0 GPU buffers, 0 bytes left; golden ids on the new device',
+        outcome:
+          `${failure ? describeError(failure) : 'loaded'} after ${eventsAfterLoss} more progress events; ` +
+          `${memory.totalBuffers} buffers, ${memory.totalBytes} bytes left; ` +
+          `new device: ${goldenIds ? 'golden ids' : 'different ids'}`,
+        ok:
+          failure instanceof DeviceLostError &&
+          !loadedAfterLoss &&
+          memory.totalBuffers === 0 &&
+          memory.totalBytes === 0 &&
+          goldenIds,
+      });
+      expect(lostAt).not.toBeNull();
+      expect(failure).toBeInstanceOf(DeviceLostError);
+      expect((failure as DeviceLostError).code).toBe('device-lost');
+      expect((failure as DeviceLostError).message).toMatch(/reload the model/i);
+      expect(loadedAfterLoss).toBe(false);
+      expect(memory.buffers).toEqual({ weights: 0, kv: 0, scratch: 0, staging: 0 });
+      expect(memory.totalBytes).toBe(0);
+      expect(again).toBeInstanceOf(DeviceLostError);
+      expect(gpu.allocator.snapshot().totalBuffers).toBe(0);
+      expect(result.ids).toEqual(golden.greedy_ids.slice(1, 25));
+      fresh.unload();
+      expect(fresh.memory().totalBuffers).toBe(0);
+      await source.close?.();
+    },
+  );
 
   it('chat API: the stream fails with DeviceLostError and a fresh engine on a new device continues the conversation', async () => {
     const turn1: ChatMessageParam[] = [SYSTEM, { role: 'user', content: 'Where did Lily go?' }];
