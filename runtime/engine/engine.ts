@@ -163,9 +163,10 @@ interface LoadedModel {
     /** 'calibrated' was asked for but none exist yet: the pool uses Hadamard until rotations are fitted. */
     calibrationNeeded: boolean;
   };
-  /** u32 the sampler writes; copied to `readback` after each step. */
+  /** u32 the sampler writes; copied to a readback buffer after each step, and read by the next decode step. */
   sampledId: GPUBuffer;
-  readback: GPUBuffer;
+  /** Two, used in turn: a decode step copies its id into one while the previous step's id is being mapped. */
+  readbacks: [GPUBuffer, GPUBuffer];
 }
 
 /**
@@ -245,13 +246,19 @@ export class Engine {
     try {
       const sampledId = gpu.allocator.createStorage('sampledId', 'scratch', 16);
       created.push({ release: () => gpu.allocator.release(sampledId) });
-      const readback = gpu.allocator.createBuffer({
-        label: 'sampledId.readback',
-        category: 'staging',
-        size: 16,
-        usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+      const readback = (slot: number) =>
+        gpu.allocator.createBuffer({
+          label: `sampledId.readback${slot}`,
+          category: 'staging',
+          size: 16,
+          usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+        });
+      const readbacks: [GPUBuffer, GPUBuffer] = [readback(0), readback(1)];
+      created.push({
+        release: () => {
+          for (const b of readbacks) gpu.allocator.release(b);
+        },
       });
-      created.push({ release: () => gpu.allocator.release(readback) });
       const kv = this.createKvState(config, weights, poolOptions, prefillChunk, sampledId);
       created.push(kv);
       const model: LoadedModel = {
@@ -262,7 +269,7 @@ export class Engine {
         ...kv.state,
         kv: { options: poolOptions, digest, calibrationNeeded },
         sampledId,
-        readback,
+        readbacks,
       };
       // Calibrate: one warm-up token through the whole pipeline (first submits compile lazily on some drivers).
       progress({ phase: 'calibrate', bytesDone: 0, bytesTotal: 1 });
@@ -317,7 +324,11 @@ export class Engine {
     const warmup = model.pool.createSequence();
     try {
       model.pool.reserve(warmup, 1);
-      await this.step(model, warmup, [model.tokenizer.bosId ?? 0], 0, { params: GREEDY_SAMPLING, step: 0 });
+      await this.submitStep(model, warmup, [model.tokenizer.bosId ?? 0], 0, {
+        params: GREEDY_SAMPLING,
+        step: 0,
+        readback: 0,
+      });
     } finally {
       model.pool.free(warmup);
     }
@@ -359,7 +370,7 @@ export class Engine {
     m.transformer.release();
     m.pool.destroy();
     this.gpu.allocator.release(m.sampledId);
-    this.gpu.allocator.release(m.readback);
+    for (const b of m.readbacks) this.gpu.allocator.release(b);
     releaseModelWeights(this.gpu, m.weights);
   }
 
@@ -406,7 +417,7 @@ export class Engine {
       m.pool.reserve(seq, ids.length);
       const chunk = m.transformer.maxTokens;
       for (let position = from; position < ids.length; position += chunk) {
-        await this.step(m, seq, ids.slice(position, position + chunk), position, null);
+        this.submitStep(m, seq, ids.slice(position, position + chunk), position, null);
       }
       await this.gpu.device.queue.onSubmittedWorkDone();
       this.gpu.throwIfErrors();
@@ -453,7 +464,6 @@ export class Engine {
     m.sampler.resetHistory(prompt);
     const chunk = m.transformer.maxTokens;
     let step = 0;
-    let next = -1;
     const usage = (generated: number, firstTokenAt: number, end: number): GenerationUsage => {
       const decodeTokens = Math.max(generated - 1, 0);
       return {
@@ -467,6 +477,7 @@ export class Engine {
         tpotMs: decodeTokens > 0 ? (end - firstTokenAt) / decodeTokens : 0,
       };
     };
+    let pending: Promise<number> | null = null;
     for (let position = reused; position < prompt.length; position += chunk) {
       if (request.signal?.aborted) {
         const now = performance.now();
@@ -474,71 +485,102 @@ export class Engine {
       }
       const ids = prompt.slice(position, position + chunk);
       const last = position + ids.length === prompt.length;
-      next = await this.step(m, seq, ids, position, last ? { params, step: step++ } : null);
+      pending = this.submitStep(m, seq, ids, position, last ? { params, step: step++, readback: 0 } : null);
     }
-    const firstTokenAt = performance.now();
+    // Decode keeps one step queued ahead of the host: the step that feeds token k (its id copied on the GPU from the
+    // sampler's output) is submitted before token k is read back, so the GPU never idles through the readback, the
+    // encoding of the next step and the handling of token k. When token k ends the reply, the step queued for it was
+    // one too many: its K/V (position k) is truncated away, and seq holds what it held without the look-ahead.
+    let firstTokenAt = performance.now();
     const generated: number[] = [];
     let finishReason: FinishReason = 'length';
-    let position = prompt.length;
-    while (generated.length < request.maxTokens) {
-      generated.push(next);
-      if (request.onToken?.(next) === false) {
-        finishReason = 'stop';
-        break;
+    let ahead: Promise<number> | null = null;
+    let aheadPosition = 0;
+    try {
+      while (pending) {
+        const position = prompt.length + generated.length;
+        if (generated.length + 1 < request.maxTokens && !request.signal?.aborted) {
+          try {
+            // The pending token's id is in readback slot generated.length % 2 (the prefill used slot 0).
+            const readback = (generated.length + 1) % 2;
+            ahead = this.submitStep(m, seq, null, position, { params, step: step++, readback });
+            aheadPosition = position;
+          } catch (error) {
+            // The pool is full (other sequences hold the rest): the reply ends after the pending token, as at the
+            // context limit.
+            if (!(error instanceof ContextOverflowError)) throw error;
+          }
+        }
+        const next = await pending;
+        pending = null;
+        if (generated.length === 0) firstTokenAt = performance.now();
+        if (request.maxTokens === 0) break;
+        generated.push(next);
+        if (request.onToken?.(next) === false) {
+          finishReason = 'stop';
+          break;
+        }
+        if ((request.stopAtEog ?? true) && m.tokenizer.isEndOfGeneration(next)) {
+          finishReason = 'stop';
+          break;
+        }
+        if (generated.length === request.maxTokens) break;
+        if (request.signal?.aborted) {
+          finishReason = 'abort';
+          break;
+        }
+        pending = ahead;
+        ahead = null;
       }
-      if ((request.stopAtEog ?? true) && m.tokenizer.isEndOfGeneration(next)) {
-        finishReason = 'stop';
-        break;
+    } finally {
+      if (ahead) {
+        // Wait for the look-ahead step so its readback buffer is unmapped and its pages are no longer written.
+        await ahead.catch(() => undefined);
+        m.pool.truncate(seq, aheadPosition);
       }
-      if (generated.length === request.maxTokens) break;
-      if (request.signal?.aborted) {
-        finishReason = 'abort';
-        break;
-      }
-      try {
-        next = await this.step(m, seq, [next], position, { params, step: step++ });
-      } catch (error) {
-        // The pool is full (other sequences hold the rest): the reply ends here, as at the context limit.
-        if (error instanceof ContextOverflowError) break;
-        throw error;
-      }
-      position += 1;
     }
     return { ids: generated, finishReason, usage: usage(generated.length, firstTokenAt, performance.now()) };
   }
 
   /**
-   * One submit: forward over `ids` at `position`; with `sample`, also the logits, the sampler, and the 4-byte
-   * readback of the chosen id (the only readback of a decode step).
+   * One submit: forward over `ids` at `position` (`ids` null: one decode token whose id the previous step's sampler
+   * left in `sampledId`, copied on the GPU); with `sample`, also the logits, the sampler, and the copy of the chosen
+   * id into readback buffer `sample.readback`. Returns the promise of that id (the only readback of a decode step).
    */
-  private async step(
+  private submitStep(
     m: LoadedModel,
     seq: KvSequence,
-    ids: number[],
+    ids: number[] | null,
     position: number,
-    sample: { params: SamplingParams; step: number } | null,
-  ): Promise<number> {
+    sample: { params: SamplingParams; step: number; readback: number } | null,
+  ): Promise<number> | null {
     const { device } = this.gpu;
-    m.pool.writeStep(seq, position, ids.length);
-    m.transformer.writeStep(ids, position);
+    const tokens = ids?.length ?? 1;
+    m.pool.writeStep(seq, position, tokens);
+    m.transformer.writeStep(ids, position, tokens);
     if (sample) m.sampler.setParams(sample.params, sample.step);
     const encoder = device.createCommandEncoder({ label: sample ? 'decode' : 'prefill' });
-    m.transformer.encode(encoder, ids.length, sample ? 'last' : 'none');
-    if (sample) {
+    if (!ids) encoder.copyBufferToBuffer(m.sampledId, 0, m.transformer.buffers.tokenIds, 0, 4);
+    m.transformer.encode(encoder, tokens, sample ? 'last' : 'none');
+    const readback = sample ? m.readbacks[sample.readback] : null;
+    if (readback) {
       const pass = encoder.beginComputePass({ label: 'sample' });
       encodeDispatches(pass, m.sampler.dispatches as PreparedDispatch[]);
       pass.end();
-      encoder.copyBufferToBuffer(m.sampledId, 0, m.readback, 0, 4);
+      encoder.copyBufferToBuffer(m.sampledId, 0, readback, 0, 4);
     }
     device.queue.submit([encoder.finish()]);
-    if (!sample) return -1;
+    return readback ? this.readId(readback) : null;
+  }
+
+  private async readId(readback: GPUBuffer): Promise<number> {
     try {
-      await m.readback.mapAsync(GPUMapMode.READ, 0, 4);
+      await readback.mapAsync(GPUMapMode.READ, 0, 4);
     } catch (error) {
       throw await this.lostOr(error);
     }
-    const id = new Uint32Array(m.readback.getMappedRange(0, 4))[0];
-    m.readback.unmap();
+    const id = new Uint32Array(readback.getMappedRange(0, 4))[0];
+    readback.unmap();
     this.gpu.throwIfErrors();
     return id;
   }

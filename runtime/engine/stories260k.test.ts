@@ -31,4 +31,39 @@ describe.skipIf(!modelPath || !goldenPath)('stories260K end to end (real trained
     }
     expect(ctx.gpu.allocator.snapshot().totalBuffers).toBe(baseline.totalBuffers);
   });
+
+  it('a reply stopped early leaves exactly prompt + reply − 1 positions, and a follow-up reusing them continues the golden text', async () => {
+    // Decode queues the step for token k before reading token k; when token k ends the reply, that look-ahead step's
+    // K/V must be undone, or the next turn would reuse a position that no prompt token wrote.
+    const golden = JSON.parse(readFileSync(goldenPath!, 'utf8')) as { greedy_ids: number[] };
+    const [bos, ...expected] = golden.greedy_ids;
+    const engine = new Engine(ctx.gpu);
+    const source = await sourceFromPath(modelPath!);
+    await engine.load(source, { kv: 'f16', kvBudgetBytes: 4 << 20 });
+    const pool = engine.loaded!.pool;
+    const seq = pool.createSequence();
+    const prompt = [bos, ...expected.slice(0, 10)];
+    let seen = 0;
+    const stopped = await engine.generateInSequence(seq, {
+      promptIds: prompt,
+      maxTokens: 50,
+      stopAtEog: false,
+      onToken: () => ++seen < 7,
+    });
+    expect(stopped.finishReason).toBe('stop');
+    expect(stopped.ids).toEqual(expected.slice(10, 17));
+    expect(seq.length).toBe(prompt.length + stopped.ids.length - 1);
+    const limited = await engine.generateInSequence(seq, {
+      promptIds: [...prompt, ...stopped.ids],
+      reuseTokens: seq.length,
+      maxTokens: 5,
+      stopAtEog: false,
+    });
+    expect(limited.usage.prefilledTokens).toBe(1);
+    expect(limited.ids).toEqual(expected.slice(17, 22));
+    expect(seq.length).toBe(prompt.length + stopped.ids.length + 4);
+    pool.free(seq);
+    engine.unload();
+    await source.close?.();
+  });
 });

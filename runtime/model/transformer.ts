@@ -93,14 +93,16 @@ export class Transformer {
     };
   }
 
-  /** Writes this step's token ids and position; the KV cache writes its own step uniform separately. */
-  writeStep(tokenIds: ArrayLike<number>, position: number): void {
-    if (tokenIds.length > this.maxTokens)
-      throw new RangeError(`forward over ${tokenIds.length} tokens > ${this.maxTokens}`);
+  /**
+   * Writes this step's token ids (null: the caller fills `buffers.tokenIds` on the GPU, e.g. from the sampler) and
+   * position; the KV cache writes its own step uniform separately.
+   */
+  writeStep(tokenIds: ArrayLike<number> | null, position: number, tokens = tokenIds?.length ?? 0): void {
+    if (tokens > this.maxTokens) throw new RangeError(`forward over ${tokens} tokens > ${this.maxTokens}`);
     const queue = this.gpu.device.queue;
-    queue.writeBuffer(this.buffers.tokenIds, 0, Uint32Array.from(tokenIds));
+    if (tokenIds) queue.writeBuffer(this.buffers.tokenIds, 0, Uint32Array.from(tokenIds));
     this.stepWords[0] = position;
-    this.stepWords[1] = tokenIds.length;
+    this.stepWords[1] = tokens;
     queue.writeBuffer(this.buffers.step, 0, this.stepWords);
   }
 
