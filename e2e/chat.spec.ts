@@ -1,17 +1,19 @@
 /**
  * The chat page in Chromium (SwiftShader WebGPU) with stories260K (1 MB), from ../shared (never copied into the
  * repository): pick a model, stream a reply, live stats, KV modes, persistence across reloads, safe markdown,
- * resumed downloads from a local stand-in of the hub, and chatting offline from the service worker's app shell.
+ * resumed downloads from a local stand-in of the hub, downloads of the wrong size rejected, and chatting offline from
+ * the service worker's app shell.
  * Every test starts in a fresh browser context, where the page fetches and loads its default demo model by itself
  * (e2e/demo-default.spec.ts tests that); the tests here choose another model over it, as a person would.
  * Screenshots of the main states are attached to each test (test-results/, and the HTML report).
  */
 import { createHash } from 'node:crypto';
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, readFileSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { expect, type Page, type TestInfo, test } from '@playwright/test';
+import { type FaultLog, faultLog } from '../test/regressions/fault-log.ts';
 import { STORIES260K, sharedRoot } from '../test/shared.ts';
-import { startHubServer } from './fixtures/hub-server.ts';
+import { type HubServerOptions, startHubServer } from './fixtures/hub-server.ts';
 
 const modelFile = join(sharedRoot, STORIES260K);
 const haveModel = existsSync(modelFile);
@@ -111,6 +113,43 @@ function storedKvMode(page: Page): Promise<string | null> {
     db.close();
     return settings?.kv ?? null;
   });
+}
+
+/** A model's record in the app's IndexedDB (longtab-models) and the size of its OPFS file (null: no file). */
+function storedDownload(
+  page: Page,
+  id: string,
+): Promise<{ complete: boolean; storedBytes: number; totalBytes: number | null; fileBytes: number | null }> {
+  return page.evaluate(async (modelId) => {
+    const db = await new Promise<IDBDatabase>((ok, fail) => {
+      const open = indexedDB.open('longtab-models');
+      open.onsuccess = () => ok(open.result);
+      open.onerror = () => fail(open.error);
+    });
+    const record = await new Promise<{ complete: boolean; storedBytes: number; totalBytes: number | null }>(
+      (ok, fail) => {
+        const request = db.transaction('models').objectStore('models').get(modelId);
+        request.onsuccess = () => ok(request.result);
+        request.onerror = () => fail(request.error);
+      },
+    );
+    db.close();
+    let fileBytes: number | null = null;
+    try {
+      const dir = await (await navigator.storage.getDirectory()).getDirectoryHandle('models');
+      fileBytes = (await (await dir.getFileHandle(`${modelId}.gguf`)).getFile()).size;
+    } catch (error) {
+      if (!(error instanceof DOMException && error.name === 'NotFoundError')) throw error;
+    }
+    return { complete: record.complete, storedBytes: record.storedBytes, totalBytes: record.totalBytes, fileBytes };
+  }, id);
+}
+
+/** The download tests' fault records (tmp/faults/page-download.jsonl), started by the first one a run reaches. */
+let downloadLog: FaultLog | undefined;
+function downloadFaults(): FaultLog {
+  downloadLog ??= faultLog('page-download');
+  return downloadLog;
 }
 
 function statNumber(text: string | null): number {
@@ -308,6 +347,13 @@ test.describe('chat page', () => {
       await openModels(page);
       await expect(presetRow(page)).toContainText('stored');
       await shot(page, testInfo, '10-stored-models');
+      downloadFaults().record({
+        area: 'download',
+        fault: 'the connection cut after 400000 bytes of stories260K (once)',
+        expected: 'resumes with a Range request from the last byte; the stored file is byte-identical',
+        outcome: `resumed with ${ranges.filter((r) => r !== null).join(', ')}; sha256 identical`,
+        ok: true,
+      });
     } finally {
       await hub.close();
     }
@@ -331,10 +377,104 @@ test.describe('chat page', () => {
       await expect(presetRow(page)).toContainText('incomplete');
       await expect(presetRow(page).getByRole('button', { name: 'Use' })).toHaveCount(0);
       await shot(page, testInfo, '10b-quota-exceeded');
+      const state = await storedDownload(page, PRESET.id);
+      downloadFaults().record({
+        area: 'download',
+        fault: 'a file announced at 100 TB, more than the storage quota',
+        expected: 'a clear "not enough storage" message; the model stays incomplete, nothing marked complete',
+        outcome:
+          `"${((await page.getByTestId('models-error').textContent()) ?? '').split('. ')[0]}."; ` +
+          `record complete ${state.complete}; ` +
+          (state.fileBytes === null ? 'no OPFS file' : `OPFS file ${state.fileBytes} bytes`),
+        ok: !state.complete,
+      });
+      expect(state.complete).toBe(false);
     } finally {
       await hub.close();
     }
   });
+
+  // A server whose file is not the size it announces (the file changed after the announcement, or the server
+  // misreports it), with chunked bodies that end cleanly: the download is rejected and none of its bytes are kept.
+  const modelBytes = haveModel ? statSync(modelFile).size : 0;
+  const wrongSizes: Array<{
+    title: string;
+    fault: string;
+    hub: Pick<HubServerOptions, 'announcedBytes' | 'cutOnceAfterBytes'>;
+    sent: RegExp;
+    resumedFrom: number | null;
+  }> = [
+    {
+      title: 'a download longer than the size its server announces is rejected and nothing of it is stored',
+      fault: 'a body 4096 bytes longer than the size the Range probe announces (chunked, no Content-Length)',
+      hub: { announcedBytes: modelBytes - 4096 },
+      sent: /but sent more than that/,
+      resumedFrom: null,
+    },
+    {
+      title: 'a resumed download that runs past the announced size is stopped there and nothing of it is stored',
+      fault: 'a cut after 400000 bytes, then a resumed body that runs 4096 bytes past its Content-Range total',
+      hub: { announcedBytes: modelBytes - 4096, cutOnceAfterBytes: 400_000 },
+      sent: /but sent more than that/,
+      resumedFrom: 400_000,
+    },
+    {
+      title: 'a download shorter than the size its server announces is rejected and nothing of it is stored',
+      fault: 'a body 4096 bytes shorter than the announced size, and nothing more on a resume (chunked)',
+      hub: { announcedBytes: modelBytes + 4096 },
+      sent: new RegExp(`but sent only ${modelBytes.toLocaleString('en-US')}\\.`),
+      resumedFrom: modelBytes,
+    },
+  ];
+  for (const wrong of wrongSizes) {
+    test(wrong.title, async ({ page }, testInfo) => {
+      test.skip(!haveModel, 'stories260K is missing');
+      const hub = await startHubServer({
+        files: [{ repo: PRESET.repo, file: PRESET.file, path: modelFile }],
+        chunked: true,
+        ...wrong.hub,
+      });
+      try {
+        await page.goto('/');
+        await page.getByTestId('open-settings').click();
+        await page.getByTestId('setting-hub').fill(hub.hubBase);
+        await page.keyboard.press('Escape');
+        await openModels(page);
+        await page.getByTestId(`preset-${PRESET.id}`).getByRole('button', { name: 'Download' }).click();
+        const announced = wrong.hub.announcedBytes!.toLocaleString('en-US');
+        const message = page.getByTestId('models-error');
+        await expect(message).toContainText(`The server announced ${announced} bytes for`, { timeout: 60_000 });
+        await expect(message).toContainText(wrong.sent);
+        await expect(message).toContainText('nothing of it is stored');
+        await expect(presetRow(page)).toContainText('incomplete');
+        await expect(presetRow(page)).toContainText('wrong size; nothing kept');
+        await expect(presetRow(page).getByRole('button', { name: 'Use' })).toHaveCount(0);
+        await shot(page, testInfo, `10c-wrong-size-${wrongSizes.indexOf(wrong)}`);
+
+        // Nothing half-written is left or marked complete: no OPFS file, a record with no bytes and no trusted size.
+        const state = await storedDownload(page, PRESET.id);
+        expect(state).toEqual({ complete: false, storedBytes: 0, totalBytes: null, fileBytes: null });
+        const ranges = hub.requests.filter((r) => r.url.endsWith(PRESET.file)).map((r) => r.range);
+        expect(ranges[0]).toBeNull();
+        if (wrong.resumedFrom !== null) expect(ranges).toContain(`bytes=${wrong.resumedFrom}-`);
+        // It gives up at once: no retry loop against a server whose file is another size.
+        expect(ranges.filter((r) => r === null)).toHaveLength(1);
+        downloadFaults().record({
+          area: 'download',
+          fault: wrong.fault,
+          expected: 'rejected (size-mismatch) with a message that says so; no bytes kept, nothing marked complete',
+          outcome:
+            `"${((await message.textContent()) ?? '').match(/but sent [^.]*/)?.[0]}"; ` +
+            `requests ${ranges.map((r) => r ?? 'GET').join(', ')}; ` +
+            `record complete ${state.complete}, ${state.storedBytes} bytes; ` +
+            `OPFS file ${state.fileBytes === null ? 'removed' : `${state.fileBytes} bytes`}`,
+          ok: !state.complete && state.storedBytes === 0 && state.fileBytes === null,
+        });
+      } finally {
+        await hub.close();
+      }
+    });
+  }
 
   test('after one online visit the app reloads and chats offline with a stored model', async ({ page }, testInfo) => {
     test.skip(!haveModel, 'stories260K is missing');

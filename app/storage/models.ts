@@ -1,7 +1,9 @@
 /**
  * Models stored for offline use: the bytes in the Origin Private File System (models/<id>.gguf), the metadata in
  * IndexedDB. A download resumes from the last byte on disk with an HTTP Range request, and a file is marked complete
- * only when its size on disk equals the total the server announced (Content-Range total or Content-Length).
+ * only when its size on disk equals the total the server announced (Content-Range total or Content-Length). A server
+ * that sends more than it announced, or has nothing more to send short of it, has a file of another size than it says:
+ * those bytes are discarded, never kept as a start to resume from.
  * Model files are far too big for the service worker's precache, which holds only the app shell.
  */
 import { createStore, del, get, set, values } from 'idb-keyval';
@@ -158,12 +160,17 @@ export async function openModelFile(id: string): Promise<File> {
   return file;
 }
 
-export async function deleteModel(id: string): Promise<void> {
+/** Removes a model's bytes from OPFS (none stored is fine); its record stays. */
+async function removeModelFile(id: string): Promise<void> {
   try {
     await (await modelsDir()).removeEntry(fileNameFor(id));
   } catch (error) {
     if (!(error instanceof DOMException && error.name === 'NotFoundError')) throw error;
   }
+}
+
+export async function deleteModel(id: string): Promise<void> {
+  await removeModelFile(id);
   await del(id, store);
 }
 
@@ -214,6 +221,21 @@ function rangeTotal(header: string | null): number | null {
 function rangeStart(header: string | null): number | null {
   const match = header?.match(/bytes\s+(\d+)-/);
   return match ? Number(match[1]) : null;
+}
+
+/**
+ * The server's file is not the size it announced (it changed after announcing it, or the server misreports it). The
+ * bytes on disk cannot be trusted as the start of either file, so they are removed and the record starts from nothing.
+ */
+async function rejectWrongSize(model: StoredModel, announced: number, received: number): Promise<never> {
+  await removeModelFile(model.id);
+  await putModel({ ...model, totalBytes: null, storedBytes: 0, complete: false, error: 'wrong size; nothing kept' });
+  // Exact counts: a wrong size may be off by a few bytes, which formatBytes would round away.
+  const sent = received > announced ? 'sent more than that' : `sent only ${received.toLocaleString('en-US')}`;
+  throw new ModelDownloadError(
+    'size-mismatch',
+    `The server announced ${announced.toLocaleString('en-US')} bytes for ${model.name} but ${sent}. The download was discarded and nothing of it is stored; try again later (the file may have changed on the server) or use another source.`,
+  );
 }
 
 /**
@@ -270,7 +292,9 @@ async function downloadOnce(
   if (response.status === 416 && start > 0) {
     // Asked past the end: the file may already be whole. Ask for the size with a one-byte range.
     await response.body?.cancel();
-    return finish(model, handle, await probeTotal(model.url, signal));
+    const announced = await probeTotal(model.url, signal);
+    if (announced !== null && announced !== start) return rejectWrongSize(model, announced, start);
+    return finish(model, handle, announced);
   }
   if (response.status === 206) {
     total = rangeTotal(response.headers.get('Content-Range'));
@@ -339,12 +363,20 @@ async function downloadOnce(
 
   const writer = await openWriter(handle, truncate);
   let sinceCheckpoint = 0;
+  /** Set when the body runs past the announced total: where it would have ended up. */
+  let overrun: number | null = null;
   const reader = response.body.getReader();
   report();
   try {
     for (;;) {
       const { done, value } = await reader.read();
       if (done) break;
+      if (total !== null && written + value.byteLength > total) {
+        // Stop before writing past the announced size, so a server that never stops cannot fill the disk.
+        overrun = written + value.byteLength;
+        await reader.cancel();
+        break;
+      }
       await writer.write(value, written);
       written += value.byteLength;
       sinceCheckpoint += value.byteLength;
@@ -369,8 +401,15 @@ async function downloadOnce(
     if (signal?.aborted) throw new ModelDownloadError('aborted', 'Download paused.');
     throw new ModelDownloadError('download-failed', `The connection dropped at ${formatBytes(written)}: ${error}`);
   }
+  if (overrun !== null) return rejectWrongSize(model, total!, overrun);
   // A compressed response (vite preview gzips the demo model) carries no length: ask for it with a one-byte range.
-  return finish(model, handle, total ?? (await probeTotal(model.url, signal)));
+  const announced = total ?? (await probeTotal(model.url, signal));
+  // The body ended cleanly (a cut connection errors instead). Past the announced size, or short of it without a byte
+  // more than we asked from, the server's file is another size; short after some bytes, the next try resumes.
+  if (announced !== null && (written > announced || (written < announced && written === start))) {
+    return rejectWrongSize(model, announced, written);
+  }
+  return finish(model, handle, announced);
 }
 
 /** The file's size from a one-byte Range request (its Content-Range total), or null when the server does not say. */
