@@ -4,6 +4,7 @@
  *
  *   npx vitest run runtime/engine/{loader-fuzz,device-loss,long-session,security}.test.ts
  *   npx playwright test e2e/security.spec.ts e2e/device-loss.spec.ts
+ *   npx playwright test e2e/chat.spec.ts -g 'download|full disk'
  *   npx tsx tools/fault-table.ts            # writes docs/faults.md
  */
 import { existsSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
@@ -23,6 +24,7 @@ const SOURCES: Record<string, string> = {
   security: 'runtime/engine/security.test.ts',
   page: 'e2e/security.spec.ts',
   'page-device-loss': 'e2e/device-loss.spec.ts',
+  'page-download': 'e2e/chat.spec.ts',
 };
 
 type Row = FaultRecord & { suite: string };
