@@ -5,7 +5,13 @@ import { KvPagePool, type KvSequence } from '../runtime/kv/pool.ts';
 import { withTestGpu } from '../test/gpu.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
 import { type AttentionSources, prepareAttention } from './attention.ts';
-import { attentionMergeWgsl, attentionPartialWgsl } from './attention.wgsl.ts';
+import {
+  ATTENTION_BLOCK_KEY_CHOICES,
+  type AttentionBlockKeys,
+  attentionMergeWgsl,
+  attentionPartialSource,
+  attentionWorkgroupBytes,
+} from './attention.wgsl.ts';
 import { type PreparedDispatch, releaseDispatches, submitDispatches } from './dispatch.ts';
 import { prepareKvAppend } from './kv-append.ts';
 import { attentionReference, f16Bits, f16BitsToNumber } from './reference/attention.ts';
@@ -44,7 +50,13 @@ class Harness {
     readonly gpu: GpuContext,
     readonly shape: Shape,
     readonly maxTokens: number,
-    opts: { decodeSplits?: number; prefillSplits?: number; minChunkKeys?: number; sources?: AttentionSources } = {},
+    opts: {
+      decodeSplits?: number;
+      prefillSplits?: number;
+      minChunkKeys?: number;
+      blockKeys?: AttentionBlockKeys;
+      sources?: AttentionSources;
+    } = {},
   ) {
     const { layers, heads, kvHeads, headDim, pageTokens } = shape;
     const pageBytes = layers * 2 * kvHeads * pageTokens * headDim * 2;
@@ -67,7 +79,15 @@ class Harness {
       this.k.push(gpu.allocator.createStorage(`test.k${layer}`, 'scratch', kvBytes));
       this.v.push(gpu.allocator.createStorage(`test.v${layer}`, 'scratch', kvBytes));
       this.out.push(gpu.allocator.createStorage(`test.out${layer}`, 'scratch', qBytes));
-      const common = { pool: this.pool, layer, q: this.q, output: this.out[layer], heads, scale };
+      const common = {
+        pool: this.pool,
+        layer,
+        q: this.q,
+        output: this.out[layer],
+        heads,
+        scale,
+        blockKeys: opts.blockKeys,
+      };
       const append = { pool: this.pool, layer, k: this.k[layer], v: this.v[layer] };
       this.prefill.push(prepareKvAppend(gpu, `prefill.append${layer}`, { ...append, tokens: maxTokens }));
       this.prefill.push(
@@ -165,7 +185,7 @@ async function runSteps(
   chunks: number[],
   seed: number,
   decodeSplits?: number,
-  more: { prefillSplits?: number; minChunkKeys?: number } = {},
+  more: { prefillSplits?: number; minChunkKeys?: number; blockKeys?: AttentionBlockKeys } = {},
 ) {
   const before = gpu.allocator.snapshot().totalBuffers;
   const harness = new Harness(gpu, shape, Math.max(...chunks), { decodeSplits, ...more });
@@ -177,6 +197,13 @@ async function runSteps(
   harness.release();
   expect(gpu.allocator.snapshot().totalBuffers).toBe(before);
   return { ratios, slabs };
+}
+
+/** Every tile size of the split kernel this device can run (the tests run each). */
+function blockKeysToTest(gpu: GpuContext, headDim: number): AttentionBlockKeys[] {
+  return ATTENTION_BLOCK_KEY_CHOICES.filter(
+    (keys) => attentionWorkgroupBytes(keys, headDim) <= gpu.limits.maxComputeWorkgroupStorageSize,
+  );
 }
 
 describe('paged attention', () => {
@@ -208,9 +235,26 @@ describe('paged attention', () => {
       [1, 1, 1, 1, 1, 1],
       4,
     ],
-  ])('matches the CPU reference: %s', async (_name, shape, chunks, splits) => {
-    const { ratios } = await runSteps(ctx.gpu, shape, chunks, chunks.length * 31 + shape.headDim, splits);
-    expect(Math.max(...ratios)).toBeLessThanOrEqual(1);
+    // Tiles of up to 64 keys filled from many pages of 4, with a chunk boundary inside a page.
+    [
+      'hd 64, 2:1, one split, tiles over 16 pages',
+      { layers: 1, heads: 4, kvHeads: 2, headDim: 64, pageTokens: 4 },
+      [70, 1, 45, 1, 1],
+      1,
+    ],
+    [
+      'hd 128, 4:1, 3 splits, pages of 4',
+      { layers: 1, heads: 4, kvHeads: 1, headDim: 128, pageTokens: 4 },
+      [61, 1, 30, 1],
+      3,
+    ],
+  ])('matches the CPU reference with every tile size: %s', async (_name, shape, chunks, splits) => {
+    for (const blockKeys of blockKeysToTest(ctx.gpu, shape.headDim)) {
+      const { ratios } = await runSteps(ctx.gpu, shape, chunks, chunks.length * 31 + shape.headDim, splits, {
+        blockKeys,
+      });
+      expect(Math.max(...ratios), `tiles of ${blockKeys} keys`).toBeLessThanOrEqual(1);
+    }
   });
 
   it.each<[string, Shape, number[], number, { prefillSplits?: number; minChunkKeys: number }]>([
@@ -298,7 +342,10 @@ describe('paged attention', () => {
     [
       'causal mask off by one query',
       {
-        partial: attentionPartialWgsl.replace('block + j <= step.position + row / group', 'block + j <= step.position'),
+        partial: attentionPartialSource(false, 16, 8).replace(
+          'block + j <= step.position + row / group',
+          'block + j <= step.position',
+        ),
       },
       1,
     ],
@@ -311,10 +358,11 @@ describe('paged attention', () => {
     ],
   ])('catches a broken kernel: %s', async (_name, sources, decodeSplits) => {
     const { gpu } = ctx;
-    const changed = (sources.partial ?? attentionPartialWgsl) + (sources.merge ?? attentionMergeWgsl);
-    expect(changed).not.toBe(attentionPartialWgsl + attentionMergeWgsl);
+    const original = attentionPartialSource(false, 16, 8);
+    const changed = (sources.partial ?? original) + (sources.merge ?? attentionMergeWgsl);
+    expect(changed).not.toBe(original + attentionMergeWgsl);
     const shape = { layers: 1, heads: 2, kvHeads: 1, headDim: 8, pageTokens: 4 };
-    const harness = new Harness(gpu, shape, 6, { decodeSplits, sources });
+    const harness = new Harness(gpu, shape, 6, { decodeSplits, sources, blockKeys: 16 });
     const random = seededRandom(3);
     const seq = harness.sequence();
     const ratios = [await harness.step(seq, 6, random), await harness.step(seq, 1, random)];

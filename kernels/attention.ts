@@ -1,13 +1,14 @@
 import { InvalidRequestError } from '../runtime/errors.ts';
 import type { GpuContext } from '../runtime/gpu/device.ts';
 import {
-  ATTENTION_BLOCK_KEYS,
+  ATTENTION_BLOCK_KEY_CHOICES,
   ATTENTION_MAX_ROW_PAIRS,
   ATTENTION_MAX_ROWS,
   ATTENTION_MAX_SPLITS,
+  type AttentionBlockKeys,
   attentionMergeWgsl,
-  attentionMixedWgsl,
-  attentionPartialWgsl,
+  attentionPartialSource,
+  attentionWorkgroupBytes,
 } from './attention.wgsl.ts';
 import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from './dispatch.ts';
 import { type KvPageSource, kvPoolDispatch } from './kv-append.ts';
@@ -41,6 +42,16 @@ export interface AttentionBinding {
    * of its own, owned by the dispatch. Layers run one after another, so one graph's layers can share one.
    */
   partials?: GPUBuffer;
+  /** Keys per tile of the split kernel; default: the largest of ATTENTION_BLOCK_KEY_CHOICES the device fits. */
+  blockKeys?: AttentionBlockKeys;
+}
+
+/** The largest tile the device's workgroup storage holds (16 always fits WebGPU's default 16 KiB). */
+export function defaultAttentionBlockKeys(gpu: GpuContext, headDim: number): AttentionBlockKeys {
+  const fits = ATTENTION_BLOCK_KEY_CHOICES.find(
+    (keys) => attentionWorkgroupBytes(keys, headDim) <= gpu.limits.maxComputeWorkgroupStorageSize,
+  );
+  return fits ?? 16;
 }
 
 /** Bytes of the split pass's partial results: (max, sum, Σ p·V) per query token, head and split. */
@@ -48,6 +59,7 @@ export function attentionPartialsBytes(maxTokens: number, heads: number, splits:
   return maxTokens * heads * splits * (headDim + 2) * 4;
 }
 
+/** Replacement WGSL (tests of the tests); `partial` must be built for the binding's blockKeys. */
 export interface AttentionSources {
   partial?: string;
   merge?: string;
@@ -83,10 +95,17 @@ export function prepareAttention(
     throw new InvalidRequestError(`attention: grid ${splits} x ${kvHeads} x ${tiles} exceeds ${maxGrid} per dimension`);
   }
   const quant = pool.quant ?? null;
+  const blockKeys = b.blockKeys ?? defaultAttentionBlockKeys(gpu, headDim);
+  const storage = attentionWorkgroupBytes(blockKeys, headDim);
+  if (storage > gpu.limits.maxComputeWorkgroupStorageSize) {
+    throw new InvalidRequestError(
+      `attention: tiles of ${blockKeys} keys need ${storage} bytes of workgroup storage, the device has ${gpu.limits.maxComputeWorkgroupStorageSize}`,
+    );
+  }
   const partialPipeline = computePipeline(
     gpu,
-    quant ? 'attention-mixed' : 'attention-partial',
-    sources.partial ?? (quant ? attentionMixedWgsl : attentionPartialWgsl),
+    `${quant ? 'attention-mixed' : 'attention-partial'}-${blockKeys}-hd${headDim}`,
+    sources.partial ?? attentionPartialSource(quant !== null, blockKeys, headDim),
   );
   const words = [
     pool.layerOffsetWords(b.layer, 0),
@@ -107,7 +126,8 @@ export function prepareAttention(
       quant.pageWords,
       quant.layerOffsetWords(b.layer, 0),
       quant.layerOffsetWords(b.layer, 1),
-      Math.min(ATTENTION_BLOCK_KEYS, Math.floor((ATTENTION_BLOCK_KEYS * 64) / headDim)),
+      // Quant tiles hold f32 values: half as many keys as f16 ones.
+      blockKeys / 2,
       quant.key.bits,
       quant.key.groupSize,
       quant.keyCodeWords,

@@ -1,10 +1,22 @@
 import { kvTileLoaderWgsl } from './kv-append.wgsl.ts';
 
-/** Query rows (token, head) one workgroup serves, keys per block, and their product caps (shared-memory budget). */
+/** Query rows (token, head) one workgroup serves. */
 export const ATTENTION_MAX_ROWS = 16;
-export const ATTENTION_BLOCK_KEYS = 16;
 /** rows * headDim/2 <= this (private accumulators per invocation = this / 64). */
 export const ATTENTION_MAX_ROW_PAIRS = 512;
+/**
+ * Keys per tile the split kernel is built for, largest first: a prepared kernel uses the largest whose workgroup
+ * storage (`attentionWorkgroupBytes`) fits the device (WebGPU's default 16 KiB holds 32 at headDim 64, 16 at 128;
+ * the H200's 48 KiB holds 64 at both). Bigger tiles pay the workgroup barriers and the softmax rescale once per more
+ * keys. A tile holds `blockKeys` f16 keys, or half as many dequantized (f32) keys of quant pages.
+ */
+export const ATTENTION_BLOCK_KEY_CHOICES = [64, 32, 16] as const;
+export type AttentionBlockKeys = (typeof ATTENTION_BLOCK_KEY_CHOICES)[number];
+
+/** Workgroup storage of the split kernel: q rows, the K and V tiles (blockKeys f16 keys each), the scores. */
+export function attentionWorkgroupBytes(blockKeys: number, headDim: number): number {
+  return ATTENTION_MAX_ROW_PAIRS * 8 + 2 * blockKeys * headDim * 2 + ATTENTION_MAX_ROWS * blockKeys * 4;
+}
 
 /**
  * Keys per split: the keys cut into `splits` chunks, but never fewer than `minChunk` per chunk, so a short context uses
@@ -17,6 +29,8 @@ fn splitChunk(length: u32, splits: u32, minChunk: u32) -> u32 {
 }`;
 
 /** Extra Params fields of the mixed (f16 + quant pages) variant. */
+
+/** Extra Params fields of the mixed (f16 + quant pages) variant. */
 const QUANT_PARAMS = `
   quantPageWords: u32, quantKOffset: u32, quantVOffset: u32, quantBlock: u32,
   kBits: u32, kGroup: u32, kCodeWords: u32, kRowWords: u32,
@@ -24,7 +38,7 @@ const QUANT_PARAMS = `
 
 /** Dequantizes the KV head's part of `n` rows of one kind (K or V) of a quant page into `target` as f32 bits. */
 function quantRowLoader(name: string, target: string, p: 'k' | 'v', offset: string): string {
-  return `fn ${name}(slot: u32, page: u32, inPage: u32, n: u32, kvh: u32, lid: u32) {
+  return `fn ${name}(slot: u32, page: u32, inPage: u32, n: u32, kvh: u32, lid: u32, to: u32) {
   let bits = params.${p}Bits;
   let perWord = 32u / bits;
   let mask = (1u << bits) - 1u;
@@ -41,7 +55,7 @@ function quantRowLoader(name: string, target: string, p: 'k' | 'v', offset: stri
     for (var c = 0u; c < perWord; c++) {
       let e = w * perWord + c;
       if (e >= firstE && e < firstE + params.headDim) {
-        let t = j * params.headDim + e - firstE;
+        let t = (to + j) * params.headDim + e - firstE;
         ${target}[t / 4u][t % 4u] = bitcast<u32>(lohi.x + f32((codes >> (c * bits)) & mask) * lohi.y);
       }
     }
@@ -52,7 +66,7 @@ function quantRowLoader(name: string, target: string, p: 'k' | 'v', offset: stri
 /**
  * Quant page loads of the mixed variant: slots 2 and 3 hold quant slabs (runtime/kv/pool.ts). A block of a quant
  * page is dequantized (lo + code · scale, exactly dequantizeRow's f32 values) into kt / vt as f32 bits, headDim per
- * key, so a quant block holds at most quantBlock = min(16, 1024 / headDim) keys. One invocation per (key, code word):
+ * key, so a quant tile holds at most quantBlock = BLOCK / 2 keys. One invocation per (key, code word):
  * each code word and group parameter is read once.
  */
 const QUANT_LOADERS = `
@@ -63,11 +77,11 @@ fn quantWord(slot: u32, index: u32) -> u32 {
 }
 ${quantRowLoader('loadQuantKeys', 'kt', 'k', 'quantKOffset')}
 ${quantRowLoader('loadQuantValues', 'vt', 'v', 'quantVOffset')}
-fn loadQuant(entry: u32, inPage: u32, n: u32, kvh: u32, lid: u32) {
+fn loadQuant(entry: u32, inPage: u32, n: u32, kvh: u32, lid: u32, to: u32) {
   let slot = (entry >> 24u) & 0xfu;
   let page = (entry & 0xffffffu) * params.quantPageWords;
-  loadQuantKeys(slot, page, inPage, n, kvh, lid);
-  loadQuantValues(slot, page, inPage, n, kvh, lid);
+  loadQuantKeys(slot, page, inPage, n, kvh, lid, to);
+  loadQuantValues(slot, page, inPage, n, kvh, lid, to);
 }`;
 
 /**
@@ -75,15 +89,19 @@ fn loadQuant(entry: u32, inPage: u32, n: u32, kvh: u32, lid: u32) {
  *
  * Workgroup (split s, kv head, row tile w). The rows of a kv head are its (query token t, head in group g) pairs,
  * g fastest; a tile holds `rows` of them, so the heads sharing a KV head (GQA) and, in prefill, several query tokens
- * read each K/V block once. Query t sits at position p = step.position + t and sees keys 0..p. Keys
- * 0..step.length-1 are cut into `splits` equal chunks. A chunk is walked in blocks of <= 16 keys that never cross a
- * page, so a block's K and V are two contiguous runs of one slab, copied to shared memory by the whole workgroup
- * (independent loads, no per-key page lookups), then: scores (rows x keys) → per-row online-softmax update (f32)
- * → V accumulated by (row, dim pair) from shared memory.
+ * read each K/V tile once. Query t sits at position p = step.position + t and sees keys 0..p. Keys
+ * 0..step.length-1 are cut into `splits` chunks. A chunk is walked in tiles of <= BLOCK keys; a tile is filled page
+ * by page, one contiguous run of K and one of V per page, copied to shared memory by the whole workgroup
+ * (independent loads, no per-key page lookups). Then the scores (rows x keys) go to shared memory, and each
+ * invocation, owning (row, dim pair) accumulators, updates its own online softmax (max, sum; f32) from the row's
+ * scores and accumulates V: the exponentials are recomputed per dim pair rather than shared, which costs ALU work and
+ * saves a barrier and a serial pass per tile. The mixed variant never mixes page kinds in one tile.
  * splits = 1: writes the normalized output. splits > 1: writes (max, sum, Σ p·V) per (t, h, s) for the merge pass.
- * headDim <= 128, a multiple of 8 (K/V move as vec4<u32>: 8 halves); rows <= 16; rows * headDim/2 <= 512. Shared memory: 4 + 4 + 4 + 1 KiB.
+ * headDim <= 128, a multiple of 8 (K/V move as vec4<u32>: 8 halves); rows <= 16; rows * headDim/2 <= 512.
+ * Built per headDim (the tile sizes); shared memory: attentionWorkgroupBytes(BLOCK, headDim).
  */
-export function attentionPartialSource(quant: boolean): string {
+export function attentionPartialSource(quant: boolean, blockKeys: AttentionBlockKeys, headDim: number): string {
+  const tileVec4 = (blockKeys * headDim) / 8;
   return /* wgsl */ `
 struct Params {
   kOffset: u32, vOffset: u32, pageWords: u32, pageTokens: u32,
@@ -104,22 +122,19 @@ ${kvTileLoaderWgsl(
   ],
   5,
   64,
-  (ATTENTION_BLOCK_KEYS * 64) / 4,
+  tileVec4,
 )}${quant ? QUANT_LOADERS : ''}
 
 const WG: u32 = 64u;
 const MAX_ROWS: u32 = ${ATTENTION_MAX_ROWS}u;
-const BLOCK: u32 = ${ATTENTION_BLOCK_KEYS}u;
+const BLOCK: u32 = ${blockKeys}u;
 const MAX_ITEMS: u32 = ${ATTENTION_MAX_ROW_PAIRS / 64}u;
 const NONE: f32 = -1e30;
 
 var<workgroup> qs: array<vec2<f32>, ${ATTENTION_MAX_ROW_PAIRS}>;
-var<workgroup> kt: array<vec4<u32>, ${(ATTENTION_BLOCK_KEYS * 64) / 4}>;
-var<workgroup> vt: array<vec4<u32>, ${(ATTENTION_BLOCK_KEYS * 64) / 4}>;
-var<workgroup> sc: array<f32, ${ATTENTION_MAX_ROWS * ATTENTION_BLOCK_KEYS}>;
-var<workgroup> rowMax: array<f32, MAX_ROWS>;
-var<workgroup> rowSum: array<f32, MAX_ROWS>;
-var<workgroup> rowScale: array<f32, MAX_ROWS>;
+var<workgroup> kt: array<vec4<u32>, ${tileVec4}>;
+var<workgroup> vt: array<vec4<u32>, ${tileVec4}>;
+var<workgroup> sc: array<f32, ${ATTENTION_MAX_ROWS * blockKeys}>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -147,37 +162,47 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     qs[i] = v;
   }
-  if (lid < rows) {
-    rowMax[lid] = NONE;
-    rowSum[lid] = 0.0;
-  }
+  // Per (row, dim pair) item: running max, sum and Σ p·V. Every item of a row sees the same scores, so they agree.
+  var rowMax: array<f32, MAX_ITEMS>;
+  var rowSum: array<f32, MAX_ITEMS>;
   var acc: array<vec2<f32>, MAX_ITEMS>;
-  for (var k = 0u; k < MAX_ITEMS; k++) { acc[k] = vec2<f32>(0.0); }
+  for (var k = 0u; k < MAX_ITEMS; k++) {
+    rowMax[k] = NONE;
+    rowSum[k] = 0.0;
+    acc[k] = vec2<f32>(0.0);
+  }
 
   let headBase = kvh * params.pageTokens * pairs;
   var block = start;
   loop {
     if (block >= end) { break; }
-    let inPage = block % params.pageTokens;
+    let tileEnd = min(block + BLOCK, end);
+    // The previous tile's readers are done with kt, vt and sc.
+    workgroupBarrier();
+    var n = 0u;${quant ? '\n    var quantTile = false;' : ''}
+    loop {
+      let key = block + n;
+      if (key >= tileEnd) { break; }
+      let inPage = key % params.pageTokens;
+      let entry = pageTable[step.tableOffset + key / params.pageTokens];
+      var run = min(tileEnd - key, params.pageTokens - inPage);
 ${
   quant
-    ? `    let entry = pageTable[step.tableOffset + block / params.pageTokens];
-    let quantPage = (entry >> 28u) == 1u;
-    var n = min(min(BLOCK, end - block), params.pageTokens - inPage);
-    if (quantPage) { n = min(n, params.quantBlock); }
-    workgroupBarrier();
-    if (quantPage) {
-      loadQuant(entry, inPage, n, kvh, lid);
-    } else {
-      loadKeys(entry, (params.kOffset + headBase + inPage * pairs) / 4u, n * pairs / 4u, lid);
-      loadValues(entry, (params.vOffset + headBase + inPage * pairs) / 4u, n * pairs / 4u, lid);
-    }`
-    : `    let n = min(min(BLOCK, end - block), params.pageTokens - inPage);
-    let entry = pageTable[step.tableOffset + block / params.pageTokens];
-    workgroupBarrier();
-    loadKeys(entry, (params.kOffset + headBase + inPage * pairs) / 4u, n * pairs / 4u, lid);
-    loadValues(entry, (params.vOffset + headBase + inPage * pairs) / 4u, n * pairs / 4u, lid);`
+    ? `      let isQuant = (entry >> 28u) == 1u;
+      if (n == 0u) { quantTile = isQuant; } else if (isQuant != quantTile) { break; }
+      if (isQuant) {
+        run = min(run, params.quantBlock - n);
+        if (run == 0u) { break; }
+        loadQuant(entry, inPage, run, kvh, lid, n);
+      } else {
+        loadKeys(entry, (params.kOffset + headBase + inPage * pairs) / 4u, run * pairs / 4u, lid, n * pairs / 4u);
+        loadValues(entry, (params.vOffset + headBase + inPage * pairs) / 4u, run * pairs / 4u, lid, n * pairs / 4u);
+      }`
+    : `      loadKeys(entry, (params.kOffset + headBase + inPage * pairs) / 4u, run * pairs / 4u, lid, n * pairs / 4u);
+      loadValues(entry, (params.vOffset + headBase + inPage * pairs) / 4u, run * pairs / 4u, lid, n * pairs / 4u);`
 }
+      n += run;
+    }
     workgroupBarrier();
     for (var i = lid; i < rows * BLOCK; i += WG) {
       let r = i / BLOCK;
@@ -188,7 +213,7 @@ ${
         var sum = 0.0;
 ${
   quant
-    ? `        if (quantPage) {
+    ? `        if (quantTile) {
           // The tile holds f32 values (dequantized on load), headDim per key.
           // Start each key at a different pair: keys sit headDim floats apart, so the same pair of 16 keys
           // would hit one shared-memory bank.
@@ -216,48 +241,43 @@ ${quant ? '        }\n' : ''}        score = sum;
       sc[i] = score;
     }
     workgroupBarrier();
-    if (lid < rows) {
-      var best = rowMax[lid];
-      for (var j = 0u; j < n; j++) { best = max(best, sc[lid * BLOCK + j]); }
-      var total = 0.0;
-      for (var j = 0u; j < n; j++) {
-        let x = sc[lid * BLOCK + j];
-        let p = select(0.0, exp(x - best), x > NONE);
-        sc[lid * BLOCK + j] = p;
-        total += p;
-      }
-      let correction = select(1.0, exp(rowMax[lid] - best), rowMax[lid] > NONE);
-      rowScale[lid] = correction;
-      rowSum[lid] = rowSum[lid] * correction + total;
-      rowMax[lid] = best;
-    }
-    workgroupBarrier();
     for (var k = 0u; k < MAX_ITEMS; k++) {
       let i = lid + k * WG;
       if (i >= rows * pairs) { break; }
       let r = i / pairs;
       let pair = i % pairs;
-      var a = acc[k] * rowScale[r];
+      var best = rowMax[k];
+      for (var j = 0u; j < n; j++) { best = max(best, sc[r * BLOCK + j]); }
+      let correction = select(1.0, exp(rowMax[k] - best), rowMax[k] > NONE);
+      var total = rowSum[k] * correction;
+      var a = acc[k] * correction;
 ${
   quant
-    ? `      if (quantPage) {
+    ? `      if (quantTile) {
         for (var j = 0u; j < n; j++) {
+          let x = sc[r * BLOCK + j];
+          let p = select(0.0, exp(x - best), x > NONE);
+          total += p;
           let e = j * params.headDim + 2u * pair;
           let w = vt[e / 4u];
-          a += sc[r * BLOCK + j] * bitcast<vec2<f32>>(select(w.zw, w.xy, e % 4u == 0u));
+          a += p * bitcast<vec2<f32>>(select(w.zw, w.xy, e % 4u == 0u));
         }
       } else {
 `
     : ''
 }      for (var j = 0u; j < n; j++) {
+        let x = sc[r * BLOCK + j];
+        let p = select(0.0, exp(x - best), x > NONE);
+        total += p;
         let word = j * pairs + pair;
-        a += sc[r * BLOCK + j] * unpack2x16float(vt[word / 4u][word % 4u]);
+        a += p * unpack2x16float(vt[word / 4u][word % 4u]);
       }
 ${quant ? '      }\n' : ''}      acc[k] = a;
+      rowSum[k] = total;
+      rowMax[k] = best;
     }
     block += n;
   }
-  workgroupBarrier();
 
   for (var k = 0u; k < MAX_ITEMS; k++) {
     let i = lid + k * WG;
@@ -270,14 +290,14 @@ ${quant ? '      }\n' : ''}      acc[k] = a;
     let pair = i % pairs;
     if (params.splits == 1u) {
       let o = (t * params.heads + h) * params.headDim + 2u * pair;
-      let v = acc[k] / rowSum[r];
+      let v = acc[k] / rowSum[k];
       dst[o] = v.x;
       dst[o + 1u] = v.y;
     } else {
       let rec = ((t * params.heads + h) * params.splits + s) * (params.headDim + 2u);
       if (pair == 0u) {
-        dst[rec] = rowMax[r];
-        dst[rec + 1u] = rowSum[r];
+        dst[rec] = rowMax[k];
+        dst[rec + 1u] = rowSum[k];
       }
       dst[rec + 2u + 2u * pair] = acc[k].x;
       dst[rec + 3u + 2u * pair] = acc[k].y;
@@ -286,11 +306,6 @@ ${quant ? '      }\n' : ''}      acc[k] = a;
 }
 `;
 }
-
-export const attentionPartialWgsl = attentionPartialSource(false);
-
-/** Attention over f16 and quant pages (pool mode 'quant'): per block, the page-table entry's kind picks the load. */
-export const attentionMixedWgsl = attentionPartialSource(true);
 
 /** Most key splits the merge pass takes (its shared weight array). */
 export const ATTENTION_MAX_SPLITS = 256;

@@ -21,8 +21,8 @@ fn kvStore(entry: u32, word: u32, value: u32) {
 }
 
 /**
- * The four slabs as `array<vec4<u32>>` (read-only) and `fn name(entry, first, count, lid)`: the workgroup copies
- * vec4 words first..first+count of the page `entry` (in vec4 units) into `target[0..count)`, count <= maxCount.
+ * The four slabs as `array<vec4<u32>>` (read-only) and `fn name(entry, first, count, lid, to)`: the workgroup copies
+ * vec4 words first..first+count of the page `entry` (in vec4 units) into `target[to..to+count)`, count <= maxCount.
  * One uniform branch per call and a constant-trip loop, so the loads are independent and in flight together.
  */
 export function kvTileLoaderWgsl(
@@ -41,12 +41,12 @@ export function kvTileLoaderWgsl(
           `    ${i === 3 ? 'default' : `case ${i}u`}: {
       for (var k = 0u; k < ${Math.ceil(maxCount / wgSize)}u; k++) {
         let i = lid + k * ${wgSize}u;
-        if (i < count) { ${target}[i] = slab${i}[base + i]; }
+        if (i < count) { ${target}[to + i] = slab${i}[base + i]; }
       }
     }`,
       )
       .join('\n');
-    return `fn ${name}(entry: u32, first: u32, count: u32, lid: u32) {
+    return `fn ${name}(entry: u32, first: u32, count: u32, lid: u32, to: u32) {
   let base = (entry & 0xffffffu) * (params.pageWords / 4u) + first;
   switch ((entry >> 24u) & 0xfu) {
 ${cases}
