@@ -61,6 +61,8 @@ export interface FidelityVariant {
   format: { key: Omit<QuantRowFormat, 'width'>; value: Omit<QuantRowFormat, 'width'> } | null;
   /** f32 [layers × kvHeads × headDim × headDim], row-major, applied as x·R; null: no rotation. */
   rotation: { key: Float32Array; value: Float32Array } | null;
+  /** 'f32': K/V kept unrounded, the exact reference that shows what the f16 cache's own rounding costs. */
+  storage?: 'f32';
 }
 
 /** The variants by the names `longtab eval` uses; 'calibrated' needs its rotations. */
@@ -88,6 +90,8 @@ export function fidelityVariant(
     };
   };
   switch (name) {
+    case 'f32':
+      return { name, format: null, rotation: null, storage: 'f32' };
     case 'f16':
       return { name, format: null, rotation: null };
     case 'int2-none':
@@ -108,7 +112,7 @@ export function fidelityVariant(
         rotation: { key: options.calibrated.key, value: options.calibrated.value },
       };
     default:
-      throw new InvalidRequestError(`Unknown KV variant '${name}': use ${FIDELITY_MODES.join(', ')}.`);
+      throw new InvalidRequestError(`Unknown KV variant '${name}': use ${FIDELITY_MODES.join(', ')} or f32.`);
   }
 }
 
@@ -195,8 +199,9 @@ function cacheView(
   const v = acts.v.subarray(0, tokens * width);
   const q = acts.q.subarray(0, tokens * heads * d);
   // kv-append packs the (rotated) f32 rows to f16.
-  const keys = (r ? rotateRows(k, r.key, tokens, kvHeads, d, 1, first) : k).map(roundToF16);
-  const values = (r ? rotateRows(v, r.value, tokens, kvHeads, d, 1, first) : v).map(roundToF16);
+  const store = (x: Float32Array) => (variant.storage === 'f32' ? x : x.map(roundToF16));
+  const keys = store(r ? rotateRows(k, r.key, tokens, kvHeads, d, 1, first) : k);
+  const values = store(r ? rotateRows(v, r.value, tokens, kvHeads, d, 1, first) : v);
   const queries = r ? rotateRows(q, r.key, tokens, heads, d, heads / kvHeads, first) : q;
   let quantKeys: Float32Array | null = null;
   let quantValues: Float32Array | null = null;
