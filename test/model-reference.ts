@@ -1,6 +1,7 @@
 /**
  * A whole-model CPU reference for the oracle tests: the llama/qwen2/qwen3 forward pass in f64 over dequantized
- * weights (kernels/reference/dequantize.ts), with the KV cache rounded to f16 as both engines store it.
+ * weights (kernels/reference/dequantize.ts), with the KV cache rounded to f16 as both engines store it (or kept in
+ * f64 with `exactKv`).
  *
  * `emulateLlamaCpp` adds the conversions llama.cpp's CPU backend applies to activations, so the reference can say
  * which part of a difference to llama.cpp is llama.cpp's own rounding and which is ours:
@@ -118,6 +119,8 @@ export interface ReferenceOptions {
    * kvHeads × headDim width (runtime/kv/quant-format.ts), without rotation.
    */
   kvQuant?: { sink: number; window: number; pageTokens: number; groupSize: number; bits: 1 | 2 | 4 };
+  /** Keeps K/V in f64 instead of rounding them to f16: the exact reference an f16 cache is measured against. */
+  exactKv?: boolean;
 }
 
 /**
@@ -229,8 +232,8 @@ export async function referenceLogProbs(
       rope(q, heads, t);
       rope(k, kvHeads, t);
       qs.push(emulate ? q.map(roundF16) : q);
-      ks.push(k.map(roundF16));
-      vs.push(v.map(roundF16));
+      ks.push(options.exactKv ? k : k.map(roundF16));
+      vs.push(options.exactKv ? v : v.map(roundF16));
     }
     const kq = options.kvQuant;
     const quantized = kq
