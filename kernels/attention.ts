@@ -1,13 +1,13 @@
 import { InvalidRequestError } from '../runtime/errors.ts';
 import type { GpuContext } from '../runtime/gpu/device.ts';
 import {
-  ATTENTION_BLOCK_KEY_CHOICES,
   ATTENTION_MAX_ROW_PAIRS,
   ATTENTION_MAX_ROWS,
   ATTENTION_MAX_SPLITS,
   type AttentionBlockKeys,
   attentionMergeWgsl,
   attentionPartialSource,
+  attentionQuantBlockKeys,
   attentionWorkgroupBytes,
 } from './attention.wgsl.ts';
 import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from './dispatch.ts';
@@ -42,16 +42,8 @@ export interface AttentionBinding {
    * of its own, owned by the dispatch. Layers run one after another, so one graph's layers can share one.
    */
   partials?: GPUBuffer;
-  /** Keys per tile of the split kernel; default: the largest of ATTENTION_BLOCK_KEY_CHOICES the device fits. */
+  /** Keys per tile of the split kernel (default 16, the fastest measured; fits WebGPU's default 16 KiB storage). */
   blockKeys?: AttentionBlockKeys;
-}
-
-/** The largest tile the device's workgroup storage holds (16 always fits WebGPU's default 16 KiB). */
-export function defaultAttentionBlockKeys(gpu: GpuContext, headDim: number): AttentionBlockKeys {
-  const fits = ATTENTION_BLOCK_KEY_CHOICES.find(
-    (keys) => attentionWorkgroupBytes(keys, headDim) <= gpu.limits.maxComputeWorkgroupStorageSize,
-  );
-  return fits ?? 16;
 }
 
 /** Bytes of the split pass's partial results: (max, sum, Σ p·V) per query token, head and split. */
@@ -95,7 +87,7 @@ export function prepareAttention(
     throw new InvalidRequestError(`attention: grid ${splits} x ${kvHeads} x ${tiles} exceeds ${maxGrid} per dimension`);
   }
   const quant = pool.quant ?? null;
-  const blockKeys = b.blockKeys ?? defaultAttentionBlockKeys(gpu, headDim);
+  const blockKeys = b.blockKeys ?? 16;
   const storage = attentionWorkgroupBytes(blockKeys, headDim);
   if (storage > gpu.limits.maxComputeWorkgroupStorageSize) {
     throw new InvalidRequestError(
@@ -126,8 +118,7 @@ export function prepareAttention(
       quant.pageWords,
       quant.layerOffsetWords(b.layer, 0),
       quant.layerOffsetWords(b.layer, 1),
-      // Quant tiles hold f32 values: half as many keys as f16 ones.
-      blockKeys / 2,
+      attentionQuantBlockKeys(blockKeys, headDim),
       quant.key.bits,
       quant.key.groupSize,
       quant.keyCodeWords,

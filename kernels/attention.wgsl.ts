@@ -5,17 +5,26 @@ export const ATTENTION_MAX_ROWS = 16;
 /** rows * headDim/2 <= this (private accumulators per invocation = this / 64). */
 export const ATTENTION_MAX_ROW_PAIRS = 512;
 /**
- * Keys per tile the split kernel is built for, largest first: a prepared kernel uses the largest whose workgroup
- * storage (`attentionWorkgroupBytes`) fits the device (WebGPU's default 16 KiB holds 32 at headDim 64, 16 at 128;
- * the H200's 48 KiB holds 64 at both). Bigger tiles pay the workgroup barriers and the softmax rescale once per more
- * keys. A tile holds `blockKeys` f16 keys, or half as many dequantized (f32) keys of quant pages.
+ * Keys per tile the split kernel can be built for. The default is 16 on every device: measured on the H200 (decode,
+ * 32K keys, BENCH.md), 32 and 64 were slower at headDim 64 (fewer workgroups fit an SM's shared memory, and each
+ * invocation's serial work per tile grows), 16 the fastest. Larger tiles stay selectable for that comparison.
  */
-export const ATTENTION_BLOCK_KEY_CHOICES = [64, 32, 16] as const;
+export const ATTENTION_BLOCK_KEY_CHOICES = [16, 32, 64] as const;
 export type AttentionBlockKeys = (typeof ATTENTION_BLOCK_KEY_CHOICES)[number];
 
-/** Workgroup storage of the split kernel: q rows, the K and V tiles (blockKeys f16 keys each), the scores. */
+/** vec4<u32> words of the K tile (and of the V tile): blockKeys f16 keys, and never under 4 KiB for quant tiles. */
+function tileVec4s(blockKeys: number, headDim: number): number {
+  return Math.max((blockKeys * headDim) / 8, 256);
+}
+
+/** Keys of a quant-page tile: its values are dequantized to f32, headDim words per key. */
+export function attentionQuantBlockKeys(blockKeys: number, headDim: number): number {
+  return Math.min(blockKeys, Math.floor((tileVec4s(blockKeys, headDim) * 4) / headDim));
+}
+
+/** Workgroup storage of the split kernel: q rows, the K and V tiles, the scores. */
 export function attentionWorkgroupBytes(blockKeys: number, headDim: number): number {
-  return ATTENTION_MAX_ROW_PAIRS * 8 + 2 * blockKeys * headDim * 2 + ATTENTION_MAX_ROWS * blockKeys * 4;
+  return ATTENTION_MAX_ROW_PAIRS * 8 + 2 * tileVec4s(blockKeys, headDim) * 16 + ATTENTION_MAX_ROWS * blockKeys * 4;
 }
 
 /**
@@ -66,7 +75,7 @@ function quantRowLoader(name: string, target: string, p: 'k' | 'v', offset: stri
 /**
  * Quant page loads of the mixed variant: slots 2 and 3 hold quant slabs (runtime/kv/pool.ts). A block of a quant
  * page is dequantized (lo + code · scale, exactly dequantizeRow's f32 values) into kt / vt as f32 bits, headDim per
- * key, so a quant tile holds at most quantBlock = BLOCK / 2 keys. One invocation per (key, code word):
+ * key, so a quant tile holds at most quantBlock = attentionQuantBlockKeys(BLOCK, headDim) keys. One invocation per (key, code word):
  * each code word and group parameter is read once.
  */
 const QUANT_LOADERS = `
@@ -101,7 +110,7 @@ fn loadQuant(entry: u32, inPage: u32, n: u32, kvh: u32, lid: u32, to: u32) {
  * Built per headDim (the tile sizes); shared memory: attentionWorkgroupBytes(BLOCK, headDim).
  */
 export function attentionPartialSource(quant: boolean, blockKeys: AttentionBlockKeys, headDim: number): string {
-  const tileVec4 = (blockKeys * headDim) / 8;
+  const tileVec4 = tileVec4s(blockKeys, headDim);
   return /* wgsl */ `
 struct Params {
   kOffset: u32, vOffset: u32, pageWords: u32, pageTokens: u32,
