@@ -223,27 +223,31 @@ ${
 ${
   quant
     ? `        if (quantTile) {
-          // The tile holds f32 values (dequantized on load), headDim per key.
-          // Start each key at a different pair: keys sit headDim floats apart, so the same pair of 16 keys
-          // would hit one shared-memory bank.
-          for (var pp = 0u; pp < pairs; pp++) {
-            let p = (pp + j) % pairs;
-            let e = j * params.headDim + 2u * p;
-            let w = kt[e / 4u];
-            let k2 = bitcast<vec2<f32>>(select(w.zw, w.xy, e % 4u == 0u));
-            sum += dot(qs[r * pairs + p], k2);
+          // The tile holds f32 values (dequantized on load), headDim per key, read as vec4s (two dim pairs).
+          // Start each key at a different vec4: keys sit headDim floats apart, so the same vec4 of 16 keys
+          // would hit one shared-memory bank. The wrap is a compare, not a division per step.
+          let hq = params.headDim / 4u;
+          var w = j % hq;
+          for (var ww = 0u; ww < hq; ww++) {
+            let k4 = bitcast<vec4<f32>>(kt[j * hq + w]);
+            let qi = r * pairs + 2u * w;
+            sum += dot(vec4<f32>(qs[qi], qs[qi + 1u]), k4);
+            w += 1u;
+            if (w == hq) { w = 0u; }
           }
         } else {
 `
     : ''
 }        let quads = pairs / 4u;
         // Staggered start per key (see above): rows of kt are quads vec4s apart, a bank-conflicting stride.
+        var w = j % quads;
         for (var ww = 0u; ww < quads; ww++) {
-          let w = (ww + j) % quads;
           let kw = kt[j * quads + w];
           let qi = r * pairs + 4u * w;
           sum += dot(qs[qi], unpack2x16float(kw.x)) + dot(qs[qi + 1u], unpack2x16float(kw.y)) +
             dot(qs[qi + 2u], unpack2x16float(kw.z)) + dot(qs[qi + 3u], unpack2x16float(kw.w));
+          w += 1u;
+          if (w == quads) { w = 0u; }
         }
 ${quant ? '        }\n' : ''}        score = sum;
       }
@@ -263,13 +267,16 @@ ${quant ? '        }\n' : ''}        score = sum;
 ${
   quant
     ? `      if (quantTile) {
+        // Dim pair "pair" of key j is half of vec4 j·headDim/4 + pair/2 of the f32 tile.
+        let hq = params.headDim / 4u;
+        let quad = pair / 2u;
+        let high = (pair & 1u) == 1u;
         for (var j = 0u; j < n; j++) {
           let x = sc[r * BLOCK + j];
           let p = select(0.0, exp(x - best), x > NONE);
           total += p;
-          let e = j * params.headDim + 2u * pair;
-          let w = vt[e / 4u];
-          a += p * bitcast<vec2<f32>>(select(w.zw, w.xy, e % 4u == 0u));
+          let w = vt[j * hq + quad];
+          a += p * bitcast<vec2<f32>>(select(w.xy, w.zw, high));
         }
       } else {
 `

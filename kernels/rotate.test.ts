@@ -5,7 +5,7 @@ import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts
 import { releaseDispatches, submitDispatches, uniformBuffer } from './dispatch.ts';
 import { rotateReference } from './reference/rotate.ts';
 import { prepareRotate } from './rotate.ts';
-import { rotateWgsl } from './rotate.wgsl.ts';
+import { rotateSource } from './rotate.wgsl.ts';
 
 const ctx = withTestGpu();
 
@@ -16,7 +16,7 @@ async function runRotate(
   headDim: number,
   headsPerMatrix: number,
   transpose: boolean,
-  source = rotateWgsl,
+  source?: string,
 ) {
   const { gpu } = ctx;
   const random = seededRandom(tokens * 13 + heads * 5 + headDim + (transpose ? 1 : 0));
@@ -30,7 +30,7 @@ async function runRotate(
   const d = prepareRotate(
     gpu,
     'rotate-test',
-    { x: xb, rotation: rb, firstMatrix, step, maxTokens, heads, headDim, headsPerMatrix, transpose },
+    { parts: [{ x: xb, rotation: rb, firstMatrix, heads, headsPerMatrix, transpose }], step, maxTokens, headDim },
     source,
   );
   submitDispatches(gpu, 'rotate-test', [d]);
@@ -64,9 +64,53 @@ describe('per-head rotation kernel', () => {
     },
   );
 
+  it('rotates three tensors in one dispatch as three dispatches would (q, k with one rotation, v transposed with another)', async () => {
+    const { gpu } = ctx;
+    const random = seededRandom(77);
+    const [tokens, maxTokens, headDim, kvHeads] = [3, 4, 64, 2];
+    const shapes = [
+      { heads: 8, transpose: false, rotation: 0 },
+      { heads: kvHeads, transpose: false, rotation: 0 },
+      { heads: kvHeads, transpose: true, rotation: 1 },
+    ];
+    const rotations = [0, 1].map(() => randomFloats(random, 3 * kvHeads * headDim * headDim, 1));
+    const xs = shapes.map((s) => randomFloats(random, maxTokens * s.heads * headDim, 2));
+    const rb = rotations.map((r) => gpu.allocator.createStorage('r', 'kv', r));
+    const xb = xs.map((x) => gpu.allocator.createStorage('x', 'scratch', x));
+    const step = uniformBuffer(gpu, 'step', [0, tokens, 0, 0], 'uuuu');
+    const parts = shapes.map((s, i) => ({
+      x: xb[i],
+      rotation: rb[s.rotation],
+      firstMatrix: 2,
+      heads: s.heads,
+      headsPerMatrix: s.heads / kvHeads,
+      transpose: s.transpose,
+    }));
+    const d = prepareRotate(gpu, 'rotate3', { parts, step, maxTokens, headDim });
+    submitDispatches(gpu, 'rotate3', [d]);
+    for (const [i, s] of shapes.entries()) {
+      const actual = await readFloat32(gpu, xb[i], xs[i].length);
+      const expected = Float32Array.from(xs[i]);
+      expected.set(
+        rotateReference(xs[i].subarray(0, tokens * s.heads * headDim), rotations[s.rotation], {
+          tokens,
+          heads: s.heads,
+          headDim,
+          headsPerMatrix: s.heads / kvHeads,
+          firstMatrix: 2,
+          transpose: s.transpose,
+        }),
+      );
+      expect(maxToleranceRatio(actual, expected, 1e-4, 1e-4), `part ${i}`).toBeLessThanOrEqual(1);
+    }
+    releaseDispatches(gpu, [d]);
+    for (const b of [...xb, ...rb, step]) gpu.allocator.release(b);
+  });
+
   it('catches a broken kernel (wrong matrix for grouped heads)', async () => {
-    const broken = rotateWgsl.replace('(head / params.headsPerMatrix)', 'head');
-    expect(broken).not.toBe(rotateWgsl);
+    const original = rotateSource(1);
+    const broken = original.replace('(head / part.y)', 'head');
+    expect(broken).not.toBe(original);
     const { actual, expected } = await runRotate(2, 2, 8, 64, 4, false, broken);
     expect(maxToleranceRatio(actual, expected, 1e-4, 1e-4)).toBeGreaterThan(1);
   });

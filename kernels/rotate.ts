@@ -1,38 +1,51 @@
 import type { GpuContext } from '../runtime/gpu/device.ts';
 import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from './dispatch.ts';
-import { rotateWgsl } from './rotate.wgsl.ts';
+import { rotateSource } from './rotate.wgsl.ts';
 
-export interface RotateBinding {
+/** One tensor a rotate dispatch rotates in place. */
+export interface RotatePart {
   /** f32 [tokens, heads, headDim], rotated in place. */
   x: GPUBuffer;
-  /** f32 matrices [n, headDim, headDim] (row-major); head h uses matrix `first + floor(h / headsPerMatrix)`. */
+  /** f32 matrices [n, headDim, headDim] (row-major); head h uses matrix `firstMatrix + floor(h / headsPerMatrix)`. */
   rotation: GPUBuffer;
-  /** Index of the first matrix this dispatch uses (e.g. layer × kvHeads). */
+  /** Index of the first matrix this part uses (e.g. layer × kvHeads). */
   firstMatrix: number;
-  /** The step uniform ({ position, tokens, ... }): only `tokens` rows are rotated. */
-  step: GPUBuffer;
-  maxTokens: number;
   heads: number;
-  headDim: number;
   /** GQA: query heads sharing one KV head share its rotation. */
   headsPerMatrix: number;
   /** Multiply by Rᵀ instead of R (undo an orthogonal rotation). */
   transpose: boolean;
 }
 
-export function prepareRotate(gpu: GpuContext, label: string, b: RotateBinding, source = rotateWgsl): PreparedDispatch {
-  const pipeline = computePipeline(gpu, 'rotate', source);
-  const params = uniformBuffer(
-    gpu,
-    `${label}.params`,
-    [b.heads, b.headDim, b.headsPerMatrix, b.transpose ? 1 : 0, b.firstMatrix * b.headDim * b.headDim, 0, 0, 0],
-    'uuuuuuuu',
-  );
+export interface RotateBinding {
+  /** 1 to 3 tensors, rotated by one dispatch. */
+  parts: readonly RotatePart[];
+  /** The step uniform ({ position, tokens, ... }): only `tokens` rows are rotated. */
+  step: GPUBuffer;
+  maxTokens: number;
+  headDim: number;
+}
+
+export function prepareRotate(gpu: GpuContext, label: string, b: RotateBinding, source?: string): PreparedDispatch {
+  const count = b.parts.length;
+  if (count < 1 || count > 3) throw new RangeError(`rotate: 1 to 3 parts, got ${count}`);
+  const pipeline = computePipeline(gpu, `rotate${count}`, source ?? rotateSource(count as 1 | 2 | 3));
+  const words = [b.headDim, 0, 0, 0];
+  for (const part of b.parts) {
+    words.push(part.heads, part.headsPerMatrix, part.transpose ? 1 : 0, part.firstMatrix * b.headDim * b.headDim);
+  }
+  const params = uniformBuffer(gpu, `${label}.params`, words, 'u'.repeat(words.length));
+  const heads = b.parts.reduce((sum, part) => sum + part.heads, 0);
   return {
     label,
     pipeline,
-    bindGroup: bindBuffers(gpu, label, pipeline, [b.x, b.rotation, params, b.step]),
-    workgroups: [b.heads, b.maxTokens, 1],
+    bindGroup: bindBuffers(gpu, label, pipeline, [
+      ...b.parts.map((part) => part.x),
+      ...b.parts.map((part) => part.rotation),
+      params,
+      b.step,
+    ]),
+    workgroups: [heads, b.maxTokens, 1],
     owned: [params],
   };
 }

@@ -1,39 +1,76 @@
 /**
- * Per-head rotation in place: for every token t and head h, x[t,h,:] <- x[t,h,:] · R[h / headsPerMatrix]
- * (R row-major [headDim, headDim], f32; with `transpose` the product is with Rᵀ, which undoes an orthogonal R).
- * The KV cache rotates q, k and v with it before quantization, and undoes the rotation on the attention output.
- * One workgroup per (token, head): the row is staged in workgroup memory so the update can be in place.
+ * Per-head rotation in place, of up to three tensors in one dispatch ("parts"): for every token t and head h of part
+ * p, x_p[t,h,:] <- x_p[t,h,:] · R_p[h / headsPerMatrix_p] (R row-major [headDim, headDim], f32; with `transpose` the
+ * product is with Rᵀ, which undoes an orthogonal R). The KV cache rotates q, k and v with it before quantization (one
+ * dispatch for the three: each dependent dispatch costs a few µs on a GPU), and undoes the rotation on the attention
+ * output. One workgroup per (token, head of any part): the row is staged in workgroup memory so the update can be in
+ * place. Params.part[p] = (heads, headsPerMatrix, transpose, first matrix's word offset).
  */
-export const rotateWgsl = /* wgsl */ `
-struct Params { heads: u32, headDim: u32, headsPerMatrix: u32, transpose: u32, matrixOffset: u32, _p0: u32, _p1: u32, _p2: u32 }
+export function rotateSource(parts: 1 | 2 | 3): string {
+  const ids = [...Array(parts).keys()];
+  const xs = ids.map((p) => `@group(0) @binding(${p}) var<storage, read_write> x${p}: array<f32>;`).join('\n');
+  const rs = ids.map((p) => `@group(0) @binding(${parts + p}) var<storage, read> rotation${p}: array<f32>;`).join('\n');
+  const cases = (body: (p: number) => string) =>
+    ids.map((p) => `    ${p === parts - 1 ? 'default' : `case ${p}u`}: { ${body(p)} }`).join('\n');
+  return /* wgsl */ `
+struct Params { headDim: u32, _p0: u32, _p1: u32, _p2: u32, part: array<vec4<u32>, ${parts}> }
 struct Step { position: u32, tokens: u32, _p0: u32, _p1: u32 }
 
-@group(0) @binding(0) var<storage, read_write> x: array<f32>;
-@group(0) @binding(1) var<storage, read> rotation: array<f32>;
-@group(0) @binding(2) var<uniform> params: Params;
-@group(0) @binding(3) var<uniform> step: Step;
+${xs}
+${rs}
+@group(0) @binding(${2 * parts}) var<uniform> params: Params;
+@group(0) @binding(${2 * parts + 1}) var<uniform> step: Step;
+
+fn loadX(p: u32, i: u32) -> f32 {
+  var v = 0.0;
+  switch (p) {
+${cases((p) => `v = x${p}[i];`)}
+  }
+  return v;
+}
+fn storeX(p: u32, i: u32, v: f32) {
+  switch (p) {
+${cases((p) => `x${p}[i] = v;`)}
+  }
+}
+fn loadR(p: u32, i: u32) -> f32 {
+  var v = 0.0;
+  switch (p) {
+${cases((p) => `v = rotation${p}[i];`)}
+  }
+  return v;
+}
 
 const WG: u32 = 64u;
 var<workgroup> row: array<f32, 256>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-  let head = wg.x;
   let token = wg.y;
   if (token >= step.tokens) { return; }
+  // The grid's x runs over the heads of part 0, then part 1, ...
+  var head = wg.x;
+  var p = 0u;
+  loop {
+    if (p + 1u >= ${parts}u || head < params.part[p].x) { break; }
+    head -= params.part[p].x;
+    p++;
+  }
+  let part = params.part[p];
   let d = params.headDim;
-  let base = (token * params.heads + head) * d;
-  for (var i = lid.x; i < d; i += WG) { row[i] = x[base + i]; }
+  let base = (token * part.x + head) * d;
+  for (var i = lid.x; i < d; i += WG) { row[i] = loadX(p, base + i); }
   workgroupBarrier();
-  let m = params.matrixOffset + (head / params.headsPerMatrix) * d * d;
+  let m = part.w + (head / part.y) * d * d;
   for (var j = lid.x; j < d; j += WG) {
     var acc = 0.0;
-    if (params.transpose == 1u) {
-      for (var i = 0u; i < d; i++) { acc += row[i] * rotation[m + j * d + i]; }
+    if (part.z == 1u) {
+      for (var i = 0u; i < d; i++) { acc += row[i] * loadR(p, m + j * d + i); }
     } else {
-      for (var i = 0u; i < d; i++) { acc += row[i] * rotation[m + i * d + j]; }
+      for (var i = 0u; i < d; i++) { acc += row[i] * loadR(p, m + i * d + j); }
     }
-    x[base + j] = acc;
+    storeX(p, base + j, acc);
   }
 }
 `;
+}

@@ -1,5 +1,5 @@
 import type { PreparedDispatch } from '../../kernels/dispatch.ts';
-import { prepareRotate } from '../../kernels/rotate.ts';
+import { prepareRotate, type RotatePart } from '../../kernels/rotate.ts';
 import type { GpuContext } from '../gpu/device.ts';
 import type { KvAttentionBackend } from '../model/transformer.ts';
 
@@ -13,7 +13,7 @@ export interface KvRotations {
 /**
  * Wraps a KV backend so everything the cache stores is rotated: k·R_K and v·R_V go in, q·R_K reads them, and the
  * attention output is rotated back by R_Vᵀ (orthogonal R: exact up to rounding). Applied at run time for every
- * weight format (no folding into W_v/W_o), at the cost of four small per-head matrix products per layer.
+ * weight format (no folding into W_v/W_o), at the cost of two small dispatches of per-head matrix products per layer.
  */
 export class RotatedKvAttention implements KvAttentionBackend {
   constructor(
@@ -28,36 +28,29 @@ export class RotatedKvAttention implements KvAttentionBackend {
   prepareLayer(layer: number, b: { q: GPUBuffer; k: GPUBuffer; v: GPUBuffer; output: GPUBuffer }, maxTokens: number) {
     const { heads, kvHeads, headDim } = this.shape;
     const firstMatrix = layer * kvHeads;
-    const rotate = (
-      label: string,
-      x: GPUBuffer,
-      rotation: GPUBuffer,
-      n: number,
-      transpose: boolean,
-    ): PreparedDispatch =>
-      prepareRotate(this.gpu, `blk.${layer}.${label}`, {
-        x,
-        rotation,
-        firstMatrix,
-        step: this.step,
-        maxTokens,
-        heads: n,
-        headDim,
-        headsPerMatrix: n / kvHeads,
-        transpose,
-      });
+    const part = (x: GPUBuffer, rotation: GPUBuffer, n: number, transpose: boolean): RotatePart => ({
+      x,
+      rotation,
+      firstMatrix,
+      heads: n,
+      headsPerMatrix: n / kvHeads,
+      transpose,
+    });
+    const rotate = (label: string, parts: RotatePart[]): PreparedDispatch =>
+      prepareRotate(this.gpu, `blk.${layer}.${label}`, { parts, step: this.step, maxTokens, headDim });
     const inner = this.inner.prepareLayer(layer, b, maxTokens);
+    const { key, value } = this.rotations;
     return {
+      // q is final (RoPE applied) before the cache's append runs, so it is rotated with k and v in one dispatch.
       append: [
-        rotate('rotate_k', b.k, this.rotations.key, kvHeads, false),
-        rotate('rotate_v', b.v, this.rotations.value, kvHeads, false),
+        rotate('rotate_qkv', [
+          part(b.q, key, heads, false),
+          part(b.k, key, kvHeads, false),
+          part(b.v, value, kvHeads, false),
+        ]),
         ...inner.append,
       ],
-      attention: [
-        rotate('rotate_q', b.q, this.rotations.key, heads, false),
-        ...inner.attention,
-        rotate('unrotate_out', b.output, this.rotations.value, heads, true),
-      ],
+      attention: [...inner.attention, rotate('unrotate_out', [part(b.output, value, heads, true)])],
     };
   }
 }
