@@ -202,7 +202,9 @@ async function runSteps(
 /** Every tile size of the split kernel this device can run (the tests run each). */
 function blockKeysToTest(gpu: GpuContext, headDim: number): AttentionBlockKeys[] {
   return ATTENTION_BLOCK_KEY_CHOICES.filter(
-    (keys) => attentionWorkgroupBytes(keys, headDim) <= gpu.limits.maxComputeWorkgroupStorageSize,
+    (blockKeys) =>
+      attentionWorkgroupBytes({ quant: false, blockKeys, headDim, rows: Math.min(16, 1024 / headDim) }) <=
+      gpu.limits.maxComputeWorkgroupStorageSize,
   );
 }
 
@@ -248,12 +250,15 @@ describe('paged attention', () => {
       [61, 1, 30, 1],
       3,
     ],
-  ])('matches the CPU reference with every tile size: %s', async (_name, shape, chunks, splits) => {
-    for (const blockKeys of blockKeysToTest(ctx.gpu, shape.headDim)) {
+  ])('matches the CPU reference: %s', async (name, shape, chunks, splits) => {
+    // Every tile size the device fits where a prefill is long enough to fill 64-key tiles; the default 16 elsewhere
+    // (each size is a pipeline of its own, and compiling them all on a CPU driver costs minutes).
+    const sizes = Math.max(...chunks) >= 45 ? blockKeysToTest(ctx.gpu, shape.headDim) : [16 as const];
+    for (const blockKeys of sizes) {
       const { ratios } = await runSteps(ctx.gpu, shape, chunks, chunks.length * 31 + shape.headDim, splits, {
         blockKeys,
       });
-      expect(Math.max(...ratios), `tiles of ${blockKeys} keys`).toBeLessThanOrEqual(1);
+      expect(Math.max(...ratios), `${name}, tiles of ${blockKeys} keys`).toBeLessThanOrEqual(1);
     }
   });
 
@@ -342,7 +347,7 @@ describe('paged attention', () => {
     [
       'causal mask off by one query',
       {
-        partial: attentionPartialSource(false, 16, 8).replace(
+        partial: attentionPartialSource({ quant: false, blockKeys: 16, headDim: 8, rows: 16 }).replace(
           'block + j <= step.position + row / group',
           'block + j <= step.position',
         ),
@@ -358,7 +363,7 @@ describe('paged attention', () => {
     ],
   ])('catches a broken kernel: %s', async (_name, sources, decodeSplits) => {
     const { gpu } = ctx;
-    const original = attentionPartialSource(false, 16, 8);
+    const original = attentionPartialSource({ quant: false, blockKeys: 16, headDim: 8, rows: 16 });
     const changed = (sources.partial ?? original) + (sources.merge ?? attentionMergeWgsl);
     expect(changed).not.toBe(original + attentionMergeWgsl);
     const shape = { layers: 1, heads: 2, kvHeads: 1, headDim: 8, pageTokens: 4 };

@@ -5,6 +5,7 @@ import {
   ATTENTION_MAX_ROWS,
   ATTENTION_MAX_SPLITS,
   type AttentionBlockKeys,
+  type AttentionKernelShape,
   attentionMergeWgsl,
   attentionPartialSource,
   attentionQuantBlockKeys,
@@ -51,7 +52,7 @@ export function attentionPartialsBytes(maxTokens: number, heads: number, splits:
   return maxTokens * heads * splits * (headDim + 2) * 4;
 }
 
-/** Replacement WGSL (tests of the tests); `partial` must be built for the binding's blockKeys. */
+/** Replacement WGSL (tests of the tests); `partial` must be built for the binding's blockKeys, headDim and >= its rows. */
 export interface AttentionSources {
   partial?: string;
   merge?: string;
@@ -87,17 +88,17 @@ export function prepareAttention(
     throw new InvalidRequestError(`attention: grid ${splits} x ${kvHeads} x ${tiles} exceeds ${maxGrid} per dimension`);
   }
   const quant = pool.quant ?? null;
-  const blockKeys = b.blockKeys ?? 16;
-  const storage = attentionWorkgroupBytes(blockKeys, headDim);
+  const shape: AttentionKernelShape = { quant: quant !== null, blockKeys: b.blockKeys ?? 16, headDim, rows };
+  const storage = attentionWorkgroupBytes(shape);
   if (storage > gpu.limits.maxComputeWorkgroupStorageSize) {
     throw new InvalidRequestError(
-      `attention: tiles of ${blockKeys} keys need ${storage} bytes of workgroup storage, the device has ${gpu.limits.maxComputeWorkgroupStorageSize}`,
+      `attention: tiles of ${shape.blockKeys} keys need ${storage} bytes of workgroup storage, the device has ${gpu.limits.maxComputeWorkgroupStorageSize}`,
     );
   }
   const partialPipeline = computePipeline(
     gpu,
-    `${quant ? 'attention-mixed' : 'attention-partial'}-${blockKeys}-hd${headDim}`,
-    sources.partial ?? attentionPartialSource(quant !== null, blockKeys, headDim),
+    `${quant ? 'attention-mixed' : 'attention-partial'}-${shape.blockKeys}-hd${headDim}-r${rows}`,
+    sources.partial ?? attentionPartialSource(shape),
   );
   const words = [
     pool.layerOffsetWords(b.layer, 0),
@@ -118,7 +119,7 @@ export function prepareAttention(
       quant.pageWords,
       quant.layerOffsetWords(b.layer, 0),
       quant.layerOffsetWords(b.layer, 1),
-      attentionQuantBlockKeys(blockKeys, headDim),
+      attentionQuantBlockKeys(shape),
       quant.key.bits,
       quant.key.groupSize,
       quant.keyCodeWords,

@@ -12,19 +12,33 @@ export const ATTENTION_MAX_ROW_PAIRS = 512;
 export const ATTENTION_BLOCK_KEY_CHOICES = [16, 32, 64] as const;
 export type AttentionBlockKeys = (typeof ATTENTION_BLOCK_KEY_CHOICES)[number];
 
-/** vec4<u32> words of the K tile (and of the V tile): blockKeys f16 keys, and never under 4 KiB for quant tiles. */
-function tileVec4s(blockKeys: number, headDim: number): number {
-  return Math.max((blockKeys * headDim) / 8, 256);
+/** What a split-kernel build is specialized for. */
+export interface AttentionKernelShape {
+  /** Reads quant pages too (pool mode 'quant'). */
+  quant: boolean;
+  blockKeys: AttentionBlockKeys;
+  headDim: number;
+  /** Query rows per workgroup (decode: the GQA group; prefill: up to ATTENTION_MAX_ROWS), rows · headDim/2 <= 512. */
+  rows: number;
+}
+
+/**
+ * vec4<u32> words of the K tile (and of the V tile): blockKeys f16 keys; a quant build never under 4 KiB, so quant
+ * tiles of f32 values hold 16 keys at headDim 64 (8 at 128).
+ */
+function tileVec4s(shape: AttentionKernelShape): number {
+  const f16 = (shape.blockKeys * shape.headDim) / 8;
+  return shape.quant ? Math.max(f16, 256) : f16;
 }
 
 /** Keys of a quant-page tile: its values are dequantized to f32, headDim words per key. */
-export function attentionQuantBlockKeys(blockKeys: number, headDim: number): number {
-  return Math.min(blockKeys, Math.floor((tileVec4s(blockKeys, headDim) * 4) / headDim));
+export function attentionQuantBlockKeys(shape: AttentionKernelShape): number {
+  return Math.min(shape.blockKeys, Math.floor((tileVec4s(shape) * 4) / shape.headDim));
 }
 
-/** Workgroup storage of the split kernel: q rows, the K and V tiles, the scores. */
-export function attentionWorkgroupBytes(blockKeys: number, headDim: number): number {
-  return ATTENTION_MAX_ROW_PAIRS * 8 + 2 * tileVec4s(blockKeys, headDim) * 16 + ATTENTION_MAX_ROWS * blockKeys * 4;
+/** Workgroup storage of a split-kernel build: q rows, the K and V tiles, the scores. */
+export function attentionWorkgroupBytes(shape: AttentionKernelShape): number {
+  return (shape.rows * shape.headDim * 8) / 2 + 2 * tileVec4s(shape) * 16 + shape.rows * shape.blockKeys * 4;
 }
 
 /**
@@ -75,7 +89,7 @@ function quantRowLoader(name: string, target: string, p: 'k' | 'v', offset: stri
 /**
  * Quant page loads of the mixed variant: slots 2 and 3 hold quant slabs (runtime/kv/pool.ts). A block of a quant
  * page is dequantized (lo + code · scale, exactly dequantizeRow's f32 values) into kt / vt as f32 bits, headDim per
- * key, so a quant tile holds at most quantBlock = attentionQuantBlockKeys(BLOCK, headDim) keys. One invocation per (key, code word):
+ * key, so a quant tile holds at most quantBlock = attentionQuantBlockKeys(shape) keys. One invocation per (key, code word):
  * each code word and group parameter is read once.
  */
 const QUANT_LOADERS = `
@@ -107,10 +121,13 @@ fn loadQuant(entry: u32, inPage: u32, n: u32, kvh: u32, lid: u32, to: u32) {
  * saves a barrier and a serial pass per tile. The mixed variant never mixes page kinds in one tile.
  * splits = 1: writes the normalized output. splits > 1: writes (max, sum, Σ p·V) per (t, h, s) for the merge pass.
  * headDim <= 128, a multiple of 8 (K/V move as vec4<u32>: 8 halves); rows <= 16; rows * headDim/2 <= 512.
- * Built per headDim (the tile sizes); shared memory: attentionWorkgroupBytes(BLOCK, headDim).
+ * Built per shape: a decode build sizes its registers and shared memory for the GQA group's rows only, which lets
+ * more workgroups share an SM. Shared memory: attentionWorkgroupBytes(shape).
  */
-export function attentionPartialSource(quant: boolean, blockKeys: AttentionBlockKeys, headDim: number): string {
-  const tileVec4 = tileVec4s(blockKeys, headDim);
+export function attentionPartialSource(shape: AttentionKernelShape): string {
+  const { quant, blockKeys, headDim, rows } = shape;
+  const tileVec4 = tileVec4s(shape);
+  const rowPairs = (rows * headDim) / 2;
   return /* wgsl */ `
 struct Params {
   kOffset: u32, vOffset: u32, pageWords: u32, pageTokens: u32,
@@ -135,15 +152,14 @@ ${kvTileLoaderWgsl(
 )}${quant ? QUANT_LOADERS : ''}
 
 const WG: u32 = 64u;
-const MAX_ROWS: u32 = ${ATTENTION_MAX_ROWS}u;
 const BLOCK: u32 = ${blockKeys}u;
-const MAX_ITEMS: u32 = ${ATTENTION_MAX_ROW_PAIRS / 64}u;
+const MAX_ITEMS: u32 = ${Math.ceil(rowPairs / 64)}u;
 const NONE: f32 = -1e30;
 
-var<workgroup> qs: array<vec2<f32>, ${ATTENTION_MAX_ROW_PAIRS}>;
+var<workgroup> qs: array<vec2<f32>, ${rowPairs}>;
 var<workgroup> kt: array<vec4<u32>, ${tileVec4}>;
 var<workgroup> vt: array<vec4<u32>, ${tileVec4}>;
-var<workgroup> sc: array<f32, ${ATTENTION_MAX_ROWS * blockKeys}>;
+var<workgroup> sc: array<f32, ${rows * blockKeys}>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {

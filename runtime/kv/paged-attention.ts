@@ -14,15 +14,16 @@ export interface PagedAttentionOptions {
   /** Default 1/sqrt(headDim). */
   scale?: number;
   /**
-   * Most key splits of a decode graph (maxTokens = 1), each at least DECODE_MIN_CHUNK_KEYS keys: 32 splits at 1K keys
-   * (the best fixed count of 8-64 measured on an H200), up to 256 at 32K, so long contexts fill the GPU.
+   * Most key splits of a decode graph (maxTokens = 1), each at least DECODE_MIN_CHUNK_KEYS keys: 16 splits at 1K keys,
+   * up to 128 at 8K and beyond, so long contexts fill the GPU. On the H200 (one Llama-3.2-1B layer, BENCH.md) 128
+   * splits of >= 64 keys beat 256 of >= 32 at 8K and 32K, on two machines.
    */
   decodeSplits?: number;
 }
 
 /** Decode: most splits and fewest keys per split (see PagedAttentionOptions.decodeSplits). */
-const DECODE_SPLITS = 256;
-const DECODE_MIN_CHUNK_KEYS = 32;
+const DECODE_SPLITS = 128;
+const DECODE_MIN_CHUNK_KEYS = 64;
 /**
  * Prefill graphs split the keys too, once a step sees more than PREFILL_MIN_CHUNK_KEYS of them: without splits, one
  * workgroup walks every key of a long context for its query tile (prefill at 32K ran ~36× slower than llama.cpp on
