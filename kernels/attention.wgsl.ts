@@ -59,7 +59,11 @@ const QUANT_PARAMS = `
   kBits: u32, kGroup: u32, kCodeWords: u32, kRowWords: u32,
   vBits: u32, vGroup: u32, vCodeWords: u32, vRowWords: u32,`;
 
-/** Dequantizes the KV head's part of `n` rows of one kind (K or V) of a quant page into `target` as f32 bits. */
+/**
+ * Dequantizes the KV head's part of `n` rows of one kind (K or V) of a quant page into `target` as f32 bits, from key
+ * `to` of the tile on. When a code word lies inside one head (headDim a multiple of the codes per word: 2-bit codes
+ * and headDim 64 or 128), its codes become whole vec4 stores; otherwise each code is placed on its own.
+ */
 function quantRowLoader(name: string, target: string, p: 'k' | 'v', offset: string): string {
   return `fn ${name}(slot: u32, page: u32, inPage: u32, n: u32, kvh: u32, lid: u32, to: u32) {
   let bits = params.${p}Bits;
@@ -68,6 +72,7 @@ function quantRowLoader(name: string, target: string, p: 'k' | 'v', offset: stri
   let firstE = kvh * params.headDim;
   let firstWord = firstE / perWord;
   let words = (firstE + params.headDim - 1u) / perWord - firstWord + 1u;
+  let wholeWords = params.headDim % perWord == 0u;
   for (var i = lid; i < n * words; i += 64u) {
     let j = i / words;
     let w = firstWord + i % words;
@@ -75,11 +80,21 @@ function quantRowLoader(name: string, target: string, p: 'k' | 'v', offset: stri
     let codes = quantWord(slot, row + w);
     // A code word never straddles groups (groupSize is a multiple of 32 / bits).
     let lohi = unpack2x16float(quantWord(slot, row + params.${p}CodeWords + (w * perWord) / params.${p}Group));
-    for (var c = 0u; c < perWord; c++) {
-      let e = w * perWord + c;
-      if (e >= firstE && e < firstE + params.headDim) {
-        let t = (to + j) * params.headDim + e - firstE;
-        ${target}[t / 4u][t % 4u] = bitcast<u32>(lohi.x + f32((codes >> (c * bits)) & mask) * lohi.y);
+    if (wholeWords) {
+      // Element w·perWord − firstE of the head, a multiple of 4: the word's codes fill perWord / 4 vec4s.
+      let t = (to + j) * params.headDim + w * perWord - firstE;
+      for (var c = 0u; c < perWord; c += 4u) {
+        let q = vec4<f32>(f32((codes >> (c * bits)) & mask), f32((codes >> ((c + 1u) * bits)) & mask),
+                          f32((codes >> ((c + 2u) * bits)) & mask), f32((codes >> ((c + 3u) * bits)) & mask));
+        ${target}[(t + c) / 4u] = bitcast<vec4<u32>>(vec4<f32>(lohi.x) + q * lohi.y);
+      }
+    } else {
+      for (var c = 0u; c < perWord; c++) {
+        let e = w * perWord + c;
+        if (e >= firstE && e < firstE + params.headDim) {
+          let t = (to + j) * params.headDim + e - firstE;
+          ${target}[t / 4u][t % 4u] = bitcast<u32>(lohi.x + f32((codes >> (c * bits)) & mask) * lohi.y);
+        }
       }
     }
   }
