@@ -44,7 +44,8 @@ function readRecords(): Row[] {
 /** Table cells: no line breaks, pipes escaped, markup shown as code so it stays text in the rendered page too. */
 function cell(text: string): string {
   const flat = text.replace(/\s+/g, ' ').replace(/\|/g, '\\|');
-  return /[<>`]/.test(flat) ? `\`${flat.replace(/`/g, "'")}\`` : flat;
+  // Code spans keep markup characters literal: Markdown would read __proto__ as bold, <b> as HTML.
+  return /[<>`*]|__/.test(flat) ? `\`${flat.replace(/`/g, "'")}\`` : flat;
 }
 
 export function renderFaultTable(rows: Row[]): string {

@@ -239,9 +239,11 @@ export class Engine {
     }
     const tokenizer = GgufTokenizer.fromMetadata(file.metadata);
     progress({ phase: 'parse', bytesDone: source.size, bytesTotal: source.size });
-    const weights = await loadModelWeights(gpu, file, source, config, (p) =>
-      progress({ phase: 'upload', bytesDone: p.bytesDone, bytesTotal: p.bytesTotal }),
-    );
+    const weights = await loadModelWeights(gpu, file, source, config, (p) => {
+      // A lost device fails the load now rather than after reading and uploading the rest of the file.
+      if (gpu.isLost) gpu.throwIfErrors();
+      progress({ phase: 'upload', bytesDone: p.bytesDone, bytesTotal: p.bytesTotal });
+    });
     const created: Array<{ release(): void }> = [{ release: () => releaseModelWeights(gpu, weights) }];
     try {
       const sampledId = gpu.allocator.createStorage('sampledId', 'scratch', 16);
