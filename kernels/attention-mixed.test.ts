@@ -223,6 +223,18 @@ describe('attention over mixed f16 / quant pages', () => {
         chunks: [16, 1, 1, 1, 1, 5, 1],
       },
     ],
+    // Long enough for decode to use several splits of >= 64 keys, each over f16 and quant pages.
+    [
+      'hd 8, 2:1, stories260K-like, several decode splits',
+      {
+        layers: 2,
+        heads: 8,
+        kvHeads: 4,
+        headDim: 8,
+        pool: { pageTokens: 16, sink: 16, window: 32, keyFormat: { groupSize: 32 }, valueFormat: { groupSize: 32 } },
+        chunks: [100, 1, 1, 1, 40, 1, 1, 1, 1],
+      },
+    ],
   ])('%s', async (_, c) => {
     const r = await runMixed(ctx.gpu, c, 4242);
     expect(r.demotions).toBeGreaterThan(1);

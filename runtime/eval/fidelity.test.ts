@@ -204,7 +204,10 @@ describe('attention fidelity on stories260K (head_dim 8)', () => {
         const gpuVsEmulation = relativeDifference(emulated, int2[l].output!);
         const quantizationEffect = relativeDifference(asF16, int2[l].output!);
         console.log(`layer ${l}: GPU vs emulation ${gpuVsEmulation}, int2 vs f16 ${quantizationEffect}`);
-        expect(gpuVsEmulation).toBeLessThan(1e-4);
+        // Not zero: the GPU rotates k in f32, the emulation in f64, so a value at a rounding boundary of the 2-bit grid
+        // can get the neighbouring code (measured: 4e-7 in most layers, 6e-4 in one whose inputs moved by the
+        // attention split size of the layers before). A transposed or swapped rotation is off by O(1).
+        expect(gpuVsEmulation).toBeLessThan(2e-3);
         expect(quantizationEffect).toBeGreaterThan(100 * gpuVsEmulation);
       }
     } finally {
