@@ -50,6 +50,16 @@ async function openModels(page: Page): Promise<void> {
   await expect(page.getByTestId('models-panel')).toBeVisible();
 }
 
+/** Opens the page, points its hub setting at `hubBase` and starts downloading the preset. */
+async function downloadPresetFrom(page: Page, hubBase: string): Promise<void> {
+  await page.goto('/');
+  await page.getByTestId('open-settings').click();
+  await page.getByTestId('setting-hub').fill(hubBase);
+  await page.keyboard.press('Escape');
+  await openModels(page);
+  await page.getByTestId(`preset-${PRESET.id}`).getByRole('button', { name: 'Download' }).click();
+}
+
 async function pickStoriesFile(page: Page): Promise<void> {
   await openModels(page);
   await page.getByTestId('model-file-input').setInputFiles(modelFile);
@@ -316,12 +326,7 @@ test.describe('chat page', () => {
       chunkDelayMs: 60,
     });
     try {
-      await page.goto('/');
-      await page.getByTestId('open-settings').click();
-      await page.getByTestId('setting-hub').fill(hub.hubBase);
-      await page.keyboard.press('Escape');
-      await openModels(page);
-      await page.getByTestId(`preset-${PRESET.id}`).getByRole('button', { name: 'Download' }).click();
+      await downloadPresetFrom(page, hub.hubBase);
       await expect(presetRow(page).getByTestId('download-progress')).toBeVisible();
       await shot(page, testInfo, '09-download-progress');
       // Completing selects the model and closes the panel (the model then loads; the offline test covers that).
@@ -367,12 +372,7 @@ test.describe('chat page', () => {
       announcedBytes: 100e12,
     });
     try {
-      await page.goto('/');
-      await page.getByTestId('open-settings').click();
-      await page.getByTestId('setting-hub').fill(hub.hubBase);
-      await page.keyboard.press('Escape');
-      await openModels(page);
-      await page.getByTestId(`preset-${PRESET.id}`).getByRole('button', { name: 'Download' }).click();
+      await downloadPresetFrom(page, hub.hubBase);
       await expect(page.getByTestId('models-error')).toContainText('Not enough storage');
       await expect(presetRow(page)).toContainText('incomplete');
       await expect(presetRow(page).getByRole('button', { name: 'Use' })).toHaveCount(0);
@@ -435,12 +435,7 @@ test.describe('chat page', () => {
         ...wrong.hub,
       });
       try {
-        await page.goto('/');
-        await page.getByTestId('open-settings').click();
-        await page.getByTestId('setting-hub').fill(hub.hubBase);
-        await page.keyboard.press('Escape');
-        await openModels(page);
-        await page.getByTestId(`preset-${PRESET.id}`).getByRole('button', { name: 'Download' }).click();
+        await downloadPresetFrom(page, hub.hubBase);
         const announced = wrong.hub.announcedBytes!.toLocaleString('en-US');
         const message = page.getByTestId('models-error');
         await expect(message).toContainText(`The server announced ${announced} bytes for`, { timeout: 60_000 });
