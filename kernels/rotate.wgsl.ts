@@ -6,6 +6,29 @@
  * output. One workgroup per (token, head of any part): the row is staged in workgroup memory so the update can be in
  * place. Params.part[p] = (heads, headsPerMatrix, transpose, first matrix's word offset).
  */
+/**
+ * One head's row of part p, with its tensor and matrices bound directly: the dispatch picks the part once per
+ * workgroup, not once per element of the inner products.
+ */
+function rowFunction(p: number): string {
+  return `fn rotateRow${p}(part: vec4<u32>, head: u32, token: u32, lid: u32) {
+  let d = params.headDim;
+  let base = (token * part.x + head) * d;
+  for (var i = lid; i < d; i += WG) { row[i] = x${p}[base + i]; }
+  workgroupBarrier();
+  let m = part.w + (head / part.y) * d * d;
+  for (var j = lid; j < d; j += WG) {
+    var acc = 0.0;
+    if (part.z == 1u) {
+      for (var i = 0u; i < d; i++) { acc += row[i] * rotation${p}[m + j * d + i]; }
+    } else {
+      for (var i = 0u; i < d; i++) { acc += row[i] * rotation${p}[m + i * d + j]; }
+    }
+    x${p}[base + j] = acc;
+  }
+}`;
+}
+
 export function rotateSource(parts: 1 | 2 | 3): string {
   const ids = [...Array(parts).keys()];
   const xs = ids.map((p) => `@group(0) @binding(${p}) var<storage, read_write> x${p}: array<f32>;`).join('\n');
@@ -21,25 +44,7 @@ ${rs}
 @group(0) @binding(${2 * parts}) var<uniform> params: Params;
 @group(0) @binding(${2 * parts + 1}) var<uniform> step: Step;
 
-fn loadX(p: u32, i: u32) -> f32 {
-  var v = 0.0;
-  switch (p) {
-${cases((p) => `v = x${p}[i];`)}
-  }
-  return v;
-}
-fn storeX(p: u32, i: u32, v: f32) {
-  switch (p) {
-${cases((p) => `x${p}[i] = v;`)}
-  }
-}
-fn loadR(p: u32, i: u32) -> f32 {
-  var v = 0.0;
-  switch (p) {
-${cases((p) => `v = rotation${p}[i];`)}
-  }
-  return v;
-}
+${ids.map((p) => rowFunction(p)).join('\n')}
 
 const WG: u32 = 64u;
 var<workgroup> row: array<f32, 256>;
@@ -57,19 +62,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     p++;
   }
   let part = params.part[p];
-  let d = params.headDim;
-  let base = (token * part.x + head) * d;
-  for (var i = lid.x; i < d; i += WG) { row[i] = loadX(p, base + i); }
-  workgroupBarrier();
-  let m = part.w + (head / part.y) * d * d;
-  for (var j = lid.x; j < d; j += WG) {
-    var acc = 0.0;
-    if (part.z == 1u) {
-      for (var i = 0u; i < d; i++) { acc += row[i] * loadR(p, m + j * d + i); }
-    } else {
-      for (var i = 0u; i < d; i++) { acc += row[i] * loadR(p, m + i * d + j); }
-    }
-    storeX(p, base + j, acc);
+  switch (p) {
+${cases((p) => `rotateRow${p}(part, head, token, lid.x);`)}
   }
 }
 `;
