@@ -56,6 +56,7 @@ class Config:
     norm_eps = 1e-5
     rope_theta = 10000.0
     dropout = 0.1
+    qkv_bias = False  # biases on the q, k and v projections (llama.cpp's llama loads attn_{q,k,v}.bias when present)
 
 
 SHAPES = {
@@ -65,6 +66,9 @@ SHAPES = {
     "probe": {"n_layers": 6, "n_heads": 2, "n_kv_heads": 1, "head_dim": 128},
     # the demo width with one KV head shared by all 4 query heads (head_dim 64, INT2 group 64)
     "gqa4": {"n_kv_heads": 1},
+    # session 4: the demo shape with q/k/v biases, as Qwen2 has; a k bias is a per-channel offset shared by every
+    # token, the structure that token-wise INT2 quantizes badly and a rotation spreads out
+    "demo_bias": {"qkv_bias": True},
 }
 
 
@@ -130,9 +134,10 @@ class Block(nn.Module):
         self.cfg = cfg
         d, hd = cfg.dim, cfg.head_dim
         self.attn_norm = RMSNorm(d, cfg.norm_eps)
-        self.wq = nn.Linear(d, cfg.n_heads * hd, bias=False)
-        self.wk = nn.Linear(d, cfg.n_kv_heads * hd, bias=False)
-        self.wv = nn.Linear(d, cfg.n_kv_heads * hd, bias=False)
+        self.wq = nn.Linear(d, cfg.n_heads * hd, bias=cfg.qkv_bias)
+        self.wk = nn.Linear(d, cfg.n_kv_heads * hd, bias=cfg.qkv_bias)
+        self.wv = nn.Linear(d, cfg.n_kv_heads * hd, bias=cfg.qkv_bias)
+        self.capture = None  # a list: attention() appends this layer's K after RoPE and V (evaluation statistics)
         self.wo = nn.Linear(cfg.n_heads * hd, d, bias=False)
         self.ffn_norm = RMSNorm(d, cfg.norm_eps)
         self.w1 = nn.Linear(d, cfg.ffn_dim, bias=False)  # gate
@@ -146,6 +151,8 @@ class Block(nn.Module):
         k = self.wk(x).view(B, T, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
         v = self.wv(x).view(B, T, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.capture is not None:
+            self.capture.append((k.detach().float(), v.detach().float()))
         rep = cfg.n_heads // cfg.n_kv_heads  # llama.cpp grouping: query head h reads KV head h // rep
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         if kv is None:
@@ -294,6 +301,31 @@ def perplexity(model, data, T, kv, max_windows, batch=8):
 
 
 @torch.no_grad()
+def kv_statistics(model, rows, group, rot):
+    """Per layer: how far K's largest channel stands out (channel RMS over tokens, max / median, worst KV head), and
+    the relative error ||x - INT2(x)|| / ||x|| of token-wise INT2 on K and V, naive and rotated. Outlier channels
+    are what make naive token-wise INT2 lose the small channels; a rotation spreads them."""
+    for b in model.layers:
+        b.capture = []
+    model(rows)
+    naive, rotated = KvSim("int2", group), KvSim("int2", group, rot=rot)
+    stats = []
+    for i, b in enumerate(model.layers):
+        k, v = b.capture[0]
+        b.capture = None
+        rms = k.pow(2).mean(dim=(0, 2)).sqrt()  # (kv heads, head_dim)
+        ratio = (rms.amax(-1) / rms.median(-1).values).max().item()
+
+        def rel(x, sim):
+            return ((sim.quant(x) - x).norm() / x.norm()).item()
+
+        stats.append({"layer": i, "k_channel_rms_max_over_median": ratio,
+                      "k_int2_rel_err": {"naive": rel(k, naive), "hadamard": rel(k, rotated)},
+                      "v_int2_rel_err": {"naive": rel(v, naive), "hadamard": rel(v, rotated)}})
+    return stats
+
+
+@torch.no_grad()
 def repeated_span_loss(model, seqs, span, kv, batch=16):
     """Mean loss on the second copy of the span (its first token excluded: nothing predicts it) vs on the first copy."""
     first, second, top1, top1_first = [], [], [], []
@@ -326,6 +358,9 @@ GGUF_NAMES = {
     "w1.weight": "ffn_gate.weight",
     "w3.weight": "ffn_up.weight",
     "w2.weight": "ffn_down.weight",
+    "wq.bias": "attn_q.bias",
+    "wk.bias": "attn_k.bias",
+    "wv.bias": "attn_v.bias",
 }
 
 
@@ -420,6 +455,11 @@ SWEEP = {
     "d1_e12_rand": (0.1, 12, 0.1, 0.0, 0.5, 4),
     "d1_e30_rand": (0.1, 30, 0.1, 0.0, 0.5, 4),
     "d0_e20_shuf": (0.0, 20, 0.1, 0.5, 0.5),
+    # session 4: no weight decay (it keeps weights, and with them outlier channels, small) and a higher peak lr;
+    # 7th field: overrides ({"lr": peak lr})
+    "d1_e12_wd0": (0.1, 12, 0.0, 0.0, 0.25),
+    "d0_e30_wd0": (0.0, 30, 0.0, 0.0, 0.25),
+    "d1_e12_lr6": (0.1, 12, 0.1, 0.0, 0.25, 0, {"lr": 6e-3}),
 }
 
 
@@ -498,8 +538,13 @@ def main():
             spans[dist] = {m: repeated_span_loss(model, seqs, 64, kv) for m, kv in modes.items()}
             log(f"  repeat@{dist}: " + ", ".join(f"{m} {r['repeat_loss']:.3f} top1 {r['repeat_top1']:.2f}" for m, r in spans[dist].items())
                 + f" (first copy {spans[dist]['fp16']['first_copy_loss']:.3f} top1 {spans[dist]['fp16']['first_copy_top1']:.2f})")
+        kv_stats = kv_statistics(model, torch.stack([data["val"][j * T : j * T + T] for j in range(4)]), hd,
+                                 modes["int2_hadamard"].rot)
+        log("  K outlier ratio / K INT2 err naive, hadamard by layer: " + "; ".join(
+            f"{st['k_channel_rms_max_over_median']:.1f}/{st['k_int2_rel_err']['naive']:.2f},{st['k_int2_rel_err']['hadamard']:.2f}"
+            for st in kv_stats))
         model.train()
-        return ppl, spans
+        return ppl, spans, kv_stats
 
     def passes(ppl):
         # success: naive INT2 costs >= 20% perplexity on both held-out texts, Hadamard INT2 under half of that
@@ -528,6 +573,7 @@ def main():
     for run_name in args.sweep.split(","):
         dropout, epochs, wd, shuffle, retrieval_frac, *rest = SWEEP[run_name]
         random_pairs = rest[0] if rest else 0
+        peak_lr = rest[1].get("lr", args.lr) if len(rest) > 1 else args.lr
         n_ret = int(round(B * retrieval_frac))
         epochs *= args.epoch_scale
         steps = max(20, int(epochs * data["train"].numel() / (B * T)))
@@ -539,13 +585,13 @@ def main():
         model.reset_parameters()
         for name, p in model.named_parameters():
             if p.dim() == 1:
-                nn.init.ones_(p)
+                (nn.init.zeros_ if name.endswith(".bias") else nn.init.ones_)(p)
         model.drop_p.fill_(dropout)
         decay = [p for p in model.parameters() if p.dim() == 2]
         no_decay = [p for p in model.parameters() if p.dim() < 2]
         opt = torch.optim.AdamW(
             [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=True,
+            lr=peak_lr, betas=(0.9, 0.95), eps=1e-8, fused=True,
         )
         gen = torch.Generator(device=dev).manual_seed(args.seed)
         cgen = torch.Generator().manual_seed(args.seed + 1)
@@ -557,7 +603,7 @@ def main():
         for step in range(steps):
             progress = step / steps
             max_gap = int(128 + (1536 - 128) * min(1.0, progress / 0.6))  # retrieval gaps: short first, up to 1536
-            lr = args.lr * min(1.0, (step + 1) / args.warmup)
+            lr = peak_lr * min(1.0, (step + 1) / args.warmup)
             lr *= args.min_lr_frac + (1 - args.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * progress))
             for g in opt.param_groups:
                 g["lr"] = lr
@@ -590,7 +636,7 @@ def main():
                 break
         train_s = time.time() - t0
         seconds_per_epoch = train_s / epochs  # the first run's includes compilation: an overestimate
-        run = {"dropout": dropout, "epochs": epochs, "weight_decay": wd, "shuffled_span_frac": shuffle,
+        run = {"dropout": dropout, "epochs": epochs, "weight_decay": wd, "peak_lr": peak_lr, "shuffled_span_frac": shuffle,
                "retrieval_frac": retrieval_frac, "random_span_pairs": random_pairs, "steps": steps, "tokens": steps * B * T, "train_seconds": train_s,
                "best_step": best["step"], "best_val_loss_bf16": best["val"], "final_train_loss": curve[-1]["train_loss"],
                "final_val_loss_bf16": curve[-1]["val_loss"], "curve": curve, "checkpoints": {}}
@@ -600,10 +646,10 @@ def main():
         for ck_name, state in checkpoints:
             model.load_state_dict(state)
             log(f"{run_name}/{ck_name}: evaluating (train {train_s:.0f}s; best val {best['val']:.3f} at step {best['step']}/{steps})")
-            ppl, spans = full_eval()
+            ppl, spans, kv_stats = full_eval()
             ok = passes(ppl)
             run["checkpoints"][ck_name] = {"step": steps if ck_name == "final" else best["step"], "perplexity_ctx2048": ppl,
-                                           "repeated_span_64tok": spans, "passes_int2_proof": ok}
+                                           "repeated_span_64tok": spans, "passes_int2_proof": ok, "kv_statistics": kv_stats}
             key = f"{run_name}/{ck_name}"
 
             # keep the checkpoint that passes the INT2 proof with the lowest held-out perplexity (any, if none passes)
