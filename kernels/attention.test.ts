@@ -4,7 +4,7 @@ import { readFloat32 } from '../runtime/gpu/readback.ts';
 import { KvPagePool, type KvSequence } from '../runtime/kv/pool.ts';
 import { withTestGpu } from '../test/gpu.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
-import { type AttentionSources, prepareAttention } from './attention.ts';
+import { type AttentionSources, attentionDecodeShape, prepareAttention } from './attention.ts';
 import {
   ATTENTION_BLOCK_KEY_CHOICES,
   type AttentionBlockKeys,
@@ -12,6 +12,7 @@ import {
   attentionPartialSource,
   attentionWorkgroupBytes,
 } from './attention.wgsl.ts';
+import { attentionDecodeSource } from './attention-decode.wgsl.ts';
 import { type PreparedDispatch, releaseDispatches, submitDispatches } from './dispatch.ts';
 import { prepareKvAppend } from './kv-append.ts';
 import { attentionReference, f16Bits, f16BitsToNumber } from './reference/attention.ts';
@@ -371,6 +372,66 @@ describe('paged attention', () => {
     const random = seededRandom(3);
     const seq = harness.sequence();
     const ratios = [await harness.step(seq, 6, random), await harness.step(seq, 1, random)];
+    harness.release();
+    expect(Math.max(...ratios)).toBeGreaterThan(1);
+  });
+});
+
+describe('decode kernel', () => {
+  // Decode graphs of these shapes run attention-decode.wgsl.ts; each case checks that they do. One split makes a
+  // workgroup walk every key in passes of 256 (128 for 16 rows), so the running max and the rescale between passes
+  // are exercised; several splits go through the merge pass.
+  const cases: Array<[string, Shape, number[], number]> = [
+    [
+      'hd 64, 7:1 (Qwen2.5-0.5B), one split, 2 passes',
+      { layers: 1, heads: 14, kvHeads: 2, headDim: 64, pageTokens: 16 },
+      [300, 1, 1],
+      1,
+    ],
+    ['hd 64, 7:1, 3 splits', { layers: 1, heads: 14, kvHeads: 2, headDim: 64, pageTokens: 16 }, [300, 1, 1], 3],
+    [
+      'hd 32, 12:1, one split, passes of 128',
+      { layers: 1, heads: 12, kvHeads: 1, headDim: 32, pageTokens: 4 },
+      [150, 1],
+      1,
+    ],
+    [
+      'hd 128, 8:1, 2 splits, pages of 8',
+      { layers: 2, heads: 8, kvHeads: 1, headDim: 128, pageTokens: 8 },
+      [150, 1, 1],
+      2,
+    ],
+  ];
+  it.each(cases)('matches the CPU reference: %s', async (_name, shape, chunks, splits) => {
+    const pool = { headDim: shape.headDim, kvHeads: shape.kvHeads, quant: null } as never;
+    expect(attentionDecodeShape(ctx.gpu, { pool, heads: shape.heads, maxTokens: 1 })).not.toBeNull();
+    const { ratios } = await runSteps(ctx.gpu, shape, chunks, 77 + shape.headDim, splits);
+    expect(Math.max(...ratios)).toBeLessThanOrEqual(1);
+  });
+
+  it.each<[string, (code: string) => string]>([
+    // Without the rescale, a pass whose max exceeds the earlier passes' keeps their terms at the old scale.
+    ['no rescale between passes', (code) => code.replaceAll('accX0 *= c; accY0 *= c; sum0 *= c;', '')],
+    [
+      'key slices not summed',
+      (code) =>
+        code.replace('for (var other = 1u; other < KS; other++) {', 'for (var other = 1u; other < 1u; other++) {'),
+    ],
+  ])('catches a broken kernel: %s', async (_name, edit) => {
+    const { gpu } = ctx;
+    const shape = cases[0][1];
+    const original = attentionDecodeSource({
+      headDim: 64,
+      rows: 7,
+      quant: null,
+      unrolled: !gpu.adapter.isFallbackAdapter,
+    });
+    const decode = edit(original);
+    expect(decode).not.toBe(original);
+    const harness = new Harness(gpu, shape, 300, { decodeSplits: 1, sources: { decode } });
+    const random = seededRandom(77 + 64);
+    const seq = harness.sequence();
+    const ratios = [await harness.step(seq, 300, random), await harness.step(seq, 1, random)];
     harness.release();
     expect(Math.max(...ratios)).toBeGreaterThan(1);
   });

@@ -11,6 +11,12 @@ import {
   attentionQuantBlockKeys,
   attentionWorkgroupBytes,
 } from './attention.wgsl.ts';
+import {
+  type AttentionDecodeShape,
+  attentionDecodeSource,
+  attentionDecodeSupports,
+  attentionDecodeWorkgroupBytes,
+} from './attention-decode.wgsl.ts';
 import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from './dispatch.ts';
 import { type KvPageSource, kvPoolDispatch } from './kv-append.ts';
 import type { KvQuantPages } from './kv-demote.ts';
@@ -45,6 +51,11 @@ export interface AttentionBinding {
   partials?: GPUBuffer;
   /** Keys per tile of the split kernel (default 16, the fastest measured; fits WebGPU's default 16 KiB storage). */
   blockKeys?: AttentionBlockKeys;
+  /**
+   * maxTokens = 1: use the decode kernel (attention-decode.wgsl.ts) where it serves the shape (default true); false
+   * keeps the general split kernel (same-machine comparisons).
+   */
+  decodeKernel?: boolean;
 }
 
 /** Bytes of the split pass's partial results: (max, sum, Σ p·V) per query token, head and split. */
@@ -52,10 +63,36 @@ export function attentionPartialsBytes(maxTokens: number, heads: number, splits:
   return maxTokens * heads * splits * (headDim + 2) * 4;
 }
 
-/** Replacement WGSL (tests of the tests); `partial` must be built for the binding's blockKeys, headDim and >= its rows. */
+/**
+ * Replacement WGSL (tests of the tests); `partial` must be built for the binding's blockKeys, headDim and >= its rows,
+ * `decode` for its decode shape.
+ */
 export interface AttentionSources {
   partial?: string;
+  decode?: string;
   merge?: string;
+}
+
+/** The decode kernel's shape for a binding, or null where the split kernel serves it. */
+export function attentionDecodeShape(
+  gpu: GpuContext,
+  b: Pick<AttentionBinding, 'pool' | 'heads' | 'maxTokens' | 'decodeKernel'>,
+): AttentionDecodeShape | null {
+  if (b.maxTokens !== 1 || b.decodeKernel === false) return null;
+  const quant = b.pool.quant ?? null;
+  const shape: AttentionDecodeShape = {
+    unrolled: !gpu.adapter.isFallbackAdapter,
+    headDim: b.pool.headDim,
+    rows: b.heads / b.pool.kvHeads,
+    quant: quant && {
+      kBits: quant.key.bits,
+      kGroup: quant.key.groupSize,
+      vBits: quant.value.bits,
+      vGroup: quant.value.groupSize,
+    },
+  };
+  if (!attentionDecodeSupports(shape)) return null;
+  return attentionDecodeWorkgroupBytes(shape) <= gpu.limits.maxComputeWorkgroupStorageSize ? shape : null;
 }
 
 /**
@@ -95,11 +132,18 @@ export function prepareAttention(
       `attention: tiles of ${shape.blockKeys} keys need ${storage} bytes of workgroup storage, the device has ${gpu.limits.maxComputeWorkgroupStorageSize}`,
     );
   }
-  const partialPipeline = computePipeline(
-    gpu,
-    `${quant ? 'attention-mixed' : 'attention-partial'}-${shape.blockKeys}-hd${headDim}-r${rows}`,
-    sources.partial ?? attentionPartialSource(shape),
-  );
+  const decode = attentionDecodeShape(gpu, b);
+  const partialPipeline = decode
+    ? computePipeline(
+        gpu,
+        `attention-decode-hd${headDim}-r${decode.rows}${decode.unrolled ? '' : '-loops'}${decode.quant ? `-k${decode.quant.kBits}g${decode.quant.kGroup}-v${decode.quant.vBits}g${decode.quant.vGroup}` : ''}`,
+        sources.decode ?? attentionDecodeSource(decode),
+      )
+    : computePipeline(
+        gpu,
+        `${quant ? 'attention-mixed' : 'attention-partial'}-${shape.blockKeys}-hd${headDim}-r${rows}`,
+        sources.partial ?? attentionPartialSource(shape),
+      );
   const words = [
     pool.layerOffsetWords(b.layer, 0),
     pool.layerOffsetWords(b.layer, 1),

@@ -46,18 +46,25 @@ export function attentionWorkgroupBytes(shape: AttentionKernelShape): number {
  * few splits (less merge work) and a long one many (enough workgroups to fill the GPU). The grid always has `splits`
  * workgroups along x; the ones past the keys return at once. Shared by the split and the merge pass.
  */
-const SPLIT_CHUNK_WGSL = /* wgsl */ `
+export const SPLIT_CHUNK_WGSL = /* wgsl */ `
 fn splitChunk(length: u32, splits: u32, minChunk: u32) -> u32 {
   return max(max(minChunk, 1u), (length + splits - 1u) / splits);
 }`;
-
-/** Extra Params fields of the mixed (f16 + quant pages) variant. */
 
 /** Extra Params fields of the mixed (f16 + quant pages) variant. */
 const QUANT_PARAMS = `
   quantPageWords: u32, quantKOffset: u32, quantVOffset: u32, quantBlock: u32,
   kBits: u32, kGroup: u32, kCodeWords: u32, kRowWords: u32,
   vBits: u32, vGroup: u32, vCodeWords: u32, vRowWords: u32,`;
+
+/** The Params uniform of the split and decode kernels (the words kernels/attention.ts writes). */
+export function attentionParamsWgsl(quant: boolean): string {
+  return `struct Params {
+  kOffset: u32, vOffset: u32, pageWords: u32, pageTokens: u32,
+  heads: u32, kvHeads: u32, headDim: u32, splits: u32,
+  scale: f32, rows: u32, minChunk: u32, _p2: u32,${quant ? QUANT_PARAMS : ''}
+}`;
+}
 
 /**
  * Dequantizes the KV head's part of `n` rows of one kind (K or V) of a quant page into `target` as f32 bits, from key
@@ -144,11 +151,7 @@ export function attentionPartialSource(shape: AttentionKernelShape): string {
   const tileVec4 = tileVec4s(shape);
   const rowPairs = (rows * headDim) / 2;
   return /* wgsl */ `
-struct Params {
-  kOffset: u32, vOffset: u32, pageWords: u32, pageTokens: u32,
-  heads: u32, kvHeads: u32, headDim: u32, splits: u32,
-  scale: f32, rows: u32, minChunk: u32, _p2: u32,${quant ? QUANT_PARAMS : ''}
-}
+${attentionParamsWgsl(quant)}
 
 @group(0) @binding(0) var<storage, read> q: array<f32>;
 @group(0) @binding(1) var<storage, read_write> dst: array<f32>;

@@ -31,9 +31,6 @@ export function kvTileLoaderWgsl(
   wgSize: number,
   maxCount: number,
 ): string {
-  const slabs = [0, 1, 2, 3]
-    .map((i) => `@group(0) @binding(${firstBinding + i}) var<storage, read> slab${i}: array<vec4<u32>>;`)
-    .join('\n');
   const loaders = names.map(({ name, target }) => {
     const cases = [0, 1, 2, 3]
       .map(
@@ -53,9 +50,26 @@ ${cases}
   }
 }`;
   });
+  return `${kvPagesReadableWgsl(firstBinding)}
+${loaders.join('\n')}`;
+}
+
+/**
+ * The KvStep uniform, the four slabs as `array<vec4<u32>>` (read-only) and `slabQuad(slot, i)` / `slabWord(slot, i)`:
+ * vec4 i, or u32 word i, of slab `slot` (bits 24..27 of a page-table entry).
+ */
+export function kvPagesReadableWgsl(firstBinding: number): string {
+  const slabs = [0, 1, 2, 3]
+    .map((i) => `@group(0) @binding(${firstBinding + i}) var<storage, read> slab${i}: array<vec4<u32>>;`)
+    .join('\n');
   return `struct KvStep { position: u32, tokens: u32, tableOffset: u32, length: u32 }
 ${slabs}
-${loaders.join('\n')}`;
+fn slabQuad(slot: u32, i: u32) -> vec4<u32> {
+  var w: vec4<u32>;
+  if (slot == 0u) { w = slab0[i]; } else if (slot == 1u) { w = slab1[i]; } else if (slot == 2u) { w = slab2[i]; } else { w = slab3[i]; }
+  return w;
+}
+fn slabWord(slot: u32, i: u32) -> u32 { return slabQuad(slot, i / 4u)[i % 4u]; }`;
 }
 
 /**

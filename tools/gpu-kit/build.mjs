@@ -6,6 +6,7 @@
  *   .gpu/kit.tar.xz        node + Dawn (webgpu) + Vulkan loader debs: ../shared/gpu/make-kit.sh (made if missing)
  *   .gpu/bench.mjs         bench/run.ts bundled into one ESM file; `webgpu` and `node-llama-cpp` stay external
  *   .gpu/profile.mjs       bench/profile-decode.ts the same way (per-kernel decode timings)
+ *   .gpu/attention-kernels.mjs  bench/attention-kernels.ts (decode attention kernels side by side, one layer)
  *   .gpu/llama-kit.tar.xz  node_modules/node-llama-cpp (its JS bundled into one dist/index.js, plus package.json and
  *                          the llama/ metadata files it reads) and @node-llama-cpp/linux-x64-vulkan (the prebuilt
  *                          Vulkan binaries); unpacked into the kit, next to the kit's node_modules/webgpu
@@ -81,6 +82,7 @@ try {
   await benchBuild('run.ts', 'bench.mjs');
   // Per-kernel decode profile (bench/profile-decode.ts): 0.2 MiB more, optional on the host.
   await benchBuild('profile-decode.ts', 'profile.mjs');
+  await benchBuild('attention-kernels.ts', 'attention-kernels.mjs');
 } catch {
   log(
     fromWorktree

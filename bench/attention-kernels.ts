@@ -1,0 +1,174 @@
+/**
+ * Same-machine comparison of the decode attention kernels over an f16 pool: the general split kernel
+ * (attention.wgsl.ts) and the decode kernel (attention-decode.wgsl.ts, unrolled and with run-time loop bounds), at
+ * one layer of a real model's shape and several context lengths. Each variant is checked against the CPU reference
+ * first (at the shortest context), then timed: the dispatches of one layer's attention recorded many times into one
+ * pass, (time of 5n − time of n) / 4n, best of 3.
+ *
+ *   npx tsx bench/attention-kernels.ts [--contexts 1024,8192,32768] [--out FILE.json]
+ * On the GPU host: bundled by `npm run bench:bundle` (.gpu/attention-kernels.mjs).
+ */
+import { writeFileSync } from 'node:fs';
+import { parseArgs } from 'node:util';
+import { type AttentionBinding, type AttentionSources, prepareAttention } from '../kernels/attention.ts';
+import { attentionDecodeSource } from '../kernels/attention-decode.wgsl.ts';
+import { encodeDispatches, type PreparedDispatch, releaseDispatches, submitDispatches } from '../kernels/dispatch.ts';
+import { prepareKvAppend } from '../kernels/kv-append.ts';
+import { attentionReference } from '../kernels/reference/attention.ts';
+import { acquireGpu, type GpuContext } from '../runtime/gpu/device.ts';
+import { nodeGpu } from '../runtime/gpu/node.ts';
+import { readFloat32 } from '../runtime/gpu/readback.ts';
+import { KvPagePool } from '../runtime/kv/pool.ts';
+import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
+
+interface LayerShape {
+  name: string;
+  heads: number;
+  kvHeads: number;
+  headDim: number;
+}
+
+const SHAPES: LayerShape[] = [
+  { name: 'llama-3.2-1b', heads: 32, kvHeads: 8, headDim: 64 },
+  { name: 'qwen2.5-0.5b', heads: 14, kvHeads: 2, headDim: 64 },
+  { name: 'qwen3-4b', heads: 32, kvHeads: 8, headDim: 128 },
+];
+/** The decode graph's split settings (runtime/kv/paged-attention.ts). */
+const SPLITS = 128;
+const MIN_CHUNK = 64;
+const FILL_CHUNK = 512;
+
+type Variant = { name: string; decodeKernel: boolean; sources?: (s: LayerShape) => AttentionSources };
+const VARIANTS: Variant[] = [
+  { name: 'split', decodeKernel: false },
+  { name: 'decode', decodeKernel: true },
+  {
+    name: 'decode-loops',
+    decodeKernel: true,
+    sources: (s) => ({
+      decode: attentionDecodeSource({ headDim: s.headDim, rows: s.heads / s.kvHeads, quant: null, unrolled: false }),
+    }),
+  },
+];
+
+async function timeDispatches(gpu: GpuContext, dispatches: PreparedDispatch[], reps: number): Promise<number> {
+  const run = async (n: number) => {
+    const encoder = gpu.device.createCommandEncoder();
+    const pass = encoder.beginComputePass();
+    for (let i = 0; i < n; i++) encodeDispatches(pass, dispatches);
+    pass.end();
+    const t0 = performance.now();
+    gpu.device.queue.submit([encoder.finish()]);
+    await gpu.device.queue.onSubmittedWorkDone();
+    return performance.now() - t0;
+  };
+  await run(reps);
+  let best = Number.POSITIVE_INFINITY;
+  for (let k = 0; k < 3; k++) best = Math.min(best, ((await run(5 * reps)) - (await run(reps))) / (4 * reps));
+  return best;
+}
+
+async function benchShape(gpu: GpuContext, shape: LayerShape, contexts: number[]) {
+  const { heads, kvHeads, headDim } = shape;
+  const maxContext = Math.max(...contexts);
+  const pool = new KvPagePool(gpu, {
+    layers: 1,
+    kvHeads,
+    headDim,
+    pageTokens: 16,
+    budgetBytes: (maxContext + FILL_CHUNK) * kvHeads * headDim * 4 + (16 << 20),
+    maxSequences: 1,
+  });
+  const buffer = (floats: number) => gpu.allocator.createStorage('bench', 'scratch', floats * 4);
+  const q = buffer(heads * headDim);
+  const k = buffer(FILL_CHUNK * kvHeads * headDim);
+  const v = buffer(FILL_CHUNK * kvHeads * headDim);
+  const output = buffer(heads * headDim);
+  const random = seededRandom(1);
+  const qs = randomFloats(random, heads * headDim, 2);
+  const ks = randomFloats(random, FILL_CHUNK * kvHeads * headDim, 2);
+  const vs = randomFloats(random, FILL_CHUNK * kvHeads * headDim, 1);
+  for (const [b, data] of [
+    [q, qs],
+    [k, ks],
+    [v, vs],
+  ] as const) {
+    gpu.device.queue.writeBuffer(b, 0, data.buffer, data.byteOffset, data.byteLength);
+  }
+  const fill = [prepareKvAppend(gpu, 'fill', { pool, layer: 0, k, v, tokens: FILL_CHUNK })];
+  const seq = pool.createSequence();
+  const rows: Record<string, unknown>[] = [];
+  for (const context of contexts) {
+    // The cache holds the same 512 random keys over and over: the reference repeats them too.
+    while (seq.length + FILL_CHUNK <= context) {
+      pool.beginStep(seq, FILL_CHUNK);
+      submitDispatches(gpu, 'fill', fill);
+    }
+    pool.writeStep(seq, context - 1, 1);
+    const row: Record<string, unknown> = { shape: shape.name, context };
+    for (const variant of VARIANTS) {
+      const binding: AttentionBinding = {
+        pool,
+        layer: 0,
+        q,
+        output,
+        heads,
+        maxTokens: 1,
+        scale: 1 / Math.sqrt(headDim),
+        splits: SPLITS,
+        minChunkKeys: MIN_CHUNK,
+        decodeKernel: variant.decodeKernel,
+      };
+      const dispatches = prepareAttention(gpu, variant.name, binding, variant.sources?.(shape));
+      if (context === Math.min(...contexts)) {
+        submitDispatches(gpu, 'check', dispatches);
+        const actual = await readFloat32(gpu, output, heads * headDim);
+        const repeat = (data: Float32Array) => {
+          const all = new Float32Array(context * kvHeads * headDim);
+          for (let t = 0; t < context; t += FILL_CHUNK)
+            all.set(data.subarray(0, (context - t) * kvHeads * headDim), t * kvHeads * headDim);
+          return all;
+        };
+        const expected = attentionReference({
+          q: qs,
+          k: repeat(ks),
+          v: repeat(vs),
+          position: context - 1,
+          tokens: 1,
+          heads,
+          kvHeads,
+          headDim,
+          scale: 1 / Math.sqrt(headDim),
+        });
+        row[`${variant.name}ToleranceRatio`] = maxToleranceRatio(actual, expected, 2e-5, 2e-4);
+      }
+      const ms = await timeDispatches(gpu, dispatches, 50);
+      row[`${variant.name}Us`] = Math.round(ms * 10000) / 10;
+      row[`${variant.name}GBs`] = Math.round((context * kvHeads * headDim * 4) / (ms * 1e-3) / 1e9);
+      releaseDispatches(gpu, dispatches);
+    }
+    console.log(JSON.stringify(row));
+    rows.push(row);
+  }
+  releaseDispatches(gpu, fill);
+  pool.destroy();
+  for (const b of [q, k, v, output]) gpu.allocator.release(b);
+  gpu.throwIfErrors();
+  return rows;
+}
+
+const { values } = parseArgs({
+  options: { contexts: { type: 'string', default: '1024,8192,32768' }, out: { type: 'string' } },
+});
+const contexts = values.contexts.split(',').map(Number);
+const gpu = await acquireGpu({ gpu: await nodeGpu() });
+console.log(JSON.stringify({ adapter: gpu.adapter }));
+const results = [];
+for (const shape of SHAPES) results.push(...(await benchShape(gpu, shape, contexts)));
+if (values.out)
+  writeFileSync(
+    values.out,
+    `${JSON.stringify({ adapter: gpu.adapter, splits: SPLITS, minChunk: MIN_CHUNK, results }, null, 1)}\n`,
+  );
+gpu.destroy();
+process.exit(0);

@@ -1,0 +1,307 @@
+import {
+  ATTENTION_MAX_ROW_PAIRS,
+  ATTENTION_MAX_ROWS,
+  attentionParamsWgsl,
+  SPLIT_CHUNK_WGSL,
+} from './attention.wgsl.ts';
+import { kvPagesReadableWgsl } from './kv-append.wgsl.ts';
+
+/** The quantized row formats a decode build reads (kernels/kv-demote.ts KvRowFormat, bits and group only). */
+export interface DecodeQuantShape {
+  kBits: 1 | 2 | 4;
+  kGroup: number;
+  vBits: 1 | 2 | 4;
+  vGroup: number;
+}
+
+/** What a decode-attention build is specialized for: one query token, the GQA group's rows of one KV head. */
+export interface AttentionDecodeShape {
+  headDim: number;
+  /** Query heads per KV head (the GQA group). */
+  rows: number;
+  /** Quant pages (pool mode 'quant') and their formats; null for an f16-only pool. */
+  quant: DecodeQuantShape | null;
+  /**
+   * Loops over a key's dims with constant bounds, which a GPU compiler unrolls (true), or with bounds it only knows
+   * at run time (false): CPU drivers unroll them too, and compiling the unrolled build took lavapipe 18-46 s against
+   * 5-9 s. Same arithmetic either way; acquire-time choice in attentionDecodeShape (kernels/attention.ts).
+   */
+  unrolled: boolean;
+}
+
+const WG = 128;
+
+/** Invocations per row group that reduce a pass's scores to its maxima. */
+const REDUCERS = 32;
+
+/** Keys scored per pass of the split loop: their scores live in shared memory (a vec4 per 4 rows and key, <= 8 KiB). */
+export function attentionDecodeSubKeys(rows: number): number {
+  return Math.ceil(rows / 4) * 256 * 16 <= 8192 ? 256 : 128;
+}
+
+/** Workgroup storage of a decode build: q rows, the pass's scores, the reductions, Σq per quant group. */
+export function attentionDecodeWorkgroupBytes(shape: AttentionDecodeShape): number {
+  const { headDim, rows, quant } = shape;
+  const rowGroups = Math.ceil(rows / 4);
+  const groupsPerHead = quant ? headDim / Math.min(quant.kGroup, headDim) : 0;
+  const vec4s = rowGroups * (headDim + attentionDecodeSubKeys(rows) + REDUCERS + 2 + groupsPerHead) + rows;
+  return 16 * vec4s;
+}
+
+/**
+ * Whether the decode kernel serves a shape; otherwise decode uses the general split kernel. headDim must give whole
+ * code words per head for every bit width (a multiple of 32) and dim pairs that divide the workgroup; a group must
+ * lie inside one head or hold whole heads.
+ */
+export function attentionDecodeSupports(shape: AttentionDecodeShape): boolean {
+  const { headDim, rows, quant } = shape;
+  if (![32, 64, 128].includes(headDim) || rows < 1 || rows > ATTENTION_MAX_ROWS) return false;
+  if ((rows * headDim) / 2 > ATTENTION_MAX_ROW_PAIRS) return false;
+  if (quant === null) return true;
+  const fits = (group: number) => headDim % group === 0 || group % headDim === 0;
+  return fits(quant.kGroup) && fits(quant.vGroup);
+}
+
+/**
+ * Decode attention (one query token) over the paged KV cache, split pass of flash decoding: workgroup (split s, kv
+ * head) walks the split's keys in passes of SUB keys. The GQA group's rows are packed 4 to a vec4 ("row groups"), so
+ * one multiply-add serves 4 rows and the code does not grow with the group. A pass has three phases:
+ *   A. scores: each invocation takes whole keys and scores them against every row, reading the key straight from its
+ *      page (f16 words; for a quant page its code words: q·k = lo·Σq + scale·Σ q_i·c_i per group, Σq precomputed);
+ *   B. the pass's row maxima (a two-level reduction), the running maxima, and p = exp(score − max) in place;
+ *   C. values: invocation (slice, dim pair) accumulates p·v over every KS-th key for all rows, reading one word (or
+ *      one code word and its group's lo/scale) per key.
+ * There is no tile loop: the keys of a pass are read by independent loads, a few barriers per SUB keys. The key
+ * slices are summed through shared memory at the end. Output as the split kernel's (attentionPartialSource):
+ * splits = 1 the normalized rows, else (max, sum, Σ p·V) per (head, split) for the merge pass. Params and bindings
+ * are the split kernel's, so one uniform buffer and bind group layout serve both.
+ */
+export function attentionDecodeSource(shape: AttentionDecodeShape): string {
+  if (!attentionDecodeSupports(shape)) throw new Error(`attention-decode: unsupported shape ${JSON.stringify(shape)}`);
+  const { headDim: HD, rows: ROWS, quant } = shape;
+  const RG = Math.ceil(ROWS / 4);
+  const PAIRS = HD / 2;
+  const KS = WG / PAIRS;
+  const SUB = attentionDecodeSubKeys(ROWS);
+  const range = (n: number) => Array.from({ length: n }, (_, i) => i);
+  const groups = (f: (g: number) => string, sep = '\n') => range(RG).map(f).join(sep);
+  const kGE = quant ? Math.min(quant.kGroup, HD) : 0;
+
+  // Adds dims d..d+7 of a key (k0 = dims d..d+3, k1 = d+4..d+7), times the rows' q, to `${to}0`, `${to}1`, ...
+  const addDims = (d: string, to: string) =>
+    groups(
+      (g) =>
+        `${to}${g} += qt[(${d}) * RG + ${g}u] * k0.x + qt[(${d} + 1u) * RG + ${g}u] * k0.y + qt[(${d} + 2u) * RG + ${g}u] * k0.z + qt[(${d} + 3u) * RG + ${g}u] * k0.w +
+             qt[(${d} + 4u) * RG + ${g}u] * k1.x + qt[(${d} + 5u) * RG + ${g}u] * k1.y + qt[(${d} + 6u) * RG + ${g}u] * k1.z + qt[(${d} + 7u) * RG + ${g}u] * k1.w;`,
+      '\n          ',
+    );
+  const f16Score = `let base = (entry & 0xffffffu) * (params.pageWords / 4u) + (params.kOffset + headBase + inPage * PAIRS) / 4u;
+        for (var c = 0u; c < (HD / 8u) * one; c++) {
+          let w = slabQuad(slot, base + c);
+          let k0 = vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+          let k1 = vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w));
+          ${addDims('8u * c', 's')}
+        }`;
+  // A code word holds K_PER codes; 8 at a time become k0, k1 (dims d..d+7 of the head).
+  const quantScore = `let row = (entry & 0xffffffu) * params.quantPageWords + params.quantKOffset + inPage * params.kRowWords;
+        for (var g = 0u; g < (HD / K_GE) * one; g++) {
+          let e0 = kvh * HD + g * K_GE;
+          let lohi = unpack2x16float(slabWord(slot, row + params.kCodeWords + e0 / K_GROUP));
+${groups((g) => `          var d${g} = vec4<f32>(0.0);`)}
+          for (var wi = 0u; wi < (K_GE / K_PER) * one; wi++) {
+            let codes = slabWord(slot, row + e0 / K_PER + wi);
+            for (var c = 0u; c < K_PER * one; c += 8u) {
+              let k0 = vec4<f32>(f32((codes >> (c * K_BITS)) & K_MASK), f32((codes >> ((c + 1u) * K_BITS)) & K_MASK),
+                                 f32((codes >> ((c + 2u) * K_BITS)) & K_MASK), f32((codes >> ((c + 3u) * K_BITS)) & K_MASK));
+              let k1 = vec4<f32>(f32((codes >> ((c + 4u) * K_BITS)) & K_MASK), f32((codes >> ((c + 5u) * K_BITS)) & K_MASK),
+                                 f32((codes >> ((c + 6u) * K_BITS)) & K_MASK), f32((codes >> ((c + 7u) * K_BITS)) & K_MASK));
+              let dd = g * K_GE + wi * K_PER + c;
+              ${addDims('dd', 'd')}
+            }
+          }
+${groups((g) => `          s${g} += lohi.x * qsum[g * RG + ${g}u] + lohi.y * d${g};`)}
+        }`;
+  const f16Value = `unpack2x16float(slabWord(slot, (entry & 0xffffffu) * params.pageWords + params.vOffset + headBase + inPage * PAIRS + pair))`;
+  const quantValue = `{
+        let row = (entry & 0xffffffu) * params.quantPageWords + params.quantVOffset + inPage * params.vRowWords;
+        let e = kvh * HD + 2u * pair;
+        let codes = slabWord(slot, row + e / V_PER) >> ((e % V_PER) * V_BITS);
+        let lohi = unpack2x16float(slabWord(slot, row + params.vCodeWords + e / V_GROUP));
+        v = vec2<f32>(lohi.x) + lohi.y * vec2<f32>(f32(codes & V_MASK), f32((codes >> V_BITS) & V_MASK));
+      }`;
+
+  return /* wgsl */ `
+${attentionParamsWgsl(quant !== null)}
+@group(0) @binding(0) var<storage, read> q: array<f32>;
+@group(0) @binding(1) var<storage, read_write> dst: array<f32>;
+@group(0) @binding(2) var<storage, read> pageTable: array<u32>;
+@group(0) @binding(3) var<uniform> step: KvStep;
+@group(0) @binding(4) var<uniform> params: Params;
+${kvPagesReadableWgsl(5)}
+${SPLIT_CHUNK_WGSL}
+
+const WG: u32 = ${WG}u;
+const HD: u32 = ${HD}u;
+const PAIRS: u32 = ${PAIRS}u;
+const ROWS: u32 = ${ROWS}u;
+const RG: u32 = ${RG}u; // row groups: rows 4g..4g+3 are the components of one vec4
+const SUB: u32 = ${SUB}u; // keys per pass
+const KS: u32 = ${KS}u; // key slices of the value phase (WG / PAIRS)
+const RS: u32 = ${REDUCERS}u; // reducers per row group in phase B
+const NONE: f32 = -1e30;
+${
+  quant
+    ? `const K_BITS: u32 = ${quant.kBits}u;
+const K_MASK: u32 = ${(1 << quant.kBits) - 1}u;
+const K_PER: u32 = ${32 / quant.kBits}u; // codes per word
+const K_GROUP: u32 = ${quant.kGroup}u;
+const K_GE: u32 = ${kGE}u; // elements of a head in one group
+const V_BITS: u32 = ${quant.vBits}u;
+const V_MASK: u32 = ${(1 << quant.vBits) - 1}u;
+const V_PER: u32 = ${32 / quant.vBits}u;
+const V_GROUP: u32 = ${quant.vGroup}u;
+var<workgroup> qsum: array<vec4<f32>, ${RG * (HD / kGE)}>; // [group of the head][row group]: Σ of scaled q`
+    : ''
+}
+
+var<workgroup> qt: array<vec4<f32>, ${HD * RG}>; // [dim][row group]: the scaled query rows, transposed
+// Scores, then p, of the pass ([key][row group]); at the end, one key slice's accumulators.
+var<workgroup> sc: array<vec4<f32>, ${SUB * RG}>;
+var<workgroup> red: array<vec4<f32>, ${REDUCERS * RG}>;
+var<workgroup> runMax: array<vec4<f32>, RG>; // running max before the pass
+var<workgroup> newMax: array<vec4<f32>, RG>; // ... and after it
+var<workgroup> combSum: array<vec4<f32>, RG>;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let s = wg.x;
+  let kvh = wg.y;
+  if (step.tokens == 0u) { return; }
+  let chunk = splitChunk(step.length, params.splits, params.minChunk);
+  let start = s * chunk;
+  if (start >= step.length && s > 0u) { return; }
+  let end = min(start + chunk, step.position + 1u);
+  let headBase = kvh * params.pageTokens * PAIRS;
+  // The key loops run to constant bounds times one: ${shape.unrolled ? 'the constant 1 (unrolled)' : 'params.headDim / HD = 1, unknown to the compiler (kept as loops)'}.
+  let one = ${shape.unrolled ? '1u' : 'params.headDim / HD'};
+
+  for (var i = lid; i < HD * RG; i += WG) {
+    let d = i / RG;
+    let r0 = 4u * (i % RG);
+    var v = vec4<f32>(0.0);
+    for (var c = 0u; c < 4u; c++) {
+      if (r0 + c < ROWS) { v[c] = q[(kvh * ROWS + r0 + c) * HD + d] * params.scale; }
+    }
+    qt[i] = v;
+  }
+  if (lid < RG) { runMax[lid] = vec4<f32>(NONE); }
+  workgroupBarrier();${
+    quant
+      ? `
+  if (lid < RG * (HD / K_GE)) {
+    var total = vec4<f32>(0.0);
+    for (var d = (lid / RG) * K_GE; d < (lid / RG + 1u) * K_GE; d++) { total += qt[d * RG + lid % RG]; }
+    qsum[lid] = total;
+  }
+  workgroupBarrier();`
+      : ''
+  }
+
+  let slice = lid / PAIRS;
+  let pair = lid % PAIRS;
+${groups((g) => `  var accX${g} = vec4<f32>(0.0); var accY${g} = vec4<f32>(0.0); var sum${g} = vec4<f32>(0.0);`)}
+  for (var block = start; block < end; block += SUB) {
+    let n = min(SUB, end - block);
+    // A: scores of whole keys.
+    for (var j = lid; j < SUB; j += WG) {
+${groups((g) => `      var s${g} = vec4<f32>(NONE);`)}
+      if (j < n) {
+        let key = block + j;
+        let entry = pageTable[step.tableOffset + key / params.pageTokens];
+        let inPage = key % params.pageTokens;
+        let slot = (entry >> 24u) & 0xfu;
+${groups((g) => `        s${g} = vec4<f32>(0.0);`)}
+        ${quant ? `if ((entry >> 28u) == 1u) {\n        ${quantScore}\n        } else {\n        ${f16Score}\n        }` : f16Score}
+      }
+${groups((g) => `      sc[j * RG + ${g}u] = s${g};`)}
+    }
+    workgroupBarrier();
+    // B: the pass's maxima, the running maxima, and p in place.
+    if (lid < RS * RG) {
+      let g = lid % RG;
+      var m = vec4<f32>(NONE);
+      for (var j = lid / RG; j < n; j += RS) { m = max(m, sc[j * RG + g]); }
+      red[lid] = m;
+    }
+    workgroupBarrier();
+    if (lid < RG) {
+      var m = runMax[lid];
+      for (var i = 0u; i < RS; i++) { m = max(m, red[i * RG + lid]); }
+      newMax[lid] = m;
+    }
+    workgroupBarrier();
+    for (var i = lid; i < SUB * RG; i += WG) {
+      let x = sc[i];
+      sc[i] = select(vec4<f32>(0.0), exp(x - newMax[i % RG]), x > vec4<f32>(NONE));
+    }
+    workgroupBarrier();
+    // C: values, every KS-th key per slice, all rows at once.
+${groups(
+  (g) => `    {
+      let c = select(vec4<f32>(0.0), exp(runMax[${g}u] - newMax[${g}u]), runMax[${g}u] > vec4<f32>(NONE));
+      accX${g} *= c; accY${g} *= c; sum${g} *= c;
+    }`,
+)}
+    for (var j = slice; j < n; j += KS) {
+      let key = block + j;
+      let entry = pageTable[step.tableOffset + key / params.pageTokens];
+      let inPage = key % params.pageTokens;
+      let slot = (entry >> 24u) & 0xfu;
+      var v = vec2<f32>(0.0);
+      ${quant ? `if ((entry >> 28u) == 1u) ${quantValue} else { v = ${f16Value}; }` : `v = ${f16Value};`}
+${groups((g) => `      { let p = sc[j * RG + ${g}u]; accX${g} += p * v.x; accY${g} += p * v.y; sum${g} += p; }`)}
+    }
+    workgroupBarrier();
+    if (lid < RG) { runMax[lid] = newMax[lid]; }
+  }
+
+  // Sum the key slices into slice 0 (sc holds one slice's [pair][row group] x and y accumulators at a time).
+  for (var other = 1u; other < KS; other++) {
+    workgroupBarrier();
+    if (slice == other) {
+${groups((g) => `      sc[(2u * pair) * RG + ${g}u] = accX${g}; sc[(2u * pair + 1u) * RG + ${g}u] = accY${g};`)}
+      if (pair == 0u) {
+${groups((g) => `        combSum[${g}u] = sum${g};`)}
+      }
+    }
+    workgroupBarrier();
+    if (slice == 0u) {
+${groups((g) => `      accX${g} += sc[(2u * pair) * RG + ${g}u]; accY${g} += sc[(2u * pair + 1u) * RG + ${g}u]; sum${g} += combSum[${g}u];`)}
+    }
+  }
+  workgroupBarrier();
+  if (slice == 0u) {
+${groups(
+  (g) => `    for (var c = 0u; c < 4u; c++) {
+      let r = ${4 * g}u + c;
+      if (r >= ROWS) { break; }
+      let h = kvh * ROWS + r;
+      if (params.splits == 1u) {
+        let o = h * HD + 2u * pair;
+        dst[o] = accX${g}[c] / sum${g}[c];
+        dst[o + 1u] = accY${g}[c] / sum${g}[c];
+      } else {
+        let rec = (h * params.splits + s) * (HD + 2u);
+        if (pair == 0u) {
+          dst[rec] = runMax[${g}u][c];
+          dst[rec + 1u] = sum${g}[c];
+        }
+        dst[rec + 2u + 2u * pair] = accX${g}[c];
+        dst[rec + 3u + 2u * pair] = accY${g}[c];
+      }
+    }`,
+)}
+  }
+}
+`;
+}
