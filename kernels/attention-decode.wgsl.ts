@@ -70,7 +70,7 @@ export function attentionDecodeSupports(shape: AttentionDecodeShape): boolean {
  *      page (f16 words; for a quant page its code words: q·k = lo·Σq + scale·Σ q_i·c_i per group, Σq precomputed);
  *   B. the pass's row maxima (a two-level reduction), the running maxima, and p = exp(score − max) in place;
  *   C. values: invocation (slice, dim pair) accumulates p·v over every KS-th key for all rows, reading one word (or
- *      one code word and its group's lo/scale) per key.
+ *      one code word and its group's lo/scale) per key, eight keys' loads at a time.
  * There is no tile loop: the keys of a pass are read by independent loads, a few barriers per SUB keys. The key
  * slices are summed through shared memory at the end. Output as the split kernel's (attentionPartialSource):
  * splits = 1 the normalized rows, else (max, sum, Σ p·V) per (head, split) for the merge pass. Params and bindings
@@ -245,21 +245,31 @@ ${groups((g) => `      sc[j * RG + ${g}u] = s${g};`)}
       sc[i] = select(vec4<f32>(0.0), exp(x - newMax[i % RG]), x > vec4<f32>(NONE));
     }
     workgroupBarrier();
-    // C: values, every KS-th key per slice, all rows at once.
+    // C: values, every KS-th key per slice, all rows at once. Eight keys' values are loaded before any is used, so
+    // their loads are in flight together (one key per iteration waited on each load: most of a 32K-key split's time).
 ${groups(
   (g) => `    {
       let c = select(vec4<f32>(0.0), exp(runMax[${g}u] - newMax[${g}u]), runMax[${g}u] > vec4<f32>(NONE));
       accX${g} *= c; accY${g} *= c; sum${g} *= c;
     }`,
 )}
-    for (var j = slice; j < n; j += KS) {
-      let key = block + j;
-      let entry = pageTable[step.tableOffset + key / params.pageTokens];
-      let inPage = key % params.pageTokens;
-      let slot = (entry >> 24u) & 0xfu;
-      var v = vec2<f32>(0.0);
-      ${quant ? `if ((entry >> 28u) == 1u) ${quantValue} else { v = ${f16Value}; }` : `v = ${f16Value};`}
-${groups((g) => `      { let p = sc[j * RG + ${g}u]; accX${g} += p * v.x; accY${g} += p * v.y; sum${g} += p; }`)}
+    for (var jb = slice; jb < n; jb += 8u * KS) {
+      var vals: array<vec2<f32>, 8>;
+      for (var u = 0u; u < 8u; u++) {
+        let key = block + min(jb + u * KS, n - 1u); // past n: a valid key, weighted 0 below
+        let entry = pageTable[step.tableOffset + key / params.pageTokens];
+        let inPage = key % params.pageTokens;
+        let slot = (entry >> 24u) & 0xfu;
+        var v = vec2<f32>(0.0);
+        ${quant ? `if ((entry >> 28u) == 1u) ${quantValue} else { v = ${f16Value}; }` : `v = ${f16Value};`}
+        vals[u] = v;
+      }
+      for (var u = 0u; u < 8u; u++) {
+        let j = jb + u * KS;
+        if (j >= n) { break; }
+        let v = vals[u];
+${groups((g) => `        { let p = sc[j * RG + ${g}u]; accX${g} += p * v.x; accY${g} += p * v.y; sum${g} += p; }`)}
+      }
     }
     workgroupBarrier();
     if (lid < RG) { runMax[lid] = newMax[lid]; }

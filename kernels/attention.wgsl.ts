@@ -363,8 +363,8 @@ export const ATTENTION_MAX_SPLITS = 256;
 /**
  * Merges the used splits' (ceil(length / chunk)) partial softmax results of one (head, query) into the output:
  * out = Σ_s e^(m_s − M)·acc_s / Σ_s e^(m_s − M)·l_s with M = max_s m_s. Empty splits carry m = −1e30, l = 0.
- * The split weights are computed once, in parallel, into shared memory; the weighted sum over splits is unrolled
- * by 4 so each invocation keeps several independent loads in flight.
+ * The split weights are computed once, in parallel, into shared memory; the weighted sum over splits keeps eight
+ * partial sums, so each invocation has eight independent loads in flight.
  */
 export const attentionMergeWgsl = /* wgsl */ `
 struct Params { heads: u32, headDim: u32, splits: u32, minChunk: u32 }
@@ -408,17 +408,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let outBase = (t * params.heads + h) * params.headDim;
   for (var d = lid; d < params.headDim; d += 64u) {
     let at = base + 2u + d;
-    var acc = 0.0;
+    // Eight partial sums: eight loads in flight per step (four with one sum left the merge latency-bound).
+    var acc = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
     var s = 0u;
-    for (; s + 4u <= splits; s += 4u) {
-      let a0 = partials[at + s * rec];
-      let a1 = partials[at + (s + 1u) * rec];
-      let a2 = partials[at + (s + 2u) * rec];
-      let a3 = partials[at + (s + 3u) * rec];
-      acc += weight[s] * a0 + weight[s + 1u] * a1 + weight[s + 2u] * a2 + weight[s + 3u] * a3;
+    for (; s + 8u <= splits; s += 8u) {
+      for (var u = 0u; u < 8u; u++) { acc[u] += weight[s + u] * partials[at + (s + u) * rec]; }
     }
-    for (; s < splits; s++) { acc += weight[s] * partials[at + s * rec]; }
-    out[outBase + d] = acc / total;
+    for (; s < splits; s++) { acc[0] += weight[s] * partials[at + s * rec]; }
+    out[outBase + d] = (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))) / total;
   }
 }
 `;

@@ -29,6 +29,9 @@ export interface RotateBinding {
 export function prepareRotate(gpu: GpuContext, label: string, b: RotateBinding, source?: string): PreparedDispatch {
   const count = b.parts.length;
   if (count < 1 || count > 3) throw new RangeError(`rotate: 1 to 3 parts, got ${count}`);
+  if (b.headDim % 8 !== 0 || b.headDim > 256) {
+    throw new RangeError(`rotate: headDim must be a multiple of 8 and at most 256, got ${b.headDim}`);
+  }
   const pipeline = computePipeline(gpu, `rotate${count}`, source ?? rotateSource(count as 1 | 2 | 3));
   const words = [b.headDim, 0, 0, 0];
   for (const part of b.parts) {
