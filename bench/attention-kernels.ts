@@ -2,8 +2,8 @@
  * Same-machine comparison of the decode attention kernels over an f16 pool: the general split kernel
  * (attention.wgsl.ts) and the decode kernel (attention-decode.wgsl.ts, unrolled and with run-time loop bounds), at
  * one layer of a real model's shape and several context lengths. Each variant is checked against the CPU reference
- * first (at the shortest context), then timed: the dispatches of one layer's attention recorded many times into one
- * pass, (time of 5n − time of n) / 4n, best of 3.
+ * first (at the shortest context), then timed: the dispatches of one layer's attention recorded n and 5n times into one
+ * pass, (fastest of three 5n runs − fastest of three n runs) / 4n.
  *
  *   npx tsx bench/attention-kernels.ts [--contexts 1024,8192,32768] [--out FILE.json]
  * On the GPU host: bundled by `npm run bench:bundle` (.gpu/attention-kernels.mjs).
@@ -38,7 +38,22 @@ const SPLITS = 128;
 const MIN_CHUNK = 64;
 const FILL_CHUNK = 512;
 
-type Variant = { name: string; decodeKernel: boolean; sources?: (s: LayerShape) => AttentionSources };
+type Variant = {
+  name: string;
+  decodeKernel: boolean;
+  sources?: (s: LayerShape) => AttentionSources;
+  /** Splits at most (default SPLITS). */
+  splits?: number;
+  /** An ablation: wrong results by design, timed only (where the decode kernel's time goes). */
+  ablation?: boolean;
+};
+const decodeEdit = (edit: (code: string) => string) => (s: LayerShape) => {
+  const code = attentionDecodeSource({ headDim: s.headDim, rows: s.heads / s.kvHeads, quant: null, unrolled: true });
+  const edited = edit(code);
+  // An edit that no longer matches would time the real kernel under an ablation's name.
+  if (edited === code) throw new Error('ablation edit did not apply');
+  return { decode: edited };
+};
 const VARIANTS: Variant[] = [
   { name: 'split', decodeKernel: false },
   { name: 'decode', decodeKernel: true },
@@ -48,6 +63,32 @@ const VARIANTS: Variant[] = [
     sources: (s) => ({
       decode: attentionDecodeSource({ headDim: s.headDim, rows: s.heads / s.kvHeads, quant: null, unrolled: false }),
     }),
+  },
+  { name: 'decode-256splits', decodeKernel: true, splits: 256 },
+  // Ablations: the value loads replaced by a constant; the key loads replaced by a constant; one slab bound.
+  {
+    name: 'abl-noV',
+    decodeKernel: true,
+    ablation: true,
+    sources: decodeEdit((c) => c.replace('vals[u] = v;', 'vals[u] = vec2<f32>(f32(key));')),
+  },
+  {
+    name: 'abl-noK',
+    decodeKernel: true,
+    ablation: true,
+    sources: decodeEdit((c) => c.replace('let w = slabQuad(slot, base + c);', 'let w = vec4<u32>(base + c);')),
+  },
+  {
+    name: 'abl-slab0',
+    decodeKernel: true,
+    ablation: true,
+    sources: decodeEdit((c) =>
+      c.replace(
+        'if (slot == 0u) { w = slab0[i]; } else if (slot == 1u) { w = slab1[i]; } else if (slot == 2u) { w = slab2[i]; } else { w = slab3[i]; }',
+        // slot is never 99: the other slabs stay bound, their branch never runs
+        'w = slab0[i]; if (slot == 99u) { w = slab1[i] + slab2[i] + slab3[i]; }',
+      ),
+    ),
   },
 ];
 
@@ -63,9 +104,14 @@ async function timeDispatches(gpu: GpuContext, dispatches: PreparedDispatch[], r
     return performance.now() - t0;
   };
   await run(reps);
-  let best = Number.POSITIVE_INFINITY;
-  for (let k = 0; k < 3; k++) best = Math.min(best, ((await run(5 * reps)) - (await run(reps))) / (4 * reps));
-  return best;
+  // The fastest of three of each length: a difference of single runs went negative when one run stalled.
+  let short = Number.POSITIVE_INFINITY;
+  let long = Number.POSITIVE_INFINITY;
+  for (let k = 0; k < 3; k++) {
+    short = Math.min(short, await run(reps));
+    long = Math.min(long, await run(5 * reps));
+  }
+  return (long - short) / (4 * reps);
 }
 
 async function benchShape(gpu: GpuContext, shape: LayerShape, contexts: number[]) {
@@ -115,12 +161,12 @@ async function benchShape(gpu: GpuContext, shape: LayerShape, contexts: number[]
         heads,
         maxTokens: 1,
         scale: 1 / Math.sqrt(headDim),
-        splits: SPLITS,
+        splits: variant.splits ?? SPLITS,
         minChunkKeys: MIN_CHUNK,
         decodeKernel: variant.decodeKernel,
       };
       const dispatches = prepareAttention(gpu, variant.name, binding, variant.sources?.(shape));
-      if (context === Math.min(...contexts)) {
+      if (context === Math.min(...contexts) && !variant.ablation) {
         submitDispatches(gpu, 'check', dispatches);
         const actual = await readFloat32(gpu, output, heads * headDim);
         const repeat = (data: Float32Array) => {
