@@ -70,7 +70,7 @@ const VARIANTS: Variant[] = [
     name: 'abl-noV',
     decodeKernel: true,
     ablation: true,
-    sources: decodeEdit((c) => c.replace('vals[u] = v;', 'vals[u] = vec2<f32>(f32(key));')),
+    sources: decodeEdit((c) => c.replace(/let q4 = slabQuad\(slot, [^;]*\);/, 'let q4 = vec4<u32>(key);')),
   },
   {
     name: 'abl-noK',

@@ -69,8 +69,8 @@ export function attentionDecodeSupports(shape: AttentionDecodeShape): boolean {
  *   A. scores: each invocation takes whole keys and scores them against every row, reading the key straight from its
  *      page (f16 words; for a quant page its code words: q·k = lo·Σq + scale·Σ q_i·c_i per group, Σq precomputed);
  *   B. the pass's row maxima (a two-level reduction), the running maxima, and p = exp(score − max) in place;
- *   C. values: invocation (slice, dim pair) accumulates p·v over every KS-th key for all rows, reading one word (or
- *      one code word and its group's lo/scale) per key, eight keys' loads at a time.
+ *   C. values: invocation (slice, part) accumulates p·v over every KS-th key for all rows and 2·WPT dims, reading
+ *      one vec4 of f16 words (or one code word and its group's lo/scale) per key, several keys' loads at a time.
  * There is no tile loop: the keys of a pass are read by independent loads, a few barriers per SUB keys. The key
  * slices are summed through shared memory at the end. Output as the split kernel's (attentionPartialSource):
  * splits = 1 the normalized rows, else (max, sum, Σ p·V) per (head, split) for the merge pass. Params and bindings
@@ -81,7 +81,14 @@ export function attentionDecodeSource(shape: AttentionDecodeShape): string {
   const { headDim: HD, rows: ROWS, quant } = shape;
   const RG = Math.ceil(ROWS / 4);
   const PAIRS = HD / 2;
-  const KS = WG / PAIRS;
+  // Phase C: an invocation owns WPT consecutive V words (2·WPT dims) of every row: one vec4 load per key with WPT 4
+  // (a lone word per invocation made each load fetch 16 bytes to use 4), 2 where 4 row groups need the registers.
+  const WPT = RG <= 2 ? 4 : 2;
+  const DIMS = 2 * WPT;
+  const TPK = PAIRS / WPT; // invocations per key
+  const KS = WG / TPK; // key slices
+  const BATCH = WPT === 4 ? 4 : 8; // keys whose values are loaded before any is used
+  const SPR = Math.floor((attentionDecodeSubKeys(ROWS) * RG) / (HD * RG)); // slices summed per round of the combine
   const SUB = attentionDecodeSubKeys(ROWS);
   const range = (n: number) => Array.from({ length: n }, (_, i) => i);
   const groups = (f: (g: number) => string, sep = '\n') => range(RG).map(f).join(sep);
@@ -121,14 +128,36 @@ ${groups((g) => `          var d${g} = vec4<f32>(0.0);`)}
           }
 ${groups((g) => `          s${g} += lohi.x * qsum[g * RG + ${g}u] + lohi.y * d${g};`)}
         }`;
-  const f16Value = `unpack2x16float(slabWord(slot, (entry & 0xffffffu) * params.pageWords + params.vOffset + headBase + inPage * PAIRS + pair))`;
+  // The invocation's V words of a key: WPT words from word w0 (a multiple of WPT) of the row.
+  const f16Value =
+    WPT === 4
+      ? `{
+          let q4 = slabQuad(slot, ((entry & 0xffffffu) * params.pageWords + params.vOffset + headBase + inPage * PAIRS) / 4u + part);
+          vals[2u * u] = vec4<f32>(unpack2x16float(q4.x), unpack2x16float(q4.y));
+          vals[2u * u + 1u] = vec4<f32>(unpack2x16float(q4.z), unpack2x16float(q4.w));
+        }`
+      : `{
+          let w0 = (entry & 0xffffffu) * params.pageWords + params.vOffset + headBase + inPage * PAIRS + part * 2u;
+          let q4 = slabQuad(slot, w0 / 4u);
+          let h = select(q4.xy, q4.zw, (w0 & 2u) != 0u);
+          vals[u] = vec4<f32>(unpack2x16float(h.x), unpack2x16float(h.y));
+        }`;
+  // The invocation's 2·WPT values lie in one code word and one group (a group is a multiple of a word's codes, >= 8).
   const quantValue = `{
-        let row = (entry & 0xffffffu) * params.quantPageWords + params.quantVOffset + inPage * params.vRowWords;
-        let e = kvh * HD + 2u * pair;
-        let codes = slabWord(slot, row + e / V_PER) >> ((e % V_PER) * V_BITS);
-        let lohi = unpack2x16float(slabWord(slot, row + params.vCodeWords + e / V_GROUP));
-        v = vec2<f32>(lohi.x) + lohi.y * vec2<f32>(f32(codes & V_MASK), f32((codes >> V_BITS) & V_MASK));
-      }`;
+          let row = (entry & 0xffffffu) * params.quantPageWords + params.quantVOffset + inPage * params.vRowWords;
+          let e0 = kvh * HD + part * DIMS;
+          let codes = slabWord(slot, row + e0 / V_PER) >> ((e0 % V_PER) * V_BITS);
+          let lohi = unpack2x16float(slabWord(slot, row + params.vCodeWords + e0 / V_GROUP));
+          for (var i = 0u; i < DIMS / 4u; i++) {
+            let c = codes >> (4u * i * V_BITS);
+            vals[(DIMS / 4u) * u + i] = vec4<f32>(lohi.x) + lohi.y * vec4<f32>(f32(c & V_MASK), f32((c >> V_BITS) & V_MASK),
+              f32((c >> (2u * V_BITS)) & V_MASK), f32((c >> (3u * V_BITS)) & V_MASK));
+          }
+        }`;
+  const dims = (f: (g: number, e: number) => string, sep = ' ') =>
+    range(RG)
+      .flatMap((g) => range(DIMS).map((e) => f(g, e)))
+      .join(sep);
 
   return /* wgsl */ `
 ${attentionParamsWgsl(quant !== null)}
@@ -146,7 +175,12 @@ const PAIRS: u32 = ${PAIRS}u;
 const ROWS: u32 = ${ROWS}u;
 const RG: u32 = ${RG}u; // row groups: rows 4g..4g+3 are the components of one vec4
 const SUB: u32 = ${SUB}u; // keys per pass
-const KS: u32 = ${KS}u; // key slices of the value phase (WG / PAIRS)
+const WPT: u32 = ${WPT}u; // V words per invocation in phase C
+const DIMS: u32 = ${DIMS}u; // ... its dims
+const TPK: u32 = ${TPK}u; // invocations per key in phase C
+const KS: u32 = ${KS}u; // key slices of phase C (WG / TPK)
+const BATCH: u32 = ${BATCH}u; // keys loaded before use in phase C
+const SPR: u32 = ${SPR}u; // key slices summed per round at the end
 const RS: u32 = ${REDUCERS}u; // reducers per row group in phase B
 const NONE: f32 = -1e30;
 ${
@@ -170,7 +204,7 @@ var<workgroup> sc: array<vec4<f32>, ${SUB * RG}>;
 var<workgroup> red: array<vec4<f32>, ${REDUCERS * RG}>;
 var<workgroup> runMax: array<vec4<f32>, RG>; // running max before the pass
 var<workgroup> newMax: array<vec4<f32>, RG>; // ... and after it
-var<workgroup> combSum: array<vec4<f32>, RG>;
+var<workgroup> combSum: array<vec4<f32>, ${SPR * RG}>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -207,9 +241,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
       : ''
   }
 
-  let slice = lid / PAIRS;
-  let pair = lid % PAIRS;
-${groups((g) => `  var accX${g} = vec4<f32>(0.0); var accY${g} = vec4<f32>(0.0); var sum${g} = vec4<f32>(0.0);`)}
+  let slice = lid / TPK;
+  let part = lid % TPK; // V words part·WPT.. of the row, dims part·DIMS..
+  // acc{g}_{e}: dim part·DIMS + e of rows 4g..4g+3.
+${groups((g) => `  var sum${g} = vec4<f32>(0.0);`)}
+  ${dims((g, e) => `var acc${g}_${e} = vec4<f32>(0.0);`)}
   for (var block = start; block < end; block += SUB) {
     let n = min(SUB, end - block);
     // A: scores of whole keys.
@@ -245,48 +281,70 @@ ${groups((g) => `      sc[j * RG + ${g}u] = s${g};`)}
       sc[i] = select(vec4<f32>(0.0), exp(x - newMax[i % RG]), x > vec4<f32>(NONE));
     }
     workgroupBarrier();
-    // C: values, every KS-th key per slice, all rows at once. Eight keys' values are loaded before any is used, so
-    // their loads are in flight together (one key per iteration waited on each load: most of a 32K-key split's time).
+    // C: values, every KS-th key per slice, all rows at once. BATCH keys' values are loaded before any is used, so
+    // their loads are in flight together.
 ${groups(
   (g) => `    {
       let c = select(vec4<f32>(0.0), exp(runMax[${g}u] - newMax[${g}u]), runMax[${g}u] > vec4<f32>(NONE));
-      accX${g} *= c; accY${g} *= c; sum${g} *= c;
+      sum${g} *= c; ${range(DIMS)
+        .map((e) => `acc${g}_${e} *= c;`)
+        .join(' ')}
     }`,
 )}
-    for (var jb = slice; jb < n; jb += 8u * KS) {
-      var vals: array<vec2<f32>, 8>;
-      for (var u = 0u; u < 8u; u++) {
+    for (var jb = slice; jb < n; jb += BATCH * KS) {
+      var vals: array<vec4<f32>, ${(BATCH * DIMS) / 4}>; // [key of the batch][DIMS / 4]
+      for (var u = 0u; u < BATCH; u++) {
         let key = block + min(jb + u * KS, n - 1u); // past n: a valid key, weighted 0 below
         let entry = pageTable[step.tableOffset + key / params.pageTokens];
         let inPage = key % params.pageTokens;
         let slot = (entry >> 24u) & 0xfu;
-        var v = vec2<f32>(0.0);
-        ${quant ? `if ((entry >> 28u) == 1u) ${quantValue} else { v = ${f16Value}; }` : `v = ${f16Value};`}
-        vals[u] = v;
+        ${quant ? `if ((entry >> 28u) == 1u) ${quantValue} else ${f16Value}` : f16Value}
       }
-      for (var u = 0u; u < 8u; u++) {
+      for (var u = 0u; u < BATCH; u++) {
         let j = jb + u * KS;
         if (j >= n) { break; }
-        let v = vals[u];
-${groups((g) => `        { let p = sc[j * RG + ${g}u]; accX${g} += p * v.x; accY${g} += p * v.y; sum${g} += p; }`)}
+${groups(
+  (g) => `        {
+          let p = sc[j * RG + ${g}u];
+          sum${g} += p;
+          ${range(DIMS)
+            .map((e) => `acc${g}_${e} += p * vals[(DIMS / 4u) * u + ${e >> 2}u][${e & 3}u];`)
+            .join('\n          ')}
+        }`,
+)}
       }
     }
     workgroupBarrier();
     if (lid < RG) { runMax[lid] = newMax[lid]; }
   }
 
-  // Sum the key slices into slice 0 (sc holds one slice's [pair][row group] x and y accumulators at a time).
-  for (var other = 1u; other < KS; other++) {
+  // Sum the key slices into slice 0, SPR slices a round: slice 1 + SPR·r + i writes its accumulators at
+  // sc[(i·HD + dim)·RG + g] and its sums at combSum[i·RG + g].
+  for (var first = 1u; first < KS; first += SPR) {
     workgroupBarrier();
-    if (slice == other) {
-${groups((g) => `      sc[(2u * pair) * RG + ${g}u] = accX${g}; sc[(2u * pair + 1u) * RG + ${g}u] = accY${g};`)}
-      if (pair == 0u) {
-${groups((g) => `        combSum[${g}u] = sum${g};`)}
+    if (slice >= first && slice < first + SPR) {
+      let at = (slice - first) * HD + part * DIMS;
+${groups(
+  (g) =>
+    `      ${range(DIMS)
+      .map((e) => `sc[(at + ${e}u) * RG + ${g}u] = acc${g}_${e};`)
+      .join(' ')}`,
+)}
+      if (part == 0u) {
+${groups((g) => `        combSum[(slice - first) * RG + ${g}u] = sum${g};`)}
       }
     }
     workgroupBarrier();
     if (slice == 0u) {
-${groups((g) => `      accX${g} += sc[(2u * pair) * RG + ${g}u]; accY${g} += sc[(2u * pair + 1u) * RG + ${g}u]; sum${g} += combSum[${g}u];`)}
+      for (var i = 0u; i < min(SPR, KS - first); i++) {
+        let at = i * HD + part * DIMS;
+${groups(
+  (g) =>
+    `        sum${g} += combSum[i * RG + ${g}u];\n        ${range(DIMS)
+      .map((e) => `acc${g}_${e} += sc[(at + ${e}u) * RG + ${g}u];`)
+      .join(' ')}`,
+)}
+      }
     }
   }
   workgroupBarrier();
@@ -296,18 +354,18 @@ ${groups(
       let r = ${4 * g}u + c;
       if (r >= ROWS) { break; }
       let h = kvh * ROWS + r;
+      let out = array<f32, ${DIMS}>(${range(DIMS)
+        .map((e) => `acc${g}_${e}[c]`)
+        .join(', ')});
       if (params.splits == 1u) {
-        let o = h * HD + 2u * pair;
-        dst[o] = accX${g}[c] / sum${g}[c];
-        dst[o + 1u] = accY${g}[c] / sum${g}[c];
+        for (var e = 0u; e < DIMS; e++) { dst[h * HD + part * DIMS + e] = out[e] / sum${g}[c]; }
       } else {
         let rec = (h * params.splits + s) * (HD + 2u);
-        if (pair == 0u) {
+        if (part == 0u) {
           dst[rec] = runMax[${g}u][c];
           dst[rec + 1u] = sum${g}[c];
         }
-        dst[rec + 2u + 2u * pair] = accX${g}[c];
-        dst[rec + 3u + 2u * pair] = accY${g}[c];
+        for (var e = 0u; e < DIMS; e++) { dst[rec + 2u + part * DIMS + e] = out[e]; }
       }
     }`,
 )}
