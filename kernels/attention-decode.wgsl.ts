@@ -93,6 +93,8 @@ export function attentionDecodeSource(shape: AttentionDecodeShape): string {
   const range = (n: number) => Array.from({ length: n }, (_, i) => i);
   const groups = (f: (g: number) => string, sep = '\n') => range(RG).map(f).join(sep);
   const kGE = quant ? Math.min(quant.kGroup, HD) : 0;
+  // A group's K code words come in whole vec4s (2-bit codes at headDim 64 or 128; 4-bit).
+  const kQuads = quant !== null && (kGE / (32 / quant.kBits)) % 4 === 0;
 
   // Adds dims d..d+7 of a key (k0 = dims d..d+3, k1 = d+4..d+7), times the rows' q, to `${to}0`, `${to}1`, ...
   const addDims = (d: string, to: string) =>
@@ -115,8 +117,23 @@ export function attentionDecodeSource(shape: AttentionDecodeShape): string {
           let e0 = kvh * HD + g * K_GE;
           let lohi = unpack2x16float(slabWord(slot, row + params.kCodeWords + e0 / K_GROUP));
 ${groups((g) => `          var d${g} = vec4<f32>(0.0);`)}
-          for (var wi = 0u; wi < (K_GE / K_PER) * one; wi++) {
-            let codes = slabWord(slot, row + e0 / K_PER + wi);
+          ${
+            kQuads
+              ? `// The group's code words four at a time: one vec4 load where the row is 16-byte aligned.
+          for (var wq = 0u; wq < (K_GE / K_PER / 4u) * one; wq++) {
+            let at = row + e0 / K_PER + 4u * wq;
+            var quad: vec4<u32>;
+            if ((at & 3u) == 0u) {
+              quad = slabQuad(slot, at / 4u);
+            } else {
+              quad = vec4<u32>(slabWord(slot, at), slabWord(slot, at + 1u), slabWord(slot, at + 2u), slabWord(slot, at + 3u));
+            }
+            for (var wj = 0u; wj < 4u; wj++) {
+            let wi = 4u * wq + wj;
+            let codes = quad[wj];`
+              : `for (var wi = 0u; wi < (K_GE / K_PER) * one; wi++) {
+            let codes = slabWord(slot, row + e0 / K_PER + wi);`
+          }
             for (var c = 0u; c < K_PER * one; c += 8u) {
               let k0 = vec4<f32>(f32((codes >> (c * K_BITS)) & K_MASK), f32((codes >> ((c + 1u) * K_BITS)) & K_MASK),
                                  f32((codes >> ((c + 2u) * K_BITS)) & K_MASK), f32((codes >> ((c + 3u) * K_BITS)) & K_MASK));
@@ -125,7 +142,7 @@ ${groups((g) => `          var d${g} = vec4<f32>(0.0);`)}
               let dd = g * K_GE + wi * K_PER + c;
               ${addDims('dd', 'd')}
             }
-          }
+          }${kQuads ? '\n          }' : ''}
 ${groups((g) => `          s${g} += lohi.x * qsum[g * RG + ${g}u] + lohi.y * d${g};`)}
         }`;
   // The invocation's V words of a key: WPT words from word w0 (a multiple of WPT) of the row.
