@@ -5,19 +5,24 @@
  * first (at the shortest context), then timed: the dispatches of one layer's attention recorded n and 5n times into one
  * pass, (fastest of three 5n runs − fastest of three n runs) / 4n.
  *
- *   npx tsx bench/attention-kernels.ts [--contexts 1024,8192,32768] [--out FILE.json]
+ * With `--kv int2` the pool is in quant mode (sink 64, window 256, the runtime's INT2 formats): pages are filled
+ * through the real append + demotion dispatches, and each decode-kernel variant is checked against the split kernel
+ * (tested against the CPU reference on the same pages) instead of the reference.
+ *
+ *   npx tsx bench/attention-kernels.ts [--kv f16|int2] [--contexts 1024,8192,32768] [--out FILE.json]
  * On the GPU host: bundled by `npm run bench:bundle` (.gpu/attention-kernels.mjs).
  */
 import { writeFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import { type AttentionBinding, type AttentionSources, prepareAttention } from '../kernels/attention.ts';
-import { attentionDecodeSource } from '../kernels/attention-decode.wgsl.ts';
+import { attentionDecodeSource, type DecodeQuantShape } from '../kernels/attention-decode.wgsl.ts';
 import { encodeDispatches, type PreparedDispatch, releaseDispatches, submitDispatches } from '../kernels/dispatch.ts';
 import { prepareKvAppend } from '../kernels/kv-append.ts';
 import { attentionReference } from '../kernels/reference/attention.ts';
 import { acquireGpu, type GpuContext } from '../runtime/gpu/device.ts';
 import { nodeGpu } from '../runtime/gpu/node.ts';
 import { readFloat32 } from '../runtime/gpu/readback.ts';
+import { PagedKvAttention } from '../runtime/kv/paged-attention.ts';
 import { KvPagePool } from '../runtime/kv/pool.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
 
@@ -89,6 +94,36 @@ const VARIANTS: Variant[] = [
         'w = slab0[i]; if (slot == 99u) { w = slab1[i] + slab2[i] + slab3[i]; }',
       ),
     ),
+  },
+];
+
+/** int2 pools: the kernels, and ablations of the decode kernel's quant paths. */
+const quantDecodeEdit = (edit: (code: string) => string) => (s: LayerShape, quant: DecodeQuantShape) => {
+  const code = attentionDecodeSource({ headDim: s.headDim, rows: s.heads / s.kvHeads, quant, unrolled: true });
+  const edited = edit(code);
+  if (edited === code) throw new Error('ablation edit did not apply');
+  return { decode: edited };
+};
+type QuantVariant = Omit<Variant, 'sources'> & {
+  sources?: (s: LayerShape, quant: DecodeQuantShape) => AttentionSources;
+};
+const QUANT_VARIANTS: QuantVariant[] = [
+  { name: 'split', decodeKernel: false },
+  { name: 'decode', decodeKernel: true },
+  // Ablations: quant value loads replaced by a constant; quant key code loads replaced by a constant.
+  {
+    name: 'abl-noQuantV',
+    decodeKernel: true,
+    ablation: true,
+    sources: quantDecodeEdit((c) =>
+      c.replace(/let codes = slabWord\(slot, row \+ e0 \/ V_PER\)[^;]*;/, 'let codes = key;'),
+    ),
+  },
+  {
+    name: 'abl-noQuantK',
+    decodeKernel: true,
+    ablation: true,
+    sources: quantDecodeEdit((c) => c.replace('quad = slabQuad(slot, at / 4u);', 'quad = vec4<u32>(at);')),
   },
 ];
 
@@ -203,18 +238,104 @@ async function benchShape(gpu: GpuContext, shape: LayerShape, contexts: number[]
   return rows;
 }
 
+async function benchQuantShape(gpu: GpuContext, shape: LayerShape, contexts: number[]) {
+  const { heads, kvHeads, headDim } = shape;
+  const maxContext = Math.max(...contexts);
+  const pool = new KvPagePool(gpu, {
+    layers: 1,
+    kvHeads,
+    headDim,
+    pageTokens: 16,
+    kv: 'quant',
+    budgetBytes: (maxContext + FILL_CHUNK) * kvHeads * headDim * 4 + (16 << 20),
+    maxSequences: 1,
+  });
+  const quantPages = pool.quant!;
+  const quant: DecodeQuantShape = {
+    kBits: quantPages.key.bits,
+    kGroup: quantPages.key.groupSize,
+    vBits: quantPages.value.bits,
+    vGroup: quantPages.value.groupSize,
+  };
+  const buffer = (floats: number) => gpu.allocator.createStorage('bench', 'scratch', floats * 4);
+  const q = buffer(heads * headDim);
+  const k = buffer(FILL_CHUNK * kvHeads * headDim);
+  const v = buffer(FILL_CHUNK * kvHeads * headDim);
+  const output = buffer(heads * headDim);
+  const reference = buffer(heads * headDim);
+  const random = seededRandom(2);
+  for (const [b, data] of [
+    [q, randomFloats(random, heads * headDim, 2)],
+    [k, randomFloats(random, FILL_CHUNK * kvHeads * headDim, 2)],
+    [v, randomFloats(random, FILL_CHUNK * kvHeads * headDim, 1)],
+  ] as const) {
+    gpu.device.queue.writeBuffer(b, 0, data.buffer, data.byteOffset, data.byteLength);
+  }
+  // The runtime's own append + demotion for prefill chunks of FILL_CHUNK tokens.
+  const fill = new PagedKvAttention(gpu, pool, { heads }).prepareLayer(0, { q, k, v, output }, FILL_CHUNK);
+  const seq = pool.createSequence();
+  const rows: Record<string, unknown>[] = [];
+  for (const context of contexts) {
+    while (seq.length + FILL_CHUNK <= context) {
+      pool.writeStep(seq, seq.length, FILL_CHUNK);
+      submitDispatches(gpu, 'fill', fill.append);
+    }
+    pool.writeStep(seq, context - 1, 1);
+    const row: Record<string, unknown> = { shape: shape.name, kv: 'int2', context, quantPages: pool.stats() };
+    let expected: Float32Array | null = null;
+    for (const variant of QUANT_VARIANTS) {
+      const binding: AttentionBinding = {
+        pool,
+        layer: 0,
+        q,
+        output: variant.decodeKernel ? output : reference,
+        heads,
+        maxTokens: 1,
+        scale: 1 / Math.sqrt(headDim),
+        splits: variant.splits ?? SPLITS,
+        minChunkKeys: MIN_CHUNK,
+        decodeKernel: variant.decodeKernel,
+      };
+      const dispatches = prepareAttention(gpu, variant.name, binding, variant.sources?.(shape, quant));
+      if (!variant.ablation) {
+        submitDispatches(gpu, 'check', dispatches);
+        const actual = await readFloat32(gpu, binding.output, heads * headDim);
+        if (!variant.decodeKernel) expected = actual;
+        else if (expected) row[`${variant.name}ToleranceRatio`] = maxToleranceRatio(actual, expected, 2e-5, 2e-4);
+      }
+      const ms = await timeDispatches(gpu, dispatches, 50);
+      row[`${variant.name}Us`] = Math.round(ms * 10000) / 10;
+      releaseDispatches(gpu, dispatches);
+    }
+    console.log(JSON.stringify(row));
+    rows.push(row);
+  }
+  releaseDispatches(gpu, [...fill.append, ...fill.attention]);
+  pool.destroy();
+  for (const b of [q, k, v, output, reference]) gpu.allocator.release(b);
+  gpu.throwIfErrors();
+  return rows;
+}
+
 const { values } = parseArgs({
-  options: { contexts: { type: 'string', default: '1024,8192,32768' }, out: { type: 'string' } },
+  options: {
+    contexts: { type: 'string', default: '1024,8192,32768' },
+    kv: { type: 'string', default: 'f16' },
+    out: { type: 'string' },
+  },
 });
+if (values.kv !== 'f16' && values.kv !== 'int2') throw new Error(`--kv f16|int2, got ${values.kv}`);
 const contexts = values.contexts.split(',').map(Number);
 const gpu = await acquireGpu({ gpu: await nodeGpu() });
 console.log(JSON.stringify({ adapter: gpu.adapter }));
 const results = [];
-for (const shape of SHAPES) results.push(...(await benchShape(gpu, shape, contexts)));
+for (const shape of SHAPES) {
+  results.push(...(await (values.kv === 'int2' ? benchQuantShape : benchShape)(gpu, shape, contexts)));
+}
 if (values.out)
   writeFileSync(
     values.out,
-    `${JSON.stringify({ adapter: gpu.adapter, splits: SPLITS, minChunk: MIN_CHUNK, results }, null, 1)}\n`,
+    `${JSON.stringify({ adapter: gpu.adapter, kv: values.kv, splits: SPLITS, minChunk: MIN_CHUNK, results }, null, 1)}\n`,
   );
 gpu.destroy();
 process.exit(0);
