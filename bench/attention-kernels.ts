@@ -14,7 +14,12 @@
  */
 import { writeFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
-import { type AttentionBinding, type AttentionSources, prepareAttention } from '../kernels/attention.ts';
+import {
+  type AttentionBinding,
+  type AttentionSources,
+  attentionDecodeShape,
+  prepareAttention,
+} from '../kernels/attention.ts';
 import { attentionDecodeSource, type DecodeQuantShape } from '../kernels/attention-decode.wgsl.ts';
 import { encodeDispatches, type PreparedDispatch, releaseDispatches, submitDispatches } from '../kernels/dispatch.ts';
 import { prepareKvAppend } from '../kernels/kv-append.ts';
@@ -46,14 +51,16 @@ const FILL_CHUNK = 512;
 type Variant = {
   name: string;
   decodeKernel: boolean;
-  sources?: (s: LayerShape) => AttentionSources;
+  /** Replacement WGSL for a layer shape and the pool's quant formats (null: an f16 pool). */
+  sources?: (s: LayerShape, quant: DecodeQuantShape | null) => AttentionSources;
   /** Splits at most (default SPLITS). */
   splits?: number;
   /** An ablation: wrong results by design, timed only (where the decode kernel's time goes). */
   ablation?: boolean;
 };
-const decodeEdit = (edit: (code: string) => string) => (s: LayerShape) => {
-  const code = attentionDecodeSource({ headDim: s.headDim, rows: s.heads / s.kvHeads, quant: null, unrolled: true });
+/** A decode build of the shape (unrolled, as on a GPU) with `edit` applied: an ablation. */
+const decodeEdit = (edit: (code: string) => string) => (s: LayerShape, quant: DecodeQuantShape | null) => {
+  const code = attentionDecodeSource({ headDim: s.headDim, rows: s.heads / s.kvHeads, quant, unrolled: true });
   const edited = edit(code);
   // An edit that no longer matches would time the real kernel under an ablation's name.
   if (edited === code) throw new Error('ablation edit did not apply');
@@ -98,16 +105,7 @@ const VARIANTS: Variant[] = [
 ];
 
 /** int2 pools: the kernels, and ablations of the decode kernel's quant paths. */
-const quantDecodeEdit = (edit: (code: string) => string) => (s: LayerShape, quant: DecodeQuantShape) => {
-  const code = attentionDecodeSource({ headDim: s.headDim, rows: s.heads / s.kvHeads, quant, unrolled: true });
-  const edited = edit(code);
-  if (edited === code) throw new Error('ablation edit did not apply');
-  return { decode: edited };
-};
-type QuantVariant = Omit<Variant, 'sources'> & {
-  sources?: (s: LayerShape, quant: DecodeQuantShape) => AttentionSources;
-};
-const QUANT_VARIANTS: QuantVariant[] = [
+const QUANT_VARIANTS: Variant[] = [
   { name: 'split', decodeKernel: false },
   { name: 'decode', decodeKernel: true },
   // Ablations: quant value loads replaced by a constant; quant key code loads replaced by a constant.
@@ -115,15 +113,13 @@ const QUANT_VARIANTS: QuantVariant[] = [
     name: 'abl-noQuantV',
     decodeKernel: true,
     ablation: true,
-    sources: quantDecodeEdit((c) =>
-      c.replace(/let codes = slabWord\(slot, row \+ e0 \/ V_PER\)[^;]*;/, 'let codes = key;'),
-    ),
+    sources: decodeEdit((c) => c.replace(/let codes = slabWord\(slot, row \+ e0 \/ V_PER\)[^;]*;/, 'let codes = key;')),
   },
   {
     name: 'abl-noQuantK',
     decodeKernel: true,
     ablation: true,
-    sources: quantDecodeEdit((c) => c.replace('quad = slabQuad(slot, at / 4u);', 'quad = vec4<u32>(at);')),
+    sources: decodeEdit((c) => c.replace('quad = slabQuad(slot, at / 4u);', 'quad = vec4<u32>(at);')),
   },
 ];
 
@@ -149,33 +145,45 @@ async function timeDispatches(gpu: GpuContext, dispatches: PreparedDispatch[], r
   return (long - short) / (4 * reps);
 }
 
-async function benchShape(gpu: GpuContext, shape: LayerShape, contexts: number[]) {
+/** One layer's pool (f16 or quant mode) and its buffers, with random q and a FILL_CHUNK-token block of k, v uploaded. */
+function layerSetup(gpu: GpuContext, shape: LayerShape, contexts: number[], kv: 'f16' | 'quant') {
   const { heads, kvHeads, headDim } = shape;
-  const maxContext = Math.max(...contexts);
   const pool = new KvPagePool(gpu, {
     layers: 1,
     kvHeads,
     headDim,
     pageTokens: 16,
-    budgetBytes: (maxContext + FILL_CHUNK) * kvHeads * headDim * 4 + (16 << 20),
+    kv,
+    budgetBytes: (Math.max(...contexts) + FILL_CHUNK) * kvHeads * headDim * 4 + (16 << 20),
     maxSequences: 1,
   });
   const buffer = (floats: number) => gpu.allocator.createStorage('bench', 'scratch', floats * 4);
-  const q = buffer(heads * headDim);
-  const k = buffer(FILL_CHUNK * kvHeads * headDim);
-  const v = buffer(FILL_CHUNK * kvHeads * headDim);
-  const output = buffer(heads * headDim);
-  const random = seededRandom(1);
-  const qs = randomFloats(random, heads * headDim, 2);
-  const ks = randomFloats(random, FILL_CHUNK * kvHeads * headDim, 2);
-  const vs = randomFloats(random, FILL_CHUNK * kvHeads * headDim, 1);
-  for (const [b, data] of [
-    [q, qs],
-    [k, ks],
-    [v, vs],
-  ] as const) {
-    gpu.device.queue.writeBuffer(b, 0, data.buffer, data.byteOffset, data.byteLength);
+  const buffers = {
+    q: buffer(heads * headDim),
+    k: buffer(FILL_CHUNK * kvHeads * headDim),
+    v: buffer(FILL_CHUNK * kvHeads * headDim),
+    output: buffer(heads * headDim),
+  };
+  const random = seededRandom(kv === 'f16' ? 1 : 2);
+  const data = {
+    q: randomFloats(random, heads * headDim, 2),
+    k: randomFloats(random, FILL_CHUNK * kvHeads * headDim, 2),
+    v: randomFloats(random, FILL_CHUNK * kvHeads * headDim, 1),
+  };
+  for (const name of ['q', 'k', 'v'] as const) {
+    gpu.device.queue.writeBuffer(buffers[name], 0, data[name].buffer, data[name].byteOffset, data[name].byteLength);
   }
+  const release = () => {
+    pool.destroy();
+    for (const b of Object.values(buffers)) gpu.allocator.release(b);
+  };
+  return { pool, ...buffers, data, release };
+}
+
+async function benchShape(gpu: GpuContext, shape: LayerShape, contexts: number[]) {
+  const { heads, kvHeads, headDim } = shape;
+  const { pool, q, k, v, output, data, release } = layerSetup(gpu, shape, contexts, 'f16');
+  const { q: qs, k: ks, v: vs } = data;
   const fill = [prepareKvAppend(gpu, 'fill', { pool, layer: 0, k, v, tokens: FILL_CHUNK })];
   const seq = pool.createSequence();
   const rows: Record<string, unknown>[] = [];
@@ -200,7 +208,7 @@ async function benchShape(gpu: GpuContext, shape: LayerShape, contexts: number[]
         minChunkKeys: MIN_CHUNK,
         decodeKernel: variant.decodeKernel,
       };
-      const dispatches = prepareAttention(gpu, variant.name, binding, variant.sources?.(shape));
+      const dispatches = prepareAttention(gpu, variant.name, binding, variant.sources?.(shape, null));
       if (context === Math.min(...contexts) && !variant.ablation) {
         submitDispatches(gpu, 'check', dispatches);
         const actual = await readFloat32(gpu, output, heads * headDim);
@@ -232,45 +240,18 @@ async function benchShape(gpu: GpuContext, shape: LayerShape, contexts: number[]
     rows.push(row);
   }
   releaseDispatches(gpu, fill);
-  pool.destroy();
-  for (const b of [q, k, v, output]) gpu.allocator.release(b);
+  release();
   gpu.throwIfErrors();
   return rows;
 }
 
 async function benchQuantShape(gpu: GpuContext, shape: LayerShape, contexts: number[]) {
-  const { heads, kvHeads, headDim } = shape;
-  const maxContext = Math.max(...contexts);
-  const pool = new KvPagePool(gpu, {
-    layers: 1,
-    kvHeads,
-    headDim,
-    pageTokens: 16,
-    kv: 'quant',
-    budgetBytes: (maxContext + FILL_CHUNK) * kvHeads * headDim * 4 + (16 << 20),
-    maxSequences: 1,
-  });
-  const quantPages = pool.quant!;
-  const quant: DecodeQuantShape = {
-    kBits: quantPages.key.bits,
-    kGroup: quantPages.key.groupSize,
-    vBits: quantPages.value.bits,
-    vGroup: quantPages.value.groupSize,
-  };
-  const buffer = (floats: number) => gpu.allocator.createStorage('bench', 'scratch', floats * 4);
-  const q = buffer(heads * headDim);
-  const k = buffer(FILL_CHUNK * kvHeads * headDim);
-  const v = buffer(FILL_CHUNK * kvHeads * headDim);
-  const output = buffer(heads * headDim);
-  const reference = buffer(heads * headDim);
-  const random = seededRandom(2);
-  for (const [b, data] of [
-    [q, randomFloats(random, heads * headDim, 2)],
-    [k, randomFloats(random, FILL_CHUNK * kvHeads * headDim, 2)],
-    [v, randomFloats(random, FILL_CHUNK * kvHeads * headDim, 1)],
-  ] as const) {
-    gpu.device.queue.writeBuffer(b, 0, data.buffer, data.byteOffset, data.byteLength);
-  }
+  const { heads, headDim } = shape;
+  const { pool, q, k, v, output, release } = layerSetup(gpu, shape, contexts, 'quant');
+  // The formats the runtime's decode build reads, as prepareAttention derives them.
+  const quant = attentionDecodeShape(gpu, { pool, heads, maxTokens: 1 })?.quant;
+  if (!quant) throw new Error(`the decode kernel does not serve ${shape.name} on an int2 pool`);
+  const reference = gpu.allocator.createStorage('bench', 'scratch', heads * headDim * 4);
   // The runtime's own append + demotion for prefill chunks of FILL_CHUNK tokens.
   const fill = new PagedKvAttention(gpu, pool, { heads }).prepareLayer(0, { q, k, v, output }, FILL_CHUNK);
   const seq = pool.createSequence();
@@ -311,8 +292,8 @@ async function benchQuantShape(gpu: GpuContext, shape: LayerShape, contexts: num
     rows.push(row);
   }
   releaseDispatches(gpu, [...fill.append, ...fill.attention]);
-  pool.destroy();
-  for (const b of [q, k, v, output, reference]) gpu.allocator.release(b);
+  gpu.allocator.release(reference);
+  release();
   gpu.throwIfErrors();
   return rows;
 }
