@@ -88,8 +88,9 @@ export function attentionDecodeSource(shape: AttentionDecodeShape): string {
   const TPK = PAIRS / WPT; // invocations per key
   const KS = WG / TPK; // key slices
   const BATCH = WPT === 4 ? 4 : 8; // keys whose values are loaded before any is used
-  const SPR = Math.floor((attentionDecodeSubKeys(ROWS) * RG) / (HD * RG)); // slices summed per round of the combine
   const SUB = attentionDecodeSubKeys(ROWS);
+  // Key slices summed per round of the combine: sc holds SUB·RG vec4s, one slice's accumulators HD·RG.
+  const SPR = Math.floor(SUB / HD);
   const range = (n: number) => Array.from({ length: n }, (_, i) => i);
   const groups = (f: (g: number) => string, sep = '\n') => range(RG).map(f).join(sep);
   const kGE = quant ? Math.min(quant.kGroup, HD) : 0;
