@@ -49,6 +49,8 @@ interface Case {
   variant?: MatmulVariant;
   /** Test name only: 'matvec' or the variant. */
   kernel?: string;
+  /** y starts with random values and the kernel adds to them. */
+  accumulate?: boolean;
 }
 
 /** Each case once per tiled-matmul variant when it has tokens > 1 (once when it runs the matvec). */
@@ -89,12 +91,13 @@ async function runMatmul(
   const weight = uploadWeightFromBytes(gpu, 'w', type, [K, N], raw, { maxRowsPerPart: c.maxRowsPerPart });
   if (c.maxRowsPerPart) expect(weight.parts.length).toBe(Math.ceil(N / c.maxRowsPerPart));
   const input = gpu.allocator.createStorage('x', 'scratch', x);
-  const output = gpu.allocator.createStorage('y', 'scratch', c.tokens * N * 4);
+  const initial = c.accumulate ? randomFloats(random, c.tokens * N, 3) : new Float32Array(c.tokens * N);
+  const output = gpu.allocator.createStorage('y', 'scratch', initial);
   const biasBuffer = bias ? gpu.allocator.createStorage('bias', 'weights', bias) : undefined;
   const dispatches = prepareMatmul(
     gpu,
     'matmul-test',
-    { weight, input, output, tokens: c.tokens, bias: biasBuffer },
+    { weight, input, output, tokens: c.tokens, bias: biasBuffer, accumulate: c.accumulate },
     { transformSource, variant: c.variant },
   );
   expect(dispatches.length).toBe(weight.parts.length);
@@ -105,6 +108,10 @@ async function runMatmul(
   for (const b of [input, output, biasBuffer]) if (b) gpu.allocator.release(b);
   expect(gpu.allocator.snapshot().totalBuffers).toBe(before);
   const { y, magnitude } = matmulReference(dequantize(type, raw, K * N), x, K, N, c.tokens, bias);
+  for (let i = 0; i < y.length; i++) {
+    y[i] += initial[i];
+    magnitude[i] += Math.abs(initial[i]);
+  }
   return maxErrorRelativeToMagnitude(actual, y, magnitude, RTOL);
 }
 
@@ -115,6 +122,19 @@ describe.each(TYPES)('matmul over %s weights', (name, type, K) => {
       expect(await runMatmul(ctx.gpu, type, K, c)).toBeLessThanOrEqual(1);
     },
   );
+});
+
+// y += W·x: the residual connection folded into the projection, on every kernel (the store is the same code for
+// every weight type).
+describe.each([['Q4_K', GgmlType.Q4_K, 768]] as const)('accumulating matmul over %s weights', (name, type, K) => {
+  it.each(
+    perVariant([
+      { tokens: 1, rows: 37, bias: true, accumulate: true },
+      { tokens: 33, rows: 37, bias: false, accumulate: true, maxRowsPerPart: 16 },
+    ]),
+  )(`${name}: K=${K}, N=$rows, tokens=$tokens, bias=$bias, $kernel`, async (c) => {
+    expect(await runMatmul(ctx.gpu, type, K, c)).toBeLessThanOrEqual(1);
+  });
 });
 
 // Dense rows shorter than one K step, down to less than one vec4 (every k-quad of the tile partial or empty).

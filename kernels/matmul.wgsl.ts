@@ -22,6 +22,13 @@ fn sbytes4(v: u32) -> vec4<f32> {
 fn f16lo(v: u32) -> f32 { return unpack2x16float(v).x; }
 fn bf16x2(v: u32) -> vec2<f32> { return vec2<f32>(bitcast<f32>(v << 16u), bitcast<f32>(v & 0xffff0000u)); }
 fn sbyte(v: u32, i: u32) -> f32 { return f32(bitcast<i32>(v << (24u - 8u * i)) >> 24u); }
+fn bits4(v: u32) -> vec4<f32> {
+  return vec4<f32>(f32(v & 1u), f32((v >> 1u) & 1u), f32((v >> 2u) & 1u), f32((v >> 3u) & 1u));
+}
+`;
+
+/** The helpers that read the weight words `w` (renamed per weight by `forWeight` in multi-weight kernels). */
+const weightHelpers = /* wgsl */ `
 // The 6-bit scale and min of sub-block j of a Q4_K/Q5_K block (12 bytes at words base+1..base+3).
 fn kbyte(base: u32, i: u32) -> u32 { return (w[base + 1u + i / 4u] >> (8u * (i % 4u))) & 255u; }
 fn scale_min_k4(base: u32, j: u32) -> vec2<f32> {
@@ -31,9 +38,6 @@ fn scale_min_k4(base: u32, j: u32) -> vec2<f32> {
   let sc = (kbyte(base, j + 4u) & 15u) | ((kbyte(base, j - 4u) >> 6u) << 4u);
   let m = (kbyte(base, j + 4u) >> 4u) | ((kbyte(base, j) >> 6u) << 4u);
   return vec2<f32>(f32(sc), f32(m));
-}
-fn bits4(v: u32) -> vec4<f32> {
-  return vec4<f32>(f32(v & 1u), f32((v >> 1u) & 1u), f32((v >> 2u) & 1u), f32((v >> 3u) & 1u));
 }
 `;
 
@@ -260,7 +264,7 @@ export function matvecUnitsPerBlock(type: GgmlType): number {
 
 /** The dequantizing functions of a type (needs `w: array<u32>` declared). */
 export function dequantWgsl(type: GgmlType): string {
-  return common + typeWgsl(type).dq4;
+  return common + weightHelpers + typeWgsl(type).dq4;
 }
 
 const paramsStruct = /* wgsl */ `
@@ -275,17 +279,62 @@ const biasBinding = `@group(0) @binding(4) var<storage, read> bias: array<f32>;\
 
 export const MATVEC_ROWS_PER_WORKGROUP = 4;
 
+/** WGSL that stores `value` into `out`, plus `bias` when given, added to what `out` holds when `accumulate`. */
+function storeWgsl(out: string, value: string, bias: string | null, accumulate: boolean): string {
+  const v = bias ? `${value} + ${bias}` : value;
+  return `${out} = ${accumulate ? `${out} + (${v})` : v};`;
+}
+
 /**
- * y[firstRow + r] = W[r, :] · x (+ bias) for one weight part, tokens = 1. A workgroup of TPR threads handles 4 rows:
- * thread i walks units i, i + TPR, ... of all 4 rows at once (each weight word is read once, and the x values a
- * unit needs are loaded once for the 4 rows), then one tree reduction of vec4 partial sums.
+ * The loop of one matvec workgroup over the 4 rows from `row0` of one weight: thread `li` walks units li, li + TPR,
+ * ... of the 4 rows at once (each weight word is read once, and the x values a unit needs are loaded once for the
+ * 4 rows), adding one lane per row to the vec4 `acc`.
+ */
+function matvecRowsWgsl(dot: string, rows: string, rowWords: string, units: string, acc: string): string {
+  return `{
+    // Rows past the end repeat the last row (discarded when stored) so the loop has no per-row branches.
+    let last = ${rows} - 1u;
+    let b0 = min(row0, last) * ${rowWords};
+    let b1 = min(row0 + 1u, last) * ${rowWords};
+    let b2 = min(row0 + 2u, last) * ${rowWords};
+    let b3 = min(row0 + 3u, last) * ${rowWords};
+    for (var u = li; u < ${units}; u += TPR) {
+      ${acc} += vec4<f32>(${dot}(b0, u, 0u), ${dot}(b1, u, 0u), ${dot}(b2, u, 0u), ${dot}(b3, u, 0u));
+    }
+  }`;
+}
+
+/** Tree reduction of the workgroup arrays `names` (vec4 per thread) into element 0 of each. */
+function reduceWgsl(names: string[]): string {
+  return `${names.map((n, i) => `${n}[li] = acc${i};`).join(' ')}
+  workgroupBarrier();
+  for (var s = TPR / 2u; s > 0u; s >>= 1u) {
+    if (li < s) { ${names.map((n) => `${n}[li] += ${n}[li + s];`).join(' ')} }
+    workgroupBarrier();
+  }`;
+}
+
+/**
+ * The type's dot product and the helpers it needs, reading weight binding `w${i}` as `unit_dot_${i}`: kernels over
+ * several weights (of possibly different types) get one copy per weight, since WGSL cannot pass a storage array.
+ */
+function dotForWeight(type: GgmlType, i: number): string {
+  const t = typeWgsl(type);
+  const helpers = t.dot.includes('scale_min_k4') ? weightHelpers : '';
+  return `${helpers}${t.dot}`.replace(/\bw\[/g, `w${i}[`).replace(/\b(kbyte|scale_min_k4|unit_dot)\(/g, `$1_${i}(`);
+}
+
+/**
+ * y[firstRow + r] = W[r, :] · x (+ bias) for one weight part, tokens = 1; with `accumulate`, y[...] += instead (the
+ * residual add folded into the projection). A workgroup of TPR threads handles 4 rows (matvecRowsWgsl), then one tree
+ * reduction of vec4 partial sums.
  * Measured on the H200 (4096x4096 and 4096x14336, 200 dispatches): 1.1-2.5x faster than one row per 64 threads
  * (4 rows per 256-thread workgroup, x re-read per row); 128 threads was the best or near-best of 64/128/256 for
  * every type. Still far from the 4.3 TB/s copy bandwidth for the quantized types (about 200-450 GB/s of weights).
  */
-export function matvecWgsl(type: GgmlType, hasBias: boolean, threadsPerWorkgroup = 128): string {
+export function matvecWgsl(type: GgmlType, hasBias: boolean, accumulate = false, threadsPerWorkgroup = 128): string {
   const t = typeWgsl(type);
-  return `${paramsStruct}${hasBias ? biasBinding : ''}${common}${xv}${t.dq4}
+  return `${paramsStruct}${hasBias ? biasBinding : ''}${common}${weightHelpers}${xv}${t.dq4}
 ${t.dot}
 const TPR: u32 = ${threadsPerWorkgroup}u;
 const ROWS: u32 = ${MATVEC_ROWS_PER_WORKGROUP}u;
@@ -295,25 +344,103 @@ var<workgroup> partial: array<vec4<f32>, TPR>;
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
   let row0 = (wg.x + wg.y * nwg.x) * ROWS;
-  // Rows past the end repeat the last row (discarded below) so the loop has no per-row branches.
-  let last = params.rows - 1u;
-  let b0 = min(row0, last) * params.rowWords;
-  let b1 = min(row0 + 1u, last) * params.rowWords;
-  let b2 = min(row0 + 2u, last) * params.rowWords;
-  let b3 = min(row0 + 3u, last) * params.rowWords;
-  var acc = vec4<f32>(0.0);
-  for (var u = li; u < params.unitsPerRow; u += TPR) {
-    acc += vec4<f32>(unit_dot(b0, u, 0u), unit_dot(b1, u, 0u), unit_dot(b2, u, 0u), unit_dot(b3, u, 0u));
-  }
-  partial[li] = acc;
-  workgroupBarrier();
-  for (var s = TPR / 2u; s > 0u; s >>= 1u) {
-    if (li < s) { partial[li] += partial[li + s]; }
-    workgroupBarrier();
-  }
+  var acc0 = vec4<f32>(0.0);
+  ${matvecRowsWgsl('unit_dot', 'params.rows', 'params.rowWords', 'params.unitsPerRow', 'acc0')}
+  ${reduceWgsl(['partial'])}
   if (li < ROWS && row0 + li < params.rows) {
     let n = params.firstRow + row0 + li;
-    y[n] = partial[0][li]${hasBias ? ' + bias[n]' : ''};
+    ${storeWgsl('y[n]', 'partial[0][li]', hasBias ? 'bias[n]' : null, accumulate)}
+  }
+}
+`;
+}
+
+/** One weight of a matvec group: its type and whether it adds a bias. */
+export interface MatvecGroupMember {
+  type: GgmlType;
+  hasBias: boolean;
+}
+
+/**
+ * Several matvecs over the same x in one dispatch (q, k and v of a decode step): weight i (whole, one part) owns
+ * workgroups firstGroup_i .. firstGroup_{i+1} - 1, 4 rows each, and writes its own output y_i, exactly as
+ * `matvecWgsl` would (same loop, same reduction: the same floats). Bindings: x, params, then per weight w_i, y_i
+ * and, if it has one, bias_i.
+ */
+export function matvecGroupWgsl(members: readonly MatvecGroupMember[], threadsPerWorkgroup = 128): string {
+  let binding = 2;
+  const decls: string[] = [];
+  for (const [i, m] of members.entries()) {
+    decls.push(`@group(0) @binding(${binding++}) var<storage, read> w${i}: array<u32>;`);
+    decls.push(`@group(0) @binding(${binding++}) var<storage, read_write> y${i}: array<f32>;`);
+    if (m.hasBias) decls.push(`@group(0) @binding(${binding++}) var<storage, read> bias${i}: array<f32>;`);
+  }
+  const section = (i: number) => `params.members[${i}]`;
+  const branches = (body: (i: number) => string) =>
+    members.map((_, i) => `${i === 0 ? '' : ' else '}if (member == ${i}u) ${body(i)}`).join('');
+  return `struct Member { rows: u32, rowWords: u32, unitsPerRow: u32, firstGroup: u32 }
+struct Params { K: u32, _p0: u32, _p1: u32, _p2: u32, members: array<Member, ${members.length}> }
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<uniform> params: Params;
+${decls.join('\n')}
+${common}${xv}
+${members.map((m, i) => dotForWeight(m.type, i)).join('\n')}
+const TPR: u32 = ${threadsPerWorkgroup}u;
+const ROWS: u32 = ${MATVEC_ROWS_PER_WORKGROUP}u;
+var<workgroup> partial: array<vec4<f32>, TPR>;
+
+@compute @workgroup_size(TPR)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+  let g = wg.x + wg.y * nwg.x;
+  var member = 0u;
+  for (var i = 1u; i < ${members.length}u; i++) {
+    if (g >= params.members[i].firstGroup) { member = i; }
+  }
+  let row0 = (g - params.members[member].firstGroup) * ROWS;
+  var acc0 = vec4<f32>(0.0);
+  ${branches((i) => matvecRowsWgsl(`unit_dot_${i}`, `${section(i)}.rows`, `${section(i)}.rowWords`, `${section(i)}.unitsPerRow`, 'acc0'))}
+  ${reduceWgsl(['partial'])}
+  let r = row0 + li;
+  if (li < ROWS && r < params.members[member].rows) {
+    ${branches((i) => `{ ${storeWgsl(`y${i}[r]`, 'partial[0][li]', members[i].hasBias ? `bias${i}[r]` : null, false)} }`)}
+  }
+}
+`;
+}
+
+/**
+ * The feed-forward's gate and up matvecs and SwiGLU in one dispatch (tokens = 1): a workgroup computes the same 4
+ * rows of both weights (matvecRowsWgsl, so the same floats as two matvec dispatches) and writes silu(gate)·up.
+ * Bindings: x, params, gate weight, up weight, output.
+ */
+export function matvecSwigluWgsl(gateType: GgmlType, upType: GgmlType, threadsPerWorkgroup = 128): string {
+  return `struct Params { K: u32, rows: u32, gateRowWords: u32, gateUnits: u32, upRowWords: u32, upUnits: u32, _p0: u32, _p1: u32 }
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<uniform> params: Params;
+@group(0) @binding(2) var<storage, read> w0: array<u32>;
+@group(0) @binding(3) var<storage, read> w1: array<u32>;
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+${common}${xv}
+${dotForWeight(gateType, 0)}
+${dotForWeight(upType, 1)}
+const TPR: u32 = ${threadsPerWorkgroup}u;
+const ROWS: u32 = ${MATVEC_ROWS_PER_WORKGROUP}u;
+var<workgroup> gatePartial: array<vec4<f32>, TPR>;
+var<workgroup> upPartial: array<vec4<f32>, TPR>;
+
+@compute @workgroup_size(TPR)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+  let row0 = (wg.x + wg.y * nwg.x) * ROWS;
+  var acc0 = vec4<f32>(0.0);
+  var acc1 = vec4<f32>(0.0);
+  ${matvecRowsWgsl('unit_dot_0', 'params.rows', 'params.gateRowWords', 'params.gateUnits', 'acc0')}
+  ${matvecRowsWgsl('unit_dot_1', 'params.rows', 'params.upRowWords', 'params.upUnits', 'acc1')}
+  ${reduceWgsl(['gatePartial', 'upPartial'])}
+  if (li < ROWS && row0 + li < params.rows) {
+    let g = gatePartial[0][li];
+    y[row0 + li] = g / (1.0 + exp(-g)) * upPartial[0][li];
   }
 }
 `;
@@ -369,19 +496,24 @@ const WORKGROUP_STORAGE_BYTES = 16384;
 const WORKGROUP_INVOCATIONS = 256;
 
 /** Tiled matmul for tokens > 1 (see MATMUL_VARIANTS). */
-export function matmulWgsl(type: GgmlType, hasBias: boolean, variant: MatmulVariant = DEFAULT_MATMUL_VARIANT): string {
-  if (variant === '32x32') return matmul32Wgsl(type, hasBias);
+export function matmulWgsl(
+  type: GgmlType,
+  hasBias: boolean,
+  variant: MatmulVariant = DEFAULT_MATMUL_VARIANT,
+  accumulate = false,
+): string {
+  if (variant === '32x32') return matmul32Wgsl(type, hasBias, accumulate);
   const tile = MATMUL_TILES[variant];
   if (!tile) throw new Error(`Unknown matmul variant '${variant}'.`);
-  return registerTiledMatmulWgsl(type, hasBias, tile);
+  return registerTiledMatmulWgsl(type, hasBias, tile, accumulate);
 }
 
 /**
  * The first tiled matmul: a 16x16 workgroup computes 32 weight rows x 32 tokens (2x2 per thread). Each K step
  * dequantizes a 32x32 weight tile (4 elements per thread, via dq4) and loads a 32x32 x tile into workgroup memory.
  */
-function matmul32Wgsl(type: GgmlType, hasBias: boolean): string {
-  return `${paramsStruct}${hasBias ? biasBinding : ''}${common}${typeWgsl(type).dq4}
+function matmul32Wgsl(type: GgmlType, hasBias: boolean, accumulate: boolean): string {
+  return `${paramsStruct}${hasBias ? biasBinding : ''}${common}${weightHelpers}${typeWgsl(type).dq4}
 const TN: u32 = 32u;
 const TT: u32 = 32u;
 const TK: u32 = 32u;
@@ -428,7 +560,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let nn = n + i / 2u; let tt = t + i % 2u;
     if (nn < params.rows && tt < params.tokens) {
       let col = params.firstRow + nn;
-      y[tt * params.outStride + col] = acc[i]${hasBias ? ' + bias[col]' : ''};
+      ${storeWgsl('y[tt * params.outStride + col]', 'acc[i]', hasBias ? 'bias[col]' : null, accumulate)}
     }
   }
 }
@@ -453,7 +585,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
  * current step, so their latency can overlap its FMAs (no second tile buffer: workgroup memory stays <= 16 KiB).
  * Each output accumulates over k in order, as in the 32x32 kernel (fused multiply-adds).
  */
-export function registerTiledMatmulWgsl(type: GgmlType, hasBias: boolean, tile: MatmulTile): string {
+export function registerTiledMatmulWgsl(
+  type: GgmlType,
+  hasBias: boolean,
+  tile: MatmulTile,
+  accumulate = false,
+): string {
   const { rows: TN, tokens: TT, rowsPerThread: RN, tokensPerThread: RT, k: TK } = tile;
   const TX = TN / RN;
   const TY = TT / RT;
@@ -527,7 +664,7 @@ export function registerTiledMatmulWgsl(type: GgmlType, hasBias: boolean, tile: 
     .flatMap((i) => range(RT).map((j) => `  put(t0 + ty${plus(j * TY)}, n0 + tx${plus(i * TX)}, ${acc(i, j)});`))
     .join('\n');
 
-  return `${paramsStruct}${hasBias ? biasBinding : ''}${common}${typeWgsl(type).dq4}
+  return `${paramsStruct}${hasBias ? biasBinding : ''}${common}${weightHelpers}${typeWgsl(type).dq4}
 const TN: u32 = ${TN}u; // weight rows per tile (${RN} per thread)
 const TT: u32 = ${TT}u; // tokens per tile (${RT} per thread)
 const TK: u32 = ${TK}u; // k per step
@@ -559,7 +696,7 @@ fn load_x(q: u32, t0: u32, k0: u32) -> vec4<f32> {
 fn put(t: u32, r: u32, v: f32) {
   if (t < params.tokens && r < params.rows) {
     let col = params.firstRow + r;
-    y[t * params.outStride + col] = v${hasBias ? ' + bias[col]' : ''};
+    ${storeWgsl('y[t * params.outStride + col]', 'v', hasBias ? 'bias[col]' : null, accumulate)}
   }
 }
 

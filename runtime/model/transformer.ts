@@ -1,7 +1,7 @@
 import { encodeDispatches, type PreparedDispatch, releaseDispatches, uniformBuffer } from '../../kernels/dispatch.ts';
-import { prepareAddInPlace, prepareSwiglu } from '../../kernels/elementwise.ts';
+import { prepareSwiglu } from '../../kernels/elementwise.ts';
 import { prepareEmbedding } from '../../kernels/embedding.ts';
-import { prepareMatmul } from '../../kernels/matmul.ts';
+import { prepareMatmul, prepareMatvecGroup, prepareMatvecSwiglu } from '../../kernels/matmul.ts';
 import { prepareRmsNorm } from '../../kernels/rmsnorm.ts';
 import { prepareRope } from '../../kernels/rope.ts';
 import type { GpuContext } from '../gpu/device.ts';
@@ -30,7 +30,6 @@ interface Activations {
   k: GPUBuffer;
   v: GPUBuffer;
   attention: GPUBuffer;
-  projected: GPUBuffer;
   gate: GPUBuffer;
   up: GPUBuffer;
   hidden: GPUBuffer;
@@ -56,6 +55,7 @@ export type LogitsMode = 'none' | 'last' | 'all';
 /**
  * The transformer forward pass, as one list of prepared dispatches per token count. It reads like the math:
  * x = embed(tokens); per layer x += o(attn(rope(q), rope(k), v)); x += down(silu(gate)·up); logits = out(norm(x)).
+ * Decode steps (one token) fuse what shares an input: q/k/v in one dispatch, gate/up/SwiGLU in one.
  */
 export class Transformer {
   readonly config: ModelConfig;
@@ -83,7 +83,6 @@ export class Transformer {
       k: f32('k', maxTokens * c.kvHeads * c.headDim),
       v: f32('v', maxTokens * c.kvHeads * c.headDim),
       attention: f32('attention', maxTokens * c.heads * c.headDim),
-      projected: f32('projected', maxTokens * c.dim),
       gate: f32('gate', maxTokens * c.ffnDim),
       up: f32('up', maxTokens * c.ffnDim),
       hidden: f32('hidden', maxTokens * c.ffnDim),
@@ -159,18 +158,6 @@ export class Transformer {
   private buildGraph(tokens: number): ForwardGraph {
     const { gpu, config: c, weights: w, buffers: b } = this;
     const body: PreparedDispatch[] = [];
-    const rope = (x: GPUBuffer, heads: number, label: string) =>
-      prepareRope(gpu, label, {
-        x,
-        freqFactors: w.ropeFreqFactors,
-        step: b.step,
-        tokens,
-        heads,
-        headDim: c.headDim,
-        ropeDim: c.ropeDim,
-        base: c.ropeBase,
-        layout: c.ropeLayout,
-      });
     body.push(...prepareEmbedding(gpu, 'embed', { weight: w.embedding, tokenIds: b.tokenIds, output: b.x, tokens }));
     for (let i = 0; i < c.layers; i++) {
       const l = w.layers[i];
@@ -185,9 +172,21 @@ export class Transformer {
           eps: c.rmsEps,
         }),
       );
-      body.push(...prepareMatmul(gpu, `${p}.q`, { weight: l.q, input: b.xNorm, output: b.q, tokens, bias: l.qBias }));
-      body.push(...prepareMatmul(gpu, `${p}.k`, { weight: l.k, input: b.xNorm, output: b.k, tokens, bias: l.kBias }));
-      body.push(...prepareMatmul(gpu, `${p}.v`, { weight: l.v, input: b.xNorm, output: b.v, tokens, bias: l.vBias }));
+      // A decode step is bound by dispatch gaps, not arithmetic: q, k and v share one dispatch where they can.
+      const qkv =
+        tokens === 1 &&
+        prepareMatvecGroup(gpu, `${p}.qkv`, b.xNorm, [
+          { weight: l.q, output: b.q, bias: l.qBias },
+          { weight: l.k, output: b.k, bias: l.kBias },
+          { weight: l.v, output: b.v, bias: l.vBias },
+        ]);
+      if (qkv) {
+        body.push(qkv);
+      } else {
+        body.push(...prepareMatmul(gpu, `${p}.q`, { weight: l.q, input: b.xNorm, output: b.q, tokens, bias: l.qBias }));
+        body.push(...prepareMatmul(gpu, `${p}.k`, { weight: l.k, input: b.xNorm, output: b.k, tokens, bias: l.kBias }));
+        body.push(...prepareMatmul(gpu, `${p}.v`, { weight: l.v, input: b.xNorm, output: b.v, tokens, bias: l.vBias }));
+      }
       if (l.qNorm && l.kNorm) {
         // Qwen3 normalizes each head's q and k in place before RoPE.
         body.push(
@@ -211,11 +210,27 @@ export class Transformer {
           }),
         );
       }
-      body.push(rope(b.q, c.heads, `${p}.rope_q`), rope(b.k, c.kvHeads, `${p}.rope_k`));
+      body.push(
+        prepareRope(gpu, `${p}.rope`, {
+          q: b.q,
+          k: b.k,
+          freqFactors: w.ropeFreqFactors,
+          step: b.step,
+          tokens,
+          heads: c.heads,
+          kvHeads: c.kvHeads,
+          headDim: c.headDim,
+          ropeDim: c.ropeDim,
+          base: c.ropeBase,
+          layout: c.ropeLayout,
+        }),
+      );
       const kv = this.kv.prepareLayer(i, { q: b.q, k: b.k, v: b.v, output: b.attention }, tokens);
       body.push(...kv.append, ...kv.attention);
-      body.push(...prepareMatmul(gpu, `${p}.o`, { weight: l.o, input: b.attention, output: b.projected, tokens }));
-      body.push(prepareAddInPlace(gpu, `${p}.attn_residual`, { x: b.x, y: b.projected, count: tokens * c.dim }));
+      // The residual connections are added by the projections themselves (accumulate): x += o·attention.
+      body.push(
+        ...prepareMatmul(gpu, `${p}.o`, { weight: l.o, input: b.attention, output: b.x, tokens, accumulate: true }),
+      );
       body.push(
         prepareRmsNorm(gpu, `${p}.ffn_norm`, {
           input: b.x,
@@ -226,13 +241,21 @@ export class Transformer {
           eps: c.rmsEps,
         }),
       );
-      body.push(...prepareMatmul(gpu, `${p}.gate`, { weight: l.gate, input: b.xNorm, output: b.gate, tokens }));
-      body.push(...prepareMatmul(gpu, `${p}.up`, { weight: l.up, input: b.xNorm, output: b.up, tokens }));
+      const gateUp =
+        tokens === 1 &&
+        prepareMatvecSwiglu(gpu, `${p}.gate_up`, { gate: l.gate, up: l.up, input: b.xNorm, output: b.hidden });
+      if (gateUp) {
+        body.push(gateUp);
+      } else {
+        body.push(...prepareMatmul(gpu, `${p}.gate`, { weight: l.gate, input: b.xNorm, output: b.gate, tokens }));
+        body.push(...prepareMatmul(gpu, `${p}.up`, { weight: l.up, input: b.xNorm, output: b.up, tokens }));
+        body.push(
+          prepareSwiglu(gpu, `${p}.swiglu`, { gate: b.gate, up: b.up, output: b.hidden, count: tokens * c.ffnDim }),
+        );
+      }
       body.push(
-        prepareSwiglu(gpu, `${p}.swiglu`, { gate: b.gate, up: b.up, output: b.hidden, count: tokens * c.ffnDim }),
+        ...prepareMatmul(gpu, `${p}.down`, { weight: l.down, input: b.hidden, output: b.x, tokens, accumulate: true }),
       );
-      body.push(...prepareMatmul(gpu, `${p}.down`, { weight: l.down, input: b.hidden, output: b.projected, tokens }));
-      body.push(prepareAddInPlace(gpu, `${p}.ffn_residual`, { x: b.x, y: b.projected, count: tokens * c.dim }));
     }
     body.push(
       prepareRmsNorm(gpu, 'output_norm', {

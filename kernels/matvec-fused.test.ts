@@ -1,0 +1,182 @@
+import { describe, expect, it } from 'vitest';
+import { GgmlType } from '../runtime/gguf/types.ts';
+import { readFloat32 } from '../runtime/gpu/readback.ts';
+import { withTestGpu } from '../test/gpu.ts';
+import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
+import { type PreparedDispatch, releaseDispatches, submitDispatches } from './dispatch.ts';
+import { prepareSwiglu } from './elementwise.ts';
+import { prepareMatmul, prepareMatvecGroup, prepareMatvecSwiglu } from './matmul.ts';
+import { dequantize, randomWeightBytes } from './reference/dequantize.ts';
+import { swigluReference } from './reference/elementwise.ts';
+import { matmulReference, maxErrorRelativeToMagnitude } from './reference/matmul.ts';
+import { releaseWeight, uploadWeightFromBytes } from './weights.ts';
+
+const ctx = withTestGpu();
+const RTOL = 1e-4;
+
+/** A random weight of `rows` rows of K elements, on the GPU and dequantized on the CPU. */
+function makeWeight(type: GgmlType, K: number, rows: number, seed: number, maxRowsPerPart?: number) {
+  const raw = randomWeightBytes(type, K * rows, seededRandom(seed));
+  const weight = uploadWeightFromBytes(ctx.gpu, `w${seed}`, type, [K, rows], raw, { maxRowsPerPart });
+  return { weight, dense: dequantize(type, raw, K * rows) };
+}
+
+async function run(dispatches: PreparedDispatch[], outputs: GPUBuffer[], lengths: number[]): Promise<Float32Array[]> {
+  submitDispatches(ctx.gpu, 'fused-test', dispatches);
+  const out = await Promise.all(outputs.map((b, i) => readFloat32(ctx.gpu, b, lengths[i])));
+  releaseDispatches(ctx.gpu, dispatches);
+  return out;
+}
+
+// q, k, v of a decode step: different types and row counts (none a multiple of the 4 rows per workgroup), biases on
+// two of them (Qwen2 has all three; the binding count decides what fits).
+const MEMBERS: { type: GgmlType; rows: number; bias: boolean }[] = [
+  { type: GgmlType.Q4_K, rows: 37, bias: true },
+  { type: GgmlType.Q6_K, rows: 21, bias: false },
+  { type: GgmlType.F16, rows: 9, bias: true },
+];
+const K = 768;
+
+describe('matvec group (q, k, v in one dispatch)', () => {
+  async function runGroup(transform?: (code: string) => string) {
+    const { gpu } = ctx;
+    const random = seededRandom(11);
+    const x = randomFloats(random, K, 1);
+    const input = gpu.allocator.createStorage('x', 'scratch', x);
+    const members = MEMBERS.map((m, i) => ({
+      ...makeWeight(m.type, K, m.rows, 100 + i),
+      bias: m.bias ? randomFloats(random, m.rows, 0.5) : undefined,
+      rows: m.rows,
+    }));
+    const entries = members.map((m) => ({
+      weight: m.weight,
+      output: gpu.allocator.createStorage('y', 'scratch', m.rows * 4),
+      bias: m.bias ? gpu.allocator.createStorage('bias', 'weights', m.bias) : undefined,
+    }));
+    const group = prepareMatvecGroup(gpu, 'group', input, entries, { transformSource: transform });
+    if (!group) throw new Error('expected one dispatch');
+    const fused = await run(
+      [group],
+      entries.map((e) => e.output),
+      members.map((m) => m.rows),
+    );
+    // The same weights one prepareMatmul each, into fresh outputs.
+    const apart = entries.map((e) => ({
+      ...e,
+      output: gpu.allocator.createStorage('y2', 'scratch', e.weight.rows * 4),
+    }));
+    const separate = await run(
+      apart.flatMap((e, i) =>
+        prepareMatmul(gpu, `m${i}`, { weight: e.weight, input, output: e.output, tokens: 1, bias: e.bias }),
+      ),
+      apart.map((e) => e.output),
+      members.map((m) => m.rows),
+    );
+    const ratios = members.map((m, i) => {
+      const { y, magnitude } = matmulReference(m.dense, x, K, m.rows, 1, m.bias);
+      return maxErrorRelativeToMagnitude(fused[i], y, magnitude, RTOL);
+    });
+    for (const e of [...entries, ...apart]) {
+      gpu.allocator.release(e.output);
+    }
+    for (const e of entries) if (e.bias) gpu.allocator.release(e.bias);
+    for (const m of members) releaseWeight(gpu, m.weight);
+    gpu.allocator.release(input);
+    return { fused, separate, ratios };
+  }
+
+  it('matches the CPU reference for every member, and equals one matvec dispatch per weight exactly', async () => {
+    const { fused, separate, ratios } = await runGroup();
+    for (const r of ratios) expect(r).toBeLessThanOrEqual(1);
+    expect(fused).toEqual(separate);
+  });
+
+  it('catches a broken kernel (every workgroup reads the first member)', async () => {
+    const { ratios } = await runGroup((code) => {
+      const broken = code.replace('member = i;', 'member = 0u;');
+      expect(broken).not.toBe(code);
+      return broken;
+    });
+    expect(Math.max(...ratios)).toBeGreaterThan(1);
+  });
+
+  it('declines weights split into parts (the caller then dispatches them one by one)', () => {
+    const { gpu } = ctx;
+    const split = makeWeight(GgmlType.Q8_0, 64, 8, 3, 4);
+    const whole = makeWeight(GgmlType.Q8_0, 64, 8, 4);
+    const input = gpu.allocator.createStorage('x', 'scratch', 64 * 4);
+    const output = gpu.allocator.createStorage('y', 'scratch', 8 * 4);
+    expect(
+      prepareMatvecGroup(gpu, 'g', input, [
+        { weight: whole.weight, output },
+        { weight: split.weight, output },
+      ]),
+    ).toBeNull();
+    expect(prepareMatvecSwiglu(gpu, 's', { gate: split.weight, up: whole.weight, input, output })).toBeNull();
+    for (const w of [split.weight, whole.weight]) releaseWeight(gpu, w);
+    gpu.allocator.release(input);
+    gpu.allocator.release(output);
+  });
+});
+
+describe('matvec SwiGLU (gate, up and silu(gate)·up in one dispatch)', () => {
+  async function runSwiglu(gateType: GgmlType, upType: GgmlType, rows: number, transform?: (code: string) => string) {
+    const { gpu } = ctx;
+    const random = seededRandom(rows * 13 + gateType);
+    const x = randomFloats(random, K, 1);
+    const gate = makeWeight(gateType, K, rows, 200);
+    const up = makeWeight(upType, K, rows, 201);
+    const input = gpu.allocator.createStorage('x', 'scratch', x);
+    const output = gpu.allocator.createStorage('y', 'scratch', rows * 4);
+    const fusedDispatch = prepareMatvecSwiglu(
+      gpu,
+      'swiglu',
+      { gate: gate.weight, up: up.weight, input, output },
+      { transformSource: transform },
+    );
+    if (!fusedDispatch) throw new Error('expected one dispatch');
+    const [fused] = await run([fusedDispatch], [output], [rows]);
+    const g = gpu.allocator.createStorage('g', 'scratch', rows * 4);
+    const u = gpu.allocator.createStorage('u', 'scratch', rows * 4);
+    const h = gpu.allocator.createStorage('h', 'scratch', rows * 4);
+    const [separate] = await run(
+      [
+        ...prepareMatmul(gpu, 'gate', { weight: gate.weight, input, output: g, tokens: 1 }),
+        ...prepareMatmul(gpu, 'up', { weight: up.weight, input, output: u, tokens: 1 }),
+        prepareSwiglu(gpu, 'swiglu', { gate: g, up: u, output: h, count: rows }),
+      ],
+      [h],
+      [rows],
+    );
+    const gateRef = matmulReference(gate.dense, x, K, rows, 1).y;
+    const upRef = matmulReference(up.dense, x, K, rows, 1).y;
+    const expected = swigluReference(gateRef, upRef);
+    for (const b of [input, output, g, u, h]) gpu.allocator.release(b);
+    releaseWeight(gpu, gate.weight);
+    releaseWeight(gpu, up.weight);
+    return { fused, separate, expected };
+  }
+
+  it.each([
+    [GgmlType.Q4_K, GgmlType.Q4_K, 37],
+    [GgmlType.Q4_K, GgmlType.Q6_K, 22],
+    [GgmlType.Q8_0, GgmlType.F16, 9],
+  ])(
+    'gate type %i, up type %i, %i rows: matches the CPU reference and the three dispatches exactly',
+    async (gt, ut, rows) => {
+      const { fused, separate, expected } = await runSwiglu(gt, ut, rows);
+      // Outputs are O(10); f32 sums over 768 products err by ~1e-5 of that.
+      expect(maxToleranceRatio(fused, expected, 1e-4, 1e-4)).toBeLessThanOrEqual(1);
+      expect(fused).toEqual(separate);
+    },
+  );
+
+  it('catches a broken kernel (up read with the gate row stride)', async () => {
+    const { fused, expected } = await runSwiglu(GgmlType.Q4_K, GgmlType.Q6_K, 22, (code) => {
+      const broken = code.replaceAll('* params.upRowWords;', '* params.gateRowWords;');
+      expect(broken).not.toBe(code);
+      return broken;
+    });
+    expect(maxToleranceRatio(fused, expected, 1e-4, 1e-4)).toBeGreaterThan(1);
+  });
+});
