@@ -6,7 +6,7 @@ import {
   ATTENTION_MAX_SPLITS,
   type AttentionBlockKeys,
   type AttentionKernelShape,
-  attentionMergeWgsl,
+  attentionMergeSource,
   attentionPartialSource,
   attentionQuantBlockKeys,
   attentionWorkgroupBytes,
@@ -56,6 +56,19 @@ export interface AttentionBinding {
    * keeps the general split kernel (same-machine comparisons).
    */
   decodeKernel?: boolean;
+  /**
+   * Multiply each head's output by Rᵀ in the merge pass (a rotated cache's un-rotation, as kernels/rotate.ts would do
+   * in a dispatch of its own). Needs a merge pass (splits > 1).
+   */
+  outputRotation?: OutputRotation;
+}
+
+/** Per-head matrices the merge pass un-rotates the output with: head h uses matrix firstMatrix + h / headsPerMatrix. */
+export interface OutputRotation {
+  /** f32 [matrices × headDim × headDim], row-major. */
+  matrices: GPUBuffer;
+  firstMatrix: number;
+  headsPerMatrix: number;
 }
 
 /** Bytes of the split pass's partial results: (max, sum, Σ p·V) per query token, head and split. */
@@ -175,6 +188,10 @@ export function prepareAttention(
     );
   }
   const params = uniformBuffer(gpu, `${label}.params`, words, 'uuuuuuuufuuu'.padEnd(words.length, 'u'));
+  const rotation = b.outputRotation;
+  if (rotation && splits === 1) {
+    throw new InvalidRequestError(`attention '${label}': an output rotation needs a merge pass (splits > 1)`);
+  }
   if (splits === 1) {
     return [
       kvPoolDispatch(
@@ -200,13 +217,18 @@ export function prepareAttention(
       size: partialsBytes,
       usage: GPUBufferUsage.STORAGE,
     });
-  const mergePipeline = computePipeline(gpu, 'attention-merge', sources.merge ?? attentionMergeWgsl);
+  const mergePipeline = computePipeline(
+    gpu,
+    rotation ? 'attention-merge-rotated' : 'attention-merge',
+    sources.merge ?? attentionMergeSource(rotation !== undefined),
+  );
   const mergeParams = uniformBuffer(
     gpu,
     `${label}.merge.params`,
-    [heads, headDim, splits, b.minChunkKeys ?? 1],
-    'uuuu',
+    [heads, headDim, splits, b.minChunkKeys ?? 1, rotation?.firstMatrix ?? 0, rotation?.headsPerMatrix ?? 1, 0, 0],
+    'uuuuuuuu',
   );
+  const mergeBuffers = [partials, b.output, pool.step, mergeParams, ...(rotation ? [rotation.matrices] : [])];
   return [
     kvPoolDispatch(
       gpu,
@@ -220,7 +242,7 @@ export function prepareAttention(
     {
       label: `${label}.merge`,
       pipeline: mergePipeline,
-      bindGroup: bindBuffers(gpu, `${label}.merge`, mergePipeline, [partials, b.output, pool.step, mergeParams]),
+      bindGroup: bindBuffers(gpu, `${label}.merge`, mergePipeline, mergeBuffers),
       workgroups: [heads, maxTokens, 1],
       owned: [mergeParams],
     },

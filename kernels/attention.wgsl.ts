@@ -366,15 +366,49 @@ export const ATTENTION_MAX_SPLITS = 256;
  * The split weights are computed once, in parallel, into shared memory. The weighted sum is cut four ways over the
  * splits (invocation (quarter, dim)), each quarter with eight partial sums so eight loads are in flight, and the
  * quarters are added through shared memory: one head's merge was ~20 µs of serial load latency on an H200.
+ *
+ * With `rotateOutput`, the merged row is multiplied by Rᵀ of its head's matrix before it is stored (the rotated
+ * cache's un-rotation, kernels/rotate.wgsl.ts's product, one dispatch a layer fewer): out_j = Σ_i row_i · R[j][i],
+ * R = rotation[(firstMatrix + h / headsPerMatrix) · d² ..] row-major, cut in quarters over i as in the rotate kernel.
  */
-export const attentionMergeWgsl = /* wgsl */ `
-struct Params { heads: u32, headDim: u32, splits: u32, minChunk: u32 }
+export function attentionMergeSource(rotateOutput: boolean): string {
+  const store = rotateOutput
+    ? `for (var d = lid; d < params.headDim; d += WG) {
+    lane[d] = ((quarter[d] + quarter[128u + d]) + (quarter[256u + d] + quarter[384u + d])) / total;
+  }
+  workgroupBarrier();
+  let hd = params.headDim;
+  let matrix = (params.firstMatrix + h / params.headsPerMatrix) * hd * hd;
+  let part = lid % QUARTERS;
+  let first = part * (hd / QUARTERS);
+  let last = first + hd / QUARTERS;
+  for (var j = lid / QUARTERS; j < hd; j += WG / QUARTERS) {
+    var acc = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+    let at = matrix + j * hd;
+    for (var i = first; i < last; i += 8u) {
+      for (var u = 0u; u < 8u; u++) {
+        if (i + u < last) { acc[u] += lane[i + u] * rotation[at + i + u]; }
+      }
+    }
+    quarter[part * 128u + j] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  }
+  workgroupBarrier();
+  for (var d = lid; d < hd; d += WG) {
+    out[(t * params.heads + h) * hd + d] = (quarter[d] + quarter[128u + d]) + (quarter[256u + d] + quarter[384u + d]);
+  }`
+    : `for (var d = lid; d < params.headDim; d += WG) {
+    out[(t * params.heads + h) * params.headDim + d] =
+      ((quarter[d] + quarter[128u + d]) + (quarter[256u + d] + quarter[384u + d])) / total;
+  }`;
+  return /* wgsl */ `
+struct Params { heads: u32, headDim: u32, splits: u32, minChunk: u32, firstMatrix: u32, headsPerMatrix: u32, _p0: u32, _p1: u32 }
 struct KvStep { position: u32, tokens: u32, tableOffset: u32, length: u32 }
 
 @group(0) @binding(0) var<storage, read> partials: array<f32>;
 @group(0) @binding(1) var<storage, read_write> out: array<f32>;
 @group(0) @binding(2) var<uniform> step: KvStep;
 @group(0) @binding(3) var<uniform> params: Params;
+${rotateOutput ? '@group(0) @binding(4) var<storage, read> rotation: array<f32>;' : ''}
 
 ${SPLIT_CHUNK_WGSL}
 const WG: u32 = 256u;
@@ -422,9 +456,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     quarter[q * 128u + d] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
   }
   workgroupBarrier();
-  for (var d = lid; d < params.headDim; d += WG) {
-    out[(t * params.heads + h) * params.headDim + d] =
-      ((quarter[d] + quarter[128u + d]) + (quarter[256u + d] + quarter[384u + d])) / total;
-  }
+  ${store}
 }
 `;
+}
+
+export const attentionMergeWgsl = attentionMergeSource(false);

@@ -1,4 +1,4 @@
-import { attentionPartialsBytes, prepareAttention } from '../../kernels/attention.ts';
+import { attentionPartialsBytes, type OutputRotation, prepareAttention } from '../../kernels/attention.ts';
 import type { PreparedDispatch } from '../../kernels/dispatch.ts';
 import { prepareKvAppend } from '../../kernels/kv-append.ts';
 import { prepareKvDemote } from '../../kernels/kv-demote.ts';
@@ -51,11 +51,16 @@ export class PagedKvAttention {
     this.options = options;
   }
 
+  /**
+   * With `outputRotation`, the merge pass also un-rotates the output where the graph has one (`outputRotated` says
+   * whether it did; if not, the caller dispatches the un-rotation itself).
+   */
   prepareLayer(
     layer: number,
     buffers: { q: GPUBuffer; k: GPUBuffer; v: GPUBuffer; output: GPUBuffer },
     maxTokens: number,
-  ): { append: PreparedDispatch[]; attention: PreparedDispatch[] } {
+    outputRotation?: OutputRotation,
+  ): { append: PreparedDispatch[]; attention: PreparedDispatch[]; outputRotated: boolean } {
     const { gpu, pool, options } = this;
     const label = `kv.layer${layer}.t${maxTokens}`;
     const append = prepareKvAppend(gpu, `${label}.append`, {
@@ -94,11 +99,13 @@ export class PagedKvAttention {
       splits,
       minChunkKeys: decode ? DECODE_MIN_CHUNK_KEYS : PREFILL_MIN_CHUNK_KEYS,
       partials,
+      outputRotation: splits > 1 ? outputRotation : undefined,
     });
     if (ownPartials) attention[0]!.owned.push(ownPartials);
     return {
       append: pool.quant ? [prepareKvDemote(gpu, `${label}.demote`, { pool, layer, maxTokens }), append] : [append],
       attention,
+      outputRotated: outputRotation !== undefined && splits > 1,
     };
   }
 }

@@ -6,7 +6,7 @@ import { readFloat32 } from '../gpu/readback.ts';
 import { PagedKvAttention } from './paged-attention.ts';
 import { KvPagePool } from './pool.ts';
 import { RotatedKvAttention } from './rotated-attention.ts';
-import { covarianceRotation, hadamardMatrix, multiply, rotationSet, transpose } from './rotation.ts';
+import { covarianceRotation, multiply, rotationSet, transpose } from './rotation.ts';
 
 const ctx = withTestGpu();
 
@@ -16,14 +16,17 @@ describe('RotatedKvAttention', () => {
     const before = gpu.allocator.snapshot().totalBuffers;
     const [layers, heads, kvHeads, headDim, maxTokens] = [2, 8, 2, 64, 5];
     const random = seededRandom(42);
-    // Layer 0: Hadamard; layer 1: a calibrated rotation per KV head.
+    // Layer 0: Hadamard; layer 1: a calibrated rotation per KV head, for K and for V (not symmetric, unlike the
+    // Hadamard matrix: an un-rotation by R instead of Rᵀ, or by another head's matrix, cannot pass).
     const keyRotations = rotationSet('hadamard', layers, kvHeads, headDim);
     const valueRotations = rotationSet('hadamard', layers, kvHeads, headDim);
-    for (let h = 0; h < kvHeads; h++) {
+    const calibrated = () => {
       const a = Float64Array.from(randomFloats(random, headDim * headDim, 1));
-      const sigma = multiply(transpose(a, headDim), a, headDim);
-      keyRotations.set(covarianceRotation(sigma, headDim), (kvHeads + h) * headDim * headDim);
-      valueRotations.set(hadamardMatrix(headDim), (kvHeads + h) * headDim * headDim);
+      return covarianceRotation(multiply(transpose(a, headDim), a, headDim), headDim);
+    };
+    for (let h = 0; h < kvHeads; h++) {
+      keyRotations.set(calibrated(), (kvHeads + h) * headDim * headDim);
+      valueRotations.set(calibrated(), (kvHeads + h) * headDim * headDim);
     }
     const rotations = {
       key: gpu.allocator.createStorage('rk', 'kv', keyRotations),

@@ -2,6 +2,7 @@ import type { PreparedDispatch } from '../../kernels/dispatch.ts';
 import { prepareRotate, type RotatePart } from '../../kernels/rotate.ts';
 import type { GpuContext } from '../gpu/device.ts';
 import type { KvAttentionBackend } from '../model/transformer.ts';
+import type { PagedKvAttention } from './paged-attention.ts';
 
 export interface KvRotations {
   /** f32 [layers × kvHeads × headDim × headDim]: applied to q and k after RoPE (q·k unchanged). */
@@ -11,14 +12,15 @@ export interface KvRotations {
 }
 
 /**
- * Wraps a KV backend so everything the cache stores is rotated: k·R_K and v·R_V go in, q·R_K reads them, and the
- * attention output is rotated back by R_Vᵀ (orthogonal R: exact up to rounding). Applied at run time for every
- * weight format (no folding into W_v/W_o), at the cost of two small dispatches of per-head matrix products per layer.
+ * Wraps the paged attention so everything the cache stores is rotated: k·R_K and v·R_V go in, q·R_K reads them, and
+ * the attention output is rotated back by R_Vᵀ (orthogonal R: exact up to rounding). Applied at run time for every
+ * weight format (no folding into W_v/W_o): one small dispatch of per-head matrix products per layer for q, k and v,
+ * and the un-rotation inside the attention's merge pass (a dispatch of its own only for a graph without one).
  */
 export class RotatedKvAttention implements KvAttentionBackend {
   constructor(
     private readonly gpu: GpuContext,
-    private readonly inner: KvAttentionBackend,
+    private readonly inner: PagedKvAttention,
     private readonly rotations: KvRotations,
     private readonly shape: { heads: number; kvHeads: number; headDim: number },
     /** A uniform whose second word is this step's token count (the pool's KvStep). */
@@ -38,8 +40,12 @@ export class RotatedKvAttention implements KvAttentionBackend {
     });
     const rotate = (label: string, parts: RotatePart[]): PreparedDispatch =>
       prepareRotate(this.gpu, `blk.${layer}.${label}`, { parts, step: this.step, maxTokens, headDim });
-    const inner = this.inner.prepareLayer(layer, b, maxTokens);
     const { key, value } = this.rotations;
+    const inner = this.inner.prepareLayer(layer, b, maxTokens, {
+      matrices: value,
+      firstMatrix,
+      headsPerMatrix: heads / kvHeads,
+    });
     return {
       // q is final (RoPE applied) before the cache's append runs, so it is rotated with k and v in one dispatch.
       append: [
@@ -50,7 +56,9 @@ export class RotatedKvAttention implements KvAttentionBackend {
         ]),
         ...inner.append,
       ],
-      attention: [...inner.attention, rotate('unrotate_out', [part(b.output, value, heads, true)])],
+      attention: inner.outputRotated
+        ? inner.attention
+        : [...inner.attention, rotate('unrotate_out', [part(b.output, value, heads, true)])],
     };
   }
 }
