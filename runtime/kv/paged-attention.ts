@@ -71,10 +71,19 @@ export class PagedKvAttention {
       tokens: maxTokens,
     });
     const decode = maxTokens === 1;
-    const splits = decode ? (options.decodeSplits ?? DECODE_SPLITS) : PREFILL_SPLITS;
+    // The partials (tokens × heads × splits records) must fit one storage binding: a 512-token Qwen3-4B prefill chunk
+    // with 16 splits needs 136 MB, over the 128 MiB of CPU adapters. Fewer splits then; one split needs no partials.
+    const splitBytes = attentionPartialsBytes(maxTokens, options.heads, 1, pool.headDim);
+    const splits = Math.max(
+      1,
+      Math.min(
+        decode ? (options.decodeSplits ?? DECODE_SPLITS) : PREFILL_SPLITS,
+        Math.floor(gpu.limits.maxStorageBufferBindingSize / splitBytes),
+      ),
+    );
     let partials: GPUBuffer | undefined;
     let ownPartials: GPUBuffer | undefined;
-    if (!decode) {
+    if (!decode && splits > 1) {
       // Layers are prepared in order: layer 0 starts a graph, the rest reuse its buffer, released with layer 0's dispatch.
       partials = layer === 0 ? undefined : this.sharedPartials.get(maxTokens);
       if (!partials) {
