@@ -4,7 +4,6 @@ import type { GpuContext } from '../runtime/gpu/device.ts';
 import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from './dispatch.ts';
 import {
   DEFAULT_MATMUL_VARIANT,
-  fusedMatvecWorkgroupBytes,
   MATVEC_ROWS_PER_WORKGROUP,
   type MatmulVariant,
   matmulTileShape,
@@ -134,28 +133,6 @@ export function prepareMatmul(
   });
 }
 
-/** The RMSNorm a fused matvec applies to its input first: x / sqrt(mean(x²) + eps) · weight. */
-export interface FusedNorm {
-  /** f32 [K] */
-  weight: GPUBuffer;
-  eps: number;
-}
-
-/** Options of the fused matvecs. */
-export interface FusedMatvecOptions extends Pick<MatmulOptions, 'transformSource'> {
-  /** The input is the raw residual stream: normalize it in the same dispatch (one dispatch fewer). */
-  norm?: FusedNorm;
-}
-
-/**
- * Whether a fused matvec over K inputs with `partials` vec4 reduction arrays fits the device, with the norm's copy
- * of x in workgroup memory when `norm` is set.
- */
-function fusedMatvecFits(gpu: GpuContext, K: number, partials: number, norm: FusedNorm | undefined): boolean {
-  const bytes = fusedMatvecWorkgroupBytes(partials, { normLength: norm ? K : undefined });
-  return bytes <= gpu.limits.maxComputeWorkgroupStorageSize;
-}
-
 /** One matvec of a group: a whole weight (one part), its output and optional bias. */
 export interface MatvecGroupEntry {
   weight: GpuWeight;
@@ -176,21 +153,18 @@ export function prepareMatvecGroup(
   label: string,
   input: GPUBuffer,
   entries: readonly MatvecGroupEntry[],
-  options: FusedMatvecOptions = {},
+  options: Pick<MatmulOptions, 'transformSource'> = {},
 ): PreparedDispatch | null {
   const K = entries[0].weight.rowLength;
-  const { norm } = options;
-  const storageBindings = 1 + entries.reduce((n, e) => n + (e.bias ? 3 : 2), 0) + (norm ? 1 : 0);
+  const storageBindings = 1 + entries.reduce((n, e) => n + (e.bias ? 3 : 2), 0);
   if (
     entries.some((e) => e.weight.parts.length !== 1 || e.weight.rowLength !== K) ||
-    storageBindings > gpu.limits.maxStorageBuffersPerShaderStage ||
-    !fusedMatvecFits(gpu, K, 1, norm)
+    storageBindings > gpu.limits.maxStorageBuffersPerShaderStage
   ) {
     return null;
   }
   requireBytes(label, 'input', input, K * 4);
-  if (norm) requireBytes(label, 'norm weight', norm.weight, K * 4);
-  const words = [K, norm?.eps ?? 0, 0, 0];
+  const words = [K, 0, 0, 0];
   const buffers: GPUBuffer[] = [input];
   let groups = 0;
   for (const [i, e] of entries.entries()) {
@@ -202,13 +176,9 @@ export function prepareMatvecGroup(
     buffers.push(w.parts[0].buffer, e.output);
     if (e.bias) buffers.push(e.bias);
   }
-  if (norm) buffers.push(norm.weight);
-  const code = matvecGroupWgsl(
-    entries.map((e) => ({ type: e.weight.type, hasBias: e.bias !== undefined })),
-    { normLength: norm ? K : undefined },
-  );
+  const code = matvecGroupWgsl(entries.map((e) => ({ type: e.weight.type, hasBias: e.bias !== undefined })));
   const pipeline = computePipeline(gpu, 'matvec group', options.transformSource?.(code) ?? code);
-  const params = uniformBuffer(gpu, `${label}.params`, words, `uf${'u'.repeat(words.length - 2)}`);
+  const params = uniformBuffer(gpu, `${label}.params`, words, 'u'.repeat(words.length));
   return {
     label,
     pipeline,
@@ -236,24 +206,16 @@ export function prepareMatvecSwiglu(
   gpu: GpuContext,
   label: string,
   b: MatvecSwigluBinding,
-  options: FusedMatvecOptions = {},
+  options: Pick<MatmulOptions, 'transformSource'> = {},
 ): PreparedDispatch | null {
   const { gate, up } = b;
-  const { norm } = options;
-  if (
-    gate.parts.length !== 1 ||
-    up.parts.length !== 1 ||
-    gate.rows !== up.rows ||
-    gate.rowLength !== up.rowLength ||
-    !fusedMatvecFits(gpu, gate.rowLength, 2, norm)
-  ) {
+  if (gate.parts.length !== 1 || up.parts.length !== 1 || gate.rows !== up.rows || gate.rowLength !== up.rowLength) {
     return null;
   }
   const K = gate.rowLength;
   requireBytes(label, 'input', b.input, K * 4);
   requireBytes(label, 'output', b.output, gate.rows * 4);
-  if (norm) requireBytes(label, 'norm weight', norm.weight, K * 4);
-  const code = matvecSwigluWgsl(gate.type, up.type, { normLength: norm ? K : undefined });
+  const code = matvecSwigluWgsl(gate.type, up.type);
   const pipeline = computePipeline(gpu, 'matvec swiglu', options.transformSource?.(code) ?? code);
   const params = uniformBuffer(
     gpu,
@@ -265,22 +227,15 @@ export function prepareMatvecSwiglu(
       matvecUnitsPerRow(gate.type, K),
       packedRowWords(up.type, K),
       matvecUnitsPerRow(up.type, K),
-      norm?.eps ?? 0,
+      0,
       0,
     ],
-    'uuuuuufu',
+    'uuuuuuuu',
   );
   return {
     label,
     pipeline,
-    bindGroup: bindBuffers(gpu, label, pipeline, [
-      b.input,
-      params,
-      gate.parts[0].buffer,
-      up.parts[0].buffer,
-      b.output,
-      ...(norm ? [norm.weight] : []),
-    ]),
+    bindGroup: bindBuffers(gpu, label, pipeline, [b.input, params, gate.parts[0].buffer, up.parts[0].buffer, b.output]),
     workgroups: [...foldWorkgroups(gpu, Math.ceil(gate.rows / MATVEC_ROWS_PER_WORKGROUP)), 1] as const,
     owned: [params],
   };

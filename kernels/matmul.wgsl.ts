@@ -361,61 +361,13 @@ export interface MatvecGroupMember {
   hasBias: boolean;
 }
 
-/** Options of the fused matvec kernels. */
-export interface FusedMatvecOptions {
-  /**
-   * Fold the RMSNorm that precedes the matvecs into them: x is the raw residual stream of this length (K), each
-   * workgroup computes x / sqrt(mean(x²) + eps) · normWeight into workgroup memory and the dot products read it there.
-   * Saves the norm's dispatch (two a layer); costs every workgroup one pass over x, which is in cache.
-   */
-  normLength?: number;
-  threadsPerWorkgroup?: number;
-}
-
-/**
- * The norm prologue of a fused matvec (see FusedMatvecOptions.normLength), or nothing: after it, `xs` holds the
- * input the dot products read.
- */
-function normPrologueWgsl(normLength: number | undefined): string {
-  if (normLength === undefined) return '';
-  return `var ss = 0.0;
-  for (var i = li; i < NORM_K; i += TPR) { let v = x[i]; ss += v * v; }
-  normPartial[li] = ss;
-  workgroupBarrier();
-  for (var s = TPR / 2u; s > 0u; s >>= 1u) {
-    if (li < s) { normPartial[li] += normPartial[li + s]; }
-    workgroupBarrier();
-  }
-  let scale = inverseSqrt(normPartial[0] / f32(NORM_K) + params.eps);
-  for (var i = li; i < NORM_K; i += TPR) { xs[i] = x[i] * scale * normWeight[i]; }
-  workgroupBarrier();`;
-}
-
-/** Declarations for the norm prologue, and the rename that makes the dot products read the normalized copy. */
-function normDeclarations(normLength: number | undefined, binding: number) {
-  if (normLength === undefined) return { decls: '', readsX: (code: string) => code };
-  return {
-    decls: `@group(0) @binding(${binding}) var<storage, read> normWeight: array<f32>;
-const NORM_K: u32 = ${normLength}u;
-var<workgroup> xs: array<f32, NORM_K>;
-var<workgroup> normPartial: array<f32, TPR>;`,
-    readsX: (code: string) => code.replace(/\bx\[/g, 'xs['),
-  };
-}
-
-/** Workgroup memory of a fused matvec: its vec4 partial arrays plus the norm's copy of x and its partial sums. */
-export function fusedMatvecWorkgroupBytes(partials: number, options: FusedMatvecOptions = {}): number {
-  const tpr = options.threadsPerWorkgroup ?? 128;
-  return partials * tpr * 16 + (options.normLength === undefined ? 0 : (options.normLength + tpr) * 4);
-}
-
 /**
  * Several matvecs over the same x in one dispatch (q, k and v of a decode step): weight i (whole, one part) owns
  * workgroups firstGroup_i .. firstGroup_{i+1} - 1, 4 rows each, and writes its own output y_i, exactly as
- * `matvecWgsl` would (same loop, same reduction: the same floats, when the norm is not fused). Bindings: x, params,
- * then per weight w_i, y_i and, if it has one, bias_i; then the norm weight when the norm is fused.
+ * `matvecWgsl` would (same loop, same reduction: the same floats). Bindings: x, params, then per weight w_i, y_i
+ * and, if it has one, bias_i.
  */
-export function matvecGroupWgsl(members: readonly MatvecGroupMember[], options: FusedMatvecOptions = {}): string {
+export function matvecGroupWgsl(members: readonly MatvecGroupMember[], threadsPerWorkgroup = 128): string {
   let binding = 2;
   const decls: string[] = [];
   for (const [i, m] of members.entries()) {
@@ -423,26 +375,23 @@ export function matvecGroupWgsl(members: readonly MatvecGroupMember[], options: 
     decls.push(`@group(0) @binding(${binding++}) var<storage, read_write> y${i}: array<f32>;`);
     if (m.hasBias) decls.push(`@group(0) @binding(${binding++}) var<storage, read> bias${i}: array<f32>;`);
   }
-  const norm = normDeclarations(options.normLength, binding);
   const section = (i: number) => `params.members[${i}]`;
   const branches = (body: (i: number) => string) =>
     members.map((_, i) => `${i === 0 ? '' : ' else '}if (member == ${i}u) ${body(i)}`).join('');
   return `struct Member { rows: u32, rowWords: u32, unitsPerRow: u32, firstGroup: u32 }
-struct Params { K: u32, eps: f32, _p1: u32, _p2: u32, members: array<Member, ${members.length}> }
+struct Params { K: u32, _p0: u32, _p1: u32, _p2: u32, members: array<Member, ${members.length}> }
 @group(0) @binding(0) var<storage, read> x: array<f32>;
 @group(0) @binding(1) var<uniform> params: Params;
 ${decls.join('\n')}
-const TPR: u32 = ${options.threadsPerWorkgroup ?? 128}u;
+${common}${xv}
+${members.map((m, i) => dotForWeight(m.type, i)).join('\n')}
+const TPR: u32 = ${threadsPerWorkgroup}u;
 const ROWS: u32 = ${MATVEC_ROWS_PER_WORKGROUP}u;
 var<workgroup> partial: array<vec4<f32>, TPR>;
-${norm.decls}
-${common}${norm.readsX(xv)}
-${members.map((m, i) => norm.readsX(dotForWeight(m.type, i))).join('\n')}
 
 @compute @workgroup_size(TPR)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
-  ${normPrologueWgsl(options.normLength)}
   let g = wg.x + wg.y * nwg.x;
   var member = 0u;
   for (var i = 1u; i < ${members.length}u; i++) {
@@ -462,30 +411,27 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 
 /**
  * The feed-forward's gate and up matvecs and SwiGLU in one dispatch (tokens = 1): a workgroup computes the same 4
- * rows of both weights (matvecRowsWgsl, so the same floats as two matvec dispatches when the norm is not fused) and
- * writes silu(gate)·up. Bindings: x, params, gate weight, up weight, output, then the norm weight when fused.
+ * rows of both weights (matvecRowsWgsl, so the same floats as two matvec dispatches) and writes silu(gate)·up.
+ * Bindings: x, params, gate weight, up weight, output.
  */
-export function matvecSwigluWgsl(gateType: GgmlType, upType: GgmlType, options: FusedMatvecOptions = {}): string {
-  const norm = normDeclarations(options.normLength, 5);
-  return `struct Params { K: u32, rows: u32, gateRowWords: u32, gateUnits: u32, upRowWords: u32, upUnits: u32, eps: f32, _p1: u32 }
+export function matvecSwigluWgsl(gateType: GgmlType, upType: GgmlType, threadsPerWorkgroup = 128): string {
+  return `struct Params { K: u32, rows: u32, gateRowWords: u32, gateUnits: u32, upRowWords: u32, upUnits: u32, _p0: u32, _p1: u32 }
 @group(0) @binding(0) var<storage, read> x: array<f32>;
 @group(0) @binding(1) var<uniform> params: Params;
 @group(0) @binding(2) var<storage, read> w0: array<u32>;
 @group(0) @binding(3) var<storage, read> w1: array<u32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
-const TPR: u32 = ${options.threadsPerWorkgroup ?? 128}u;
+${common}${xv}
+${dotForWeight(gateType, 0)}
+${dotForWeight(upType, 1)}
+const TPR: u32 = ${threadsPerWorkgroup}u;
 const ROWS: u32 = ${MATVEC_ROWS_PER_WORKGROUP}u;
 var<workgroup> gatePartial: array<vec4<f32>, TPR>;
 var<workgroup> upPartial: array<vec4<f32>, TPR>;
-${norm.decls}
-${common}${norm.readsX(xv)}
-${norm.readsX(dotForWeight(gateType, 0))}
-${norm.readsX(dotForWeight(upType, 1))}
 
 @compute @workgroup_size(TPR)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
-  ${normPrologueWgsl(options.normLength)}
   let row0 = (wg.x + wg.y * nwg.x) * ROWS;
   var acc0 = vec4<f32>(0.0);
   var acc1 = vec4<f32>(0.0);

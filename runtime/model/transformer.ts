@@ -55,7 +55,7 @@ export type LogitsMode = 'none' | 'last' | 'all';
 /**
  * The transformer forward pass, as one list of prepared dispatches per token count. It reads like the math:
  * x = embed(tokens); per layer x += o(attn(rope(q), rope(k), v)); x += down(silu(gate)·up); logits = out(norm(x)).
- * Decode steps (one token) fuse what shares an input: norm/q/k/v in one dispatch, norm/gate/up/SwiGLU in one.
+ * Decode steps (one token) fuse what shares an input: q/k/v in one dispatch, gate/up/SwiGLU in one.
  */
 export class Transformer {
   readonly config: ModelConfig;
@@ -162,41 +162,30 @@ export class Transformer {
     for (let i = 0; i < c.layers; i++) {
       const l = w.layers[i];
       const p = `blk.${i}`;
-      const rmsNorm = (weight: GPUBuffer, label: string) =>
-        prepareRmsNorm(gpu, `${p}.${label}`, {
+      body.push(
+        prepareRmsNorm(gpu, `${p}.attn_norm`, {
           input: b.x,
-          weight,
+          weight: l.attnNorm,
           output: b.xNorm,
           rows: tokens,
           dim: c.dim,
           eps: c.rmsEps,
-        });
-      // A decode step is bound by dispatch gaps, not arithmetic: the attention norm, q, k and v share one dispatch
-      // where they can (or q, k and v alone, when x's normalized copy does not fit workgroup memory).
-      const qkvEntries = [
-        { weight: l.q, output: b.q, bias: l.qBias },
-        { weight: l.k, output: b.k, bias: l.kBias },
-        { weight: l.v, output: b.v, bias: l.vBias },
-      ];
-      const normedQkv =
+        }),
+      );
+      // A decode step is bound by dispatch gaps, not arithmetic: q, k and v share one dispatch where they can.
+      const qkv =
         tokens === 1 &&
-        prepareMatvecGroup(gpu, `${p}.qkv`, b.x, qkvEntries, { norm: { weight: l.attnNorm, eps: c.rmsEps } });
-      if (normedQkv) {
-        body.push(normedQkv);
+        prepareMatvecGroup(gpu, `${p}.qkv`, b.xNorm, [
+          { weight: l.q, output: b.q, bias: l.qBias },
+          { weight: l.k, output: b.k, bias: l.kBias },
+          { weight: l.v, output: b.v, bias: l.vBias },
+        ]);
+      if (qkv) {
+        body.push(qkv);
       } else {
-        body.push(rmsNorm(l.attnNorm, 'attn_norm'));
-        const qkv = tokens === 1 && prepareMatvecGroup(gpu, `${p}.qkv`, b.xNorm, qkvEntries);
-        if (qkv) {
-          body.push(qkv);
-        } else {
-          for (const [name, e] of [
-            ['q', qkvEntries[0]],
-            ['k', qkvEntries[1]],
-            ['v', qkvEntries[2]],
-          ] as const) {
-            body.push(...prepareMatmul(gpu, `${p}.${name}`, { ...e, input: b.xNorm, tokens }));
-          }
-        }
+        body.push(...prepareMatmul(gpu, `${p}.q`, { weight: l.q, input: b.xNorm, output: b.q, tokens, bias: l.qBias }));
+        body.push(...prepareMatmul(gpu, `${p}.k`, { weight: l.k, input: b.xNorm, output: b.k, tokens, bias: l.kBias }));
+        body.push(...prepareMatmul(gpu, `${p}.v`, { weight: l.v, input: b.xNorm, output: b.v, tokens, bias: l.vBias }));
       }
       if (l.qNorm && l.kNorm) {
         // Qwen3 normalizes each head's q and k in place before RoPE.
@@ -242,29 +231,27 @@ export class Transformer {
       body.push(
         ...prepareMatmul(gpu, `${p}.o`, { weight: l.o, input: b.attention, output: b.x, tokens, accumulate: true }),
       );
-      const ffn = { gate: l.gate, up: l.up, output: b.hidden };
-      const normedGateUp =
+      body.push(
+        prepareRmsNorm(gpu, `${p}.ffn_norm`, {
+          input: b.x,
+          weight: l.ffnNorm,
+          output: b.xNorm,
+          rows: tokens,
+          dim: c.dim,
+          eps: c.rmsEps,
+        }),
+      );
+      const gateUp =
         tokens === 1 &&
-        prepareMatvecSwiglu(
-          gpu,
-          `${p}.gate_up`,
-          { ...ffn, input: b.x },
-          { norm: { weight: l.ffnNorm, eps: c.rmsEps } },
-        );
-      if (normedGateUp) {
-        body.push(normedGateUp);
+        prepareMatvecSwiglu(gpu, `${p}.gate_up`, { gate: l.gate, up: l.up, input: b.xNorm, output: b.hidden });
+      if (gateUp) {
+        body.push(gateUp);
       } else {
-        body.push(rmsNorm(l.ffnNorm, 'ffn_norm'));
-        const gateUp = tokens === 1 && prepareMatvecSwiglu(gpu, `${p}.gate_up`, { ...ffn, input: b.xNorm });
-        if (gateUp) {
-          body.push(gateUp);
-        } else {
-          body.push(...prepareMatmul(gpu, `${p}.gate`, { weight: l.gate, input: b.xNorm, output: b.gate, tokens }));
-          body.push(...prepareMatmul(gpu, `${p}.up`, { weight: l.up, input: b.xNorm, output: b.up, tokens }));
-          body.push(
-            prepareSwiglu(gpu, `${p}.swiglu`, { gate: b.gate, up: b.up, output: b.hidden, count: tokens * c.ffnDim }),
-          );
-        }
+        body.push(...prepareMatmul(gpu, `${p}.gate`, { weight: l.gate, input: b.xNorm, output: b.gate, tokens }));
+        body.push(...prepareMatmul(gpu, `${p}.up`, { weight: l.up, input: b.xNorm, output: b.up, tokens }));
+        body.push(
+          prepareSwiglu(gpu, `${p}.swiglu`, { gate: b.gate, up: b.up, output: b.hidden, count: tokens * c.ffnDim }),
+        );
       }
       body.push(
         ...prepareMatmul(gpu, `${p}.down`, { weight: l.down, input: b.hidden, output: b.x, tokens, accumulate: true }),
