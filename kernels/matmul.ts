@@ -10,6 +10,7 @@ import {
   matmulWgsl,
   matvecGroupWgsl,
   matvecSwigluWgsl,
+  matvecThreads,
   matvecUnitsPerBlock,
   matvecWgsl,
 } from './matmul.wgsl.ts';
@@ -95,7 +96,7 @@ export function prepareMatmul(
   const tile = matmulTileShape(variant);
   const accumulate = b.accumulate ?? false;
   const code = matvec
-    ? matvecWgsl(weight.type, hasBias, accumulate)
+    ? matvecWgsl(weight.type, hasBias, accumulate, matvecThreads(matvecUnitsPerRow(weight.type, K)))
     : matmulWgsl(weight.type, hasBias, variant, accumulate);
   const pipeline = computePipeline(
     gpu,
@@ -145,7 +146,7 @@ export interface MatvecGroupEntry {
 /**
  * Several matvecs over one input x (tokens = 1) as one dispatch, e.g. a decode step's q, k and v: two dependent
  * dispatches fewer per layer, each ~3.5 us of launch gap on the H200. The same floats as one prepareMatmul per
- * weight. Null when it cannot be one dispatch (a weight split into parts, row lengths that differ, more storage
+ * weight where the thread counts agree (matvecGroupWgsl). Null when it cannot be one dispatch (a weight split into parts, row lengths that differ, more storage
  * bindings than the device allows): the caller then prepares them one by one.
  */
 export function prepareMatvecGroup(
@@ -176,7 +177,11 @@ export function prepareMatvecGroup(
     buffers.push(w.parts[0].buffer, e.output);
     if (e.bias) buffers.push(e.bias);
   }
-  const code = matvecGroupWgsl(entries.map((e) => ({ type: e.weight.type, hasBias: e.bias !== undefined })));
+  const fewestUnits = Math.min(...entries.map((e) => matvecUnitsPerRow(e.weight.type, K)));
+  const code = matvecGroupWgsl(
+    entries.map((e) => ({ type: e.weight.type, hasBias: e.bias !== undefined })),
+    matvecThreads(fewestUnits),
+  );
   const pipeline = computePipeline(gpu, 'matvec group', options.transformSource?.(code) ?? code);
   const params = uniformBuffer(gpu, `${label}.params`, words, 'u'.repeat(words.length));
   return {
@@ -199,7 +204,7 @@ export interface MatvecSwigluBinding {
 
 /**
  * The feed-forward's gate and up matvecs and SwiGLU as one dispatch (tokens = 1): two dependent dispatches fewer per
- * layer, the same floats as gate, up and swiglu dispatched apart. Null when it cannot be one dispatch (a weight
+ * layer, the same floats as gate, up and swiglu dispatched apart where the thread counts agree. Null when it cannot be one dispatch (a weight
  * split into parts, shapes that differ).
  */
 export function prepareMatvecSwiglu(
@@ -215,7 +220,8 @@ export function prepareMatvecSwiglu(
   const K = gate.rowLength;
   requireBytes(label, 'input', b.input, K * 4);
   requireBytes(label, 'output', b.output, gate.rows * 4);
-  const code = matvecSwigluWgsl(gate.type, up.type);
+  const fewestUnits = Math.min(matvecUnitsPerRow(gate.type, K), matvecUnitsPerRow(up.type, K));
+  const code = matvecSwigluWgsl(gate.type, up.type, matvecThreads(fewestUnits));
   const pipeline = computePipeline(gpu, 'matvec swiglu', options.transformSource?.(code) ?? code);
   const params = uniformBuffer(
     gpu,

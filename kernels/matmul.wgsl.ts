@@ -41,10 +41,35 @@ fn scale_min_k4(base: u32, j: u32) -> vec2<f32> {
 }
 `;
 
-const xv = /* wgsl */ `
+/**
+ * The matvec input x at `binding` and `xv(i)`, its elements i..i+3. Quantized types' dot products read x only
+ * through xv at multiples of 4 (their blocks are multiples of 32), so x is bound as vec4s: one load instead of four.
+ * Dense types read single elements of rows of any length, so x stays scalar for them.
+ */
+function matvecInputWgsl(binding: number, vec4: boolean): string {
+  return vec4
+    ? `@group(0) @binding(${binding}) var<storage, read> x: array<vec4<f32>>;
+fn xv(i: u32) -> vec4<f32> { return x[i >> 2u]; }
+fn hsum(v: vec4<f32>) -> f32 { return v.x + v.y + v.z + v.w; }
+`
+    : `@group(0) @binding(${binding}) var<storage, read> x: array<f32>;
 fn xv(i: u32) -> vec4<f32> { return vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]); }
 fn hsum(v: vec4<f32>) -> f32 { return v.x + v.y + v.z + v.w; }
 `;
+}
+
+/** Whether a matvec over these weight types reads x as vec4s (all quantized: see matvecInputWgsl). */
+export function matvecReadsVec4(types: readonly GgmlType[]): boolean {
+  return types.every((t) => typeWgsl(t).units > 0);
+}
+
+/**
+ * Threads per matvec workgroup for rows of `unitsPerRow` units: 128 (measured best on the H200 for long rows), fewer
+ * when a row has fewer units (a power of two, at least 32) so no thread idles through the loop.
+ */
+export function matvecThreads(unitsPerRow: number): number {
+  return Math.min(128, Math.max(32, 2 ** Math.floor(Math.log2(Math.max(1, unitsPerRow)))));
+}
 
 interface TypeWgsl {
   /** Units per block for matvec (dense types: 0, one unit per word). */
@@ -174,7 +199,7 @@ const TYPE_WGSL: Partial<Record<GgmlType, TypeWgsl>> = {
   },
   // Q4_K: 64-element chunk c uses qs[32c..32c+31]: low nibbles are sub-block 2c, high nibbles sub-block 2c+1.
   [GgmlType.Q4_K]: {
-    units: 32,
+    units: 8,
     dq4: `fn dq4(base: u32, k: u32) -> vec4<f32> {
   let wb = base + (k / 256u) * 36u;
   let e = k % 256u; let c = e / 64u; let r = e % 64u; let hi = r / 32u;
@@ -183,15 +208,22 @@ const TYPE_WGSL: Partial<Record<GgmlType, TypeWgsl>> = {
   let sm = scale_min_k4(wb, 2u * c + hi);
   return dm.x * sm.x * bytes4(q) - dm.y * sm.y;
 }`,
+    // A unit is 4 words of qs (16 bytes): 16 low-nibble elements of sub-block 2c and 16 high-nibble ones of 2c+1,
+    // so the block's scales are read once per 32 elements (once per 8 with one-word units: the H200 matvec was
+    // bound by load instructions, not bytes).
     dot: `fn unit_dot(base: u32, u: u32, xb: u32) -> f32 {
-  let b = u / 32u; let j = u % 32u; let c = j / 8u;
-  let wb = base + b * 36u; let xk = xb + b * 256u + 64u * c + 4u * (j % 8u);
-  let q = w[wb + 4u + j];
+  let b = u / 8u; let j = u % 8u; let c = j / 2u;
+  let wb = base + b * 36u; let qw = wb + 4u + 4u * j; let xk = xb + b * 256u + 64u * c + 16u * (j % 2u);
+  let q0 = w[qw]; let q1 = w[qw + 1u]; let q2 = w[qw + 2u]; let q3 = w[qw + 3u];
   let dm = unpack2x16float(w[wb]);
   let s1 = scale_min_k4(wb, 2u * c); let s2 = scale_min_k4(wb, 2u * c + 1u);
-  let xa = xv(xk); let xc = xv(xk + 32u);
-  return dm.x * (s1.x * dot(bytes4(q & 0x0f0f0f0fu), xa) + s2.x * dot(bytes4((q >> 4u) & 0x0f0f0f0fu), xc))
-       - dm.y * (s1.y * hsum(xa) + s2.y * hsum(xc));
+  let l0 = xv(xk); let l1 = xv(xk + 4u); let l2 = xv(xk + 8u); let l3 = xv(xk + 12u);
+  let h0 = xv(xk + 32u); let h1 = xv(xk + 36u); let h2 = xv(xk + 40u); let h3 = xv(xk + 44u);
+  let m = 0x0f0f0f0fu;
+  let lo = dot(bytes4(q0 & m), l0) + dot(bytes4(q1 & m), l1) + dot(bytes4(q2 & m), l2) + dot(bytes4(q3 & m), l3);
+  let hi = dot(bytes4((q0 >> 4u) & m), h0) + dot(bytes4((q1 >> 4u) & m), h1) + dot(bytes4((q2 >> 4u) & m), h2)
+         + dot(bytes4((q3 >> 4u) & m), h3);
+  return dm.x * (s1.x * lo + s2.x * hi) - dm.y * (s1.y * hsum(l0 + l1 + l2 + l3) + s2.y * hsum(h0 + h1 + h2 + h3));
 }`,
   },
   // Q5_K: as Q4_K, plus the fifth bit of element l of chunk c in bit 2c (low nibble) or 2c+1 (high) of qh[l].
@@ -334,7 +366,12 @@ function dotForWeight(type: GgmlType, i: number): string {
  */
 export function matvecWgsl(type: GgmlType, hasBias: boolean, accumulate = false, threadsPerWorkgroup = 128): string {
   const t = typeWgsl(type);
-  return `${paramsStruct}${hasBias ? biasBinding : ''}${common}${weightHelpers}${xv}${t.dq4}
+  return `struct Params { K: u32, rows: u32, tokens: u32, rowWords: u32, unitsPerRow: u32, firstRow: u32, outStride: u32, _pad: u32 }
+@group(0) @binding(0) var<storage, read> w: array<u32>;
+${matvecInputWgsl(1, matvecReadsVec4([type]))}
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@group(0) @binding(3) var<uniform> params: Params;
+${hasBias ? biasBinding : ''}${common}${weightHelpers}
 ${t.dot}
 const TPR: u32 = ${threadsPerWorkgroup}u;
 const ROWS: u32 = ${MATVEC_ROWS_PER_WORKGROUP}u;
@@ -363,9 +400,9 @@ export interface MatvecGroupMember {
 
 /**
  * Several matvecs over the same x in one dispatch (q, k and v of a decode step): weight i (whole, one part) owns
- * workgroups firstGroup_i .. firstGroup_{i+1} - 1, 4 rows each, and writes its own output y_i, exactly as
- * `matvecWgsl` would (same loop, same reduction: the same floats). Bindings: x, params, then per weight w_i, y_i
- * and, if it has one, bias_i.
+ * workgroups firstGroup_i .. firstGroup_{i+1} - 1, 4 rows each, and writes its own output y_i as `matvecWgsl`
+ * would (same loop and reduction: the same floats where its matvec would use as many threads per workgroup).
+ * Bindings: x, params, then per weight w_i, y_i and, if it has one, bias_i.
  */
 export function matvecGroupWgsl(members: readonly MatvecGroupMember[], threadsPerWorkgroup = 128): string {
   let binding = 2;
@@ -380,10 +417,10 @@ export function matvecGroupWgsl(members: readonly MatvecGroupMember[], threadsPe
     members.map((_, i) => `${i === 0 ? '' : ' else '}if (member == ${i}u) ${body(i)}`).join('');
   return `struct Member { rows: u32, rowWords: u32, unitsPerRow: u32, firstGroup: u32 }
 struct Params { K: u32, _p0: u32, _p1: u32, _p2: u32, members: array<Member, ${members.length}> }
-@group(0) @binding(0) var<storage, read> x: array<f32>;
+${matvecInputWgsl(0, matvecReadsVec4(members.map((m) => m.type)))}
 @group(0) @binding(1) var<uniform> params: Params;
 ${decls.join('\n')}
-${common}${xv}
+${common}
 ${members.map((m, i) => dotForWeight(m.type, i)).join('\n')}
 const TPR: u32 = ${threadsPerWorkgroup}u;
 const ROWS: u32 = ${MATVEC_ROWS_PER_WORKGROUP}u;
@@ -411,17 +448,18 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 
 /**
  * The feed-forward's gate and up matvecs and SwiGLU in one dispatch (tokens = 1): a workgroup computes the same 4
- * rows of both weights (matvecRowsWgsl, so the same floats as two matvec dispatches) and writes silu(gate)·up.
+ * rows of both weights (matvecRowsWgsl, so the same floats as two matvec dispatches with as many threads) and
+ * writes silu(gate)·up.
  * Bindings: x, params, gate weight, up weight, output.
  */
 export function matvecSwigluWgsl(gateType: GgmlType, upType: GgmlType, threadsPerWorkgroup = 128): string {
   return `struct Params { K: u32, rows: u32, gateRowWords: u32, gateUnits: u32, upRowWords: u32, upUnits: u32, _p0: u32, _p1: u32 }
-@group(0) @binding(0) var<storage, read> x: array<f32>;
+${matvecInputWgsl(0, matvecReadsVec4([gateType, upType]))}
 @group(0) @binding(1) var<uniform> params: Params;
 @group(0) @binding(2) var<storage, read> w0: array<u32>;
 @group(0) @binding(3) var<storage, read> w1: array<u32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
-${common}${xv}
+${common}
 ${dotForWeight(gateType, 0)}
 ${dotForWeight(upType, 1)}
 const TPR: u32 = ${threadsPerWorkgroup}u;

@@ -5,7 +5,8 @@ import { withTestGpu } from '../test/gpu.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
 import { type PreparedDispatch, releaseDispatches, submitDispatches } from './dispatch.ts';
 import { prepareSwiglu } from './elementwise.ts';
-import { prepareMatmul, prepareMatvecGroup, prepareMatvecSwiglu } from './matmul.ts';
+import { matvecUnitsPerRow, prepareMatmul, prepareMatvecGroup, prepareMatvecSwiglu } from './matmul.ts';
+import { matvecThreads } from './matmul.wgsl.ts';
 import { dequantize, randomWeightBytes } from './reference/dequantize.ts';
 import { swigluReference } from './reference/elementwise.ts';
 import { matmulReference, maxErrorRelativeToMagnitude } from './reference/matmul.ts';
@@ -85,10 +86,14 @@ describe('matvec group (q, k, v in one dispatch)', () => {
     return { fused, separate, ratios };
   }
 
-  it('matches the CPU reference for every member, and equals one matvec dispatch per weight exactly', async () => {
+  it('matches the CPU reference for every member, and equals one matvec dispatch per weight exactly where the thread counts agree', async () => {
     const { fused, separate, ratios } = await runGroup();
     for (const r of ratios) expect(r).toBeLessThanOrEqual(1);
-    expect(fused).toEqual(separate);
+    // The group runs every member with the thread count of its shortest rows (Q4_K: 24 units, 32 threads); a member
+    // whose own matvec uses as many threads (Q6_K: 48 units) reduces in the same order, F16 (384 units, 128) does not.
+    const threads = MEMBERS.map((m) => matvecThreads(matvecUnitsPerRow(m.type, K)));
+    expect(threads).toEqual([32, 32, 128]);
+    for (const [i, t] of threads.entries()) if (t === Math.min(...threads)) expect(fused[i]).toEqual(separate[i]);
   });
 
   it('catches a broken kernel (every workgroup reads the first member)', async () => {
