@@ -2,7 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { GgmlType } from '../runtime/gguf/types.ts';
 import type { GpuContext } from '../runtime/gpu/device.ts';
 import { readFloat32 } from '../runtime/gpu/readback.ts';
-import { withTestGpu } from '../test/gpu.ts';
+import { withLimits, withTestGpu } from '../test/gpu.ts';
 import { randomFloats, seededRandom } from '../test/random.ts';
 import { releaseDispatches, submitDispatches } from './dispatch.ts';
 import { defaultMatmulVariant, prepareMatmul } from './matmul.ts';
@@ -25,7 +25,7 @@ const ctx = withTestGpu();
  */
 const RTOL = 1e-4;
 
-// K per type: not a multiple of the 64 matvec threads per row nor of the 32-wide tile where the block allows it.
+// K per type: not a multiple of the matvec threads (32-128) nor of the 32-wide tile where the block allows it.
 const TYPES: [string, GgmlType, number][] = [
   ['F32', GgmlType.F32, 291],
   ['F16', GgmlType.F16, 291],
@@ -151,14 +151,15 @@ describe.each(SHORT_ROWS)('matmul over short %s rows', (name, type, K) => {
   });
 });
 
-// Rows long enough that each matvec thread walks several units (more than 128 units, not a multiple of 128).
+// Rows long enough that matvec threads walk several units (more units than threads, not a multiple of them; Q4_K at
+// 4352: 136 units on 128 threads).
 const LONG_ROWS: [string, GgmlType, number][] = [
   ['Q8_0', GgmlType.Q8_0, 1184],
   ['Q4_0', GgmlType.Q4_0, 1184],
   ['Q4_1', GgmlType.Q4_1, 1184],
   ['Q5_0', GgmlType.Q5_0, 1184],
   ['Q5_1', GgmlType.Q5_1, 1184],
-  ['Q4_K', GgmlType.Q4_K, 1280],
+  ['Q4_K', GgmlType.Q4_K, 4352],
   ['Q5_K', GgmlType.Q5_K, 1280],
   ['Q6_K', GgmlType.Q6_K, 2304],
   ['F16', GgmlType.F16, 1031],
@@ -210,9 +211,7 @@ describe('matmul dispatch shape', () => {
   // rows -> 4 x 3, one spare; matmul: 2 row tiles -> 2 x 1); the results must not change.
   it.each([1, 33])('folds row groups past the per-dimension limit (tokens=%i)', async (tokens) => {
     const { gpu } = ctx;
-    const limited = Object.assign(Object.create(gpu) as GpuContext, {
-      limits: { ...gpu.limits, maxComputeWorkgroupsPerDimension: 3 },
-    });
+    const limited = withLimits(gpu, { maxComputeWorkgroupsPerDimension: 3 });
     const ratio = await runMatmul(limited, GgmlType.Q8_0, 288, { tokens, rows: 37, bias: true });
     expect(ratio).toBeLessThanOrEqual(1);
   });
@@ -222,9 +221,7 @@ describe('matmul dispatch shape', () => {
     'folds row tiles past the per-dimension limit with a spare workgroup (%s)',
     async (variant) => {
       const { gpu } = ctx;
-      const limited = Object.assign(Object.create(gpu) as GpuContext, {
-        limits: { ...gpu.limits, maxComputeWorkgroupsPerDimension: 3 },
-      });
+      const limited = withLimits(gpu, { maxComputeWorkgroupsPerDimension: 3 });
       const rows = 4 * matmulTileShape(variant).rows + 5;
       const ratio = await runMatmul(limited, GgmlType.Q8_0, 288, { tokens: 33, rows, bias: true, variant });
       expect(ratio).toBeLessThanOrEqual(1);

@@ -1,9 +1,10 @@
 import { InvalidRequestError } from '../runtime/errors.ts';
-import { GgmlType } from '../runtime/gguf/types.ts';
+import type { GgmlType } from '../runtime/gguf/types.ts';
 import type { GpuContext } from '../runtime/gpu/device.ts';
 import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from './dispatch.ts';
 import {
   DEFAULT_MATMUL_VARIANT,
+  isDenseMatvecType,
   MATVEC_ROWS_PER_WORKGROUP,
   type MatmulVariant,
   matmulTileShape,
@@ -56,10 +57,13 @@ export function requireBytes(label: string, role: string, buffer: GPUBuffer, byt
 
 /** Matvec units in one row: words for dense types, blocks x units-per-block for quantized ones. */
 export function matvecUnitsPerRow(type: GgmlType, rowLength: number): number {
-  if (type === GgmlType.F32 || type === GgmlType.F16 || type === GgmlType.BF16) {
-    return packedRowWords(type, rowLength);
-  }
+  if (isDenseMatvecType(type)) return packedRowWords(type, rowLength);
   return (rowLength / weightLayout(type).blockSize) * matvecUnitsPerBlock(type);
+}
+
+/** Threads of the matvec workgroup for a weight of this type and row length (matvecThreads). */
+export function matvecThreadsFor(type: GgmlType, rowLength: number): number {
+  return matvecThreads(matvecUnitsPerRow(type, rowLength));
 }
 
 /**
@@ -96,7 +100,7 @@ export function prepareMatmul(
   const tile = matmulTileShape(variant);
   const accumulate = b.accumulate ?? false;
   const code = matvec
-    ? matvecWgsl(weight.type, hasBias, accumulate, matvecThreads(matvecUnitsPerRow(weight.type, K)))
+    ? matvecWgsl(weight.type, hasBias, accumulate, matvecThreadsFor(weight.type, K))
     : matmulWgsl(weight.type, hasBias, variant, accumulate);
   const pipeline = computePipeline(
     gpu,
@@ -146,7 +150,7 @@ export interface MatvecGroupEntry {
 /**
  * Several matvecs over one input x (tokens = 1) as one dispatch, e.g. a decode step's q, k and v: two dependent
  * dispatches fewer per layer, each ~3.5 us of launch gap on the H200. The same floats as one prepareMatmul per
- * weight where the thread counts agree (matvecGroupWgsl). Null when it cannot be one dispatch (a weight split into parts, row lengths that differ, more storage
+ * weight. Null when it cannot be one dispatch (a weight split into parts, row lengths that differ, more storage
  * bindings than the device allows): the caller then prepares them one by one.
  */
 export function prepareMatvecGroup(
@@ -156,6 +160,7 @@ export function prepareMatvecGroup(
   entries: readonly MatvecGroupEntry[],
   options: Pick<MatmulOptions, 'transformSource'> = {},
 ): PreparedDispatch | null {
+  if (entries.length === 0) throw new InvalidRequestError(`Matvec group '${label}' has no weights.`);
   const K = entries[0].weight.rowLength;
   const storageBindings = 1 + entries.reduce((n, e) => n + (e.bias ? 3 : 2), 0);
   if (
@@ -177,10 +182,12 @@ export function prepareMatvecGroup(
     buffers.push(w.parts[0].buffer, e.output);
     if (e.bias) buffers.push(e.bias);
   }
-  const fewestUnits = Math.min(...entries.map((e) => matvecUnitsPerRow(e.weight.type, K)));
   const code = matvecGroupWgsl(
-    entries.map((e) => ({ type: e.weight.type, hasBias: e.bias !== undefined })),
-    matvecThreads(fewestUnits),
+    entries.map((e) => ({
+      type: e.weight.type,
+      hasBias: e.bias !== undefined,
+      threads: matvecThreadsFor(e.weight.type, K),
+    })),
   );
   const pipeline = computePipeline(gpu, 'matvec group', options.transformSource?.(code) ?? code);
   const params = uniformBuffer(gpu, `${label}.params`, words, 'u'.repeat(words.length));
@@ -204,7 +211,7 @@ export interface MatvecSwigluBinding {
 
 /**
  * The feed-forward's gate and up matvecs and SwiGLU as one dispatch (tokens = 1): two dependent dispatches fewer per
- * layer, the same floats as gate, up and swiglu dispatched apart where the thread counts agree. Null when it cannot be one dispatch (a weight
+ * layer, the same floats as gate, up and swiglu dispatched apart. Null when it cannot be one dispatch (a weight
  * split into parts, shapes that differ).
  */
 export function prepareMatvecSwiglu(
@@ -220,8 +227,10 @@ export function prepareMatvecSwiglu(
   const K = gate.rowLength;
   requireBytes(label, 'input', b.input, K * 4);
   requireBytes(label, 'output', b.output, gate.rows * 4);
-  const fewestUnits = Math.min(matvecUnitsPerRow(gate.type, K), matvecUnitsPerRow(up.type, K));
-  const code = matvecSwigluWgsl(gate.type, up.type, matvecThreads(fewestUnits));
+  const code = matvecSwigluWgsl(
+    { type: gate.type, threads: matvecThreadsFor(gate.type, K) },
+    { type: up.type, threads: matvecThreadsFor(up.type, K) },
+  );
   const pipeline = computePipeline(gpu, 'matvec swiglu', options.transformSource?.(code) ?? code);
   const params = uniformBuffer(
     gpu,

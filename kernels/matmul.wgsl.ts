@@ -1,12 +1,14 @@
 /**
- * WGSL for weight matrices in the packed layout of kernels/weights.ts (read as `array<u32>` named `w`).
+ * WGSL for weight matrices in the packed layout of kernels/weights.ts (read as `array<u32>` named `w`; kernels over
+ * several weights rename it `w0`, `w1`, ... with `dotForWeight`).
  *
  * Every type provides two functions:
  * - `dq4(base, k) -> vec4<f32>`: elements k..k+3 (k a multiple of 4) of the row whose first word is `base`.
  *   Dense types may read past the row end when K % 4 != 0; callers mask those lanes.
- * - `unit_dot(base, u, xb) -> f32`: the dot product of matvec unit `u` of the row with x (x[xb] is element 0).
- *   A unit is the span of weight words one thread reads once (a word of quants plus the block's scales).
- *   Units per block: `MATVEC_UNITS_PER_BLOCK`; dense types use one unit per word.
+ * - `unit_dot(base, u, xb) -> f32`: the dot product of matvec unit `u` of the row with x, element 0 of the row at x
+ *   index xb. A unit is the span of weight words one thread reads at once (quants plus the block's scales; Q4_K's
+ *   is 4 words of quants). Units per block: `matvecUnitsPerBlock`; dense types use one unit per word and may index x
+ *   directly, quantized types read x only through `xv(i)` with i a multiple of 4 (see matvecInputWgsl).
  */
 import { UnsupportedModelError } from '../runtime/errors.ts';
 import { GGML_TYPE_INFO, GgmlType } from '../runtime/gguf/types.ts';
@@ -27,7 +29,7 @@ fn bits4(v: u32) -> vec4<f32> {
 }
 `;
 
-/** The helpers that read the weight words `w` (renamed per weight by `forWeight` in multi-weight kernels). */
+/** The helpers that read the weight words `w` (renamed per weight by `dotForWeight` in multi-weight kernels). */
 const weightHelpers = /* wgsl */ `
 // The 6-bit scale and min of sub-block j of a Q4_K/Q5_K block (12 bytes at words base+1..base+3).
 fn kbyte(base: u32, i: u32) -> u32 { return (w[base + 1u + i / 4u] >> (8u * (i % 4u))) & 255u; }
@@ -47,25 +49,29 @@ fn scale_min_k4(base: u32, j: u32) -> vec2<f32> {
  * Dense types read single elements of rows of any length, so x stays scalar for them.
  */
 function matvecInputWgsl(binding: number, vec4: boolean): string {
-  return vec4
+  const input = vec4
     ? `@group(0) @binding(${binding}) var<storage, read> x: array<vec4<f32>>;
-fn xv(i: u32) -> vec4<f32> { return x[i >> 2u]; }
-fn hsum(v: vec4<f32>) -> f32 { return v.x + v.y + v.z + v.w; }
-`
+fn xv(i: u32) -> vec4<f32> { return x[i >> 2u]; }`
     : `@group(0) @binding(${binding}) var<storage, read> x: array<f32>;
-fn xv(i: u32) -> vec4<f32> { return vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]); }
+fn xv(i: u32) -> vec4<f32> { return vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]); }`;
+  return `${input}
 fn hsum(v: vec4<f32>) -> f32 { return v.x + v.y + v.z + v.w; }
 `;
 }
 
+/** Dense weight types (F32, F16, BF16): matvec units are single words, and x is read element by element. */
+export function isDenseMatvecType(type: GgmlType): boolean {
+  return typeWgsl(type).units === 0;
+}
+
 /** Whether a matvec over these weight types reads x as vec4s (all quantized: see matvecInputWgsl). */
 export function matvecReadsVec4(types: readonly GgmlType[]): boolean {
-  return types.every((t) => typeWgsl(t).units > 0);
+  return !types.some(isDenseMatvecType);
 }
 
 /**
  * Threads per matvec workgroup for rows of `unitsPerRow` units: 128 (measured best on the H200 for long rows), fewer
- * when a row has fewer units (a power of two, at least 32) so no thread idles through the loop.
+ * when a row has fewer units (a power of two, at least 32), so few threads idle through the loop.
  */
 export function matvecThreads(unitsPerRow: number): number {
   return Math.min(128, Math.max(32, 2 ** Math.floor(Math.log2(Math.max(1, unitsPerRow)))));
@@ -299,13 +305,19 @@ export function dequantWgsl(type: GgmlType): string {
   return common + weightHelpers + typeWgsl(type).dq4;
 }
 
-const paramsStruct = /* wgsl */ `
+/** Parameters and bindings of the single-weight kernels; `input` declares x at binding 1. */
+function paramsStructWgsl(input: string): string {
+  return `
 struct Params { K: u32, rows: u32, tokens: u32, rowWords: u32, unitsPerRow: u32, firstRow: u32, outStride: u32, _pad: u32 }
 @group(0) @binding(0) var<storage, read> w: array<u32>;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
+${input}
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> params: Params;
 `;
+}
+
+/** The tiled kernels' x: rows of K scalars. */
+const tiledParamsStruct = paramsStructWgsl('@group(0) @binding(1) var<storage, read> x: array<f32>;');
 
 const biasBinding = `@group(0) @binding(4) var<storage, read> bias: array<f32>;\n`;
 
@@ -318,11 +330,20 @@ function storeWgsl(out: string, value: string, bias: string | null, accumulate: 
 }
 
 /**
- * The loop of one matvec workgroup over the 4 rows from `row0` of one weight: thread `li` walks units li, li + TPR,
- * ... of the 4 rows at once (each weight word is read once, and the x values a unit needs are loaded once for the
- * 4 rows), adding one lane per row to the vec4 `acc`.
+ * The loop of one matvec workgroup over the 4 rows from `row0` of one weight: thread `li` walks units li,
+ * li + threads, ... of the 4 rows at once (each weight word is read once, and the x values a unit needs are loaded
+ * once for the 4 rows), adding one lane per row to the vec4 `acc`. `threads` is that weight's own thread count
+ * (matvecThreads); in a kernel with more (TPR), `forThreads` keeps the threads past it out of the loop, so the tree
+ * reduction over TPR adds exact zeros first and then the same sums in the same order as a kernel of `threads`.
  */
-function matvecRowsWgsl(dot: string, rows: string, rowWords: string, units: string, acc: string): string {
+function matvecRowsWgsl(
+  dot: string,
+  rows: string,
+  rowWords: string,
+  units: string,
+  acc: string,
+  threads: number,
+): string {
   return `{
     // Rows past the end repeat the last row (discarded when stored) so the loop has no per-row branches.
     let last = ${rows} - 1u;
@@ -330,20 +351,28 @@ function matvecRowsWgsl(dot: string, rows: string, rowWords: string, units: stri
     let b1 = min(row0 + 1u, last) * ${rowWords};
     let b2 = min(row0 + 2u, last) * ${rowWords};
     let b3 = min(row0 + 3u, last) * ${rowWords};
-    for (var u = li; u < ${units}; u += TPR) {
+    for (var u = li; u < ${units}; u += ${threads}u) {
       ${acc} += vec4<f32>(${dot}(b0, u, 0u), ${dot}(b1, u, 0u), ${dot}(b2, u, 0u), ${dot}(b3, u, 0u));
     }
   }`;
 }
 
-/** Tree reduction of the workgroup arrays `names` (vec4 per thread) into element 0 of each. */
-function reduceWgsl(names: string[]): string {
-  return `${names.map((n, i) => `${n}[li] = acc${i};`).join(' ')}
+/**
+ * Tree reduction over TPR threads of each [workgroup array, vec4 accumulator] pair into element 0 of the array.
+ * A thread past a weight's own thread count has an accumulator of zeros (forThreads).
+ */
+function reduceWgsl(pairs: [array: string, acc: string][]): string {
+  return `${pairs.map(([n, acc]) => `${n}[li] = ${acc};`).join(' ')}
   workgroupBarrier();
   for (var s = TPR / 2u; s > 0u; s >>= 1u) {
-    if (li < s) { ${names.map((n) => `${n}[li] += ${n}[li + s];`).join(' ')} }
+    if (li < s) { ${pairs.map(([n]) => `${n}[li] += ${n}[li + s];`).join(' ')} }
     workgroupBarrier();
   }`;
+}
+
+/** `body` run by the threads below `threads` only (all of them when that is the kernel's TPR). */
+function forThreads(threads: number, kernelThreads: number, body: string): string {
+  return threads === kernelThreads ? body : `{ if (li < ${threads}u) ${body} }`;
 }
 
 /**
@@ -358,22 +387,17 @@ function dotForWeight(type: GgmlType, i: number): string {
 
 /**
  * y[firstRow + r] = W[r, :] · x (+ bias) for one weight part, tokens = 1; with `accumulate`, y[...] += instead (the
- * residual add folded into the projection). A workgroup of TPR threads handles 4 rows (matvecRowsWgsl), then one tree
- * reduction of vec4 partial sums.
+ * residual add folded into the projection). A workgroup of `threads` threads (matvecThreads) handles 4 rows
+ * (matvecRowsWgsl), then one tree reduction of vec4 partial sums.
  * Measured on the H200 (4096x4096 and 4096x14336, 200 dispatches): 1.1-2.5x faster than one row per 64 threads
  * (4 rows per 256-thread workgroup, x re-read per row); 128 threads was the best or near-best of 64/128/256 for
- * every type. Still far from the 4.3 TB/s copy bandwidth for the quantized types (about 200-450 GB/s of weights).
+ * every type, with the one-word units of then (2026-11-29).
  */
-export function matvecWgsl(type: GgmlType, hasBias: boolean, accumulate = false, threadsPerWorkgroup = 128): string {
+export function matvecWgsl(type: GgmlType, hasBias: boolean, accumulate = false, threads = 128): string {
   const t = typeWgsl(type);
-  return `struct Params { K: u32, rows: u32, tokens: u32, rowWords: u32, unitsPerRow: u32, firstRow: u32, outStride: u32, _pad: u32 }
-@group(0) @binding(0) var<storage, read> w: array<u32>;
-${matvecInputWgsl(1, matvecReadsVec4([type]))}
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@group(0) @binding(3) var<uniform> params: Params;
-${hasBias ? biasBinding : ''}${common}${weightHelpers}
+  return `${paramsStructWgsl(matvecInputWgsl(1, matvecReadsVec4([type])))}${hasBias ? biasBinding : ''}${common}${weightHelpers}
 ${t.dot}
-const TPR: u32 = ${threadsPerWorkgroup}u;
+const TPR: u32 = ${threads}u;
 const ROWS: u32 = ${MATVEC_ROWS_PER_WORKGROUP}u;
 var<workgroup> partial: array<vec4<f32>, TPR>;
 
@@ -381,9 +405,9 @@ var<workgroup> partial: array<vec4<f32>, TPR>;
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
   let row0 = (wg.x + wg.y * nwg.x) * ROWS;
-  var acc0 = vec4<f32>(0.0);
-  ${matvecRowsWgsl('unit_dot', 'params.rows', 'params.rowWords', 'params.unitsPerRow', 'acc0')}
-  ${reduceWgsl(['partial'])}
+  var acc = vec4<f32>(0.0);
+  ${matvecRowsWgsl('unit_dot', 'params.rows', 'params.rowWords', 'params.unitsPerRow', 'acc', threads)}
+  ${reduceWgsl([['partial', 'acc']])}
   if (li < ROWS && row0 + li < params.rows) {
     let n = params.firstRow + row0 + li;
     ${storeWgsl('y[n]', 'partial[0][li]', hasBias ? 'bias[n]' : null, accumulate)}
@@ -392,19 +416,20 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 `;
 }
 
-/** One weight of a matvec group: its type and whether it adds a bias. */
+/** One weight of a fused matvec: its type, whether it adds a bias, and its own matvec's thread count. */
 export interface MatvecGroupMember {
   type: GgmlType;
   hasBias: boolean;
+  threads: number;
 }
 
 /**
  * Several matvecs over the same x in one dispatch (q, k and v of a decode step): weight i (whole, one part) owns
- * workgroups firstGroup_i .. firstGroup_{i+1} - 1, 4 rows each, and writes its own output y_i as `matvecWgsl`
- * would (same loop and reduction: the same floats where its matvec would use as many threads per workgroup).
- * Bindings: x, params, then per weight w_i, y_i and, if it has one, bias_i.
+ * workgroups firstGroup_i .. firstGroup_{i+1} - 1, 4 rows each, and writes its own output y_i exactly as
+ * `matvecWgsl` would with its own thread count (same loop, same reduction: the same floats; the workgroup has the
+ * largest member's count). Bindings: x, params, then per weight w_i, y_i and, if it has one, bias_i.
  */
-export function matvecGroupWgsl(members: readonly MatvecGroupMember[], threadsPerWorkgroup = 128): string {
+export function matvecGroupWgsl(members: readonly MatvecGroupMember[]): string {
   let binding = 2;
   const decls: string[] = [];
   for (const [i, m] of members.entries()) {
@@ -412,9 +437,23 @@ export function matvecGroupWgsl(members: readonly MatvecGroupMember[], threadsPe
     decls.push(`@group(0) @binding(${binding++}) var<storage, read_write> y${i}: array<f32>;`);
     if (m.hasBias) decls.push(`@group(0) @binding(${binding++}) var<storage, read> bias${i}: array<f32>;`);
   }
+  const tpr = Math.max(...members.map((m) => m.threads));
   const section = (i: number) => `params.members[${i}]`;
   const branches = (body: (i: number) => string) =>
     members.map((_, i) => `${i === 0 ? '' : ' else '}if (member == ${i}u) ${body(i)}`).join('');
+  const loop = (i: number) =>
+    forThreads(
+      members[i].threads,
+      tpr,
+      matvecRowsWgsl(
+        `unit_dot_${i}`,
+        `${section(i)}.rows`,
+        `${section(i)}.rowWords`,
+        `${section(i)}.unitsPerRow`,
+        'acc',
+        members[i].threads,
+      ),
+    );
   return `struct Member { rows: u32, rowWords: u32, unitsPerRow: u32, firstGroup: u32 }
 struct Params { K: u32, _p0: u32, _p1: u32, _p2: u32, members: array<Member, ${members.length}> }
 ${matvecInputWgsl(0, matvecReadsVec4(members.map((m) => m.type)))}
@@ -422,7 +461,7 @@ ${matvecInputWgsl(0, matvecReadsVec4(members.map((m) => m.type)))}
 ${decls.join('\n')}
 ${common}
 ${members.map((m, i) => dotForWeight(m.type, i)).join('\n')}
-const TPR: u32 = ${threadsPerWorkgroup}u;
+const TPR: u32 = ${tpr}u;
 const ROWS: u32 = ${MATVEC_ROWS_PER_WORKGROUP}u;
 var<workgroup> partial: array<vec4<f32>, TPR>;
 
@@ -435,9 +474,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     if (g >= params.members[i].firstGroup) { member = i; }
   }
   let row0 = (g - params.members[member].firstGroup) * ROWS;
-  var acc0 = vec4<f32>(0.0);
-  ${branches((i) => matvecRowsWgsl(`unit_dot_${i}`, `${section(i)}.rows`, `${section(i)}.rowWords`, `${section(i)}.unitsPerRow`, 'acc0'))}
-  ${reduceWgsl(['partial'])}
+  var acc = vec4<f32>(0.0);
+  ${branches(loop)}
+  ${reduceWgsl([['partial', 'acc']])}
   let r = row0 + li;
   if (li < ROWS && r < params.members[member].rows) {
     ${branches((i) => `{ ${storeWgsl(`y${i}[r]`, 'partial[0][li]', members[i].hasBias ? `bias${i}[r]` : null, false)} }`)}
@@ -448,21 +487,24 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 
 /**
  * The feed-forward's gate and up matvecs and SwiGLU in one dispatch (tokens = 1): a workgroup computes the same 4
- * rows of both weights (matvecRowsWgsl, so the same floats as two matvec dispatches with as many threads) and
- * writes silu(gate)·up.
- * Bindings: x, params, gate weight, up weight, output.
+ * rows of both weights (matvecRowsWgsl with each weight's own thread count, so the same floats as two matvec
+ * dispatches) and writes silu(gate)·up. Bindings: x, params, gate weight, up weight, output.
  */
-export function matvecSwigluWgsl(gateType: GgmlType, upType: GgmlType, threadsPerWorkgroup = 128): string {
+export function matvecSwigluWgsl(
+  gate: Omit<MatvecGroupMember, 'hasBias'>,
+  up: Omit<MatvecGroupMember, 'hasBias'>,
+): string {
+  const tpr = Math.max(gate.threads, up.threads);
   return `struct Params { K: u32, rows: u32, gateRowWords: u32, gateUnits: u32, upRowWords: u32, upUnits: u32, _p0: u32, _p1: u32 }
-${matvecInputWgsl(0, matvecReadsVec4([gateType, upType]))}
+${matvecInputWgsl(0, matvecReadsVec4([gate.type, up.type]))}
 @group(0) @binding(1) var<uniform> params: Params;
 @group(0) @binding(2) var<storage, read> w0: array<u32>;
 @group(0) @binding(3) var<storage, read> w1: array<u32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 ${common}
-${dotForWeight(gateType, 0)}
-${dotForWeight(upType, 1)}
-const TPR: u32 = ${threadsPerWorkgroup}u;
+${dotForWeight(gate.type, 0)}
+${dotForWeight(up.type, 1)}
+const TPR: u32 = ${tpr}u;
 const ROWS: u32 = ${MATVEC_ROWS_PER_WORKGROUP}u;
 var<workgroup> gatePartial: array<vec4<f32>, TPR>;
 var<workgroup> upPartial: array<vec4<f32>, TPR>;
@@ -471,11 +513,14 @@ var<workgroup> upPartial: array<vec4<f32>, TPR>;
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
   let row0 = (wg.x + wg.y * nwg.x) * ROWS;
-  var acc0 = vec4<f32>(0.0);
-  var acc1 = vec4<f32>(0.0);
-  ${matvecRowsWgsl('unit_dot_0', 'params.rows', 'params.gateRowWords', 'params.gateUnits', 'acc0')}
-  ${matvecRowsWgsl('unit_dot_1', 'params.rows', 'params.upRowWords', 'params.upUnits', 'acc1')}
-  ${reduceWgsl(['gatePartial', 'upPartial'])}
+  var gateAcc = vec4<f32>(0.0);
+  var upAcc = vec4<f32>(0.0);
+  ${forThreads(gate.threads, tpr, matvecRowsWgsl('unit_dot_0', 'params.rows', 'params.gateRowWords', 'params.gateUnits', 'gateAcc', gate.threads))}
+  ${forThreads(up.threads, tpr, matvecRowsWgsl('unit_dot_1', 'params.rows', 'params.upRowWords', 'params.upUnits', 'upAcc', up.threads))}
+  ${reduceWgsl([
+    ['gatePartial', 'gateAcc'],
+    ['upPartial', 'upAcc'],
+  ])}
   if (li < ROWS && row0 + li < params.rows) {
     let g = gatePartial[0][li];
     y[row0 + li] = g / (1.0 + exp(-g)) * upPartial[0][li];
@@ -551,7 +596,7 @@ export function matmulWgsl(
  * dequantizes a 32x32 weight tile (4 elements per thread, via dq4) and loads a 32x32 x tile into workgroup memory.
  */
 function matmul32Wgsl(type: GgmlType, hasBias: boolean, accumulate: boolean): string {
-  return `${paramsStruct}${hasBias ? biasBinding : ''}${common}${weightHelpers}${typeWgsl(type).dq4}
+  return `${tiledParamsStruct}${hasBias ? biasBinding : ''}${common}${weightHelpers}${typeWgsl(type).dq4}
 const TN: u32 = 32u;
 const TT: u32 = 32u;
 const TK: u32 = 32u;
@@ -702,7 +747,7 @@ export function registerTiledMatmulWgsl(
     .flatMap((i) => range(RT).map((j) => `  put(t0 + ty${plus(j * TY)}, n0 + tx${plus(i * TX)}, ${acc(i, j)});`))
     .join('\n');
 
-  return `${paramsStruct}${hasBias ? biasBinding : ''}${common}${weightHelpers}${typeWgsl(type).dq4}
+  return `${tiledParamsStruct}${hasBias ? biasBinding : ''}${common}${weightHelpers}${typeWgsl(type).dq4}
 const TN: u32 = ${TN}u; // weight rows per tile (${RN} per thread)
 const TT: u32 = ${TT}u; // tokens per tile (${RT} per thread)
 const TK: u32 = ${TK}u; // k per step

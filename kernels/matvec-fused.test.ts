@@ -1,12 +1,11 @@
 import { describe, expect, it } from 'vitest';
 import { GgmlType } from '../runtime/gguf/types.ts';
 import { readFloat32 } from '../runtime/gpu/readback.ts';
-import { withTestGpu } from '../test/gpu.ts';
+import { withLimits, withTestGpu } from '../test/gpu.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
 import { type PreparedDispatch, releaseDispatches, submitDispatches } from './dispatch.ts';
 import { prepareSwiglu } from './elementwise.ts';
-import { matvecUnitsPerRow, prepareMatmul, prepareMatvecGroup, prepareMatvecSwiglu } from './matmul.ts';
-import { matvecThreads } from './matmul.wgsl.ts';
+import { matvecThreadsFor, prepareMatmul, prepareMatvecGroup, prepareMatvecSwiglu } from './matmul.ts';
 import { dequantize, randomWeightBytes } from './reference/dequantize.ts';
 import { swigluReference } from './reference/elementwise.ts';
 import { matmulReference, maxErrorRelativeToMagnitude } from './reference/matmul.ts';
@@ -29,22 +28,30 @@ async function run(dispatches: PreparedDispatch[], outputs: GPUBuffer[], lengths
   return out;
 }
 
-// q, k, v of a decode step: different types and row counts (none a multiple of the 4 rows per workgroup), biases on
-// two of them (Qwen2 has all three; the binding count decides what fits).
-const MEMBERS: { type: GgmlType; rows: number; bias: boolean }[] = [
+type Member = { type: GgmlType; rows: number; bias: boolean };
+
+// q, k, v of a decode step: different types and row counts (none a multiple of the 4 rows per workgroup), a bias on
+// one (8 storage bindings, WebGPU's minimum). With a dense member x is read as scalars; MIXED's members also differ
+// in their own thread counts (Q4_K: 24 units, 32 threads; Q6_K: 48, 32; F16: 384, 128).
+const MIXED: Member[] = [
   { type: GgmlType.Q4_K, rows: 37, bias: true },
   { type: GgmlType.Q6_K, rows: 21, bias: false },
-  { type: GgmlType.F16, rows: 9, bias: true },
+  { type: GgmlType.F16, rows: 9, bias: false },
+];
+// All quantized, as in a Q4_K_M model: x is read as vec4s.
+const QUANTIZED: Member[] = [
+  { type: GgmlType.Q4_K, rows: 37, bias: true },
+  { type: GgmlType.Q4_K, rows: 21, bias: false },
+  { type: GgmlType.Q6_K, rows: 9, bias: false },
 ];
 const K = 768;
 
 describe('matvec group (q, k, v in one dispatch)', () => {
-  async function runGroup(transform?: (code: string) => string) {
-    const { gpu } = ctx;
+  async function runGroup(spec: Member[], transform?: (code: string) => string, gpu = ctx.gpu) {
     const random = seededRandom(11);
     const x = randomFloats(random, K, 1);
     const input = gpu.allocator.createStorage('x', 'scratch', x);
-    const members = MEMBERS.map((m, i) => ({
+    const members = spec.map((m, i) => ({
       ...makeWeight(m.type, K, m.rows, 100 + i),
       bias: m.bias ? randomFloats(random, m.rows, 0.5) : undefined,
       rows: m.rows,
@@ -86,18 +93,32 @@ describe('matvec group (q, k, v in one dispatch)', () => {
     return { fused, separate, ratios };
   }
 
-  it('matches the CPU reference for every member, and equals one matvec dispatch per weight exactly where the thread counts agree', async () => {
-    const { fused, separate, ratios } = await runGroup();
+  it.each([
+    ['quantized members (x as vec4s)', QUANTIZED],
+    ['a dense member (x as scalars) and different thread counts', MIXED],
+  ] as const)(
+    '%s: matches the CPU reference for every member and equals one matvec dispatch per weight exactly',
+    async (_, spec) => {
+      const { fused, separate, ratios } = await runGroup(spec);
+      for (const r of ratios) expect(r).toBeLessThanOrEqual(1);
+      expect(fused).toEqual(separate);
+    },
+  );
+
+  it('members run with their own thread counts', () => {
+    expect(MIXED.map((m) => matvecThreadsFor(m.type, K))).toEqual([32, 32, 128]);
+  });
+
+  // 19 row groups of 4 rows (10 + 6 + 3) fold into 3 x 7 = 21 workgroups: the 2 spare ones resolve to the last
+  // member, past its rows, and must not write.
+  it('folds its row groups past the per-dimension limit', async () => {
+    const limited = withLimits(ctx.gpu, { maxComputeWorkgroupsPerDimension: 3 });
+    const { ratios } = await runGroup(QUANTIZED, undefined, limited);
     for (const r of ratios) expect(r).toBeLessThanOrEqual(1);
-    // The group runs every member with the thread count of its shortest rows (Q4_K: 24 units, 32 threads); a member
-    // whose own matvec uses as many threads (Q6_K: 48 units) reduces in the same order, F16 (384 units, 128) does not.
-    const threads = MEMBERS.map((m) => matvecThreads(matvecUnitsPerRow(m.type, K)));
-    expect(threads).toEqual([32, 32, 128]);
-    for (const [i, t] of threads.entries()) if (t === Math.min(...threads)) expect(fused[i]).toEqual(separate[i]);
   });
 
   it('catches a broken kernel (every workgroup reads the first member)', async () => {
-    const { ratios } = await runGroup((code) => {
+    const { ratios } = await runGroup(MIXED, (code) => {
       const broken = code.replace('member = i;', 'member = 0u;');
       expect(broken).not.toBe(code);
       return broken;
@@ -105,28 +126,41 @@ describe('matvec group (q, k, v in one dispatch)', () => {
     expect(Math.max(...ratios)).toBeGreaterThan(1);
   });
 
-  it('declines weights split into parts (the caller then dispatches them one by one)', () => {
+  it('declines what one dispatch cannot do (the caller then dispatches the weights one by one)', () => {
     const { gpu } = ctx;
     const split = makeWeight(GgmlType.Q8_0, 64, 8, 3, 4);
     const whole = makeWeight(GgmlType.Q8_0, 64, 8, 4);
-    const input = gpu.allocator.createStorage('x', 'scratch', 64 * 4);
+    const longer = makeWeight(GgmlType.Q8_0, 96, 8, 5);
+    const input = gpu.allocator.createStorage('x', 'scratch', 96 * 4);
     const output = gpu.allocator.createStorage('y', 'scratch', 8 * 4);
-    expect(
-      prepareMatvecGroup(gpu, 'g', input, [
-        { weight: whole.weight, output },
-        { weight: split.weight, output },
-      ]),
-    ).toBeNull();
+    const group = (g: typeof gpu, weights: (typeof whole)[]) =>
+      prepareMatvecGroup(
+        g,
+        'g',
+        input,
+        weights.map((w) => ({ weight: w.weight, output })),
+      );
+    // A weight split into parts; rows of different lengths; more storage bindings than the device has (1 + 2 + 2).
+    expect(group(gpu, [whole, split])).toBeNull();
+    expect(group(gpu, [whole, longer])).toBeNull();
+    expect(group(withLimits(gpu, { maxStorageBuffersPerShaderStage: 4 }), [whole, whole])).toBeNull();
     expect(prepareMatvecSwiglu(gpu, 's', { gate: split.weight, up: whole.weight, input, output })).toBeNull();
-    for (const w of [split.weight, whole.weight]) releaseWeight(gpu, w);
+    expect(prepareMatvecSwiglu(gpu, 's', { gate: longer.weight, up: whole.weight, input, output })).toBeNull();
+    expect(() => prepareMatvecGroup(gpu, 'g', input, [])).toThrow(/no weights/);
+    for (const w of [split, whole, longer]) releaseWeight(gpu, w.weight);
     gpu.allocator.release(input);
     gpu.allocator.release(output);
   });
 });
 
 describe('matvec SwiGLU (gate, up and silu(gate)·up in one dispatch)', () => {
-  async function runSwiglu(gateType: GgmlType, upType: GgmlType, rows: number, transform?: (code: string) => string) {
-    const { gpu } = ctx;
+  async function runSwiglu(
+    gateType: GgmlType,
+    upType: GgmlType,
+    rows: number,
+    transform?: (code: string) => string,
+    gpu = ctx.gpu,
+  ) {
     const random = seededRandom(rows * 13 + gateType);
     const x = randomFloats(random, K, 1);
     const gate = makeWeight(gateType, K, rows, 200);
@@ -166,6 +200,8 @@ describe('matvec SwiGLU (gate, up and silu(gate)·up in one dispatch)', () => {
     [GgmlType.Q4_K, GgmlType.Q4_K, 37],
     [GgmlType.Q4_K, GgmlType.Q6_K, 22],
     [GgmlType.Q8_0, GgmlType.F16, 9],
+    // Gate on 32 threads (24 units), up on 128 (384 words): the workgroup has 128.
+    [GgmlType.Q4_K, GgmlType.F16, 13],
   ])(
     'gate type %i, up type %i, %i rows: matches the CPU reference and the three dispatches exactly',
     async (gt, ut, rows) => {
@@ -175,6 +211,13 @@ describe('matvec SwiGLU (gate, up and silu(gate)·up in one dispatch)', () => {
       expect(fused).toEqual(separate);
     },
   );
+
+  // 37 rows: 10 row groups fold into 3 x 4 = 12 workgroups, 2 spare.
+  it('folds its row groups past the per-dimension limit', async () => {
+    const limited = withLimits(ctx.gpu, { maxComputeWorkgroupsPerDimension: 3 });
+    const { fused, expected } = await runSwiglu(GgmlType.Q4_K, GgmlType.Q6_K, 37, undefined, limited);
+    expect(maxToleranceRatio(fused, expected, 1e-4, 1e-4)).toBeLessThanOrEqual(1);
+  });
 
   it('catches a broken kernel (up read with the gate row stride)', async () => {
     const { fused, expected } = await runSwiglu(GgmlType.Q4_K, GgmlType.Q6_K, 22, (code) => {

@@ -7,7 +7,7 @@ import { UnsupportedModelError } from '../runtime/errors.ts';
 import { type ByteSource, GGML_TYPE_INFO, GgmlType, type GgufTensorInfo } from '../runtime/gguf/types.ts';
 import type { GpuContext } from '../runtime/gpu/device.ts';
 import { readUint32 } from '../runtime/gpu/readback.ts';
-import { withTestGpu } from '../test/gpu.ts';
+import { withLimits, withTestGpu } from '../test/gpu.ts';
 import { maxToleranceRatio, seededRandom } from '../test/random.ts';
 import { dequantize, f16ToF32, f32ToF16Bits, randomWeightBytes } from './reference/dequantize.ts';
 import {
@@ -219,9 +219,7 @@ describe('uploadWeight', () => {
   it('splits by the storage binding limit when no row cap is given', () => {
     const { gpu } = ctx;
     const rowBytes = packedRowWords(GgmlType.Q8_0, 64) * 4; // 72 bytes
-    const limited = Object.assign(Object.create(gpu) as GpuContext, {
-      limits: { ...gpu.limits, maxStorageBufferBindingSize: rowBytes * 5 + 10 },
-    });
+    const limited = withLimits(gpu, { maxStorageBufferBindingSize: rowBytes * 5 + 10 });
     const raw = randomWeightBytes(GgmlType.Q8_0, 64 * 12, seededRandom(9));
     const weight = uploadWeightFromBytes(limited, 'w', GgmlType.Q8_0, [64, 12], raw);
     expect(weight.parts.map((p) => p.rowCount)).toEqual([5, 5, 2]);

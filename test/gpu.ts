@@ -3,7 +3,7 @@
  * it happened in.
  */
 import { afterAll, afterEach, beforeAll, expect } from 'vitest';
-import { acquireGpu, type GpuContext } from '../runtime/gpu/device.ts';
+import { acquireGpu, type GpuContext, type GpuLimits } from '../runtime/gpu/device.ts';
 import { nodeGpu } from '../runtime/gpu/node.ts';
 
 export function withTestGpu(): { readonly gpu: GpuContext } {
@@ -22,4 +22,9 @@ export function withTestGpu(): { readonly gpu: GpuContext } {
     holder.gpu?.destroy();
   });
   return holder;
+}
+
+/** The same device, reporting tighter limits: how tests reach the paths a smaller adapter takes. */
+export function withLimits(gpu: GpuContext, limits: Partial<GpuLimits>): GpuContext {
+  return Object.assign(Object.create(gpu) as GpuContext, { limits: { ...gpu.limits, ...limits } });
 }
