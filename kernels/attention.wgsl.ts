@@ -1,4 +1,5 @@
 import { kvTileLoaderWgsl } from './kv-append.wgsl.ts';
+import { quarteredProductWgsl } from './rotate.wgsl.ts';
 
 /** Query rows (token, head) one workgroup serves. */
 export const ATTENTION_MAX_ROWS = 16;
@@ -377,24 +378,18 @@ export function attentionMergeSource(rotateOutput: boolean): string {
     lane[d] = ((quarter[d] + quarter[128u + d]) + (quarter[256u + d] + quarter[384u + d])) / total;
   }
   workgroupBarrier();
-  let hd = params.headDim;
-  let matrix = (params.firstMatrix + h / params.headsPerMatrix) * hd * hd;
-  let part = lid % QUARTERS;
-  let first = part * (hd / QUARTERS);
-  let last = first + hd / QUARTERS;
-  for (var j = lid / QUARTERS; j < hd; j += WG / QUARTERS) {
-    var acc = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
-    let at = matrix + j * hd;
-    for (var i = first; i < last; i += 8u) {
-      for (var u = 0u; u < 8u; u++) {
-        if (i + u < last) { acc[u] += lane[i + u] * rotation[at + i + u]; }
-      }
-    }
-    quarter[part * 128u + j] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  }
+  let d = params.headDim;
+  let matrix = (params.firstMatrix + h / params.headsPerMatrix) * d * d;
+  ${quarteredProductWgsl({
+    row: 'lane',
+    matrix: 'rotation',
+    at: 'matrix + j * d',
+    stride: '1u',
+    store: (j, part, sum) => `quarter[${part} * 128u + ${j}] = ${sum};`,
+  })}
   workgroupBarrier();
-  for (var d = lid; d < hd; d += WG) {
-    out[(t * params.heads + h) * hd + d] = (quarter[d] + quarter[128u + d]) + (quarter[256u + d] + quarter[384u + d]);
+  for (var e = lid; e < d; e += WG) {
+    out[(t * params.heads + h) * d + e] = (quarter[e] + quarter[128u + e]) + (quarter[256u + e] + quarter[384u + e]);
   }`
     : `for (var d = lid; d < params.headDim; d += WG) {
     out[(t * params.heads + h) * params.headDim + d] =

@@ -3,9 +3,39 @@
  * p, x_p[t,h,:] <- x_p[t,h,:] · R_p[h / headsPerMatrix_p] (R row-major [headDim, headDim], f32; with `transpose` the
  * product is with Rᵀ, which undoes an orthogonal R). The KV cache rotates q, k and v with it before quantization (one
  * dispatch for the three: each dependent dispatch costs a few µs on a GPU), and undoes the rotation on the attention
- * output. One workgroup per (token, head of any part): the row is staged in workgroup memory so the update can be in
+ * output of graphs without a merge pass (the merge pass does it otherwise: kernels/attention.wgsl.ts). One workgroup per (token, head of any part): the row is staged in workgroup memory so the update can be in
  * place. Params.part[p] = (heads, headsPerMatrix, transpose, first matrix's word offset).
  */
+/**
+ * WGSL of out_j = Σ_i row[i] · matrix[at(j) + i · stride] for j < d, by a workgroup of WG invocations. Each output's
+ * inner product is cut in QUARTERS over i, each quarter with eight partial sums, so many matrix loads are in flight
+ * (one running sum per output made each load wait for the last: ~30 µs a layer on an H200); `store(j, piece, sum)`
+ * writes quarter `piece`'s sum, which the caller adds up after a barrier. Needs `lid`, `d`, WG and QUARTERS in scope.
+ * Shared by the rotation kernel and the attention merge pass's un-rotation.
+ */
+export function quarteredProductWgsl(o: {
+  row: string;
+  matrix: string;
+  /** Index of output j's first element, an expression in `j`. */
+  at: string;
+  stride: string;
+  store: (j: string, part: string, sum: string) => string;
+}): string {
+  return `let piece = lid % QUARTERS;
+  let first = piece * (d / QUARTERS);
+  let last = first + d / QUARTERS;
+  for (var j = lid / QUARTERS; j < d; j += WG / QUARTERS) {
+    var acc = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+    let at = ${o.at};
+    for (var i = first; i < last; i += 8u) {
+      for (var u = 0u; u < 8u; u++) {
+        if (i + u < last) { acc[u] += ${o.row}[i + u] * ${o.matrix}[at + (i + u) * ${o.stride}]; }
+      }
+    }
+    ${o.store('j', 'piece', '((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))')}
+  }`;
+}
+
 /**
  * One head's row of part p, with its tensor and matrices bound directly: the dispatch picks the part once per
  * workgroup, not once per element of the inner products.
@@ -17,25 +47,17 @@ function rowFunction(p: number): string {
   for (var i = lid; i < d; i += WG) { row[i] = x${p}[base + i]; }
   workgroupBarrier();
   let m = part.w + (head / part.y) * d * d;
-  // Element (i, j) of the product's matrix: R[i][j], or R[j][i] with transpose. Each output's inner product is cut
-  // in QUARTERS over i, each with eight partial sums, so many matrix loads are in flight (one running sum per output
-  // made each load wait for the last: ~30 µs a layer on an H200); the quarters are added through workgroup memory.
+  // Element (i, j) of the product's matrix: R[i][j], or R[j][i] with transpose.
   var stride = d;
   var step = 1u;
   if (part.z == 1u) { stride = 1u; step = d; }
-  let quarter = lid % QUARTERS;
-  let first = quarter * (d / QUARTERS);
-  let last = first + d / QUARTERS;
-  for (var j = lid / QUARTERS; j < d; j += WG / QUARTERS) {
-    var acc = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
-    let at = m + j * step;
-    for (var i = first; i < last; i += 8u) {
-      for (var u = 0u; u < 8u; u++) {
-        if (i + u < last) { acc[u] += row[i + u] * rotation${p}[at + (i + u) * stride]; }
-      }
-    }
-    partial[j * QUARTERS + quarter] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  }
+  ${quarteredProductWgsl({
+    row: 'row',
+    matrix: `rotation${p}`,
+    at: 'm + j * step',
+    stride: 'stride',
+    store: (j, q, sum) => `partial[${j} * QUARTERS + ${q}] = ${sum};`,
+  })}
   workgroupBarrier();
   for (var j = lid; j < d; j += WG) {
     x${p}[base + j] = (partial[j * QUARTERS] + partial[j * QUARTERS + 1u]) + (partial[j * QUARTERS + 2u] + partial[j * QUARTERS + 3u]);

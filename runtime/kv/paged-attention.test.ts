@@ -1,9 +1,8 @@
 import { describe, expect, it } from 'vitest';
 import { releaseDispatches, submitDispatches } from '../../kernels/dispatch.ts';
 import { attentionReference } from '../../kernels/reference/attention.ts';
-import { withTestGpu } from '../../test/gpu.ts';
+import { withLimits, withTestGpu } from '../../test/gpu.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../../test/random.ts';
-import type { GpuContext } from '../gpu/device.ts';
 import { readFloat32 } from '../gpu/readback.ts';
 import { PagedKvAttention } from './paged-attention.ts';
 import { KvPagePool } from './pool.ts';
@@ -15,24 +14,19 @@ const SPLIT_BYTES = 1920;
 
 describe('PagedKvAttention', () => {
   it.each([
-    ['all 16 prefill splits', undefined, 2],
+    ['all 16 prefill splits', undefined, 2, 16],
     // A device whose storage bindings hold only 3 splits' partials: 3 splits, still merged.
-    ['3 prefill splits (binding limit)', 3 * SPLIT_BYTES + 100, 2],
+    ['3 prefill splits (binding limit)', 3 * SPLIT_BYTES + 100, 2, 3],
     // Not even 2: one split, no partials, no merge pass.
-    ['1 prefill split (binding limit)', SPLIT_BYTES + 100, 1],
+    ['1 prefill split (binding limit)', SPLIT_BYTES + 100, 1, 1],
   ] as const)(
     'runs a prefill graph then a decode graph over the same pages (stories260K shape, %s)',
-    async (_, bindingLimit, prefillAttentionDispatches) => {
+    async (_, bindingLimit, prefillAttentionDispatches, prefillSplits) => {
       const { gpu } = ctx;
       const before = gpu.allocator.snapshot().totalBuffers;
       const [heads, kvHeads, headDim, maxTokens] = [8, 4, 8, 6];
       const pool = new KvPagePool(gpu, { layers: 5, kvHeads, headDim, budgetBytes: 1 << 20 });
-      const limited =
-        bindingLimit === undefined
-          ? gpu
-          : Object.assign(Object.create(gpu) as GpuContext, {
-              limits: { ...gpu.limits, maxStorageBufferBindingSize: bindingLimit },
-            });
+      const limited = bindingLimit === undefined ? gpu : withLimits(gpu, { maxStorageBufferBindingSize: bindingLimit });
       const backend = new PagedKvAttention(limited, pool, { heads });
       const f32 = (n: number) => gpu.allocator.createStorage('test', 'scratch', n * 4);
       const bufs = {
@@ -45,9 +39,8 @@ describe('PagedKvAttention', () => {
         const { append, attention } = backend.prepareLayer(3, bufs, t);
         if (t > 1) {
           expect(attention.length).toBe(prefillAttentionDispatches);
-          for (const buffer of attention.flatMap((d) => d.owned)) {
-            expect(buffer.size).toBeLessThanOrEqual(limited.limits.maxStorageBufferBindingSize);
-          }
+          const partials = attention.flatMap((d) => d.owned).filter((b) => b.label.endsWith('.partials'));
+          expect(partials.map((b) => b.size)).toEqual(prefillSplits === 1 ? [] : [prefillSplits * SPLIT_BYTES]);
         }
         return [...append, ...attention];
       });
