@@ -2,6 +2,7 @@ import { attentionPartialsBytes, type OutputRotation, prepareAttention } from '.
 import type { PreparedDispatch } from '../../kernels/dispatch.ts';
 import { prepareKvAppend } from '../../kernels/kv-append.ts';
 import { prepareKvDemote } from '../../kernels/kv-demote.ts';
+import { prepareRotate } from '../../kernels/rotate.ts';
 import type { GpuContext } from '../gpu/device.ts';
 import type { KvAttentionBackend } from '../model/transformer.ts';
 import type { KvPagePool } from './pool.ts';
@@ -52,15 +53,15 @@ export class PagedKvAttention {
   }
 
   /**
-   * With `outputRotation`, the merge pass also un-rotates the output where the graph has one (`outputRotated` says
-   * whether it did; if not, the caller dispatches the un-rotation itself).
+   * With `outputRotation`, the output is un-rotated too: by the merge pass, or, in a graph without one (a single
+   * split), by a rotate dispatch of its own.
    */
   prepareLayer(
     layer: number,
     buffers: { q: GPUBuffer; k: GPUBuffer; v: GPUBuffer; output: GPUBuffer },
     maxTokens: number,
     outputRotation?: OutputRotation,
-  ): { append: PreparedDispatch[]; attention: PreparedDispatch[]; outputRotated: boolean } {
+  ): { append: PreparedDispatch[]; attention: PreparedDispatch[] } {
     const { gpu, pool, options } = this;
     const label = `kv.layer${layer}.t${maxTokens}`;
     const append = prepareKvAppend(gpu, `${label}.append`, {
@@ -111,10 +112,29 @@ export class PagedKvAttention {
       outputRotation: splits > 1 ? outputRotation : undefined,
     });
     if (ownPartials) attention[0]!.owned.push(ownPartials);
+    if (outputRotation && splits === 1) {
+      const { matrices, firstMatrix, headsPerMatrix } = outputRotation;
+      attention.push(
+        prepareRotate(gpu, `${label}.unrotate_out`, {
+          parts: [
+            {
+              x: buffers.output,
+              rotation: matrices,
+              firstMatrix,
+              heads: options.heads,
+              headsPerMatrix,
+              transpose: true,
+            },
+          ],
+          step: pool.step,
+          maxTokens,
+          headDim: pool.headDim,
+        }),
+      );
+    }
     return {
       append: pool.quant ? [prepareKvDemote(gpu, `${label}.demote`, { pool, layer, maxTokens }), append] : [append],
       attention,
-      outputRotated: outputRotation !== undefined && splits > 1,
     };
   }
 }

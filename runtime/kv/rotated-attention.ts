@@ -1,4 +1,3 @@
-import type { PreparedDispatch } from '../../kernels/dispatch.ts';
 import { prepareRotate, type RotatePart } from '../../kernels/rotate.ts';
 import type { GpuContext } from '../gpu/device.ts';
 import type { KvAttentionBackend } from '../model/transformer.ts';
@@ -14,8 +13,8 @@ export interface KvRotations {
 /**
  * Wraps the paged attention so everything the cache stores is rotated: k·R_K and v·R_V go in, q·R_K reads them, and
  * the attention output is rotated back by R_Vᵀ (orthogonal R: exact up to rounding). Applied at run time for every
- * weight format (no folding into W_v/W_o): one small dispatch of per-head matrix products per layer for q, k and v,
- * and the un-rotation inside the attention's merge pass (a dispatch of its own only for a graph without one).
+ * weight format (no folding into W_v/W_o): one small dispatch of per-head matrix products per layer for q, k and v;
+ * the paged attention un-rotates its output (PagedKvAttention.prepareLayer's outputRotation).
  */
 export class RotatedKvAttention implements KvAttentionBackend {
   constructor(
@@ -30,16 +29,14 @@ export class RotatedKvAttention implements KvAttentionBackend {
   prepareLayer(layer: number, b: { q: GPUBuffer; k: GPUBuffer; v: GPUBuffer; output: GPUBuffer }, maxTokens: number) {
     const { heads, kvHeads, headDim } = this.shape;
     const firstMatrix = layer * kvHeads;
-    const part = (x: GPUBuffer, rotation: GPUBuffer, n: number, transpose: boolean): RotatePart => ({
+    const part = (x: GPUBuffer, rotation: GPUBuffer, n: number): RotatePart => ({
       x,
       rotation,
       firstMatrix,
       heads: n,
       headsPerMatrix: n / kvHeads,
-      transpose,
+      transpose: false,
     });
-    const rotate = (label: string, parts: RotatePart[]): PreparedDispatch =>
-      prepareRotate(this.gpu, `blk.${layer}.${label}`, { parts, step: this.step, maxTokens, headDim });
     const { key, value } = this.rotations;
     const inner = this.inner.prepareLayer(layer, b, maxTokens, {
       matrices: value,
@@ -49,16 +46,15 @@ export class RotatedKvAttention implements KvAttentionBackend {
     return {
       // q is final (RoPE applied) before the cache's append runs, so it is rotated with k and v in one dispatch.
       append: [
-        rotate('rotate_qkv', [
-          part(b.q, key, heads, false),
-          part(b.k, key, kvHeads, false),
-          part(b.v, value, kvHeads, false),
-        ]),
+        prepareRotate(this.gpu, `blk.${layer}.rotate_qkv`, {
+          parts: [part(b.q, key, heads), part(b.k, key, kvHeads), part(b.v, value, kvHeads)],
+          step: this.step,
+          maxTokens,
+          headDim,
+        }),
         ...inner.append,
       ],
-      attention: inner.outputRotated
-        ? inner.attention
-        : [...inner.attention, rotate('unrotate_out', [part(b.output, value, heads, true)])],
+      attention: inner.attention,
     };
   }
 }
