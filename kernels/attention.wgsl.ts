@@ -373,10 +373,13 @@ export const ATTENTION_MAX_SPLITS = 256;
  * R = rotation[(firstMatrix + h / headsPerMatrix) · d² ..] row-major, cut in quarters over i as in the rotate kernel.
  */
 export function attentionMergeSource(rotateOutput: boolean): string {
+  // Each dim's merged value goes to the output, or, to be un-rotated, into `lane` (free by now) as the row.
+  const merged = `for (var e = lid; e < params.headDim; e += WG) {
+    let merged = ((quarter[e] + quarter[128u + e]) + (quarter[256u + e] + quarter[384u + e])) / total;
+    ${rotateOutput ? 'lane[e] = merged;' : 'out[(t * params.heads + h) * params.headDim + e] = merged;'}
+  }`;
   const store = rotateOutput
-    ? `for (var d = lid; d < params.headDim; d += WG) {
-    lane[d] = ((quarter[d] + quarter[128u + d]) + (quarter[256u + d] + quarter[384u + d])) / total;
-  }
+    ? `${merged}
   workgroupBarrier();
   let d = params.headDim;
   let matrix = (params.firstMatrix + h / params.headsPerMatrix) * d * d;
@@ -391,10 +394,7 @@ export function attentionMergeSource(rotateOutput: boolean): string {
   for (var e = lid; e < d; e += WG) {
     out[(t * params.heads + h) * d + e] = (quarter[e] + quarter[128u + e]) + (quarter[256u + e] + quarter[384u + e]);
   }`
-    : `for (var d = lid; d < params.headDim; d += WG) {
-    out[(t * params.heads + h) * params.headDim + d] =
-      ((quarter[d] + quarter[128u + d]) + (quarter[256u + d] + quarter[384u + d])) / total;
-  }`;
+    : merged;
   return /* wgsl */ `
 struct Params { heads: u32, headDim: u32, splits: u32, minChunk: u32, firstMatrix: u32, headsPerMatrix: u32, _p0: u32, _p1: u32 }
 struct KvStep { position: u32, tokens: u32, tableOffset: u32, length: u32 }
