@@ -171,7 +171,7 @@ export function prepareMatvecGroup(
   }
   requireBytes(label, 'input', input, K * 4);
   const words = [K, 0, 0, 0];
-  const buffers: GPUBuffer[] = [input];
+  const memberBuffers: GPUBuffer[] = [];
   let groups = 0;
   for (const [i, e] of entries.entries()) {
     const w = e.weight;
@@ -179,8 +179,8 @@ export function prepareMatvecGroup(
     if (e.bias) requireBytes(`${label}[${i}]`, 'bias', e.bias, w.rows * 4);
     words.push(w.rows, packedRowWords(w.type, K), matvecUnitsPerRow(w.type, K), groups);
     groups += Math.ceil(w.rows / MATVEC_ROWS_PER_WORKGROUP);
-    buffers.push(w.parts[0].buffer, e.output);
-    if (e.bias) buffers.push(e.bias);
+    memberBuffers.push(w.parts[0].buffer, e.output);
+    if (e.bias) memberBuffers.push(e.bias);
   }
   const code = matvecGroupWgsl(
     entries.map((e) => ({
@@ -194,7 +194,7 @@ export function prepareMatvecGroup(
   return {
     label,
     pipeline,
-    bindGroup: bindBuffers(gpu, label, pipeline, [buffers[0], params, ...buffers.slice(1)]),
+    bindGroup: bindBuffers(gpu, label, pipeline, [input, params, ...memberBuffers]),
     workgroups: [...foldWorkgroups(gpu, groups), 1] as const,
     owned: [params],
   };

@@ -386,6 +386,23 @@ function dotForWeight(type: GgmlType, i: number): string {
 }
 
 /**
+ * The entry point the matvec kernels share: TPR threads, ROWS (4) weight rows per workgroup, one vec4 workgroup array
+ * of TPR per name in `partials` (for reduceWgsl), and `body` with `wg`, `nwg` and `li` in scope.
+ */
+function matvecEntryWgsl(threads: number, partials: readonly string[], body: string): string {
+  return `const TPR: u32 = ${threads}u;
+const ROWS: u32 = ${MATVEC_ROWS_PER_WORKGROUP}u;
+${partials.map((name) => `var<workgroup> ${name}: array<vec4<f32>, TPR>;`).join('\n')}
+
+@compute @workgroup_size(TPR)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+${body}
+}
+`;
+}
+
+/**
  * y[firstRow + r] = W[r, :] · x (+ bias) for one weight part, tokens = 1; with `accumulate`, y[...] += instead (the
  * residual add folded into the projection). A workgroup of `threads` threads (matvecThreads) handles 4 rows
  * (matvecRowsWgsl), then one tree reduction of vec4 partial sums.
@@ -397,23 +414,18 @@ export function matvecWgsl(type: GgmlType, hasBias: boolean, accumulate = false,
   const t = typeWgsl(type);
   return `${paramsStructWgsl(matvecInputWgsl(1, matvecReadsVec4([type])))}${hasBias ? biasBinding : ''}${common}${weightHelpers}
 ${t.dot}
-const TPR: u32 = ${threads}u;
-const ROWS: u32 = ${MATVEC_ROWS_PER_WORKGROUP}u;
-var<workgroup> partial: array<vec4<f32>, TPR>;
-
-@compute @workgroup_size(TPR)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-  let row0 = (wg.x + wg.y * nwg.x) * ROWS;
+${matvecEntryWgsl(
+  threads,
+  ['partial'],
+  `  let row0 = (wg.x + wg.y * nwg.x) * ROWS;
   var acc = vec4<f32>(0.0);
   ${matvecRowsWgsl('unit_dot', 'params.rows', 'params.rowWords', 'params.unitsPerRow', 'acc', threads)}
   ${reduceWgsl([['partial', 'acc']])}
   if (li < ROWS && row0 + li < params.rows) {
     let n = params.firstRow + row0 + li;
     ${storeWgsl('y[n]', 'partial[0][li]', hasBias ? 'bias[n]' : null, accumulate)}
-  }
-}
-`;
+  }`,
+)}`;
 }
 
 /** One weight of a fused matvec: its type, whether it adds a bias, and its own matvec's thread count. */
@@ -461,14 +473,10 @@ ${matvecInputWgsl(0, matvecReadsVec4(members.map((m) => m.type)))}
 ${decls.join('\n')}
 ${common}
 ${members.map((m, i) => dotForWeight(m.type, i)).join('\n')}
-const TPR: u32 = ${tpr}u;
-const ROWS: u32 = ${MATVEC_ROWS_PER_WORKGROUP}u;
-var<workgroup> partial: array<vec4<f32>, TPR>;
-
-@compute @workgroup_size(TPR)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-  let g = wg.x + wg.y * nwg.x;
+${matvecEntryWgsl(
+  tpr,
+  ['partial'],
+  `  let g = wg.x + wg.y * nwg.x;
   var member = 0u;
   for (var i = 1u; i < ${members.length}u; i++) {
     if (g >= params.members[i].firstGroup) { member = i; }
@@ -480,9 +488,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
   let r = row0 + li;
   if (li < ROWS && r < params.members[member].rows) {
     ${branches((i) => `{ ${storeWgsl(`y${i}[r]`, 'partial[0][li]', members[i].hasBias ? `bias${i}[r]` : null, false)} }`)}
-  }
-}
-`;
+  }`,
+)}`;
 }
 
 /**
@@ -504,15 +511,10 @@ ${matvecInputWgsl(0, matvecReadsVec4([gate.type, up.type]))}
 ${common}
 ${dotForWeight(gate.type, 0)}
 ${dotForWeight(up.type, 1)}
-const TPR: u32 = ${tpr}u;
-const ROWS: u32 = ${MATVEC_ROWS_PER_WORKGROUP}u;
-var<workgroup> gatePartial: array<vec4<f32>, TPR>;
-var<workgroup> upPartial: array<vec4<f32>, TPR>;
-
-@compute @workgroup_size(TPR)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-  let row0 = (wg.x + wg.y * nwg.x) * ROWS;
+${matvecEntryWgsl(
+  tpr,
+  ['gatePartial', 'upPartial'],
+  `  let row0 = (wg.x + wg.y * nwg.x) * ROWS;
   var gateAcc = vec4<f32>(0.0);
   var upAcc = vec4<f32>(0.0);
   ${forThreads(gate.threads, tpr, matvecRowsWgsl('unit_dot_0', 'params.rows', 'params.gateRowWords', 'params.gateUnits', 'gateAcc', gate.threads))}
@@ -524,9 +526,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
   if (li < ROWS && row0 + li < params.rows) {
     let g = gatePartial[0][li];
     y[row0 + li] = g / (1.0 + exp(-g)) * upPartial[0][li];
-  }
-}
-`;
+  }`,
+)}`;
 }
 
 /**
