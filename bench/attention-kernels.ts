@@ -123,6 +123,28 @@ const QUANT_VARIANTS: Variant[] = [
   },
 ];
 
+/** Layer 0's attention for one decode step, as the runtime's decode graph binds it, with the variant's knobs. */
+function decodeStepBinding(
+  pool: AttentionBinding['pool'],
+  shape: LayerShape,
+  variant: Variant,
+  q: GPUBuffer,
+  output: GPUBuffer,
+): AttentionBinding {
+  return {
+    pool,
+    layer: 0,
+    q,
+    output,
+    heads: shape.heads,
+    maxTokens: 1,
+    scale: 1 / Math.sqrt(shape.headDim),
+    splits: variant.splits ?? SPLITS,
+    minChunkKeys: MIN_CHUNK,
+    decodeKernel: variant.decodeKernel,
+  };
+}
+
 async function timeDispatches(gpu: GpuContext, dispatches: PreparedDispatch[], reps: number): Promise<number> {
   const run = async (n: number) => {
     const encoder = gpu.device.createCommandEncoder();
@@ -196,18 +218,7 @@ async function benchShape(gpu: GpuContext, shape: LayerShape, contexts: number[]
     pool.writeStep(seq, context - 1, 1);
     const row: Record<string, unknown> = { shape: shape.name, context };
     for (const variant of VARIANTS) {
-      const binding: AttentionBinding = {
-        pool,
-        layer: 0,
-        q,
-        output,
-        heads,
-        maxTokens: 1,
-        scale: 1 / Math.sqrt(headDim),
-        splits: variant.splits ?? SPLITS,
-        minChunkKeys: MIN_CHUNK,
-        decodeKernel: variant.decodeKernel,
-      };
+      const binding = decodeStepBinding(pool, shape, variant, q, output);
       const dispatches = prepareAttention(gpu, variant.name, binding, variant.sources?.(shape, null));
       if (context === Math.min(...contexts) && !variant.ablation) {
         submitDispatches(gpu, 'check', dispatches);
@@ -265,18 +276,7 @@ async function benchQuantShape(gpu: GpuContext, shape: LayerShape, contexts: num
     const row: Record<string, unknown> = { shape: shape.name, kv: 'int2', context, quantPages: pool.stats() };
     let expected: Float32Array | null = null;
     for (const variant of QUANT_VARIANTS) {
-      const binding: AttentionBinding = {
-        pool,
-        layer: 0,
-        q,
-        output: variant.decodeKernel ? output : reference,
-        heads,
-        maxTokens: 1,
-        scale: 1 / Math.sqrt(headDim),
-        splits: variant.splits ?? SPLITS,
-        minChunkKeys: MIN_CHUNK,
-        decodeKernel: variant.decodeKernel,
-      };
+      const binding = decodeStepBinding(pool, shape, variant, q, variant.decodeKernel ? output : reference);
       const dispatches = prepareAttention(gpu, variant.name, binding, variant.sources?.(shape, quant));
       if (!variant.ablation) {
         submitDispatches(gpu, 'check', dispatches);
