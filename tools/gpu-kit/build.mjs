@@ -7,6 +7,7 @@
  *   .gpu/bench.mjs         bench/run.ts bundled into one ESM file; `webgpu` and `node-llama-cpp` stay external
  *   .gpu/profile.mjs       bench/profile-decode.ts the same way (per-kernel decode timings)
  *   .gpu/attention-kernels.mjs  bench/attention-kernels.ts (decode attention kernels side by side, one layer)
+ *   .gpu/longtab.mjs       the longtab CLI (tools/gpu-kit/longtab-cli.ts): evaluations on the GPU host
  *   .gpu/llama-kit.tar.xz  node_modules/node-llama-cpp (its JS bundled into one dist/index.js, plus package.json and
  *                          the llama/ metadata files it reads) and @node-llama-cpp/linux-x64-vulkan (the prebuilt
  *                          Vulkan binaries); unpacked into the kit, next to the kit's node_modules/webgpu
@@ -66,7 +67,7 @@ const nodeBuiltinsBanner =
   "import { createRequire as __longtabCreateRequire } from 'node:module'; const require = __longtabCreateRequire(import.meta.url);";
 const benchBuild = (entry, outfile) =>
   build({
-    entryPoints: [join(SRC, 'bench', entry)],
+    entryPoints: [join(SRC, entry.includes('/') ? entry : join('bench', entry))],
     outfile: join(OUT, outfile),
     define: { 'process.env.LONGTAB_BENCH_COMMIT': JSON.stringify(fromWorktree ? `${commit}+worktree` : commit) },
     bundle: true,
@@ -83,6 +84,7 @@ try {
   // Per-kernel decode profile (bench/profile-decode.ts): 0.2 MiB more, optional on the host.
   await benchBuild('profile-decode.ts', 'profile.mjs');
   await benchBuild('attention-kernels.ts', 'attention-kernels.mjs');
+  await benchBuild('tools/gpu-kit/longtab-cli.ts', 'longtab.mjs');
 } catch {
   log(
     fromWorktree
