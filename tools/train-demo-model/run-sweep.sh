@@ -1,31 +1,35 @@
-# Trains shapes side by side on one H200 (device `run`, carry .train/tok), e.g. session 2:
-#   SHAPES="probe gqa4" SWEEP=d1_e12,d0_e30,d0_e20_shuf sh tools/train-demo-model/run-sweep.sh
-# TRAIN_TIMEOUT_S (560) and DEADLINE_S (420) leave room for other work in the same 600 s call.
-# Returns each shape's train.log and log.json, and the weights of the first shape (in SHAPES order) whose chosen
-# checkpoint passes the INT2 proof, else of the first shape.
+# Trains side by side on one H200 (device `run`, carry .train/tok). Each JOBS entry is SHAPE:SWEEP (one process), e.g.
+# session 2:  JOBS="probe:d1_e12,d0_e30,d0_e20_shuf gqa4:d1_e12,d0_e30,d0_e20_shuf" sh tools/train-demo-model/run-sweep.sh
+# session 6:  JOBS="demo:s3_e12_rand,s3_e12_mix demo:s5_e12_rand demo:s7_e12_rand" SMOKE=1 sh tools/train-demo-model/run-sweep.sh
+# SMOKE=1 first runs a tiny configuration of the first job and stops on failure. TRAIN_TIMEOUT_S (560) and
+# DEADLINE_S (420) leave room for other work in the same 600 s call.
+# Returns logs.tar (each job's train.log and log.json, job<N>/...; the device returns only a few files), and the
+# weights of the first job (in JOBS order) whose chosen checkpoint passes the INT2 proof, else of the first job.
 set -u
-SHAPES=${SHAPES:-probe gqa4}
-for s in $SHAPES; do
-  mkdir -p /tmp/$s
-  ( PYTHONUNBUFFERED=1 timeout -s INT ${TRAIN_TIMEOUT_S:-560} python3 tools/train-demo-model/train.py --data .train/tok --out /tmp/$s \
-      --shape $s --sweep ${SWEEP:-d1_e12,d0_e30,d0_e20_shuf} --deadline-s ${DEADLINE_S:-420} > /tmp/$s/train.log 2>&1 ) &
+JOBS=${JOBS:-probe:d1_e12,d0_e30,d0_e20_shuf gqa4:d1_e12,d0_e30,d0_e20_shuf}
+if [ -n "${SMOKE:-}" ]; then
+  first=${JOBS%% *}
+  python3 tools/train-demo-model/train.py --data .train/tok --out /tmp/smoke --shape ${first%%:*} --sweep ${first#*:} \
+    --epoch-scale 0.03 --evals-per-run 2 --eval-windows 2 --span-samples 4 > $OUT/smoke.log 2>&1 || { tail -30 $OUT/smoke.log; exit 1; }
+  echo "smoke ok"
+fi
+n=0
+for job in $JOBS; do
+  n=$((n + 1)); shape=${job%%:*}; sweep=${job#*:}
+  mkdir -p /tmp/job$n
+  ( PYTHONUNBUFFERED=1 timeout -s INT ${TRAIN_TIMEOUT_S:-560} python3 tools/train-demo-model/train.py --data .train/tok --out /tmp/job$n \
+      --shape $shape --sweep $sweep --deadline-s ${DEADLINE_S:-420} > /tmp/job$n/train.log 2>&1 ) &
 done
 wait
-for s in $SHAPES; do cp /tmp/$s/train.log $OUT/${s}_train.log; cp /tmp/$s/log.json $OUT/${s}_log.json; done
-pick=$(SHAPES="$SHAPES" python3 - <<'PY'
-import json, os
-shapes = os.environ["SHAPES"].split()
-best = None
-for s in shapes:
-    try:
-        r = json.load(open(f"/tmp/{s}/log.json"))
-    except Exception:
-        continue
-    rn, cn = r["chosen"].split("/")
-    if r["runs"][rn]["checkpoints"][cn]["passes_int2_proof"] and best is None:
-        best = s
-print(best or shapes[0])
-PY
-)
-echo "weights from: $pick"; cp /tmp/$pick/weights-*.bin /tmp/$pick/manifest.json $OUT/
-grep -h "===\|evaluating\|  val:\|wikitext2_test:\|repeat@\|saved\|chosen" $(for s in $SHAPES; do echo /tmp/$s/train.log; done)
+n=0; pick=""
+for job in $JOBS; do
+  n=$((n + 1)); echo "job$n: $job" >> /tmp/jobs.txt
+  if [ -z "$pick" ] && python3 -c "
+import json, sys
+r = json.load(open('/tmp/job$n/log.json')); rn, cn = r['chosen'].split('/')
+sys.exit(0 if r['runs'][rn]['checkpoints'][cn]['passes_int2_proof'] else 1)" 2>/dev/null; then pick=$n; fi
+done
+pick=${pick:-1}
+tar cf $OUT/logs.tar -C /tmp jobs.txt $(for i in $(seq 1 $n); do echo job$i/train.log job$i/log.json; done)
+echo "weights from: job$pick"; cp /tmp/job$pick/weights-*.bin /tmp/job$pick/manifest.json $OUT/
+grep -h "===\|evaluating\|  val:\|wikitext2_test:\|tinyshakespeare:\|repeat@\|saved\|chosen" /tmp/job*/train.log

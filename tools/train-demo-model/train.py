@@ -268,15 +268,76 @@ def add_random_spans(seq, n, pairs, max_gap, gen, vocab):
     return seq
 
 
-def repeated_span_batch(data, n, dist, span, seed, device):
-    """[bos] + P + filler + P, the second copy of P starting `dist` tokens after the first; P, filler from held-out text."""
+def tiled_batch(n, T1, max_period, gen, device, vocab=None, data=None, shuffle_frac=0.0, min_period=16):
+    """Induction data: each row is a pattern of P tokens (P from min_period to max_period) repeated to fill the row. From the
+    second period on every token is predictable by finding the previous occurrence of the current token and reading
+    the one after it (P varies per row, so no fixed offset does it).
+
+    The pattern is P uniformly random ordinary tokens (vocab), or a window of the training text (data), token-shuffled
+    with probability shuffle_frac so that it cannot be predicted from memory, only copied."""
+    rows = []
+    for _ in range(n):
+        period = int(torch.randint(min_period, max(min_period + 1, max_period + 1), (1,), generator=gen))
+        if data is None:
+            pattern = torch.randint(0, vocab, (period,), generator=gen).to(device)
+        else:
+            a = int(torch.randint(0, data.numel() - period, (1,), generator=gen))
+            pattern = data[a : a + period]
+            if float(torch.rand((1,), generator=gen)) < shuffle_frac:
+                pattern = pattern[torch.randperm(period, generator=gen).to(device)]
+        rows.append(pattern.repeat(T1 // period + 1)[:T1])
+    return torch.stack(rows)
+
+
+def learn_copying(model, fwd, opt, peak_lr, warm_steps, tokens_per_step, setup, data, gen, device, log_prefix):
+    """Before the text: short tiled rows (setup["ctx"] tokens, patterns of 8..setup["period"] tokens, shuffled text
+    windows or uniformly random ids below setup["vocab"]) until the loss on the copyable positions falls below
+    setup["until"] or setup["steps"] have run. Copying forms in a few hundred steps at 128 tokens (a 2-layer probe
+    with 64 ids: tools/train-demo-model/README.md), and a match on content does not depend on the distance, so it
+    then carries over to the long rows. Returns the curve."""
+    ctx, period, vocab = setup["ctx"], setup["period"], setup.get("vocab")
+    rows = tokens_per_step // ctx
+    saved_p = model.drop_p.item()
+    model.drop_p.fill_(0.0)
+    curve = []
+    for step in range(setup["steps"]):
+        for g in opt.param_groups:
+            g["lr"] = peak_lr * min(1.0, (step + 1) / warm_steps)
+        if vocab is None:
+            seq = tiled_batch(rows, ctx + 1, period, gen, device, data=data, shuffle_frac=1.0, min_period=8)
+        else:
+            seq = tiled_batch(rows, ctx + 1, period, gen, device, vocab=vocab, min_period=8)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = fwd(seq[:, :-1])
+            loss_tok = F.cross_entropy(logits.float().flatten(0, 1), seq[:, 1:].flatten(), reduction="none").view(rows, ctx)
+        loss = loss_tok.mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % 25 == 0 or step == setup["steps"] - 1:
+            copy_loss = loss_tok[:, period:].mean().item()  # past the longest pattern's first period: all copies
+            curve.append({"step": step + 1, "loss": loss.item(), "copy_loss": copy_loss})
+            if step % 100 == 0:
+                log(f"{log_prefix} copying step {step + 1}: loss {loss.item():.3f}, on copies {copy_loss:.3f}")
+            if copy_loss < setup["until"]:
+                log(f"{log_prefix} copying learned at step {step + 1}: loss on copies {copy_loss:.3f}")
+                break
+    model.drop_p.fill_(saved_p)
+    return curve
+
+
+def repeated_span_batch(data, n, dist, span, seed, device, random_vocab=None):
+    """[bos] + P + filler + P, the second copy of P starting `dist` tokens after the first; P, filler from held-out text.
+
+    With random_vocab, P is uniformly random ordinary tokens instead: predictable on its second copy only by copying."""
     g = torch.Generator().manual_seed(seed)
     N = data.numel()
     rows = []
     for _ in range(n):
         a = int(torch.randint(0, N - span, (1,), generator=g))
         b = int(torch.randint(0, N - dist, (1,), generator=g))
-        p = data[a : a + span]
+        p = data[a : a + span] if random_vocab is None else torch.randint(0, random_vocab, (span,), generator=g).to(data.device)
         rows.append(torch.cat((data[:1], p, data[b : b + dist - span], p)))
     return torch.stack(rows).to(device)
 
@@ -460,6 +521,33 @@ SWEEP = {
     "d1_e12_wd0": (0.1, 12, 0.0, 0.0, 0.25),
     "d0_e30_wd0": (0.0, 30, 0.0, 0.0, 0.25),
     "d1_e12_lr6": (0.1, 12, 0.1, 0.0, 0.25, 0, {"lr": 6e-3}),
+    # session 6, first call: synthetic first. "syn_frac" of the steps train on tiled uniformly random tokens only
+    # (tiled_batch, periods growing from 8 to 1024), without dropout; then text with random-span pairs in half of the
+    # sequences. "syn_mix": fraction of tiled random rows in the text phase. Epochs count text steps only. The loss sat
+    # at ln(8188) = 9.01 through the whole synthetic phase (gradient norm down to 0.006): nothing was learned there.
+    "s3_e12_rand": (0.1, 12, 0.1, 0.0, 0.5, 4, {"syn_frac": 0.3}),
+    "s5_e12_rand": (0.1, 12, 0.1, 0.0, 0.5, 4, {"syn_frac": 0.5}),
+    "s7_e12_rand": (0.1, 12, 0.1, 0.0, 0.5, 4, {"syn_frac": 0.7}),
+    "s3_e12_mix": (0.1, 12, 0.1, 0.0, 0.5, 4, {"syn_frac": 0.3, "syn_mix": 0.25}),
+    # session 6, second call: tiled windows of the training text, mixed into every batch from the first step
+    # ("tile_frac" of the rows; "tile_shuffle" of the windows token-shuffled), periods growing from 16 to 1536 over the
+    # first half of the run. Text tokens have trained embeddings, and a tiled row makes most of its tokens copyable.
+    # Epochs count the plain text rows.
+    "t5_e12": (0.1, 12, 0.1, 0.0, 0.0, 0, {"tile_frac": 0.5, "tile_shuffle": 0.5}),
+    "t2_e12": (0.1, 12, 0.1, 0.0, 0.0, 0, {"tile_frac": 0.25, "tile_shuffle": 0.5}),
+    "t5_e24": (0.1, 24, 0.1, 0.0, 0.0, 0, {"tile_frac": 0.5, "tile_shuffle": 0.5}),
+    "t5_e12_shuf": (0.1, 12, 0.1, 0.0, 0.0, 0, {"tile_frac": 0.5, "tile_shuffle": 1.0}),
+    # session 6, fourth call: none of the above ever copied, nor did the full-size shape on tiled rows alone
+    # (induction_probe.py), while a 2-layer model at 128 tokens with 64 ids learned it at step ~350. So: learn copying
+    # first on short tiled rows ("copy": learn_copying), then the t5 text phase.
+    "c128_t5_e12": (0.1, 12, 0.1, 0.0, 0.0, 0, {"tile_frac": 0.5, "tile_shuffle": 0.5,
+                                                 "copy": {"ctx": 128, "period": 32, "steps": 1500, "until": 1.0}}),
+    "c128v_t5_e12": (0.1, 12, 0.1, 0.0, 0.0, 0, {"tile_frac": 0.5, "tile_shuffle": 0.5,
+                                                  "copy": {"ctx": 128, "period": 32, "vocab": 512, "steps": 1500, "until": 1.0}}),
+    "c256_t5_e24": (0.1, 24, 0.1, 0.0, 0.0, 0, {"tile_frac": 0.5, "tile_shuffle": 0.5,
+                                                 "copy": {"ctx": 256, "period": 64, "steps": 1500, "until": 1.0}}),
+    "c128_t5_e12_lr1": (0.1, 12, 0.1, 0.0, 0.0, 0, {"tile_frac": 0.5, "tile_shuffle": 0.5, "lr": 1e-3,
+                                                     "copy": {"ctx": 128, "period": 32, "steps": 1500, "until": 1.0}}),
 }
 
 
@@ -504,6 +592,7 @@ def main():
     T, B = cfg.ctx, args.batch
     val_rows = min((data["val"].numel() - 1) // T, 48)
     span_probe = repeated_span_batch(data["val"], 32, 1024, 64, 7, dev)
+    random_probe = repeated_span_batch(data["val"], 32, 1024, 64, 8, dev, random_vocab=CONTROL_TOKENS_FROM)
     hd = cfg.head_dim
     modes = {
         "fp16": KvSim("fp16", hd),
@@ -511,6 +600,8 @@ def main():
         "int2_hadamard": KvSim("int2", hd, rot=hadamard(hd, dev)),
     }
     span_sets = {d: repeated_span_batch(data["val"], args.span_samples, d, 64, 100 + d, dev) for d in (256, 1024, 1536)}
+    random_span_sets = {d: repeated_span_batch(data["val"], args.span_samples, d, 64, 200 + d, dev, random_vocab=CONTROL_TOKENS_FROM)
+                        for d in (256, 1024, 1536)}
 
     def val_loss():
         model.eval()
@@ -522,8 +613,10 @@ def main():
                 tot += F.cross_entropy(logits.float().flatten(0, 1), rows[:, 1:].flatten(), reduction="sum").item()
             logits = model(span_probe[:, :-1]).float()
             sl = F.cross_entropy(logits[:, -63:].flatten(0, 1), span_probe[:, -63:].flatten()).item()
+            logits = model(random_probe[:, :-1]).float()
+            rl = F.cross_entropy(logits[:, -63:].flatten(0, 1), random_probe[:, -63:].flatten()).item()
         model.train()
-        return tot / (val_rows * T), sl
+        return tot / (val_rows * T), sl, rl
 
     def full_eval():
         # the proof that the model reads its history: the KV cache simulated at INT2
@@ -538,13 +631,17 @@ def main():
             spans[dist] = {m: repeated_span_loss(model, seqs, 64, kv) for m, kv in modes.items()}
             log(f"  repeat@{dist}: " + ", ".join(f"{m} {r['repeat_loss']:.3f} top1 {r['repeat_top1']:.2f}" for m, r in spans[dist].items())
                 + f" (first copy {spans[dist]['fp16']['first_copy_loss']:.3f} top1 {spans[dist]['fp16']['first_copy_top1']:.2f})")
+        random_spans = {}
+        for dist, seqs in random_span_sets.items():
+            random_spans[dist] = {m: repeated_span_loss(model, seqs, 64, kv) for m, kv in modes.items()}
+            log(f"  random repeat@{dist}: " + ", ".join(f"{m} {r['repeat_loss']:.3f} top1 {r['repeat_top1']:.2f}" for m, r in random_spans[dist].items()))
         kv_stats = kv_statistics(model, torch.stack([data["val"][j * T : j * T + T] for j in range(4)]), hd,
                                  modes["int2_hadamard"].rot)
         log("  K outlier ratio / K INT2 err naive, hadamard by layer: " + "; ".join(
             f"{st['k_channel_rms_max_over_median']:.1f}/{st['k_int2_rel_err']['naive']:.2f},{st['k_int2_rel_err']['hadamard']:.2f}"
             for st in kv_stats))
         model.train()
-        return ppl, spans, kv_stats
+        return ppl, spans, random_spans, kv_stats
 
     def passes(ppl):
         # success: naive INT2 costs >= 20% perplexity on both held-out texts, Hadamard INT2 under half of that
@@ -573,10 +670,17 @@ def main():
     for run_name in args.sweep.split(","):
         dropout, epochs, wd, shuffle, retrieval_frac, *rest = SWEEP[run_name]
         random_pairs = rest[0] if rest else 0
-        peak_lr = rest[1].get("lr", args.lr) if len(rest) > 1 else args.lr
+        overrides = rest[1] if len(rest) > 1 else {}
+        peak_lr = overrides.get("lr", args.lr)
+        syn_frac, syn_mix = overrides.get("syn_frac", 0.0), overrides.get("syn_mix", 0.0)
+        tile_frac, tile_shuffle = overrides.get("tile_frac", 0.0), overrides.get("tile_shuffle", 0.0)
         n_ret = int(round(B * retrieval_frac))
+        n_tiled = int(round(B * syn_mix))
+        n_text_tiled = int(round(B * tile_frac))
         epochs *= args.epoch_scale
-        steps = max(20, int(epochs * data["train"].numel() / (B * T)))
+        text_steps = max(20, int(epochs * data["train"].numel() / ((B - n_text_tiled) * T)))
+        syn_steps = int(round(text_steps * syn_frac / (1 - syn_frac)))
+        steps = syn_steps + text_steps
         if seconds_per_epoch is not None and time.time() - T_START + epochs * seconds_per_epoch + 30 > args.deadline_s:
             log(f"skip {run_name}: would end after the deadline")
             continue
@@ -600,18 +704,37 @@ def main():
         eval_at = {max(1, round(steps * (k + 1) / args.evals_per_run)) for k in range(args.evals_per_run)}
         model.train()
         t0 = time.time()
+        copy_curve = []
+        if "copy" in overrides:
+            setup = dict(overrides["copy"], steps=max(20, int(overrides["copy"]["steps"] * args.epoch_scale)))
+            copy_curve = learn_copying(model, fwd, opt, peak_lr, args.warmup, B * T, setup, data["train"], cgen, dev, run_name)
+        warmup = 1 if copy_curve else args.warmup  # the copying phase warmed the optimizer up
         for step in range(steps):
             progress = step / steps
-            max_gap = int(128 + (1536 - 128) * min(1.0, progress / 0.6))  # retrieval gaps: short first, up to 1536
-            lr = peak_lr * min(1.0, (step + 1) / args.warmup)
+            synthetic = step < syn_steps
+            model.drop_p.fill_(0.0 if synthetic else dropout)
+            if synthetic:
+                max_period = int(8 + (1024 - 8) * min(1.0, step / (0.7 * syn_steps)))  # tiled periods: short first
+            text_progress = max(0.0, (step - syn_steps) / text_steps)
+            max_gap = int(128 + (1536 - 128) * min(1.0, text_progress / 0.6))  # retrieval gaps: short first, up to 1536
+            lr = peak_lr * min(1.0, (step + 1) / warmup)
             lr *= args.min_lr_frac + (1 - args.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * progress))
             for g in opt.param_groups:
                 g["lr"] = lr
-            seq = get_batch(data["train"], B, T, gen)
-            if n_ret and random_pairs:
-                seq = add_random_spans(seq, n_ret, random_pairs, max_gap, cgen, CONTROL_TOKENS_FROM)
-            elif n_ret:
-                seq = add_retrieval(seq, n_ret, max_gap, cgen, shuffle)
+            if synthetic:
+                seq = tiled_batch(B, T + 1, max_period, cgen, dev, vocab=CONTROL_TOKENS_FROM, min_period=8)
+            else:
+                seq = get_batch(data["train"], B, T, gen)
+                if n_ret and random_pairs:
+                    seq = add_random_spans(seq, n_ret, random_pairs, max_gap, cgen, CONTROL_TOKENS_FROM)
+                elif n_ret:
+                    seq = add_retrieval(seq, n_ret, max_gap, cgen, shuffle)
+                if n_tiled:
+                    seq[B - n_tiled :] = tiled_batch(n_tiled, T + 1, 1024, cgen, dev, vocab=CONTROL_TOKENS_FROM, min_period=8)
+                if n_text_tiled:
+                    tile_period = int(16 + (1536 - 16) * min(1.0, progress / 0.5))
+                    seq[B - n_text_tiled :] = tiled_batch(n_text_tiled, T + 1, tile_period, cgen, dev,
+                                                          data=data["train"], shuffle_frac=tile_shuffle)
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 logits = fwd(seq[:, :-1])
                 loss = F.cross_entropy(logits.float().flatten(0, 1), seq[:, 1:].flatten())
@@ -621,14 +744,14 @@ def main():
             opt.step()
             out_of_time = args.train_deadline_s is not None and time.time() - T_START > args.train_deadline_s
             if step + 1 in eval_at or out_of_time:
-                vl, sl = val_loss()
+                vl, sl, rl = val_loss()
                 el = time.time() - t0
                 rec = {"step": step + 1, "tokens": (step + 1) * B * T, "train_loss": loss.item(), "val_loss": vl,
-                       "val_repeat1024_loss": sl, "lr": lr, "max_gap": max_gap, "gnorm": gnorm.item(), "elapsed_s": el}
+                       "val_repeat1024_loss": sl, "random_repeat1024_loss": rl, "synthetic": synthetic, "lr": lr, "max_gap": max_gap, "gnorm": gnorm.item(), "elapsed_s": el}
                 curve.append(rec)
-                log(f"{run_name} step {step + 1}/{steps} train {loss.item():.3f} val {vl:.3f} repeat@1024 {sl:.3f} "
+                log(f"{run_name} step {step + 1}/{steps} train {loss.item():.3f} val {vl:.3f} repeat@1024 {sl:.3f} random {rl:.3f} "
                     f"lr {lr:.2e} gap {max_gap} {(step + 1) * B * T / el / 1e3:.0f}K tok/s")
-                if vl < best["val"]:
+                if vl < best["val"] and not synthetic:
                     best = {"val": vl, "step": step + 1, "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
             if out_of_time:
                 log(f"{run_name}: stopped by --train-deadline-s at step {step + 1}/{steps} (lr schedule not finished)")
@@ -637,7 +760,7 @@ def main():
         train_s = time.time() - t0
         seconds_per_epoch = train_s / epochs  # the first run's includes compilation: an overestimate
         run = {"dropout": dropout, "epochs": epochs, "weight_decay": wd, "peak_lr": peak_lr, "shuffled_span_frac": shuffle,
-               "retrieval_frac": retrieval_frac, "random_span_pairs": random_pairs, "steps": steps, "tokens": steps * B * T, "train_seconds": train_s,
+               "retrieval_frac": retrieval_frac, "random_span_pairs": random_pairs, "synthetic_steps": syn_steps, "synthetic_mix": syn_mix, "tile_frac": tile_frac, "tile_shuffle": tile_shuffle, "copy_phase": overrides.get("copy"), "copy_curve": copy_curve, "steps": steps, "tokens": steps * B * T, "train_seconds": train_s,
                "best_step": best["step"], "best_val_loss_bf16": best["val"], "final_train_loss": curve[-1]["train_loss"],
                "final_val_loss_bf16": curve[-1]["val_loss"], "curve": curve, "checkpoints": {}}
         result["runs"][run_name] = run
@@ -646,10 +769,10 @@ def main():
         for ck_name, state in checkpoints:
             model.load_state_dict(state)
             log(f"{run_name}/{ck_name}: evaluating (train {train_s:.0f}s; best val {best['val']:.3f} at step {best['step']}/{steps})")
-            ppl, spans, kv_stats = full_eval()
+            ppl, spans, random_spans, kv_stats = full_eval()
             ok = passes(ppl)
             run["checkpoints"][ck_name] = {"step": steps if ck_name == "final" else best["step"], "perplexity_ctx2048": ppl,
-                                           "repeated_span_64tok": spans, "passes_int2_proof": ok, "kv_statistics": kv_stats}
+                                           "repeated_span_64tok": spans, "random_span_64tok": random_spans, "passes_int2_proof": ok, "kv_statistics": kv_stats}
             key = f"{run_name}/{ck_name}"
 
             # keep the checkpoint that passes the INT2 proof with the lowest held-out perplexity (any, if none passes)
