@@ -3,10 +3,10 @@
  * f16 cache passes, the weak controls (naive INT2: no rotation, no clipping; 1-bit codes) are measurably worse, and
  * calibrated INT2 (the model's embedded rotations and clip quantiles) holds.
  *
- * Perplexity alone cannot gate this model: it hardly reads its distant history, so naive INT2 costs it about nothing
- * (docs/results/2026-11-29-eval-demo-wikitext2-lavapipe.md). The gate therefore also measures attention fidelity
- * (runtime/eval/fidelity.ts: per layer, how far a cache moves each query's attention output and weights), which a
- * bad cache does fail. Every tolerance below is the value measured on lavapipe with a stated margin; the numbers
+ * Perplexity over 256 in-domain tokens says little about a cache: most of what the model predicts there comes from
+ * the recent f16 window. The gate therefore also measures attention fidelity (runtime/eval/fidelity.ts: per layer,
+ * how far a cache moves each query's attention output and weights), which a bad cache does fail. The long-context
+ * perplexity and copy tables, where naive INT2 costs far more, are in docs/kv-cache.md. Every tolerance below is the value measured on lavapipe with a stated margin; the numbers
  * and the configuration are in docs/kv-cache.md ("CI quality gate").
  *
  * A small configuration, so it runs in CI on a CPU adapter: one window of 256 tokens with a 16-token sink and a
@@ -147,36 +147,36 @@ describe.skipIf(!textPath)('KV cache quality gate: demo model, 256 held-out toke
 
   it('the f16 cache passes: it matches exact (unrounded) K/V in attention and in perplexity', () => {
     for (const { layer, variants } of measured.fidelity.layers) {
-      // Measured ≤ 2.9e-4 relative error and ≤ 9e-8 nats per layer: f16's 2^-11 rounding, averaged.
+      // Measured ≤ 3.2e-4 relative error per layer (KL 1.0e-7 nats on average): f16's 2^-11 rounding, averaged.
       expect(variants.f32.relativeError, `layer ${layer}`).toBeLessThan(1e-3);
       expect(variants.f32.kl, `layer ${layer}`).toBeLessThan(1e-6);
     }
-    // The GPU with its f16 cache against the f64 reference with exact K/V: measured perplexity 85.279 vs 85.277
-    // (+0.002%), and 1 of the 255 top-1 choices differs.
+    // The GPU with its f16 cache against the f64 reference with exact K/V: measured perplexity 97.071 vs 97.073
+    // (−0.002%), and all 255 top-1 choices agree.
     expect(Math.abs(perplexityRatio('f16', 'exact') - 1)).toBeLessThan(0.005);
     expect(agreement('f16', 'exact')).toBeGreaterThan(0.98);
   });
 
   it('the weak controls are measurably worse than calibrated INT2', () => {
-    // Naive INT2: measured 1.92× the calibrated mean output error (0.211 vs 0.110) and 3.2× its KL (0.040 vs
-    // 0.012 nats); worse in every layer (≥ 1.58×). Its perplexity is not measured: this model hardly reads far
-    // back, so perplexity is blind to it (within ±2% of f16 in every committed table).
+    // Naive INT2: measured 2.75× the calibrated mean output error (0.152 vs 0.055) and 3.6× its KL (0.094 vs
+    // 0.026 nats); worse in every layer. Its perplexity cost shows at long context (docs/kv-cache.md), not in this
+    // 256-token window.
     expect(meanError('int2-none')).toBeGreaterThan(1.5 * meanError('int2-calibrated'));
     expect(meanKl('int2-none')).toBeGreaterThan(2 * meanKl('int2-calibrated'));
     for (const { layer, variants } of measured.fidelity.layers)
       expect(variants['int2-none'].relativeError, `layer ${layer}`).toBeGreaterThan(
         1.2 * variants['int2-calibrated'].relativeError,
       );
-    // 1-bit codes: measured 28× the calibrated output error (3.09), perplexity 2.75× f16's, top-1 agreement 0.506.
+    // 1-bit codes: measured 45× the calibrated output error (2.50), perplexity 140× f16's, top-1 agreement 0.412.
     expect(meanError('int1-none')).toBeGreaterThan(10 * meanError('int2-calibrated'));
     expect(perplexityRatio('int1-none', 'f16')).toBeGreaterThan(1.5);
     expect(agreement('int1-none', 'f16')).toBeLessThan(0.8);
   });
 
   it('calibrated INT2 holds: small attention error, perplexity within 3% of f16, top-1 agreement', () => {
-    // Measured: mean output error 0.110, KL 0.0124 nats, perplexity +0.14%, top-1 agreement 0.965 (9 of 255 differ).
+    // Measured: mean output error 0.055, KL 0.026 nats, perplexity −0.98%, top-1 agreement 0.980 (5 of 255 differ).
     expect(meanError('int2-calibrated')).toBeLessThan(0.15);
-    expect(meanKl('int2-calibrated')).toBeLessThan(0.02);
+    expect(meanKl('int2-calibrated')).toBeLessThan(0.04);
     expect(Math.abs(perplexityRatio('int2-calibrated', 'f16') - 1)).toBeLessThan(0.03);
     expect(agreement('int2-calibrated', 'f16')).toBeGreaterThan(0.93);
   });
