@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Can this model shape learn to copy at all? A diagnostic for the demo model's missing induction (README.md).
 
-Trains one variant on tiled rows only (train.tiled_batch: a pattern of P tokens repeated to fill the row, P from 8 to
---max-period) and logs the loss on the copyable positions (every token after the first period) every 50 steps. A
+Trains one variant on tiled rows only with train.py's copying phase (learn_copying: a pattern of P tokens repeated to
+fill the row, P from 8 to --max-period, shuffled text windows or uniform ids), at the full 2,048 tokens, and logs the
+loss on the copyable positions (every token after the first period). A
 model that copies drives that loss toward 0; one that does not stays near the pattern tokens' entropy.
 
   python3 tools/train-demo-model/induction_probe.py --variant text_shuf --steps 600 --out $OUT/probe-text_shuf.json
@@ -19,12 +20,9 @@ weight decay 0.1, GPT-2-style init):
 
 import argparse
 import json
-import math
 import os
-import time
 
 import torch
-import torch.nn.functional as F
 
 import train as tr
 
@@ -65,37 +63,15 @@ def main():
             torch.nn.init.zeros_(p)
     fwd = torch.compile(model)
     data = tr.load_u16(os.path.join(args.data, "train.u16"), dev)
-    decay = [p for p in model.parameters() if p.dim() == 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
     lr = v.get("lr", 2e-3)
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    opt = tr.make_optimizer(model, lr, 0.1)
     gen = torch.Generator().manual_seed(1)
     T, B = cfg.ctx, args.batch
-    curve = []
-    t0 = time.time()
-    for step in range(args.steps):
-        for g in opt.param_groups:
-            g["lr"] = lr * min(1.0, (step + 1) / 100)
-        if v.get("source") == "uniform":
-            seq = tr.tiled_batch(B, T + 1, args.max_period, gen, dev, vocab=v.get("vocab", tr.CONTROL_TOKENS_FROM), min_period=8)
-        else:
-            seq = tr.tiled_batch(B, T + 1, args.max_period, gen, dev, data=data, shuffle_frac=1.0, min_period=8)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = fwd(seq[:, :-1])
-            loss_tok = F.cross_entropy(logits.float().flatten(0, 1), seq[:, 1:].flatten(), reduction="none").view(B, T)
-        loss = loss_tok.mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        if step % 50 == 0 or step == args.steps - 1:
-            # positions past the first period of the longest pattern: every target there is a copy
-            copy_loss = loss_tok[:, args.max_period :].mean().item()
-            rec = {"step": step, "loss": loss.item(), "copy_loss": copy_loss, "gnorm": gnorm.item(), "s": time.time() - t0}
-            curve.append(rec)
-            print(f"{args.variant} step {step} loss {rec['loss']:.3f} copy {copy_loss:.3f} gnorm {rec['gnorm']:.3f} "
-                  f"({rec['s']:.0f}s)", flush=True)
+    # the copying phase of train.py at full length, never stopped early (until < 0)
+    setup = {"ctx": T, "period": args.max_period, "steps": args.steps, "until": -1.0}
+    if v.get("source") == "uniform":
+        setup["vocab"] = v.get("vocab", tr.CONTROL_TOKENS_FROM)
+    curve = tr.learn_copying(model, fwd, opt, lr, 100, B * T, setup, data, gen, dev, args.variant)
     with open(args.out, "w") as f:
         json.dump({"variant": args.variant, "config": v, "steps": args.steps, "max_period": args.max_period,
                    "batch": B, "ctx": T, "curve": curve}, f, indent=1)

@@ -1,12 +1,14 @@
 # Trains side by side on one H200 (device `run`, carry .train/tok). Each JOBS entry is SHAPE:SWEEP (one process), e.g.
 # session 2:  JOBS="probe:d1_e12,d0_e30,d0_e20_shuf gqa4:d1_e12,d0_e30,d0_e20_shuf" sh tools/train-demo-model/run-sweep.sh
 # session 6:  JOBS="demo:s3_e12_rand,s3_e12_mix demo:s5_e12_rand demo:s7_e12_rand" SMOKE=1 sh tools/train-demo-model/run-sweep.sh
-# SMOKE=1 first runs a tiny configuration of the first job and stops on failure. TRAIN_TIMEOUT_S (560) and
-# DEADLINE_S (420) leave room for other work in the same 600 s call.
+# SMOKE=1 first runs a tiny configuration of the first job and stops on failure (about 60-90 s, compilation
+# included). TRAIN_TIMEOUT_S (560) and DEADLINE_S (420) bound each job; with SMOKE, lower them so that the smoke run
+# plus TRAIN_TIMEOUT_S stays inside the call's 600 s.
 # Returns logs.tar (each job's train.log and log.json, job<N>/...; the device returns only a few files), and the
 # weights of the first job (in JOBS order) whose chosen checkpoint passes the INT2 proof, else of the first job.
 set -u
 JOBS=${JOBS:-probe:d1_e12,d0_e30,d0_e20_shuf gqa4:d1_e12,d0_e30,d0_e20_shuf}
+rm -rf /tmp/job[0-9]* /tmp/jobs.txt /tmp/smoke  # a warm machine keeps the last call's files
 if [ -n "${SMOKE:-}" ]; then
   first=${JOBS%% *}
   python3 tools/train-demo-model/train.py --data .train/tok --out /tmp/smoke --shape ${first%%:*} --sweep ${first#*:} \

@@ -270,8 +270,8 @@ def add_random_spans(seq, n, pairs, max_gap, gen, vocab):
 
 def tiled_batch(n, T1, max_period, gen, device, vocab=None, data=None, shuffle_frac=0.0, min_period=16):
     """Induction data: each row is a pattern of P tokens (P from min_period to max_period) repeated to fill the row. From the
-    second period on every token is predictable by finding the previous occurrence of the current token and reading
-    the one after it (P varies per row, so no fixed offset does it).
+    second period on every token is predictable by copying: find where the current context occurred one period back
+    and read the token after it (P varies per row, so no fixed offset does it).
 
     The pattern is P uniformly random ordinary tokens (vocab), or a window of the training text (data), token-shuffled
     with probability shuffle_frac so that it cannot be predicted from memory, only copied."""
@@ -289,12 +289,20 @@ def tiled_batch(n, T1, max_period, gen, device, vocab=None, data=None, shuffle_f
     return torch.stack(rows)
 
 
+def make_optimizer(model, lr, weight_decay):
+    """AdamW as every run uses it: decay on the matrices only."""
+    decay = [p for p in model.parameters() if p.dim() == 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+                             lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
+
+
 def learn_copying(model, fwd, opt, peak_lr, warm_steps, tokens_per_step, setup, data, gen, device, log_prefix):
     """Before the text: short tiled rows (setup["ctx"] tokens, patterns of 8..setup["period"] tokens, shuffled text
     windows or uniformly random ids below setup["vocab"]) until the loss on the copyable positions falls below
-    setup["until"] or setup["steps"] have run. Copying forms in a few hundred steps at 128 tokens (a 2-layer probe
-    with 64 ids: tools/train-demo-model/README.md), and a match on content does not depend on the distance, so it
-    then carries over to the long rows. Returns the curve."""
+    setup["until"] or setup["steps"] have run. At 128 tokens copying forms in a few hundred steps, and a match on
+    content does not depend on the distance, so it then carries over to the long rows (README.md, session 6).
+    induction_probe.py runs the same loop at 2,048 tokens, where nothing is learned. Returns the curve."""
     ctx, period, vocab = setup["ctx"], setup["period"], setup.get("vocab")
     rows = tokens_per_step // ctx
     saved_p = model.drop_p.item()
@@ -677,6 +685,8 @@ def main():
         n_ret = int(round(B * retrieval_frac))
         n_tiled = int(round(B * syn_mix))
         n_text_tiled = int(round(B * tile_frac))
+        # retrieval rows are the first n_ret, tiled rows the last ones: they must not overlap
+        assert n_ret + max(n_tiled, n_text_tiled) <= B and not (n_tiled and n_text_tiled), run_name
         epochs *= args.epoch_scale
         text_steps = max(20, int(epochs * data["train"].numel() / ((B - n_text_tiled) * T)))
         syn_steps = int(round(text_steps * syn_frac / (1 - syn_frac)))
@@ -691,12 +701,7 @@ def main():
             if p.dim() == 1:
                 (nn.init.zeros_ if name.endswith(".bias") else nn.init.ones_)(p)
         model.drop_p.fill_(dropout)
-        decay = [p for p in model.parameters() if p.dim() == 2]
-        no_decay = [p for p in model.parameters() if p.dim() < 2]
-        opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=peak_lr, betas=(0.9, 0.95), eps=1e-8, fused=True,
-        )
+        opt = make_optimizer(model, peak_lr, wd)
         gen = torch.Generator(device=dev).manual_seed(args.seed)
         cgen = torch.Generator().manual_seed(args.seed + 1)
         curve = []
@@ -708,7 +713,8 @@ def main():
         if "copy" in overrides:
             setup = dict(overrides["copy"], steps=max(20, int(overrides["copy"]["steps"] * args.epoch_scale)))
             copy_curve = learn_copying(model, fwd, opt, peak_lr, args.warmup, B * T, setup, data["train"], cgen, dev, run_name)
-        warmup = 1 if copy_curve else args.warmup  # the copying phase warmed the optimizer up
+        copy_steps = copy_curve[-1]["step"] if copy_curve else 0
+        warmup = max(1, args.warmup - copy_steps)  # the copying phase's steps count toward the warm-up
         for step in range(steps):
             progress = step / steps
             synthetic = step < syn_steps
@@ -760,15 +766,15 @@ def main():
         train_s = time.time() - t0
         seconds_per_epoch = train_s / epochs  # the first run's includes compilation: an overestimate
         run = {"dropout": dropout, "epochs": epochs, "weight_decay": wd, "peak_lr": peak_lr, "shuffled_span_frac": shuffle,
-               "retrieval_frac": retrieval_frac, "random_span_pairs": random_pairs, "synthetic_steps": syn_steps, "synthetic_mix": syn_mix, "tile_frac": tile_frac, "tile_shuffle": tile_shuffle, "copy_phase": overrides.get("copy"), "copy_curve": copy_curve, "steps": steps, "tokens": steps * B * T, "train_seconds": train_s,
-               "best_step": best["step"], "best_val_loss_bf16": best["val"], "final_train_loss": curve[-1]["train_loss"],
+               "retrieval_frac": retrieval_frac, "random_span_pairs": random_pairs, "synthetic_steps": syn_steps, "synthetic_mix": syn_mix, "tile_frac": tile_frac, "tile_shuffle": tile_shuffle, "copy_phase": setup if copy_curve else None, "copy_tokens": copy_steps * B * T, "copy_curve": copy_curve, "steps": steps, "tokens": steps * B * T, "train_seconds": train_s,
+               "best_step": best.get("step"), "best_val_loss_bf16": best["val"], "final_train_loss": curve[-1]["train_loss"],
                "final_val_loss_bf16": curve[-1]["val_loss"], "curve": curve, "checkpoints": {}}
         result["runs"][run_name] = run
         final_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        checkpoints = [("final", final_state)] + ([("best_val", best["state"])] if best["step"] != steps else [])
+        checkpoints = [("final", final_state)] + ([("best_val", best["state"])] if best.get("step", steps) != steps else [])
         for ck_name, state in checkpoints:
             model.load_state_dict(state)
-            log(f"{run_name}/{ck_name}: evaluating (train {train_s:.0f}s; best val {best['val']:.3f} at step {best['step']}/{steps})")
+            log(f"{run_name}/{ck_name}: evaluating (train {train_s:.0f}s; best val {best['val']:.3f} at step {best.get('step')}/{steps})")
             ppl, spans, random_spans, kv_stats = full_eval()
             ok = passes(ppl)
             run["checkpoints"][ck_name] = {"step": steps if ck_name == "final" else best["step"], "perplexity_ctx2048": ppl,
