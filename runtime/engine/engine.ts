@@ -589,9 +589,10 @@ export class Engine {
 
   /**
    * Teacher forcing: the logits after each prefix of `ids` ([ids.length × vocab], row t follows ids[0..t]).
-   * For evaluation and oracle tests; reads back every row, so it is not a generation path.
+   * For evaluation and oracle tests; reads back every row (with `rows`, every prefill chunk holding a row it
+   * accepts; the other chunks' rows stay zero), so it is not a generation path.
    */
-  async teacherForcedLogits(ids: number[]): Promise<Float32Array> {
+  async teacherForcedLogits(ids: number[], rows?: (row: number) => boolean): Promise<Float32Array> {
     const m = this.require();
     this.validatePrompt(m, ids);
     if (this.busy) throw new InvalidRequestError('The engine is busy with another request.');
@@ -606,11 +607,13 @@ export class Engine {
         const part = ids.slice(position, position + chunk);
         m.pool.writeStep(seq, position, part.length);
         m.transformer.writeStep(part, position);
+        // A chunk with no row the caller needs still fills the cache, but computes no logits and is not waited on.
+        const needed = !rows || part.some((_, i) => rows(position + i));
         const encoder = this.gpu.device.createCommandEncoder({ label: 'teacher-forced' });
-        m.transformer.encode(encoder, part.length, 'all');
+        m.transformer.encode(encoder, part.length, needed ? 'all' : 'none');
         this.gpu.device.queue.submit([encoder.finish()]);
-        const rows = await readFloat32(this.gpu, m.transformer.allLogitsBuffer(), part.length * vocab);
-        out.set(rows, position * vocab);
+        if (needed)
+          out.set(await readFloat32(this.gpu, m.transformer.allLogitsBuffer(), part.length * vocab), position * vocab);
         this.gpu.throwIfErrors();
       }
       return out;

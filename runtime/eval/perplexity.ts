@@ -4,8 +4,11 @@
  */
 
 export interface WindowScorer {
-  /** Logits after each prefix of `ids` ([ids.length × vocab]). */
-  teacherForcedLogits(ids: number[]): Promise<Float32Array>;
+  /**
+   * Logits after each prefix of `ids` ([ids.length × vocab]). With `rows`, only the rows it accepts are needed: a
+   * scorer may leave the others zero and skip reading them back (a retrieval trial scores a few dozen of 2K rows).
+   */
+  teacherForcedLogits(ids: number[], rows?: (row: number) => boolean): Promise<Float32Array>;
 }
 
 export interface PerplexityResult {

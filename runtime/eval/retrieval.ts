@@ -455,7 +455,9 @@ export async function runCell(
   const scores: TrialScore[] = [];
   for (let i = 0; i < cell.trials; i++) {
     const trial = builder.trial(cell.task, cell.length, cell.depth, i);
-    const logits = await scorer.teacherForcedLogits(trial.ids);
+    const scored = new Set<number>(); // logits row p - 1 predicts position p
+    for (const item of [...trial.items, ...(trial.baselineItems ?? [])]) for (const p of item) scored.add(p - 1);
+    const logits = await scorer.teacherForcedLogits(trial.ids, (row) => scored.has(row));
     const score = scoreTrial(trial, logits, vocab);
     scores.push(score);
     onTrial?.(i + 1, score);
