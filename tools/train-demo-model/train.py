@@ -619,10 +619,12 @@ def main():
                 rows = torch.stack([data["val"][j * T : j * T + T + 1] for j in range(i, min(val_rows, i + 16))])
                 logits = model(rows[:, :-1])  # eager: eval shapes would make the compiled graph recompile
                 tot += F.cross_entropy(logits.float().flatten(0, 1), rows[:, 1:].flatten(), reduction="sum").item()
-            logits = model(span_probe[:, :-1]).float()
-            sl = F.cross_entropy(logits[:, -63:].flatten(0, 1), span_probe[:, -63:].flatten()).item()
-            logits = model(random_probe[:, :-1]).float()
-            rl = F.cross_entropy(logits[:, -63:].flatten(0, 1), random_probe[:, -63:].flatten()).item()
+
+            def second_copy_loss(probe):
+                logits = model(probe[:, :-1]).float()
+                return F.cross_entropy(logits[:, -63:].flatten(0, 1), probe[:, -63:].flatten()).item()
+
+            sl, rl = second_copy_loss(span_probe), second_copy_loss(random_probe)
         model.train()
         return tot / (val_rows * T), sl, rl
 
@@ -634,15 +636,16 @@ def main():
             ppl[ds] = {m: perplexity(model, data[ds], T, kv, args.eval_windows) for m, kv in modes.items()}
             base = ppl[ds]["fp16"]["ppl"]
             log(f"  {ds}: " + ", ".join(f"{m} {r['ppl']:.3f} ({100 * (r['ppl'] / base - 1):+.1f}%) late {r['ppl_pos_ge_1024']:.3f}" for m, r in ppl[ds].items()))
-        spans = {}
-        for dist, seqs in span_sets.items():
-            spans[dist] = {m: repeated_span_loss(model, seqs, 64, kv) for m, kv in modes.items()}
-            log(f"  repeat@{dist}: " + ", ".join(f"{m} {r['repeat_loss']:.3f} top1 {r['repeat_top1']:.2f}" for m, r in spans[dist].items())
-                + f" (first copy {spans[dist]['fp16']['first_copy_loss']:.3f} top1 {spans[dist]['fp16']['first_copy_top1']:.2f})")
-        random_spans = {}
-        for dist, seqs in random_span_sets.items():
-            random_spans[dist] = {m: repeated_span_loss(model, seqs, 64, kv) for m, kv in modes.items()}
-            log(f"  random repeat@{dist}: " + ", ".join(f"{m} {r['repeat_loss']:.3f} top1 {r['repeat_top1']:.2f}" for m, r in random_spans[dist].items()))
+
+        def span_table(sets, name):
+            table = {}
+            for dist, seqs in sets.items():
+                table[dist] = {m: repeated_span_loss(model, seqs, 64, kv) for m, kv in modes.items()}
+                log(f"  {name}@{dist}: " + ", ".join(f"{m} {r['repeat_loss']:.3f} top1 {r['repeat_top1']:.2f}" for m, r in table[dist].items())
+                    + f" (first copy {table[dist]['fp16']['first_copy_loss']:.3f} top1 {table[dist]['fp16']['first_copy_top1']:.2f})")
+            return table
+
+        spans, random_spans = span_table(span_sets, "repeat"), span_table(random_span_sets, "random repeat")
         kv_stats = kv_statistics(model, torch.stack([data["val"][j * T : j * T + T] for j in range(4)]), hd,
                                  modes["int2_hadamard"].rot)
         log("  K outlier ratio / K INT2 err naive, hadamard by layer: " + "; ".join(
@@ -683,10 +686,10 @@ def main():
         syn_frac, syn_mix = overrides.get("syn_frac", 0.0), overrides.get("syn_mix", 0.0)
         tile_frac, tile_shuffle = overrides.get("tile_frac", 0.0), overrides.get("tile_shuffle", 0.0)
         n_ret = int(round(B * retrieval_frac))
-        n_tiled = int(round(B * syn_mix))
+        n_random_tiled = int(round(B * syn_mix))
         n_text_tiled = int(round(B * tile_frac))
         # retrieval rows are the first n_ret, tiled rows the last ones: they must not overlap
-        assert n_ret + max(n_tiled, n_text_tiled) <= B and not (n_tiled and n_text_tiled), run_name
+        assert n_ret + max(n_random_tiled, n_text_tiled) <= B and not (n_random_tiled and n_text_tiled), run_name
         epochs *= args.epoch_scale
         text_steps = max(20, int(epochs * data["train"].numel() / ((B - n_text_tiled) * T)))
         syn_steps = int(round(text_steps * syn_frac / (1 - syn_frac)))
@@ -735,8 +738,8 @@ def main():
                     seq = add_random_spans(seq, n_ret, random_pairs, max_gap, cgen, CONTROL_TOKENS_FROM)
                 elif n_ret:
                     seq = add_retrieval(seq, n_ret, max_gap, cgen, shuffle)
-                if n_tiled:
-                    seq[B - n_tiled :] = tiled_batch(n_tiled, T + 1, 1024, cgen, dev, vocab=CONTROL_TOKENS_FROM, min_period=8)
+                if n_random_tiled:
+                    seq[B - n_random_tiled :] = tiled_batch(n_random_tiled, T + 1, 1024, cgen, dev, vocab=CONTROL_TOKENS_FROM, min_period=8)
                 if n_text_tiled:
                     tile_period = int(16 + (1536 - 16) * min(1.0, progress / 0.5))
                     seq[B - n_text_tiled :] = tiled_batch(n_text_tiled, T + 1, tile_period, cgen, dev,
