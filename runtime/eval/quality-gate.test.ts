@@ -6,8 +6,9 @@
  * Perplexity over 256 in-domain tokens says little about a cache: most of what the model predicts there comes from
  * the recent f16 window. The gate therefore also measures attention fidelity (runtime/eval/fidelity.ts: per layer,
  * how far a cache moves each query's attention output and weights), which a bad cache does fail. The long-context
- * perplexity table, where naive INT2 costs far more, is in docs/kv-cache.md. Every tolerance below is the value measured on lavapipe with a stated margin; the numbers
- * and the configuration are in docs/kv-cache.md ("CI quality gate").
+ * perplexity table, where naive INT2 costs far more, is in docs/kv-cache.md. Every tolerance below is the value
+ * measured on lavapipe with a stated margin; the numbers and the configuration are in docs/kv-cache.md ("CI quality
+ * gate").
  *
  * A small configuration, so it runs in CI on a CPU adapter: one window of 256 tokens with a 16-token sink and a
  * 64-token f16 window (the shipped 64/256 quantizes nothing before token 336), the runtime's group of 128 and
