@@ -3,9 +3,11 @@
  * p, x_p[t,h,:] <- x_p[t,h,:] · R_p[h / headsPerMatrix_p] (R row-major [headDim, headDim], f32; with `transpose` the
  * product is with Rᵀ, which undoes an orthogonal R). The KV cache rotates q, k and v with it before quantization (one
  * dispatch for the three: each dependent dispatch costs a few µs on a GPU), and undoes the rotation on the attention
- * output of graphs without a merge pass (the merge pass does it otherwise: kernels/attention.wgsl.ts). One workgroup per (token, head of any part): the row is staged in workgroup memory so the update can be in
- * place. Params.part[p] = (heads, headsPerMatrix, transpose, first matrix's word offset).
+ * output of graphs without a merge pass (the merge pass does it otherwise: kernels/attention.wgsl.ts). One
+ * workgroup per (token, head of any part): the row is staged in workgroup memory so the update can be in place.
+ * Params.part[p] = (heads, headsPerMatrix, transpose, first matrix's word offset).
  */
+
 /**
  * WGSL of out_j = Σ_i row[i] · matrix[at(j) + i · stride] for j < d, by a workgroup of WG invocations. Each output's
  * inner product is cut in QUARTERS over i, each quarter with eight partial sums, so many matrix loads are in flight
