@@ -556,6 +556,15 @@ SWEEP = {
                                                  "copy": {"ctx": 256, "period": 64, "steps": 1500, "until": 1.0}}),
     "c128_t5_e12_lr1": (0.1, 12, 0.1, 0.0, 0.0, 0, {"tile_frac": 0.5, "tile_shuffle": 0.5, "lr": 1e-3,
                                                      "copy": {"ctx": 128, "period": 32, "steps": 1500, "until": 1.0}}),
+    # session 7: c128_t5_e12 copies best but naive INT2 costs it +17% on WikiText-2 (runtime), short of 20%; c256_t5_e24
+    # reached +27% (simulated) and peak lr 1e-3 only +3%. Is it the longer text phase, or a higher lr, that makes the
+    # model lean on its distant history?
+    "c128_t5_e24": (0.1, 24, 0.1, 0.0, 0.0, 0, {"tile_frac": 0.5, "tile_shuffle": 0.5,
+                                                 "copy": {"ctx": 128, "period": 32, "steps": 1500, "until": 1.0}}),
+    "c128_t5_e12_lr3": (0.1, 12, 0.1, 0.0, 0.0, 0, {"tile_frac": 0.5, "tile_shuffle": 0.5, "lr": 3e-3,
+                                                     "copy": {"ctx": 128, "period": 32, "steps": 1500, "until": 1.0}}),
+    "c128_t5_e24_lr3": (0.1, 24, 0.1, 0.0, 0.0, 0, {"tile_frac": 0.5, "tile_shuffle": 0.5, "lr": 3e-3,
+                                                     "copy": {"ctx": 128, "period": 32, "steps": 1500, "until": 1.0}}),
 }
 
 
