@@ -1,7 +1,7 @@
 import { readFileSync } from 'node:fs';
 import { Engine, type LoadOptions } from '../engine/engine.ts';
 import { InvalidRequestError } from '../errors.ts';
-import { perplexity, topOneAgreement } from '../eval/perplexity.ts';
+import { pairedPerplexityRatioInterval, perplexity, topOneAgreement } from '../eval/perplexity.ts';
 import {
   analyticChance,
   formatRetrievalTable,
@@ -83,9 +83,13 @@ export async function runEval(args: ParsedArgs, gpu: GpuContext): Promise<number
     tokens: number;
     perplexity: number;
     top1AgreementWithF16?: number;
+    /** 95% interval of perplexity / f16's − 1, paired over windows (runtime/eval/perplexity.ts). */
+    vsF16Interval95?: { low: number; high: number };
+    windowMeanNll: number[];
   }> = [];
   try {
     let reference: Int32Array[] | null = null;
+    let referenceWindowNll: number[] | null = null;
     for (const mode of modes) {
       // Small prefill chunks: every query of a chunk sees the chunk itself in f16, so the chunk is kept well below
       // the window for the evaluation to measure what decoding sees.
@@ -94,13 +98,22 @@ export async function runEval(args: ParsedArgs, gpu: GpuContext): Promise<number
       for (const path of texts)
         for (const id of engine.tokenizer.encode(readFileSync(path, 'utf8'), { addSpecial: false })) ids.push(id);
       const result = await perplexity(engine, ids, ctx, engine.config.vocab, { maxWindows });
-      if (mode === 'f16') reference = result.argmax;
+      if (mode === 'f16') {
+        reference = result.argmax;
+        referenceWindowNll = result.windowMeanNll;
+      }
+      const interval =
+        referenceWindowNll && mode !== 'f16'
+          ? pairedPerplexityRatioInterval(result.windowMeanNll, referenceWindowNll)
+          : null;
       rows.push({
         kv: mode,
         windows: result.windows,
         tokens: result.tokensScored,
         perplexity: result.perplexity,
         ...(reference && mode !== 'f16' ? { top1AgreementWithF16: topOneAgreement(reference, result.argmax) } : {}),
+        ...(interval ? { vsF16Interval95: interval } : {}),
+        windowMeanNll: result.windowMeanNll,
       });
       engine.unload();
     }
@@ -117,13 +130,15 @@ export async function runEval(args: ParsedArgs, gpu: GpuContext): Promise<number
     );
   } else {
     process.stdout.write(
-      `| KV | windows | tokens | perplexity | vs f16 | top-1 agreement |\n|---|---|---|---|---|---|\n`,
+      `| KV | windows | tokens | perplexity | vs f16 | 95% CI (paired windows) | top-1 agreement |\n|---|---|---|---|---|---|---|\n`,
     );
+    const percent = (x: number) => `${(x * 100).toFixed(2)}%`;
     for (const r of report) {
-      const vs = r.vsF16 === undefined ? '' : `${(r.vsF16 * 100).toFixed(2)}%`;
+      const vs = r.vsF16 === undefined ? '' : percent(r.vsF16);
+      const ci = r.vsF16Interval95 ? `[${percent(r.vsF16Interval95.low)}, ${percent(r.vsF16Interval95.high)}]` : '';
       const agree = r.top1AgreementWithF16 === undefined ? '' : `${(r.top1AgreementWithF16 * 100).toFixed(1)}%`;
       process.stdout.write(
-        `| ${r.kv} | ${r.windows} | ${r.tokens} | ${r.perplexity.toFixed(3)} | ${vs} | ${agree} |\n`,
+        `| ${r.kv} | ${r.windows} | ${r.tokens} | ${r.perplexity.toFixed(3)} | ${vs} | ${ci} | ${agree} |\n`,
       );
     }
     process.stdout.write(`\n${verdict.status.toUpperCase()}: ${verdict.reason}\n`);

@@ -1,5 +1,11 @@
 import { describe, expect, it } from 'vitest';
-import { logProbability, perplexity, topOneAgreement } from './perplexity.ts';
+import {
+  logProbability,
+  pairedPerplexityRatioInterval,
+  perplexity,
+  studentT95,
+  topOneAgreement,
+} from './perplexity.ts';
 
 describe('perplexity', () => {
   it('log-probabilities are a normalized log-softmax, stable for large logits', () => {
@@ -61,5 +67,43 @@ describe('quality table verdict', () => {
         { kv: 'int2-hadamard', vsF16: 0.02 },
       ]).status,
     ).toBe('informative');
+  });
+});
+
+describe('paired perplexity interval', () => {
+  it("Student's t quantiles match the tables", () => {
+    // two-sided 95%: df 3 → 3.182, 5 → 2.571, 15 → 2.131, 63 → 1.998
+    expect(studentT95(3)).toBeCloseTo(3.182, 1);
+    expect(studentT95(5)).toBeCloseTo(2.571, 2);
+    expect(studentT95(15)).toBeCloseTo(2.131, 3);
+    expect(studentT95(63)).toBeCloseTo(1.998, 3);
+  });
+
+  it('brackets the ratio of per-window perplexities, and narrows with pairing', () => {
+    // windows of very different difficulty; the mode adds 0.05 nats ± 0.01 to each
+    const reference = [3.1, 5.9, 4.2, 6.8, 3.7, 5.1, 4.8, 6.2];
+    const jitter = [0.01, -0.01, 0.005, -0.005, 0.0, 0.01, -0.01, 0.0];
+    const mode = reference.map((r, w) => r + 0.05 + jitter[w]);
+    const interval = pairedPerplexityRatioInterval(mode, reference)!;
+    const meanDiff = mode.reduce((s, m, w) => s + m - reference[w], 0) / mode.length;
+    expect(interval.low).toBeLessThan(Math.exp(meanDiff) - 1);
+    expect(interval.high).toBeGreaterThan(Math.exp(meanDiff) - 1);
+    expect(interval.low).toBeGreaterThan(0.04); // exp(0.05) − 1 = 0.0513, jitter ± 0.01
+    expect(interval.high).toBeLessThan(0.065);
+    expect(pairedPerplexityRatioInterval(mode.slice(0, 2), reference.slice(0, 2))).toBeNull();
+  });
+
+  it("perplexity reports each window's mean NLL, and they average to the whole", async () => {
+    const vocab = 4;
+    const scorer = {
+      teacherForcedLogits: async (ids: number[]) =>
+        Float32Array.from({ length: ids.length * vocab }, (_, i) => Math.sin(i * 0.37 + ids[0])),
+    };
+    const ids = Array.from({ length: 30 }, (_, i) => Math.floor(Math.abs(Math.sin(i * 12.9898)) * 43758) % vocab);
+    const result = await perplexity(scorer, ids, 10, vocab);
+    expect(result.windowMeanNll).toHaveLength(3);
+    const mean = result.windowMeanNll.reduce((s, x) => s + x, 0) / 3;
+    expect(mean).toBeCloseTo(result.meanNll, 12);
+    expect(new Set(result.windowMeanNll.map((x) => x.toFixed(6))).size).toBe(3);
   });
 });

@@ -16,6 +16,8 @@ export interface PerplexityResult {
   tokensScored: number;
   meanNll: number;
   perplexity: number;
+  /** Per window, its mean negative log-likelihood (every window scores ctx − 1 tokens): for paired comparisons. */
+  windowMeanNll: number[];
   /** Per window, the predicted (argmax) id at each scored position: for top-1 agreement between caches. */
   argmax: Int32Array[];
 }
@@ -47,20 +49,57 @@ export async function perplexity(
   let nll = 0;
   let scored = 0;
   const argmax: Int32Array[] = [];
+  const windowMeanNll: number[] = [];
   for (let w = 0; w < total; w++) {
     const window = ids.slice(w * ctx, (w + 1) * ctx);
     const logits = await scorer.teacherForcedLogits(window);
     const predicted = new Int32Array(ctx - 1);
+    let windowNll = 0;
     for (let t = 0; t + 1 < ctx; t++) {
-      nll -= logProbability(logits, t * vocab, vocab, window[t + 1]);
+      windowNll -= logProbability(logits, t * vocab, vocab, window[t + 1]);
       predicted[t] = argmaxRow(logits, t * vocab, vocab);
       scored++;
     }
+    nll += windowNll;
+    windowMeanNll.push(windowNll / (ctx - 1));
     argmax.push(predicted);
     options.onWindow?.(w + 1, total);
   }
   const meanNll = scored > 0 ? nll / scored : Number.NaN;
-  return { windows: total, tokensScored: scored, meanNll, perplexity: Math.exp(meanNll), argmax };
+  return { windows: total, tokensScored: scored, meanNll, perplexity: Math.exp(meanNll), argmax, windowMeanNll };
+}
+
+/** Two-sided 95% quantile of Student's t with `df` degrees of freedom (Cornish–Fisher; error < 1e-3 for df >= 3). */
+export function studentT95(df: number): number {
+  const z = 1.959963984540054;
+  const z3 = z ** 3;
+  const z5 = z ** 5;
+  const z7 = z ** 7;
+  return (
+    z +
+    (z3 + z) / (4 * df) +
+    (5 * z5 + 16 * z3 + 3 * z) / (96 * df ** 2) +
+    (3 * z7 + 19 * z5 + 17 * z3 - 15 * z) / (384 * df ** 3)
+  );
+}
+
+/**
+ * 95% interval of perplexity(mode) / perplexity(reference) − 1 from paired windows (the same text windows under two
+ * caches): a t interval on the per-window differences of mean log-likelihood, exponentiated. Windows differ far more
+ * from each other (one article is easy, the next is not) than two caches differ on one window, so pairing is what
+ * makes a difference of a few percent measurable. Null with fewer than 3 windows.
+ */
+export function pairedPerplexityRatioInterval(
+  modeWindowNll: number[],
+  referenceWindowNll: number[],
+): { low: number; high: number } | null {
+  const n = Math.min(modeWindowNll.length, referenceWindowNll.length);
+  if (n < 3) return null;
+  const diffs = Array.from({ length: n }, (_, w) => modeWindowNll[w] - referenceWindowNll[w]);
+  const mean = diffs.reduce((s, d) => s + d, 0) / n;
+  const variance = diffs.reduce((s, d) => s + (d - mean) ** 2, 0) / (n - 1);
+  const half = studentT95(n - 1) * Math.sqrt(variance / n);
+  return { low: Math.exp(mean - half) - 1, high: Math.exp(mean + half) - 1 };
 }
 
 /** Fraction of scored positions where two runs predicted the same top-1 token. */
