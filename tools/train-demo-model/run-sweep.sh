@@ -1,4 +1,5 @@
-# Trains side by side on one H200 (device `run`, carry .train/tok). Each JOBS entry is SHAPE:SWEEP (one process), e.g.
+# Trains side by side on one H200 (device `run`, carry .train/tok). Each JOBS entry is SHAPE:SWEEP[:SEED] (one
+# process; the seed of train.py's --seed, else its default), e.g.
 # session 2:  JOBS="probe:d1_e12,d0_e30,d0_e20_shuf gqa4:d1_e12,d0_e30,d0_e20_shuf" sh tools/train-demo-model/run-sweep.sh
 # session 6:  JOBS="demo:s3_e12_rand,s3_e12_mix demo:s5_e12_rand demo:s7_e12_rand" SMOKE=1 sh tools/train-demo-model/run-sweep.sh
 # SMOKE=1 first runs a tiny configuration of the first job and stops on failure (about 60-90 s, compilation
@@ -19,10 +20,11 @@ if [ -n "${SMOKE:-}" ]; then
 fi
 n=0
 for job in $JOBS; do
-  n=$((n + 1)); shape=${job%%:*}; sweep=${job#*:}
+  n=$((n + 1)); shape=${job%%:*}; sweep=${job#*:}; seed=""
+  case $sweep in *:*) seed=${sweep#*:}; sweep=${sweep%%:*} ;; esac
   mkdir -p /tmp/job$n
   ( PYTHONUNBUFFERED=1 timeout -s INT ${TRAIN_TIMEOUT_S:-560} python3 tools/train-demo-model/train.py --data .train/tok --out /tmp/job$n \
-      --shape $shape --sweep $sweep --deadline-s ${DEADLINE_S:-420} ${TRAIN_DEADLINE_S:+--train-deadline-s $TRAIN_DEADLINE_S} \
+      --shape $shape --sweep $sweep --deadline-s ${DEADLINE_S:-420} ${TRAIN_DEADLINE_S:+--train-deadline-s $TRAIN_DEADLINE_S} ${seed:+--seed $seed} \
       > /tmp/job$n/train.log 2>&1 ) &
 done
 wait
@@ -36,7 +38,8 @@ sys.exit(0 if r['runs'][rn]['checkpoints'][cn]['passes_int2_proof'] else 1)" 2>/
 done
 if [ "${PICK:-}" = wiki ]; then
   # PICK=wiki: the job whose chosen checkpoint loses most to naive INT2 on WikiText-2 among those that still copy a
-  # passage 1,536 tokens back with >= 88% top-1 (fp16), the two things the quality tables need of the demo model
+  # passage 1,536 tokens back with >= COPY_MIN (0.88) top-1 (fp16), the two things the quality tables need of the demo
+  # model
   pick=$(python3 -c "
 import json
 best = None
@@ -47,7 +50,7 @@ for n in range(1, $n + 1):
         continue
     rn, cn = r['chosen'].split('/'); c = r['runs'][rn]['checkpoints'][cn]
     w = c['perplexity_ctx2048']['wikitext2_test']; gap = w['int2_naive']['ppl'] / w['fp16']['ppl'] - 1
-    if c['repeated_span_64tok']['1536']['fp16']['repeat_top1'] >= 0.88 and (best is None or gap > best[0]):
+    if c['repeated_span_64tok']['1536']['fp16']['repeat_top1'] >= ${COPY_MIN:-0.88} and (best is None or gap > best[0]):
         best = (gap, n)
 print(best[1] if best else '')")
 fi
