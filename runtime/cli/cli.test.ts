@@ -10,6 +10,7 @@ const run = promisify(execFile);
 const bin = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'bin', 'longtab.mjs');
 const modelPath = sharedPath(STORIES260K);
 const goldenPath = sharedPath(STORIES260K_GOLDEN);
+const tinyStoriesPath = sharedPath('corpora/tinystories/TinyStories-valid-30KB-subset.txt');
 
 async function longtab(...args: string[]) {
   return run(process.execPath, [bin, ...args], {
@@ -59,6 +60,44 @@ describe.skipIf(!modelPath || !goldenPath)('longtab CLI on stories260K', () => {
     expect(out.usage.promptTokens).toBe(1);
     expect(out.usage.completionTokens).toBe(expected.length);
   });
+
+  it.skipIf(!tinyStoriesPath)(
+    'eval --json: perplexity per mode, a paired interval on the ratio to f16, progress on stderr',
+    async () => {
+      // A 32-token f16 window and a 4-token sink, so naive INT2 quantizes most of each 128-token window.
+      const { stdout, stderr } = await longtab(
+        'eval',
+        '--model',
+        modelPath!,
+        '--text',
+        tinyStoriesPath!,
+        '--ctx',
+        '128',
+        '--max-windows',
+        '4',
+        '--kv',
+        'f16,int2-none',
+        '--window',
+        '32',
+        '--sink',
+        '4',
+        '--json',
+      );
+      const out = JSON.parse(stdout);
+      const [f16, naive] = out.results;
+      expect(f16.kv).toBe('f16');
+      expect(f16.windowMeanNll).toHaveLength(4);
+      expect(f16.vsF16Interval95).toBeUndefined();
+      // The whole-text perplexity is the exponentiated mean of the per-window mean NLLs (equal windows).
+      const mean = (xs: number[]) => xs.reduce((s, x) => s + x, 0) / xs.length;
+      expect(Math.log(naive.perplexity)).toBeCloseTo(mean(naive.windowMeanNll), 9);
+      expect(naive.vsF16).toBeGreaterThan(0.1);
+      expect(naive.vsF16Interval95.low).toBeLessThan(naive.vsF16);
+      expect(naive.vsF16Interval95.high).toBeGreaterThan(naive.vsF16);
+      expect(stderr).toMatch(/\[f16\] 4 windows of 128: perplexity \d+\.\d{3}/);
+      expect(stderr).toMatch(/\[int2-none\] 4 windows of 128: perplexity \d+\.\d{3}/);
+    },
+  );
 
   it('a missing file is a clear error with a non-zero exit code', async () => {
     await expect(longtab('info', '/nonexistent/model.gguf')).rejects.toMatchObject({ code: 1 });

@@ -75,6 +75,7 @@ export async function runEval(args: ParsedArgs, gpu: GpuContext): Promise<number
   const ctx = numberFlag(args, 'ctx', 512);
   const maxWindows = numberFlag(args, 'max-windows', Number.POSITIVE_INFINITY);
   const modes = evalModes(args);
+  const log = progressLog(args);
   const engine = new Engine(gpu);
   const source = await sourceFromPath(modelPath);
   const rows: Array<{
@@ -97,7 +98,12 @@ export async function runEval(args: ParsedArgs, gpu: GpuContext): Promise<number
       const ids: number[] = [];
       for (const path of texts)
         for (const id of engine.tokenizer.encode(readFileSync(path, 'utf8'), { addSpecial: false })) ids.push(id);
+      const started = performance.now();
       const result = await perplexity(engine, ids, ctx, engine.config.vocab, { maxWindows });
+      // One line per mode as it finishes: a run cut short (a GPU host's time limit) still leaves its finished rows.
+      log(
+        `[${mode}] ${result.windows} windows of ${ctx}: perplexity ${result.perplexity.toFixed(3)}, ${((performance.now() - started) / 1000).toFixed(1)} s`,
+      );
       if (mode === 'f16') {
         reference = result.argmax;
         referenceWindowNll = result.windowMeanNll;
@@ -144,6 +150,13 @@ export async function runEval(args: ParsedArgs, gpu: GpuContext): Promise<number
     process.stdout.write(`\n${verdict.status.toUpperCase()}: ${verdict.reason}\n`);
   }
   return 0;
+}
+
+/** Progress on stderr (stdout stays the table or the JSON), unless --quiet. */
+function progressLog(args: ParsedArgs): (line: string) => void {
+  return (line) => {
+    if (!args.flags.has('quiet')) process.stderr.write(`${line}\n`);
+  };
 }
 
 /** The weak controls: a table in which they stay close to f16 cannot tell a good cache from a bad one. */
@@ -228,9 +241,7 @@ export async function runRetrievalEval(args: ParsedArgs, gpu: GpuContext): Promi
   ] as const) {
     if (args.flags.has(flag)) settings[key] = integerFlag(args, flag, 0, 0);
   }
-  const log = (line: string) => {
-    if (!args.flags.has('quiet')) process.stderr.write(`${line}\n`);
-  };
+  const log = progressLog(args);
 
   const engine = new Engine(gpu);
   const source = await sourceFromPath(modelPath);
