@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Numpy replay of the runtime's quantized KV cache, for what-if questions on the CPU (which clip, which group size)
+before a GPU run. Independent of the runtime (a second implementation of its row format, as inspect_attention.py is
+of its forward): checked against it on the demo model (README, "Session 7").
+
+  python3 tools/train-demo-model/emulate_kv.py MANIFEST ROT_PREFIX copy TRIALS.json N VARIANTS
+  python3 tools/train-demo-model/emulate_kv.py MANIFEST ROT_PREFIX ppl IDS.u16 N VARIANTS
+
+MANIFEST: train.py's exported f32 weights; ROT_PREFIX and TRIALS.json: from export-eval-inputs.ts (the calibrated
+rotations embedded in the GGUF, and the CLI's own retrieval trials); IDS.u16: tokenizer.py's id files (the
+perplexity windows of `longtab eval --ctx 2048` are the same ids, bos/eos wrapper dropped). VARIANTS, comma-separated:
+f16, int2-none, int2-calibrated (the fitted clip quantiles), int1-none, or ROT-kK-vV-gG (ROT none|cal; K, V clip
+quantiles; G group size), e.g. cal-k1-v1-g128 = calibrated rotation without clipping.
+
+What is emulated (runtime/kv/quant-format.ts, runtime/kv/pool.ts defaults): K after RoPE and V rounded to f16,
+rotated per KV head as x·R, a row = kvHeads × headDim values cut into groups; per group lo/hi at the (1−q)/q
+quantiles (rank rounded), lo and scale rounded to f16, codes clamped; dequantized and rotated back. Query t reads key
+j dequantized iff j >= sink (64) and j's 16-token page ends at or before t − window (256), as decoding sees it
+(prefill demotes between 64-token chunks, so the runtime quantizes slightly later). Not emulated: Hadamard rotation.
+"""
+
+import json
+import re
+import sys
+
+import numpy as np
+
+from inspect_attention import load, rmsnorm, rope
+
+SINK, WINDOW, PAGE = 64, 256, 16
+
+
+def f16(x):
+    return np.asarray(x, dtype=np.float16).astype(np.float32)
+
+
+def quantize_rows(x, bits, group, clip):
+    """x: [tokens, width] → dequantized, the row format of runtime/kv/quant-format.ts."""
+    T, W = x.shape
+    g = x.reshape(T, W // group, group)
+    s = np.sort(g, -1)
+    rank = lambda q: min(group - 1, max(0, int(round(q * (group - 1)))))
+    levels = (1 << bits) - 1
+    lo = f16(s[..., rank(1 - clip)][..., None])
+    hi = s[..., rank(clip)][..., None]
+    scale = f16(np.maximum(hi - lo, 0) / levels)
+    code = np.where(scale > 0, np.clip(np.round((g - lo) / np.where(scale > 0, scale, 1)), 0, levels), 0)
+    return (lo + code * scale).reshape(T, W)
+
+
+def t95(df):
+    """Two-sided 95% Student t quantile (Cornish-Fisher, as runtime/eval/perplexity.ts studentT95)."""
+    z = 1.959963984540054
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2) + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
+
+
+def parse_variant(name, fitted_clip):
+    """(bits, clip K, clip V, rotated, group) or None for the f16 cache."""
+    presets = {"f16": None, "int2-none": (2, 1, 1, False, 128), "int1-none": (1, 1, 1, False, 128)}
+    if name in presets:
+        return presets[name]
+    if name == "int2-calibrated":
+        return (2, fitted_clip["key"], fitted_clip["value"], True, 128)
+    m = re.fullmatch(r"(none|cal)-k([\d.]+)-v([\d.]+)-g(\d+)", name)
+    if not m:
+        sys.exit(f"unknown variant {name}")
+    return (2, float(m[2]), float(m[3]), m[1] == "cal", int(m[4]))
+
+
+def logits_under(hp, w, ids, variant, rot):
+    T = len(ids)
+    D, L = hp["embedding_length"], hp["block_count"]
+    H, KV = hp["attention.head_count"], hp["attention.head_count_kv"]
+    hd, eps, theta = D // H, hp["attention.layer_norm_rms_epsilon"], hp["rope.freq_base"]
+    x = w["token_embd.weight"][ids]
+    t = np.arange(T)
+    causal = t[None, :] <= t[:, None]
+    zone = (t[None, :] >= SINK) & (((t[None, :] // PAGE) + 1) * PAGE <= t[:, None] - WINDOW)
+    for i in range(L):
+        h = rmsnorm(x, w[f"blk.{i}.attn_norm.weight"], eps).astype(np.float32)
+        q = (h @ w[f"blk.{i}.attn_q.weight"].T).reshape(T, H, hd).transpose(1, 0, 2)
+        k = (h @ w[f"blk.{i}.attn_k.weight"].T).reshape(T, KV, hd).transpose(1, 0, 2)
+        v = (h @ w[f"blk.{i}.attn_v.weight"].T).reshape(T, KV, hd).transpose(1, 0, 2)
+        q, k, v = rope(q, theta).astype(np.float32), f16(rope(k, theta)), f16(v)
+        if variant is not None:
+            bits, clip_k, clip_v, rotated, group = variant
+
+            def cache(a, r, clip):
+                ar = np.stack([a[j] @ r[i, j] for j in range(KV)]) if rotated else a
+                rows = f16(ar.transpose(1, 0, 2).reshape(T, KV * hd))
+                back = quantize_rows(rows, bits, group, clip).reshape(T, KV, hd).transpose(1, 0, 2)
+                return np.stack([back[j] @ r[i, j].T for j in range(KV)]) if rotated else back
+
+            kq, vq = cache(k, rot["key"], clip_k), cache(v, rot["value"], clip_v)
+        outs = []
+        for hh in range(H):
+            kv = hh // (H // KV)
+            s = q[hh] @ k[kv].T / np.sqrt(hd)
+            if variant is not None:
+                s = np.where(zone, q[hh] @ kq[kv].T / np.sqrt(hd), s)
+            s = np.where(causal, s, -np.inf)
+            p = np.exp(s - s.max(-1, keepdims=True))
+            p /= p.sum(-1, keepdims=True)
+            outs.append(p @ v[kv] if variant is None else np.where(zone, 0, p) @ v[kv] + np.where(zone, p, 0) @ vq[kv])
+        x = x + np.concatenate(outs, -1) @ w[f"blk.{i}.attn_output.weight"].T
+        h = rmsnorm(x, w[f"blk.{i}.ffn_norm.weight"], eps)
+        g = h @ w[f"blk.{i}.ffn_gate.weight"].T
+        x = (x + ((g / (1 + np.exp(-g))) * (h @ w[f"blk.{i}.ffn_up.weight"].T)) @ w[f"blk.{i}.ffn_down.weight"].T).astype(np.float32)
+    return rmsnorm(x, w["output_norm.weight"], eps) @ w["output.weight"].T
+
+
+def main():
+    manifest, rot_prefix, mode, data, n, names = sys.argv[1:7]
+    n, names = int(n), names.split(",")
+    hp, w = load(manifest)
+    w = {k: a.astype(np.float32) for k, a in w.items()}
+    meta = json.load(open(rot_prefix + ".rotations.json"))
+    shape = (meta["layers"], meta["kvHeads"], meta["headDim"], meta["headDim"])
+    rot = {kind: np.fromfile(f"{rot_prefix}.{kind}.f32", dtype="<f4").reshape(shape) for kind in ("key", "value")}
+    variants = {name: parse_variant(name, meta["clip"] or {"key": 1, "value": 1}) for name in names}
+    scores = {name: [] for name in names}
+    if mode == "copy":
+        # top-1 on the scored positions of each trial (the CLI's score: mean over a trial's items)
+        for i, trial in enumerate(json.load(open(data))["trials"][:n]):
+            ids = np.array(trial["ids"])
+            for name in names:
+                top = logits_under(hp, w, ids, variants[name], rot).argmax(-1)
+                scores[name].append(np.mean([all(top[p - 1] == ids[p] for p in item) for item in trial["items"]]))
+            print(f"trial {i}: " + ", ".join(f"{name} {scores[name][-1]:.3f}" for name in names), flush=True)
+        for name in names:
+            a = np.array(scores[name])
+            print(f"{name}: mean top-1 {a.mean():.3f} ± {t95(len(a) - 1) * a.std(ddof=1) / np.sqrt(len(a)):.3f} (95%, {len(a)} trials)")
+    elif mode == "ppl":
+        ids_all = np.fromfile(data, dtype="<u2").astype(np.int64)[1:-1]
+        T = 2048
+        for wi in range(n):
+            ids = ids_all[wi * T : (wi + 1) * T]
+            for name in names:
+                lg = logits_under(hp, w, ids, variants[name], rot).astype(np.float64)
+                m = lg.max(-1, keepdims=True)
+                nll = (np.log(np.exp(lg - m).sum(-1)) + m[:, 0])[:-1] - lg[np.arange(T - 1), ids[1:]]
+                scores[name].append(nll.mean())
+            print(f"window {wi}: " + ", ".join(f"{name} {np.exp(scores[name][-1]):.1f}" for name in names), flush=True)
+        base = np.array(scores[names[0]])
+        for name in names:
+            d = np.array(scores[name]) - base
+            half = t95(len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d)) if len(d) > 1 else 0.0
+            print(f"{name}: perplexity {np.exp(np.mean(scores[name])):.2f}, vs {names[0]} {np.exp(d.mean()) - 1:+.2%} "
+                  f"[{np.exp(d.mean() - half) - 1:+.2%}, {np.exp(d.mean() + half) - 1:+.2%}] ({len(d)} windows)")
+    else:
+        sys.exit(f"mode {mode}: copy or ppl")
+
+
+if __name__ == "__main__":
+    main()
