@@ -335,19 +335,29 @@ def learn_copying(model, fwd, opt, peak_lr, warm_steps, tokens_per_step, setup, 
     return curve
 
 
-def repeated_span_batch(data, n, dist, span, seed, device, random_vocab=None):
-    """[bos] + P + filler + P, the second copy of P starting `dist` tokens after the first; P, filler from held-out text.
+def repeated_span_batch(data, n, dist, span, seed, device, random_vocab=None, lead=0):
+    """[bos] + lead filler + P + filler + P, the second copy of P starting `dist` tokens after the first; P and the
+    filler from held-out text.
 
-    With random_vocab, P is uniformly random ordinary tokens instead: predictable on its second copy only by copying."""
+    With random_vocab, P is uniformly random ordinary tokens instead: predictable on its second copy only by copying.
+    lead = 0 puts the first copy right after bos, inside the f16 sink of the simulated cache, where copying is easiest;
+    `longtab eval --task copy` puts it in mid-text, as mid_text_span_batch does."""
     g = torch.Generator().manual_seed(seed)
     N = data.numel()
     rows = []
     for _ in range(n):
         a = int(torch.randint(0, N - span, (1,), generator=g))
-        b = int(torch.randint(0, N - dist, (1,), generator=g))
+        b = int(torch.randint(0, N - dist - lead, (1,), generator=g))
         p = data[a : a + span] if random_vocab is None else torch.randint(0, random_vocab, (span,), generator=g).to(data.device)
-        rows.append(torch.cat((data[:1], p, data[b : b + dist - span], p)))
+        rows.append(torch.cat((data[:1], data[b : b + lead], p, data[b + lead : b + lead + dist - span], p)))
     return torch.stack(rows).to(device)
+
+
+def mid_text_span_batch(data, n, distance, span, seed, device, T):
+    """The CLI's copy trial (runtime/eval/retrieval.ts): `distance` filler tokens between two copies of a span, the
+    second copy ending the T-token row, filler before the first. Returns (rows, lead)."""
+    lead = T - 1 - distance - 2 * span
+    return repeated_span_batch(data, n, distance + span, span, seed, device, lead=lead), lead
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -395,19 +405,20 @@ def kv_statistics(model, rows, group, rot):
 
 
 @torch.no_grad()
-def repeated_span_loss(model, seqs, span, kv, batch=16):
-    """Mean loss on the second copy of the span (its first token excluded: nothing predicts it) vs on the first copy."""
+def repeated_span_loss(model, seqs, span, kv, batch=16, lead=0):
+    """Mean loss on the second copy of the span (its first token excluded: nothing predicts it) vs on the first copy
+    (which starts after bos and `lead` filler tokens)."""
     first, second, top1, top1_first = [], [], [], []
     for i in range(0, seqs.shape[0], batch):
         rows = seqs[i : i + batch]
         logits = model(rows[:, :-1], kv).float()
         loss = F.cross_entropy(logits.flatten(0, 1), rows[:, 1:].flatten(), reduction="none").view(rows.shape[0], -1)
-        # targets rows[:, 1:]: the first copy is targets 0..span-1, the second copy the last span targets
-        first.append(loss[:, 1:span])
+        # targets rows[:, 1:]: the first copy is targets lead..lead+span-1, the second copy the last span targets
+        first.append(loss[:, lead + 1 : lead + span])
         second.append(loss[:, -(span - 1) :])
         hit = (logits.argmax(-1) == rows[:, 1:]).float()
         top1.append(hit[:, -(span - 1) :])
-        top1_first.append(hit[:, 1:span])
+        top1_first.append(hit[:, lead + 1 : lead + span])
     f, s = torch.cat(first), torch.cat(second)
     return {"first_copy_loss": f.mean().item(), "repeat_loss": s.mean().item(), "repeat_top1": torch.cat(top1).mean().item(),
             "first_copy_top1": torch.cat(top1_first).mean().item()}
@@ -619,6 +630,8 @@ def main():
     span_sets = {d: repeated_span_batch(data["val"], args.span_samples, d, 64, 100 + d, dev) for d in (256, 1024, 1536)}
     random_span_sets = {d: repeated_span_batch(data["val"], args.span_samples, d, 64, 200 + d, dev, random_vocab=CONTROL_TOKENS_FROM)
                         for d in (256, 1024, 1536)}
+    # what `longtab eval --task copy` measures: the passage in mid-text, `distance` tokens between the copies
+    mid_text_sets = {d: mid_text_span_batch(data["val"], args.span_samples, d, 64, 300 + d, dev, T) for d in (512, 1024, 1536)}
 
     def val_loss():
         model.eval()
@@ -649,19 +662,21 @@ def main():
         def span_table(sets, name):
             table = {}
             for dist, seqs in sets.items():
-                table[dist] = {m: repeated_span_loss(model, seqs, 64, kv) for m, kv in modes.items()}
+                seqs, lead = seqs if isinstance(seqs, tuple) else (seqs, 0)
+                table[dist] = {m: repeated_span_loss(model, seqs, 64, kv, lead=lead) for m, kv in modes.items()}
                 log(f"  {name}@{dist}: " + ", ".join(f"{m} {r['repeat_loss']:.3f} top1 {r['repeat_top1']:.2f}" for m, r in table[dist].items())
                     + f" (first copy {table[dist]['fp16']['first_copy_loss']:.3f} top1 {table[dist]['fp16']['first_copy_top1']:.2f})")
             return table
 
         spans, random_spans = span_table(span_sets, "repeat"), span_table(random_span_sets, "random repeat")
+        mid_text = span_table(mid_text_sets, "mid-text copy")
         kv_stats = kv_statistics(model, torch.stack([data["val"][j * T : j * T + T] for j in range(4)]), hd,
                                  modes["int2_hadamard"].rot)
         log("  K outlier ratio / K INT2 err naive, hadamard by layer: " + "; ".join(
             f"{st['k_channel_rms_max_over_median']:.1f}/{st['k_int2_rel_err']['naive']:.2f},{st['k_int2_rel_err']['hadamard']:.2f}"
             for st in kv_stats))
         model.train()
-        return ppl, spans, random_spans, kv_stats
+        return ppl, spans, random_spans, mid_text, kv_stats
 
     def passes(ppl):
         # success: naive INT2 costs >= 20% perplexity on both held-out texts, Hadamard INT2 under half of that
@@ -787,10 +802,10 @@ def main():
         for ck_name, state in checkpoints:
             model.load_state_dict(state)
             log(f"{run_name}/{ck_name}: evaluating (train {train_s:.0f}s; best val {best['val']:.3f} at step {best.get('step')}/{steps})")
-            ppl, spans, random_spans, kv_stats = full_eval()
+            ppl, spans, random_spans, mid_text, kv_stats = full_eval()
             ok = passes(ppl)
             run["checkpoints"][ck_name] = {"step": steps if ck_name == "final" else best["step"], "perplexity_ctx2048": ppl,
-                                           "repeated_span_64tok": spans, "random_span_64tok": random_spans, "passes_int2_proof": ok, "kv_statistics": kv_stats}
+                                           "repeated_span_64tok": spans, "random_span_64tok": random_spans, "mid_text_copy_64tok": mid_text, "passes_int2_proof": ok, "kv_statistics": kv_stats}
             key = f"{run_name}/{ck_name}"
 
             # keep the checkpoint that passes the INT2 proof with the lowest held-out perplexity (any, if none passes)
