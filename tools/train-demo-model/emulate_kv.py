@@ -9,8 +9,10 @@ of its forward): checked against it on the demo model (README, "Session 7").
 MANIFEST: train.py's exported f32 weights; ROT_PREFIX and TRIALS.json: from export-eval-inputs.ts (the calibrated
 rotations embedded in the GGUF, and the CLI's own retrieval trials); IDS.u16: tokenizer.py's id files (the
 perplexity windows of `longtab eval --ctx 2048` are the same ids, bos/eos wrapper dropped). VARIANTS, comma-separated:
-f16, int2-none, int2-calibrated (the fitted clip quantiles), int1-none, or ROT-kK-vV-gG (ROT none|cal; K, V clip
-quantiles; G group size), e.g. cal-k1-v1-g128 = calibrated rotation without clipping.
+f16, int2-none, int2-calibrated (the fitted clip quantiles), int1-none, ROT-kK-vV-gG[-LLAYERS] (ROT none|cal; K, V
+clip quantiles; G group size; clipped only in the listed layers, e.g. -L4567), or ROT-oN-gG (no clip; the N values
+of each group farthest from its median kept exactly, min/max codes over the rest: a dense-and-sparse row). E.g.
+cal-k1-v1-g128 = calibrated rotation without clipping.
 
 What is emulated (runtime/kv/quant-format.ts, runtime/kv/pool.ts defaults): K after RoPE and V rounded to f16,
 rotated per KV head as x·R, a row = kvHeads × headDim values cut into groups; per group lo/hi at the (1−q)/q
@@ -22,6 +24,7 @@ j dequantized iff j >= sink (64) and j's 16-token page ends at or before t − w
 import json
 import re
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -54,17 +57,49 @@ def t95(df):
     return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2) + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
 
 
+def quantize_rows_outliers(x, bits, group, keep):
+    """min/max codes over each group without its `keep` most extreme values (by distance from the group median),
+    which are kept exactly (dense-and-sparse)."""
+    T, W = x.shape
+    g = x.reshape(T, W // group, group)
+    med = np.median(g, -1, keepdims=True)
+    order = np.argsort(-np.abs(g - med), -1)
+    mask = np.zeros_like(g, dtype=bool)
+    np.put_along_axis(mask, order[..., :keep], True, -1)
+    inner = np.where(mask, np.nan, g)
+    lo = f16(np.nanmin(inner, -1, keepdims=True)); hi = np.nanmax(inner, -1, keepdims=True)
+    levels = (1 << bits) - 1
+    scale = f16(np.maximum(hi - lo, 0) / levels)
+    code = np.where(scale > 0, np.clip(np.round((g - lo) / np.where(scale > 0, scale, 1)), 0, levels), 0)
+    return np.where(mask, f16(g), lo + code * scale).reshape(T, W)
+
+
+@dataclass
+class Variant:
+    bits: int
+    clip_k: float
+    clip_v: float
+    rotated: bool
+    group: int
+    clip_layers: set | None = None  # clip only in these layers (None: all)
+    keep_outliers: int = 0  # dense-and-sparse: values per group kept exactly (then no clip)
+
+
 def parse_variant(name, fitted_clip):
-    """(bits, clip K, clip V, rotated, group) or None for the f16 cache."""
-    presets = {"f16": None, "int2-none": (2, 1, 1, False, 128), "int1-none": (1, 1, 1, False, 128)}
+    """The cache a variant name stands for; None for the f16 cache."""
+    presets = {"f16": None, "int2-none": Variant(2, 1, 1, False, 128), "int1-none": Variant(1, 1, 1, False, 128)}
     if name in presets:
         return presets[name]
     if name == "int2-calibrated":
-        return (2, fitted_clip["key"], fitted_clip["value"], True, 128)
-    m = re.fullmatch(r"(none|cal)-k([\d.]+)-v([\d.]+)-g(\d+)", name)
+        return Variant(2, fitted_clip["key"], fitted_clip["value"], True, 128)
+    m = re.fullmatch(r"(none|cal)-o(\d+)-g(\d+)", name)
+    if m:
+        return Variant(2, 1, 1, m[1] == "cal", int(m[3]), keep_outliers=int(m[2]))
+    m = re.fullmatch(r"(none|cal)-k([\d.]+)-v([\d.]+)-g(\d+)(?:-L(\d+))?", name)
     if not m:
         sys.exit(f"unknown variant {name}")
-    return (2, float(m[2]), float(m[3]), m[1] == "cal", int(m[4]))
+    layers = {int(c) for c in m[5]} if m[5] else None
+    return Variant(2, float(m[2]), float(m[3]), m[1] == "cal", int(m[4]), clip_layers=layers)
 
 
 def logits_under(hp, w, ids, variant, rot):
@@ -83,13 +118,18 @@ def logits_under(hp, w, ids, variant, rot):
         v = (h @ w[f"blk.{i}.attn_v.weight"].T).reshape(T, KV, hd).transpose(1, 0, 2)
         q, k, v = rope(q, theta).astype(np.float32), f16(rope(k, theta)), f16(v)
         if variant is not None:
-            bits, clip_k, clip_v, rotated, group = variant
+            clipped = variant.clip_layers is None or i in variant.clip_layers
+            clip_k, clip_v = (variant.clip_k, variant.clip_v) if clipped else (1, 1)
 
             def cache(a, r, clip):
-                ar = np.stack([a[j] @ r[i, j] for j in range(KV)]) if rotated else a
+                ar = np.stack([a[j] @ r[i, j] for j in range(KV)]) if variant.rotated else a
                 rows = f16(ar.transpose(1, 0, 2).reshape(T, KV * hd))
-                back = quantize_rows(rows, bits, group, clip).reshape(T, KV, hd).transpose(1, 0, 2)
-                return np.stack([back[j] @ r[i, j].T for j in range(KV)]) if rotated else back
+                if variant.keep_outliers:
+                    rows = quantize_rows_outliers(rows, variant.bits, variant.group, variant.keep_outliers)
+                else:
+                    rows = quantize_rows(rows, variant.bits, variant.group, clip)
+                back = rows.reshape(T, KV, hd).transpose(1, 0, 2)
+                return np.stack([back[j] @ r[i, j].T for j in range(KV)]) if variant.rotated else back
 
             kq, vq = cache(k, rot["key"], clip_k), cache(v, rot["value"], clip_v)
         outs = []
