@@ -37,18 +37,22 @@ def f16(x):
     return np.asarray(x, dtype=np.float16).astype(np.float32)
 
 
+def uniform_codes(g, lo, hi, bits):
+    """Asymmetric uniform codes between lo and hi, dequantized; lo and scale rounded to f16 before coding."""
+    lo = f16(lo)
+    levels = (1 << bits) - 1
+    scale = f16(np.maximum(hi - lo, 0) / levels)
+    code = np.where(scale > 0, np.clip(np.round((g - lo) / np.where(scale > 0, scale, 1)), 0, levels), 0)
+    return lo + code * scale
+
+
 def quantize_rows(x, bits, group, clip):
     """x: [tokens, width] → dequantized, the row format of runtime/kv/quant-format.ts."""
     T, W = x.shape
     g = x.reshape(T, W // group, group)
     s = np.sort(g, -1)
     rank = lambda q: min(group - 1, max(0, int(round(q * (group - 1)))))
-    levels = (1 << bits) - 1
-    lo = f16(s[..., rank(1 - clip)][..., None])
-    hi = s[..., rank(clip)][..., None]
-    scale = f16(np.maximum(hi - lo, 0) / levels)
-    code = np.where(scale > 0, np.clip(np.round((g - lo) / np.where(scale > 0, scale, 1)), 0, levels), 0)
-    return (lo + code * scale).reshape(T, W)
+    return uniform_codes(g, s[..., rank(1 - clip)][..., None], s[..., rank(clip)][..., None], bits).reshape(T, W)
 
 
 def t95(df):
@@ -67,11 +71,8 @@ def quantize_rows_outliers(x, bits, group, keep):
     mask = np.zeros_like(g, dtype=bool)
     np.put_along_axis(mask, order[..., :keep], True, -1)
     inner = np.where(mask, np.nan, g)
-    lo = f16(np.nanmin(inner, -1, keepdims=True)); hi = np.nanmax(inner, -1, keepdims=True)
-    levels = (1 << bits) - 1
-    scale = f16(np.maximum(hi - lo, 0) / levels)
-    code = np.where(scale > 0, np.clip(np.round((g - lo) / np.where(scale > 0, scale, 1)), 0, levels), 0)
-    return np.where(mask, f16(g), lo + code * scale).reshape(T, W)
+    coded = uniform_codes(g, np.nanmin(inner, -1, keepdims=True), np.nanmax(inner, -1, keepdims=True), bits)
+    return np.where(mask, f16(g), coded).reshape(T, W)
 
 
 @dataclass
