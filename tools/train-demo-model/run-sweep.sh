@@ -13,8 +13,8 @@ set -u
 JOBS=${JOBS:-probe:d1_e12,d0_e30,d0_e20_shuf gqa4:d1_e12,d0_e30,d0_e20_shuf}
 rm -rf /tmp/job[0-9]* /tmp/jobs.txt /tmp/smoke  # a warm machine keeps the last call's files
 if [ -n "${SMOKE:-}" ]; then
-  first=${JOBS%% *}
-  python3 tools/train-demo-model/train.py --data .train/tok --out /tmp/smoke --shape ${first%%:*} --sweep ${first#*:} \
+  first=${JOBS%% *}; first_sweep=${first#*:}; first_sweep=${first_sweep%%:*}  # without a :SEED
+  python3 tools/train-demo-model/train.py --data .train/tok --out /tmp/smoke --shape ${first%%:*} --sweep $first_sweep \
     --epoch-scale 0.03 --evals-per-run 2 --eval-windows 2 --span-samples 4 > $OUT/smoke.log 2>&1 || { tail -30 $OUT/smoke.log; exit 1; }
   echo "smoke ok"
 fi
@@ -38,21 +38,28 @@ sys.exit(0 if r['runs'][rn]['checkpoints'][cn]['passes_int2_proof'] else 1)" 2>/
 done
 if [ "${PICK:-}" = wiki ]; then
   # PICK=wiki: the job whose chosen checkpoint loses most to naive INT2 on WikiText-2 among those that still copy a
-  # passage 1,536 tokens back with >= COPY_MIN (0.88) top-1 (fp16), the two things the quality tables need of the demo
-  # model. The copy is the mid-text probe (the CLI's copy trial) where the log has it, else the one after bos.
+  # passage 1,536 tokens back (fp16 top-1), the two things the quality tables need of the demo model. The copy is the
+  # mid-text probe (the CLI's copy trial) where the log has it, at least MID_COPY_MIN (0.5; the shipped model scores
+  # about 0.53 in the runtime), else the probe after bos, at least COPY_MIN (0.88).
   pick=$(python3 -c "
-import json
+import json, sys
 best = None
 for n in range(1, $n + 1):
     try:
         r = json.load(open(f'/tmp/job{n}/log.json'))
-    except (OSError, ValueError):
+        rn, cn = r['chosen'].split('/'); c = r['runs'][rn]['checkpoints'][cn]
+        w = c['perplexity_ctx2048']['wikitext2_test']; gap = w['int2_naive']['ppl'] / w['fp16']['ppl'] - 1
+        if 'mid_text_copy_64tok' in c:
+            copy, floor = c['mid_text_copy_64tok']['1536']['fp16']['repeat_top1'], ${MID_COPY_MIN:-0.5}
+        else:
+            copy, floor = c['repeated_span_64tok']['1536']['fp16']['repeat_top1'], ${COPY_MIN:-0.88}
+    except (OSError, ValueError, KeyError) as e:
+        print(f'job{n}: no usable log ({e!r})', file=sys.stderr)
         continue
-    rn, cn = r['chosen'].split('/'); c = r['runs'][rn]['checkpoints'][cn]
-    w = c['perplexity_ctx2048']['wikitext2_test']; gap = w['int2_naive']['ppl'] / w['fp16']['ppl'] - 1
-    copy = c.get('mid_text_copy_64tok', c['repeated_span_64tok'])['1536']['fp16']['repeat_top1']
-    if copy >= ${COPY_MIN:-0.88} and (best is None or gap > best[0]):
+    if copy >= floor and (best is None or gap > best[0]):
         best = (gap, n)
+if best is None:
+    print('PICK=wiki: no job met its copy floor', file=sys.stderr)
 print(best[1] if best else '')")
 fi
 pick=${pick:-1}
