@@ -5,6 +5,7 @@ import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
 import { STORIES260K, STORIES260K_GOLDEN, sharedPath } from '../../test/shared.ts';
+import { pairedPerplexityRatioInterval } from '../eval/perplexity.ts';
 
 const run = promisify(execFile);
 const bin = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'bin', 'longtab.mjs');
@@ -64,7 +65,8 @@ describe.skipIf(!modelPath || !goldenPath)('longtab CLI on stories260K', () => {
   it.skipIf(!tinyStoriesPath)(
     'eval --json: perplexity per mode, a paired interval on the ratio to f16, progress on stderr',
     async () => {
-      // A 32-token f16 window and a 4-token sink, so naive INT2 quantizes most of each 128-token window.
+      // A 32-token f16 window, a 4-token sink (one 16-token page) and 16-token prefill chunks, so that the later
+      // queries of each 128-token window read most of their history from INT2 pages.
       const { stdout, stderr } = await longtab(
         'eval',
         '--model',
@@ -81,6 +83,8 @@ describe.skipIf(!modelPath || !goldenPath)('longtab CLI on stories260K', () => {
         '32',
         '--sink',
         '4',
+        '--chunk',
+        '16',
         '--json',
       );
       const out = JSON.parse(stdout);
@@ -92,6 +96,8 @@ describe.skipIf(!modelPath || !goldenPath)('longtab CLI on stories260K', () => {
       const mean = (xs: number[]) => xs.reduce((s, x) => s + x, 0) / xs.length;
       expect(Math.log(naive.perplexity)).toBeCloseTo(mean(naive.windowMeanNll), 9);
       expect(naive.vsF16).toBeGreaterThan(0.1);
+      // The reported interval is the paired one over the reported windows, around the reported ratio.
+      expect(naive.vsF16Interval95).toEqual(pairedPerplexityRatioInterval(naive.windowMeanNll, f16.windowMeanNll));
       expect(naive.vsF16Interval95.low).toBeLessThan(naive.vsF16);
       expect(naive.vsF16Interval95.high).toBeGreaterThan(naive.vsF16);
       expect(stderr).toMatch(/\[f16\] 4 windows of 128: perplexity \d+\.\d{3}/);
