@@ -348,6 +348,8 @@ def repeated_span_batch(data, n, dist, span, seed, device, random_vocab=None, le
     for _ in range(n):
         a = int(torch.randint(0, N - span, (1,), generator=g))
         b = int(torch.randint(0, N - dist - lead, (1,), generator=g))
+        while lead and b - span < a < b + lead + dist:  # the passage from outside the filler, as the CLI's trials
+            a = int(torch.randint(0, N - span, (1,), generator=g))
         p = data[a : a + span] if random_vocab is None else torch.randint(0, random_vocab, (span,), generator=g).to(data.device)
         rows.append(torch.cat((data[:1], data[b : b + lead], p, data[b + lead : b + lead + dist - span], p)))
     return torch.stack(rows).to(device)
