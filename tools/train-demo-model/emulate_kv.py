@@ -38,12 +38,13 @@ def f16(x):
 
 
 def uniform_codes(g, lo, hi, bits):
-    """Asymmetric uniform codes between lo and hi, dequantized; lo and scale rounded to f16 before coding."""
-    lo = f16(lo)
+    """Asymmetric uniform codes between lo and hi, dequantized; lo and scale rounded to f16 before coding, codes
+    rounded half up in f64 (JavaScript's Math.round, as quantizeRow)."""
+    g, lo, hi = g.astype(np.float64), f16(lo).astype(np.float64), hi.astype(np.float64)
     levels = (1 << bits) - 1
-    scale = f16(np.maximum(hi - lo, 0) / levels)
-    code = np.where(scale > 0, np.clip(np.round((g - lo) / np.where(scale > 0, scale, 1)), 0, levels), 0)
-    return lo + code * scale
+    scale = f16(np.maximum(hi - lo, 0) / levels).astype(np.float64)
+    code = np.where(scale > 0, np.clip(np.floor((g - lo) / np.where(scale > 0, scale, 1) + 0.5), 0, levels), 0)
+    return (lo + code * scale).astype(np.float32)
 
 
 def quantize_rows(x, bits, group, clip):
@@ -51,12 +52,18 @@ def quantize_rows(x, bits, group, clip):
     T, W = x.shape
     g = x.reshape(T, W // group, group)
     s = np.sort(g, -1)
-    rank = lambda q: min(group - 1, max(0, int(round(q * (group - 1)))))
+    rank = lambda q: min(group - 1, max(0, int(np.floor(q * (group - 1) + 0.5))))  # Math.round, as quantileOfSorted
     return uniform_codes(g, s[..., rank(1 - clip)][..., None], s[..., rank(clip)][..., None], bits).reshape(T, W)
 
 
+T95_TABLE = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228]
+
+
 def t95(df):
-    """Two-sided 95% Student t quantile (Cornish-Fisher, as runtime/eval/perplexity.ts studentT95)."""
+    """Two-sided 95% Student t quantile, as runtime/eval/perplexity.ts studentT95: the table to df 10, then
+    Cornish-Fisher."""
+    if df <= len(T95_TABLE):
+        return T95_TABLE[max(1, round(df)) - 1]
     z = 1.959963984540054
     return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2) + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
 
