@@ -4,6 +4,7 @@ import { InvalidRequestError } from '../errors.ts';
 import { pairedPerplexityRatioInterval, perplexity, topOneAgreement } from '../eval/perplexity.ts';
 import {
   analyticChance,
+  DEFAULT_RETRIEVAL_SEED,
   formatRetrievalTable,
   judgeRetrieval,
   RETRIEVAL_TASKS,
@@ -84,13 +85,10 @@ export async function runEval(args: ParsedArgs, gpu: GpuContext): Promise<number
     tokens: number;
     perplexity: number;
     top1AgreementWithF16?: number;
-    /** 95% interval of perplexity / f16's − 1, paired over windows (runtime/eval/perplexity.ts). */
-    vsF16Interval95?: { low: number; high: number };
     windowMeanNll: number[];
   }> = [];
   try {
     let reference: Int32Array[] | null = null;
-    let referenceWindowNll: number[] | null = null;
     for (const mode of modes) {
       // Small prefill chunks: every query of a chunk sees the chunk itself in f16, so the chunk is kept well below
       // the window for the evaluation to measure what decoding sees.
@@ -104,21 +102,13 @@ export async function runEval(args: ParsedArgs, gpu: GpuContext): Promise<number
       log(
         `[${mode}] ${result.windows} windows of ${ctx}: perplexity ${result.perplexity.toFixed(3)}, ${((performance.now() - started) / 1000).toFixed(1)} s`,
       );
-      if (mode === 'f16') {
-        reference = result.argmax;
-        referenceWindowNll = result.windowMeanNll;
-      }
-      const interval =
-        referenceWindowNll && mode !== 'f16'
-          ? pairedPerplexityRatioInterval(result.windowMeanNll, referenceWindowNll)
-          : null;
+      if (mode === 'f16') reference = result.argmax;
       rows.push({
         kv: mode,
         windows: result.windows,
         tokens: result.tokensScored,
         perplexity: result.perplexity,
         ...(reference && mode !== 'f16' ? { top1AgreementWithF16: topOneAgreement(reference, result.argmax) } : {}),
-        ...(interval ? { vsF16Interval95: interval } : {}),
         windowMeanNll: result.windowMeanNll,
       });
       engine.unload();
@@ -128,7 +118,15 @@ export async function runEval(args: ParsedArgs, gpu: GpuContext): Promise<number
     await source.close?.();
   }
   const f16 = rows.find((r) => r.kv === 'f16');
-  const report = rows.map((r) => ({ ...r, vsF16: f16 ? r.perplexity / f16.perplexity - 1 : undefined }));
+  const report = rows.map((r) => {
+    // 95% interval of perplexity / f16's − 1, paired over windows (runtime/eval/perplexity.ts).
+    const interval = f16 && r !== f16 ? pairedPerplexityRatioInterval(r.windowMeanNll, f16.windowMeanNll) : null;
+    return {
+      ...r,
+      vsF16: f16 ? r.perplexity / f16.perplexity - 1 : undefined,
+      ...(interval ? { vsF16Interval95: interval } : {}),
+    };
+  });
   const verdict = judgeTable(report);
   if (args.flags.has('json')) {
     process.stdout.write(
@@ -230,7 +228,7 @@ export async function runRetrievalEval(args: ParsedArgs, gpu: GpuContext): Promi
       ? numberListFlag(args, 'distances', [512, 1024, 1536])
       : numberListFlag(args, 'depths', [0, 0.25, 0.5, 0.75, 1]);
   const trials = integerFlag(args, 'trials', 200, 1);
-  const seed = integerFlag(args, 'seed', 1, 0);
+  const seed = integerFlag(args, 'seed', DEFAULT_RETRIEVAL_SEED, 0);
   const settings: Partial<RetrievalSettings> = {};
   for (const [flag, key] of [
     ['digits', 'digits'],

@@ -20,6 +20,9 @@ import { InvalidRequestError } from '../errors.ts';
 import type { WindowScorer } from './perplexity.ts';
 
 export const RETRIEVAL_TASKS = ['passkey', 'copy', 'recall'] as const;
+
+/** The seed `longtab eval --task` draws its trials from unless `--seed` says otherwise. */
+export const DEFAULT_RETRIEVAL_SEED = 1;
 export type RetrievalTask = (typeof RETRIEVAL_TASKS)[number];
 
 /** The part of GgufTokenizer the generators need. */

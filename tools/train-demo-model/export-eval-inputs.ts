@@ -7,15 +7,20 @@
  *
  *   npx tsx tools/train-demo-model/export-eval-inputs.ts MODEL.gguf FILLER.txt OUT_PREFIX [task] [length] [depth] [trials]
  *
- * Loads the model on the GPU (Dawn) for its tokenizer only; nothing is scored here.
+ * Reads only the GGUF's metadata (tokenizer, rotations); nothing touches the GPU and nothing is scored here.
  */
 import { readFileSync, writeFileSync } from 'node:fs';
-import { Engine } from '../../runtime/engine/engine.ts';
-import { RETRIEVAL_TASKS, type RetrievalTask, RetrievalTaskBuilder } from '../../runtime/eval/retrieval.ts';
+import {
+  DEFAULT_RETRIEVAL_SEED,
+  RETRIEVAL_TASKS,
+  type RetrievalTask,
+  RetrievalTaskBuilder,
+} from '../../runtime/eval/retrieval.ts';
 import { sourceFromPath } from '../../runtime/gguf/node-source.ts';
-import { acquireGpu } from '../../runtime/gpu/device.ts';
-import { nodeGpu, releaseNodeGpu } from '../../runtime/gpu/node.ts';
+import { parseGguf } from '../../runtime/gguf/parse.ts';
 import { rotationsFromMetadata } from '../../runtime/kv/rotation-store.ts';
+import { readModelConfig } from '../../runtime/model/config.ts';
+import { GgufTokenizer } from '../../runtime/tokenizer/tokenizer.ts';
 
 const [model, fillerPath, out, task = 'copy', length = '2048', depth = '1536', count = '40'] = process.argv.slice(2);
 if (!model || !fillerPath || !out || !RETRIEVAL_TASKS.includes(task as RetrievalTask)) {
@@ -24,14 +29,14 @@ if (!model || !fillerPath || !out || !RETRIEVAL_TASKS.includes(task as Retrieval
   );
   process.exit(2);
 }
-const gpu = await acquireGpu({ gpu: await nodeGpu() });
-const engine = new Engine(gpu);
 const source = await sourceFromPath(model);
 try {
-  const config = await engine.load(source, { kv: 'f16' });
-  const filler = engine.tokenizer.encode(readFileSync(fillerPath, 'utf8'), { addSpecial: false });
+  const file = await parseGguf(source);
+  const config = readModelConfig(file);
+  const tokenizer = GgufTokenizer.fromMetadata(file.metadata);
+  const filler = tokenizer.encode(readFileSync(fillerPath, 'utf8'), { addSpecial: false });
   // The CLI's builder with the CLI's default settings and seed (runtime/cli/eval.ts runRetrievalEval).
-  const builder = new RetrievalTaskBuilder(engine.tokenizer, filler, {}, 1);
+  const builder = new RetrievalTaskBuilder(tokenizer, filler, {}, DEFAULT_RETRIEVAL_SEED);
   const trials = Array.from({ length: Number(count) }, (_, i) => {
     const t = builder.trial(task as RetrievalTask, Number(length), Number(depth), i);
     return { ids: t.ids, items: t.items, baselineItems: t.baselineItems ?? null };
@@ -40,7 +45,7 @@ try {
     `${out}.trials.json`,
     JSON.stringify({ model, filler: fillerPath, task, length: Number(length), depth: Number(depth), trials }),
   );
-  const rotations = rotationsFromMetadata(engine.loaded!.file.metadata, config);
+  const rotations = rotationsFromMetadata(file.metadata, config);
   if (rotations) {
     const { layers, kvHeads, headDim } = config;
     for (const kind of ['key', 'value'] as const) writeFileSync(`${out}.${kind}.f32`, rotations[kind]);
@@ -50,8 +55,5 @@ try {
     `${out}.trials.json: ${trials.length} ${task} trials${rotations ? '; rotations written' : '; no embedded rotations'}`,
   );
 } finally {
-  engine.unload();
   await source.close?.();
-  gpu.destroy();
-  releaseNodeGpu();
 }
