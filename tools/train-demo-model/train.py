@@ -629,8 +629,9 @@ def main():
         "int2_naive": KvSim("int2", hd),
         "int2_hadamard": KvSim("int2", hd, rot=hadamard(hd, dev)),
     }
-    span_sets = {d: repeated_span_batch(data["val"], args.span_samples, d, 64, 100 + d, dev) for d in (256, 1024, 1536)}
-    random_span_sets = {d: repeated_span_batch(data["val"], args.span_samples, d, 64, 200 + d, dev, random_vocab=CONTROL_TOKENS_FROM)
+    # each set: (rows, lead), lead = filler tokens before the first copy (0: the passage follows bos, in the sink)
+    span_sets = {d: (repeated_span_batch(data["val"], args.span_samples, d, 64, 100 + d, dev), 0) for d in (256, 1024, 1536)}
+    random_span_sets = {d: (repeated_span_batch(data["val"], args.span_samples, d, 64, 200 + d, dev, random_vocab=CONTROL_TOKENS_FROM), 0)
                         for d in (256, 1024, 1536)}
     # what `longtab eval --task copy` measures: the passage in mid-text, `distance` tokens between the copies
     mid_text_sets = {d: mid_text_span_batch(data["val"], args.span_samples, d, 64, 300 + d, dev, T) for d in (512, 1024, 1536)}
@@ -663,8 +664,7 @@ def main():
 
         def span_table(sets, name):
             table = {}
-            for dist, seqs in sets.items():
-                seqs, lead = seqs if isinstance(seqs, tuple) else (seqs, 0)
+            for dist, (seqs, lead) in sets.items():
                 table[dist] = {m: repeated_span_loss(model, seqs, 64, kv, lead=lead) for m, kv in modes.items()}
                 log(f"  {name}@{dist}: " + ", ".join(f"{m} {r['repeat_loss']:.3f} top1 {r['repeat_top1']:.2f}" for m, r in table[dist].items())
                     + f" (first copy {table[dist]['fp16']['first_copy_loss']:.3f} top1 {table[dist]['fp16']['first_copy_top1']:.2f})")
