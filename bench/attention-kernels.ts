@@ -260,7 +260,7 @@ async function benchQuantShape(gpu: GpuContext, shape: LayerShape, contexts: num
   const { heads, headDim } = shape;
   const { pool, q, k, v, output, release } = layerSetup(gpu, shape, contexts, 'quant');
   // The formats the runtime's decode build reads, as prepareAttention derives them.
-  const quant = attentionDecodeShape(gpu, { pool, heads, maxTokens: 1 })?.quant;
+  const quant = attentionDecodeShape(gpu, { pool, layer: 0, heads, maxTokens: 1 })?.quant;
   if (!quant) throw new Error(`the decode kernel does not serve ${shape.name} on an int2 pool`);
   const reference = gpu.allocator.createStorage('bench', 'scratch', heads * headDim * 4);
   // The runtime's own append + demotion for prefill chunks of FILL_CHUNK tokens.

@@ -105,10 +105,8 @@ async function runMixed(gpu: GpuContext, c: Case, seed: number) {
       if (kind !== KV_PAGE_KIND.quant) continue;
       const words = await readUint32(gpu, pool.slabBindings()[slab], quant.pageWords, page * quant.pageWords);
       for (let l = 0; l < layers; l++) {
-        for (const [kv, format, rowWordCount] of [
-          [0, quant.key, quant.keyRowWords],
-          [1, quant.value, quant.valueRowWords],
-        ] as Array<[0 | 1, QuantRowFormat, number]>) {
+        for (const kv of [0, 1] as const) {
+          const { format, rowWords: rowWordCount } = quant.rows(l, kv);
           for (let t = 0; t < pool.pageTokens; t++) {
             const pos = i * pool.pageTokens + t;
             const offset = quant.layerOffsetWords(l, kv) + t * rowWordCount;
@@ -221,6 +219,42 @@ describe('attention over mixed f16 / quant pages', () => {
         headDim: 64,
         pool: { pageTokens: 4, sink: 5, window: 4, keyFormat: { bits: 1, groupSize: 64 } },
         chunks: [16, 1, 1, 1, 1, 5, 1],
+      },
+    ],
+    [
+      'hd 8, 1:1, layer 1 boosted to 4 bits: a rollback promotes rows of both formats',
+      {
+        layers: 2,
+        heads: 4,
+        kvHeads: 4,
+        headDim: 8,
+        pool: {
+          pageTokens: 4,
+          sink: 4,
+          window: 8,
+          keyFormat: { groupSize: 32 },
+          valueFormat: { groupSize: 32 },
+          boostLayers: [1],
+        },
+        chunks: [10, 3, 1, 1, 1, 1, 1, 6, 1, 1, 1, 1, -14, 1, 1, 6, 1, 1],
+      },
+    ],
+    [
+      'hd 64, 4:1, group 64, layer 0 boosted (4-bit, unclipped), layer 1 2-bit clipped 0.96 / 0.94',
+      {
+        layers: 2,
+        heads: 8,
+        kvHeads: 2,
+        headDim: 64,
+        pool: {
+          pageTokens: 8,
+          sink: 8,
+          window: 8,
+          keyFormat: { groupSize: 64, clipQuantile: 0.96 },
+          valueFormat: { groupSize: 64, clipQuantile: 0.94 },
+          boostLayers: [0],
+        },
+        chunks: [20, 13, 1, 1, 9, 1, 1],
       },
     ],
     // Long enough for decode to use several splits of >= 64 keys, each over f16 and quant pages.

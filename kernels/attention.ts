@@ -89,20 +89,17 @@ export interface AttentionSources {
 /** The decode kernel's shape for a binding, or null where the split kernel serves it. */
 export function attentionDecodeShape(
   gpu: GpuContext,
-  b: Pick<AttentionBinding, 'pool' | 'heads' | 'maxTokens' | 'decodeKernel'>,
+  b: Pick<AttentionBinding, 'pool' | 'layer' | 'heads' | 'maxTokens' | 'decodeKernel'>,
 ): AttentionDecodeShape | null {
   if (b.maxTokens !== 1 || b.decodeKernel === false) return null;
   const quant = b.pool.quant ?? null;
+  const key = quant?.rows(b.layer, 0).format;
+  const value = quant?.rows(b.layer, 1).format;
   const shape: AttentionDecodeShape = {
     unrolled: !gpu.adapter.isFallbackAdapter,
     headDim: b.pool.headDim,
     rows: b.heads / b.pool.kvHeads,
-    quant: quant && {
-      kBits: quant.key.bits,
-      kGroup: quant.key.groupSize,
-      vBits: quant.value.bits,
-      vGroup: quant.value.groupSize,
-    },
+    quant: key && value ? { kBits: key.bits, kGroup: key.groupSize, vBits: value.bits, vGroup: value.groupSize } : null,
   };
   if (!attentionDecodeSupports(shape)) return null;
   return attentionDecodeWorkgroupBytes(shape) <= gpu.limits.maxComputeWorkgroupStorageSize ? shape : null;
@@ -172,19 +169,21 @@ export function prepareAttention(
     0,
   ];
   if (quant) {
+    const key = quant.rows(b.layer, 0);
+    const value = quant.rows(b.layer, 1);
     words.push(
       quant.pageWords,
       quant.layerOffsetWords(b.layer, 0),
       quant.layerOffsetWords(b.layer, 1),
       attentionQuantBlockKeys(shape),
-      quant.key.bits,
-      quant.key.groupSize,
-      quant.keyCodeWords,
-      quant.keyRowWords,
-      quant.value.bits,
-      quant.value.groupSize,
-      quant.valueCodeWords,
-      quant.valueRowWords,
+      key.format.bits,
+      key.format.groupSize,
+      key.codeWords,
+      key.rowWords,
+      value.format.bits,
+      value.format.groupSize,
+      value.codeWords,
+      value.rowWords,
     );
   }
   const params = uniformBuffer(gpu, `${label}.params`, words, 'uuuuuuuufuuu'.padEnd(words.length, 'u'));

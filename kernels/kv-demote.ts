@@ -12,15 +12,19 @@ export interface KvRowFormat {
   clipQuantile: number;
 }
 
+/** One layer's K or V rows in a quant page (runtime/kv/pool.ts `KvQuantRows`). */
+export interface KvQuantRows {
+  format: KvRowFormat;
+  rowWords: number;
+  codeWords: number;
+}
+
 /** The quant pages of a pool (runtime/kv/pool.ts `KvQuantLayout`). */
 export interface KvQuantPages {
   pageWords: number;
   key: KvRowFormat;
   value: KvRowFormat;
-  keyRowWords: number;
-  valueRowWords: number;
-  keyCodeWords: number;
-  valueCodeWords: number;
+  rows(layer: number, kv: 0 | 1): KvQuantRows;
   layerOffsetWords(layer: number, kv: 0 | 1): number;
   /** [count, 0, 0, 0, src0, dst0, ...]. */
   jobs: GPUBuffer;
@@ -37,7 +41,7 @@ export function quantileRanks(n: number, q: number): [number, number] {
   return [rank(1 - q), rank(q)];
 }
 
-function formatWords(f: KvRowFormat, codeWords: number, rowWords: number): number[] {
+function formatWords({ format: f, codeWords, rowWords }: KvQuantRows): number[] {
   const [lo, hi] = quantileRanks(f.groupSize, f.clipQuantile);
   return [f.bits, f.groupSize, codeWords, rowWords, lo, hi, 0, 0];
 }
@@ -81,8 +85,8 @@ export function prepareKvDemote(
       maxJobs,
       0,
       0,
-      ...formatWords(quant.key, quant.keyCodeWords, quant.keyRowWords),
-      ...formatWords(quant.value, quant.valueCodeWords, quant.valueRowWords),
+      ...formatWords(quant.rows(b.layer, 0)),
+      ...formatWords(quant.rows(b.layer, 1)),
     ],
     'u'.repeat(28),
   );
@@ -98,8 +102,9 @@ export function prepareKvDemote(
 }
 
 /**
- * Prepares a one-off promotion of quant pages to f16 pages: pairs of (quant entry, f16 entry). The dispatch owns its
- * job and parameter buffers (release it after the submit).
+ * Prepares a one-off promotion of quant pages to f16 pages: pairs of (quant entry, f16 entry), one dispatch per layer
+ * (layers may have different row formats). The dispatches own their job and parameter buffers (release them after
+ * the submit).
  */
 export function prepareKvPromote(
   gpu: GpuContext,
@@ -115,33 +120,39 @@ export function prepareKvPromote(
     usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST,
   });
   gpu.device.queue.writeBuffer(jobs, 0, Uint32Array.from(pairs.flat()));
-  const params = uniformBuffer(
-    gpu,
-    `${label}.params`,
-    [
-      pool.layers,
-      pool.kvHeads,
-      pool.headDim,
-      pool.pageTokens,
-      pool.pageWords,
-      quant.pageWords,
-      pairs.length,
-      quant.key.width,
-      ...formatWords(quant.key, quant.keyCodeWords, quant.keyRowWords),
-      ...formatWords(quant.value, quant.valueCodeWords, quant.valueRowWords),
-    ],
-    'u'.repeat(24),
-  );
-  const invocations = pairs.length * pool.layers * 2 * pool.pageTokens * (quant.key.width / 2);
-  return [
-    kvPoolDispatch(
+  const invocations = pairs.length * 2 * pool.pageTokens * (quant.key.width / 2);
+  return Array.from({ length: pool.layers }, (_, layer) => {
+    const params = uniformBuffer(
       gpu,
-      label,
+      `${label}.layer${layer}.params`,
+      [
+        pool.layerOffsetWords(layer, 0),
+        pool.layerOffsetWords(layer, 1),
+        quant.layerOffsetWords(layer, 0),
+        quant.layerOffsetWords(layer, 1),
+        pool.kvHeads,
+        pool.headDim,
+        pool.pageTokens,
+        pool.pageWords,
+        quant.pageWords,
+        pairs.length,
+        quant.key.width,
+        0,
+        ...formatWords(quant.rows(layer, 0)),
+        ...formatWords(quant.rows(layer, 1)),
+      ],
+      'u'.repeat(28),
+    );
+    // The last layer's dispatch owns the shared jobs buffer, so it is released once, after all of them.
+    const owned = layer === pool.layers - 1 ? [jobs, params] : [params];
+    return kvPoolDispatch(
+      gpu,
+      `${label}.layer${layer}`,
       computePipeline(gpu, 'kv-promote', kvPromoteWgsl),
       pool,
       [jobs, params],
       workgroupGrid(gpu, Math.ceil(invocations / 64)),
-      [jobs, params],
-    ),
-  ];
+      owned,
+    );
+  });
 }

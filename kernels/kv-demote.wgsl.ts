@@ -160,8 +160,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: v
 export const kvPromoteWgsl = /* wgsl */ `
 ${formatStruct}
 struct Params {
-  layers: u32, kvHeads: u32, headDim: u32, pageTokens: u32,
-  f16PageWords: u32, quantPageWords: u32, jobs: u32, width: u32,
+  f16KeyOffset: u32, f16ValueOffset: u32, quantKeyOffset: u32, quantValueOffset: u32,
+  kvHeads: u32, headDim: u32, pageTokens: u32, f16PageWords: u32,
+  quantPageWords: u32, jobs: u32, width: u32, _pad: u32,
   k: Format, v: Format,
 }
 
@@ -176,29 +177,29 @@ fn dequantize(slot: u32, row: u32, f: Format, e: u32) -> f32 {
   return p.x + f32(code) * p.y;
 }
 
+// One layer (its offsets and formats in params): K and V rows of every job's page.
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
   let i = (wg.y * groups.x + wg.x) * 64u + lid;
   let rowPairs = params.width / 2u;
-  let perJob = params.layers * 2u * params.pageTokens * rowPairs;
+  let perJob = 2u * params.pageTokens * rowPairs;
   let job = i / perJob;
   if (job >= params.jobs) { return; }
   var r = i % perJob;
   let pair = r % rowPairs;
   r = r / rowPairs;
   let t = r % params.pageTokens;
-  r = r / params.pageTokens;
-  let kv = r % 2u;
-  let layer = r / 2u;
+  let kv = r / params.pageTokens;
   let src = jobs[2u * job];
   let dst = jobs[2u * job + 1u];
   var f = params.k;
-  var row = layer * params.pageTokens * (params.k.rowWords + params.v.rowWords) + t * params.k.rowWords;
+  var row = params.quantKeyOffset + t * params.k.rowWords;
+  var f16Offset = params.f16KeyOffset;
   if (kv == 1u) {
     f = params.v;
-    row = layer * params.pageTokens * (params.k.rowWords + params.v.rowWords) + params.pageTokens * params.k.rowWords +
-      t * params.v.rowWords;
+    row = params.quantValueOffset + t * params.v.rowWords;
+    f16Offset = params.f16ValueOffset;
   }
   let slot = (src >> 24u) & 0xfu;
   row += (src & 0xffffffu) * params.quantPageWords;
@@ -207,8 +208,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: v
   let headPairs = params.headDim / 2u;
   let h = e / params.headDim;
   let d = e % params.headDim;
-  let word = (dst & 0xffffffu) * params.f16PageWords + (layer * 2u + kv) * params.kvHeads * params.pageTokens * headPairs +
-    (h * params.pageTokens + t) * headPairs + d / 2u;
+  let word = (dst & 0xffffffu) * params.f16PageWords + f16Offset + (h * params.pageTokens + t) * headPairs + d / 2u;
   slabStore((dst >> 24u) & 0xfu, word, pack2x16float(value));
 }
 `;

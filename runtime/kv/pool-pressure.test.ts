@@ -127,10 +127,8 @@ describe('KvPagePool under pressure from idle sequences', () => {
         const words = await readUint32(gpu, pool.slabBindings()[slab], quant.pageWords, page * quant.pageWords);
         const source = contents.get(before[i])!;
         for (let layer = 0; layer < pool.layers; layer++) {
-          for (const [kv, format, rowWords] of [
-            [0, quant.key, quant.keyRowWords],
-            [1, quant.value, quant.valueRowWords],
-          ] as const) {
+          for (const kv of [0, 1] as const) {
+            const { format, rowWords } = quant.rows(layer, kv);
             for (let t = 0; t < pool.pageTokens; t++) {
               const offset = quant.layerOffsetWords(layer, kv) + t * rowWords;
               const expected = quantizeRow(f16Row(pool, source, layer, kv, t), format);

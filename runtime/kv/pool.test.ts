@@ -324,6 +324,52 @@ describe('KvPagePool', () => {
     }
   });
 
+  it('quant mode with boosted layers: their rows are 4-bit and unclipped, the page holds each layer at its width', () => {
+    // 3 layers, rows of 16 values, pages of 4 tokens: 2-bit group 16 = 1 + 1 words a row, 4-bit = 2 + 1.
+    const make = (boostLayers?: number[]) =>
+      new KvPagePool(ctx.gpu, {
+        layers: 3,
+        kvHeads: 2,
+        headDim: 8,
+        pageTokens: 4,
+        kv: 'quant',
+        keyFormat: { groupSize: 16, clipQuantile: 0.96 },
+        valueFormat: { groupSize: 16, clipQuantile: 0.94 },
+        budgetBytes: 64 << 10,
+        ...(boostLayers ? { boostLayers } : {}),
+      });
+    const plain = make();
+    const boosted = make([2, 1, 1]);
+    try {
+      const q = boosted.quant!;
+      expect(q.boostLayers).toEqual([1, 2]);
+      expect(q.rows(0, 0)).toEqual({
+        format: { width: 16, bits: 2, groupSize: 16, clipQuantile: 0.96 },
+        rowWords: 2,
+        codeWords: 1,
+      });
+      expect(q.rows(0, 1).format.clipQuantile).toBe(0.94);
+      for (const kv of [0, 1] as const) {
+        expect(q.rows(1, kv)).toEqual({
+          format: { width: 16, bits: 4, groupSize: 16, clipQuantile: 1 },
+          rowWords: 3,
+          codeWords: 2,
+        });
+      }
+      // Layer 0: K at 0, V at 4 tokens x 2 words; layer 1 starts after 16 words, its V after 4 x 3 words.
+      expect([0, 1, 2].flatMap((l) => [q.layerOffsetWords(l, 0), q.layerOffsetWords(l, 1)])).toEqual([
+        0, 8, 16, 28, 40, 52,
+      ]);
+      expect(q.pageWords).toBe(64);
+      expect(plain.quant!.pageWords).toBe(48);
+      expect(() => make([3])).toThrow(InvalidRequestError);
+      expect(() => make([-1])).toThrow(/boost layer -1/);
+    } finally {
+      plain.destroy();
+      boosted.destroy();
+    }
+  });
+
   it('throws ContextOverflowError with the tokens needed and available instead of truncating', () => {
     const pool = smallPool(6, 2);
     try {

@@ -15,9 +15,11 @@
  * kvHeads*headDim` values) in the format of runtime/kv/quant-format.ts (codes, then one (lo, scale) f16 pair per group;
  * K and V may have different formats). Word layout:
  *
- *     [layer][kv: 0 = K, 1 = V][token in page][rowWords(kv)]
+ *     [layer][kv: 0 = K, 1 = V][token in page][rowWords(layer, kv)]
  *
- * `quantPageWords = layers * pageTokens * (keyRowWords + valueRowWords)`. Quant pages are never written by kv-append:
+ * `quantPageWords = pageTokens * Σ_layers (keyRowWords + valueRowWords)`. Layers listed in `boostLayers` use
+ * `boostFormat` (default 4 bits, no clip) for K and V, the others `keyFormat` / `valueFormat`: KITTY's boosted
+ * precision at the grain of a layer, for the few layers whose 2-bit cache costs the model most (docs/kv-cache.md). Quant pages are never written by kv-append:
  * positions land in f16 pages and are DEMOTED later, a whole page at a time:
  * - positions [0, sinkPages*pageTokens) stay f16 (`sink` rounded up to whole pages), and so does every page that is
  *   not entirely older than `window` positions before the step's first position;
@@ -147,6 +149,10 @@ export interface KvPoolOptions {
   keyFormat?: KvRowFormatOptions;
   /** quant: V row format (same defaults). */
   valueFormat?: KvRowFormatOptions;
+  /** quant: layers whose K and V rows use `boostFormat` (default none). */
+  boostLayers?: readonly number[];
+  /** quant: the boosted layers' row format (default 4 bits, the K format's group size, clipQuantile 1). */
+  boostFormat?: KvRowFormatOptions;
   /** quant: bytes of the budget for f16 pages (see the doc comment for the default). */
   f16BudgetBytes?: number;
   /** quant: most positions one step writes (the prefill chunk); sizes the default f16 budget. */
@@ -285,15 +291,23 @@ class PageStore {
   }
 }
 
+/** One layer's K or V rows inside a quant page. */
+export interface KvQuantRows {
+  format: QuantRowFormat;
+  rowWords: number;
+  codeWords: number;
+}
+
 /** What the demotion kernel and the mixed attention need to know about quant pages. */
 export interface KvQuantLayout {
   pageWords: number;
+  /** The K and V formats of the layers not boosted. */
   key: QuantRowFormat;
   value: QuantRowFormat;
-  keyRowWords: number;
-  valueRowWords: number;
-  keyCodeWords: number;
-  valueCodeWords: number;
+  /** Layers whose K and V use the boost format (ascending). */
+  boostLayers: readonly number[];
+  /** The rows of K (kv = 0) or V (kv = 1) of `layer`. */
+  rows(layer: number, kv: 0 | 1): KvQuantRows;
   /** Word offset of K (kv = 0) or V (kv = 1) of `layer`, token 0 inside a quant page. */
   layerOffsetWords(layer: number, kv: 0 | 1): number;
   /** [count, 0, 0, 0, src0, dst0, src1, dst1, ...]: this step's demotions (f16 entry → quant entry). */
@@ -430,9 +444,37 @@ export class KvPagePool {
       const width = kvHeads * headDim;
       const key = resolveFormat(width, options.keyFormat, 'keyFormat');
       const value = resolveFormat(width, options.valueFormat, 'valueFormat');
-      const keyRowWords = rowWords(key);
-      const valueRowWords = rowWords(value);
-      const quantPageWords = layers * pageTokens * (keyRowWords + valueRowWords);
+      const boostLayers = [...new Set(options.boostLayers ?? [])].sort((a, b) => a - b);
+      for (const layer of boostLayers) {
+        if (!Number.isInteger(layer) || layer < 0 || layer >= layers) {
+          throw new InvalidRequestError(
+            `KV pool: boost layer ${layer} is not a layer of this model (0..${layers - 1})`,
+            {
+              option: 'boostLayers',
+            },
+          );
+        }
+      }
+      const boost = resolveFormat(
+        width,
+        { bits: 4, groupSize: key.groupSize, clipQuantile: 1, ...options.boostFormat },
+        'boostFormat',
+      );
+      const rowsOf = (format: QuantRowFormat): KvQuantRows => ({
+        format,
+        rowWords: rowWords(format),
+        codeWords: codeWordsPerRow(format),
+      });
+      const plain: [KvQuantRows, KvQuantRows] = [rowsOf(key), rowsOf(value)];
+      const boosted: [KvQuantRows, KvQuantRows] = [rowsOf(boost), rowsOf(boost)];
+      const layerRows = Array.from({ length: layers }, (_, l) => (boostLayers.includes(l) ? boosted : plain));
+      // Word offset of each layer's K rows in a page; V follows its layer's K.
+      const layerStart: number[] = [];
+      let quantPageWords = 0;
+      for (const [k, v] of layerRows) {
+        layerStart.push(quantPageWords);
+        quantPageWords += pageTokens * (k.rowWords + v.rowWords);
+      }
       const windowPages = Math.ceil(window / pageTokens) + 2;
       // Enough f16 pages for the sink and window of up to two live sequences.
       const sequencesWithF16 = Math.min(2, options.maxSequences ?? 2);
@@ -461,12 +503,9 @@ export class KvPagePool {
         pageWords: quantPageWords,
         key,
         value,
-        keyRowWords,
-        valueRowWords,
-        keyCodeWords: codeWordsPerRow(key),
-        valueCodeWords: codeWordsPerRow(value),
-        layerOffsetWords: (layer, kv) =>
-          layer * pageTokens * (keyRowWords + valueRowWords) + kv * pageTokens * keyRowWords,
+        boostLayers,
+        rows: (layer, kv) => layerRows[layer][kv],
+        layerOffsetWords: (layer, kv) => layerStart[layer] + kv * pageTokens * layerRows[layer][0].rowWords,
         jobs,
       };
     }
