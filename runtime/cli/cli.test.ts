@@ -5,7 +5,9 @@ import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
 import { STORIES260K, STORIES260K_GOLDEN, sharedPath } from '../../test/shared.ts';
+import { InvalidRequestError } from '../errors.ts';
 import { pairedPerplexityRatioInterval } from '../eval/perplexity.ts';
+import { kvOptionsFor } from './eval.ts';
 
 const run = promisify(execFile);
 const bin = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'bin', 'longtab.mjs');
@@ -19,6 +21,16 @@ async function longtab(...args: string[]) {
     maxBuffer: 16 << 20,
   });
 }
+
+describe('eval KV modes', () => {
+  it('MODE+L5.6 boosts those layers of an int2 mode; other suffixes and f16 are refused with a typed error', () => {
+    expect(kvOptionsFor('int2-none+L5')).toEqual({ kv: 'int2', rotation: 'none', boostLayers: [5] });
+    expect(kvOptionsFor('int2-hadamard+L0.12')).toEqual({ kv: 'int2', rotation: 'hadamard', boostLayers: [0, 12] });
+    expect(kvOptionsFor('int2-calibrated+L5')).toMatchObject({ kv: 'int2', rotation: 'calibrated', boostLayers: [5] });
+    expect(() => kvOptionsFor('f16+L5')).toThrow(InvalidRequestError);
+    expect(() => kvOptionsFor('int2+Lx')).toThrow(/\+L5/);
+  });
+});
 
 describe.skipIf(!modelPath || !goldenPath)('longtab CLI on stories260K', () => {
   it('info --json reports the architecture, parameters, tensor types and memory', async () => {

@@ -22,6 +22,13 @@ import { defaultModelPath } from './default-model.ts';
 
 /** The KV configurations an evaluation compares, by name. */
 export function kvOptionsFor(name: string): LoadOptions {
+  // MODE+L5 or MODE+L5.6: an int2 mode with those layers boosted to 4 bits (the `boostLayers` load option).
+  const boosted = /^(.+)\+L(\d+(?:\.\d+)*)$/.exec(name);
+  if (boosted) {
+    const base = kvOptionsFor(boosted[1]);
+    if (base.kv !== 'int2') throw new InvalidRequestError(`'${name}': only an int2 mode can boost layers.`);
+    return { ...base, boostLayers: boosted[2].split('.').map(Number) };
+  }
   switch (name) {
     case 'f16':
       return { kv: 'f16' };
@@ -38,7 +45,7 @@ export function kvOptionsFor(name: string): LoadOptions {
       return { kv: 'int2', rotation: 'none', codeBits: 1 };
     default:
       throw new InvalidRequestError(
-        `Unknown KV configuration '${name}': use f16, int2 (= int2-hadamard), int2-calibrated, int2-none or int1-none.`,
+        `Unknown KV configuration '${name}': use f16, int2 (= int2-hadamard), int2-calibrated, int2-none or int1-none; an int2 mode may end in +L5 (layer 5 at 4 bits) or +L5.6.`,
       );
   }
 }

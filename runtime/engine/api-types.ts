@@ -23,6 +23,12 @@ export interface KvCacheOptions {
    */
   codeBits?: 1 | 2;
   /**
+   * int2: layers whose K and V stay at 4 bits without clipping (KITTY's boosted precision, by layer). Each costs
+   * about 2 more bits per element in that layer; it pays where one layer carries the model's reading of its distant
+   * history (docs/kv-cache.md, "Boosted layers"). Default none.
+   */
+  boostLayers?: number[];
+  /**
    * Rotation of each head's K/V before storage (spreads outliers over the quantization group): 'hadamard' (default
    * for int2), 'none' (default for f16), 'calibrated' (OSCAR rotations fitted to the model, from its metadata or the
    * rotation cache; without them the engine starts with 'hadamard' and calibrates in the background, see `calibrate`).

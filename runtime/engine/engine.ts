@@ -71,6 +71,16 @@ export function kvPoolOptions(config: ModelConfig, options: KvCacheOptions): KvP
       option: 'codeBits',
     });
   }
+  const boostLayers = options.boostLayers ?? [];
+  if (!Array.isArray(boostLayers)) {
+    throw new InvalidRequestError('Load option boostLayers must be an array of layer indices.', {
+      option: 'boostLayers',
+    });
+  }
+  for (const layer of boostLayers) checkInteger('boostLayers', layer, 0, config.layers - 1);
+  if (boostLayers.length > 0 && kv !== 'int2') {
+    throw new InvalidRequestError("Load option boostLayers applies to kv 'int2' only.", { option: 'boostLayers' });
+  }
   // --- KV pool owner's block (int2 mode and rotation; runtime/kv/pool.ts documents the options) ---
   const rotation = options.rotation ?? (kv === 'int2' ? 'hadamard' : 'none');
   if (rotation !== 'hadamard' && rotation !== 'none' && rotation !== 'calibrated') {
@@ -89,6 +99,7 @@ export function kvPoolOptions(config: ModelConfig, options: KvCacheOptions): KvP
           window: options.window ?? 256,
           keyFormat: { bits: options.codeBits ?? 2, groupSize: options.groupSize },
           valueFormat: { bits: options.codeBits ?? 2, groupSize: options.groupSize },
+          ...(boostLayers.length > 0 ? { boostLayers } : {}),
         }
       : {};
   // --- end of the KV pool owner's block ---
