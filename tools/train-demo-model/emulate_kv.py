@@ -10,7 +10,10 @@ MANIFEST: train.py's exported f32 weights; ROT_PREFIX and TRIALS.json: from expo
 rotations embedded in the GGUF, and the CLI's own retrieval trials); IDS.u16: tokenizer.py's id files (the
 perplexity windows of `longtab eval --ctx 2048` are the same ids, bos/eos wrapper dropped). VARIANTS, comma-separated:
 f16, int2-none, int2-calibrated (the fitted clip quantiles), int1-none, ROT-kK-vV-gG[-LLAYERS] (ROT none|cal; K, V
-clip quantiles; G group size; clipped only in the listed layers, e.g. -L4567), or ROT-oN-gG (no clip; the N values
+clip quantiles; G group size; clipped only in the listed layers, e.g. -L4567; K or V may be "fit", the fitted quantile; what-if suffixes on keys:
+-kbB keys at B bits, -kgG keys in groups of G, -vbB / -vgG the same for values, -boostN N rotated key channels per
+KV head at 4 bits (chosen by an oracle sensitivity on the sequence itself), -BLAYERS those widths only in the listed
+layers), or ROT-oN-gG (no clip; the N values
 of each group farthest from its median kept exactly, min/max codes over the rest: a dense-and-sparse row). E.g.
 cal-k1-v1-g128 = calibrated rotation without clipping.
 
@@ -39,18 +42,22 @@ def f16(x):
 
 def uniform_codes(g, lo, hi, bits):
     """Asymmetric uniform codes between lo and hi, dequantized; lo and scale rounded to f16 before coding, codes
-    rounded half up in f64 (JavaScript's Math.round, as quantizeRow)."""
+    rounded half up in f64 (JavaScript's Math.round, as quantizeRow). `bits` may be an array broadcast against g
+    (channels boosted to more bits within the group's range)."""
     g, lo, hi = g.astype(np.float64), f16(lo).astype(np.float64), hi.astype(np.float64)
-    levels = (1 << bits) - 1
+    levels = (np.left_shift(1, bits) - 1).astype(np.float64)
     scale = f16(np.maximum(hi - lo, 0) / levels).astype(np.float64)
     code = np.where(scale > 0, np.clip(np.floor((g - lo) / np.where(scale > 0, scale, 1) + 0.5), 0, levels), 0)
     return (lo + code * scale).astype(np.float32)
 
 
 def quantize_rows(x, bits, group, clip):
-    """x: [tokens, width] → dequantized, the row format of runtime/kv/quant-format.ts."""
+    """x: [tokens, width] → dequantized, the row format of runtime/kv/quant-format.ts. bits: an int, or one per
+    column (what-if only: the runtime has one width)."""
     T, W = x.shape
     g = x.reshape(T, W // group, group)
+    if not np.isscalar(bits):
+        bits = np.asarray(bits).reshape(W // group, group)
     s = np.sort(g, -1)
     rank = lambda q: min(group - 1, max(0, int(np.floor(q * (group - 1) + 0.5))))  # Math.round, as quantileOfSorted
     return uniform_codes(g, s[..., rank(1 - clip)][..., None], s[..., rank(clip)][..., None], bits).reshape(T, W)
@@ -91,6 +98,12 @@ class Variant:
     group: int
     clip_layers: set | None = None  # clip only in these layers (None: all)
     keep_outliers: int = 0  # dense-and-sparse: values per group kept exactly (then no clip)
+    key_bits: int | None = None  # what-if: keys at another width (None: bits)
+    key_group: int | None = None  # what-if: keys in other groups (None: group)
+    value_bits: int | None = None  # what-if: values at another width (None: bits)
+    value_group: int | None = None  # what-if: values in other groups (None: group)
+    key_boost: int = 0  # KITTY-style: per KV head, this many rotated key channels at 4 bits within the group's range
+    boost_layers: set | None = None  # wider keys (key_bits, key_boost) only in these layers (None: all)
 
 
 def parse_variant(name, fitted_clip):
@@ -103,11 +116,15 @@ def parse_variant(name, fitted_clip):
     m = re.fullmatch(r"(none|cal)-o(\d+)-g(\d+)", name)
     if m:
         return Variant(2, 1, 1, m[1] == "cal", int(m[3]), keep_outliers=int(m[2]))
-    m = re.fullmatch(r"(none|cal)-k([\d.]+)-v([\d.]+)-g(\d+)(?:-L(\d+))?", name)
+    m = re.fullmatch(r"(none|cal)-k([\d.]+|fit)-v([\d.]+|fit)-g(\d+)(?:-L(\d+))?(?:-kb(\d))?(?:-kg(\d+))?(?:-vb(\d))?(?:-vg(\d+))?(?:-boost(\d+))?(?:-B(\d+))?", name)
     if not m:
         sys.exit(f"unknown variant {name}")
     layers = {int(c) for c in m[5]} if m[5] else None
-    return Variant(2, float(m[2]), float(m[3]), m[1] == "cal", int(m[4]), clip_layers=layers)
+    clip_k, clip_v = (fitted_clip[kind] if c == "fit" else float(c) for kind, c in (("key", m[2]), ("value", m[3])))
+    return Variant(2, clip_k, clip_v, m[1] == "cal", int(m[4]), clip_layers=layers,
+                   key_bits=int(m[6]) if m[6] else None, key_group=int(m[7]) if m[7] else None,
+                   value_bits=int(m[8]) if m[8] else None, value_group=int(m[9]) if m[9] else None,
+                   key_boost=int(m[10]) if m[10] else 0, boost_layers={int(c) for c in m[11]} if m[11] else None)
 
 
 def logits_under(hp, w, ids, variant, rot):
@@ -129,17 +146,32 @@ def logits_under(hp, w, ids, variant, rot):
             clipped = variant.clip_layers is None or i in variant.clip_layers
             clip_k, clip_v = (variant.clip_k, variant.clip_v) if clipped else (1, 1)
 
-            def cache(a, r, clip):
+            wide = variant.boost_layers is None or i in variant.boost_layers
+
+            def cache(a, r, clip, is_key):
                 ar = np.stack([a[j] @ r[i, j] for j in range(KV)]) if variant.rotated else a
                 rows = f16(ar.transpose(1, 0, 2).reshape(T, KV * hd))
+                bits, group = variant.bits, variant.group
+                if wide:
+                    bits = (variant.key_bits if is_key else variant.value_bits) or bits
+                    group = (variant.key_group if is_key else variant.value_group) or group
+                if is_key and wide and variant.key_boost:
+                    # oracle sensitivity on this very sequence (an upper bound on what a calibrated choice buys):
+                    # mean squared query times key variance, per rotated channel
+                    qr = [np.stack([q[hh] @ r[i, j] for hh in range(j * (H // KV), (j + 1) * (H // KV))]) if variant.rotated
+                          else q[j * (H // KV):(j + 1) * (H // KV)] for j in range(KV)]
+                    bits = np.full(KV * hd, bits)
+                    for j in range(KV):
+                        sens = (qr[j] ** 2).mean((0, 1)) * ar[j].var(0)
+                        bits[j * hd + np.argsort(-sens)[: variant.key_boost]] = 4
                 if variant.keep_outliers:
-                    rows = quantize_rows_outliers(rows, variant.bits, variant.group, variant.keep_outliers)
+                    rows = quantize_rows_outliers(rows, bits, group, variant.keep_outliers)
                 else:
-                    rows = quantize_rows(rows, variant.bits, variant.group, clip)
+                    rows = quantize_rows(rows, bits, group, clip)
                 back = rows.reshape(T, KV, hd).transpose(1, 0, 2)
                 return np.stack([back[j] @ r[i, j].T for j in range(KV)]) if variant.rotated else back
 
-            kq, vq = cache(k, rot["key"], clip_k), cache(v, rot["value"], clip_v)
+            kq, vq = cache(k, rot["key"], clip_k, True), cache(v, rot["value"], clip_v, False)
         outs = []
         for hh in range(H):
             kv = hh // (H // KV)
