@@ -1,18 +1,16 @@
-import { Engine, type LoadOptions } from '../engine/engine.ts';
+import { Engine } from '../engine/engine.ts';
 import { ContextOverflowError, InvalidRequestError } from '../errors.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
 import type { GpuContext } from '../gpu/device.ts';
 import { numberFlag, type ParsedArgs, stringFlag } from './args.ts';
 import { defaultModelPath } from './default-model.ts';
+import { kvOptionsFor } from './eval.ts';
 
 /** Positions per fill step (and prefill chunk) during a capacity run. */
 const CAPACITY_STEP_TOKENS = 32;
 
-/** The KV configurations `capacity` compares. */
-const CAPACITY_MODES: Array<{ name: string; options: LoadOptions }> = [
-  { name: 'f16', options: { kv: 'f16' } },
-  { name: 'int2', options: { kv: 'int2' } },
-];
+/** The KV configurations `capacity` compares unless --kv lists others (names as `longtab eval --kv`). */
+const DEFAULT_CAPACITY_MODES = 'f16,int2';
 
 export interface CapacityRow {
   kv: string;
@@ -75,8 +73,9 @@ export async function measureCapacity(
 }
 
 /**
- * `longtab capacity [--model FILE] --kv-budget BYTES [--decode-steps N] [--json]`: per KV mode, the largest
- * context that fits the budget and its effective bits per element, found by allocating it and decoding at it.
+ * `longtab capacity [--model FILE] --kv-budget BYTES [--kv f16,int2,...] [--decode-steps N] [--json]`: per KV
+ * mode, the largest context that fits the budget and its effective bits per element, found by allocating it and
+ * decoding at it. f16 is always measured (the ratio's denominator).
  */
 export async function runCapacity(args: ParsedArgs, gpu: GpuContext): Promise<number> {
   const modelPath = stringFlag(args, 'model') ?? defaultModelPath();
@@ -84,11 +83,14 @@ export async function runCapacity(args: ParsedArgs, gpu: GpuContext): Promise<nu
   if (!Number.isInteger(budget) || budget <= 0)
     throw new InvalidRequestError('--kv-budget BYTES is required (a positive integer).');
   const decodeSteps = numberFlag(args, 'decode-steps', 4);
+  const names = (stringFlag(args, 'kv') ?? DEFAULT_CAPACITY_MODES).split(',');
+  if (!names.includes('f16')) names.unshift('f16');
+  const modes = names.map((name) => ({ name, options: kvOptionsFor(name) }));
   const rows: CapacityRow[] = [];
   const source = await sourceFromPath(modelPath);
   const engine = new Engine(gpu);
   try {
-    for (const mode of CAPACITY_MODES) {
+    for (const mode of modes) {
       // One sequence and short steps: the f16 share of an int2 pool is sized for what one sequence's sink, window and
       // step need, so the rest of the budget holds 2-bit pages (a decode-only workload; prompts prefill the same way).
       await engine.load(source, {

@@ -27,7 +27,7 @@ const USAGE = `longtab — a local LLM runtime on WebGPU
                [--digits 5] [--pairs 8 --queries 4 --value-digits 3] [--copy-tokens 64] [--json] [--quiet]
       retrieval accuracy with Wilson 95% intervals per KV mode × length × needle depth (copy: distance in tokens),
       one teacher-forced prefill per trial, the same seeded trials for every mode
-  longtab capacity [--model FILE] --kv-budget BYTES [--decode-steps N] [--json]
+  longtab capacity [--model FILE] --kv-budget BYTES [--kv f16,int2,int2+L5] [--decode-steps N] [--json]
       per KV mode, the longest context the budget holds and its bits per element, found by allocating it
   longtab calibrate [--model FILE] [--out FILE.bin] [--embed OUT.gguf] [--text FILE] [--tokens N] [--seed S]
       fits the int2 cache's KV rotations (OSCAR) on self-generated text (or --text); caches them by model digest
