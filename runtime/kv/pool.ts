@@ -17,9 +17,10 @@
  *
  *     [layer][kv: 0 = K, 1 = V][token in page][rowWords(layer, kv)]
  *
- * `quantPageWords = pageTokens * Σ_layers (keyRowWords + valueRowWords)`. Layers listed in `boostLayers` use
- * `boostFormat` (default 4 bits, no clip) for K and V, the others `keyFormat` / `valueFormat`: KITTY's boosted
- * precision at the grain of a layer, for the few layers whose 2-bit cache costs the model most (docs/kv-cache.md). Quant pages are never written by kv-append:
+ * `quantPageWords = pageTokens * Σ_layers (keyRowWords + valueRowWords)`. Layers listed in `boostLayers` store K and
+ * V at 4 bits, unclipped, in the K format's groups; the others use `keyFormat` / `valueFormat`: KITTY's boosted
+ * precision at the grain of a layer, for the few layers whose 2-bit cache costs the model most (docs/kv-cache.md).
+ * Quant pages are never written by kv-append:
  * positions land in f16 pages and are DEMOTED later, a whole page at a time:
  * - positions [0, sinkPages*pageTokens) stay f16 (`sink` rounded up to whole pages), and so does every page that is
  *   not entirely older than `window` positions before the step's first position;
@@ -149,10 +150,8 @@ export interface KvPoolOptions {
   keyFormat?: KvRowFormatOptions;
   /** quant: V row format (same defaults). */
   valueFormat?: KvRowFormatOptions;
-  /** quant: layers whose K and V rows use `boostFormat` (default none). */
+  /** quant: layers whose K and V rows are 4-bit, in the K format's groups, unclipped (default none). */
   boostLayers?: readonly number[];
-  /** quant: the boosted layers' row format (default 4 bits, the K format's group size, clipQuantile 1). */
-  boostFormat?: KvRowFormatOptions;
   /** quant: bytes of the budget for f16 pages (see the doc comment for the default). */
   f16BudgetBytes?: number;
   /** quant: most positions one step writes (the prefill chunk); sizes the default f16 budget. */
@@ -455,11 +454,7 @@ export class KvPagePool {
           );
         }
       }
-      const boost = resolveFormat(
-        width,
-        { bits: 4, groupSize: key.groupSize, clipQuantile: 1, ...options.boostFormat },
-        'boostFormat',
-      );
+      const boost = resolveFormat(width, { bits: 4, groupSize: key.groupSize, clipQuantile: 1 }, 'boostLayers');
       const rowsOf = (format: QuantRowFormat): KvQuantRows => ({
         format,
         rowWords: rowWords(format),
