@@ -248,6 +248,8 @@ export interface EngineStats {
     calibration: KvCalibrationStats | null;
     /** Clip quantiles of the K and V row formats (int2; 1 = min/max), fitted with calibrated rotations. */
     clip: { key: number; value: number } | null;
+    /** int2: layers whose K and V are kept at 4 bits (the `boostLayers` load option; empty otherwise). */
+    boostLayers: number[];
     pageTokens: number;
     pageBytes: number;
     pagesUsed: number;

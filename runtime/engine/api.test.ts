@@ -314,8 +314,8 @@ describe.skipIf(!modelPath || !goldenPath)('LongtabEngine API on stories260K', (
     engine.destroy();
   });
 
-  it('int2 KV: the same API over 2-bit pages, conversations included', async () => {
-    const engine = await loaded({ kv: 'int2' });
+  it('int2 KV: the same API over 2-bit pages (layer 3 boosted to 4 bits), conversations included', async () => {
+    const engine = await loaded({ kv: 'int2', boostLayers: [3] });
     const turn1: ChatMessageParam[] = [SYSTEM, { role: 'user', content: 'Where is the ball?' }];
     const first = await chat(engine, { messages: turn1, conversation_id: 'q' });
     expect(first.choices[0].message.content.length).toBeGreaterThan(0);
@@ -330,6 +330,7 @@ describe.skipIf(!modelPath || !goldenPath)('LongtabEngine API on stories260K', (
     expect(second.usage.prompt_tokens_details.cached_tokens).toBeGreaterThanOrEqual(first.usage.prompt_tokens);
     const stats = await engine.stats();
     expect(stats.kv.mode).toBe('int2');
+    expect(stats.kv.boostLayers).toEqual([3]);
     expect(stats.model?.kv).toBe('int2');
     expect(stats.memory.kvF16Equivalent).toBeGreaterThan(0);
     engine.destroy();
@@ -384,6 +385,10 @@ describe.skipIf(!modelPath || !goldenPath)('LongtabEngine API on stories260K', (
     await expect(engine.load(modelPath!, { kv: 'int4' as 'int2' })).rejects.toThrow(/kv = "int4" is invalid/);
     await expect(engine.load(modelPath!, { rotation: 'diagonal' as 'none' })).rejects.toThrow(/rotation/);
     await expect(engine.load(modelPath!, { kvBudgetBytes: -1 })).rejects.toThrow(/kvBudgetBytes/);
+    await expect(engine.load(modelPath!, { kv: 'int2', boostLayers: '3' as unknown as number[] })).rejects.toThrow(
+      /boostLayers/,
+    );
+    await expect(engine.load(modelPath!, { kv: 'int2', boostLayers: [7] })).rejects.toThrow(/boostLayers = 7/);
     // A Blob (a File in the browser) loads like a path.
     await engine.load(new Blob([readFileSync(modelPath!)]), { kvBudgetBytes: 4 << 20 });
     expect((await engine.stats()).model?.layers).toBe(5);

@@ -777,6 +777,7 @@ export class LongtabEngine implements LongtabEngineApi {
         clip: loaded?.pool.quant
           ? { key: loaded.pool.quant.key.clipQuantile, value: loaded.pool.quant.value.clipQuantile }
           : null,
+        boostLayers: [...(loaded?.pool.quant?.boostLayers ?? [])],
         pageTokens: pool?.pageTokens ?? 0,
         pageBytes: pool?.pageBytes ?? 0,
         pagesUsed: pool?.pagesUsed ?? 0,

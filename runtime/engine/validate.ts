@@ -176,6 +176,7 @@ export const LOAD_OPTION_FIELDS = [
   'sink',
   'window',
   'groupSize',
+  'boostLayers',
   'rotation',
   'maxSequences',
   'maxContextTokens',
@@ -204,6 +205,11 @@ export function validateLoadOptions(options: unknown): EngineLoadOptions {
   ] as const) {
     optionalNumber(name, o[name], (n) => n >= 0 && Number.isSafeInteger(n), 'use a non-negative integer', true);
   }
+  if (
+    o.boostLayers !== undefined &&
+    (!Array.isArray(o.boostLayers) || !o.boostLayers.every((l) => Number.isSafeInteger(l) && l >= 0))
+  )
+    fail('boostLayers', o.boostLayers, 'use an array of layer indices (non-negative integers)');
   if (o.rotation !== undefined && o.rotation !== 'calibrated' && o.rotation !== 'hadamard' && o.rotation !== 'none')
     fail('rotation', o.rotation, "use 'hadamard', 'none' or 'calibrated'");
   if (o.calibrate !== undefined && o.calibrate !== 'background' && o.calibrate !== 'off')
