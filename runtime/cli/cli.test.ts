@@ -29,6 +29,7 @@ describe('eval KV modes', () => {
     expect(kvOptionsFor('int2-calibrated+L5')).toMatchObject({ kv: 'int2', rotation: 'calibrated', boostLayers: [5] });
     expect(() => kvOptionsFor('f16+L5')).toThrow(InvalidRequestError);
     expect(() => kvOptionsFor('int2+Lx')).toThrow(/\+L5/);
+    expect(() => kvOptionsFor('int2+L5+L6')).toThrow(InvalidRequestError);
   });
 });
 

@@ -23,7 +23,7 @@ import { defaultModelPath } from './default-model.ts';
 /** The KV configurations an evaluation compares, by name. */
 export function kvOptionsFor(name: string): LoadOptions {
   // MODE+L5 or MODE+L5.6: an int2 mode with those layers boosted to 4 bits (the `boostLayers` load option).
-  const boosted = /^(.+)\+L(\d+(?:\.\d+)*)$/.exec(name);
+  const boosted = /^([^+]+)\+L(\d+(?:\.\d+)*)$/.exec(name);
   if (boosted) {
     const base = kvOptionsFor(boosted[1]);
     if (base.kv !== 'int2') throw new InvalidRequestError(`'${name}': only an int2 mode can boost layers.`);
@@ -91,11 +91,11 @@ export async function runEval(args: ParsedArgs, gpu: GpuContext): Promise<number
     windows: number;
     tokens: number;
     perplexity: number;
-    top1AgreementWithF16?: number;
     windowMeanNll: number[];
   }> = [];
+  // Each mode's top-1 choices, compared with f16's after the loop (whatever order --kv lists the modes in).
+  const argmax = new Map<string, Int32Array[]>();
   try {
-    let reference: Int32Array[] | null = null;
     for (const mode of modes) {
       // Small prefill chunks: every query of a chunk sees the chunk itself in f16, so the chunk is kept well below
       // the window for the evaluation to measure what decoding sees.
@@ -109,13 +109,12 @@ export async function runEval(args: ParsedArgs, gpu: GpuContext): Promise<number
       log(
         `[${mode}] ${result.windows} windows of ${ctx}: perplexity ${result.perplexity.toFixed(3)}, ${((performance.now() - started) / 1000).toFixed(1)} s`,
       );
-      if (mode === 'f16') reference = result.argmax;
+      argmax.set(mode, result.argmax);
       rows.push({
         kv: mode,
         windows: result.windows,
         tokens: result.tokensScored,
         perplexity: result.perplexity,
-        ...(reference && mode !== 'f16' ? { top1AgreementWithF16: topOneAgreement(reference, result.argmax) } : {}),
         windowMeanNll: result.windowMeanNll,
       });
       engine.unload();
@@ -128,8 +127,11 @@ export async function runEval(args: ParsedArgs, gpu: GpuContext): Promise<number
   const report = rows.map((r) => {
     // 95% interval of perplexity / f16's − 1, paired over windows (runtime/eval/perplexity.ts).
     const interval = f16 && r !== f16 ? pairedPerplexityRatioInterval(r.windowMeanNll, f16.windowMeanNll) : null;
+    const reference = argmax.get('f16');
+    const choices = argmax.get(r.kv);
     return {
       ...r,
+      ...(reference && choices && r !== f16 ? { top1AgreementWithF16: topOneAgreement(reference, choices) } : {}),
       vsF16: f16 ? r.perplexity / f16.perplexity - 1 : undefined,
       ...(interval ? { vsF16Interval95: interval } : {}),
     };
