@@ -71,15 +71,17 @@ export function kvPoolOptions(config: ModelConfig, options: KvCacheOptions): KvP
       option: 'codeBits',
     });
   }
+  // Boosted layers are a tier of the 2-bit cache; which layers exist is the pool's check (its message names them).
   const boostLayers = options.boostLayers ?? [];
   if (!Array.isArray(boostLayers)) {
     throw new InvalidRequestError('Load option boostLayers must be an array of layer indices.', {
       option: 'boostLayers',
     });
   }
-  for (const layer of boostLayers) checkInteger('boostLayers', layer, 0, config.layers - 1);
-  if (boostLayers.length > 0 && kv !== 'int2') {
-    throw new InvalidRequestError("Load option boostLayers applies to kv 'int2' only.", { option: 'boostLayers' });
+  if (boostLayers.length > 0 && (kv !== 'int2' || (options.codeBits ?? 2) !== 2)) {
+    throw new InvalidRequestError("Load option boostLayers needs kv: 'int2' with 2-bit codes; set kv or drop it.", {
+      option: 'boostLayers',
+    });
   }
   // --- KV pool owner's block (int2 mode and rotation; runtime/kv/pool.ts documents the options) ---
   const rotation = options.rotation ?? (kv === 'int2' ? 'hadamard' : 'none');

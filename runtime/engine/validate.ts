@@ -207,7 +207,7 @@ export function validateLoadOptions(options: unknown): EngineLoadOptions {
   }
   if (
     o.boostLayers !== undefined &&
-    (!Array.isArray(o.boostLayers) || !o.boostLayers.every((l) => Number.isSafeInteger(l) && l >= 0))
+    (!Array.isArray(o.boostLayers) || !Array.from(o.boostLayers).every((l) => Number.isSafeInteger(l) && l >= 0))
   )
     fail('boostLayers', o.boostLayers, 'use an array of layer indices (non-negative integers)');
   if (o.rotation !== undefined && o.rotation !== 'calibrated' && o.rotation !== 'hadamard' && o.rotation !== 'none')

@@ -190,8 +190,9 @@ describe.skipIf(!modelPath || !goldenPath)('int2 KV cache end to end (stories260
     expect(error(one)).toBeGreaterThan(error(all));
     const source = await sourceFromPath(modelPath!);
     const engine = new Engine(ctx.gpu);
-    await expect(engine.load(source, { ...INT2, boostLayers: [5] })).rejects.toThrow(/boostLayers = 5/);
+    await expect(engine.load(source, { ...INT2, boostLayers: [5] })).rejects.toThrow(/names 5, not a layer/);
     await expect(engine.load(source, { kv: 'f16', boostLayers: [1] })).rejects.toBeInstanceOf(InvalidRequestError);
+    await expect(engine.load(source, { ...INT2, codeBits: 1, boostLayers: [1] })).rejects.toThrow(/2-bit codes/);
     await source.close?.();
   });
 

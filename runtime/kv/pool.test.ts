@@ -339,7 +339,7 @@ describe('KvPagePool', () => {
         ...(boostLayers ? { boostLayers } : {}),
       });
     const plain = make();
-    const boosted = make([2, 1, 1]);
+    const boosted = make([2, 1]);
     try {
       const q = boosted.quant!;
       expect(q.boostLayers).toEqual([1, 2]);
@@ -363,7 +363,10 @@ describe('KvPagePool', () => {
       expect(q.pageWords).toBe(64);
       expect(plain.quant!.pageWords).toBe(48);
       expect(() => make([3])).toThrow(InvalidRequestError);
-      expect(() => make([-1])).toThrow(/boost layer -1/);
+      expect(() => make([-1])).toThrow(/names -1, not a layer of this model \(0\.\.2\)/);
+      expect(() => make([1, 1])).toThrow(/lists a layer twice/);
+      // biome-ignore lint/suspicious/noSparseArray: a hole is what a careless caller may pass
+      expect(() => make([, 1] as number[])).toThrow(/names undefined/);
     } finally {
       plain.destroy();
       boosted.destroy();

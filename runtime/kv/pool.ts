@@ -443,16 +443,20 @@ export class KvPagePool {
       const width = kvHeads * headDim;
       const key = resolveFormat(width, options.keyFormat, 'keyFormat');
       const value = resolveFormat(width, options.valueFormat, 'valueFormat');
-      const boostLayers = [...new Set(options.boostLayers ?? [])].sort((a, b) => a - b);
-      for (const layer of boostLayers) {
-        if (!Number.isInteger(layer) || layer < 0 || layer >= layers) {
+      const requested = Array.from(options.boostLayers ?? []); // holes of a sparse array become undefined
+      for (const layer of requested) {
+        if (typeof layer !== 'number' || !Number.isInteger(layer) || layer < 0 || layer >= layers) {
           throw new InvalidRequestError(
-            `KV pool: boost layer ${layer} is not a layer of this model (0..${layers - 1})`,
-            {
-              option: 'boostLayers',
-            },
+            `boostLayers names ${String(layer)}, not a layer of this model (0..${layers - 1}).`,
+            { option: 'boostLayers' },
           );
         }
+      }
+      const boostLayers = [...new Set(requested)].sort((a, b) => a - b);
+      if (boostLayers.length < requested.length) {
+        throw new InvalidRequestError(`boostLayers lists a layer twice: [${requested.join(', ')}].`, {
+          option: 'boostLayers',
+        });
       }
       const boost = resolveFormat(width, { bits: 4, groupSize: key.groupSize, clipQuantile: 1 }, 'boostLayers');
       const rowsOf = (format: QuantRowFormat): KvQuantRows => ({
