@@ -130,7 +130,7 @@ export function prepareKvPromote(
         pool.layerOffsetWords(layer, 1),
         quant.layerOffsetWords(layer, 0),
         quant.layerOffsetWords(layer, 1),
-        pool.kvHeads,
+        0,
         pool.headDim,
         pool.pageTokens,
         pool.pageWords,

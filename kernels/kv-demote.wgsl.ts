@@ -154,14 +154,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: v
 `;
 
 /**
- * Promotes quant pages back to f16 pages (their dequantized values rounded to f16), for every layer: one
- * invocation per (job, layer, kv, token, value pair). Used only when a rollback rewrites a quantized position.
+ * Promotes quant pages back to f16 pages (their dequantized values rounded to f16), for one layer per dispatch
+ * (layers may differ in format): one invocation per (job, kv, token, value pair). Used only when a rollback rewrites
+ * a quantized position.
  */
 export const kvPromoteWgsl = /* wgsl */ `
 ${formatStruct}
 struct Params {
   f16KeyOffset: u32, f16ValueOffset: u32, quantKeyOffset: u32, quantValueOffset: u32,
-  kvHeads: u32, headDim: u32, pageTokens: u32, f16PageWords: u32,
+  _unused: u32, headDim: u32, pageTokens: u32, f16PageWords: u32,
   quantPageWords: u32, jobs: u32, width: u32, _pad: u32,
   k: Format, v: Format,
 }

@@ -246,7 +246,10 @@ export interface EngineStats {
     rotation: KvRotationState;
     /** The background calibration, when one was started by this load (null otherwise). */
     calibration: KvCalibrationStats | null;
-    /** Clip quantiles of the K and V row formats (int2; 1 = min/max), fitted with calibrated rotations. */
+    /**
+     * Clip quantiles of the K and V row formats (int2; 1 = min/max), fitted with calibrated rotations; boosted
+     * layers are never clipped.
+     */
     clip: { key: number; value: number } | null;
     /** int2: layers whose K and V are kept at 4 bits (the `boostLayers` load option; empty otherwise). */
     boostLayers: number[];

@@ -1,5 +1,5 @@
 /**
- * The quantized KV row format (INT2 by default; 1-bit exists as the weak control, 4-bit for boosted channels).
+ * The quantized KV row format (INT2 by default; 1-bit exists as the weak control, 4-bit for boosted layers).
  *
  * A row is one token's K (or V) of one layer: `width = kvHeads × headDim` values (already rotated). It is cut into
  * groups of `groupSize` consecutive values (a group may span heads when headDim < groupSize). Per group, an
