@@ -10,12 +10,13 @@ MANIFEST: train.py's exported f32 weights; ROT_PREFIX and TRIALS.json: from expo
 rotations embedded in the GGUF, and the CLI's own retrieval trials); IDS.u16: tokenizer.py's id files (the
 perplexity windows of `longtab eval --ctx 2048` are the same ids, bos/eos wrapper dropped). VARIANTS, comma-separated:
 f16, int2-none, int2-calibrated (the fitted clip quantiles), int1-none, ROT-kK-vV-gG[-LLAYERS] (ROT none|cal; K, V
-clip quantiles; G group size; clipped only in the listed layers, e.g. -L4567; K or V may be "fit", the fitted quantile; what-if suffixes on keys:
--kbB keys at B bits, -kgG keys in groups of G, -vbB / -vgG the same for values, -boostN N rotated key channels per
-KV head at 4 bits (chosen by an oracle sensitivity on the sequence itself), -BLAYERS those widths only in the listed
-layers), or ROT-oN-gG (no clip; the N values
-of each group farthest from its median kept exactly, min/max codes over the rest: a dense-and-sparse row). E.g.
-cal-k1-v1-g128 = calibrated rotation without clipping.
+clip quantiles, or "fit" for the fitted one; G group size; -L: clipped only in the listed layers, one digit each,
+e.g. -L4567, so layers 0-9 only). What-if suffixes, in this order: -kbB keys at B bits, -kgG keys in groups of G,
+-vbB / -vgG the same for values, -boostN N rotated key channels per KV head at 4 bits (chosen by an oracle
+sensitivity on the sequence itself), -BLAYERS those only in the listed layers (digits, as -L). Or ROT-oN-gG (no clip;
+the N values of each group farthest from its median kept exactly, min/max codes over the rest: a dense-and-sparse
+row). E.g. cal-k1-v1-g128 = calibrated rotation without clipping; cal-kfit-vfit-g128-L0123467-kb4-vb4-B5 = the
+runtime's int2-calibrated+L5 (layer 5 at 4 bits, unclipped).
 
 What is emulated (runtime/kv/quant-format.ts, runtime/kv/pool.ts defaults): K after RoPE and V rounded to f16,
 rotated per KV head as x·R, a row = kvHeads × headDim values cut into groups; per group lo/hi at the (1−q)/q
