@@ -4,7 +4,7 @@ import { sourceFromPath } from '../gguf/node-source.ts';
 import type { GpuContext } from '../gpu/device.ts';
 import { numberFlag, type ParsedArgs, stringFlag } from './args.ts';
 import { defaultModelPath } from './default-model.ts';
-import { kvOptionsFor } from './eval.ts';
+import { checkModesFitModel, kvOptionsFor } from './eval.ts';
 
 /** Positions per fill step (and prefill chunk) during a capacity run. */
 const CAPACITY_STEP_TOKENS = 32;
@@ -86,6 +86,7 @@ export async function runCapacity(args: ParsedArgs, gpu: GpuContext): Promise<nu
   const names = (stringFlag(args, 'kv') ?? DEFAULT_CAPACITY_MODES).split(',');
   if (!names.includes('f16')) names.unshift('f16');
   const modes = names.map((name) => ({ name, options: kvOptionsFor(name) }));
+  await checkModesFitModel(names, modelPath);
   const rows: CapacityRow[] = [];
   const source = await sourceFromPath(modelPath);
   const engine = new Engine(gpu);

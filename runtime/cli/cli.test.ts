@@ -7,7 +7,7 @@ import { describe, expect, it } from 'vitest';
 import { STORIES260K, STORIES260K_GOLDEN, sharedPath } from '../../test/shared.ts';
 import { InvalidRequestError } from '../errors.ts';
 import { pairedPerplexityRatioInterval } from '../eval/perplexity.ts';
-import { kvOptionsFor } from './eval.ts';
+import { checkModesFitModel, kvOptionsFor } from './eval.ts';
 
 const run = promisify(execFile);
 const bin = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'bin', 'longtab.mjs');
@@ -117,6 +117,17 @@ describe.skipIf(!modelPath || !goldenPath)('longtab CLI on stories260K', () => {
       expect(stderr).toMatch(/\[int2-none\] 4 windows of 128: perplexity \d+\.\d{3}/);
     },
   );
+
+  it('eval refuses a boosted layer the model lacks before any mode runs', async () => {
+    // stories260K has layers 0..4; the bad mode is last, after modes that would otherwise run first.
+    await expect(
+      longtab('eval', '--model', modelPath!, '--text', goldenPath!, '--kv', 'f16,int2-none,int2-none+L7'),
+    ).rejects.toMatchObject({
+      code: 1,
+      stderr: expect.stringContaining("'int2-none+L7': the model has layers 0..4, not 7."),
+    });
+    await expect(checkModesFitModel(['f16', 'int2-none+L4'], modelPath!)).resolves.toBeUndefined();
+  });
 
   it('a missing file is a clear error with a non-zero exit code', async () => {
     await expect(longtab('info', '/nonexistent/model.gguf')).rejects.toMatchObject({ code: 1 });

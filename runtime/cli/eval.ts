@@ -15,8 +15,10 @@ import {
   runCell,
 } from '../eval/retrieval.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
+import { parseGguf } from '../gguf/parse.ts';
 import type { GpuContext } from '../gpu/device.ts';
 import { nodeRotationCache } from '../kv/rotation-cache-node.ts';
+import { readModelConfig } from '../model/config.ts';
 import { numberFlag, type ParsedArgs, stringFlag } from './args.ts';
 import { defaultModelPath } from './default-model.ts';
 
@@ -58,6 +60,26 @@ export function evalModes(args: ParsedArgs): string[] {
   return modes;
 }
 
+/**
+ * Checks, from the GGUF header alone, that every boosted layer a mode names exists in the model, so a typo in the
+ * last mode of a long evaluation fails before the first one runs.
+ */
+export async function checkModesFitModel(modes: readonly string[], modelPath: string): Promise<void> {
+  const wanted = modes.map((mode) => ({ mode, layers: kvOptionsFor(mode).boostLayers ?? [] }));
+  if (wanted.every((w) => w.layers.length === 0)) return;
+  const source = await sourceFromPath(modelPath);
+  try {
+    const { layers } = readModelConfig(await parseGguf(source));
+    for (const { mode, layers: boosted } of wanted) {
+      const missing = boosted.find((l) => l >= layers);
+      if (missing !== undefined)
+        throw new InvalidRequestError(`'${mode}': the model has layers 0..${layers - 1}, not ${missing}.`);
+    }
+  } finally {
+    await source.close?.();
+  }
+}
+
 /** Load options of one mode. Small prefill chunks: see runEval. */
 export function evalLoadOptions(args: ParsedArgs, mode: string): LoadOptions {
   return {
@@ -83,6 +105,7 @@ export async function runEval(args: ParsedArgs, gpu: GpuContext): Promise<number
   const ctx = numberFlag(args, 'ctx', 512);
   const maxWindows = numberFlag(args, 'max-windows', Number.POSITIVE_INFINITY);
   const modes = evalModes(args);
+  await checkModesFitModel(modes, modelPath);
   const log = progressLog(args);
   const engine = new Engine(gpu);
   const source = await sourceFromPath(modelPath);
@@ -227,6 +250,7 @@ export async function runRetrievalEval(args: ParsedArgs, gpu: GpuContext): Promi
   if (texts.length === 0)
     throw new InvalidRequestError(`Usage: longtab eval --task ${task} --text FILLER.txt [FILE...]: the filler text.`);
   const modes = evalModes(args);
+  await checkModesFitModel(modes, modelPath);
   const lengths = numberListFlag(args, 'lengths', [1024, 2048]);
   if (task === 'copy' && args.flags.has('depths'))
     throw new InvalidRequestError('copy places its passage by --distances (tokens between the copies), not --depths.');
