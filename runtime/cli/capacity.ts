@@ -4,7 +4,7 @@ import { sourceFromPath } from '../gguf/node-source.ts';
 import type { GpuContext } from '../gpu/device.ts';
 import { numberFlag, type ParsedArgs, stringFlag } from './args.ts';
 import { defaultModelPath } from './default-model.ts';
-import { checkModesFitModel, kvOptionsFor } from './eval.ts';
+import { checkModesFitModel, evalModes, kvOptionsFor } from './eval.ts';
 
 /** Positions per fill step (and prefill chunk) during a capacity run. */
 const CAPACITY_STEP_TOKENS = 32;
@@ -83,8 +83,7 @@ export async function runCapacity(args: ParsedArgs, gpu: GpuContext): Promise<nu
   if (!Number.isInteger(budget) || budget <= 0)
     throw new InvalidRequestError('--kv-budget BYTES is required (a positive integer).');
   const decodeSteps = numberFlag(args, 'decode-steps', 4);
-  const names = (stringFlag(args, 'kv') ?? DEFAULT_CAPACITY_MODES).split(',');
-  if (!names.includes('f16')) names.unshift('f16');
+  const names = evalModes(args, DEFAULT_CAPACITY_MODES, true);
   const modes = names.map((name) => ({ name, options: kvOptionsFor(name) }));
   await checkModesFitModel(names, modelPath);
   const rows: CapacityRow[] = [];

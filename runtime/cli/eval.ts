@@ -52,10 +52,13 @@ export function kvOptionsFor(name: string): LoadOptions {
   }
 }
 
-/** The KV modes of an evaluation: --kv's list, with f16 first under --compare; checked before anything loads. */
-export function evalModes(args: ParsedArgs): string[] {
-  const modes = (stringFlag(args, 'kv') ?? 'f16').split(',');
-  if (args.flags.has('compare') && !modes.includes('f16')) modes.unshift('f16');
+/**
+ * The KV modes of a command: --kv's list (else `fallback`), with f16 first when `withF16` (eval: under --compare);
+ * checked before anything loads.
+ */
+export function evalModes(args: ParsedArgs, fallback = 'f16', withF16 = args.flags.has('compare')): string[] {
+  const modes = (stringFlag(args, 'kv') ?? fallback).split(',');
+  if (withF16 && !modes.includes('f16')) modes.unshift('f16');
   for (const mode of modes) kvOptionsFor(mode);
   return modes;
 }
@@ -147,10 +150,10 @@ export async function runEval(args: ParsedArgs, gpu: GpuContext): Promise<number
     await source.close?.();
   }
   const f16 = rows.find((r) => r.kv === 'f16');
+  const reference = argmax.get('f16');
   const report = rows.map((r) => {
     // 95% interval of perplexity / f16's − 1, paired over windows (runtime/eval/perplexity.ts).
     const interval = f16 && r !== f16 ? pairedPerplexityRatioInterval(r.windowMeanNll, f16.windowMeanNll) : null;
-    const reference = argmax.get('f16');
     const choices = argmax.get(r.kv);
     return {
       ...r,
