@@ -3,7 +3,7 @@ import type { GpuContext } from '../runtime/gpu/device.ts';
 import { readFloat32, readUint32 } from '../runtime/gpu/readback.ts';
 import { PagedKvAttention } from '../runtime/kv/paged-attention.ts';
 import { decodePageEntry, KV_PAGE_KIND, KvPagePool, type KvPoolOptions, type KvSequence } from '../runtime/kv/pool.ts';
-import { dequantizeRow, type QuantRowFormat, quantizeRow, roundToF16 } from '../runtime/kv/quant-format.ts';
+import { dequantizeRow, quantizeRow, roundToF16 } from '../runtime/kv/quant-format.ts';
 import { withTestGpu } from '../test/gpu.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
 import { type PreparedDispatch, releaseDispatches, submitDispatches } from './dispatch.ts';
@@ -168,31 +168,33 @@ async function runMixed(gpu: GpuContext, c: Case, seed: number) {
   };
 }
 
+/**
+ * Two layers of hd 8, 1:1, pages of 4; -14: a rollback into a quant page, which the next write promotes (and a later
+ * step demotes again).
+ */
+const HD8_ROLLBACK: Case = {
+  layers: 2,
+  heads: 4,
+  kvHeads: 4,
+  headDim: 8,
+  pool: { pageTokens: 4, sink: 4, window: 8, keyFormat: { groupSize: 32 }, valueFormat: { groupSize: 32 } },
+  chunks: [10, 3, 1, 1, 1, 1, 1, 6, 1, 1, 1, 1, -14, 1, 1, 6, 1, 1],
+};
+
+/** Two layers of hd 64, 4:1 (a GQA group per KV head), pages of 8. */
+const HD64_GQA: Case = {
+  layers: 2,
+  heads: 8,
+  kvHeads: 2,
+  headDim: 64,
+  pool: { pageTokens: 8, sink: 8, window: 8 },
+  chunks: [20, 13, 1, 1, 9, 1, 1],
+};
+
 describe('attention over mixed f16 / quant pages', () => {
   it.each<[string, Case]>([
-    [
-      'hd 8, 1:1, group 32 = the whole row (4 heads), pages of 4',
-      {
-        layers: 2,
-        heads: 4,
-        kvHeads: 4,
-        headDim: 8,
-        pool: { pageTokens: 4, sink: 4, window: 8, keyFormat: { groupSize: 32 }, valueFormat: { groupSize: 32 } },
-        // -14: a rollback into a quant page, which the next write promotes (and a later step demotes again).
-        chunks: [10, 3, 1, 1, 1, 1, 1, 6, 1, 1, 1, 1, -14, 1, 1, 6, 1, 1],
-      },
-    ],
-    [
-      'hd 64, 4:1, group 128 spans both heads, pages of 8',
-      {
-        layers: 2,
-        heads: 8,
-        kvHeads: 2,
-        headDim: 64,
-        pool: { pageTokens: 8, sink: 8, window: 8 },
-        chunks: [20, 13, 1, 1, 9, 1, 1],
-      },
-    ],
+    ['hd 8, 1:1, group 32 = the whole row (4 heads), pages of 4', HD8_ROLLBACK],
+    ['hd 64, 4:1, group 128 spans both heads, pages of 8', HD64_GQA],
     [
       'hd 128, 4:1, K 2-bit group 64 clipped 0.96, V 4-bit clipped 0.9, no sink',
       {
@@ -223,38 +225,18 @@ describe('attention over mixed f16 / quant pages', () => {
     ],
     [
       'hd 8, 1:1, layer 1 boosted to 4 bits: a rollback promotes rows of both formats',
-      {
-        layers: 2,
-        heads: 4,
-        kvHeads: 4,
-        headDim: 8,
-        pool: {
-          pageTokens: 4,
-          sink: 4,
-          window: 8,
-          keyFormat: { groupSize: 32 },
-          valueFormat: { groupSize: 32 },
-          boostLayers: [1],
-        },
-        chunks: [10, 3, 1, 1, 1, 1, 1, 6, 1, 1, 1, 1, -14, 1, 1, 6, 1, 1],
-      },
+      { ...HD8_ROLLBACK, pool: { ...HD8_ROLLBACK.pool, boostLayers: [1] } },
     ],
     [
       'hd 64, 4:1, group 64, layer 0 boosted (4-bit, unclipped), layer 1 2-bit clipped 0.96 / 0.94',
       {
-        layers: 2,
-        heads: 8,
-        kvHeads: 2,
-        headDim: 64,
+        ...HD64_GQA,
         pool: {
-          pageTokens: 8,
-          sink: 8,
-          window: 8,
+          ...HD64_GQA.pool,
           keyFormat: { groupSize: 64, clipQuantile: 0.96 },
           valueFormat: { groupSize: 64, clipQuantile: 0.94 },
           boostLayers: [0],
         },
-        chunks: [20, 13, 1, 1, 9, 1, 1],
       },
     ],
     // Long enough for decode to use several splits of >= 64 keys, each over f16 and quant pages.
