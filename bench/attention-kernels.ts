@@ -9,7 +9,11 @@
  * through the real append + demotion dispatches, and each decode-kernel variant is checked against the split kernel
  * (tested against the CPU reference on the same pages) instead of the reference.
  *
- *   npx tsx bench/attention-kernels.ts [--kv f16|int2] [--contexts 1024,8192,32768] [--out FILE.json]
+ * With `--prefill`, it times one prefill chunk of PREFILL_TOKENS queries at the end of each context instead (the
+ * runtime's prefill split settings), the split kernel against the prefill kernel (attention-prefill.wgsl.ts), the
+ * latter checked against the former on the same pages; f16 and int2 pools.
+ *
+ *   npx tsx bench/attention-kernels.ts [--kv f16|int2] [--prefill] [--contexts 1024,8192,32768] [--out FILE.json]
  * On the GPU host: bundled by `npm run bench:bundle` (.gpu/attention-kernels.mjs).
  */
 import { writeFileSync } from 'node:fs';
@@ -27,7 +31,7 @@ import { attentionReference } from '../kernels/reference/attention.ts';
 import { acquireGpu, type GpuContext } from '../runtime/gpu/device.ts';
 import { nodeGpu } from '../runtime/gpu/node.ts';
 import { readFloat32 } from '../runtime/gpu/readback.ts';
-import { PagedKvAttention } from '../runtime/kv/paged-attention.ts';
+import { PagedKvAttention, PREFILL_MIN_CHUNK_KEYS, PREFILL_SPLITS } from '../runtime/kv/paged-attention.ts';
 import { KvPagePool } from '../runtime/kv/pool.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
 
@@ -298,10 +302,74 @@ async function benchQuantShape(gpu: GpuContext, shape: LayerShape, contexts: num
   return rows;
 }
 
+/** Query tokens of the timed prefill chunk (the engine's default prefill chunk). */
+const PREFILL_TOKENS = 128;
+
+/**
+ * One layer's attention for a prefill chunk of PREFILL_TOKENS queries ending at each context, over pages filled by the
+ * runtime's append (+ demotion for int2): the split kernel, then the prefill kernel checked against it. TFLOPS counts
+ * the causal products (q·k and p·v) the chunk needs.
+ */
+async function benchPrefillShape(gpu: GpuContext, shape: LayerShape, contexts: number[], kv: 'f16' | 'quant') {
+  const { heads, headDim } = shape;
+  const { pool, k, v, release } = layerSetup(gpu, shape, contexts, kv);
+  const buffer = (floats: number) => gpu.allocator.createStorage('bench', 'scratch', floats * 4);
+  const q = buffer(PREFILL_TOKENS * heads * headDim);
+  const outputs = [buffer(PREFILL_TOKENS * heads * headDim), buffer(PREFILL_TOKENS * heads * headDim)];
+  const qs = randomFloats(seededRandom(3), PREFILL_TOKENS * heads * headDim, 2);
+  gpu.device.queue.writeBuffer(q, 0, qs.buffer, qs.byteOffset, qs.byteLength);
+  const fill = new PagedKvAttention(gpu, pool, { heads }).prepareLayer(0, { q, k, v, output: outputs[0] }, FILL_CHUNK);
+  const seq = pool.createSequence();
+  const rows: Record<string, unknown>[] = [];
+  for (const context of contexts) {
+    while (seq.length + FILL_CHUNK <= context) {
+      pool.writeStep(seq, seq.length, FILL_CHUNK);
+      submitDispatches(gpu, 'fill', fill.append);
+    }
+    const position = context - PREFILL_TOKENS;
+    pool.writeStep(seq, position, PREFILL_TOKENS);
+    const keysSeen = PREFILL_TOKENS * position + (PREFILL_TOKENS * (PREFILL_TOKENS + 1)) / 2;
+    const flops = 4 * heads * headDim * keysSeen;
+    const row: Record<string, unknown> = { shape: shape.name, kv: kv === 'f16' ? 'f16' : 'int2', context };
+    let expected: Float32Array | null = null;
+    for (const [i, prefillKernel] of [false, true].entries()) {
+      const name = prefillKernel ? 'prefill' : 'split';
+      const dispatches = prepareAttention(gpu, name, {
+        pool,
+        layer: 0,
+        q,
+        output: outputs[i],
+        heads,
+        maxTokens: PREFILL_TOKENS,
+        scale: 1 / Math.sqrt(headDim),
+        splits: PREFILL_SPLITS,
+        minChunkKeys: PREFILL_MIN_CHUNK_KEYS,
+        prefillKernel,
+      });
+      submitDispatches(gpu, 'check', dispatches);
+      const actual = await readFloat32(gpu, outputs[i], PREFILL_TOKENS * heads * headDim);
+      if (expected) row[`${name}ToleranceRatio`] = maxToleranceRatio(actual, expected, 2e-5, 2e-4);
+      else expected = actual;
+      const ms = await timeDispatches(gpu, dispatches, context > 8192 ? 3 : 10);
+      row[`${name}Us`] = Math.round(ms * 10000) / 10;
+      row[`${name}TFLOPS`] = Math.round(flops / (ms * 1e-3) / 1e10) / 100;
+      releaseDispatches(gpu, dispatches);
+    }
+    console.log(JSON.stringify(row));
+    rows.push(row);
+  }
+  releaseDispatches(gpu, [...fill.append, ...fill.attention]);
+  for (const b of [q, ...outputs]) gpu.allocator.release(b);
+  release();
+  gpu.throwIfErrors();
+  return rows;
+}
+
 const { values } = parseArgs({
   options: {
     contexts: { type: 'string', default: '1024,8192,32768' },
     kv: { type: 'string', default: 'f16' },
+    prefill: { type: 'boolean', default: false },
     out: { type: 'string' },
   },
 });
@@ -311,12 +379,14 @@ const gpu = await acquireGpu({ gpu: await nodeGpu() });
 console.log(JSON.stringify({ adapter: gpu.adapter }));
 const results = [];
 for (const shape of SHAPES) {
-  results.push(...(await (values.kv === 'int2' ? benchQuantShape : benchShape)(gpu, shape, contexts)));
+  if (values.prefill)
+    results.push(...(await benchPrefillShape(gpu, shape, contexts, values.kv === 'f16' ? 'f16' : 'quant')));
+  else results.push(...(await (values.kv === 'int2' ? benchQuantShape : benchShape)(gpu, shape, contexts)));
 }
 if (values.out)
   writeFileSync(
     values.out,
-    `${JSON.stringify({ adapter: gpu.adapter, kv: values.kv, splits: SPLITS, minChunk: MIN_CHUNK, results }, null, 1)}\n`,
+    `${JSON.stringify({ adapter: gpu.adapter, kv: values.kv, prefill: values.prefill, splits: values.prefill ? PREFILL_SPLITS : SPLITS, minChunk: values.prefill ? PREFILL_MIN_CHUNK_KEYS : MIN_CHUNK, results }, null, 1)}\n`,
   );
 gpu.destroy();
 process.exit(0);

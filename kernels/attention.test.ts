@@ -4,7 +4,12 @@ import { readFloat32 } from '../runtime/gpu/readback.ts';
 import { KvPagePool, type KvSequence } from '../runtime/kv/pool.ts';
 import { withTestGpu } from '../test/gpu.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
-import { type AttentionSources, attentionDecodeShape, prepareAttention } from './attention.ts';
+import {
+  type AttentionSources,
+  attentionDecodeShape,
+  attentionPrefillShapeFor,
+  prepareAttention,
+} from './attention.ts';
 import {
   ATTENTION_BLOCK_KEY_CHOICES,
   type AttentionBlockKeys,
@@ -13,6 +18,7 @@ import {
   attentionWorkgroupBytes,
 } from './attention.wgsl.ts';
 import { attentionDecodeSource } from './attention-decode.wgsl.ts';
+import { attentionPrefillShape, attentionPrefillSource } from './attention-prefill.wgsl.ts';
 import { type PreparedDispatch, releaseDispatches, submitDispatches } from './dispatch.ts';
 import { prepareKvAppend } from './kv-append.ts';
 import { attentionReference, f16Bits, f16BitsToNumber } from './reference/attention.ts';
@@ -57,6 +63,7 @@ class Harness {
       minChunkKeys?: number;
       blockKeys?: AttentionBlockKeys;
       sources?: AttentionSources;
+      prefillKernel?: boolean;
     } = {},
   ) {
     const { layers, heads, kvHeads, headDim, pageTokens } = shape;
@@ -95,7 +102,13 @@ class Harness {
         ...prepareAttention(
           gpu,
           `prefill.attn${layer}`,
-          { ...common, maxTokens, splits: opts.prefillSplits, minChunkKeys: opts.minChunkKeys },
+          {
+            ...common,
+            maxTokens,
+            splits: opts.prefillSplits,
+            minChunkKeys: opts.minChunkKeys,
+            prefillKernel: opts.prefillKernel,
+          },
           opts.sources,
         ),
       );
@@ -186,7 +199,7 @@ async function runSteps(
   chunks: number[],
   seed: number,
   decodeSplits?: number,
-  more: { prefillSplits?: number; minChunkKeys?: number; blockKeys?: AttentionBlockKeys } = {},
+  more: { prefillSplits?: number; minChunkKeys?: number; blockKeys?: AttentionBlockKeys; prefillKernel?: boolean } = {},
 ) {
   const before = gpu.allocator.snapshot().totalBuffers;
   const harness = new Harness(gpu, shape, Math.max(...chunks), { decodeSplits, ...more });
@@ -435,6 +448,62 @@ describe('decode kernel', () => {
     const random = seededRandom(77 + 64);
     const seq = harness.sequence();
     const ratios = [await harness.step(seq, 300, random), await harness.step(seq, 1, random)];
+    harness.release();
+    expect(Math.max(...ratios)).toBeGreaterThan(1);
+  });
+});
+
+describe('prefill kernel', () => {
+  // Prefill graphs of these shapes run attention-prefill.wgsl.ts (each case checks that they do): query tiles that cut
+  // a GQA group, partial key tiles, causal ends inside a tile, several pages per tile, splits with empty ones.
+  const cases: Array<[string, Shape, number[], { prefillSplits?: number; minChunkKeys?: number }]> = [
+    [
+      'hd 64, 4:1, pages of 16, one split',
+      { layers: 1, heads: 8, kvHeads: 2, headDim: 64, pageTokens: 16 },
+      [70, 45, 1],
+      {},
+    ],
+    [
+      'hd 64, 7:1 (Qwen2.5-0.5B), pages of 4, 3 splits of >= 16 keys',
+      { layers: 1, heads: 14, kvHeads: 2, headDim: 64, pageTokens: 4 },
+      [37, 29, 1],
+      { prefillSplits: 3, minChunkKeys: 16 },
+    ],
+    [
+      'hd 128, 8:1, pages of 8, 2 splits',
+      { layers: 1, heads: 8, kvHeads: 1, headDim: 128, pageTokens: 8 },
+      [41, 23, 1],
+      { prefillSplits: 2, minChunkKeys: 8 },
+    ],
+  ];
+  it.each(cases)('matches the CPU reference: %s', async (_name, shape, chunks, more) => {
+    const pool = { headDim: shape.headDim, kvHeads: shape.kvHeads, quant: null } as never;
+    expect(attentionPrefillShapeFor(ctx.gpu, { pool, layer: 0, maxTokens: 2 })).not.toBeNull();
+    const { ratios } = await runSteps(ctx.gpu, shape, chunks, 91 + shape.headDim, 4, more);
+    expect(Math.max(...ratios)).toBeLessThanOrEqual(1);
+  });
+
+  it('agrees with the split kernel it replaces on the same steps', async () => {
+    const [, shape, chunks, more] = cases[1];
+    const split = await runSteps(ctx.gpu, shape, chunks, 5, 4, { ...more, prefillKernel: false });
+    expect(Math.max(...split.ratios)).toBeLessThanOrEqual(1);
+  });
+
+  it.each<[string, (code: string) => string]>([
+    ['causal mask one key late', (code) => code.replace('>= limit0)', '> limit0)')],
+    ['no rescale between tiles', (code) => code.replace('acc0_0 *= correction;', '')],
+    ['row sums of one column only', (code) => code.replaceAll('i < 16u; i++) { total', 'i < 1u; i++) { total')],
+  ])('catches a broken kernel: %s', async (_name, edit) => {
+    const { gpu } = ctx;
+    const [, shape, chunks] = cases[0];
+    const prefillShape = attentionPrefillShape(64, null, gpu.limits.maxComputeWorkgroupStorageSize)!;
+    const original = attentionPrefillSource(prefillShape);
+    const prefill = edit(original);
+    expect(prefill).not.toBe(original);
+    const harness = new Harness(gpu, shape, Math.max(...chunks), { sources: { prefill } });
+    const random = seededRandom(13);
+    const seq = harness.sequence();
+    const ratios = [await harness.step(seq, chunks[0], random), await harness.step(seq, chunks[1], random)];
     harness.release();
     expect(Math.max(...ratios)).toBeGreaterThan(1);
   });

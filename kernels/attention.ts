@@ -16,7 +16,9 @@ import {
   attentionDecodeSource,
   attentionDecodeSupports,
   attentionDecodeWorkgroupBytes,
+  type DecodeQuantShape,
 } from './attention-decode.wgsl.ts';
+import { type AttentionPrefillShape, attentionPrefillShape, attentionPrefillSource } from './attention-prefill.wgsl.ts';
 import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from './dispatch.ts';
 import { type KvPageSource, kvPoolDispatch } from './kv-append.ts';
 import type { KvQuantPages } from './kv-demote.ts';
@@ -57,6 +59,11 @@ export interface AttentionBinding {
    */
   decodeKernel?: boolean;
   /**
+   * maxTokens > 1: use the prefill kernel (attention-prefill.wgsl.ts) where it serves the shape (default true); false
+   * keeps the general split kernel (same-machine comparisons, tests of both).
+   */
+  prefillKernel?: boolean;
+  /**
    * Multiply each head's output by Rᵀ in the merge pass (a rotated cache's un-rotation, as kernels/rotate.ts would do
    * in a dispatch of its own). Needs a merge pass (splits > 1).
    */
@@ -83,7 +90,16 @@ export function attentionPartialsBytes(maxTokens: number, heads: number, splits:
 export interface AttentionSources {
   partial?: string;
   decode?: string;
+  prefill?: string;
   merge?: string;
+}
+
+/** The quant row formats of a layer's pages (bits and group), or null for an f16-only pool. */
+function layerQuantShape(b: Pick<AttentionBinding, 'pool' | 'layer'>): DecodeQuantShape | null {
+  const quant = b.pool.quant ?? null;
+  const key = quant?.rows(b.layer, 0).format;
+  const value = quant?.rows(b.layer, 1).format;
+  return key && value ? { kBits: key.bits, kGroup: key.groupSize, vBits: value.bits, vGroup: value.groupSize } : null;
 }
 
 /** The decode kernel's shape for a binding, or null where the split kernel serves it. */
@@ -92,17 +108,23 @@ export function attentionDecodeShape(
   b: Pick<AttentionBinding, 'pool' | 'layer' | 'heads' | 'maxTokens' | 'decodeKernel'>,
 ): AttentionDecodeShape | null {
   if (b.maxTokens !== 1 || b.decodeKernel === false) return null;
-  const quant = b.pool.quant ?? null;
-  const key = quant?.rows(b.layer, 0).format;
-  const value = quant?.rows(b.layer, 1).format;
   const shape: AttentionDecodeShape = {
     unrolled: !gpu.adapter.isFallbackAdapter,
     headDim: b.pool.headDim,
     rows: b.heads / b.pool.kvHeads,
-    quant: key && value ? { kBits: key.bits, kGroup: key.groupSize, vBits: value.bits, vGroup: value.groupSize } : null,
+    quant: layerQuantShape(b),
   };
   if (!attentionDecodeSupports(shape)) return null;
   return attentionDecodeWorkgroupBytes(shape) <= gpu.limits.maxComputeWorkgroupStorageSize ? shape : null;
+}
+
+/** The prefill kernel's shape for a binding, or null where the split kernel serves it. */
+export function attentionPrefillShapeFor(
+  gpu: GpuContext,
+  b: Pick<AttentionBinding, 'pool' | 'layer' | 'maxTokens' | 'prefillKernel'>,
+): AttentionPrefillShape | null {
+  if (b.maxTokens === 1 || b.prefillKernel === false) return null;
+  return attentionPrefillShape(b.pool.headDim, layerQuantShape(b), gpu.limits.maxComputeWorkgroupStorageSize);
 }
 
 /**
@@ -127,8 +149,9 @@ export function prepareAttention(
   // A workgroup serves `rows` (query token, head) pairs of one KV head: the GQA group in decode, plus several query
   // tokens in prefill, so each K/V block is read once for all of them.
   const group = heads / kvHeads;
+  const prefill = attentionPrefillShapeFor(gpu, b);
   const rowCap = Math.min(ATTENTION_MAX_ROWS, Math.floor(ATTENTION_MAX_ROW_PAIRS / (headDim / 2)));
-  const rows = Math.min(rowCap, maxTokens === 1 ? group : maxTokens * group);
+  const rows = prefill ? prefill.rows : Math.min(rowCap, maxTokens === 1 ? group : maxTokens * group);
   const tiles = Math.ceil((maxTokens * group) / rows);
   const maxGrid = gpu.limits.maxComputeWorkgroupsPerDimension;
   if (splits > maxGrid || tiles > maxGrid) {
@@ -137,23 +160,30 @@ export function prepareAttention(
   const quant = pool.quant ?? null;
   const shape: AttentionKernelShape = { quant: quant !== null, blockKeys: b.blockKeys ?? 16, headDim, rows };
   const storage = attentionWorkgroupBytes(shape);
-  if (storage > gpu.limits.maxComputeWorkgroupStorageSize) {
+  if (!prefill && storage > gpu.limits.maxComputeWorkgroupStorageSize) {
     throw new InvalidRequestError(
       `attention: tiles of ${shape.blockKeys} keys need ${storage} bytes of workgroup storage, the device has ${gpu.limits.maxComputeWorkgroupStorageSize}`,
     );
   }
   const decode = attentionDecodeShape(gpu, b);
-  const partialPipeline = decode
+  const q = prefill?.quant;
+  const partialPipeline = prefill
     ? computePipeline(
         gpu,
-        `attention-decode-hd${headDim}-r${decode.rows}${decode.unrolled ? '' : '-loops'}${decode.quant ? `-k${decode.quant.kBits}g${decode.quant.kGroup}-v${decode.quant.vBits}g${decode.quant.vGroup}` : ''}`,
-        sources.decode ?? attentionDecodeSource(decode),
+        `attention-prefill-hd${headDim}-r${prefill.rows}-b${prefill.blockKeys}${q ? `-k${q.kBits}g${q.kGroup}-v${q.vBits}g${q.vGroup}` : ''}`,
+        sources.prefill ?? attentionPrefillSource(prefill),
       )
-    : computePipeline(
-        gpu,
-        `${quant ? 'attention-mixed' : 'attention-partial'}-${shape.blockKeys}-hd${headDim}-r${rows}`,
-        sources.partial ?? attentionPartialSource(shape),
-      );
+    : decode
+      ? computePipeline(
+          gpu,
+          `attention-decode-hd${headDim}-r${decode.rows}${decode.unrolled ? '' : '-loops'}${decode.quant ? `-k${decode.quant.kBits}g${decode.quant.kGroup}-v${decode.quant.vBits}g${decode.quant.vGroup}` : ''}`,
+          sources.decode ?? attentionDecodeSource(decode),
+        )
+      : computePipeline(
+          gpu,
+          `${quant ? 'attention-mixed' : 'attention-partial'}-${shape.blockKeys}-hd${headDim}-r${rows}`,
+          sources.partial ?? attentionPartialSource(shape),
+        );
   const words = [
     pool.layerOffsetWords(b.layer, 0),
     pool.layerOffsetWords(b.layer, 1),

@@ -30,8 +30,8 @@ const DECODE_MIN_CHUNK_KEYS = 64;
  * workgroup walks every key of a long context for its query tile (prefill at 32K ran ~36× slower than llama.cpp on
  * an H200). The partials of a prefill graph are large (tokens × heads × splits), so its layers share one buffer.
  */
-const PREFILL_SPLITS = 16;
-const PREFILL_MIN_CHUNK_KEYS = 256;
+export const PREFILL_SPLITS = 16;
+export const PREFILL_MIN_CHUNK_KEYS = 256;
 
 /**
  * The paged cache as the forward pass sees it: per layer, the append of this step's k/v (preceded, in quant mode, by

@@ -1,0 +1,292 @@
+import { attentionParamsWgsl, SPLIT_CHUNK_WGSL } from './attention.wgsl.ts';
+import type { DecodeQuantShape } from './attention-decode.wgsl.ts';
+import { kvPagesReadableWgsl } from './kv-append.wgsl.ts';
+
+/** What a prefill-attention build is specialized for. */
+export interface AttentionPrefillShape {
+  headDim: 64 | 128;
+  /** Query rows (token, head of the GQA group) per workgroup: 16, 32 or 64. */
+  rows: 16 | 32 | 64;
+  /** Keys per tile: 16 or 32. */
+  blockKeys: 16 | 32;
+  /** Quant pages (pool mode 'quant') and their formats; null for an f16-only pool. */
+  quant: DecodeQuantShape | null;
+}
+
+const WG = 256;
+/** Invocations per row group: they share rows and split the tile's keys (scores) and the head's dims (values). */
+const TC = 16;
+
+/** vec4s per row of the q and K tiles in shared memory: one of padding, so a key's row starts at another bank. */
+const paddedRow = (headDim: number) => headDim / 4 + 1;
+
+/** Workgroup storage of a prefill build: q rows, the K and V tiles, the probabilities, the row reductions. */
+export function attentionPrefillWorkgroupBytes(shape: Omit<AttentionPrefillShape, 'quant'>): number {
+  const { headDim, rows, blockKeys } = shape;
+  const vec4s = (rows + blockKeys) * paddedRow(headDim) + (blockKeys * headDim) / 4;
+  return 16 * vec4s + 4 * (blockKeys * (rows + 1) + rows * (TC + 1));
+}
+
+/**
+ * The largest build a device's workgroup storage holds, or null where none does (the split kernel serves the step).
+ * More rows per workgroup read each K/V tile for more queries; 64 rows need ~46 KiB (an H200 has 48), 32 fit the 32 KiB
+ * of CPU drivers. headDim 64 and 128 only (the models we serve); quant groups must lie inside a head or hold whole heads.
+ */
+export function attentionPrefillShape(
+  headDim: number,
+  quant: DecodeQuantShape | null,
+  maxWorkgroupBytes: number,
+): AttentionPrefillShape | null {
+  if (headDim !== 64 && headDim !== 128) return null;
+  if (quant) {
+    const fits = (group: number) => headDim % group === 0 || group % headDim === 0;
+    if (!fits(quant.kGroup) || !fits(quant.vGroup)) return null;
+  }
+  const candidates: Omit<AttentionPrefillShape, 'quant' | 'headDim'>[] =
+    headDim === 64
+      ? [
+          { rows: 64, blockKeys: 32 },
+          { rows: 32, blockKeys: 32 },
+          { rows: 16, blockKeys: 16 },
+        ]
+      : [
+          { rows: 32, blockKeys: 16 },
+          { rows: 16, blockKeys: 16 },
+        ];
+  const fit = candidates.find((c) => attentionPrefillWorkgroupBytes({ headDim, ...c }) <= maxWorkgroupBytes);
+  return fit ? { headDim, quant, ...fit } : null;
+}
+
+/**
+ * Prefill attention (many query tokens) over the paged KV cache, flash-attention style: workgroup (split s, kv head,
+ * row tile w) holds `rows` query rows of one KV head (the (token, head of the GQA group) pairs, group fastest, as the
+ * split kernel orders them) and walks the split's keys in tiles of BK keys. Per tile:
+ *   1. the tile's K and V rows are loaded as f32 into shared memory (f16 pages: one vec4 of words per invocation;
+ *      quant pages: one code word per invocation, lo + code · scale, dequantizeRow's values);
+ *   2. invocation (row group tr, column tc) scores its RT rows against keys tc, tc + 16, ... (a register tile), masks
+ *      them causally and writes each row's partial maximum;
+ *   3. it reads its rows' 16 partial maxima, rescales its running sums, and writes p = exp(score − max) of its own
+ *      scores: each exponential is computed once;
+ *   4. it accumulates p · V for its RT rows and its dims 4·(tc + 16·i)..+3 over the tile's keys.
+ * The split kernel (attention.wgsl.ts) recomputed each exponential for every dim pair of a row and held 4 query
+ * tokens per workgroup at headDim 64; this one does the arithmetic of a tile once, with 16–64 rows per K/V load.
+ * Each invocation's row sums cover its own keys only; they are added through shared memory at the end. Output and
+ * bindings as the split kernel: splits = 1 the normalized rows, else (max, sum, Σ p·V) per (t, h, s) for the merge.
+ */
+export function attentionPrefillSource(shape: AttentionPrefillShape): string {
+  const { headDim: HD, rows: ROWS, blockKeys: BK, quant } = shape;
+  const RT = ROWS / TC; // rows per invocation
+  const KT = BK / TC; // keys per invocation in the scores
+  const VQ = HD / 64; // vec4s of dims per invocation in the values
+  const range = (n: number) => Array.from({ length: n }, (_, i) => i);
+  const each = (n: number, f: (i: number) => string, sep = '\n') => range(n).map(f).join(sep);
+  const rowsKeys = (f: (r: number, k: number) => string, sep = '\n') =>
+    range(RT)
+      .flatMap((r) => range(KT).map((k) => f(r, k)))
+      .join(sep);
+  const rowsDims = (f: (r: number, v: number) => string, sep = '\n') =>
+    range(RT)
+      .flatMap((r) => range(VQ).map((v) => f(r, v)))
+      .join(sep);
+
+  const quantLoader = (p: 'k' | 'v', target: string, stride: string, perWord: number) => `
+  for (var i = lid; i < BK * (HD / ${perWord}u); i += WG) {
+    let j = i / (HD / ${perWord}u);
+    let w = i % (HD / ${perWord}u);
+    let key = block + j;
+    if (j < n) {
+      let entry = pageTable[step.tableOffset + key / params.pageTokens];
+      if ((entry >> 28u) == 1u) {
+        let slot = (entry >> 24u) & 0xfu;
+        let row = (entry & 0xffffffu) * params.quantPageWords + params.quant${p.toUpperCase()}Offset +
+          (key % params.pageTokens) * params.${p}RowWords;
+        // A code word never straddles groups (groupSize is a multiple of 32 / bits).
+        let e0 = kvh * HD + w * ${perWord}u;
+        let codes = slabWord(slot, row + e0 / ${perWord}u);
+        let lohi = unpack2x16float(slabWord(slot, row + params.${p}CodeWords + e0 / params.${p}Group));
+        let bits = ${32 / perWord}u;
+        let mask = ${(1 << (32 / perWord)) - 1}u;
+        for (var c = 0u; c < ${perWord}u; c += 4u) {
+          let code = vec4<f32>(f32((codes >> (c * bits)) & mask), f32((codes >> ((c + 1u) * bits)) & mask),
+                               f32((codes >> ((c + 2u) * bits)) & mask), f32((codes >> ((c + 3u) * bits)) & mask));
+          ${target}[j * ${stride} + (w * ${perWord}u + c) / 4u] = vec4<f32>(lohi.x) + code * lohi.y;
+        }
+      }
+    }
+  }`;
+
+  return /* wgsl */ `
+${attentionParamsWgsl(quant !== null)}
+
+@group(0) @binding(0) var<storage, read> q: array<f32>;
+@group(0) @binding(1) var<storage, read_write> dst: array<f32>;
+@group(0) @binding(2) var<storage, read> pageTable: array<u32>;
+@group(0) @binding(3) var<uniform> step: KvStep;
+@group(0) @binding(4) var<uniform> params: Params;
+${kvPagesReadableWgsl(5)}
+${SPLIT_CHUNK_WGSL}
+
+const WG: u32 = ${WG}u;
+const HD: u32 = ${HD}u;
+const H4: u32 = ${HD / 4}u; // vec4s of a head
+const P4: u32 = ${paddedRow(HD)}u; // vec4s per row of qs and ks (padded)
+const ROWS: u32 = ${ROWS}u;
+const BK: u32 = ${BK}u;
+const PT: u32 = ${ROWS + 1}u; // floats per key of pt (padded)
+const RD: u32 = ${TC + 1}u; // floats per row of red (padded)
+const NONE: f32 = -1e30;
+
+var<workgroup> qs: array<vec4<f32>, ${ROWS * paddedRow(HD)}>;
+var<workgroup> ks: array<vec4<f32>, ${BK * paddedRow(HD)}>;
+var<workgroup> vs: array<vec4<f32>, ${(BK * HD) / 4}>;
+var<workgroup> pt: array<f32, ${BK * (ROWS + 1)}>; // [key][row]
+var<workgroup> red: array<f32, ${ROWS * (TC + 1)}>; // [row][column]: partial maxima, then partial sums
+
+/** Keys block..block+n-1 of the KV head into ks / vs as f32; slots past n hold zeros (p = 0 must not meet a NaN). */
+fn loadTile(block: u32, n: u32, kvh: u32, lid: u32) {
+  for (var i = lid; i < BK * (HD / 8u); i += WG) {
+    let j = i / (HD / 8u);
+    let c = i % (HD / 8u);
+    let key = block + j;
+    if (j >= n) {
+      ks[j * P4 + 2u * c] = vec4<f32>(0.0);
+      ks[j * P4 + 2u * c + 1u] = vec4<f32>(0.0);
+      vs[j * H4 + 2u * c] = vec4<f32>(0.0);
+      vs[j * H4 + 2u * c + 1u] = vec4<f32>(0.0);
+    } else {
+      let entry = pageTable[step.tableOffset + key / params.pageTokens];
+      if ((entry >> 28u) != 1u) {
+        let slot = (entry >> 24u) & 0xfu;
+        let at = (entry & 0xffffffu) * (params.pageWords / 4u) +
+          (kvh * params.pageTokens + key % params.pageTokens) * (HD / 8u) + c;
+        let kw = slabQuad(slot, params.kOffset / 4u + at);
+        let vw = slabQuad(slot, params.vOffset / 4u + at);
+        ks[j * P4 + 2u * c] = vec4<f32>(unpack2x16float(kw.x), unpack2x16float(kw.y));
+        ks[j * P4 + 2u * c + 1u] = vec4<f32>(unpack2x16float(kw.z), unpack2x16float(kw.w));
+        vs[j * H4 + 2u * c] = vec4<f32>(unpack2x16float(vw.x), unpack2x16float(vw.y));
+        vs[j * H4 + 2u * c + 1u] = vec4<f32>(unpack2x16float(vw.z), unpack2x16float(vw.w));
+      }
+    }
+  }${quant ? quantLoader('k', 'ks', 'P4', 32 / quant.kBits) + quantLoader('v', 'vs', 'H4', 32 / quant.vBits) : ''}
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let s = wg.x;
+  let kvh = wg.y;
+  let group = params.heads / params.kvHeads;
+  let firstRow = wg.z * ROWS;
+  if (firstRow / group >= step.tokens) { return; }
+  let lastT = min(step.tokens - 1u, (firstRow + ROWS - 1u) / group);
+  let chunk = splitChunk(step.length, params.splits, params.minChunk);
+  let start = s * chunk;
+  // Splits past the keys have nothing to do: the merge pass reads only ceil(length / chunk) of them.
+  if (start >= step.length && s > 0u) { return; }
+  let end = min(start + chunk, step.position + lastT + 1u);
+
+  for (var i = lid; i < ROWS * H4; i += WG) {
+    let row = firstRow + i / H4;
+    let t = row / group;
+    var v = vec4<f32>(0.0);
+    if (t < step.tokens) {
+      let at = (t * params.heads + kvh * group + row % group) * HD + 4u * (i % H4);
+      v = vec4<f32>(q[at], q[at + 1u], q[at + 2u], q[at + 3u]) * params.scale;
+    }
+    qs[(i / H4) * P4 + i % H4] = v;
+  }
+
+  let tr = lid / ${TC}u;
+  let tc = lid % ${TC}u;
+  let r0 = tr * ${RT}u; // first own row of the tile
+  // Keys before limit_r are visible to own row r (causal); a row past the step's tokens sees none.
+${each(
+  RT,
+  (r) => `  let t${r} = (firstRow + r0 + ${r}u) / group;
+  let limit${r} = select(0u, step.position + t${r} + 1u, t${r} < step.tokens);
+  var m${r} = NONE;
+  var l${r} = 0.0;`,
+)}
+${rowsDims((r, v) => `  var acc${r}_${v} = vec4<f32>(0.0);`)}
+
+  for (var block = start; block < end; block += BK) {
+    let n = min(BK, end - block);
+    // The previous tile's readers are done with ks, vs and pt.
+    workgroupBarrier();
+    loadTile(block, n, kvh, lid);
+    workgroupBarrier();
+${rowsKeys((r, k) => `    var s${r}_${k} = 0.0;`)}
+    for (var c = 0u; c < H4; c++) {
+${each(KT, (k) => `      let k${k} = ks[(tc + ${TC * k}u) * P4 + c];`)}
+${each(RT, (r) => `      let q${r} = qs[(r0 + ${r}u) * P4 + c];`)}
+${rowsKeys((r, k) => `      s${r}_${k} += dot(q${r}, k${k});`)}
+    }
+${each(
+  RT,
+  (r) => `    {
+${each(KT, (k) => `      if (tc + ${TC * k}u >= n || block + tc + ${TC * k}u >= limit${r}) { s${r}_${k} = NONE; }`)}
+      red[(r0 + ${r}u) * RD + tc] = ${range(KT).reduce((acc, k) => (acc ? `max(${acc}, s${r}_${k})` : `s${r}_${k}`), '')};
+    }`,
+)}
+    workgroupBarrier();
+${each(
+  RT,
+  (r) => `    {
+      var best = m${r};
+      for (var i = 0u; i < ${TC}u; i++) { best = max(best, red[(r0 + ${r}u) * RD + i]); }
+      let correction = select(1.0, exp(m${r} - best), m${r} > NONE);
+      m${r} = best;
+${each(
+  KT,
+  (k) => `      let p${k} = select(0.0, exp(s${r}_${k} - best), s${r}_${k} > NONE);
+      pt[(tc + ${TC * k}u) * PT + r0 + ${r}u] = p${k};`,
+)}
+      l${r} = l${r} * correction + ${range(KT)
+        .map((k) => `p${k}`)
+        .join(' + ')};
+${each(VQ, (v) => `      acc${r}_${v} *= correction;`)}
+    }`,
+)}
+    workgroupBarrier();
+    for (var j = 0u; j < n; j++) {
+${each(RT, (r) => `      let p${r} = pt[j * PT + r0 + ${r}u];`)}
+${each(VQ, (v) => `      let v${v} = vs[j * H4 + tc + ${TC * v}u];`)}
+${rowsDims((r, v) => `      acc${r}_${v} += p${r} * v${v};`)}
+    }
+  }
+
+  // Each invocation's sums cover its own keys: add the row's 16 of them.
+  workgroupBarrier();
+${each(RT, (r) => `  red[(r0 + ${r}u) * RD + tc] = l${r};`)}
+  workgroupBarrier();
+${each(
+  RT,
+  (r) => `  {
+    let row = firstRow + r0 + ${r}u;
+    if (t${r} < step.tokens) {
+      var total = 0.0;
+      for (var i = 0u; i < ${TC}u; i++) { total += red[(r0 + ${r}u) * RD + i]; }
+      let h = kvh * group + row % group;
+      if (params.splits == 1u) {
+        let o = (t${r} * params.heads + h) * HD;
+${each(VQ, (v) => `        store4(o + 4u * (tc + ${TC * v}u), acc${r}_${v} / total);`)}
+      } else {
+        let rec = ((t${r} * params.heads + h) * params.splits + s) * (HD + 2u);
+        if (tc == 0u) {
+          dst[rec] = m${r};
+          dst[rec + 1u] = total;
+        }
+${each(VQ, (v) => `        store4(rec + 2u + 4u * (tc + ${TC * v}u), acc${r}_${v});`)}
+      }
+    }
+  }`,
+)}
+}
+
+fn store4(at: u32, v: vec4<f32>) {
+  dst[at] = v.x;
+  dst[at + 1u] = v.y;
+  dst[at + 2u] = v.z;
+  dst[at + 3u] = v.w;
+}
+`;
+}
