@@ -22,9 +22,11 @@ import {
   type AttentionBinding,
   type AttentionSources,
   attentionDecodeShape,
+  attentionPrefillShapeFor,
   prepareAttention,
 } from '../kernels/attention.ts';
 import { attentionDecodeSource, type DecodeQuantShape } from '../kernels/attention-decode.wgsl.ts';
+import { type AttentionPrefillShape, attentionPrefillSource } from '../kernels/attention-prefill.wgsl.ts';
 import { encodeDispatches, type PreparedDispatch, releaseDispatches, submitDispatches } from '../kernels/dispatch.ts';
 import { prepareKvAppend } from '../kernels/kv-append.ts';
 import { attentionReference } from '../kernels/reference/attention.ts';
@@ -302,6 +304,15 @@ async function benchQuantShape(gpu: GpuContext, shape: LayerShape, contexts: num
   return rows;
 }
 
+/** The split kernel (options null), then the prefill kernel as built by default and with its options. */
+const PREFILL_VARIANTS: { name: string; options: Partial<AttentionPrefillShape> | null }[] = [
+  { name: 'split', options: null },
+  { name: 'prefill', options: {} },
+  { name: 'prefill-prefetch', options: { prefetch: true } },
+  { name: 'prefill-p4', options: { vec4Probabilities: true } },
+  { name: 'prefill-prefetch-p4', options: { prefetch: true, vec4Probabilities: true } },
+];
+
 /** Query tokens of the timed prefill chunk (the engine's default prefill chunk). */
 const PREFILL_TOKENS = 128;
 
@@ -332,27 +343,29 @@ async function benchPrefillShape(gpu: GpuContext, shape: LayerShape, contexts: n
     const flops = 4 * heads * headDim * keysSeen;
     const row: Record<string, unknown> = { shape: shape.name, kv: kv === 'f16' ? 'f16' : 'int2', context };
     let expected: Float32Array | null = null;
-    for (const [i, prefillKernel] of [false, true].entries()) {
-      const name = prefillKernel ? 'prefill' : 'split';
-      const dispatches = prepareAttention(gpu, name, {
+    for (const [i, variant] of PREFILL_VARIANTS.entries()) {
+      const binding: AttentionBinding = {
         pool,
         layer: 0,
         q,
-        output: outputs[i],
+        output: outputs[Math.min(i, 1)],
         heads,
         maxTokens: PREFILL_TOKENS,
         scale: 1 / Math.sqrt(headDim),
         splits: PREFILL_SPLITS,
         minChunkKeys: PREFILL_MIN_CHUNK_KEYS,
-        prefillKernel,
-      });
+        prefillKernel: variant.options !== null,
+      };
+      const built = variant.options ? attentionPrefillShapeFor(gpu, binding) : null;
+      const sources = built ? { prefill: attentionPrefillSource({ ...built, ...variant.options }) } : {};
+      const dispatches = prepareAttention(gpu, variant.name, binding, sources);
       submitDispatches(gpu, 'check', dispatches);
-      const actual = await readFloat32(gpu, outputs[i], PREFILL_TOKENS * heads * headDim);
-      if (expected) row[`${name}ToleranceRatio`] = maxToleranceRatio(actual, expected, 2e-5, 2e-4);
+      const actual = await readFloat32(gpu, binding.output, PREFILL_TOKENS * heads * headDim);
+      if (expected) row[`${variant.name}ToleranceRatio`] = maxToleranceRatio(actual, expected, 2e-5, 2e-4);
       else expected = actual;
       const ms = await timeDispatches(gpu, dispatches, context > 8192 ? 3 : 10);
-      row[`${name}Us`] = Math.round(ms * 10000) / 10;
-      row[`${name}TFLOPS`] = Math.round(flops / (ms * 1e-3) / 1e10) / 100;
+      row[`${variant.name}Us`] = Math.round(ms * 10000) / 10;
+      row[`${variant.name}TFLOPS`] = Math.round(flops / (ms * 1e-3) / 1e10) / 100;
       releaseDispatches(gpu, dispatches);
     }
     console.log(JSON.stringify(row));

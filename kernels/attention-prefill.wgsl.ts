@@ -11,6 +11,10 @@ export interface AttentionPrefillShape {
   blockKeys: 16 | 32;
   /** Quant pages (pool mode 'quant') and their formats; null for an f16-only pool. */
   quant: DecodeQuantShape | null;
+  /** Load the next tile's words into registers before computing the current one (its latency overlaps the math). */
+  prefetch?: boolean;
+  /** With 4 rows per invocation: probabilities stored as a vec4 per (key, row group), one load per key. */
+  vec4Probabilities?: boolean;
 }
 
 const WG = 256;
@@ -89,31 +93,47 @@ export function attentionPrefillSource(shape: AttentionPrefillShape): string {
       .flatMap((r) => range(VQ).map((v) => f(r, v)))
       .join(sep);
 
-  const quantLoader = (p: 'k' | 'v', target: string, stride: string, perWord: number) => `
-  for (var i = lid; i < BK * (HD / ${perWord}u); i += WG) {
-    let j = i / (HD / ${perWord}u);
-    let w = i % (HD / ${perWord}u);
-    let key = block + j;
+  // A tile load is at most one item per invocation of each kind: f16 (key, 8 dims of K and V), quant K (key, code
+  // word), quant V (key, code word).
+  const kPer = quant ? 32 / quant.kBits : 32;
+  const vPer = quant ? 32 / quant.vBits : 32;
+  const f16Items = (BK * HD) / 8;
+  if (f16Items > WG || (BK * HD) / kPer > WG || (BK * HD) / vPer > WG) {
+    throw new Error(`attention-prefill: a tile of ${BK} keys at headDim ${HD} needs more than ${WG} loads`);
+  }
+  const quantFetch = (p: 'k' | 'v', per: number, flag: number) => `
+  if (lid < BK * (HD / ${per}u)) {
+    let j = lid / (HD / ${per}u);
+    let w = lid % (HD / ${per}u);
     if (j < n) {
+      let key = block + j;
       let entry = pageTable[step.tableOffset + key / params.pageTokens];
       if ((entry >> 28u) == 1u) {
         let slot = (entry >> 24u) & 0xfu;
         let row = (entry & 0xffffffu) * params.quantPageWords + params.quant${p.toUpperCase()}Offset +
           (key % params.pageTokens) * params.${p}RowWords;
         // A code word never straddles groups (groupSize is a multiple of 32 / bits).
-        let e0 = kvh * HD + w * ${perWord}u;
-        let codes = slabWord(slot, row + e0 / ${perWord}u);
-        let lohi = unpack2x16float(slabWord(slot, row + params.${p}CodeWords + e0 / params.${p}Group));
-        let bits = ${32 / perWord}u;
-        let mask = ${(1 << (32 / perWord)) - 1}u;
-        for (var c = 0u; c < ${perWord}u; c += 4u) {
-          let code = vec4<f32>(f32((codes >> (c * bits)) & mask), f32((codes >> ((c + 1u) * bits)) & mask),
-                               f32((codes >> ((c + 2u) * bits)) & mask), f32((codes >> ((c + 3u) * bits)) & mask));
-          ${target}[j * ${stride} + (w * ${perWord}u + c) / 4u] = vec4<f32>(lohi.x) + code * lohi.y;
-        }
+        let e0 = kvh * HD + w * ${per}u;
+        f.${p}Codes = slabWord(slot, row + e0 / ${per}u);
+        f.${p}LoHi = slabWord(slot, row + params.${p}CodeWords + e0 / params.${p}Group);
+        f.kind |= ${flag}u;
       }
     }
   }`;
+  const quantStore = (p: 'k' | 'v', target: string, stride: string, per: number, flag: number) => `
+  if ((f.kind & ${flag}u) != 0u) {
+    let j = lid / (HD / ${per}u);
+    let w = lid % (HD / ${per}u);
+    let lohi = unpack2x16float(f.${p}LoHi);
+    for (var c = 0u; c < ${per}u; c += 4u) {
+      let code = vec4<f32>(f32((f.${p}Codes >> (c * ${32 / per}u)) & ${(1 << (32 / per)) - 1}u),
+                           f32((f.${p}Codes >> ((c + 1u) * ${32 / per}u)) & ${(1 << (32 / per)) - 1}u),
+                           f32((f.${p}Codes >> ((c + 2u) * ${32 / per}u)) & ${(1 << (32 / per)) - 1}u),
+                           f32((f.${p}Codes >> ((c + 3u) * ${32 / per}u)) & ${(1 << (32 / per)) - 1}u));
+      ${target}[j * ${stride} + (w * ${per}u + c) / 4u] = vec4<f32>(lohi.x) + code * lohi.y;
+    }
+  }`;
+  const pvec = shape.vec4Probabilities === true && RT === 4;
 
   return /* wgsl */ `
 ${attentionParamsWgsl(quant !== null)}
@@ -139,35 +159,48 @@ const NONE: f32 = -1e30;
 var<workgroup> qs: array<vec4<f32>, ${ROWS * paddedRow(HD)}>;
 var<workgroup> ks: array<vec4<f32>, ${BK * paddedRow(HD)}>;
 var<workgroup> vs: array<vec4<f32>, ${(BK * HD) / 4}>;
-var<workgroup> pt: array<f32, ${BK * (ROWS + 1)}>; // [key][row]
+${pvec ? `var<workgroup> pt: array<vec4<f32>, ${(BK * ROWS) / 4}>; // [key][row / 4]` : `var<workgroup> pt: array<f32, ${BK * (ROWS + 1)}>; // [key][row]`}
 var<workgroup> red: array<f32, ${ROWS * (TC + 1)}>; // [row][column]: partial maxima, then partial sums
 
-/** Keys block..block+n-1 of the KV head into ks / vs as f32; slots past n hold zeros (p = 0 must not meet a NaN). */
-fn loadTile(block: u32, n: u32, kvh: u32, lid: u32) {
-  for (var i = lid; i < BK * (HD / 8u); i += WG) {
-    let j = i / (HD / 8u);
-    let c = i % (HD / 8u);
-    let key = block + j;
+/**
+ * One invocation's share of a tile's words (keys block..block+n-1 of the KV head), fetched into registers. kind: 1 f16
+ * K/V words, 2 zeros (a slot past n: p = 0 must not meet a NaN), 4 a quant K code word, 8 a quant V code word.
+ */
+struct Fetched { k: vec4<u32>, v: vec4<u32>, kCodes: u32, kLoHi: u32, vCodes: u32, vLoHi: u32, kind: u32 }
+
+fn fetchTile(block: u32, n: u32, kvh: u32, lid: u32) -> Fetched {
+  var f: Fetched;
+  if (lid < ${f16Items}u) {
+    let j = lid / (HD / 8u);
+    let c = lid % (HD / 8u);
     if (j >= n) {
-      ks[j * P4 + 2u * c] = vec4<f32>(0.0);
-      ks[j * P4 + 2u * c + 1u] = vec4<f32>(0.0);
-      vs[j * H4 + 2u * c] = vec4<f32>(0.0);
-      vs[j * H4 + 2u * c + 1u] = vec4<f32>(0.0);
+      f.kind = 2u;
     } else {
+      let key = block + j;
       let entry = pageTable[step.tableOffset + key / params.pageTokens];
       if ((entry >> 28u) != 1u) {
         let slot = (entry >> 24u) & 0xfu;
         let at = (entry & 0xffffffu) * (params.pageWords / 4u) +
           (kvh * params.pageTokens + key % params.pageTokens) * (HD / 8u) + c;
-        let kw = slabQuad(slot, params.kOffset / 4u + at);
-        let vw = slabQuad(slot, params.vOffset / 4u + at);
-        ks[j * P4 + 2u * c] = vec4<f32>(unpack2x16float(kw.x), unpack2x16float(kw.y));
-        ks[j * P4 + 2u * c + 1u] = vec4<f32>(unpack2x16float(kw.z), unpack2x16float(kw.w));
-        vs[j * H4 + 2u * c] = vec4<f32>(unpack2x16float(vw.x), unpack2x16float(vw.y));
-        vs[j * H4 + 2u * c + 1u] = vec4<f32>(unpack2x16float(vw.z), unpack2x16float(vw.w));
+        f.k = slabQuad(slot, params.kOffset / 4u + at);
+        f.v = slabQuad(slot, params.vOffset / 4u + at);
+        f.kind = 1u;
       }
     }
-  }${quant ? quantLoader('k', 'ks', 'P4', 32 / quant.kBits) + quantLoader('v', 'vs', 'H4', 32 / quant.vBits) : ''}
+  }${quant ? quantFetch('k', kPer, 4) + quantFetch('v', vPer, 8) : ''}
+  return f;
+}
+
+/** The fetched words into ks / vs as f32 (quant codes as lo + code · scale, dequantizeRow's values). */
+fn storeTile(f: Fetched, lid: u32) {
+  if ((f.kind & 3u) != 0u) {
+    let j = lid / (HD / 8u);
+    let c = lid % (HD / 8u);
+    ks[j * P4 + 2u * c] = vec4<f32>(unpack2x16float(f.k.x), unpack2x16float(f.k.y));
+    ks[j * P4 + 2u * c + 1u] = vec4<f32>(unpack2x16float(f.k.z), unpack2x16float(f.k.w));
+    vs[j * H4 + 2u * c] = vec4<f32>(unpack2x16float(f.v.x), unpack2x16float(f.v.y));
+    vs[j * H4 + 2u * c + 1u] = vec4<f32>(unpack2x16float(f.v.z), unpack2x16float(f.v.w));
+  }${quant ? quantStore('k', 'ks', 'P4', kPer, 4) + quantStore('v', 'vs', 'H4', vPer, 8) : ''}
 }
 
 @compute @workgroup_size(WG)
@@ -208,12 +241,17 @@ ${each(
 )}
 ${rowsDims((r, v) => `  var acc${r}_${v} = vec4<f32>(0.0);`)}
 
-  for (var block = start; block < end; block += BK) {
+${shape.prefetch ? '  var fetched = fetchTile(start, select(0u, min(BK, end - start), start < end), kvh, lid);\n' : ''}  for (var block = start; block < end; block += BK) {
     let n = min(BK, end - block);
     // The previous tile's readers are done with ks, vs and pt.
     workgroupBarrier();
-    loadTile(block, n, kvh, lid);
-    workgroupBarrier();
+    storeTile(${shape.prefetch ? 'fetched' : 'fetchTile(block, n, kvh, lid)'}, lid);
+    workgroupBarrier();${
+      shape.prefetch
+        ? `
+    if (block + BK < end) { fetched = fetchTile(block + BK, min(BK, end - block - BK), kvh, lid); }`
+        : ''
+    }
 ${rowsKeys((r, k) => `    var s${r}_${k} = 0.0;`)}
     for (var c = 0u; c < H4; c++) {
 ${each(KT, (k) => `      let k${k} = ks[(tc + ${TC * k}u) * P4 + c];`)}
@@ -238,7 +276,7 @@ ${each(
 ${each(
   KT,
   (k) => `      let p${k} = select(0.0, exp(s${r}_${k} - best), s${r}_${k} > NONE);
-      pt[(tc + ${TC * k}u) * PT + r0 + ${r}u] = p${k};`,
+      ${pvec ? `pt[(tc + ${TC * k}u) * ${ROWS / 4}u + tr][${r}]` : `pt[(tc + ${TC * k}u) * PT + r0 + ${r}u]`} = p${k};`,
 )}
       l${r} = l${r} * correction + ${range(KT)
         .map((k) => `p${k}`)
@@ -248,7 +286,7 @@ ${each(VQ, (v) => `      acc${r}_${v} *= correction;`)}
 )}
     workgroupBarrier();
     for (var j = 0u; j < n; j++) {
-${each(RT, (r) => `      let p${r} = pt[j * PT + r0 + ${r}u];`)}
+${pvec ? `      let pr = pt[j * ${ROWS / 4}u + tr];\n${each(RT, (r) => `      let p${r} = pr[${r}];`)}` : each(RT, (r) => `      let p${r} = pt[j * PT + r0 + ${r}u];`)}
 ${each(VQ, (v) => `      let v${v} = vs[j * H4 + tc + ${TC * v}u];`)}
 ${rowsDims((r, v) => `      acc${r}_${v} += p${r} * v${v};`)}
     }

@@ -199,7 +199,13 @@ async function runSteps(
   chunks: number[],
   seed: number,
   decodeSplits?: number,
-  more: { prefillSplits?: number; minChunkKeys?: number; blockKeys?: AttentionBlockKeys; prefillKernel?: boolean } = {},
+  more: {
+    prefillSplits?: number;
+    minChunkKeys?: number;
+    blockKeys?: AttentionBlockKeys;
+    prefillKernel?: boolean;
+    sources?: AttentionSources;
+  } = {},
 ) {
   const before = gpu.allocator.snapshot().totalBuffers;
   const harness = new Harness(gpu, shape, Math.max(...chunks), { decodeSplits, ...more });
@@ -480,6 +486,18 @@ describe('prefill kernel', () => {
     const pool = { headDim: shape.headDim, kvHeads: shape.kvHeads, quant: null } as never;
     expect(attentionPrefillShapeFor(ctx.gpu, { pool, layer: 0, maxTokens: 2 })).not.toBeNull();
     const { ratios } = await runSteps(ctx.gpu, shape, chunks, 91 + shape.headDim, 4, more);
+    expect(Math.max(...ratios)).toBeLessThanOrEqual(1);
+  });
+
+  it.each([
+    { prefetch: true, vec4Probabilities: false },
+    { prefetch: false, vec4Probabilities: true },
+    { prefetch: true, vec4Probabilities: true },
+  ])('matches the CPU reference with options %o', async (options) => {
+    const [, shape, chunks, more] = cases[1];
+    const prefillShape = attentionPrefillShape(64, null, ctx.gpu.limits.maxComputeWorkgroupStorageSize)!;
+    const prefill = attentionPrefillSource({ ...prefillShape, ...options });
+    const { ratios } = await runSteps(ctx.gpu, shape, chunks, 7, 4, { ...more, sources: { prefill } });
     expect(Math.max(...ratios)).toBeLessThanOrEqual(1);
   });
 
