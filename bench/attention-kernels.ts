@@ -304,13 +304,14 @@ async function benchQuantShape(gpu: GpuContext, shape: LayerShape, contexts: num
   return rows;
 }
 
-/** The split kernel (options null), then the prefill kernel as built by default and with its options. */
+/**
+ * The split kernel (options null), then the prefill kernel with its shape's fields overridden by `options` (none now:
+ * the register prefetch and vec4 probabilities were compared this way, BENCH.md).
+ */
 const PREFILL_VARIANTS: { name: string; options: Partial<AttentionPrefillShape> | null }[] = [
   { name: 'split', options: null },
   { name: 'prefill', options: {} },
-  { name: 'prefill-prefetch', options: { prefetch: true } },
   { name: 'prefill-p4', options: { vec4Probabilities: true } },
-  { name: 'prefill-prefetch-p4', options: { prefetch: true, vec4Probabilities: true } },
 ];
 
 /** Query tokens of the timed prefill chunk (the engine's default prefill chunk). */

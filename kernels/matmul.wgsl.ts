@@ -535,7 +535,7 @@ ${matvecEntryWgsl(
  * kernel (2x2 outputs per thread, scalar reads of a padded tile); the others are `registerTiledMatmulWgsl` with the
  * tiles below. Kept side by side so the GPU bench (bench/matmul-micro.ts) can compare them.
  */
-export const MATMUL_VARIANTS = ['32x32', '64x64', '64x32', '128x64', '128x128'] as const;
+export const MATMUL_VARIANTS = ['32x32', '64x64', '64x32', '128x64'] as const;
 export type MatmulVariant = (typeof MATMUL_VARIANTS)[number];
 
 /** The variant prepareMatmul uses when none is given. */
@@ -560,14 +560,12 @@ export interface MatmulTile {
  * 64x64: 256 threads of 4x4, K step 32, 16 KiB of workgroup memory (all of WebGPU's default limit). 64x32: half the
  * tokens on 128 threads (12 KiB), twice the workgroups for grids too small to fill the GPU (e.g. 2048 rows at 128
  * tokens: 64 workgroups of 64x64). 128x64: 8x4 per thread (128 FMAs per 12 vec4 reads instead of 64 per 8), K step
- * 16 to fit 12 KiB. 128x128: 8x8 per thread (256 FMAs per 16 vec4 reads; each weight element dequantized once per 128
- * tokens), K step 16, 16 KiB: for the grids of long prefill chunks.
+ * 16 to fit 12 KiB. (A 128x128 tile, 8x8 per thread, won only at 8192 rows x 512 tokens, by 1-8%, on the H200: BENCH.md.)
  */
 export const MATMUL_TILES: Readonly<Record<Exclude<MatmulVariant, '32x32'>, MatmulTile>> = {
   '64x64': { rows: 64, tokens: 64, rowsPerThread: 4, tokensPerThread: 4, k: 32, prefetch: true },
   '64x32': { rows: 64, tokens: 32, rowsPerThread: 4, tokensPerThread: 4, k: 32, prefetch: true },
   '128x64': { rows: 128, tokens: 64, rowsPerThread: 8, tokensPerThread: 4, k: 16, prefetch: true },
-  '128x128': { rows: 128, tokens: 128, rowsPerThread: 8, tokensPerThread: 8, k: 16, prefetch: true },
 };
 
 /** Weight rows and tokens of one workgroup's output tile. */
