@@ -311,7 +311,6 @@ async function benchQuantShape(gpu: GpuContext, shape: LayerShape, contexts: num
 const PREFILL_VARIANTS: { name: string; options: Partial<AttentionPrefillShape> | null }[] = [
   { name: 'split', options: null },
   { name: 'prefill', options: {} },
-  { name: 'prefill-p4', options: { vec4Probabilities: true } },
 ];
 
 /** Query tokens of the timed prefill chunk (the engine's default prefill chunk). */

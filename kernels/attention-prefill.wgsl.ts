@@ -11,11 +11,6 @@ export interface AttentionPrefillShape {
   blockKeys: 16 | 32;
   /** Quant pages (pool mode 'quant') and their formats; null for an f16-only pool. */
   quant: DecodeQuantShape | null;
-  /**
-   * With 4 rows per invocation (64 rows), store a key's probabilities as one vec4 per row group, at slot
-   * group ^ (key % 16) so the 16 invocations writing one key's groups hit different banks: one load per key instead of 4.
-   */
-  vec4Probabilities?: boolean;
 }
 
 const WG = 256;
@@ -135,8 +130,6 @@ export function attentionPrefillSource(shape: AttentionPrefillShape): string {
     }
   }`;
 
-  const pvec = shape.vec4Probabilities === true && RT === 4;
-
   return /* wgsl */ `
 ${attentionParamsWgsl(quant !== null)}
 
@@ -161,7 +154,7 @@ const NONE: f32 = -1e30;
 var<workgroup> qs: array<vec4<f32>, ${ROWS * paddedRow(HD)}>;
 var<workgroup> ks: array<vec4<f32>, ${BK * paddedRow(HD)}>;
 var<workgroup> vs: array<vec4<f32>, ${(BK * HD) / 4}>;
-${pvec ? `var<workgroup> pt: array<vec4<f32>, ${BK * TC}>; // [key][row group ^ key % 16]` : `var<workgroup> pt: array<f32, ${BK * (ROWS + 1)}>; // [key][row]`}
+var<workgroup> pt: array<f32, ${BK * (ROWS + 1)}>; // [key][row]
 var<workgroup> red: array<f32, ${ROWS * (TC + 1)}>; // [row][column]: partial maxima, then partial sums
 
 /**
@@ -276,7 +269,7 @@ ${each(
 ${each(
   KT,
   (k) => `      let p${k} = select(0.0, exp(s${r}_${k} - best), s${r}_${k} > NONE);
-      ${pvec ? `pt[(tc + ${TC * k}u) * ${TC}u + (tr ^ tc)][${r}]` : `pt[(tc + ${TC * k}u) * PT + r0 + ${r}u]`} = p${k};`,
+      pt[(tc + ${TC * k}u) * PT + r0 + ${r}u] = p${k};`,
 )}
       l${r} = l${r} * correction + ${range(KT)
         .map((k) => `p${k}`)
@@ -286,7 +279,7 @@ ${each(VQ, (v) => `      acc${r}_${v} *= correction;`)}
 )}
     workgroupBarrier();
     for (var j = 0u; j < n; j++) {
-${pvec ? `      let pr = pt[j * ${TC}u + (tr ^ (j % ${TC}u))];\n${each(RT, (r) => `      let p${r} = pr[${r}];`)}` : each(RT, (r) => `      let p${r} = pt[j * PT + r0 + ${r}u];`)}
+${each(RT, (r) => `      let p${r} = pt[j * PT + r0 + ${r}u];`)}
 ${each(VQ, (v) => `      let v${v} = vs[j * H4 + tc + ${TC * v}u];`)}
 ${rowsDims((r, v) => `      acc${r}_${v} += p${r} * v${v};`)}
     }
