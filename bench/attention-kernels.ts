@@ -27,7 +27,7 @@ import {
 } from '../kernels/attention.ts';
 import { attentionDecodeSource, type DecodeQuantShape } from '../kernels/attention-decode.wgsl.ts';
 import { type AttentionPrefillShape, attentionPrefillSource } from '../kernels/attention-prefill.wgsl.ts';
-import { encodeDispatches, type PreparedDispatch, releaseDispatches, submitDispatches } from '../kernels/dispatch.ts';
+import { releaseDispatches, submitDispatches } from '../kernels/dispatch.ts';
 import { prepareKvAppend } from '../kernels/kv-append.ts';
 import { attentionReference } from '../kernels/reference/attention.ts';
 import { acquireGpu, type GpuContext } from '../runtime/gpu/device.ts';
@@ -36,6 +36,7 @@ import { readFloat32 } from '../runtime/gpu/readback.ts';
 import { PagedKvAttention, PREFILL_MIN_CHUNK_KEYS, PREFILL_SPLITS } from '../runtime/kv/paged-attention.ts';
 import { KvPagePool } from '../runtime/kv/pool.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
+import { timeDispatches } from './gpu-timing.ts';
 
 interface LayerShape {
   name: string;
@@ -149,28 +150,6 @@ function decodeStepBinding(
     minChunkKeys: MIN_CHUNK,
     decodeKernel: variant.decodeKernel,
   };
-}
-
-async function timeDispatches(gpu: GpuContext, dispatches: PreparedDispatch[], reps: number): Promise<number> {
-  const run = async (n: number) => {
-    const encoder = gpu.device.createCommandEncoder();
-    const pass = encoder.beginComputePass();
-    for (let i = 0; i < n; i++) encodeDispatches(pass, dispatches);
-    pass.end();
-    const t0 = performance.now();
-    gpu.device.queue.submit([encoder.finish()]);
-    await gpu.device.queue.onSubmittedWorkDone();
-    return performance.now() - t0;
-  };
-  await run(reps);
-  // The fastest of three of each length: a difference of single runs went negative when one run stalled.
-  let short = Number.POSITIVE_INFINITY;
-  let long = Number.POSITIVE_INFINITY;
-  for (let k = 0; k < 3; k++) {
-    short = Math.min(short, await run(reps));
-    long = Math.min(long, await run(5 * reps));
-  }
-  return (long - short) / (4 * reps);
 }
 
 /** One layer's pool (f16 or quant mode) and its buffers, with random q and a FILL_CHUNK-token block of k, v uploaded. */

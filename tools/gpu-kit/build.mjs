@@ -7,6 +7,7 @@
  *   .gpu/bench.mjs         bench/run.ts bundled into one ESM file; `webgpu` and `node-llama-cpp` stay external
  *   .gpu/profile.mjs       bench/profile-decode.ts the same way (per-kernel decode timings)
  *   .gpu/attention-kernels.mjs  bench/attention-kernels.ts (decode attention kernels side by side, one layer)
+ *   .gpu/int8-dot-probe.mjs     bench/int8-dot-probe.ts (peak f32 fma against dot4I8Packed)
  *   .gpu/longtab.mjs       the longtab CLI (tools/gpu-kit/longtab-cli.ts): evaluations on the GPU host
  *   .gpu/llama-kit.tar.xz  node_modules/node-llama-cpp (its JS bundled into one dist/index.js, plus package.json and
  *                          the llama/ metadata files it reads) and @node-llama-cpp/linux-x64-vulkan (the prebuilt
@@ -84,6 +85,7 @@ try {
   // Per-kernel decode profile (bench/profile-decode.ts): 0.2 MiB more, optional on the host.
   await benchBuild('profile-decode.ts', 'profile.mjs');
   await benchBuild('attention-kernels.ts', 'attention-kernels.mjs');
+  await benchBuild('int8-dot-probe.ts', 'int8-dot-probe.mjs');
   await benchBuild('tools/gpu-kit/longtab-cli.ts', 'longtab.mjs');
 } catch {
   log(

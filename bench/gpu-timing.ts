@@ -1,0 +1,28 @@
+import { encodeDispatches, type PreparedDispatch } from '../kernels/dispatch.ts';
+import type { GpuContext } from '../runtime/gpu/device.ts';
+
+/**
+ * Milliseconds per run of `dispatches`, same-machine style: the dispatches recorded n and 5n times into one compute
+ * pass and submitted, (fastest of three 5n runs − fastest of three n runs) / 4n, which cancels the submit's round trip.
+ */
+export async function timeDispatches(gpu: GpuContext, dispatches: PreparedDispatch[], reps: number): Promise<number> {
+  const run = async (n: number) => {
+    const encoder = gpu.device.createCommandEncoder();
+    const pass = encoder.beginComputePass();
+    for (let i = 0; i < n; i++) encodeDispatches(pass, dispatches);
+    pass.end();
+    const t0 = performance.now();
+    gpu.device.queue.submit([encoder.finish()]);
+    await gpu.device.queue.onSubmittedWorkDone();
+    return performance.now() - t0;
+  };
+  await run(reps);
+  // The fastest of three of each length: a difference of single runs went negative when one run stalled.
+  let short = Number.POSITIVE_INFINITY;
+  let long = Number.POSITIVE_INFINITY;
+  for (let k = 0; k < 3; k++) {
+    short = Math.min(short, await run(reps));
+    long = Math.min(long, await run(5 * reps));
+  }
+  return (long - short) / (4 * reps);
+}

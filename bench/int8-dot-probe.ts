@@ -1,0 +1,93 @@
+/**
+ * What WebGPU's arithmetic can reach on an adapter, for prefill's matmuls (BENCH.md): peak f32 multiply-adds (`fma`)
+ * against 8-bit dot products (`dot4I8Packed`, WGSL's packed_4x8_integer_dot_product, 4 multiply-adds each), in
+ * kernels of independent chains that touch memory once. No f16 arithmetic: `shader-f16` is absent on the adapters we
+ * target. Prints JSON lines (and writes them with --out).
+ *
+ *   npx tsx bench/int8-dot-probe.ts [--out FILE.json]       # on the GPU host: .gpu/int8-dot-probe.mjs (bench:bundle)
+ */
+import { writeFileSync } from 'node:fs';
+import { parseArgs } from 'node:util';
+import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from '../kernels/dispatch.ts';
+import { acquireGpu } from '../runtime/gpu/device.ts';
+import { nodeGpu } from '../runtime/gpu/node.ts';
+import { readUint32 } from '../runtime/gpu/readback.ts';
+import { timeDispatches } from './gpu-timing.ts';
+
+const CHAINS = 8;
+const UNROLL = 4;
+const WG = 256;
+
+/** A kernel of CHAINS independent chains, UNROLL steps each per loop iteration; `step(a)` is one chain's step. */
+function probeSource(type: 'f32' | 'i32', init: (c: number) => string, step: (a: string) => string): string {
+  const chains = Array.from({ length: CHAINS }, (_, c) => c);
+  return /* wgsl */ `
+@group(0) @binding(0) var<storage, read_write> out: array<u32>;
+@group(0) @binding(1) var<uniform> params: vec4<u32>; // iterations, seed
+@compute @workgroup_size(${WG})
+fn main(@builtin(global_invocation_id) id: vec3<u32>, @builtin(num_workgroups) n: vec3<u32>) {
+  let i = id.x + id.y * n.x * ${WG}u;
+${chains.map((c) => `  var a${c}: ${type} = ${init(c)};`).join('\n')}
+  for (var k = 0u; k < params.x; k++) {
+${Array.from({ length: UNROLL }, () => chains.map((c) => `    a${c} = ${step(`a${c}`)};`).join('\n')).join('\n')}
+  }
+  out[i] = bitcast<u32>(${chains.map((c) => `a${c}`).join(' + ')});
+}`;
+}
+
+const PROBES = [
+  {
+    name: 'f32 fma',
+    macsPerStep: 1,
+    code: probeSource(
+      'f32',
+      (c) => `f32(i + ${c}u) * 1e-7`,
+      (a) => `fma(${a}, 0.999 + f32(params.y) * 1e-9, 1e-6)`,
+    ),
+  },
+  {
+    name: 'dot4I8Packed',
+    macsPerStep: 4,
+    code: probeSource(
+      'i32',
+      (c) => `i32(i + ${c}u)`,
+      (a) => `${a} + dot4I8Packed(bitcast<u32>(${a}), params.y | 0x01010101u)`,
+    ),
+  },
+];
+
+const { values } = parseArgs({ options: { out: { type: 'string' }, iterations: { type: 'string', default: '2048' } } });
+const gpu = await acquireGpu({ gpu: await nodeGpu() });
+console.log(JSON.stringify({ adapter: gpu.adapter }));
+const iterations = Number(values.iterations);
+// Enough workgroups to fill any GPU many times over (132 SMs on an H200).
+const workgroups = gpu.adapter.isFallbackAdapter ? 16 : 4096;
+const invocations = workgroups * WG;
+const out = gpu.allocator.createStorage('probe.out', 'scratch', invocations * 4);
+const params = uniformBuffer(gpu, 'probe.params', [iterations, 12345, 0, 0], 'uuuu');
+const rows = [];
+for (const probe of PROBES) {
+  const pipeline = computePipeline(gpu, `probe ${probe.name}`, probe.code);
+  const dispatch: PreparedDispatch = {
+    label: probe.name,
+    pipeline,
+    bindGroup: bindBuffers(gpu, probe.name, pipeline, [out, params]),
+    workgroups: [workgroups, 1, 1],
+    owned: [],
+  };
+  const ms = await timeDispatches(gpu, [dispatch], gpu.adapter.isFallbackAdapter ? 1 : 10);
+  const sample = await readUint32(gpu, out, 4);
+  const macs = invocations * iterations * UNROLL * CHAINS * probe.macsPerStep;
+  const row = {
+    probe: probe.name,
+    ms: Math.round(ms * 1000) / 1000,
+    teraMacsPerS: Math.round(macs / (ms * 1e-3) / 1e10) / 100,
+    sample: [...sample],
+  };
+  console.log(JSON.stringify(row));
+  rows.push(row);
+}
+if (values.out)
+  writeFileSync(values.out, `${JSON.stringify({ adapter: gpu.adapter, iterations, workgroups, rows }, null, 1)}\n`);
+gpu.destroy();
+process.exit(0);
