@@ -57,6 +57,11 @@ export function attentionDecodeSupports(shape: AttentionDecodeShape): boolean {
   const { headDim, rows, quant } = shape;
   if (![32, 64, 128].includes(headDim) || rows < 1 || rows > ATTENTION_MAX_ROWS) return false;
   if ((rows * headDim) / 2 > ATTENTION_MAX_ROW_PAIRS) return false;
+  return quantGroupsFitHeads(headDim, quant);
+}
+
+/** Whether each quant group lies inside one head or holds whole heads (true for an f16-only pool). */
+export function quantGroupsFitHeads(headDim: number, quant: DecodeQuantShape | null): boolean {
   if (quant === null) return true;
   const fits = (group: number) => headDim % group === 0 || group % headDim === 0;
   return fits(quant.kGroup) && fits(quant.vGroup);

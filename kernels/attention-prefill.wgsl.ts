@@ -1,5 +1,5 @@
 import { attentionParamsWgsl, SPLIT_CHUNK_WGSL } from './attention.wgsl.ts';
-import type { DecodeQuantShape } from './attention-decode.wgsl.ts';
+import { type DecodeQuantShape, quantGroupsFitHeads } from './attention-decode.wgsl.ts';
 import { kvPagesReadableWgsl } from './kv-append.wgsl.ts';
 
 /** What a prefill-attention build is specialized for. */
@@ -37,11 +37,7 @@ export function attentionPrefillShape(
   quant: DecodeQuantShape | null,
   maxWorkgroupBytes: number,
 ): AttentionPrefillShape | null {
-  if (headDim !== 64 && headDim !== 128) return null;
-  if (quant) {
-    const fits = (group: number) => headDim % group === 0 || group % headDim === 0;
-    if (!fits(quant.kGroup) || !fits(quant.vGroup)) return null;
-  }
+  if ((headDim !== 64 && headDim !== 128) || !quantGroupsFitHeads(headDim, quant)) return null;
   const candidates: Omit<AttentionPrefillShape, 'quant' | 'headDim'>[] =
     headDim === 64
       ? [
