@@ -17,8 +17,12 @@ import {
   attentionPartialSource,
   attentionWorkgroupBytes,
 } from './attention.wgsl.ts';
-import { attentionDecodeSource } from './attention-decode.wgsl.ts';
-import { attentionPrefillShape, attentionPrefillSource } from './attention-prefill.wgsl.ts';
+import { attentionDecodeSource, type DecodeQuantShape } from './attention-decode.wgsl.ts';
+import {
+  attentionPrefillShape,
+  attentionPrefillSource,
+  attentionPrefillWorkgroupBytes,
+} from './attention-prefill.wgsl.ts';
 import { type PreparedDispatch, releaseDispatches, submitDispatches } from './dispatch.ts';
 import { prepareKvAppend } from './kv-append.ts';
 import { attentionReference, f16Bits, f16BitsToNumber } from './reference/attention.ts';
@@ -487,6 +491,21 @@ describe('prefill kernel', () => {
     expect(attentionPrefillShapeFor(ctx.gpu, { pool, layer: 0, maxTokens: 2 })).not.toBeNull();
     const { ratios } = await runSteps(ctx.gpu, shape, chunks, 91 + shape.headDim, 4, more);
     expect(Math.max(...ratios)).toBeLessThanOrEqual(1);
+  });
+
+  it('takes the largest build the workgroup storage holds, or leaves the step to the split kernel', () => {
+    const shape = (headDim: number, bytes: number, quant: DecodeQuantShape | null = null) => {
+      const s = attentionPrefillShape(headDim, quant, bytes);
+      return s && { rows: s.rows, blockKeys: s.blockKeys, bytes: attentionPrefillWorkgroupBytes(s) };
+    };
+    expect(shape(64, 49152)).toEqual({ rows: 64, blockKeys: 32, bytes: 46976 }); // H200
+    expect(shape(64, 32768)).toEqual({ rows: 32, blockKeys: 32, bytes: 32000 }); // lavapipe, SwiftShader
+    expect(shape(64, 16384)).toEqual({ rows: 16, blockKeys: 16, bytes: 14976 }); // WebGPU's default limit
+    expect(shape(128, 49152)).toEqual({ rows: 32, blockKeys: 16, bytes: 37824 });
+    expect(shape(128, 32768)).toEqual({ rows: 16, blockKeys: 16, bytes: 27264 });
+    expect(shape(128, 16384)).toBeNull();
+    expect(shape(96, 49152)).toBeNull();
+    expect(shape(64, 49152, { kBits: 2, kGroup: 48, vBits: 2, vGroup: 64 })).toBeNull();
   });
 
   it('agrees with the split kernel it replaces on the same steps', async () => {
