@@ -258,6 +258,8 @@ async function benchQuantShape(gpu: GpuContext, shape: LayerShape, contexts: num
       submitDispatches(gpu, 'fill', fill.append);
     }
     pool.writeStep(seq, context - 1, 1);
+    // The step's own append + demotion, so every page the planned demotions switched holds what it says.
+    submitDispatches(gpu, 'fill', fill.append);
     const row: Record<string, unknown> = { shape: shape.name, kv: 'int2', context, quantPages: pool.stats() };
     let expected: Float32Array | null = null;
     for (const variant of QUANT_VARIANTS) {
@@ -284,8 +286,9 @@ async function benchQuantShape(gpu: GpuContext, shape: LayerShape, contexts: num
 }
 
 /**
- * The split kernel (options null), then the prefill kernel with its shape's fields overridden by `options` (none now:
- * the register prefetch and vec4 probabilities were compared this way, BENCH.md).
+ * The split kernel (options null), then the prefill kernel with fields of its build overridden by `options` (options
+ * that change the kernel's code, not its rows: the grid follows attentionPrefillShapeFor). Session 9 compared a register
+ * prefetch and vec4 probabilities this way (BENCH.md); none is left.
  */
 const PREFILL_VARIANTS: { name: string; options: Partial<AttentionPrefillShape> | null }[] = [
   { name: 'split', options: null },
@@ -318,6 +321,8 @@ async function benchPrefillShape(gpu: GpuContext, shape: LayerShape, contexts: n
     }
     const position = context - PREFILL_TOKENS;
     pool.writeStep(seq, position, PREFILL_TOKENS);
+    // The chunk's append (+ demotion): in a quant pool the step plans demotions, which switch page-table entries.
+    submitDispatches(gpu, 'fill', fill.append);
     const keysSeen = PREFILL_TOKENS * position + (PREFILL_TOKENS * (PREFILL_TOKENS + 1)) / 2;
     const flops = 4 * heads * headDim * keysSeen;
     const row: Record<string, unknown> = { shape: shape.name, kv: kv === 'f16' ? 'f16' : 'int2', context };

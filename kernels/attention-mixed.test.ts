@@ -239,6 +239,18 @@ describe('attention over mixed f16 / quant pages', () => {
         },
       },
     ],
+    // A prefill step past 256 keys: two prefill splits, each over quant pages and the step's own f16 pages.
+    [
+      'hd 64, 2:1, a prefill chunk over 320 keys (2 splits)',
+      {
+        layers: 1,
+        heads: 4,
+        kvHeads: 2,
+        headDim: 64,
+        pool: { pageTokens: 16, sink: 16, window: 32 },
+        chunks: [200, 120, 1, 1],
+      },
+    ],
     // Long enough for decode to use several splits of >= 64 keys, each over f16 and quant pages.
     [
       'hd 8, 2:1, stories260K-like, several decode splits',

@@ -29,8 +29,8 @@ export function attentionPrefillWorkgroupBytes(shape: Omit<AttentionPrefillShape
 
 /**
  * The largest build a device's workgroup storage holds, or null where none does (the split kernel serves the step).
- * More rows per workgroup read each K/V tile for more queries; 64 rows need ~46 KiB (an H200 has 48), 32 fit the 32 KiB
- * of CPU drivers. headDim 64 and 128 only (the models we serve); quant groups must lie inside a head or hold whole heads.
+ * More rows per workgroup read each K/V tile for more queries; at headDim 64, 64 rows need ~46 KiB (an H200 has 48) and 32
+ * rows fit the 32 KiB of CPU drivers; at headDim 128, 32 rows need ~37 KiB and 16 fit 32 KiB. headDim 64 and 128 only (the models we serve); quant groups must lie inside a head or hold whole heads.
  */
 export function attentionPrefillShape(
   headDim: number,
@@ -155,7 +155,8 @@ var<workgroup> red: array<f32, ${ROWS * (TC + 1)}>; // [row][column]: partial ma
 
 /**
  * One invocation's share of a tile's words (keys block..block+n-1 of the KV head), fetched into registers. kind: 1 f16
- * K/V words, 2 zeros (a slot past n: p = 0 must not meet a NaN), 4 a quant K code word, 8 a quant V code word.
+ * K/V words, 4 a quant K code word, 8 a quant V code word. Slots past n keep whatever the last tile left: their scores
+ * are masked and the p·V loop stops at n.
  */
 struct Fetched { k: vec4<u32>, v: vec4<u32>, kCodes: u32, kLoHi: u32, vCodes: u32, vLoHi: u32, kind: u32 }
 
@@ -164,9 +165,7 @@ fn fetchTile(block: u32, n: u32, kvh: u32, lid: u32) -> Fetched {
   if (lid < ${f16Items}u) {
     let j = lid / (HD / 8u);
     let c = lid % (HD / 8u);
-    if (j >= n) {
-      f.kind = 2u;
-    } else {
+    if (j < n) {
       let key = block + j;
       let entry = pageTable[step.tableOffset + key / params.pageTokens];
       if ((entry >> 28u) != 1u) {
@@ -184,7 +183,7 @@ fn fetchTile(block: u32, n: u32, kvh: u32, lid: u32) -> Fetched {
 
 /** The fetched words into ks / vs as f32 (quant codes as lo + code · scale, dequantizeRow's values). */
 fn storeTile(f: Fetched, lid: u32) {
-  if ((f.kind & 3u) != 0u) {
+  if ((f.kind & 1u) != 0u) {
     let j = lid / (HD / 8u);
     let c = lid % (HD / 8u);
     ks[j * P4 + 2u * c] = vec4<f32>(unpack2x16float(f.k.x), unpack2x16float(f.k.y));
@@ -239,7 +238,7 @@ ${rowsDims((r, v) => `  var acc${r}_${v} = vec4<f32>(0.0);`)}
     workgroupBarrier();
     storeTile(fetched, lid);
     workgroupBarrier();
-    // The next tile's words load while this one is computed (3-10% faster on an H200, BENCH.md).
+    // The next tile's words load while this one is computed (2-10% faster on an H200, BENCH.md).
     if (block + BK < end) { fetched = fetchTile(block + BK, min(BK, end - block - BK), kvh, lid); }
 ${rowsKeys((r, k) => `    var s${r}_${k} = 0.0;`)}
     for (var c = 0u; c < H4; c++) {

@@ -68,6 +68,7 @@ class Harness {
       blockKeys?: AttentionBlockKeys;
       sources?: AttentionSources;
       prefillKernel?: boolean;
+      prefillStorageBytes?: number;
     } = {},
   ) {
     const { layers, heads, kvHeads, headDim, pageTokens } = shape;
@@ -112,6 +113,7 @@ class Harness {
             splits: opts.prefillSplits,
             minChunkKeys: opts.minChunkKeys,
             prefillKernel: opts.prefillKernel,
+            prefillStorageBytes: opts.prefillStorageBytes,
           },
           opts.sources,
         ),
@@ -208,6 +210,7 @@ async function runSteps(
     minChunkKeys?: number;
     blockKeys?: AttentionBlockKeys;
     prefillKernel?: boolean;
+    prefillStorageBytes?: number;
     sources?: AttentionSources;
   } = {},
 ) {
@@ -466,7 +469,9 @@ describe('decode kernel', () => {
 describe('prefill kernel', () => {
   // Prefill graphs of these shapes run attention-prefill.wgsl.ts (each case checks that they do): query tiles that cut
   // a GQA group, partial key tiles, causal ends inside a tile, several pages per tile, splits with empty ones.
-  const cases: Array<[string, Shape, number[], { prefillSplits?: number; minChunkKeys?: number }]> = [
+  const cases: Array<
+    [string, Shape, number[], { prefillSplits?: number; minChunkKeys?: number; prefillStorageBytes?: number }]
+  > = [
     [
       'hd 64, 4:1, pages of 16, one split',
       { layers: 1, heads: 8, kvHeads: 2, headDim: 64, pageTokens: 16 },
@@ -479,6 +484,13 @@ describe('prefill kernel', () => {
       [37, 29, 1],
       { prefillSplits: 3, minChunkKeys: 16 },
     ],
+    // WebGPU's default 16 KiB: 16 rows, tiles of 16 keys, half the invocations loading a tile.
+    [
+      'hd 64, 4:1, the 16-row build, 2 splits',
+      { layers: 1, heads: 8, kvHeads: 2, headDim: 64, pageTokens: 16 },
+      [37, 45, 1],
+      { prefillSplits: 2, minChunkKeys: 16, prefillStorageBytes: 16384 },
+    ],
     [
       'hd 128, 8:1, pages of 8, 2 splits',
       { layers: 1, heads: 8, kvHeads: 1, headDim: 128, pageTokens: 8 },
@@ -488,7 +500,9 @@ describe('prefill kernel', () => {
   ];
   it.each(cases)('matches the CPU reference: %s', async (_name, shape, chunks, more) => {
     const pool = { headDim: shape.headDim, kvHeads: shape.kvHeads, quant: null } as never;
-    expect(attentionPrefillShapeFor(ctx.gpu, { pool, layer: 0, maxTokens: 2 })).not.toBeNull();
+    const built = attentionPrefillShapeFor(ctx.gpu, { pool, layer: 0, maxTokens: 2, ...more });
+    expect(built).not.toBeNull();
+    if (more.prefillStorageBytes) expect(built?.rows).toBe(16);
     const { ratios } = await runSteps(ctx.gpu, shape, chunks, 91 + shape.headDim, 4, more);
     expect(Math.max(...ratios)).toBeLessThanOrEqual(1);
   });
@@ -508,7 +522,7 @@ describe('prefill kernel', () => {
     expect(shape(64, 49152, { kBits: 2, kGroup: 48, vBits: 2, vGroup: 64 })).toBeNull();
   });
 
-  it('agrees with the split kernel it replaces on the same steps', async () => {
+  it('leaves the split kernel it replaces matching the reference on the same steps (prefillKernel: false)', async () => {
     const [, shape, chunks, more] = cases[1];
     const split = await runSteps(ctx.gpu, shape, chunks, 5, 4, { ...more, prefillKernel: false });
     expect(Math.max(...split.ratios)).toBeLessThanOrEqual(1);

@@ -51,7 +51,10 @@ export interface AttentionBinding {
    * of its own, owned by the dispatch. Layers run one after another, so one graph's layers can share one.
    */
   partials?: GPUBuffer;
-  /** Keys per tile of the split kernel (default 16, the fastest measured; fits WebGPU's default 16 KiB storage). */
+  /**
+   * Keys per tile of the split kernel (default 16, the fastest measured; fits WebGPU's default 16 KiB storage). The
+   * prefill kernel picks its own tile (attentionPrefillShape).
+   */
   blockKeys?: AttentionBlockKeys;
   /**
    * maxTokens = 1: use the decode kernel (attention-decode.wgsl.ts) where it serves the shape (default true); false
@@ -63,6 +66,11 @@ export interface AttentionBinding {
    * keeps the general split kernel (same-machine comparisons, tests of both).
    */
   prefillKernel?: boolean;
+  /**
+   * Workgroup storage the prefill kernel may use (default: the device's limit). Less makes it take a smaller build, as
+   * a device with less storage would (tests of the builds other devices take).
+   */
+  prefillStorageBytes?: number;
   /**
    * Multiply each head's output by Rᵀ in the merge pass (a rotated cache's un-rotation, as kernels/rotate.ts would do
    * in a dispatch of its own). Needs a merge pass (splits > 1).
@@ -85,7 +93,7 @@ export function attentionPartialsBytes(maxTokens: number, heads: number, splits:
 
 /**
  * Replacement WGSL (tests of the tests); `partial` must be built for the binding's blockKeys, headDim and >= its rows,
- * `decode` for its decode shape.
+ * `decode` for its decode shape, `prefill` for its prefill shape (attentionPrefillShapeFor).
  */
 export interface AttentionSources {
   partial?: string;
@@ -121,10 +129,11 @@ export function attentionDecodeShape(
 /** The prefill kernel's shape for a binding, or null where the split kernel serves it. */
 export function attentionPrefillShapeFor(
   gpu: GpuContext,
-  b: Pick<AttentionBinding, 'pool' | 'layer' | 'maxTokens' | 'prefillKernel'>,
+  b: Pick<AttentionBinding, 'pool' | 'layer' | 'maxTokens' | 'prefillKernel' | 'prefillStorageBytes'>,
 ): AttentionPrefillShape | null {
   if (b.maxTokens === 1 || b.prefillKernel === false) return null;
-  return attentionPrefillShape(b.pool.headDim, layerQuantShape(b), gpu.limits.maxComputeWorkgroupStorageSize);
+  const limit = gpu.limits.maxComputeWorkgroupStorageSize;
+  return attentionPrefillShape(b.pool.headDim, layerQuantShape(b), Math.min(limit, b.prefillStorageBytes ?? limit));
 }
 
 /**
