@@ -27,14 +27,14 @@ import {
 } from '../kernels/attention.ts';
 import { attentionDecodeSource, type DecodeQuantShape } from '../kernels/attention-decode.wgsl.ts';
 import { type AttentionPrefillShape, attentionPrefillSource } from '../kernels/attention-prefill.wgsl.ts';
-import { releaseDispatches, submitDispatches } from '../kernels/dispatch.ts';
+import { type PreparedDispatch, releaseDispatches, submitDispatches } from '../kernels/dispatch.ts';
 import { prepareKvAppend } from '../kernels/kv-append.ts';
 import { attentionReference } from '../kernels/reference/attention.ts';
 import { acquireGpu, type GpuContext } from '../runtime/gpu/device.ts';
 import { nodeGpu } from '../runtime/gpu/node.ts';
 import { readFloat32 } from '../runtime/gpu/readback.ts';
 import { PagedKvAttention, PREFILL_MIN_CHUNK_KEYS, PREFILL_SPLITS } from '../runtime/kv/paged-attention.ts';
-import { KvPagePool } from '../runtime/kv/pool.ts';
+import { KvPagePool, type KvSequence } from '../runtime/kv/pool.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
 import { timeDispatches } from './gpu-timing.ts';
 
@@ -152,6 +152,14 @@ function decodeStepBinding(
   };
 }
 
+/** Appends FILL_CHUNK-token blocks (through `append`: the runtime's append, + demotion in a quant pool) up to `context`. */
+function fillTo(gpu: GpuContext, pool: KvPagePool, seq: KvSequence, context: number, append: PreparedDispatch[]): void {
+  while (seq.length + FILL_CHUNK <= context) {
+    pool.writeStep(seq, seq.length, FILL_CHUNK);
+    submitDispatches(gpu, 'fill', append);
+  }
+}
+
 /** One layer's pool (f16 or quant mode) and its buffers, with random q and a FILL_CHUNK-token block of k, v uploaded. */
 function layerSetup(gpu: GpuContext, shape: LayerShape, contexts: number[], kv: 'f16' | 'quant') {
   const { heads, kvHeads, headDim } = shape;
@@ -196,10 +204,7 @@ async function benchShape(gpu: GpuContext, shape: LayerShape, contexts: number[]
   const rows: Record<string, unknown>[] = [];
   for (const context of contexts) {
     // The cache holds the same 512 random keys over and over: the reference repeats them too.
-    while (seq.length + FILL_CHUNK <= context) {
-      pool.beginStep(seq, FILL_CHUNK);
-      submitDispatches(gpu, 'fill', fill);
-    }
+    fillTo(gpu, pool, seq, context, fill);
     pool.writeStep(seq, context - 1, 1);
     const row: Record<string, unknown> = { shape: shape.name, context };
     for (const variant of VARIANTS) {
@@ -253,10 +258,7 @@ async function benchQuantShape(gpu: GpuContext, shape: LayerShape, contexts: num
   const seq = pool.createSequence();
   const rows: Record<string, unknown>[] = [];
   for (const context of contexts) {
-    while (seq.length + FILL_CHUNK <= context) {
-      pool.writeStep(seq, seq.length, FILL_CHUNK);
-      submitDispatches(gpu, 'fill', fill.append);
-    }
+    fillTo(gpu, pool, seq, context, fill.append);
     pool.writeStep(seq, context - 1, 1);
     // The step's own append + demotion, so every page the planned demotions switched holds what it says.
     submitDispatches(gpu, 'fill', fill.append);
@@ -315,10 +317,7 @@ async function benchPrefillShape(gpu: GpuContext, shape: LayerShape, contexts: n
   const seq = pool.createSequence();
   const rows: Record<string, unknown>[] = [];
   for (const context of contexts) {
-    while (seq.length + FILL_CHUNK <= context) {
-      pool.writeStep(seq, seq.length, FILL_CHUNK);
-      submitDispatches(gpu, 'fill', fill.append);
-    }
+    fillTo(gpu, pool, seq, context, fill.append);
     const position = context - PREFILL_TOKENS;
     pool.writeStep(seq, position, PREFILL_TOKENS);
     // The chunk's append (+ demotion): in a quant pool the step plans demotions, which switch page-table entries.

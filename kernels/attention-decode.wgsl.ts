@@ -1,7 +1,7 @@
 import {
   ATTENTION_MAX_ROW_PAIRS,
   ATTENTION_MAX_ROWS,
-  attentionParamsWgsl,
+  attentionBindingsWgsl,
   SPLIT_CHUNK_WGSL,
 } from './attention.wgsl.ts';
 import { kvPagesReadableWgsl } from './kv-append.wgsl.ts';
@@ -183,12 +183,7 @@ ${groups((g) => `          s${g} += lohi.x * qsum[g * RG + ${g}u] + lohi.y * d${
       .join(sep);
 
   return /* wgsl */ `
-${attentionParamsWgsl(quant !== null)}
-@group(0) @binding(0) var<storage, read> q: array<f32>;
-@group(0) @binding(1) var<storage, read_write> dst: array<f32>;
-@group(0) @binding(2) var<storage, read> pageTable: array<u32>;
-@group(0) @binding(3) var<uniform> step: KvStep;
-@group(0) @binding(4) var<uniform> params: Params;
+${attentionBindingsWgsl(quant !== null)}
 ${kvPagesReadableWgsl(5)}
 ${SPLIT_CHUNK_WGSL}
 

@@ -1,4 +1,4 @@
-import { attentionParamsWgsl, SPLIT_CHUNK_WGSL } from './attention.wgsl.ts';
+import { attentionBindingsWgsl, SPLIT_CHUNK_WGSL } from './attention.wgsl.ts';
 import { type DecodeQuantShape, quantGroupsFitHeads } from './attention-decode.wgsl.ts';
 import { kvPagesReadableWgsl } from './kv-append.wgsl.ts';
 
@@ -127,13 +127,7 @@ export function attentionPrefillSource(shape: AttentionPrefillShape): string {
   }`;
 
   return /* wgsl */ `
-${attentionParamsWgsl(quant !== null)}
-
-@group(0) @binding(0) var<storage, read> q: array<f32>;
-@group(0) @binding(1) var<storage, read_write> dst: array<f32>;
-@group(0) @binding(2) var<storage, read> pageTable: array<u32>;
-@group(0) @binding(3) var<uniform> step: KvStep;
-@group(0) @binding(4) var<uniform> params: Params;
+${attentionBindingsWgsl(quant !== null)}
 ${kvPagesReadableWgsl(5)}
 ${SPLIT_CHUNK_WGSL}
 

@@ -58,13 +58,27 @@ const QUANT_PARAMS = `
   kBits: u32, kGroup: u32, kCodeWords: u32, kRowWords: u32,
   vBits: u32, vGroup: u32, vCodeWords: u32, vRowWords: u32,`;
 
-/** The Params uniform of the split and decode kernels (the words kernels/attention.ts writes). */
+/** The Params uniform of the split, decode and prefill kernels (the words kernels/attention.ts writes). */
 export function attentionParamsWgsl(quant: boolean): string {
   return `struct Params {
   kOffset: u32, vOffset: u32, pageWords: u32, pageTokens: u32,
   heads: u32, kvHeads: u32, headDim: u32, splits: u32,
   scale: f32, rows: u32, minChunk: u32, _p2: u32,${quant ? QUANT_PARAMS : ''}
 }`;
+}
+
+/**
+ * The Params uniform and bindings 0..4 (q, the output or partials, the page table, the KvStep, Params) of the split,
+ * decode and prefill kernels: one bind group layout and uniform serve all three. The pages follow from binding 5.
+ */
+export function attentionBindingsWgsl(quant: boolean): string {
+  return `${attentionParamsWgsl(quant)}
+
+@group(0) @binding(0) var<storage, read> q: array<f32>;
+@group(0) @binding(1) var<storage, read_write> dst: array<f32>;
+@group(0) @binding(2) var<storage, read> pageTable: array<u32>;
+@group(0) @binding(3) var<uniform> step: KvStep;
+@group(0) @binding(4) var<uniform> params: Params;`;
 }
 
 /**
@@ -152,13 +166,7 @@ export function attentionPartialSource(shape: AttentionKernelShape): string {
   const tileVec4 = tileVec4s(shape);
   const rowPairs = (rows * headDim) / 2;
   return /* wgsl */ `
-${attentionParamsWgsl(quant)}
-
-@group(0) @binding(0) var<storage, read> q: array<f32>;
-@group(0) @binding(1) var<storage, read_write> dst: array<f32>;
-@group(0) @binding(2) var<storage, read> pageTable: array<u32>;
-@group(0) @binding(3) var<uniform> step: KvStep;
-@group(0) @binding(4) var<uniform> params: Params;
+${attentionBindingsWgsl(quant)}
 ${SPLIT_CHUNK_WGSL}
 ${kvTileLoaderWgsl(
   [
