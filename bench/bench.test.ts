@@ -6,7 +6,7 @@ import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { validateReport } from './report.ts';
+import { renderMarkdown, validateReport } from './report.ts';
 import { parseBenchArgs, runBench } from './run.ts';
 
 describe('npm run bench -- --quick', () => {
@@ -46,6 +46,23 @@ describe('npm run bench -- --quick', () => {
     const md = await readFile(mdPath, 'utf8');
     expect(md).toContain('| model | weights | runtime |');
     expect(md.split('\n').filter((l) => l.startsWith('| quick-tiny |'))).toHaveLength(rows.length);
+  });
+
+  it('marks prefill numbers a stalled repeat moved, and the ratios against them (a real H200 report)', async () => {
+    // Two repeats per row: llama.cpp's first row (Q4_K_M, f16 cache, 1K) stalled 6 s in one of them.
+    const report = JSON.parse(
+      await readFile(new URL('./results/2026-11-30-nvidia-h200-session9-qwen3-4b.json', import.meta.url), 'utf8'),
+    );
+    const md = renderMarkdown(report).split('\n');
+    const line = (runtime: string, weights: string, kv: string, context: number) =>
+      md.find((l) => l.startsWith(`| qwen3-4b | ${weights} | ${runtime} | ${kv} | ${context} |`)) ?? '';
+    const cells = (l: string) => l.split('|').map((c) => c.trim());
+    expect(cells(line('llama.cpp', 'q4_k_m', 'f16', 1024))[8]).toMatch(/⚠$/); // TTFT
+    expect(cells(line('longtab', 'q4_k_m', 'f16', 1024))[17]).toMatch(/× ⚠$/); // prefill ×llama f16
+    expect(cells(line('longtab', 'q4_k_m', 'f16', 1024))[8]).not.toContain('⚠');
+    expect(cells(line('llama.cpp', 'q4_0', 'f16', 1024))[8]).not.toContain('⚠');
+    expect(cells(line('longtab', 'q4_0', 'f16', 1024))[17]).not.toContain('⚠');
+    expect(md.some((l) => l.startsWith('- ⚠: the median TTFT'))).toBe(true);
   });
 
   it('rejects a report that lost a field', () => {

@@ -111,6 +111,16 @@ function ratio(value: number | null | undefined): string {
   return value === null || value === undefined || !Number.isFinite(value) ? '–' : `${value.toFixed(2)}×`;
 }
 
+/**
+ * Whether a row's median TTFT is over twice its fastest repeat's: a stall in one repeat moved the median. Seen in the
+ * first llama.cpp row of every H200 call of session 9 (one repeat of several seconds); with 3 or more repeats the
+ * median leaves one stall out.
+ */
+export function stalledTtft(r: BenchRow): boolean {
+  const t = r.ttftMs;
+  return r.status === 'ok' && t !== null && t !== undefined && t.median > 2 * t.min;
+}
+
 /** The markdown table of a report (also printed at the end of a run). */
 export function renderMarkdown(report: BenchReport): string {
   const a = report.adapter.info;
@@ -141,6 +151,13 @@ export function renderMarkdown(report: BenchReport): string {
   lines.push(
     '| --- | --- | --- | --- | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- | --- | --- |',
   );
+  const stalledLlama = new Set(
+    report.rows
+      .filter((r) => r.runtime === 'llama.cpp' && r.kv === 'f16' && stalledTtft(r))
+      .map((r) => `${r.model}|${r.weights}|${r.context}`),
+  );
+  const mark = (stalled: boolean) => (stalled ? ' ⚠' : '');
+  let marked = false;
   for (const r of report.rows) {
     if (r.status !== 'ok') {
       lines.push(
@@ -150,6 +167,9 @@ export function renderMarkdown(report: BenchReport): string {
     }
     const tpot = r.tpotMs!;
     const g = r.graph;
+    const stalled = stalledTtft(r);
+    const againstStalled = r.vsLlama !== undefined && stalledLlama.has(`${r.model}|${r.weights}|${r.context}`);
+    marked ||= stalled || againstStalled;
     lines.push(
       [
         r.model,
@@ -158,8 +178,8 @@ export function renderMarkdown(report: BenchReport): string {
         r.kv,
         String(r.context),
         r.fill ?? 'prefill',
-        fmt(r.prefillTokensPerSecond),
-        fmt(r.ttftMs?.median),
+        fmt(r.prefillTokensPerSecond) + mark(stalled),
+        fmt(r.ttftMs?.median) + mark(stalled),
         fmt(r.decodeTokensPerSecond),
         `${fmt(tpot.median, 2)} (${fmt(tpot.p10, 2)}–${fmt(tpot.p90, 2)})`,
         fmt(r.kvBytesPerToken, 0),
@@ -168,16 +188,22 @@ export function renderMarkdown(report: BenchReport): string {
         fmt(r.achievedGBps, 2),
         g ? `${g.dispatches} / ${fmt(g.submitsPerToken, 0)}` : '–',
         r.vsLlama ? `${ratio(r.vsLlama.f16?.decode)} / ${ratio(r.vsLlama.q4_0?.decode)}` : '',
-        r.vsLlama ? ratio(r.vsLlama.f16?.prefill) : '',
+        r.vsLlama ? ratio(r.vsLlama.f16?.prefill) + mark(againstStalled) : '',
       ]
         .join(' | ')
         .replace(/^/, '| ')
         .replace(/$/, ' |'),
     );
   }
-  if (report.notes.length > 0) {
+  const notes = [...report.notes];
+  if (marked) {
+    notes.push(
+      '⚠: the median TTFT is over twice the fastest repeat (a stall in one repeat moved it): that prefill rate, and prefill ratios against that llama.cpp row, are unreliable; rerun with 3 or more repeats.',
+    );
+  }
+  if (notes.length > 0) {
     lines.push('');
-    for (const note of report.notes) lines.push(`- ${note}`);
+    for (const note of notes) lines.push(`- ${note}`);
   }
   lines.push('');
   return lines.join('\n');
