@@ -175,11 +175,11 @@ export function prepareAttention(
     );
   }
   const decode = attentionDecodeShape(gpu, b);
-  const q = prefill?.quant;
+  const prefillQuant = prefill?.quant;
   const partialPipeline = prefill
     ? computePipeline(
         gpu,
-        `attention-prefill-hd${headDim}-r${prefill.rows}-b${prefill.blockKeys}${q ? `-k${q.kBits}g${q.kGroup}-v${q.vBits}g${q.vGroup}` : ''}`,
+        `attention-prefill-hd${headDim}-r${prefill.rows}-b${prefill.blockKeys}${prefillQuant ? `-k${prefillQuant.kBits}g${prefillQuant.kGroup}-v${prefillQuant.vBits}g${prefillQuant.vGroup}` : ''}`,
         sources.prefill ?? attentionPrefillSource(prefill),
       )
     : decode

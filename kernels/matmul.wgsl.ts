@@ -560,7 +560,7 @@ export interface MatmulTile {
  * 64x64: 256 threads of 4x4, K step 32, 16 KiB of workgroup memory (all of WebGPU's default limit). 64x32: half the
  * tokens on 128 threads (12 KiB), twice the workgroups for grids too small to fill the GPU (e.g. 2048 rows at 128
  * tokens: 64 workgroups of 64x64). 128x64: 8x4 per thread (128 FMAs per 12 vec4 reads instead of 64 per 8), K step
- * 16 to fit 12 KiB. (A 128x128 tile, 8x8 per thread, won only at 8192 rows x 512 tokens, by 1-8%, on the H200: BENCH.md.)
+ * 16 to fit 12 KiB. (A 128x128 tile, 8x8 per thread, won only at 8192 rows x 512 tokens, by 3-8%, on the H200: BENCH.md.)
  */
 export const MATMUL_TILES: Readonly<Record<Exclude<MatmulVariant, '32x32'>, MatmulTile>> = {
   '64x64': { rows: 64, tokens: 64, rowsPerThread: 4, tokensPerThread: 4, k: 32, prefetch: true },

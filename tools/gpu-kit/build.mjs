@@ -6,7 +6,7 @@
  *   .gpu/kit.tar.xz        node + Dawn (webgpu) + Vulkan loader debs: ../shared/gpu/make-kit.sh (made if missing)
  *   .gpu/bench.mjs         bench/run.ts bundled into one ESM file; `webgpu` and `node-llama-cpp` stay external
  *   .gpu/profile.mjs       bench/profile-decode.ts the same way (per-kernel decode timings)
- *   .gpu/attention-kernels.mjs  bench/attention-kernels.ts (decode attention kernels side by side, one layer)
+ *   .gpu/attention-kernels.mjs  bench/attention-kernels.ts (decode or prefill attention kernels side by side, one layer)
  *   .gpu/int8-dot-probe.mjs     bench/int8-dot-probe.ts (peak f32 fma against dot4I8Packed)
  *   .gpu/longtab.mjs       the longtab CLI (tools/gpu-kit/longtab-cli.ts): evaluations on the GPU host
  *   .gpu/llama-kit.tar.xz  node_modules/node-llama-cpp (its JS bundled into one dist/index.js, plus package.json and
