@@ -22,11 +22,9 @@ import {
   type AttentionBinding,
   type AttentionSources,
   attentionDecodeShape,
-  attentionPrefillShapeFor,
   prepareAttention,
 } from '../kernels/attention.ts';
 import { attentionDecodeSource, type DecodeQuantShape } from '../kernels/attention-decode.wgsl.ts';
-import { type AttentionPrefillShape, attentionPrefillSource } from '../kernels/attention-prefill.wgsl.ts';
 import { type PreparedDispatch, releaseDispatches, submitDispatches } from '../kernels/dispatch.ts';
 import { prepareKvAppend } from '../kernels/kv-append.ts';
 import { attentionReference } from '../kernels/reference/attention.ts';
@@ -287,16 +285,6 @@ async function benchQuantShape(gpu: GpuContext, shape: LayerShape, contexts: num
   return rows;
 }
 
-/**
- * The split kernel (options null), then the prefill kernel with fields of its build overridden by `options` (options
- * that change the kernel's code, not its rows: the grid follows attentionPrefillShapeFor). Session 9 compared a register
- * prefetch and vec4 probabilities this way (BENCH.md); none is left.
- */
-const PREFILL_VARIANTS: { name: string; options: Partial<AttentionPrefillShape> | null }[] = [
-  { name: 'split', options: null },
-  { name: 'prefill', options: {} },
-];
-
 /** Query tokens of the timed prefill chunk (the engine's default prefill chunk). */
 const PREFILL_TOKENS = 128;
 
@@ -326,29 +314,29 @@ async function benchPrefillShape(gpu: GpuContext, shape: LayerShape, contexts: n
     const flops = 4 * heads * headDim * keysSeen;
     const row: Record<string, unknown> = { shape: shape.name, kv: kv === 'f16' ? 'f16' : 'int2', context };
     let expected: Float32Array | null = null;
-    for (const [i, variant] of PREFILL_VARIANTS.entries()) {
+    // The split kernel first, then the prefill kernel, checked against it.
+    for (const [i, prefillKernel] of [false, true].entries()) {
+      const name = prefillKernel ? 'prefill' : 'split';
       const binding: AttentionBinding = {
         pool,
         layer: 0,
         q,
-        output: outputs[Math.min(i, 1)],
+        output: outputs[i],
         heads,
         maxTokens: PREFILL_TOKENS,
         scale: 1 / Math.sqrt(headDim),
         splits: PREFILL_SPLITS,
         minChunkKeys: PREFILL_MIN_CHUNK_KEYS,
-        prefillKernel: variant.options !== null,
+        prefillKernel,
       };
-      const built = variant.options ? attentionPrefillShapeFor(gpu, binding) : null;
-      const sources = built ? { prefill: attentionPrefillSource({ ...built, ...variant.options }) } : {};
-      const dispatches = prepareAttention(gpu, variant.name, binding, sources);
+      const dispatches = prepareAttention(gpu, name, binding);
       submitDispatches(gpu, 'check', dispatches);
       const actual = await readFloat32(gpu, binding.output, PREFILL_TOKENS * heads * headDim);
-      if (expected) row[`${variant.name}ToleranceRatio`] = maxToleranceRatio(actual, expected, 2e-5, 2e-4);
+      if (expected) row[`${name}ToleranceRatio`] = maxToleranceRatio(actual, expected, 2e-5, 2e-4);
       else expected = actual;
       const ms = await timeDispatches(gpu, dispatches, context > 8192 ? 3 : 10);
-      row[`${variant.name}Us`] = Math.round(ms * 10000) / 10;
-      row[`${variant.name}TFLOPS`] = Math.round(flops / (ms * 1e-3) / 1e10) / 100;
+      row[`${name}Us`] = Math.round(ms * 10000) / 10;
+      row[`${name}TFLOPS`] = Math.round(flops / (ms * 1e-3) / 1e10) / 100;
       releaseDispatches(gpu, dispatches);
     }
     console.log(JSON.stringify(row));
