@@ -1,4 +1,4 @@
-import { attentionBindingsWgsl, SPLIT_CHUNK_WGSL } from './attention.wgsl.ts';
+import { attentionBindingsWgsl, SPLIT_CHUNK_WGSL, splitTileWgsl } from './attention.wgsl.ts';
 import { type DecodeQuantShape, quantGroupsFitHeads } from './attention-decode.wgsl.ts';
 import { kvPagesReadableWgsl } from './kv-append.wgsl.ts';
 
@@ -189,17 +189,7 @@ fn storeTile(f: Fetched, lid: u32) {
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-  let s = wg.x;
-  let kvh = wg.y;
-  let group = params.heads / params.kvHeads;
-  let firstRow = wg.z * ROWS;
-  if (firstRow / group >= step.tokens) { return; }
-  let lastT = min(step.tokens - 1u, (firstRow + ROWS - 1u) / group);
-  let chunk = splitChunk(step.length, params.splits, params.minChunk);
-  let start = s * chunk;
-  // Splits past the keys have nothing to do: the merge pass reads only ceil(length / chunk) of them.
-  if (start >= step.length && s > 0u) { return; }
-  let end = min(start + chunk, step.position + lastT + 1u);
+${splitTileWgsl('ROWS')}
 
   for (var i = lid; i < ROWS * H4; i += WG) {
     let row = firstRow + i / H4;

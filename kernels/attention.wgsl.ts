@@ -52,6 +52,26 @@ fn splitChunk(length: u32, splits: u32, minChunk: u32) -> u32 {
   return max(max(minChunk, 1u), (length + splits - 1u) / splits);
 }`;
 
+/**
+ * The opening of a split/prefill workgroup (split s = wg.x, kv head kvh = wg.y, row tile wg.z of `rows` rows): returns
+ * when the tile has no query token or the split no key, else leaves `group`, `firstRow`, `lastT` (the tile's last
+ * query token) and the split's keys [start, end), cut at the tile's causal end. Both kernels walk the same keys per
+ * split, which the merge pass relies on.
+ */
+export function splitTileWgsl(rows: string): string {
+  return `  let s = wg.x;
+  let kvh = wg.y;
+  let group = params.heads / params.kvHeads;
+  let firstRow = wg.z * ${rows};
+  if (firstRow / group >= step.tokens) { return; }
+  let lastT = min(step.tokens - 1u, (firstRow + ${rows} - 1u) / group);
+  let chunk = splitChunk(step.length, params.splits, params.minChunk);
+  let start = s * chunk;
+  // Splits past the keys have nothing to do: the merge pass reads only ceil(length / chunk) of them.
+  if (start >= step.length && s > 0u) { return; }
+  let end = min(start + chunk, step.position + lastT + 1u);`;
+}
+
 /** Extra Params fields of the mixed (f16 + quant pages) variant. */
 const QUANT_PARAMS = `
   quantPageWords: u32, quantKOffset: u32, quantVOffset: u32, quantBlock: u32,
@@ -190,19 +210,9 @@ var<workgroup> sc: array<f32, ${rows * blockKeys}>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-  let s = wg.x;
-  let kvh = wg.y;
   let rows = params.rows;
-  let group = params.heads / params.kvHeads;
-  let firstRow = wg.z * rows;
-  if (firstRow / group >= step.tokens) { return; }
+${splitTileWgsl('rows')}
   let pairs = params.headDim / 2u;
-  let lastT = min(step.tokens - 1u, (firstRow + rows - 1u) / group);
-  let chunk = splitChunk(step.length, params.splits, params.minChunk);
-  let start = s * chunk;
-  // Splits past the keys have nothing to do: the merge pass reads only ceil(length / chunk) of them.
-  if (start >= step.length && s > 0u) { return; }
-  let end = min(start + chunk, step.position + lastT + 1u);
 
   for (var i = lid; i < rows * pairs; i += WG) {
     let row = firstRow + i / pairs;
