@@ -1,18 +1,10 @@
-/**
- * RMSNorm over rows: out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight. One workgroup per row.
- * The in-place variant (Qwen3's per-head q/k norm) binds x once, read-write: each invocation rewrites only the
- * elements it read itself after the reduction, so no other invocation's input is overwritten early.
- */
-function rmsnormSource(inPlace: boolean): string {
-  const io = inPlace
-    ? '@group(0) @binding(0) var<storage, read_write> x: array<f32>;'
-    : '@group(0) @binding(0) var<storage, read> x: array<f32>;\n@group(0) @binding(2) var<storage, read_write> y: array<f32>;';
-  const out = inPlace ? 'x' : 'y';
-  return /* wgsl */ `
+/** RMSNorm over rows: y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight. One workgroup per row. */
+export const rmsnormWgsl = /* wgsl */ `
 struct Params { rows: u32, dim: u32, eps: f32, _pad: u32 }
 
-${io}
+@group(0) @binding(0) var<storage, read> x: array<f32>;
 @group(0) @binding(1) var<storage, read> weight: array<f32>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> params: Params;
 
 const WG: u32 = 256u;
@@ -36,11 +28,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
   }
   let scale = inverseSqrt(partial[0] / f32(params.dim) + params.eps);
   for (var i = lid.x; i < params.dim; i += WG) {
-    ${out}[base + i] = x[base + i] * scale * weight[i];
+    y[base + i] = x[base + i] * scale * weight[i];
   }
 }
 `;
-}
-
-export const rmsnormWgsl = rmsnormSource(false);
-export const rmsnormInPlaceWgsl = rmsnormSource(true);

@@ -3,9 +3,10 @@ import { readFloat32 } from '../runtime/gpu/readback.ts';
 import { withTestGpu } from '../test/gpu.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
 import { releaseDispatches, submitDispatches, uniformBuffer } from './dispatch.ts';
+import { rmsnormReference } from './reference/rmsnorm.ts';
 import { ropeReference } from './reference/rope.ts';
 import { prepareRope, type RopeLayout } from './rope.ts';
-import { ropeWgsl } from './rope.wgsl.ts';
+import { ropeHeadNormWgsl, ropeWgsl } from './rope.wgsl.ts';
 
 const ctx = withTestGpu();
 
@@ -17,7 +18,8 @@ async function runRope(
   ropeDim: number,
   position: number,
   withFactors: boolean,
-  source = ropeWgsl,
+  source?: string,
+  headNorm = false,
 ) {
   const { gpu } = ctx;
   const random = seededRandom(tokens * 31 + heads * 7 + headDim + position);
@@ -33,18 +35,46 @@ async function runRope(
   const factorBuffer = gpu.allocator.createStorage('factors', 'weights', factors);
   const step = uniformBuffer(gpu, 'step', [position, tokens, 0, 0], 'uuuu');
   const base = 10000;
+  // Qwen3's per-head norm weights: distinct for q and k, away from 1.
+  const eps = 1e-6;
+  const qWeight = Float32Array.from({ length: headDim }, () => 0.25 + 2 * random());
+  const kWeight = Float32Array.from({ length: headDim }, () => 0.25 + 2 * random());
+  const norms = headNorm
+    ? [
+        gpu.allocator.createStorage('q_norm', 'weights', qWeight),
+        gpu.allocator.createStorage('k_norm', 'weights', kWeight),
+      ]
+    : [];
   const dispatch = prepareRope(
     gpu,
     'rope-test',
-    { q: qBuffer, k: kBuffer, freqFactors: factorBuffer, step, tokens, heads, kvHeads, headDim, ropeDim, base, layout },
+    {
+      q: qBuffer,
+      k: kBuffer,
+      freqFactors: factorBuffer,
+      step,
+      tokens,
+      heads,
+      kvHeads,
+      headDim,
+      ropeDim,
+      base,
+      layout,
+      headNorm: headNorm ? { q: norms[0], k: norms[1], eps } : undefined,
+    },
     source,
   );
   submitDispatches(gpu, 'rope-test', [dispatch]);
   const actual = [...(await readFloat32(gpu, qBuffer, q.length)), ...(await readFloat32(gpu, kBuffer, k.length))];
   releaseDispatches(gpu, [dispatch]);
-  for (const b of [qBuffer, kBuffer, factorBuffer, step]) gpu.allocator.release(b);
+  for (const b of [qBuffer, kBuffer, factorBuffer, step, ...norms]) gpu.allocator.release(b);
   const options = { tokens, headDim, ropeDim, base, layout, position, freqFactors: factors };
-  const expected = [...ropeReference(q, { ...options, heads }), ...ropeReference(k, { ...options, heads: kvHeads })];
+  const qIn = headNorm ? rmsnormReference(q, qWeight, tokens * heads, headDim, eps) : q;
+  const kIn = headNorm ? rmsnormReference(k, kWeight, tokens * kvHeads, headDim, eps) : k;
+  const expected = [
+    ...ropeReference(qIn, { ...options, heads }),
+    ...ropeReference(kIn, { ...options, heads: kvHeads }),
+  ];
   return { actual, expected };
 }
 
@@ -63,6 +93,43 @@ describe('rope kernel', () => {
       expect(maxToleranceRatio(actual, expected, 2e-3, 1e-3)).toBeLessThanOrEqual(1);
     },
   );
+
+  it.each([
+    ['neox', 1, 32, 128, 128, 4000], // a Qwen3-4B decode step
+    ['neox', 5, 4, 64, 64, 17],
+    ['neox', 3, 2, 64, 32, 5], // partial rotary dims: the rest normalized only
+    ['normal', 2, 3, 256, 256, 90], // the largest head the workgroup holds
+  ] as const)(
+    'with per-head RMSNorm first (Qwen3), %s layout matches norm then RoPE (%i tokens, %i q heads, head_dim %i, rope_dim %i, pos %i)',
+    async (layout, tokens, heads, headDim, ropeDim, position) => {
+      const { actual, expected } = await runRope(
+        layout,
+        tokens,
+        heads,
+        headDim,
+        ropeDim,
+        position,
+        false,
+        undefined,
+        true,
+      );
+      expect(maxToleranceRatio(actual, expected, 2e-3, 1e-3)).toBeLessThanOrEqual(1);
+    },
+  );
+
+  it("catches a broken head-norm kernel (k's norm weights read in reverse)", async () => {
+    const broken = ropeHeadNormWgsl.replace('w = kNorm[i];', 'w = kNorm[d - 1u - i];');
+    expect(broken).not.toBe(ropeHeadNormWgsl);
+    const { actual, expected } = await runRope('neox', 2, 4, 64, 64, 9, false, broken, true);
+    expect(maxToleranceRatio(actual, expected, 2e-3, 1e-3)).toBeGreaterThan(1);
+  });
+
+  it('catches a broken head-norm kernel (dims past ropeDim left unnormalized)', async () => {
+    const broken = ropeHeadNormWgsl.replace('{ q[base + i] = row[i]; } else { k[base + i] = row[i]; }', '{}');
+    expect(broken).not.toBe(ropeHeadNormWgsl);
+    const { actual, expected } = await runRope('neox', 2, 2, 64, 32, 5, false, broken, true);
+    expect(maxToleranceRatio(actual, expected, 2e-3, 1e-3)).toBeGreaterThan(1);
+  });
 
   it('catches a broken kernel (pairs swapped to the other layout)', async () => {
     const broken = ropeWgsl.replace('if (params.neox == 1u)', 'if (params.neox == 0u)');

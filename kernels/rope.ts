@@ -1,3 +1,4 @@
+import { InvalidRequestError } from '../runtime/errors.ts';
 import type { GpuContext } from '../runtime/gpu/device.ts';
 import {
   bindBuffers,
@@ -6,7 +7,7 @@ import {
   type PreparedDispatch,
   uniformBuffer,
 } from './dispatch.ts';
-import { ropeWgsl } from './rope.wgsl.ts';
+import { ROPE_HEAD_NORM_MAX_DIM, ropeHeadNormWgsl, ropeWgsl } from './rope.wgsl.ts';
 
 export type RopeLayout = 'normal' | 'neox';
 
@@ -26,22 +27,42 @@ export interface RopeBinding {
   ropeDim: number;
   base: number;
   layout: RopeLayout;
+  /**
+   * Qwen3's RMSNorm of each q and k head before RoPE (f32 [headDim] weights), done by the same dispatch
+   * (ropeHeadNormWgsl).
+   */
+  headNorm?: { q: GPUBuffer; k: GPUBuffer; eps: number };
 }
 
-/** RoPE on a step's q and k (in place) as one dispatch. */
-export function prepareRope(gpu: GpuContext, label: string, b: RopeBinding, source = ropeWgsl): PreparedDispatch {
-  const pipeline = computePipeline(gpu, 'rope', source);
+/** RoPE on a step's q and k (in place) as one dispatch, after their per-head RMSNorm when `headNorm` is given. */
+export function prepareRope(gpu: GpuContext, label: string, b: RopeBinding, source?: string): PreparedDispatch {
+  const norm = b.headNorm;
+  if (norm && b.headDim > ROPE_HEAD_NORM_MAX_DIM) {
+    throw new InvalidRequestError(
+      `RoPE '${label}' normalizes heads of at most ${ROPE_HEAD_NORM_MAX_DIM} dims, got ${b.headDim}.`,
+    );
+  }
+  const pipeline = computePipeline(
+    gpu,
+    norm ? 'rope-head-norm' : 'rope',
+    source ?? (norm ? ropeHeadNormWgsl : ropeWgsl),
+  );
   const params = uniformBuffer(
     gpu,
     `${label}.params`,
-    [b.tokens, b.heads, b.kvHeads, b.headDim, b.ropeDim, b.layout === 'neox' ? 1 : 0, b.base, 0],
-    'uuuuuufu',
+    [b.tokens, b.heads, b.kvHeads, b.headDim, b.ropeDim, b.layout === 'neox' ? 1 : 0, b.base, norm?.eps ?? 0],
+    'uuuuuuff',
   );
+  const buffers = [b.q, b.k, b.freqFactors, params, b.step];
+  if (norm) buffers.push(norm.q, norm.k);
   return {
     label,
     pipeline,
-    bindGroup: bindBuffers(gpu, label, pipeline, [b.q, b.k, b.freqFactors, params, b.step]),
-    workgroups: linearInvocationGrid((b.tokens * (b.heads + b.kvHeads) * b.ropeDim) / 2, 64),
+    bindGroup: bindBuffers(gpu, label, pipeline, buffers),
+    // With head norms one workgroup per (token, head of q or k); otherwise one invocation per rotated pair.
+    workgroups: norm
+      ? linearInvocationGrid(b.tokens * (b.heads + b.kvHeads), 1)
+      : linearInvocationGrid((b.tokens * (b.heads + b.kvHeads) * b.ropeDim) / 2, 64),
     owned: [params],
   };
 }

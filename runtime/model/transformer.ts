@@ -187,29 +187,8 @@ export class Transformer {
         body.push(...prepareMatmul(gpu, `${p}.k`, { weight: l.k, input: b.xNorm, output: b.k, tokens, bias: l.kBias }));
         body.push(...prepareMatmul(gpu, `${p}.v`, { weight: l.v, input: b.xNorm, output: b.v, tokens, bias: l.vBias }));
       }
-      if (l.qNorm && l.kNorm) {
-        // Qwen3 normalizes each head's q and k in place before RoPE.
-        body.push(
-          prepareRmsNorm(gpu, `${p}.q_norm`, {
-            input: b.q,
-            weight: l.qNorm,
-            output: b.q,
-            rows: tokens * c.heads,
-            dim: c.headDim,
-            eps: c.rmsEps,
-          }),
-        );
-        body.push(
-          prepareRmsNorm(gpu, `${p}.k_norm`, {
-            input: b.k,
-            weight: l.kNorm,
-            output: b.k,
-            rows: tokens * c.kvHeads,
-            dim: c.headDim,
-            eps: c.rmsEps,
-          }),
-        );
-      }
+      // Qwen3 normalizes each head's q and k before RoPE: the RoPE dispatch does both (a decode step is bound by
+      // dispatch gaps, not arithmetic).
       body.push(
         prepareRope(gpu, `${p}.rope`, {
           q: b.q,
@@ -223,6 +202,7 @@ export class Transformer {
           ropeDim: c.ropeDim,
           base: c.ropeBase,
           layout: c.ropeLayout,
+          headNorm: l.qNorm && l.kNorm ? { q: l.qNorm, k: l.kNorm, eps: c.rmsEps } : undefined,
         }),
       );
       const kv = this.kv.prepareLayer(i, { q: b.q, k: b.k, v: b.v, output: b.attention }, tokens);
