@@ -70,11 +70,13 @@ export function matvecReadsVec4(types: readonly GgmlType[]): boolean {
 }
 
 /**
- * Threads per matvec workgroup for rows of `unitsPerRow` units: 128 (measured best on the H200 for long rows), fewer
- * when a row has fewer units (a power of two, at least 32), so few threads idle through the loop.
+ * Threads per matvec workgroup for rows of `unitsPerRow` units: 128 (measured best on the H200 for long rows); a row
+ * of fewer units gets the whole warps (32) that cover it, one unit each. Measured on the H200
+ * (`...-session10-matvec-threads.md`): Qwen3-4B's rows of 2,560 are 80 Q4_K units, and 96 threads ran them 1.2-1.4x
+ * faster than the 64 of the earlier power-of-two rule, whose second round of units had 16 of 64 threads busy.
  */
 export function matvecThreads(unitsPerRow: number): number {
-  return Math.min(128, Math.max(32, 2 ** Math.floor(Math.log2(Math.max(1, unitsPerRow)))));
+  return Math.min(128, 32 * Math.max(1, Math.ceil(unitsPerRow / 32)));
 }
 
 interface TypeWgsl {
@@ -361,10 +363,19 @@ function matvecRowsWgsl(
  * Tree reduction over TPR threads of each [workgroup array, vec4 accumulator] pair into element 0 of the array.
  * A thread past a weight's own thread count has an accumulator of zeros (forThreads).
  */
-function reduceWgsl(pairs: [array: string, acc: string][]): string {
+function reduceWgsl(pairs: [array: string, acc: string][], threads: number): string {
+  // A thread count that is not a power of two (96) first folds the threads past the largest power of two below it
+  // onto the first ones; a power of two gets the plain tree, whose order of sums the tests' references follow.
+  const top = 2 ** Math.floor(Math.log2(threads));
+  const fold =
+    top === threads
+      ? ''
+      : `
+  if (li < TPR - ${top}u) { ${pairs.map(([n]) => `${n}[li] += ${n}[li + ${top}u];`).join(' ')} }
+  workgroupBarrier();`;
   return `${pairs.map(([n, acc]) => `${n}[li] = ${acc};`).join(' ')}
-  workgroupBarrier();
-  for (var s = TPR / 2u; s > 0u; s >>= 1u) {
+  workgroupBarrier();${fold}
+  for (var s = ${top / 2}u; s > 0u; s >>= 1u) {
     if (li < s) { ${pairs.map(([n]) => `${n}[li] += ${n}[li + s];`).join(' ')} }
     workgroupBarrier();
   }`;
@@ -420,7 +431,7 @@ ${matvecEntryWgsl(
   `  let row0 = (wg.x + wg.y * nwg.x) * ROWS;
   var acc = vec4<f32>(0.0);
   ${matvecRowsWgsl('unit_dot', 'params.rows', 'params.rowWords', 'params.unitsPerRow', 'acc', threads)}
-  ${reduceWgsl([['partial', 'acc']])}
+  ${reduceWgsl([['partial', 'acc']], threads)}
   if (li < ROWS && row0 + li < params.rows) {
     let n = params.firstRow + row0 + li;
     ${storeWgsl('y[n]', 'partial[0][li]', hasBias ? 'bias[n]' : null, accumulate)}
@@ -484,7 +495,7 @@ ${matvecEntryWgsl(
   let row0 = (g - params.members[member].firstGroup) * ROWS;
   var acc = vec4<f32>(0.0);
   ${branches(loop)}
-  ${reduceWgsl([['partial', 'acc']])}
+  ${reduceWgsl([['partial', 'acc']], tpr)}
   let r = row0 + li;
   if (li < ROWS && r < params.members[member].rows) {
     ${branches((i) => `{ ${storeWgsl(`y${i}[r]`, 'partial[0][li]', members[i].hasBias ? `bias${i}[r]` : null, false)} }`)}
@@ -519,10 +530,13 @@ ${matvecEntryWgsl(
   var upAcc = vec4<f32>(0.0);
   ${forThreads(gate.threads, tpr, matvecRowsWgsl('unit_dot_0', 'params.rows', 'params.gateRowWords', 'params.gateUnits', 'gateAcc', gate.threads))}
   ${forThreads(up.threads, tpr, matvecRowsWgsl('unit_dot_1', 'params.rows', 'params.upRowWords', 'params.upUnits', 'upAcc', up.threads))}
-  ${reduceWgsl([
-    ['gatePartial', 'gateAcc'],
-    ['upPartial', 'upAcc'],
-  ])}
+  ${reduceWgsl(
+    [
+      ['gatePartial', 'gateAcc'],
+      ['upPartial', 'upAcc'],
+    ],
+    tpr,
+  )}
   if (li < ROWS && row0 + li < params.rows) {
     let g = gatePartial[0][li];
     y[row0 + li] = g / (1.0 + exp(-g)) * upPartial[0][li];

@@ -32,7 +32,7 @@ type Member = { type: GgmlType; rows: number; bias: boolean };
 
 // q, k, v of a decode step: different types and row counts (none a multiple of the 4 rows per workgroup), a bias on
 // one (8 storage bindings, WebGPU's minimum). With a dense member x is read as scalars; MIXED's members also differ
-// in their own thread counts (Q4_K: 24 units, 32 threads; Q6_K: 48, 32; F16: 384, 128).
+// in their own thread counts (Q4_K: 24 units, 32 threads; Q6_K: 48, 64; F16: 384, 128).
 const MIXED: Member[] = [
   { type: GgmlType.Q4_K, rows: 37, bias: true },
   { type: GgmlType.Q6_K, rows: 21, bias: false },
@@ -45,14 +45,16 @@ const QUANTIZED: Member[] = [
   { type: GgmlType.Q6_K, rows: 9, bias: false },
 ];
 const K = 768;
+// Qwen3-4B's rows of 2,560: Q4_K members of 80 units run on 96 threads (not a power of two), Q6_K's 160 on 128.
+const QWEN3_K = 2560;
 
 describe('matvec group (q, k, v in one dispatch)', () => {
-  async function runGroup(spec: Member[], transform?: (code: string) => string, gpu = ctx.gpu) {
+  async function runGroup(spec: Member[], transform?: (code: string) => string, gpu = ctx.gpu, rowLength = K) {
     const random = seededRandom(11);
-    const x = randomFloats(random, K, 1);
+    const x = randomFloats(random, rowLength, 1);
     const input = gpu.allocator.createStorage('x', 'scratch', x);
     const members = spec.map((m, i) => ({
-      ...makeWeight(m.type, K, m.rows, 100 + i),
+      ...makeWeight(m.type, rowLength, m.rows, 100 + i),
       bias: m.bias ? randomFloats(random, m.rows, 0.5) : undefined,
       rows: m.rows,
     }));
@@ -81,7 +83,7 @@ describe('matvec group (q, k, v in one dispatch)', () => {
       members.map((m) => m.rows),
     );
     const ratios = members.map((m, i) => {
-      const { y, magnitude } = matmulReference(m.dense, x, K, m.rows, 1, m.bias);
+      const { y, magnitude } = matmulReference(m.dense, x, rowLength, m.rows, 1, m.bias);
       return maxErrorRelativeToMagnitude(fused[i], y, magnitude, RTOL);
     });
     for (const e of [...entries, ...apart]) {
@@ -106,7 +108,14 @@ describe('matvec group (q, k, v in one dispatch)', () => {
   );
 
   it('members run with their own thread counts', () => {
-    expect(MIXED.map((m) => matvecThreadsFor(m.type, K))).toEqual([32, 32, 128]);
+    expect(MIXED.map((m) => matvecThreadsFor(m.type, K))).toEqual([32, 64, 128]);
+    expect(QUANTIZED.map((m) => matvecThreadsFor(m.type, QWEN3_K))).toEqual([96, 96, 128]);
+  });
+
+  it('members of 96 threads in a workgroup of 128 (Qwen3-4B rows) match the reference and their own dispatches exactly', async () => {
+    const { fused, separate, ratios } = await runGroup(QUANTIZED, undefined, ctx.gpu, QWEN3_K);
+    for (const r of ratios) expect(r).toBeLessThanOrEqual(1);
+    expect(fused).toEqual(separate);
   });
 
   // 19 row groups of 4 rows (10 + 6 + 3) fold into 3 x 7 = 21 workgroups: the 2 spare ones resolve to the last
