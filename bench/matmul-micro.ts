@@ -30,7 +30,13 @@ import { writeFileSync } from 'node:fs';
 import { cpus } from 'node:os';
 import { encodeDispatches, type PreparedDispatch, releaseDispatches } from '../kernels/dispatch.ts';
 import { prepareMatmul } from '../kernels/matmul.ts';
-import { MATMUL_TILES, MATMUL_VARIANTS, type MatmulVariant, registerTiledMatmulWgsl } from '../kernels/matmul.wgsl.ts';
+import {
+  MATMUL_TILES,
+  MATMUL_VARIANTS,
+  type MatmulVariant,
+  matvecWgsl,
+  registerTiledMatmulWgsl,
+} from '../kernels/matmul.wgsl.ts';
 import { dequantize, randomWeightBytes } from '../kernels/reference/dequantize.ts';
 import { rawRowBytes, releaseWeight, uploadWeightFromBytes } from '../kernels/weights.ts';
 import { GGML_TYPE_INFO, GgmlType } from '../runtime/gguf/types.ts';
@@ -58,6 +64,21 @@ const BENCH_VARIANTS: BenchVariant[] = [
   },
 ];
 
+/**
+ * --matvec (tokens = 1): the matvec kernel at a fixed thread count per workgroup ('t32'..'t256'), against 'auto', the
+ * count the runtime picks (matvecThreadsFor).
+ */
+const MATVEC_VARIANTS: BenchVariant[] = [
+  { name: 'auto', variant: '32x32' },
+  ...[32, 64, 96, 128, 256].map(
+    (threads): BenchVariant => ({
+      name: `t${threads}`,
+      variant: '32x32',
+      code: (type, hasBias) => matvecWgsl(type, hasBias, false, threads),
+    }),
+  ),
+];
+
 const TYPES: Record<string, GgmlType> = {
   F32: GgmlType.F32,
   F16: GgmlType.F16,
@@ -82,9 +103,11 @@ interface Options {
   samples: number;
   out: string | undefined;
   quick: boolean;
+  matvec: boolean;
 }
 
 const USAGE = `Usage: npx tsx bench/matmul-micro.ts [flags]   (on the GPU host: /tmp/kit/run.sh .gpu/matmul-micro.mjs [flags])
+  --matvec          tokens = 1: the matvec at fixed thread counts (${MATVEC_VARIANTS.map((v) => v.name).join(',')})
   --quick           tiny shapes (N x K 96x256, 300x512; 33 and 70 tokens), 3 reps, 3 samples
   --types list      ${Object.keys(TYPES).join(',')} (default Q4_0,Q4_K,Q6_K,Q8_0)
   --shapes list     N x K (rows x row length), default 2048x2048,8192x2048,2048x8192,128256x2048
@@ -96,6 +119,7 @@ const USAGE = `Usage: npx tsx bench/matmul-micro.ts [flags]   (on the GPU host: 
 
 function parseArgs(argv: string[]): Options {
   const quick = argv.includes('--quick');
+  const matvec = argv.includes('--matvec');
   const value = (flag: string): string | undefined => {
     const i = argv.indexOf(flag);
     if (i < 0) return undefined;
@@ -104,7 +128,17 @@ function parseArgs(argv: string[]): Options {
     return v;
   };
   const list = (flag: string, fallback: string): string[] => (value(flag) ?? fallback).split(',').filter(Boolean);
-  const known = new Set(['--quick', '--types', '--shapes', '--tokens', '--variants', '--reps', '--samples', '--out']);
+  const known = new Set([
+    '--matvec',
+    '--quick',
+    '--types',
+    '--shapes',
+    '--tokens',
+    '--variants',
+    '--reps',
+    '--samples',
+    '--out',
+  ]);
   for (const a of argv) {
     if (a === '--help' || a === '-h') {
       console.log(USAGE);
@@ -121,12 +155,13 @@ function parseArgs(argv: string[]): Options {
       return [n, k];
     },
   );
-  const tokens = list('--tokens', quick ? '33,70' : '128,512').map(Number);
-  if (tokens.some((t) => !(Number.isInteger(t) && t > 1)))
-    throw new Error('--tokens: integers > 1 (tokens = 1 is the matvec)');
-  const names = list('--variants', BENCH_VARIANTS.map((v) => v.name).join(','));
+  const tokens = matvec ? [1] : list('--tokens', quick ? '33,70' : '128,512').map(Number);
+  if (!matvec && tokens.some((t) => !(Number.isInteger(t) && t > 1)))
+    throw new Error('--tokens: integers > 1 (tokens = 1 is the matvec: --matvec)');
+  const table = matvec ? MATVEC_VARIANTS : BENCH_VARIANTS;
+  const names = list('--variants', table.map((v) => v.name).join(','));
   const variants = names.map((n) => {
-    const v = BENCH_VARIANTS.find((b) => b.name === n);
+    const v = table.find((b) => b.name === n);
     if (!v) throw new Error(`unknown variant ${n}\n${USAGE}`);
     return v;
   });
@@ -144,6 +179,7 @@ function parseArgs(argv: string[]): Options {
     samples: int('--samples', quick ? 3 : 7),
     out: value('--out'),
     quick,
+    matvec,
   };
 }
 
@@ -235,15 +271,18 @@ function shapeName(N: number, K: number) {
   return `${N}×${K}`;
 }
 
-function formatRow(r: Row, variants: string[]): string {
+function formatRow(r: Row, variants: string[], baseline: string): string {
   const flops = 2 * r.N * r.K * r.tokens;
-  const base = r.cells.find((c) => c.variant === '32x32')?.us ?? null;
+  const base = r.cells.find((c) => c.variant === baseline)?.us ?? null;
   const cells = variants.map((name) => {
     const c = r.cells.find((x) => x.variant === name);
     if (!c || c.us === null) return c?.note ?? '–';
-    const tf = flops / (c.us * 1e-6) / 1e12;
+    const rate =
+      r.tokens === 1
+        ? `${((rawRowBytes(TYPES[r.type], r.K) * r.N) / (c.us * 1e-6) / 1e9).toFixed(0)} GB/s`
+        : `${(flops / (c.us * 1e-6) / 1e12).toPrecision(3)} TF`;
     const speedup = base ? ` ${(base / c.us).toFixed(2)}×` : '';
-    return `${c.us < 100 ? c.us.toFixed(1) : c.us.toFixed(0)} µs ${tf.toPrecision(3)} TF${speedup}${c.error > 1 ? ' **WRONG**' : ''}`;
+    return `${c.us < 100 ? c.us.toFixed(1) : c.us.toFixed(0)} µs ${rate}${speedup}${c.error > 1 ? ' **WRONG**' : ''}`;
   });
   const timed = r.cells.filter((c) => c.us !== null);
   const best = timed.length ? timed.reduce((a, b) => (b.us! < a.us! ? b : a)) : null;
@@ -273,7 +312,7 @@ async function main() {
     .filter(([, on]) => on)
     .map(([f]) => f);
   const header = [
-    `# Tiled matmul micro-benchmark ${new Date().toISOString()}, commit ${commit()}`,
+    `# ${o.matvec ? 'Matvec' : 'Tiled matmul'} micro-benchmark ${new Date().toISOString()}, commit ${commit()}`,
     '',
     `Adapter: ${a.vendor} ${a.architecture} ${a.device} (${a.description})${a.isFallbackAdapter ? ' [fallback]' : ''}; ` +
       `subgroups ${a.subgroupMinSize ?? '?'}–${a.subgroupMaxSize ?? '?'}; device features: ${features.join(', ') || 'none'}; ` +
@@ -289,7 +328,7 @@ async function main() {
   header.push(
     `Protocol: ${o.reps} dispatches per submit (one compute pass), median of ${o.samples} submits after one warm-up ` +
       `submit, timed submit → onSubmittedWorkDone minus the empty-submit round trip (${(emptyMs * 1000).toFixed(0)} µs), ` +
-      `÷ ${o.reps}. Cells: µs per dispatch, TFLOPS (2·N·K·tokens), speedup over 32x32. N×K = weight rows × row ` +
+      `÷ ${o.reps}. Cells: µs per dispatch, ${o.matvec ? 'GB/s of weight bytes, speedup over auto (the runtime’s thread count)' : 'TFLOPS (2·N·K·tokens), speedup over 32x32'}. N×K = weight rows × row ` +
       `length; check: largest error over sampled outputs in units of the tests' tolerance (<= 1 passes), all variants.`,
     '',
   );
@@ -356,7 +395,7 @@ async function main() {
             releaseDispatches(gpu, dispatches);
           }
         }
-        const line = formatRow(row, names);
+        const line = formatRow(row, names, o.matvec ? 'auto' : '32x32');
         lines.push(line);
         console.log(line);
         write();
@@ -370,6 +409,7 @@ async function main() {
   }
   const shapes = o.variants
     .map((v) => {
+      if (o.matvec) return v.name === 'auto' ? 'auto: matvecThreadsFor' : `${v.name}: ${v.name.slice(1)} threads`;
       if (v.variant === '32x32') return `${v.name}: 32×32, 2×2 per thread, K step 32, scalar reads`;
       const t = { ...MATMUL_TILES[v.variant], ...(v.name.endsWith('-noprefetch') ? { prefetch: false } : {}) };
       return (
@@ -378,7 +418,7 @@ async function main() {
       );
     })
     .join('; ');
-  const footer = ['', `Workgroup tiles (weight rows × tokens): ${shapes}.`];
+  const footer = ['', `${o.matvec ? 'Workgroups of 4 rows' : 'Workgroup tiles (weight rows × tokens)'}: ${shapes}.`];
   console.log(footer.join('\n'));
   lines.push(...footer);
   write();
