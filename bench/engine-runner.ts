@@ -132,15 +132,19 @@ export class EngineRunner {
     return this.engine.loaded?.transformer.maxTokens ?? 0;
   }
 
-  /** The decode graph's size, from the Transformer's recorded dispatches and the sampler. */
+  /**
+   * The decode graph's size, from the Transformer's recorded dispatches and the sampler, on a step that demotes no KV
+   * page (the demotion dispatches run on the others only: one decode step in pageTokens).
+   */
   decodeGraph(): Omit<DecodeGraphCounts, 'submitsPerToken' | 'writeBuffersPerToken'> {
     const m = this.engine.loaded;
     if (!m) throw new Error('load first');
     const g = m.transformer.graph(1);
+    const body = g.body.filter((d) => !d.idle).length;
     const samplerDispatches = m.sampler.dispatches.length;
     return {
-      dispatches: g.body.length + g.logits.length + samplerDispatches,
-      forwardDispatches: g.body.length,
+      dispatches: body + g.logits.length + samplerDispatches,
+      forwardDispatches: body,
       logitsDispatches: g.logits.length,
       samplerDispatches,
       computePasses: 3,

@@ -8,6 +8,11 @@ export interface PreparedDispatch {
   workgroups: readonly [number, number, number];
   /** Buffers created for this dispatch alone (its parameters); released with it. */
   owned: GPUBuffer[];
+  /**
+   * True when the step being encoded leaves this dispatch nothing to do (known on the host, e.g. a KV demotion on a
+   * step that demotes no page): encodeDispatches leaves it out, saving its dispatch gap.
+   */
+  idle?: () => boolean;
 }
 
 export function releaseDispatches(gpu: GpuContext, dispatches: readonly PreparedDispatch[]): void {
@@ -65,6 +70,7 @@ export function uniformBuffer(gpu: GpuContext, label: string, words: ArrayLike<n
 
 export function encodeDispatches(pass: GPUComputePassEncoder, dispatches: readonly PreparedDispatch[]): void {
   for (const d of dispatches) {
+    if (d.idle?.()) continue;
     pass.setPipeline(d.pipeline);
     pass.setBindGroup(0, d.bindGroup);
     pass.dispatchWorkgroups(d.workgroups[0], d.workgroups[1], d.workgroups[2]);

@@ -267,7 +267,15 @@ describe('KvPagePool', () => {
     try {
       const seq = pool.createSequence();
       // sink 4 (1 page), window 4: at length L the f16 pages are the sink, the window and the step's pages.
-      for (let n = 0; n < 40; n++) pool.writeStep(seq, seq.length, 1);
+      // stepDemotions says which steps demote (their forward's demotion dispatches run; the others skip them).
+      let demotingSteps = 0;
+      for (let n = 0; n < 40; n++) {
+        const before = pool.demotions;
+        pool.writeStep(seq, seq.length, 1);
+        expect(pool.stepDemotions).toBe(pool.demotions - before);
+        if (pool.stepDemotions > 0) demotingSteps++;
+      }
+      expect(demotingSteps).toBe(7);
       const kinds = seq.pages.map((e) => decodePageEntry(e).kind);
       expect(kinds).toEqual([0, 1, 1, 1, 1, 1, 1, 1, 0, 0]);
       expect(pool.audit()).toEqual([]);

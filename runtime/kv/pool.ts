@@ -553,6 +553,11 @@ export class KvPagePool {
     });
   }
 
+  /** Demotion jobs the last writeStep planned: the demotion dispatches of its forward have work only when > 0. */
+  get stepDemotions(): number {
+    return this.jobWords[0];
+  }
+
   /** Most demotions a step of `tokens` positions carries: the demotion grid of a graph prepared for `tokens`. */
   demotionsPerStep(tokens: number): number {
     return Math.min(MAX_DEMOTIONS_PER_STEP, Math.ceil(tokens / this.pageTokens) + 1);
