@@ -13,7 +13,10 @@
  * runtime's prefill split settings), the split kernel against the prefill kernel (attention-prefill.wgsl.ts), the
  * latter checked against the former on the same pages; f16 and int2 pools.
  *
- *   npx tsx bench/attention-kernels.ts [--kv f16|int2] [--prefill] [--contexts 1024,8192,32768] [--out FILE.json]
+ * Decode runs also time ablations of whole phases of the decode kernel (PHASE_ABLATIONS): where its time goes.
+ *
+ *   npx tsx bench/attention-kernels.ts [--kv f16|int2] [--prefill] [--contexts 1024,8192,32768]
+ *                                      [--shapes llama-3.2-1b,qwen2.5-0.5b,qwen3-4b] [--out FILE.json]
  * On the GPU host: bundled by `npm run bench:bundle` (.gpu/attention-kernels.mjs).
  */
 import { writeFileSync } from 'node:fs';
@@ -106,6 +109,35 @@ const VARIANTS: Variant[] = [
         'w = slab0[i]; if (slot == 99u) { w = slab1[i] + slab2[i] + slab3[i]; }',
       ),
     ),
+  },
+];
+
+/**
+ * Ablations of whole phases of the decode kernel (kernels/attention-decode.wgsl.ts): without phase A's
+ * scores (every key scores 0), without phase C's value loop, without the final sum over key slices.
+ */
+const PHASE_ABLATIONS: Variant[] = [
+  {
+    name: 'abl-noA',
+    decodeKernel: true,
+    ablation: true,
+    sources: decodeEdit((c) =>
+      c.replace(/if \(j < n\) \{\n(\s+)let key = block \+ j;/, (m) =>
+        m.replace('if (j < n) {', 'if (j < n && n == 0u) {'),
+      ),
+    ),
+  },
+  {
+    name: 'abl-noC',
+    decodeKernel: true,
+    ablation: true,
+    sources: decodeEdit((c) => c.replace('for (var jb = slice; jb < n;', 'for (var jb = slice; jb < 0u;')),
+  },
+  {
+    name: 'abl-noCombine',
+    decodeKernel: true,
+    ablation: true,
+    sources: decodeEdit((c) => c.replace('for (var first = 1u; first < KS;', 'for (var first = 1u; first < 1u;')),
   },
 ];
 
@@ -205,7 +237,7 @@ async function benchShape(gpu: GpuContext, shape: LayerShape, contexts: number[]
     fillTo(gpu, pool, seq, context, fill);
     pool.writeStep(seq, context - 1, 1);
     const row: Record<string, unknown> = { shape: shape.name, context };
-    for (const variant of VARIANTS) {
+    for (const variant of [...VARIANTS, ...PHASE_ABLATIONS]) {
       const binding = decodeStepBinding(pool, shape, variant, q, output);
       const dispatches = prepareAttention(gpu, variant.name, binding, variant.sources?.(shape, null));
       if (context === Math.min(...contexts) && !variant.ablation) {
@@ -262,7 +294,7 @@ async function benchQuantShape(gpu: GpuContext, shape: LayerShape, contexts: num
     submitDispatches(gpu, 'fill', fill.append);
     const row: Record<string, unknown> = { shape: shape.name, kv: 'int2', context, quantPages: pool.stats() };
     let expected: Float32Array | null = null;
-    for (const variant of QUANT_VARIANTS) {
+    for (const variant of [...QUANT_VARIANTS, ...PHASE_ABLATIONS]) {
       const binding = decodeStepBinding(pool, shape, variant, q, variant.decodeKernel ? output : reference);
       const dispatches = prepareAttention(gpu, variant.name, binding, variant.sources?.(shape, quant));
       if (!variant.ablation) {
@@ -354,6 +386,7 @@ const { values } = parseArgs({
     contexts: { type: 'string', default: '1024,8192,32768' },
     kv: { type: 'string', default: 'f16' },
     prefill: { type: 'boolean', default: false },
+    shapes: { type: 'string', default: SHAPES.map((s) => s.name).join(',') },
     out: { type: 'string' },
   },
 });
@@ -362,7 +395,7 @@ const contexts = values.contexts.split(',').map(Number);
 const gpu = await acquireGpu({ gpu: await nodeGpu() });
 console.log(JSON.stringify({ adapter: gpu.adapter }));
 const results = [];
-for (const shape of SHAPES) {
+for (const shape of SHAPES.filter((s) => values.shapes.split(',').includes(s.name))) {
   if (values.prefill)
     results.push(...(await benchPrefillShape(gpu, shape, contexts, values.kv === 'f16' ? 'f16' : 'quant')));
   else results.push(...(await (values.kv === 'int2' ? benchQuantShape : benchShape)(gpu, shape, contexts)));
