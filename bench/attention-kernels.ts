@@ -114,7 +114,7 @@ const VARIANTS: Variant[] = [
 
 /**
  * Ablations of whole phases of the decode kernel (kernels/attention-decode.wgsl.ts): without phase A's
- * scores (every key scores 0), without phase C's value loop, without the final sum over key slices.
+ * scores (every key keeps the empty score, so its weight is 0), without phase C's value loop, without the final sum over key slices.
  */
 const PHASE_ABLATIONS: Variant[] = [
   {

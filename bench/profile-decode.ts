@@ -100,7 +100,12 @@ export async function profileDecode(runner: EngineRunner, context: number, reps:
     m.transformer.writeStep([1], context - 1);
     m.sampler.setParams(GREEDY_SAMPLING, 0);
     const graph = m.transformer.graph(1);
-    const all: PreparedDispatch[] = [...graph.body, ...graph.logits, ...(m.sampler.dispatches as PreparedDispatch[])];
+    // What encodeDispatches records for this step (a demotion dispatch is left out when the step demotes nothing).
+    const all: PreparedDispatch[] = [
+      ...graph.body,
+      ...graph.logits,
+      ...(m.sampler.dispatches as PreparedDispatch[]),
+    ].filter((d) => !d.idle?.());
 
     await timePasses(gpu, [all]); // warm-up
     const whole: number[] = [];

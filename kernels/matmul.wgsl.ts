@@ -365,7 +365,8 @@ function matvecRowsWgsl(
  */
 function reduceWgsl(pairs: [array: string, acc: string][], threads: number): string {
   // A thread count that is not a power of two (96) first folds the threads past the largest power of two below it
-  // onto the first ones; a power of two gets the plain tree, whose order of sums the tests' references follow.
+  // onto the first ones; a power of two gets the plain tree, unchanged, so the fused kernels' members still sum in
+  // the order of their own dispatches (the tests compare them bit for bit).
   const top = 2 ** Math.floor(Math.log2(threads));
   const fold =
     top === threads

@@ -169,11 +169,12 @@ describe('matvec SwiGLU (gate, up and silu(gate)·up in one dispatch)', () => {
     rows: number,
     transform?: (code: string) => string,
     gpu = ctx.gpu,
+    rowLength = K,
   ) {
     const random = seededRandom(rows * 13 + gateType);
-    const x = randomFloats(random, K, 1);
-    const gate = makeWeight(gateType, K, rows, 200);
-    const up = makeWeight(upType, K, rows, 201);
+    const x = randomFloats(random, rowLength, 1);
+    const gate = makeWeight(gateType, rowLength, rows, 200);
+    const up = makeWeight(upType, rowLength, rows, 201);
     const input = gpu.allocator.createStorage('x', 'scratch', x);
     const output = gpu.allocator.createStorage('y', 'scratch', rows * 4);
     const fusedDispatch = prepareMatvecSwiglu(
@@ -196,8 +197,8 @@ describe('matvec SwiGLU (gate, up and silu(gate)·up in one dispatch)', () => {
       [h],
       [rows],
     );
-    const gateRef = matmulReference(gate.dense, x, K, rows, 1).y;
-    const upRef = matmulReference(up.dense, x, K, rows, 1).y;
+    const gateRef = matmulReference(gate.dense, x, rowLength, rows, 1).y;
+    const upRef = matmulReference(up.dense, x, rowLength, rows, 1).y;
     const expected = swigluReference(gateRef, upRef);
     for (const b of [input, output, g, u, h]) gpu.allocator.release(b);
     releaseWeight(gpu, gate.weight);
@@ -216,6 +217,19 @@ describe('matvec SwiGLU (gate, up and silu(gate)·up in one dispatch)', () => {
     async (gt, ut, rows) => {
       const { fused, separate, expected } = await runSwiglu(gt, ut, rows);
       // Outputs are O(10); f32 sums over 768 products err by ~1e-5 of that.
+      expect(maxToleranceRatio(fused, expected, 1e-4, 1e-4)).toBeLessThanOrEqual(1);
+      expect(fused).toEqual(separate);
+    },
+  );
+
+  // Qwen3-4B's gate_up: Q4_K rows of 2,560 on 96 threads (two partial arrays folded), with a Q6_K up on 128.
+  it.each([
+    [GgmlType.Q4_K, GgmlType.Q4_K, 21],
+    [GgmlType.Q4_K, GgmlType.Q6_K, 10],
+  ])(
+    'gate type %i, up type %i, %i rows of 2,560: matches the CPU reference and the three dispatches exactly',
+    async (gt, ut, rows) => {
+      const { fused, separate, expected } = await runSwiglu(gt, ut, rows, undefined, ctx.gpu, QWEN3_K);
       expect(maxToleranceRatio(fused, expected, 1e-4, 1e-4)).toBeLessThanOrEqual(1);
       expect(fused).toEqual(separate);
     },

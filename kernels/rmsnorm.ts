@@ -1,3 +1,4 @@
+import { InvalidRequestError } from '../runtime/errors.ts';
 import type { GpuContext } from '../runtime/gpu/device.ts';
 import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from './dispatch.ts';
 import { rmsnormWgsl } from './rmsnorm.wgsl.ts';
@@ -16,6 +17,9 @@ export interface RmsNormBinding {
  * q/k norm, the one in-place use, is done by the RoPE dispatch, kernels/rope.ts).
  */
 export function prepareRmsNorm(gpu: GpuContext, label: string, b: RmsNormBinding, source?: string): PreparedDispatch {
+  if (b.input === b.output) {
+    throw new InvalidRequestError(`RMSNorm '${label}' cannot write its input in place; give it another output buffer.`);
+  }
   const pipeline = computePipeline(gpu, 'rmsnorm', source ?? rmsnormWgsl);
   const params = uniformBuffer(gpu, `${label}.params`, [b.rows, b.dim, b.eps, 0], 'uufu');
   return {

@@ -99,6 +99,7 @@ describe('rope kernel', () => {
     ['neox', 5, 4, 64, 64, 17],
     ['neox', 3, 2, 64, 32, 5], // partial rotary dims: the rest normalized only
     ['normal', 2, 3, 256, 256, 90], // the largest head the workgroup holds
+    ['neox', 2048, 32, 8, 8, 0], // 98,304 heads: more workgroups than one grid dimension holds
   ] as const)(
     'with per-head RMSNorm first (Qwen3), %s layout matches norm then RoPE (%i tokens, %i q heads, head_dim %i, rope_dim %i, pos %i)',
     async (layout, tokens, heads, headDim, ropeDim, position) => {

@@ -1,4 +1,4 @@
-import { InvalidRequestError } from '../runtime/errors.ts';
+import { UnsupportedModelError } from '../runtime/errors.ts';
 import type { GpuContext } from '../runtime/gpu/device.ts';
 import {
   bindBuffers,
@@ -38,7 +38,7 @@ export interface RopeBinding {
 export function prepareRope(gpu: GpuContext, label: string, b: RopeBinding, source?: string): PreparedDispatch {
   const norm = b.headNorm;
   if (norm && b.headDim > ROPE_HEAD_NORM_MAX_DIM) {
-    throw new InvalidRequestError(
+    throw new UnsupportedModelError(
       `RoPE '${label}' normalizes heads of at most ${ROPE_HEAD_NORM_MAX_DIM} dims, got ${b.headDim}.`,
     );
   }

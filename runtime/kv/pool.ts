@@ -32,8 +32,8 @@
  *   in the SAME submit as the step's forward, before that layer's attention, with no extra submit and no engine hook.
  *   (Deviation from the first design, which had the engine call `encodePendingDemotions(encoder)`: the engine
  *   records forwards in several places (generation, teacher forcing, calibration) and any one that forgot the call
- *   would read unwritten quant pages. The cost is a fixed grid of ceil(maxTokens/pageTokens)+1 pages of rows per
- *   layer whose workgroups exit at once when the step has no job.)
+ *   would read unwritten quant pages. A step with no job leaves the dispatch out (its `idle`, from `stepDemotions`),
+ *   so a graph must be encoded after its step's `writeStep`, as every forward already is.)
  * - A demoted f16 page whose last owner let go is "retiring": it returns to the free list only at the next
  *   `writeStep`, i.e. after the submit that reads it, so no copy (fork / copy-on-write) can overwrite it first.
  * - Writing into a quant page (a rewrite after `truncate` into the quantized region) first PROMOTES it: a private f16
