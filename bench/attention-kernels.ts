@@ -145,6 +145,21 @@ const PHASE_ABLATIONS: Variant[] = [
 const QUANT_VARIANTS: Variant[] = [
   { name: 'split', decodeKernel: false },
   { name: 'decode', decodeKernel: true },
+  // Other numbers of keys per value batch (registers held across the loads): same results, checked like the build.
+  ...[4, 2].map(
+    (batch): Variant => ({
+      name: `decode-batch${batch}`,
+      decodeKernel: true,
+      sources: decodeEdit((c) =>
+        c.replace(/const BATCH: u32 = \d+u;/, `const BATCH: u32 = ${batch}u;`).replace(
+          /var vals: array<vec4<f32>, (\d+)>;/,
+          // vec4s per key: the array's size over the build's own batch.
+          (_, n) =>
+            `var vals: array<vec4<f32>, ${(Number(n) / Number(/const BATCH: u32 = (\d+)u;/.exec(c)?.[1])) * batch}>;`,
+        ),
+      ),
+    }),
+  ),
   // Ablations: quant value loads replaced by a constant; quant key code loads replaced by a constant.
   {
     name: 'abl-noQuantV',

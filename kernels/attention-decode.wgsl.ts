@@ -92,7 +92,11 @@ export function attentionDecodeSource(shape: AttentionDecodeShape): string {
   const DIMS = 2 * WPT;
   const TPK = PAIRS / WPT; // invocations per key
   const KS = WG / TPK; // key slices
-  const BATCH = WPT === 4 ? 4 : 8; // keys whose values are loaded before any is used
+  // Keys whose values are loaded before any is used. A quant build with one row group takes one key at a time: it
+  // holds both page kinds' value code, and the registers a batch holds across its loads cost it occupancy (H200,
+  // one layer at 32K keys: Qwen3-4B 127.5 -> 109.1 us, Llama-3.2-1B 77.3 -> 72.6 us; f16 builds did not gain from
+  // smaller batches in session 4).
+  const BATCH = quant && RG === 1 ? 1 : WPT === 4 ? 4 : 8;
   const SUB = attentionDecodeSubKeys(ROWS);
   // Key slices summed per round of the combine: sc holds SUB·RG vec4s, one slice's accumulators HD·RG.
   const SPR = Math.floor(SUB / HD);
