@@ -224,7 +224,9 @@ function ChatApp() {
             setReply({ content });
           }
           if (choice?.finish_reason) finish = choice.finish_reason;
-          if (now - sampleAt >= SAMPLE_EVERY_MS) {
+          // The reply's last, shorter interval is a sample too: a reply of a few tokens still draws its curve.
+          const last = choice?.finish_reason != null && tokens > sampleTokens && now > sampleAt;
+          if (now - sampleAt >= SAMPLE_EVERY_MS || last) {
             series.push({ t: now, tps: ((tokens - sampleTokens) * 1000) / (now - sampleAt) });
             if (series.length > MAX_SAMPLES) series.shift();
             sampleAt = now;
