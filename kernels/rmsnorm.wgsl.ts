@@ -1,3 +1,24 @@
+/**
+ * WGSL `rmsScale(sum, lid, dim, eps)`: 1 / sqrt(mean of squares + eps) of a row of `dim` values whose squares the
+ * `threads` invocations of a workgroup (a power of two) summed in parts, `sum` each, by a tree reduction in workgroup
+ * memory. Call it from uniform control flow (it holds barriers). Shared by the RMSNorm kernel and Qwen3's per-head
+ * norm in the RoPE dispatch (kernels/rope.wgsl.ts).
+ */
+export function rmsScaleWgsl(threads: number): string {
+  return /* wgsl */ `
+var<workgroup> rmsPartial: array<f32, ${threads}>;
+fn rmsScale(sum: f32, lid: u32, dim: f32, eps: f32) -> f32 {
+  rmsPartial[lid] = sum;
+  workgroupBarrier();
+  for (var stride = ${threads / 2}u; stride > 0u; stride /= 2u) {
+    if (lid < stride) { rmsPartial[lid] += rmsPartial[lid + stride]; }
+    workgroupBarrier();
+  }
+  return inverseSqrt(rmsPartial[0] / dim + eps);
+}
+`;
+}
+
 /** RMSNorm over rows: y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight. One workgroup per row. */
 export const rmsnormWgsl = /* wgsl */ `
 struct Params { rows: u32, dim: u32, eps: f32, _pad: u32 }
@@ -8,8 +29,7 @@ struct Params { rows: u32, dim: u32, eps: f32, _pad: u32 }
 @group(0) @binding(3) var<uniform> params: Params;
 
 const WG: u32 = 256u;
-var<workgroup> partial: array<f32, WG>;
-
+${rmsScaleWgsl(256)}
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
   let row = wg.x;
@@ -20,13 +40,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     let v = x[base + i];
     sum += v * v;
   }
-  partial[lid.x] = sum;
-  workgroupBarrier();
-  for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-    if (lid.x < stride) { partial[lid.x] += partial[lid.x + stride]; }
-    workgroupBarrier();
-  }
-  let scale = inverseSqrt(partial[0] / f32(params.dim) + params.eps);
+  let scale = rmsScale(sum, lid.x, f32(params.dim), params.eps);
   for (var i = lid.x; i < params.dim; i += WG) {
     y[base + i] = x[base + i] * scale * weight[i];
   }

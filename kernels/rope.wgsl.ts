@@ -1,3 +1,5 @@
+import { rmsScaleWgsl } from './rmsnorm.wgsl.ts';
+
 /**
  * Rotary position embedding, in place, on a step's q and k in one dispatch: rows of `heads * headDim` f32 values
  * in q and of `kvHeads * headDim` in k. Row t has position `step.position + t`. Only the first `ropeDim` dims of each
@@ -78,8 +80,7 @@ export const ropeHeadNormWgsl = /* wgsl */ `${ropeCommonWgsl}
 
 const WG: u32 = 64u;
 var<workgroup> row: array<f32, ${ROPE_HEAD_NORM_MAX_DIM}>;
-var<workgroup> partial: array<f32, WG>;
-
+${rmsScaleWgsl(64)}
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
@@ -99,13 +100,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     row[i] = v;
     sum += v * v;
   }
-  partial[lid] = sum;
-  workgroupBarrier();
-  for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-    if (lid < stride) { partial[lid] += partial[lid + stride]; }
-    workgroupBarrier();
-  }
-  let scale = inverseSqrt(partial[0] / f32(d) + params.eps);
+  let scale = rmsScale(sum, lid, f32(d), params.eps);
   for (var i = lid; i < d; i += WG) {
     var w: f32;
     if (inQ) { w = qNorm[i]; } else { w = kNorm[i]; }
