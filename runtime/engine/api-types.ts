@@ -60,8 +60,14 @@ export type FinishReason = 'stop' | 'length' | 'abort';
 export type ModelSource = string | URL | Blob;
 
 export interface EngineLoadOptions extends KvCacheOptions {
-  /** Tokens per prefill submit (default 128). */
+  /** Tokens per prefill submit (default 128; 512 where the prefill runs on int8 tensor cores). */
   prefillChunk?: number;
+  /**
+   * Prefill projections: 'auto' (default) runs them on int8 tensor cores where the GPU offers them (Dawn's
+   * experimental subgroup matrices: Chrome with --enable-unsafe-webgpu; activations quantized per 32 elements, as
+   * llama.cpp does); 'f32' keeps the f32 kernels.
+   */
+  prefillMatmul?: 'auto' | 'f32';
   /**
    * rotation 'calibrated' on a model without fitted rotations: 'background' (default) loads with 'hadamard' and,
    * between requests, fits rotations and clip quantiles on text the model writes itself, caches them under the
@@ -206,7 +212,7 @@ export interface AdapterStats {
   isFallbackAdapter: boolean;
   subgroupMinSize?: number;
   subgroupMaxSize?: number;
-  features: { shaderF16: boolean; subgroups: boolean; timestampQuery: boolean };
+  features: { shaderF16: boolean; subgroups: boolean; timestampQuery: boolean; subgroupMatrixI8: boolean };
   maxBufferSize: number;
   maxStorageBufferBindingSize: number;
 }

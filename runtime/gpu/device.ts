@@ -19,13 +19,44 @@ const REQUESTED_LIMITS = [
 type RequestedLimit = (typeof REQUESTED_LIMITS)[number];
 export type GpuLimits = Record<RequestedLimit, number>;
 
-/** Optional features used as fast paths; nothing requires them. */
-const OPTIONAL_FEATURES = ['shader-f16', 'subgroups', 'timestamp-query'] as const;
+/**
+ * Optional features used as fast paths; nothing requires them. Subgroup matrices (tensor cores) are Dawn's
+ * experimental feature: offered only with `allow_unsafe_apis` (Node: runtime/gpu/node.ts; Chrome:
+ * --enable-unsafe-webgpu).
+ */
+const SUBGROUP_MATRIX = 'chromium-experimental-subgroup-matrix';
+const OPTIONAL_FEATURES = ['shader-f16', 'subgroups', 'timestamp-query', SUBGROUP_MATRIX] as const;
 
 export interface GpuFeatures {
   shaderF16: boolean;
   subgroups: boolean;
   timestampQuery: boolean;
+  /**
+   * i8 x i8 -> i32 subgroup matrices of 16x16x32 on subgroups of exactly 32 invocations: the int8 prefill matmul
+   * (kernels/matmul-int8.ts) runs on them.
+   */
+  subgroupMatrixI8: boolean;
+}
+
+interface SubgroupMatrixConfig {
+  componentType: string;
+  resultComponentType: string;
+  M: number;
+  N: number;
+  K: number;
+}
+
+function hasI8SubgroupMatrix(adapter: GPUAdapter, device: GPUDevice): boolean {
+  if (!device.features.has(SUBGROUP_MATRIX)) return false;
+  const info = adapter.info as GPUAdapterInfo & {
+    subgroupMatrixConfigs?: readonly SubgroupMatrixConfig[];
+    subgroupMinSize?: number;
+    subgroupMaxSize?: number;
+  };
+  if (info.subgroupMinSize !== 32 || info.subgroupMaxSize !== 32) return false;
+  return (info.subgroupMatrixConfigs ?? []).some(
+    (c) => c.componentType === 'i8' && c.resultComponentType === 'i32' && c.M === 16 && c.N === 16 && c.K === 32,
+  );
 }
 
 export interface AdapterSummary {
@@ -144,7 +175,11 @@ export async function acquireGpu(options: AcquireOptions = {}): Promise<GpuConte
   }
   const requiredLimits: Record<string, number> = {};
   for (const name of REQUESTED_LIMITS) requiredLimits[name] = adapter.limits[name];
-  const requiredFeatures = OPTIONAL_FEATURES.filter((f) => adapter.features.has(f)) as GPUFeatureName[];
+  const offered = OPTIONAL_FEATURES.filter((f) => adapter.features.has(f));
+  // Subgroup matrices need subgroups on the device too.
+  const requiredFeatures = offered.filter(
+    (f) => f !== SUBGROUP_MATRIX || offered.includes('subgroups'),
+  ) as GPUFeatureName[];
   const device = await adapter.requestDevice({ requiredLimits, requiredFeatures, label: 'longtab' });
   const limits = {} as GpuLimits;
   for (const name of REQUESTED_LIMITS) limits[name] = device.limits[name];
@@ -152,6 +187,7 @@ export async function acquireGpu(options: AcquireOptions = {}): Promise<GpuConte
     shaderF16: device.features.has('shader-f16'),
     subgroups: device.features.has('subgroups'),
     timestampQuery: device.features.has('timestamp-query'),
+    subgroupMatrixI8: device.features.has('subgroups') && hasI8SubgroupMatrix(adapter, device),
   };
   return new GpuContext(device, summarizeAdapter(adapter), limits, features, options.onError);
 }
