@@ -302,6 +302,11 @@ export function matvecUnitsPerBlock(type: GgmlType): number {
   return typeWgsl(type).units;
 }
 
+/** The helpers that decode packed weight words (f16 scales, bytes, Q4_K's 6-bit scales; needs `w: array<u32>`). */
+export function weightDecodeWgsl(): string {
+  return common + weightHelpers;
+}
+
 /** The dequantizing functions of a type (needs `w: array<u32>` declared). */
 export function dequantWgsl(type: GgmlType): string {
   return common + weightHelpers + typeWgsl(type).dq4;

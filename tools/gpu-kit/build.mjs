@@ -8,6 +8,8 @@
  *   .gpu/profile.mjs       bench/profile-decode.ts the same way (per-kernel decode timings)
  *   .gpu/attention-kernels.mjs  bench/attention-kernels.ts (decode or prefill attention kernels side by side, one layer)
  *   .gpu/int8-dot-probe.mjs     bench/int8-dot-probe.ts (peak f32 fma against dot4I8Packed)
+ *   .gpu/int8-matmul.mjs   bench/int8-matmul.ts (the tensor-core int8 matmul: its randomized checks, then its speed
+ *                          against the f32 kernels)
  *   .gpu/longtab.mjs       the longtab CLI (tools/gpu-kit/longtab-cli.ts): evaluations on the GPU host
  *   .gpu/llama-kit.tar.xz  node_modules/node-llama-cpp (its JS bundled into one dist/index.js, plus package.json and
  *                          the llama/ metadata files it reads) and @node-llama-cpp/linux-x64-vulkan (the prebuilt
@@ -86,6 +88,7 @@ try {
   await benchBuild('profile-decode.ts', 'profile.mjs');
   await benchBuild('attention-kernels.ts', 'attention-kernels.mjs');
   await benchBuild('int8-dot-probe.ts', 'int8-dot-probe.mjs');
+  await benchBuild('int8-matmul.ts', 'int8-matmul.mjs');
   await benchBuild('tools/gpu-kit/longtab-cli.ts', 'longtab.mjs');
 } catch {
   log(

@@ -1,0 +1,201 @@
+/**
+ * The tensor-core int8 matmul (kernels/matmul-int8.ts) on a GPU that has i8 subgroup matrices:
+ * 1. the randomized comparisons of kernels/matmul-int8.test.ts (CI's adapters cannot run them), every case, and
+ * 2. its speed at the prefill shapes of the bench's models against the f32 tiled kernels (prepareMatmul's default
+ *    variant), the quantization of the activations included: µs per matmul and TFLOPS (2·N·K·T / time).
+ *
+ *   node bench/int8-matmul.ts [--out results.json] [--tokens 128,512] [--skip-check] [--skip-timing] [--ablate]
+ *
+ * Timing: bench/gpu-timing.ts (the dispatches recorded n and 5n times into one pass: per-run time without the
+ * submit's round trip). Exit code 1 when a check fails.
+ */
+import { writeFileSync } from 'node:fs';
+import { releaseDispatches } from '../kernels/dispatch.ts';
+import { defaultMatmulVariant, prepareMatmul } from '../kernels/matmul.ts';
+import {
+  createInt8Activations,
+  defaultInt8Variant,
+  prepareInt8Matmul,
+  prepareQuantizeActivations,
+  releaseInt8Activations,
+} from '../kernels/matmul-int8.ts';
+import { INT8_MATMUL_TILES, type Int8MatmulVariant } from '../kernels/matmul-int8.wgsl.ts';
+import { randomWeightBytes } from '../kernels/reference/dequantize.ts';
+import { releaseWeight, uploadWeightFromBytes } from '../kernels/weights.ts';
+import { GGML_TYPE_INFO, GgmlType } from '../runtime/gguf/types.ts';
+import { acquireGpu } from '../runtime/gpu/device.ts';
+import { nodeGpu, releaseNodeGpu } from '../runtime/gpu/node.ts';
+import { INT8_MATMUL_CASES, INT8_MATMUL_TYPES, runInt8MatmulCase } from '../test/int8-matmul-case.ts';
+import { randomFloats, seededRandom } from '../test/random.ts';
+import { timeDispatches } from './gpu-timing.ts';
+
+/** [model, matrix, K, N]: the prefill matmuls of the bench's models. */
+const SHAPES: [string, string, number, number][] = [
+  ['Qwen2.5-0.5B', 'q/o', 896, 896],
+  ['Qwen2.5-0.5B', 'gate/up', 896, 4864],
+  ['Qwen2.5-0.5B', 'down', 4864, 896],
+  ['Llama-3.2-1B', 'q/o', 2048, 2048],
+  ['Llama-3.2-1B', 'k/v', 2048, 512],
+  ['Llama-3.2-1B', 'gate/up', 2048, 8192],
+  ['Llama-3.2-1B', 'down', 8192, 2048],
+  ['Qwen3-4B', 'q', 2560, 4096],
+  ['Qwen3-4B', 'gate/up', 2560, 9728],
+  ['Qwen3-4B', 'down', 9728, 2560],
+];
+
+function arg(name: string): string | undefined {
+  const i = process.argv.indexOf(name);
+  return i >= 0 ? process.argv[i + 1] : undefined;
+}
+
+/**
+ * Where the 64x64 kernel's time goes, at Llama-3.2-1B's gate/up shape over 512 tokens: the kernel with one phase
+ * cut down (outputs are wrong; timing only).
+ */
+const ABLATIONS: [string, (code: string) => string][] = [
+  ['full', (code) => code],
+  [
+    'no-apply (one output row per tile)',
+    (code) =>
+      code.replaceAll(
+        'for (var r = 0u; r < 8u; r++) {\n            let a =',
+        'for (var r = 0u; r < 1u; r++) {\n            let a =',
+      ),
+  ],
+  [
+    'no-weight-decode (constant codes)',
+    (code) =>
+      code
+        .replace('wnext[u] = code_word(base, b, word);', 'wnext[u] = base + b + w[0];')
+        .replace('sahead[u] = code_scale(base, b + word);', 'sahead[u] = vec2<f32>(f32(base), 0.0);'),
+  ],
+];
+
+async function ablate(gpu: Awaited<ReturnType<typeof acquireGpu>>) {
+  const [K, N, tokens] = [2048, 8192, 512];
+  const random = seededRandom(5);
+  for (const type of [GgmlType.Q4_0, GgmlType.Q4_K]) {
+    const weight = uploadWeightFromBytes(gpu, 'w', type, [K, N], randomWeightBytes(type, K * N, random));
+    const input = gpu.allocator.createStorage('x', 'scratch', randomFloats(random, tokens * K, 1));
+    const output = gpu.allocator.createStorage('y', 'scratch', tokens * N * 4);
+    const activations = createInt8Activations(gpu, 'int8', tokens, K);
+    const quantize = prepareQuantizeActivations(gpu, 'quantize', { input, activations, tokens, K });
+    for (const variant of ['64x64', '32x32'] as Int8MatmulVariant[]) {
+      for (const [name, transform] of ABLATIONS) {
+        const int8 = prepareInt8Matmul(gpu, 'int8', { weight, activations, output, tokens }, variant, transform);
+        const ms = await timeDispatches(gpu, int8, 20);
+        console.log(
+          `ablation ${GGML_TYPE_INFO[type]?.name} ${variant} ${name}: ${(ms * 1000).toFixed(1)} µs (${((2 * N * K * tokens) / ms / 1e9).toFixed(1)} TF)`,
+        );
+        releaseDispatches(gpu, int8);
+      }
+    }
+    gpu.throwIfErrors();
+    releaseDispatches(gpu, [quantize]);
+    releaseInt8Activations(gpu, activations);
+    gpu.allocator.release(input);
+    gpu.allocator.release(output);
+    releaseWeight(gpu, weight);
+  }
+}
+
+async function main() {
+  const gpu = await acquireGpu({ gpu: await nodeGpu() });
+  const a = gpu.adapter;
+  console.log(`adapter: ${a.vendor} ${a.device} (${a.description}); features ${JSON.stringify(gpu.features)}`);
+  console.log(`maxComputeWorkgroupStorageSize ${gpu.limits.maxComputeWorkgroupStorageSize}`);
+  const result: Record<string, unknown> = {
+    date: new Date().toISOString(),
+    commit: process.env.LONGTAB_BENCH_COMMIT ?? 'unknown',
+    adapter: a,
+    features: gpu.features,
+  };
+  if (!gpu.features.subgroupMatrixI8) {
+    console.log('this adapter has no i8 subgroup matrices: nothing to run');
+    process.exitCode = 1;
+    return;
+  }
+  let failed = 0;
+  if (!process.argv.includes('--skip-check')) {
+    const checks = [];
+    for (const [name, type, K] of INT8_MATMUL_TYPES) {
+      for (const c of INT8_MATMUL_CASES) {
+        const r = await runInt8MatmulCase(gpu, type, K, c);
+        gpu.throwIfErrors();
+        const pass = r.error <= 1 && r.codeDistance <= 1;
+        if (!pass) failed++;
+        checks.push({ type: name, K, ...c, ...r, pass });
+        console.log(
+          `${pass ? 'ok  ' : 'FAIL'} ${name} K=${K} N=${c.rows} T=${c.tokens} ${c.variant}${c.bias ? ' bias' : ''}` +
+            `${c.accumulate ? ' acc' : ''}${c.maxRowsPerPart ? ` parts<=${c.maxRowsPerPart}` : ''}: error ${r.error.toFixed(3)}, ` +
+            `codes ±${r.codeDistance} (${r.codeMismatches}), int8 vs f32 activations ${r.quantizationError.toExponential(2)}`,
+        );
+      }
+    }
+    result.checks = checks;
+    console.log(`${checks.length - failed}/${checks.length} checks pass`);
+  }
+  if (process.argv.includes('--ablate')) await ablate(gpu);
+  if (process.argv.includes('--skip-timing')) {
+    if (failed) process.exitCode = 1;
+    return;
+  }
+  const tokensList = (arg('--tokens') ?? '128,512').split(',').map(Number);
+  const variants = Object.keys(INT8_MATMUL_TILES) as Int8MatmulVariant[];
+  const timings = [];
+  for (const weightType of [GgmlType.Q4_K, GgmlType.Q4_0]) {
+    for (const [model, matrix, K, N] of SHAPES) {
+      // Q4_K needs rows of whole 256-element blocks (llama.cpp quantizes Qwen2.5-0.5B's 896 otherwise).
+      if (weightType === GgmlType.Q4_K && K % 256 !== 0) continue;
+      const random = seededRandom(K * 7 + N);
+      const weight = uploadWeightFromBytes(gpu, 'w', weightType, [K, N], randomWeightBytes(weightType, K * N, random));
+      for (const tokens of tokensList) {
+        const input = gpu.allocator.createStorage('x', 'scratch', randomFloats(random, tokens * K, 1));
+        const output = gpu.allocator.createStorage('y', 'scratch', tokens * N * 4);
+        const activations = createInt8Activations(gpu, 'int8', tokens, K);
+        const f32 = prepareMatmul(gpu, 'f32', { weight, input, output, tokens });
+        const reps = 20;
+        const f32Ms = await timeDispatches(gpu, f32, reps);
+        const quantize = prepareQuantizeActivations(gpu, 'quantize', { input, activations, tokens, K });
+        const quantizeMs = await timeDispatches(gpu, [quantize], reps);
+        const row: Record<string, unknown> = {
+          weights: GGML_TYPE_INFO[weightType]?.name,
+          model,
+          matrix,
+          K,
+          N,
+          tokens,
+          f32Variant: defaultMatmulVariant(N, tokens),
+          f32Us: f32Ms * 1000,
+          quantizeUs: quantizeMs * 1000,
+          defaultInt8: defaultInt8Variant(gpu, weight, tokens),
+        };
+        const flops = 2 * N * K * tokens;
+        let line = `${row.weights} ${model} ${matrix} ${K}x${N} T=${tokens}: f32 ${(f32Ms * 1000).toFixed(1)} µs (${(flops / f32Ms / 1e9).toFixed(1)} TF), quantize ${(quantizeMs * 1000).toFixed(1)} µs`;
+        for (const variant of variants) {
+          const int8 = prepareInt8Matmul(gpu, 'int8', { weight, activations, output, tokens }, variant);
+          const ms = await timeDispatches(gpu, [quantize, ...int8], reps);
+          row[`int8_${variant}Us`] = ms * 1000;
+          line += `, ${variant} ${(ms * 1000).toFixed(1)} µs (${(flops / ms / 1e9).toFixed(1)} TF, ${(f32Ms / ms).toFixed(2)}x)`;
+          releaseDispatches(gpu, int8);
+        }
+        gpu.throwIfErrors();
+        console.log(line);
+        timings.push(row);
+        releaseDispatches(gpu, [...f32, quantize]);
+        releaseInt8Activations(gpu, activations);
+        gpu.allocator.release(input);
+        gpu.allocator.release(output);
+      }
+      releaseWeight(gpu, weight);
+    }
+  }
+  result.timings = timings;
+  const out = arg('--out');
+  if (out) writeFileSync(out, `${JSON.stringify(result, null, 2)}\n`);
+  if (failed) process.exitCode = 1;
+  gpu.destroy();
+  releaseNodeGpu();
+}
+
+await main();

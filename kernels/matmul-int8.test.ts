@@ -1,0 +1,74 @@
+import { describe, expect, it } from 'vitest';
+import { readBuffer, readFloat32 } from '../runtime/gpu/readback.ts';
+import { withTestGpu } from '../test/gpu.ts';
+import { INT8_MATMUL_CASES, INT8_MATMUL_TYPES, runInt8MatmulCase } from '../test/int8-matmul-case.ts';
+import { randomFloats, seededRandom } from '../test/random.ts';
+import { releaseDispatches, submitDispatches } from './dispatch.ts';
+import {
+  createInt8Activations,
+  INT8_TOKEN_PADDING,
+  prepareQuantizeActivations,
+  releaseInt8Activations,
+} from './matmul-int8.ts';
+import { quantizeActivationsReference } from './reference/matmul-int8.ts';
+
+const ctx = withTestGpu();
+
+// The quantizer is plain WGSL: it runs on every adapter.
+describe('int8 activation quantizer', () => {
+  it.each([
+    [67, 288],
+    [1, 2048],
+    [130, 96],
+  ])('tokens=%i, K=%i: codes and scales as the CPU quantizer, padded token rows zero', async (tokens, K) => {
+    const { gpu } = ctx;
+    const random = seededRandom(tokens * 131 + K);
+    const x = randomFloats(random, tokens * K, 2);
+    x[5] = 0; // a block's zero stays zero; a whole zero block gets d = 0
+    x.fill(0, 32, 64);
+    const input = gpu.allocator.createStorage('x', 'scratch', x);
+    const activations = createInt8Activations(gpu, 'int8', tokens, K);
+    // Stale codes from an earlier, longer chunk must not survive in the padding.
+    gpu.device.queue.writeBuffer(activations.codes, 0, new Uint8Array(activations.codes.size).fill(0x55));
+    const dispatch = prepareQuantizeActivations(gpu, 'quantize', { input, activations, tokens, K });
+    submitDispatches(gpu, 'quantize', [dispatch]);
+    const padded = Math.ceil(tokens / INT8_TOKEN_PADDING) * INT8_TOKEN_PADDING;
+    const codes = new Int8Array(await readBuffer(gpu, activations.codes, padded * K));
+    const scales = await readFloat32(gpu, activations.scales, (padded * K) / 16);
+    releaseDispatches(gpu, [dispatch]);
+    releaseInt8Activations(gpu, activations);
+    gpu.allocator.release(input);
+    const expected = quantizeActivationsReference(x, tokens, K);
+    let mismatches = 0;
+    for (let i = 0; i < tokens * K; i++) {
+      const d = Math.abs(codes[i] - expected.codes[i]);
+      expect(d).toBeLessThanOrEqual(1);
+      if (d) mismatches++;
+    }
+    expect(mismatches).toBeLessThanOrEqual(Math.ceil(tokens * K * 1e-3));
+    for (let i = 0; i < expected.scales.length; i += 2) {
+      expect(Math.abs(scales[i] - expected.scales[i])).toBeLessThanOrEqual(1e-6 * expected.scales[i]);
+      // d·Σq from the GPU's own codes.
+      let sum = 0;
+      for (let e = 0; e < 32; e++) sum += codes[16 * i + e];
+      expect(scales[i + 1]).toBeCloseTo(Math.fround(scales[i] * sum), 5);
+    }
+    expect(scales[2]).toBe(0); // the zero block
+    expect(codes.subarray(tokens * K).every((c) => c === 0)).toBe(true);
+    expect(scales.subarray((tokens * K) / 16).every((s) => s === 0)).toBe(true);
+  });
+});
+
+// The matmul needs i8 subgroup matrices (tensor cores): CI's lavapipe has none, so these cases skip there and run on
+// the H200 through bench/int8-matmul.ts, which executes the same list.
+describe.each(INT8_MATMUL_TYPES)('int8 matmul over %s weights', (name, type, K) => {
+  it.for(INT8_MATMUL_CASES)(`${name}: K=${K}, N=$rows, tokens=$tokens, bias=$bias, $variant`, async (c, context) => {
+    if (!ctx.gpu.features.subgroupMatrixI8) {
+      console.warn(`SKIPPED: ${ctx.gpu.adapter.description} has no i8 subgroup matrices (run bench/int8-matmul.ts)`);
+      context.skip();
+    }
+    const result = await runInt8MatmulCase(ctx.gpu, type, K, c);
+    expect(result.codeDistance).toBeLessThanOrEqual(1);
+    expect(result.error).toBeLessThanOrEqual(1);
+  });
+});

@@ -1,0 +1,167 @@
+import { InvalidRequestError } from '../runtime/errors.ts';
+import { GgmlType } from '../runtime/gguf/types.ts';
+import type { GpuContext } from '../runtime/gpu/device.ts';
+import {
+  bindBuffers,
+  computePipeline,
+  linearInvocationGrid,
+  type PreparedDispatch,
+  uniformBuffer,
+} from './dispatch.ts';
+import { foldWorkgroups, requireBytes } from './matmul.ts';
+import {
+  INT8_MATMUL_TILES,
+  type Int8MatmulVariant,
+  int8MatmulSupportsType,
+  int8MatmulWgsl,
+  int8TileShape,
+  int8WorkgroupBytes,
+  QUANTIZE_ACTIVATIONS_WORKGROUP,
+  quantizeActivationsWgsl,
+} from './matmul-int8.wgsl.ts';
+import { type GpuWeight, packedRowWords } from './weights.ts';
+
+/** Token rows of the activation codes are padded to this (the largest tile's tokens). */
+export const INT8_TOKEN_PADDING = 64;
+
+/** The int8 activations of one matmul input: codes [paddedTokens, K] (4 per word) and (d, d·Σq) per 32-block. */
+export interface Int8Activations {
+  codes: GPUBuffer;
+  scales: GPUBuffer;
+  /** Capacity: tokens (a multiple of INT8_TOKEN_PADDING) and K the buffers were sized for. */
+  tokens: number;
+  K: number;
+}
+
+function paddedTokens(tokens: number): number {
+  return Math.ceil(tokens / INT8_TOKEN_PADDING) * INT8_TOKEN_PADDING;
+}
+
+/** Scratch for the activations of matmuls over up to `tokens` tokens and rows of up to `K` elements. */
+export function createInt8Activations(gpu: GpuContext, label: string, tokens: number, K: number): Int8Activations {
+  const padded = paddedTokens(tokens);
+  return {
+    codes: gpu.allocator.createStorage(`${label}.codes`, 'scratch', padded * K),
+    scales: gpu.allocator.createStorage(`${label}.scales`, 'scratch', padded * (K / 32) * 8),
+    tokens: padded,
+    K,
+  };
+}
+
+export function releaseInt8Activations(gpu: GpuContext, a: Int8Activations): void {
+  gpu.allocator.release(a.codes);
+  gpu.allocator.release(a.scales);
+}
+
+/** Whether this device runs the int8 matmul for weights of `type`. */
+export function int8MatmulAvailable(gpu: GpuContext, type: GgmlType, variant: Int8MatmulVariant = '32x32'): boolean {
+  return (
+    gpu.features.subgroupMatrixI8 &&
+    int8MatmulSupportsType(type) &&
+    int8WorkgroupBytes(INT8_MATMUL_TILES[variant]) <= gpu.limits.maxComputeWorkgroupStorageSize
+  );
+}
+
+/**
+ * The tile for a weight over `tokens` tokens, from the H200's measurements (bench/int8-matmul.ts): 64x64 wins once
+ * its grid has 256 workgroups and K is 2048 or more, except for the K-quants, whose scales cost the bigger tile more.
+ */
+export function defaultInt8Variant(gpu: GpuContext, weight: GpuWeight, tokens: number): Int8MatmulVariant {
+  const grid = Math.ceil(weight.rows / 64) * Math.ceil(tokens / 64);
+  const big =
+    weight.type !== GgmlType.Q4_K &&
+    weight.type !== GgmlType.Q5_K &&
+    grid >= 256 &&
+    weight.rowLength >= 2048 &&
+    int8WorkgroupBytes(INT8_MATMUL_TILES['64x64']) <= gpu.limits.maxComputeWorkgroupStorageSize;
+  return big ? '64x64' : '32x32';
+}
+
+export interface QuantizeActivationsBinding {
+  /** f32 [tokens, K] */
+  input: GPUBuffer;
+  activations: Int8Activations;
+  tokens: number;
+  K: number;
+}
+
+/** x -> int8 codes per 32-element block (kernels/matmul-int8.wgsl.ts); token rows past `tokens` get zeros. */
+export function prepareQuantizeActivations(
+  gpu: GpuContext,
+  label: string,
+  b: QuantizeActivationsBinding,
+): PreparedDispatch {
+  const { activations: a, tokens, K } = b;
+  if (K % 32 !== 0 || K > a.K || tokens > a.tokens || tokens < 1) {
+    throw new InvalidRequestError(
+      `'${label}': int8 activations of ${tokens} tokens x ${K} do not fit ${a.tokens} x ${a.K} (K a multiple of 32).`,
+    );
+  }
+  requireBytes(label, 'input', b.input, tokens * K * 4);
+  const padded = paddedTokens(tokens);
+  const pipeline = computePipeline(gpu, 'quantize-activations', quantizeActivationsWgsl());
+  const params = uniformBuffer(gpu, `${label}.params`, [K, tokens, padded, 0], 'uuuu');
+  return {
+    label,
+    pipeline,
+    bindGroup: bindBuffers(gpu, label, pipeline, [b.input, a.codes, a.scales, params]),
+    workgroups: linearInvocationGrid((padded * K) / 32, QUANTIZE_ACTIVATIONS_WORKGROUP),
+    owned: [params],
+  };
+}
+
+export interface Int8MatmulBinding {
+  weight: GpuWeight;
+  /** Quantized by prepareQuantizeActivations over the same tokens and K = weight.rowLength. */
+  activations: Int8Activations;
+  /** f32 [tokens, N] */
+  output: GPUBuffer;
+  tokens: number;
+  bias?: GPUBuffer;
+  accumulate?: boolean;
+}
+
+/** y[t, n] = Σ_k W[n, k]·x[t, k] (+ bias) from int8 activations: one dispatch per weight part. */
+export function prepareInt8Matmul(
+  gpu: GpuContext,
+  label: string,
+  b: Int8MatmulBinding,
+  variant: Int8MatmulVariant = defaultInt8Variant(gpu, b.weight, b.tokens),
+  transformSource?: (code: string) => string,
+): PreparedDispatch[] {
+  const { weight, tokens } = b;
+  const K = weight.rowLength;
+  if (!int8MatmulAvailable(gpu, weight.type, variant)) {
+    throw new InvalidRequestError(`'${label}': this device has no int8 matmul for these weights.`);
+  }
+  if (tokens > b.activations.tokens || K > b.activations.K) {
+    throw new InvalidRequestError(`'${label}': ${tokens} tokens x ${K} exceed the int8 activations' capacity.`);
+  }
+  requireBytes(label, 'output', b.output, tokens * weight.rows * 4);
+  if (b.bias) requireBytes(label, 'bias', b.bias, weight.rows * 4);
+  const tile = INT8_MATMUL_TILES[variant];
+  const shape = int8TileShape(tile);
+  const code = int8MatmulWgsl(weight.type, b.bias !== undefined, tile, b.accumulate ?? false);
+  const pipeline = computePipeline(gpu, `matmul-int8 ${variant}`, transformSource ? transformSource(code) : code);
+  const rowWords = packedRowWords(weight.type, K);
+  const tokenTiles = Math.ceil(tokens / shape.tokens);
+  return weight.parts.map((part, i) => {
+    const partLabel = weight.parts.length > 1 ? `${label}#${i}` : label;
+    const params = uniformBuffer(
+      gpu,
+      `${partLabel}.params`,
+      [K, part.rowCount, tokens, rowWords, part.firstRow, weight.rows, 0, 0],
+      'uuuuuuuu',
+    );
+    const buffers = [part.buffer, b.activations.codes, b.activations.scales, b.output, params];
+    if (b.bias) buffers.push(b.bias);
+    const groups = foldWorkgroups(gpu, Math.ceil(part.rowCount / shape.rows));
+    return {
+      label: partLabel,
+      pipeline,
+      bindGroup: bindBuffers(gpu, partLabel, pipeline, buffers),
+      workgroups: [groups[0], groups[1], tokenTiles] as const,
+      owned: [params],
+    };
+  });
+}

@@ -1,0 +1,310 @@
+/**
+ * The prefill matmul on 8-bit tensor cores, the way llama.cpp's MMQ does it: activations quantized to int8 per
+ * 32-element block, weights turned into int8 codes per block, integer products on the tensor cores, and the two
+ * blocks' scales applied to each 32-deep integer sum.
+ *
+ * WebGPU offers tensor cores only through Dawn's experimental subgroup matrices (`chromium-experimental-subgroup-
+ * matrix`, enabled by `allow_unsafe_apis`); on the H200 through Vulkan its configurations are 8-bit only
+ * (i8 x i8 -> i32, M = N = 16, K = 32), so an f32 or f16 product cannot use them.
+ *
+ * - `quantizeActivationsWgsl`: x f32 [tokens, K] -> codes q = round(x / d), d = max|x| / 127 per block of 32
+ *   (q in [-127, 127], packed 4 per word, token rows padded with zeros to the tile), and per block (d, d·Σq).
+ * - `int8MatmulWgsl`: per 32-deep step the workgroup writes its weight rows' block as int8 codes c with a pair
+ *   (s, m) such that w = s·c + m (Q4_0: c = q - 8; Q5_0: c = q - 16; Q4_1/Q5_1: c = q, m = min; Q8_0: c = q;
+ *   Q4_K/Q5_K: c = q, s = d·scale, m = -dmin·min), each subgroup multiplies 16x32 code tiles by 32x16 activation tiles into 16x16 integer sums C,
+ *   stores them to workgroup memory, and each output adds s·d·C + m·(d·Σq).
+ */
+import { GgmlType } from '../runtime/gguf/types.ts';
+import { weightDecodeWgsl } from './matmul.wgsl.ts';
+
+/** Workgroup size of the activation quantizer: one invocation per 32-element block. */
+export const QUANTIZE_ACTIVATIONS_WORKGROUP = 64;
+
+export function quantizeActivationsWgsl(): string {
+  return /* wgsl */ `
+struct Params { K: u32, tokens: u32, paddedTokens: u32, _pad: u32 }
+@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read_write> codes: array<u32>;
+@group(0) @binding(2) var<storage, read_write> scales: array<vec2<f32>>;
+@group(0) @binding(3) var<uniform> params: Params;
+
+@compute @workgroup_size(${QUANTIZE_ACTIVATIONS_WORKGROUP})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+  let block = gid.x + gid.y * 65535u * ${QUANTIZE_ACTIVATIONS_WORKGROUP}u;
+  let blocks = params.K / 32u;
+  if (block >= params.paddedTokens * blocks) { return; }
+  // Block i of token t starts at element 32i of row t: vec4 index 8 · (t · blocks + i) = 8 · block.
+  var v: array<vec4<f32>, 8>;
+  var amax = 0.0;
+  if (block / blocks < params.tokens) {
+    for (var j = 0u; j < 8u; j++) {
+      v[j] = x[8u * block + j];
+      let a = abs(v[j]);
+      amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
+    }
+  }
+  let d = amax / 127.0;
+  let inverse = select(0.0, 1.0 / d, d > 0.0);
+  var sum = 0i;
+  for (var j = 0u; j < 8u; j++) {
+    let q = vec4<i32>(round(v[j] * inverse));
+    sum += (q.x + q.y) + (q.z + q.w);
+    codes[8u * block + j] = pack4xI8(q);
+  }
+  scales[block] = vec2<f32>(d, d * f32(sum));
+}
+`;
+}
+
+/**
+ * Per weight type: `code_word(base, b, j)`, word j (elements 4j..4j+3, one per byte) of the int8 codes of the row's
+ * 32-element block b, and `code_scale(base, b)`, its (s, m). Nibbles n become signed codes n - 8 bytewise: setting
+ * each byte's top bit, subtracting 8 and flipping the top bit back borrows across no byte.
+ */
+const CODE_WGSL: Partial<Record<GgmlType, string>> = {
+  [GgmlType.Q4_0]: `
+fn code_word(base: u32, b: u32, j: u32) -> u32 {
+  let q = (w[base + b * 5u + 1u + (j & 3u)] >> select(0u, 4u, j >= 4u)) & 0x0f0f0f0fu;
+  return ((q | 0x80808080u) - 0x08080808u) ^ 0x80808080u;
+}
+fn code_scale(base: u32, b: u32) -> vec2<f32> { return vec2<f32>(f16lo(w[base + b * 5u]), 0.0); }`,
+  [GgmlType.Q4_1]: `
+fn code_word(base: u32, b: u32, j: u32) -> u32 {
+  return (w[base + b * 5u + 1u + (j & 3u)] >> select(0u, 4u, j >= 4u)) & 0x0f0f0f0fu;
+}
+fn code_scale(base: u32, b: u32) -> vec2<f32> { return unpack2x16float(w[base + b * 5u]); }`,
+  // Q5_0/Q5_1: the fifth bit of element e is bit e of qh (word 1); spread 4 of them into the 4 bytes' bit 4.
+  [GgmlType.Q5_0]: `
+fn code_word(base: u32, b: u32, j: u32) -> u32 {
+  let wb = base + b * 6u;
+  return ((q5_word(wb, j) | 0x80808080u) - 0x10101010u) ^ 0x80808080u;
+}
+fn code_scale(base: u32, b: u32) -> vec2<f32> { return vec2<f32>(f16lo(w[base + b * 6u]), 0.0); }`,
+  [GgmlType.Q5_1]: `
+fn code_word(base: u32, b: u32, j: u32) -> u32 { return q5_word(base + b * 6u, j); }
+fn code_scale(base: u32, b: u32) -> vec2<f32> { return unpack2x16float(w[base + b * 6u]); }`,
+  [GgmlType.Q8_0]: `
+fn code_word(base: u32, b: u32, j: u32) -> u32 { return w[base + b * 9u + 1u + j]; }
+fn code_scale(base: u32, b: u32) -> vec2<f32> { return vec2<f32>(f16lo(w[base + b * 9u]), 0.0); }`,
+  // Sub-block s (0..7) of a 256-element block: the low (s even) or high nibbles of qs[32·(s/2) ..].
+  [GgmlType.Q4_K]: `
+fn code_word(base: u32, b: u32, j: u32) -> u32 {
+  let s = b % 8u;
+  return (w[base + (b / 8u) * 36u + 4u + 8u * (s / 2u) + j] >> (4u * (s % 2u))) & 0x0f0f0f0fu;
+}
+fn code_scale(base: u32, b: u32) -> vec2<f32> {
+  let wb = base + (b / 8u) * 36u;
+  let dm = unpack2x16float(w[wb]);
+  let sm = scale_min_k4(wb, b % 8u);
+  return vec2<f32>(dm.x * sm.x, -dm.y * sm.y);
+}`,
+  // Q5_K: as Q4_K (qs at words 12..43), plus the fifth bit of element l of sub-block s in bit s of qh[l] (words 4..11).
+  [GgmlType.Q5_K]: `
+fn code_word(base: u32, b: u32, j: u32) -> u32 {
+  let s = b % 8u;
+  let wb = base + (b / 8u) * 44u;
+  let q = (w[wb + 12u + 8u * (s / 2u) + j] >> (4u * (s % 2u))) & 0x0f0f0f0fu;
+  return q | (((w[wb + 4u + j] >> s) & 0x01010101u) << 4u);
+}
+fn code_scale(base: u32, b: u32) -> vec2<f32> {
+  let wb = base + (b / 8u) * 44u;
+  let dm = unpack2x16float(w[wb]);
+  let sm = scale_min_k4(wb, b % 8u);
+  return vec2<f32>(dm.x * sm.x, -dm.y * sm.y);
+}`,
+};
+
+/** Q5_0/Q5_1 block at word wb: the 5-bit values of elements 4j..4j+3, one per byte. */
+const Q5_WORD = `
+fn q5_word(wb: u32, j: u32) -> u32 {
+  let q = (w[wb + 2u + (j & 3u)] >> select(0u, 4u, j >= 4u)) & 0x0f0f0f0fu;
+  let bits = (w[wb + 1u] >> (4u * j)) & 15u;
+  return q | (((bits & 1u) | ((bits & 2u) << 7u) | ((bits & 4u) << 14u) | ((bits & 8u) << 21u)) << 4u);
+}`;
+
+/**
+ * Weight types the int8 matmul reads. Q6_K keeps the f32 kernels: its 16-element scales split a 32-deep step, and its
+ * codes times those scales do not fit 8 bits.
+ */
+export function int8MatmulSupportsType(type: GgmlType): boolean {
+  return CODE_WGSL[type] !== undefined;
+}
+
+/**
+ * A workgroup of 4 subgroups of 32 invocations (the kernel assumes that subgroup size) in a `subgroupsAlongRows` x
+ * (4 / subgroupsAlongRows) grid; each subgroup computes `tilesAlongRows` x `tilesAlongTokens` 16x16 output tiles.
+ */
+export interface Int8MatmulTile {
+  subgroupsAlongRows: 1 | 2 | 4;
+  tilesAlongRows: number;
+  tilesAlongTokens: number;
+}
+
+/**
+ * Measured on the H200 (bench/int8-matmul.ts, BENCH.md session 11): 32x32 is the faster tile over 128 tokens and
+ * for Q4_K weights, 64x64 over 512 tokens for the other types once its grid has a few hundred workgroups. Tiles of
+ * 64x32 and a one-barrier schedule (double-buffered sums: 32 KiB of workgroup memory for 64x64) were slower.
+ */
+export const INT8_MATMUL_TILES = {
+  '64x64': { subgroupsAlongRows: 2, tilesAlongRows: 2, tilesAlongTokens: 2 },
+  '32x32': { subgroupsAlongRows: 2, tilesAlongRows: 1, tilesAlongTokens: 1 },
+} as const satisfies Record<string, Int8MatmulTile>;
+export type Int8MatmulVariant = keyof typeof INT8_MATMUL_TILES;
+
+/** Weight rows and tokens of one workgroup's output tile. */
+export function int8TileShape(tile: Int8MatmulTile): { rows: number; tokens: number } {
+  return {
+    rows: tile.subgroupsAlongRows * tile.tilesAlongRows * 16,
+    tokens: (4 / tile.subgroupsAlongRows) * tile.tilesAlongTokens * 16,
+  };
+}
+
+/** Bytes of workgroup memory the kernel declares: codes, two buffers of scales, the integer sums. */
+export function int8WorkgroupBytes(tile: Int8MatmulTile): number {
+  const { rows, tokens } = int8TileShape(tile);
+  return (rows + tokens) * (32 + 2 * 8) + 4 * tile.tilesAlongRows * tile.tilesAlongTokens * 1024;
+}
+
+/**
+ * acc += s·d·C + m·(d·Σq) for block `block`, from its integer sums and its scales (buffer block % 2) in workgroup
+ * memory.
+ */
+function applyWgsl(block: string): string {
+  return `let scaleBuffer = (${block}) % 2u;
+    for (var i = 0u; i < SN; i++) {
+      var ws: array<vec2<f32>, 8>;
+      for (var r = 0u; r < 8u; r++) { ws[r] = wscales[scaleBuffer * RN + (sn * SN + i) * 16u + 2u * r + h]; }
+      for (var j = 0u; j < ST; j++) {
+        let s = xscales[scaleBuffer * RT + (st * ST + j) * 16u + c];
+        let tileBase = (sg * TILES + i * ST + j) * 256u;
+        for (var r = 0u; r < 8u; r++) {
+          let a = (i * ST + j) * 8u + r;
+          acc[a] += f32(sums[tileBase + (2u * r + h) * 16u + c]) * (ws[r].x * s.x) + ws[r].y * s.y;
+        }
+      }
+    }`;
+}
+
+export function int8MatmulWgsl(type: GgmlType, hasBias: boolean, tile: Int8MatmulTile, accumulate = false): string {
+  const code = CODE_WGSL[type];
+  if (!code) throw new Error(`int8 matmul: no int8 codes for weight type ${type}`);
+  const GN = tile.subgroupsAlongRows;
+  const SN = tile.tilesAlongRows;
+  const ST = tile.tilesAlongTokens;
+  const { rows: RN, tokens: RT } = int8TileShape(tile);
+  const value = hasBias ? 'acc[a] + bias[col]' : 'acc[a]';
+  const WPT = (RN * 8) / 128;
+  const XPT = (RT * 8) / 128;
+  return /* wgsl */ `
+enable chromium_experimental_subgroup_matrix;
+enable subgroups;
+diagnostic(off, chromium_experimental.subgroup_matrix_uniformity);
+
+struct Params { K: u32, rows: u32, tokens: u32, rowWords: u32, firstRow: u32, outStride: u32, _p0: u32, _p1: u32 }
+@group(0) @binding(0) var<storage, read> w: array<u32>;
+@group(0) @binding(1) var<storage, read> codes: array<i32>;
+@group(0) @binding(2) var<storage, read> scales: array<vec2<f32>>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<uniform> params: Params;
+${hasBias ? '@group(0) @binding(5) var<storage, read> bias: array<f32>;' : ''}
+${weightDecodeWgsl()}
+${type === GgmlType.Q5_0 || type === GgmlType.Q5_1 ? Q5_WORD : ''}
+${code}
+
+const GN: u32 = ${GN}u;       // subgroups along rows
+const SN: u32 = ${SN}u;       // 16-row tiles per subgroup
+const ST: u32 = ${ST}u;       // 16-token tiles per subgroup
+const RN: u32 = ${RN}u;       // rows per workgroup
+const RT: u32 = ${RT}u;       // tokens per workgroup
+const WPT: u32 = ${WPT}u;     // weight code words each invocation stages per step
+const XPT: u32 = ${XPT}u;     // activation code words each invocation stages per step
+const TILES: u32 = SN * ST;
+var<workgroup> wcodes: array<i32, ${RN * 8}>;          // [RN][32] int8 codes of the step's weight block
+var<workgroup> xcodes: array<i32, ${RT * 8}>;          // [RT][32] int8 codes of the step's activation block
+var<workgroup> wscales: array<vec2<f32>, ${2 * RN}>;   // [2][RN] (s, m) per row
+var<workgroup> xscales: array<vec2<f32>, ${2 * RT}>;   // [2][RT] (d, d·Σq) per token
+var<workgroup> sums: array<i32, ${4 * SN * ST * 256}>;  // [subgroup][tile][16][16] integer sums
+
+@compute @workgroup_size(128)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32, @builtin(subgroup_id) sg: u32,
+        @builtin(subgroup_invocation_id) lane: u32) {
+  let n0 = (wg.x + wg.y * nwg.x) * RN;
+  if (n0 >= params.rows) { return; }
+  let t0 = wg.z * RT;
+  let sn = sg % GN;
+  let st = sg / GN;
+  let K = params.K;
+  let blocks = K / 32u;
+  // Lane (h, c) = (lane / 16, lane % 16) takes column c and the rows of parity h of each 16x16 tile: the two halves
+  // of the subgroup read rows 16 words apart, in different banks.
+  let h = lane / 16u;
+  let c = lane % 16u;
+  var acc: array<f32, ${SN * ST * 8}>;
+  // Invocation li stages word li % 8 of weight rows and activation tokens (li + 128u) / 8: block b + 1's words are
+  // loaded into registers while block b is multiplied, so the loads' latency overlaps it.
+  let word = li % 8u;
+  var wnext: array<u32, WPT>;
+  // Scales of the 8 blocks from b (b a multiple of 8), invocation word holding block b + word's: computed once per
+  // 8 steps by all 8 invocations of a row, not every step by one (Q4_K's 6-bit scales take a dozen operations).
+  var sahead: array<vec2<f32>, WPT>;
+  var xnext: array<i32, XPT>;
+  var xsnext = vec2<f32>(0.0);
+  // Step b (1..blocks) stages block m = b - 1 (its scales into buffer m % 2), loads block b into registers, and
+  // between two barriers multiplies block m into the integer sums, then applies its scales. A subgroup still
+  // applying block m's scales when another stages block m + 1 is why the scales have two buffers; the codes and
+  // sums are rewritten only after the barrier every subgroup reaches once done with them.
+  for (var b = 0u; b <= blocks; b++) {
+    if (b > 0u) {
+      let scaleBuffer = (b - 1u) % 2u;
+      for (var u = 0u; u < WPT; u++) {
+        wcodes[li + u * 128u] = bitcast<i32>(wnext[u]);
+        if (word == (b - 1u) % 8u) { wscales[scaleBuffer * RN + (li + u * 128u) / 8u] = sahead[u]; }
+      }
+      for (var u = 0u; u < XPT; u++) { xcodes[li + u * 128u] = xnext[u]; }
+      if (li < RT) { xscales[scaleBuffer * RT + li] = xsnext; }
+    }
+    if (b < blocks) {
+      for (var u = 0u; u < WPT; u++) {
+        let base = min(n0 + (li + u * 128u) / 8u, params.rows - 1u) * params.rowWords;
+        wnext[u] = code_word(base, b, word);
+        if (b % 8u == 0u && b + word < blocks) { sahead[u] = code_scale(base, b + word); }
+      }
+      for (var u = 0u; u < XPT; u++) {
+        xnext[u] = codes[(t0 + (li + u * 128u) / 8u) * (K / 4u) + b * 8u + word];
+      }
+      if (li < RT) { xsnext = scales[(t0 + li) * blocks + b]; }
+    }
+    if (b == 0u) { continue; }
+    workgroupBarrier();
+    let m = b - 1u;
+    for (var i = 0u; i < SN; i++) {
+      let left = subgroupMatrixLoad<subgroup_matrix_left<i8, 32, 16>>(
+        &wcodes, (sn * SN + i) * 16u * 32u, false, 32u);
+      for (var j = 0u; j < ST; j++) {
+        let right = subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>>(
+          &xcodes, (st * ST + j) * 16u * 32u, true, 32u);
+        let product = subgroupMatrixMultiply<i32>(left, right);
+        subgroupMatrixStore(&sums, (sg * TILES + i * ST + j) * 256u, product, false, 16u);
+      }
+    }
+    workgroupBarrier();
+    ${applyWgsl('m')}
+  }
+  for (var i = 0u; i < SN; i++) {
+    for (var j = 0u; j < ST; j++) {
+      let t = t0 + (st * ST + j) * 16u + c;
+      for (var r = 0u; r < 8u; r++) {
+        let n = n0 + (sn * SN + i) * 16u + 2u * r + h;
+        if (n < params.rows && t < params.tokens) {
+          let a = (i * ST + j) * 8u + r;
+          let col = params.firstRow + n;
+          let at = t * params.outStride + col;
+          y[at] = ${accumulate ? `y[at] + (${value})` : value};
+        }
+      }
+    }
+  }
+}
+`;
+}
