@@ -94,6 +94,7 @@ export class EngineRunner {
     kv: KvMode,
     maxContext: number,
     prefillChunk: number | undefined,
+    prefillMatmul: 'auto' | 'f32' = 'auto',
   ): Promise<EngineLoadResult> {
     await this.unload();
     const s = file.shape;
@@ -109,6 +110,7 @@ export class EngineRunner {
         kvBudgetBytes: f16BytesPerToken * (maxContext + 64 + (kv === 'int2' ? 4096 : 0)),
         maxSequences: 2,
         ...(prefillChunk ? { prefillChunk } : {}),
+        prefillMatmul,
       });
     } catch (error) {
       await this.unload();

@@ -7,6 +7,7 @@
  * timestamps at its ends). Needs the adapter's `timestamp-query` feature.
  *
  *   npx tsx bench/profile-decode.ts --model qwen2.5-0.5b --weights q4_k_m --context 1024 [--kv int2] [--reps 5]
+ *     [--tokens 128 [--prefill-matmul auto|f32]]   (the prefill chunk that ends a prompt of `context` tokens)
  *   npx tsx bench/profile-decode.ts --quick
  */
 import { tmpdir } from 'node:os';
@@ -81,7 +82,16 @@ async function timePasses(gpu: GpuContext, groups: readonly (readonly PreparedDi
   }
 }
 
-export async function profileDecode(runner: EngineRunner, context: number, reps: number): Promise<DecodeProfile> {
+/**
+ * The profile of one step ending at `context`: a decode step (tokens = 1), or with `tokens` > 1 the prefill chunk of
+ * that many tokens (at most the engine's prefill chunk) that ends the prompt.
+ */
+export async function profileDecode(
+  runner: EngineRunner,
+  context: number,
+  reps: number,
+  tokens = 1,
+): Promise<DecodeProfile> {
   const engine = runner.engine;
   const m = engine.loaded;
   if (!m) throw new Error('load first');
@@ -90,16 +100,18 @@ export async function profileDecode(runner: EngineRunner, context: number, reps:
   const pool = engine.pool;
   const seq = pool.createSequence();
   try {
-    // Fast fill to context − 1 positions, then one decode step's uniforms at the last position.
+    // Fast fill to context − tokens positions, then the step's uniforms at the last `tokens` positions.
     const chunk = m.transformer.maxTokens;
+    if (tokens < 1 || tokens > chunk) throw new Error(`--tokens ${tokens}: 1..${chunk} (the prefill chunk)`);
+    const first = context - tokens;
     pool.reserve(seq, context);
-    for (let position = 0; position < context - 1; position += chunk) {
-      pool.writeStep(seq, position, Math.min(chunk, context - 1 - position));
+    for (let position = 0; position < first; position += chunk) {
+      pool.writeStep(seq, position, Math.min(chunk, first - position));
     }
-    pool.writeStep(seq, context - 1, 1);
-    m.transformer.writeStep([1], context - 1);
+    pool.writeStep(seq, first, tokens);
+    m.transformer.writeStep(new Array<number>(tokens).fill(1), first);
     m.sampler.setParams(GREEDY_SAMPLING, 0);
-    const graph = m.transformer.graph(1);
+    const graph = m.transformer.graph(tokens);
     // What encodeDispatches records for this step (a demotion dispatch is left out when the step demotes nothing).
     const all: PreparedDispatch[] = [
       ...graph.body,
@@ -154,19 +166,21 @@ async function main(): Promise<void> {
   const mix = (flag('weights') ?? (quick ? 'q4_0' : 'q4_k_m')) as WeightMix;
   const context = Number(flag('context') ?? (quick ? 256 : 1024));
   const reps = Number(flag('reps') ?? 3);
+  const tokens = Number(flag('tokens') ?? 1);
   const log = (line: string) => process.stderr.write(`[profile] ${line}\n`);
   const file = await ensureModelFile(shape, mix, 1, flag('models-dir') ?? join(tmpdir(), 'longtab-bench'), log);
   const gpu = await acquireGpu({ gpu: await nodeGpu() });
   const runner = new EngineRunner(gpu);
   try {
     const kv = (flag('kv') ?? 'f16') as KvMode;
-    const loaded = await runner.load(file, kv, context, undefined);
+    const matmul = (flag('prefill-matmul') ?? 'auto') as 'auto' | 'f32';
+    const loaded = await runner.load(file, kv, context, undefined, matmul);
     if (!loaded.available) throw new Error(`kv ${kv} is not available: ${loaded.reason}`);
-    const p = await profileDecode(runner, context, reps);
+    const p = await profileDecode(runner, context, reps, tokens);
     const total = p.roles.reduce((s, r) => s + r.ms, 0);
     const lines = [
-      `${shape.name} ${mix}, KV ${kv}, context ${context}, adapter ${gpu.adapter.description || gpu.adapter.device}`,
-      `decode graph: ${p.dispatches} dispatches; whole step in one pass: GPU ${p.wholeStepGpuMs.toFixed(3)} ms, host ${p.wholeStepHostMs.toFixed(3)} ms; sum of per-dispatch GPU times ${total.toFixed(3)} ms`,
+      `${shape.name} ${mix}, KV ${kv}, context ${context}, ${tokens === 1 ? 'decode step' : `prefill chunk of ${tokens} tokens, ${matmul} matmuls`}, adapter ${gpu.adapter.description || gpu.adapter.device}`,
+      `${tokens === 1 ? 'decode' : 'prefill'} graph: ${p.dispatches} dispatches; whole step in one pass: GPU ${p.wholeStepGpuMs.toFixed(3)} ms, host ${p.wholeStepHostMs.toFixed(3)} ms; sum of per-dispatch GPU times ${total.toFixed(3)} ms`,
       '',
       '| role | dispatches | ms | share |',
       '| --- | ---: | ---: | ---: |',

@@ -88,6 +88,8 @@ export interface BenchReport {
     timed: string;
     fill: string;
     prefillChunk: number | null;
+    /** Which kernels ran the prefill projections ('auto': int8 tensor cores where the adapter offers them). */
+    prefillMatmul?: 'auto' | 'f32';
     rowBudgetSeconds: number;
     prefillLimitSeconds: number;
     seed: number;

@@ -40,6 +40,7 @@ export interface BenchOptions {
   /** Whole run: rows after this are marked skipped (the device tool kills a command at 600 s). */
   totalBudgetSeconds: number;
   prefillChunk: number | undefined;
+  prefillMatmul: 'auto' | 'f32';
   llama: 'auto' | LlamaBackend | 'off';
   llamaKv: LlamaKvType[];
   llamaThreads: number | undefined;
@@ -67,7 +68,8 @@ const USAGE = `Usage: npm run bench -- [flags]   (or: node .gpu/bench.mjs [flags
   --prefill-limit-s s     auto fill: fast fill when one prefill is estimated to take longer (default 45)
   --row-budget-s s        per row: no further repeat past this (default 60)
   --budget-s s            whole run: later rows are skipped (default: none)
-  --prefill-chunk n       longtab tokens per prefill submit (default: the engine's, 128)
+  --prefill-chunk n       longtab tokens per prefill submit (default: the engine's, 128; 512 with int8 tensor cores)
+  --prefill-matmul m      auto (int8 tensor cores where the GPU has them) or f32 (default auto)
   --llama auto|vulkan|cpu|off   node-llama-cpp backend (auto: vulkan on a GPU adapter, cpu on a CPU one)
   --llama-kv types        f16,q4_0 (default both)
   --llama-threads n       default 1 on cpu (2-core dev machines), 8 with vulkan
@@ -142,6 +144,8 @@ export function parseBenchArgs(argv: readonly string[], log: (line: string) => v
   const contexts = take('contexts');
   const threads = take('llama-threads');
   const chunk = take('prefill-chunk');
+  const prefillMatmul = (take('prefill-matmul') ?? 'auto') as BenchOptions['prefillMatmul'];
+  if (!['auto', 'f32'].includes(prefillMatmul)) throw new Error(`--prefill-matmul ${prefillMatmul}: auto or f32`);
   const options: BenchOptions = {
     quick,
     models,
@@ -155,6 +159,7 @@ export function parseBenchArgs(argv: readonly string[], log: (line: string) => v
     rowBudgetSeconds: num('row-budget-s', 60),
     totalBudgetSeconds: num('budget-s', Number.POSITIVE_INFINITY),
     prefillChunk: chunk ? Number(chunk) : undefined,
+    prefillMatmul,
     llama,
     llamaKv,
     llamaThreads: threads ? Number(threads) : undefined,
@@ -305,6 +310,7 @@ export async function runBench(
           ? `auto: real prefill unless its estimate (from the previous context, scaled by (ctx ratio)^1.5) exceeds ${options.prefillLimitSeconds} s, then fast fill (pages reserved, length set, no K/V computed; longtab only: llama.cpp rows are skipped instead)`
           : options.fill,
       prefillChunk: options.prefillChunk ?? null,
+      prefillMatmul: options.prefillMatmul,
       rowBudgetSeconds: options.rowBudgetSeconds,
       prefillLimitSeconds: options.prefillLimitSeconds,
       seed: options.seed,
@@ -494,7 +500,7 @@ async function runEngineRows(
     log(`longtab ${file.shape.id} ${file.mix} kv=${kv}: loading`);
     let loaded: Awaited<ReturnType<EngineRunner['load']>>;
     try {
-      loaded = await engine.load(file, kv, maxContext, options.prefillChunk);
+      loaded = await engine.load(file, kv, maxContext, options.prefillChunk, options.prefillMatmul);
     } catch (error) {
       for (const row of rows) {
         row.status = 'error';

@@ -92,6 +92,9 @@ export function evalLoadOptions(args: ParsedArgs, mode: string): LoadOptions {
     ...(args.flags.has('window') ? { window: numberFlag(args, 'window', 256) } : {}),
     ...(args.flags.has('group-size') ? { groupSize: numberFlag(args, 'group-size', 128) } : {}),
     ...(args.flags.has('kv-budget') ? { kvBudgetBytes: numberFlag(args, 'kv-budget', 0) } : {}),
+    ...(args.flags.has('prefill-matmul')
+      ? { prefillMatmul: stringFlag(args, 'prefill-matmul') as LoadOptions['prefillMatmul'] }
+      : {}),
   };
 }
 

@@ -17,7 +17,7 @@ import {
   withStoredRotations,
 } from '../kv/rotation-store.ts';
 import { type ModelConfig, readModelConfig } from '../model/config.ts';
-import { Transformer } from '../model/transformer.ts';
+import { Transformer, type TransformerOptions } from '../model/transformer.ts';
 import { loadModelWeights, type ModelWeights, releaseModelWeights } from '../model/weights.ts';
 import { GREEDY_SAMPLING, resolveSamplingParams, type SamplingParams } from '../sampling/params.ts';
 import { GgufTokenizer } from '../tokenizer/tokenizer.ts';
@@ -34,13 +34,21 @@ export interface LoadOptions extends KvCacheOptions {
    * background and switches with `switchToCalibratedRotations`).
    */
   missingCalibration?: 'error' | 'hadamard';
-  /** Tokens per prefill submit (default 128). */
+  /** Tokens per prefill submit (default: defaultPrefillChunk, 128 or 512). */
   prefillChunk?: number;
+  /** Prefill projections: 'auto' (int8 tensor cores where the device has them) or 'f32' (runtime/model/transformer.ts). */
+  prefillMatmul?: TransformerOptions['prefillMatmul'];
   onProgress?: (progress: LoadProgress) => void;
 }
 
-/** Tokens per prefill submit. */
-const DEFAULT_PREFILL_CHUNK = 128;
+/**
+ * Tokens per prefill submit: 128 (a tab's memory), or 512 where the prefill runs on the int8 tensor-core matmul: its
+ * tiles fill a large GPU only at that size (1.5x faster matmuls than four chunks of 128 on the H200, BENCH.md session
+ * 11), and such a GPU has the memory (about 150 MiB more for Llama-3.2-1B), as llama.cpp's 512-token batches assume.
+ */
+export function defaultPrefillChunk(gpu: GpuContext, prefillMatmul: 'auto' | 'f32'): number {
+  return gpu.features.subgroupMatrixI8 && prefillMatmul === 'auto' ? 512 : 128;
+}
 const DEFAULT_KV_BUDGET = 64 * 1024 * 1024;
 const DEFAULT_MAX_SEQUENCES = 16;
 
@@ -207,6 +215,8 @@ export class Engine {
   readonly gpu: GpuContext;
   private model: LoadedModel | null = null;
   private busy = false;
+  /** The loaded model's prefill matmul choice (LoadOptions.prefillMatmul), kept for rebuilds of its KV state. */
+  private prefillMatmul: 'auto' | 'f32' = 'auto';
 
   constructor(gpu: GpuContext) {
     this.gpu = gpu;
@@ -226,13 +236,21 @@ export class Engine {
 
   async load(source: ByteSource, options: LoadOptions = {}): Promise<ModelConfig> {
     checkInteger('prefillChunk', options.prefillChunk, 1, 4096);
+    const prefillMatmul = options.prefillMatmul ?? 'auto';
+    if (prefillMatmul !== 'auto' && prefillMatmul !== 'f32') {
+      throw new InvalidRequestError(`Load option prefillMatmul = ${String(prefillMatmul)}: use 'auto' or 'f32'.`, {
+        option: 'prefillMatmul',
+        value: prefillMatmul,
+      });
+    }
     this.unload();
+    this.prefillMatmul = prefillMatmul;
     const gpu = this.gpu;
     const progress = options.onProgress ?? (() => {});
     progress({ phase: 'parse', bytesDone: 0, bytesTotal: source.size });
     const file = await parseGguf(source);
     const config = readModelConfig(file);
-    const prefillChunk = options.prefillChunk ?? DEFAULT_PREFILL_CHUNK;
+    const prefillChunk = options.prefillChunk ?? defaultPrefillChunk(gpu, prefillMatmul);
     let poolOptions: KvPoolOptions = { ...kvPoolOptions(config, options), maxStepTokens: prefillChunk };
     let digest: string | null = null;
     let calibrationNeeded = false;
@@ -320,6 +338,7 @@ export class Engine {
         weights,
         createKvAttention(gpu, pool, { heads: config.heads }), // KV pool owner: rotation wrapping lives there
         prefillChunk,
+        { prefillMatmul: this.prefillMatmul },
       );
       created.push(() => transformer.release());
       const sampler = prepareSampler(gpu, 'sampler', {

@@ -181,6 +181,7 @@ export const LOAD_OPTION_FIELDS = [
   'maxSequences',
   'maxContextTokens',
   'prefillChunk',
+  'prefillMatmul',
   'calibrate',
   'calibrationTokens',
   'onProgress',
@@ -194,6 +195,9 @@ export function validateLoadOptions(options: unknown): EngineLoadOptions {
   if (options === undefined || options === null) return {};
   const o = checkObject('load options', options, LOAD_OPTION_FIELDS);
   if (o.kv !== undefined && o.kv !== 'f16' && o.kv !== 'int2') fail('kv', o.kv, "use 'f16' or 'int2'");
+  if (o.prefillMatmul !== undefined && o.prefillMatmul !== 'auto' && o.prefillMatmul !== 'f32') {
+    fail('prefillMatmul', o.prefillMatmul, "use 'auto' or 'f32'");
+  }
   for (const name of [
     'kvBudgetBytes',
     'sink',

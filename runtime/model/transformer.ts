@@ -1,7 +1,15 @@
 import { encodeDispatches, type PreparedDispatch, releaseDispatches, uniformBuffer } from '../../kernels/dispatch.ts';
 import { prepareSwiglu } from '../../kernels/elementwise.ts';
 import { prepareEmbedding } from '../../kernels/embedding.ts';
-import { prepareMatmul, prepareMatvecGroup, prepareMatvecSwiglu } from '../../kernels/matmul.ts';
+import { type MatmulBinding, prepareMatmul, prepareMatvecGroup, prepareMatvecSwiglu } from '../../kernels/matmul.ts';
+import {
+  createInt8Activations,
+  type Int8Activations,
+  int8MatmulAvailable,
+  prepareInt8Matmul,
+  prepareQuantizeActivations,
+  releaseInt8Activations,
+} from '../../kernels/matmul-int8.ts';
 import { prepareRmsNorm } from '../../kernels/rmsnorm.ts';
 import { prepareRope } from '../../kernels/rope.ts';
 import type { GpuContext } from '../gpu/device.ts';
@@ -49,6 +57,15 @@ export interface ForwardGraph {
   allLogits?: PreparedDispatch[];
 }
 
+export interface TransformerOptions {
+  /**
+   * 'auto' (default): prefill projections run on the int8 tensor-core matmul where the device offers i8 subgroup
+   * matrices and the weight type has int8 codes (kernels/matmul-int8.ts: activations quantized per 32 elements, as
+   * llama.cpp's MMQ); 'f32': always the f32 kernels. Decode steps use the matvecs either way.
+   */
+  prefillMatmul?: 'auto' | 'f32';
+}
+
 /** Which logits a forward call produces. */
 export type LogitsMode = 'none' | 'last' | 'all';
 
@@ -66,8 +83,17 @@ export class Transformer {
   private readonly kv: KvAttentionBackend;
   private readonly graphs = new Map<number, ForwardGraph>();
   private readonly stepWords = new Uint32Array(4);
+  /** The int8 prefill matmul's quantized activations (null: the f32 kernels run every projection). */
+  private readonly int8: Int8Activations | null;
 
-  constructor(gpu: GpuContext, config: ModelConfig, weights: ModelWeights, kv: KvAttentionBackend, maxTokens: number) {
+  constructor(
+    gpu: GpuContext,
+    config: ModelConfig,
+    weights: ModelWeights,
+    kv: KvAttentionBackend,
+    maxTokens: number,
+    options: TransformerOptions = {},
+  ) {
     this.gpu = gpu;
     this.config = config;
     this.weights = weights;
@@ -90,6 +116,48 @@ export class Transformer {
       logits: f32('logits', c.vocab),
       step: uniformBuffer(gpu, 'step', [0, 0, 0, 0], 'uuuu'),
     };
+    const l = weights.layers[0];
+    const int8 =
+      (options.prefillMatmul ?? 'auto') === 'auto' &&
+      maxTokens > 1 &&
+      [l.q, l.k, l.v, l.o, l.gate, l.up, l.down].some((weight) => int8MatmulAvailable(gpu, weight.type));
+    const widest = Math.max(c.dim, c.ffnDim, c.heads * c.headDim);
+    this.int8 = int8 ? createInt8Activations(gpu, 'int8', maxTokens, widest) : null;
+  }
+
+  /**
+   * Projections of one `input` over `tokens` tokens: on the int8 matmul where it applies (the input quantized once
+   * for all of them), prepareMatmul otherwise (the matvec for one token, the f32 tiled kernels).
+   */
+  private project(
+    label: string,
+    input: GPUBuffer,
+    tokens: number,
+    projections: (Omit<MatmulBinding, 'input' | 'tokens'> & { label: string })[],
+  ): PreparedDispatch[] {
+    const { gpu, int8 } = this;
+    const onInt8 = (weight: MatmulBinding['weight']) =>
+      int8 !== null && tokens > 1 && int8MatmulAvailable(gpu, weight.type);
+    const dispatches: PreparedDispatch[] = [];
+    const first = projections.find((p) => onInt8(p.weight));
+    if (first && int8) {
+      dispatches.push(
+        prepareQuantizeActivations(gpu, `${label}.quantize`, {
+          input,
+          activations: int8,
+          tokens,
+          K: first.weight.rowLength,
+        }),
+      );
+    }
+    for (const { label: name, ...p } of projections) {
+      dispatches.push(
+        ...(int8 && onInt8(p.weight)
+          ? prepareInt8Matmul(gpu, name, { ...p, activations: int8, tokens })
+          : prepareMatmul(gpu, name, { ...p, input, tokens })),
+      );
+    }
+    return dispatches;
   }
 
   /**
@@ -183,9 +251,13 @@ export class Transformer {
       if (qkv) {
         body.push(qkv);
       } else {
-        body.push(...prepareMatmul(gpu, `${p}.q`, { weight: l.q, input: b.xNorm, output: b.q, tokens, bias: l.qBias }));
-        body.push(...prepareMatmul(gpu, `${p}.k`, { weight: l.k, input: b.xNorm, output: b.k, tokens, bias: l.kBias }));
-        body.push(...prepareMatmul(gpu, `${p}.v`, { weight: l.v, input: b.xNorm, output: b.v, tokens, bias: l.vBias }));
+        body.push(
+          ...this.project(`${p}.qkv`, b.xNorm, tokens, [
+            { label: `${p}.q`, weight: l.q, output: b.q, bias: l.qBias },
+            { label: `${p}.k`, weight: l.k, output: b.k, bias: l.kBias },
+            { label: `${p}.v`, weight: l.v, output: b.v, bias: l.vBias },
+          ]),
+        );
       }
       // Qwen3 normalizes each head's q and k before RoPE: the RoPE dispatch does both (a decode step is bound by
       // dispatch gaps, not arithmetic).
@@ -209,7 +281,9 @@ export class Transformer {
       body.push(...kv.append, ...kv.attention);
       // The residual connections are added by the projections themselves (accumulate): x += o·attention.
       body.push(
-        ...prepareMatmul(gpu, `${p}.o`, { weight: l.o, input: b.attention, output: b.x, tokens, accumulate: true }),
+        ...this.project(`${p}.o`, b.attention, tokens, [
+          { label: `${p}.o`, weight: l.o, output: b.x, accumulate: true },
+        ]),
       );
       body.push(
         prepareRmsNorm(gpu, `${p}.ffn_norm`, {
@@ -227,14 +301,20 @@ export class Transformer {
       if (gateUp) {
         body.push(gateUp);
       } else {
-        body.push(...prepareMatmul(gpu, `${p}.gate`, { weight: l.gate, input: b.xNorm, output: b.gate, tokens }));
-        body.push(...prepareMatmul(gpu, `${p}.up`, { weight: l.up, input: b.xNorm, output: b.up, tokens }));
+        body.push(
+          ...this.project(`${p}.gate_up`, b.xNorm, tokens, [
+            { label: `${p}.gate`, weight: l.gate, output: b.gate },
+            { label: `${p}.up`, weight: l.up, output: b.up },
+          ]),
+        );
         body.push(
           prepareSwiglu(gpu, `${p}.swiglu`, { gate: b.gate, up: b.up, output: b.hidden, count: tokens * c.ffnDim }),
         );
       }
       body.push(
-        ...prepareMatmul(gpu, `${p}.down`, { weight: l.down, input: b.hidden, output: b.x, tokens, accumulate: true }),
+        ...this.project(`${p}.down`, b.hidden, tokens, [
+          { label: `${p}.down`, weight: l.down, output: b.x, accumulate: true },
+        ]),
       );
     }
     body.push(
@@ -257,5 +337,6 @@ export class Transformer {
     if (this.allLogits) this.gpu.allocator.release(this.allLogits);
     this.allLogits = null;
     for (const buffer of Object.values(this.buffers)) this.gpu.allocator.release(buffer);
+    if (this.int8) releaseInt8Activations(this.gpu, this.int8);
   }
 }
