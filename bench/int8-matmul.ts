@@ -57,10 +57,7 @@ const ABLATIONS: [string, (code: string) => string][] = [
   [
     'no-apply (one output row per tile)',
     (code) =>
-      code.replaceAll(
-        'for (var r = 0u; r < 8u; r++) {\n            let a =',
-        'for (var r = 0u; r < 1u; r++) {\n            let a =',
-      ),
+      code.replace(/for \(var r = 0u; r < 8u; r\+\+\) \{(\s+)let a =/g, 'for (var r = 0u; r < 1u; r++) {$1let a ='),
   ],
   [
     'no-weight-decode (constant codes)',
@@ -80,9 +77,13 @@ async function ablate(gpu: Awaited<ReturnType<typeof acquireGpu>>) {
     const output = gpu.allocator.createStorage('y', 'scratch', tokens * N * 4);
     const activations = createInt8Activations(gpu, 'int8', tokens, K);
     const quantize = prepareQuantizeActivations(gpu, 'quantize', { input, activations, tokens, K });
-    for (const variant of ['64x64', '32x32'] as Int8MatmulVariant[]) {
+    for (const variant of Object.keys(INT8_MATMUL_TILES) as Int8MatmulVariant[]) {
       for (const [name, transform] of ABLATIONS) {
-        const int8 = prepareInt8Matmul(gpu, 'int8', { weight, activations, output, tokens }, variant, transform);
+        const int8 = prepareInt8Matmul(gpu, 'int8', { weight, activations, output, tokens }, variant, (code) => {
+          const changed = transform(code);
+          if (name !== 'full' && changed === code) throw new Error(`ablation '${name}' no longer matches the kernel`);
+          return changed;
+        });
         const ms = await timeDispatches(gpu, int8, 20);
         console.log(
           `ablation ${GGML_TYPE_INFO[type]?.name} ${variant} ${name}: ${(ms * 1000).toFixed(1)} µs (${((2 * N * K * tokens) / ms / 1e9).toFixed(1)} TF)`,

@@ -143,7 +143,8 @@ export interface Int8MatmulTile {
 /**
  * Measured on the H200 (bench/int8-matmul.ts, BENCH.md session 11): 32x32 is the faster tile over 128 tokens and
  * for Q4_K weights, 64x64 over 512 tokens for the other types once its grid has a few hundred workgroups. Tiles of
- * 64x32 and a one-barrier schedule (double-buffered sums: 32 KiB of workgroup memory for 64x64) were slower.
+ * 64x32, a one-barrier schedule (double-buffered sums: 32 KiB of workgroup memory for 64x64) and two blocks per
+ * barrier pair were slower.
  */
 export const INT8_MATMUL_TILES = {
   '64x64': { subgroupsAlongRows: 2, tilesAlongRows: 2, tilesAlongTokens: 2 },
@@ -166,24 +167,30 @@ export function int8WorkgroupBytes(tile: Int8MatmulTile): number {
 }
 
 /**
- * acc += s·d·C + m·(d·Σq) for block `block`, from its integer sums and its scales (buffer block % 2) in workgroup
- * memory.
+ * acc += s·d·C + m·(d·Σq) for the step's block, from its integer sums and its scales (buffer `scaleBuffer`) in
+ * workgroup memory; `withMin`: the weight type has a min (m != 0).
  */
-function applyWgsl(block: string): string {
-  return `let scaleBuffer = (${block}) % 2u;
+function applyWgsl(scaleBuffer: string, withMin: boolean): string {
+  const term = withMin
+    ? 'f32(sums[tileBase + (2u * r + h) * 16u + c]) * (ws[r].x * s.x) + ws[r].y * s.y'
+    : 'f32(sums[tileBase + (2u * r + h) * 16u + c]) * (ws[r].x * s.x)';
+  return `let scaleSlot = ${scaleBuffer};
     for (var i = 0u; i < SN; i++) {
       var ws: array<vec2<f32>, 8>;
-      for (var r = 0u; r < 8u; r++) { ws[r] = wscales[scaleBuffer * RN + (sn * SN + i) * 16u + 2u * r + h]; }
+      for (var r = 0u; r < 8u; r++) { ws[r] = wscales[scaleSlot * RN + (sn * SN + i) * 16u + 2u * r + h]; }
       for (var j = 0u; j < ST; j++) {
-        let s = xscales[scaleBuffer * RT + (st * ST + j) * 16u + c];
+        let s = xscales[scaleSlot * RT + (st * ST + j) * 16u + c];
         let tileBase = (sg * TILES + i * ST + j) * 256u;
         for (var r = 0u; r < 8u; r++) {
           let a = (i * ST + j) * 8u + r;
-          acc[a] += f32(sums[tileBase + (2u * r + h) * 16u + c]) * (ws[r].x * s.x) + ws[r].y * s.y;
+          acc[a] += ${term};
         }
       }
     }`;
 }
+
+/** Types whose blocks have no min (w = s·c): their outputs skip the m·(d·Σq) term. */
+const WITHOUT_MIN: ReadonlySet<GgmlType> = new Set([GgmlType.Q4_0, GgmlType.Q5_0, GgmlType.Q8_0]);
 
 export function int8MatmulWgsl(type: GgmlType, hasBias: boolean, tile: Int8MatmulTile, accumulate = false): string {
   const code = CODE_WGSL[type];
@@ -195,6 +202,7 @@ export function int8MatmulWgsl(type: GgmlType, hasBias: boolean, tile: Int8Matmu
   const value = hasBias ? 'acc[a] + bias[col]' : 'acc[a]';
   const WPT = (RN * 8) / 128;
   const XPT = (RT * 8) / 128;
+  const withMin = !WITHOUT_MIN.has(type);
   return /* wgsl */ `
 enable chromium_experimental_subgroup_matrix;
 enable subgroups;
@@ -277,19 +285,19 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     }
     if (b == 0u) { continue; }
     workgroupBarrier();
-    let m = b - 1u;
     for (var i = 0u; i < SN; i++) {
-      let left = subgroupMatrixLoad<subgroup_matrix_left<i8, 32, 16>>(
-        &wcodes, (sn * SN + i) * 16u * 32u, false, 32u);
+      // Offsets and strides count the arrays' i32 words: 8 per row of 32 codes.
+      let left = subgroupMatrixLoad<subgroup_matrix_left<i8, 32, 16>, row_major>(
+        &wcodes, (sn * SN + i) * 16u * 8u, 8u);
       for (var j = 0u; j < ST; j++) {
-        let right = subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>>(
-          &xcodes, (st * ST + j) * 16u * 32u, true, 32u);
+        let right = subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, col_major>(
+          &xcodes, (st * ST + j) * 16u * 8u, 8u);
         let product = subgroupMatrixMultiply<i32>(left, right);
-        subgroupMatrixStore(&sums, (sg * TILES + i * ST + j) * 256u, product, false, 16u);
+        subgroupMatrixStore<row_major>(&sums, (sg * TILES + i * ST + j) * 256u, product, 16u);
       }
     }
     workgroupBarrier();
-    ${applyWgsl('m')}
+    ${applyWgsl('(b - 1u) % 2u', withMin)}
   }
   for (var i = 0u; i < SN; i++) {
     for (var j = 0u; j < ST; j++) {
