@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import { GgmlType } from '../runtime/gguf/types.ts';
 import { readBuffer, readFloat32 } from '../runtime/gpu/readback.ts';
 import { withTestGpu } from '../test/gpu.ts';
 import { INT8_MATMUL_CASES, INT8_MATMUL_TYPES, runInt8MatmulCase } from '../test/int8-matmul-case.ts';
@@ -7,9 +8,12 @@ import { releaseDispatches, submitDispatches } from './dispatch.ts';
 import {
   createInt8Activations,
   INT8_TOKEN_PADDING,
+  int8MatmulCompiles,
+  pipelineCompiles,
   prepareQuantizeActivations,
   releaseInt8Activations,
 } from './matmul-int8.ts';
+import { INT8_MATMUL_TILES, int8MatmulWgsl } from './matmul-int8.wgsl.ts';
 import { quantizeActivationsReference } from './reference/matmul-int8.ts';
 
 const ctx = withTestGpu();
@@ -28,8 +32,9 @@ describe('int8 activation quantizer', () => {
     x.fill(0, 32, 64);
     const input = gpu.allocator.createStorage('x', 'scratch', x);
     const activations = createInt8Activations(gpu, 'int8', tokens, K);
-    // Stale codes from an earlier, longer chunk must not survive in the padding.
+    // Stale codes and scales from an earlier, longer chunk must not survive in the padding.
     gpu.device.queue.writeBuffer(activations.codes, 0, new Uint8Array(activations.codes.size).fill(0x55));
+    gpu.device.queue.writeBuffer(activations.scales, 0, new Float32Array(activations.scales.size / 4).fill(3.5));
     const dispatch = prepareQuantizeActivations(gpu, 'quantize', { input, activations, tokens, K });
     submitDispatches(gpu, 'quantize', [dispatch]);
     const padded = Math.ceil(tokens / INT8_TOKEN_PADDING) * INT8_TOKEN_PADDING;
@@ -70,5 +75,33 @@ describe.each(INT8_MATMUL_TYPES)('int8 matmul over %s weights', (name, type, K) 
     const result = await runInt8MatmulCase(ctx.gpu, type, K, c);
     expect(result.codeDistance).toBeLessThanOrEqual(1);
     expect(result.error).toBeLessThanOrEqual(1);
+  });
+});
+
+describe('int8 matmul availability', () => {
+  it('a pipeline probe reports WGSL that does not compile, without an uncaptured error', async () => {
+    const { gpu } = ctx;
+    const good = '@compute @workgroup_size(1) fn main() {}';
+    expect(await pipelineCompiles(gpu, good)).toBe(true);
+    expect(await pipelineCompiles(gpu, good.replace('fn main() {}', 'fn main() { let x: u32 = -1.5; }'))).toBe(false);
+    expect(gpu.errors).toEqual([]);
+  });
+
+  it('the int8 kernel compiles exactly where the device has i8 subgroup matrices', async () => {
+    const { gpu } = ctx;
+    const types = [GgmlType.Q6_K, GgmlType.Q4_K];
+    expect(await int8MatmulCompiles(gpu, types)).toBe(gpu.features.subgroupMatrixI8);
+    // Without the feature the kernel's WGSL is rejected: the probe, not the first prefill, finds that out.
+    expect(await pipelineCompiles(gpu, int8MatmulWgsl(GgmlType.Q4_K, false, INT8_MATMUL_TILES['32x32']))).toBe(
+      gpu.features.subgroupMatrixI8,
+    );
+    expect(await int8MatmulCompiles(gpu, [GgmlType.Q6_K, GgmlType.F32])).toBe(false);
+  });
+
+  it('tiles the staging cannot feed are refused', () => {
+    // 128 tokens per workgroup: past the 64-token padding of the activation rows.
+    expect(() =>
+      int8MatmulWgsl(GgmlType.Q4_0, false, { subgroupsAlongRows: 1, tilesAlongRows: 1, tilesAlongTokens: 2 }),
+    ).toThrow(/does not fit/);
   });
 });

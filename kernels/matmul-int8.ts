@@ -77,6 +77,31 @@ export function defaultInt8Variant(gpu: GpuContext, weight: GpuWeight, tokens: n
   return big ? '64x64' : '32x32';
 }
 
+/**
+ * Whether `code` compiles into a compute pipeline on this device, its errors caught (not left to the device's
+ * uncaptured-error handler).
+ */
+export async function pipelineCompiles(gpu: GpuContext, code: string): Promise<boolean> {
+  const { device } = gpu;
+  device.pushErrorScope('validation');
+  device.pushErrorScope('internal');
+  const module = device.createShaderModule({ label: 'probe', code });
+  device.createComputePipeline({ label: 'probe', layout: 'auto', compute: { module, entryPoint: 'main' } });
+  const internal = await device.popErrorScope();
+  const validation = await device.popErrorScope();
+  return internal === null && validation === null;
+}
+
+/**
+ * Whether the int8 matmul compiles for the first of `types` it reads: the feature can be offered by a Dawn whose WGSL
+ * lacks a form the kernel uses (subgroup_id, the templated subgroupMatrixLoad), and then the f32 kernels run instead.
+ */
+export async function int8MatmulCompiles(gpu: GpuContext, types: readonly GgmlType[]): Promise<boolean> {
+  const type = types.find((t) => int8MatmulAvailable(gpu, t));
+  if (type === undefined) return false;
+  return pipelineCompiles(gpu, int8MatmulWgsl(type, false, INT8_MATMUL_TILES['32x32']));
+}
+
 export interface QuantizeActivationsBinding {
   /** f32 [tokens, K] */
   input: GPUBuffer;

@@ -44,7 +44,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
   }
   let d = amax / 127.0;
-  let inverse = select(0.0, 1.0 / d, d > 0.0);
+  // A block of subnormal values would make 1 / d infinite: its codes stay zero (its share of any sum is nothing).
+  let inverse = select(0.0, 1.0 / d, d > 1e-30);
   var sum = 0i;
   for (var j = 0u; j < 8u; j++) {
     let q = vec4<i32>(round(v[j] * inverse));
@@ -199,6 +200,11 @@ export function int8MatmulWgsl(type: GgmlType, hasBias: boolean, tile: Int8Matmu
   const SN = tile.tilesAlongRows;
   const ST = tile.tilesAlongTokens;
   const { rows: RN, tokens: RT } = int8TileShape(tile);
+  // Activation rows are padded to 64 tokens; staging gives each of the 128 invocations whole words of codes and at
+  // most one token's scales.
+  if (RT > 64 || (RN * 8) % 128 !== 0 || (RT * 8) % 128 !== 0) {
+    throw new Error(`int8 matmul: a ${RN}x${RT} tile does not fit the staging of 128 invocations and 64-token rows`);
+  }
   const value = hasBias ? 'acc[a] + bias[col]' : 'acc[a]';
   const WPT = (RN * 8) / 128;
   const XPT = (RT * 8) / 128;

@@ -1,4 +1,5 @@
 import { encodeDispatches, type PreparedDispatch } from '../../kernels/dispatch.ts';
+import { int8MatmulCompiles } from '../../kernels/matmul-int8.ts';
 import { prepareSampler, type Sampler } from '../../kernels/sample.ts';
 import { ContextOverflowError, InvalidRequestError, LongtabError, ModelNotLoadedError } from '../errors.ts';
 import { parseGguf } from '../gguf/parse.ts';
@@ -17,7 +18,7 @@ import {
   withStoredRotations,
 } from '../kv/rotation-store.ts';
 import { type ModelConfig, readModelConfig } from '../model/config.ts';
-import { Transformer, type TransformerOptions } from '../model/transformer.ts';
+import { int8PrefillApplies, Transformer, type TransformerOptions } from '../model/transformer.ts';
 import { loadModelWeights, type ModelWeights, releaseModelWeights } from '../model/weights.ts';
 import { GREEDY_SAMPLING, resolveSamplingParams, type SamplingParams } from '../sampling/params.ts';
 import { GgufTokenizer } from '../tokenizer/tokenizer.ts';
@@ -45,9 +46,11 @@ export interface LoadOptions extends KvCacheOptions {
  * Tokens per prefill submit: 128 (a tab's memory), or 512 where the prefill runs on the int8 tensor-core matmul: its
  * tiles fill a large GPU only at that size (1.5x faster matmuls than four chunks of 128 on the H200, BENCH.md session
  * 11), and such a GPU has the memory (about 150 MiB more for Llama-3.2-1B), as llama.cpp's 512-token batches assume.
+ * Not when the KV budget's f16 share could not hold 512-token steps (a 2-bit cache on a small budget): prompts
+ * that fit would shrink.
  */
-export function defaultPrefillChunk(gpu: GpuContext, prefillMatmul: 'auto' | 'f32'): number {
-  return gpu.features.subgroupMatrixI8 && prefillMatmul === 'auto' ? 512 : 128;
+export function defaultPrefillChunk(int8Prefill: boolean, pool: KvPoolOptions): number {
+  return int8Prefill && KvPagePool.holdsStep(pool, 512) ? 512 : 128;
 }
 const DEFAULT_KV_BUDGET = 64 * 1024 * 1024;
 const DEFAULT_MAX_SEQUENCES = 16;
@@ -250,8 +253,7 @@ export class Engine {
     progress({ phase: 'parse', bytesDone: 0, bytesTotal: source.size });
     const file = await parseGguf(source);
     const config = readModelConfig(file);
-    const prefillChunk = options.prefillChunk ?? defaultPrefillChunk(gpu, prefillMatmul);
-    let poolOptions: KvPoolOptions = { ...kvPoolOptions(config, options), maxStepTokens: prefillChunk };
+    let poolOptions: KvPoolOptions = kvPoolOptions(config, options);
     let digest: string | null = null;
     let calibrationNeeded = false;
     if (poolOptions.rotation === 'calibrated') {
@@ -276,6 +278,17 @@ export class Engine {
       progress({ phase: 'upload', bytesDone: p.bytesDone, bytesTotal: p.bytesTotal });
     });
     const created: Array<{ release(): void }> = [{ release: () => releaseModelWeights(gpu, weights) }];
+    // A browser whose Dawn offers the feature but not the WGSL forms the kernel uses falls back to f32.
+    const first = weights.layers[0];
+    const int8Prefill =
+      int8PrefillApplies(gpu, weights, prefillMatmul) &&
+      (await int8MatmulCompiles(
+        gpu,
+        [first.q, first.k, first.v, first.o, first.gate, first.up, first.down].map((w) => w.type),
+      ));
+    if (!int8Prefill) this.prefillMatmul = 'f32';
+    const prefillChunk = options.prefillChunk ?? defaultPrefillChunk(int8Prefill, poolOptions);
+    poolOptions = { ...poolOptions, maxStepTokens: prefillChunk };
     try {
       const sampledId = gpu.allocator.createStorage('sampledId', 'scratch', 16);
       created.push({ release: () => gpu.allocator.release(sampledId) });

@@ -182,7 +182,7 @@ function checkMemoryAfterDelete(session: SessionResult, kv: string): FaultRecord
   // The per-token-count dispatch caches: the paged attention's (kv.…) and the forward graphs' and KV rotations'
   // parameters (blk.N.…).
   const kept =
-    /^scratch:(kv\.(layer\d+\.)?t\d+\.[\w.]+|(embed|output_norm|output(\.all)?|blk\.\d+\.(attn_norm|ffn_norm|q|k|v|qkv|q_norm|k_norm|rope|rotate_qkv|o|gate|up|swiglu|gate_up|down))(#\d+)?\.params) \d+$/;
+    /^scratch:(kv\.(layer\d+\.)?t\d+\.[\w.]+|(embed|output_norm|output(\.all)?|blk\.\d+\.(attn_norm|ffn_norm|q|k|v|qkv|q_norm|k_norm|rope|rotate_qkv|o|gate|up|swiglu|gate_up|down))(#\d+|\.quantize)?\.params) \d+$/;
   expect(gone.filter((b) => !/^kv:kv\.(f16|quant)\.slab\d+ \d+$/.test(b))).toEqual([]);
   expect(grown.filter((b) => !kept.test(b))).toEqual([]);
   expect(after.bytes.kv).toBeLessThanOrEqual(session.afterLoad.bytes.kv);

@@ -118,7 +118,8 @@ export async function captureAttentionInputs(
     ...(options.output ? { output: new Float32Array(n * widths.output) } : {}),
   }));
   const backend = new AttentionCapture(gpu, createKvAttention(gpu, pool, { heads: c.heads }), buffers, widths);
-  const transformer = new Transformer(gpu, c, weights, backend, chunk);
+  // f32 projections: the captured reference K/V and queries do not depend on the device's int8 tensor cores.
+  const transformer = new Transformer(gpu, c, weights, backend, chunk, { prefillMatmul: 'f32' });
   const seq = pool.createSequence();
   try {
     for (let position = 0; position < n; position += chunk) {

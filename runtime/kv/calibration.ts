@@ -296,7 +296,8 @@ export async function calibrateKvRotations(
         moments,
         pass === 'value' ? capture : null,
       );
-      const transformer = new Transformer(gpu, c, weights, backend, chunk);
+      // f32 projections: the fitted rotations do not depend on whether this device has int8 tensor cores.
+      const transformer = new Transformer(gpu, c, weights, backend, chunk, { prefillMatmul: 'f32' });
       const seq = pool.createSequence();
       try {
         for (let position = 0; position < tokens.length; position += chunk) {

@@ -3,7 +3,14 @@ import { describe, expect, it } from 'vitest';
 import { withTestGpu } from '../../test/gpu.ts';
 import { ContextOverflowError, InvalidRequestError } from '../errors.ts';
 import { readUint32 } from '../gpu/readback.ts';
-import { decodePageEntry, KV_PAGE_KIND, KvPagePool, type KvSequence, MAX_KV_SLABS } from './pool.ts';
+import {
+  decodePageEntry,
+  defaultQuantF16Bytes,
+  KV_PAGE_KIND,
+  KvPagePool,
+  type KvSequence,
+  MAX_KV_SLABS,
+} from './pool.ts';
 
 const ctx = withTestGpu();
 
@@ -428,5 +435,33 @@ describe('KvPagePool', () => {
     expect(pool.stats().slabs).toBe(2); // freed pages are reused before growing
     pool.destroy();
     expect(gpu.allocator.snapshot().bytes.kv).toBe(kvBefore);
+  });
+});
+
+describe("KvPagePool.holdsStep: whether a 2-bit pool's default f16 share holds prefill steps of a size", () => {
+  // Llama-3.2-1B's cache shape: an f16 page of 16 tokens is 512 KiB.
+  const llama = { layers: 16, kvHeads: 8, headDim: 64 } as const;
+
+  it('a 64 MiB 2-bit budget holds 128-token steps, not 512 (the f16 share is capped at half the budget)', () => {
+    const options = { ...llama, budgetBytes: 64 << 20, kv: 'quant' as const };
+    // Sink 4 + window 18 pages for 2 sequences, plus 2 steps and 2: 62 pages (31 MiB) at 128, 110 (55 MiB) at 512.
+    expect(defaultQuantF16Bytes({ ...options, maxStepTokens: 128 })).toBe(62 * 512 * 1024);
+    expect(KvPagePool.holdsStep(options, 128)).toBe(true);
+    expect(KvPagePool.holdsStep(options, 512)).toBe(false);
+    // The pool itself grants that share: its f16 pages at 128-token steps.
+    const pool = new KvPagePool(ctx.gpu, { ...options, maxStepTokens: 128 });
+    try {
+      expect(pool.pagesObtainable().f16).toBe(62);
+    } finally {
+      pool.destroy();
+    }
+  });
+
+  it('a large 2-bit budget, an f16 pool or an explicit f16 share hold any step', () => {
+    expect(KvPagePool.holdsStep({ ...llama, budgetBytes: 1 << 30, kv: 'quant' }, 512)).toBe(true);
+    expect(KvPagePool.holdsStep({ ...llama, budgetBytes: 64 << 20, kv: 'f16' }, 512)).toBe(true);
+    expect(KvPagePool.holdsStep({ ...llama, budgetBytes: 64 << 20, kv: 'quant', f16BudgetBytes: 8 << 20 }, 512)).toBe(
+      true,
+    );
   });
 });

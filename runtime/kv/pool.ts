@@ -325,6 +325,20 @@ function resolveFormat(width: number, o: KvRowFormatOptions | undefined, name: s
   return f;
 }
 
+/**
+ * The f16 share of a 'quant' pool unless f16BudgetBytes is given: the sink and window pages of up to two live
+ * sequences, plus a step's new pages and the pages it demotes (which return to the free list only at the next step).
+ */
+export function defaultQuantF16Bytes(options: KvPoolOptions): number {
+  const pageTokens = options.pageTokens ?? 16;
+  const pageBytes = options.layers * 2 * options.kvHeads * pageTokens * options.headDim * 2;
+  const sinkPages = Math.ceil((options.sink ?? 64) / pageTokens);
+  const windowPages = Math.ceil((options.window ?? 256) / pageTokens) + 2;
+  const sequencesWithF16 = Math.min(2, options.maxSequences ?? 2);
+  const stepPages = Math.ceil((options.maxStepTokens ?? 512) / pageTokens);
+  return (sequencesWithF16 * (sinkPages + windowPages) + 2 * stepPages + 2) * pageBytes;
+}
+
 export class KvPagePool {
   readonly layers: number;
   readonly kvHeads: number;
@@ -369,6 +383,15 @@ export class KvPagePool {
   promotions = 0;
   /** Pages demoted by `flush` (idle sequences) since the pool was made. */
   flushed = 0;
+
+  /**
+   * Whether a 'quant' pool's default f16 share, at most half the budget, holds prefill steps of `stepTokens` (a
+   * bigger step needs more f16 pages at once); an 'f16' pool, or a given f16BudgetBytes, always does.
+   */
+  static holdsStep(options: KvPoolOptions, stepTokens: number): boolean {
+    if ((options.kv ?? 'f16') !== 'quant' || options.f16BudgetBytes !== undefined) return true;
+    return defaultQuantF16Bytes({ ...options, maxStepTokens: stepTokens }) <= Math.floor(options.budgetBytes / 2);
+  }
 
   constructor(gpu: GpuContext, options: KvPoolOptions) {
     const { layers, kvHeads, headDim, budgetBytes } = options;
@@ -474,14 +497,8 @@ export class KvPagePool {
         layerStart.push(quantPageWords);
         quantPageWords += pageTokens * (k.rowWords + v.rowWords);
       }
-      const windowPages = Math.ceil(window / pageTokens) + 2;
-      // Enough f16 pages for the sink and window of up to two live sequences.
-      const sequencesWithF16 = Math.min(2, options.maxSequences ?? 2);
-      const stepPages = Math.ceil(maxStepTokens / pageTokens);
-      // A step's new pages, plus the pages it demotes, which return to the free list only at the next step.
-      const defaultF16 = (sequencesWithF16 * (this.sinkPages + windowPages) + 2 * stepPages + 2) * this.pageBytes;
       const f16Budget = Math.min(
-        options.f16BudgetBytes ?? Math.min(defaultF16, Math.floor(budgetBytes / 2)),
+        options.f16BudgetBytes ?? Math.min(defaultQuantF16Bytes(options), Math.floor(budgetBytes / 2)),
         budgetBytes - quantPageWords * 4,
       );
       this.f16 = makeStore(KV_PAGE_KIND.f16, this.pageBytes, f16Budget, 0, MAX_KV_SLABS / 2);

@@ -66,6 +66,23 @@ export interface TransformerOptions {
   prefillMatmul?: 'auto' | 'f32';
 }
 
+/**
+ * Whether prefill projections run on the int8 matmul: `prefillMatmul` 'auto' and a device with i8 subgroup
+ * matrices, for a model whose first layer has a weight type with int8 codes.
+ */
+export function int8PrefillApplies(
+  gpu: GpuContext,
+  weights: ModelWeights,
+  prefillMatmul: TransformerOptions['prefillMatmul'] = 'auto',
+): boolean {
+  const l = weights.layers[0];
+  return (
+    prefillMatmul === 'auto' &&
+    l !== undefined &&
+    [l.q, l.k, l.v, l.o, l.gate, l.up, l.down].some((weight) => int8MatmulAvailable(gpu, weight.type))
+  );
+}
+
 /** Which logits a forward call produces. */
 export type LogitsMode = 'none' | 'last' | 'all';
 
@@ -116,11 +133,7 @@ export class Transformer {
       logits: f32('logits', c.vocab),
       step: uniformBuffer(gpu, 'step', [0, 0, 0, 0], 'uuuu'),
     };
-    const l = weights.layers[0];
-    const int8 =
-      (options.prefillMatmul ?? 'auto') === 'auto' &&
-      maxTokens > 1 &&
-      [l.q, l.k, l.v, l.o, l.gate, l.up, l.down].some((weight) => int8MatmulAvailable(gpu, weight.type));
+    const int8 = maxTokens > 1 && int8PrefillApplies(gpu, weights, options.prefillMatmul);
     const widest = Math.max(c.dim, c.ffnDim, c.heads * c.headDim);
     this.int8 = int8 ? createInt8Activations(gpu, 'int8', maxTokens, widest) : null;
   }
