@@ -60,7 +60,7 @@ export type FinishReason = 'stop' | 'length' | 'abort';
 export type ModelSource = string | URL | Blob;
 
 export interface EngineLoadOptions extends KvCacheOptions {
-  /** Tokens per prefill submit (default 128; 512 where the prefill runs on int8 tensor cores). */
+  /** Tokens per prefill submit (default 128; 512 where the prefill runs on int8 tensor cores and the KV budget holds it). */
   prefillChunk?: number;
   /**
    * Prefill projections: 'auto' (default) runs them on int8 tensor cores where the GPU offers them (Dawn's
