@@ -10,6 +10,7 @@ import { sourceFromPath } from '../runtime/gguf/node-source.ts';
 import type { ByteSource } from '../runtime/gguf/types.ts';
 import type { MemorySnapshot } from '../runtime/gpu/allocator.ts';
 import type { GpuContext } from '../runtime/gpu/device.ts';
+import type { PrefillMatmul } from '../runtime/model/transformer.ts';
 import type { BenchModelFile } from './models.ts';
 import { type RowTiming, summarize, type TimedRepeat } from './stats.ts';
 
@@ -94,7 +95,7 @@ export class EngineRunner {
     kv: KvMode,
     maxContext: number,
     prefillChunk: number | undefined,
-    prefillMatmul: 'auto' | 'f32' = 'auto',
+    prefillMatmul: PrefillMatmul = 'auto',
   ): Promise<EngineLoadResult> {
     await this.unload();
     const s = file.shape;

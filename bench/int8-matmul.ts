@@ -25,7 +25,12 @@ import { releaseWeight, uploadWeightFromBytes } from '../kernels/weights.ts';
 import { GGML_TYPE_INFO, GgmlType } from '../runtime/gguf/types.ts';
 import { acquireGpu } from '../runtime/gpu/device.ts';
 import { nodeGpu, releaseNodeGpu } from '../runtime/gpu/node.ts';
-import { INT8_MATMUL_CASES, INT8_MATMUL_TYPES, runInt8MatmulCase } from '../test/int8-matmul-case.ts';
+import {
+  INT8_MATMUL_CASES,
+  INT8_MATMUL_TYPES,
+  INT8_MATMUL_VARIANTS,
+  runInt8MatmulCase,
+} from '../test/int8-matmul-case.ts';
 import { randomFloats, seededRandom } from '../test/random.ts';
 import { timeDispatches } from './gpu-timing.ts';
 
@@ -142,7 +147,7 @@ async function main() {
     return;
   }
   const tokensList = (arg('--tokens') ?? '128,512').split(',').map(Number);
-  const variants = Object.keys(INT8_MATMUL_TILES) as Int8MatmulVariant[];
+  const variants = INT8_MATMUL_VARIANTS;
   const timings = [];
   for (const weightType of [GgmlType.Q4_K, GgmlType.Q4_0]) {
     for (const [model, matrix, K, N] of SHAPES) {

@@ -19,6 +19,7 @@ import type { KvMode } from '../runtime/engine/engine.ts';
 import type { GpuContext } from '../runtime/gpu/device.ts';
 import { acquireGpu } from '../runtime/gpu/device.ts';
 import { nodeGpu, releaseNodeGpu } from '../runtime/gpu/node.ts';
+import type { PrefillMatmul } from '../runtime/model/transformer.ts';
 import { GREEDY_SAMPLING } from '../runtime/sampling/params.ts';
 import { EngineRunner } from './engine-runner.ts';
 import { BENCH_MODELS, ensureModelFile, QUICK_MODEL, type WeightMix } from './models.ts';
@@ -173,7 +174,7 @@ async function main(): Promise<void> {
   const runner = new EngineRunner(gpu);
   try {
     const kv = (flag('kv') ?? 'f16') as KvMode;
-    const matmul = (flag('prefill-matmul') ?? 'auto') as 'auto' | 'f32';
+    const matmul = (flag('prefill-matmul') ?? 'auto') as PrefillMatmul;
     const loaded = await runner.load(file, kv, context, undefined, matmul);
     if (!loaded.available) throw new Error(`kv ${kv} is not available: ${loaded.reason}`);
     const p = await profileDecode(runner, context, reps, tokens);

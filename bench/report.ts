@@ -3,6 +3,7 @@
  * test suite runs on the quick bench's output. One row = one runtime × model × weight mix × KV type × context.
  */
 import type { MemorySnapshot } from '../runtime/gpu/allocator.ts';
+import type { PrefillMatmul } from '../runtime/model/transformer.ts';
 import type { DecodeGraphCounts, FillMode } from './engine-runner.ts';
 import type { LlamaInfo } from './llama-cpp.ts';
 import type { Spread } from './stats.ts';
@@ -89,7 +90,7 @@ export interface BenchReport {
     fill: string;
     prefillChunk: number | null;
     /** Which kernels ran the prefill projections ('auto': int8 tensor cores where the adapter offers them). */
-    prefillMatmul?: 'auto' | 'f32';
+    prefillMatmul?: PrefillMatmul;
     rowBudgetSeconds: number;
     prefillLimitSeconds: number;
     seed: number;

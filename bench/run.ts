@@ -11,6 +11,7 @@ import { pathToFileURL } from 'node:url';
 import type { KvMode } from '../runtime/engine/engine.ts';
 import { acquireGpu, type GpuContext } from '../runtime/gpu/device.ts';
 import { nodeGpu, releaseNodeGpu } from '../runtime/gpu/node.ts';
+import type { PrefillMatmul } from '../runtime/model/transformer.ts';
 import { EngineRunner, type FillMode } from './engine-runner.ts';
 import { type LlamaBackend, LlamaCppRunner, type LlamaKvType, llamaKvBytesPerToken } from './llama-cpp.ts';
 import {
@@ -40,7 +41,7 @@ export interface BenchOptions {
   /** Whole run: rows after this are marked skipped (the device tool kills a command at 600 s). */
   totalBudgetSeconds: number;
   prefillChunk: number | undefined;
-  prefillMatmul: 'auto' | 'f32';
+  prefillMatmul: PrefillMatmul;
   llama: 'auto' | LlamaBackend | 'off';
   llamaKv: LlamaKvType[];
   llamaThreads: number | undefined;
@@ -69,7 +70,7 @@ const USAGE = `Usage: npm run bench -- [flags]   (or: node .gpu/bench.mjs [flags
   --row-budget-s s        per row: no further repeat past this (default 60)
   --budget-s s            whole run: later rows are skipped (default: none)
   --prefill-chunk n       longtab tokens per prefill submit (default: the engine's, 128; 512 with int8 tensor cores)
-  --prefill-matmul m      auto (int8 tensor cores where the GPU has them) or f32 (default auto)
+  --prefill-matmul m      auto (int8 tensor cores where the GPU has them), f32 or int8-dot (dot4I8Packed; default auto)
   --llama auto|vulkan|cpu|off   node-llama-cpp backend (auto: vulkan on a GPU adapter, cpu on a CPU one)
   --llama-kv types        f16,q4_0 (default both)
   --llama-threads n       default 1 on cpu (2-core dev machines), 8 with vulkan
@@ -145,7 +146,9 @@ export function parseBenchArgs(argv: readonly string[], log: (line: string) => v
   const threads = take('llama-threads');
   const chunk = take('prefill-chunk');
   const prefillMatmul = (take('prefill-matmul') ?? 'auto') as BenchOptions['prefillMatmul'];
-  if (!['auto', 'f32'].includes(prefillMatmul)) throw new Error(`--prefill-matmul ${prefillMatmul}: auto or f32`);
+  if (!['auto', 'f32', 'int8-dot'].includes(prefillMatmul)) {
+    throw new Error(`--prefill-matmul ${prefillMatmul}: auto, f32 or int8-dot`);
+  }
   const options: BenchOptions = {
     quick,
     models,

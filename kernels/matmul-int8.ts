@@ -10,8 +10,10 @@ import {
 } from './dispatch.ts';
 import { foldWorkgroups, requireBytes } from './matmul.ts';
 import {
+  INT8_DOT_TILE,
   INT8_MATMUL_TILES,
   type Int8MatmulVariant,
+  int8DotMatmulWgsl,
   int8MatmulSupportsType,
   int8MatmulWgsl,
   int8TileShape,
@@ -53,11 +55,12 @@ export function releaseInt8Activations(gpu: GpuContext, a: Int8Activations): voi
   gpu.allocator.release(a.scales);
 }
 
-/** Whether this device runs the int8 matmul for weights of `type`. */
+/** Whether this device runs the int8 matmul (`variant`: a tensor-core tile, or 'dot4') for weights of `type`. */
 export function int8MatmulAvailable(gpu: GpuContext, type: GgmlType, variant: Int8MatmulVariant = '32x32'): boolean {
+  if (!int8MatmulSupportsType(type)) return false;
+  if (variant === 'dot4') return true;
   return (
     gpu.features.subgroupMatrixI8 &&
-    int8MatmulSupportsType(type) &&
     int8WorkgroupBytes(INT8_MATMUL_TILES[variant]) <= gpu.limits.maxComputeWorkgroupStorageSize
   );
 }
@@ -164,9 +167,13 @@ export function prepareInt8Matmul(
   }
   requireBytes(label, 'output', b.output, tokens * weight.rows * 4);
   if (b.bias) requireBytes(label, 'bias', b.bias, weight.rows * 4);
-  const tile = INT8_MATMUL_TILES[variant];
-  const shape = int8TileShape(tile);
-  const code = int8MatmulWgsl(weight.type, b.bias !== undefined, tile, b.accumulate ?? false);
+  const hasBias = b.bias !== undefined;
+  const accumulate = b.accumulate ?? false;
+  const shape = variant === 'dot4' ? INT8_DOT_TILE : int8TileShape(INT8_MATMUL_TILES[variant]);
+  const code =
+    variant === 'dot4'
+      ? int8DotMatmulWgsl(weight.type, hasBias, accumulate)
+      : int8MatmulWgsl(weight.type, hasBias, INT8_MATMUL_TILES[variant], accumulate);
   const pipeline = computePipeline(gpu, `matmul-int8 ${variant}`, transformSource ? transformSource(code) : code);
   const rowWords = packedRowWords(weight.type, K);
   const tokenTiles = Math.ceil(tokens / shape.tokens);

@@ -151,7 +151,8 @@ export const INT8_MATMUL_TILES = {
   '64x64': { subgroupsAlongRows: 2, tilesAlongRows: 2, tilesAlongTokens: 2 },
   '32x32': { subgroupsAlongRows: 2, tilesAlongRows: 1, tilesAlongTokens: 1 },
 } as const satisfies Record<string, Int8MatmulTile>;
-export type Int8MatmulVariant = keyof typeof INT8_MATMUL_TILES;
+/** A tensor-core tile, or 'dot4': the kernel on dot4I8Packed that every adapter runs (int8DotMatmulWgsl). */
+export type Int8MatmulVariant = keyof typeof INT8_MATMUL_TILES | 'dot4';
 
 /** Weight rows and tokens of one workgroup's output tile. */
 export function int8TileShape(tile: Int8MatmulTile): { rows: number; tokens: number } {
@@ -316,6 +317,101 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
           let at = t * params.outStride + col;
           y[at] = ${accumulate ? `y[at] + (${value})` : value};
         }
+      }
+    }
+  }
+}
+`;
+}
+
+/** Rows and tokens of the dot4I8Packed kernel's workgroup tile (16 x 16 invocations, 4 x 4 outputs each). */
+export const INT8_DOT_TILE = { rows: 64, tokens: 64 } as const;
+
+/**
+ * The same int8 matmul without tensor cores, on core WGSL's `dot4I8Packed` (four 8-bit products and their sum in one
+ * instruction): every adapter runs it. Per 32-deep block, the workgroup stages its 64 rows' weight codes and its 64
+ * tokens' activation codes (8 words each, rows padded to 9 words so 16 consecutive rows fall in different banks) with
+ * both blocks' scale pairs; invocation (tx, ty) takes rows tx + 16·i and tokens ty + 16·j, sums 8 dot4I8Packed per
+ * output into an integer and adds s·d·C + m·(d·Σq) to its f32 accumulator.
+ */
+export function int8DotMatmulWgsl(type: GgmlType, hasBias: boolean, accumulate = false): string {
+  const code = CODE_WGSL[type];
+  if (!code) throw new Error(`int8 matmul: no int8 codes for weight type ${type}`);
+  const value = hasBias ? 'acc[a] + bias[col]' : 'acc[a]';
+  const withMin = !WITHOUT_MIN.has(type);
+  return /* wgsl */ `
+struct Params { K: u32, rows: u32, tokens: u32, rowWords: u32, firstRow: u32, outStride: u32, _p0: u32, _p1: u32 }
+@group(0) @binding(0) var<storage, read> w: array<u32>;
+@group(0) @binding(1) var<storage, read> codes: array<u32>;
+@group(0) @binding(2) var<storage, read> scales: array<vec2<f32>>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<uniform> params: Params;
+${hasBias ? '@group(0) @binding(5) var<storage, read> bias: array<f32>;' : ''}
+${weightDecodeWgsl()}
+${type === GgmlType.Q5_0 || type === GgmlType.Q5_1 ? Q5_WORD : ''}
+${code}
+
+const ROW_WORDS: u32 = 9u;  // 8 words of codes per row or token, padded
+var<workgroup> wcodes: array<u32, ${64 * 9}>;
+var<workgroup> xcodes: array<u32, ${64 * 9}>;
+var<workgroup> wscales: array<vec2<f32>, 64>;
+var<workgroup> xscales: array<vec2<f32>, 64>;
+
+@compute @workgroup_size(16, 16)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_id) lid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+  let n0 = (wg.x + wg.y * nwg.x) * 64u;
+  if (n0 >= params.rows) { return; }
+  let t0 = wg.z * 64u;
+  let K = params.K;
+  let blocks = K / 32u;
+  var acc: array<f32, 16>;  // [i][j]: row tx + 16i, token ty + 16j
+  for (var b = 0u; b < blocks; b++) {
+    // 512 words of each operand, 2 per invocation: row or token li / 8 and li / 8 + 32, word li % 8.
+    for (var u = 0u; u < 2u; u++) {
+      let r = li / 8u + 32u * u;
+      let word = li % 8u;
+      let base = min(n0 + r, params.rows - 1u) * params.rowWords;
+      wcodes[r * ROW_WORDS + word] = code_word(base, b, word);
+      xcodes[r * ROW_WORDS + word] = codes[(t0 + r) * (K / 4u) + b * 8u + word];
+    }
+    if (li < 64u) {
+      wscales[li] = code_scale(min(n0 + li, params.rows - 1u) * params.rowWords, b);
+    } else if (li < 128u) {
+      xscales[li - 64u] = scales[(t0 + li - 64u) * blocks + b];
+    }
+    workgroupBarrier();
+    // Initialized explicitly: a declaration without one was not zeroed again on each iteration (lavapipe).
+    var sums = array<i32, 16>();
+    for (var k = 0u; k < 8u; k++) {
+      var wv: array<u32, 4>;
+      var xv: array<u32, 4>;
+      for (var i = 0u; i < 4u; i++) {
+        wv[i] = wcodes[(lid.x + 16u * i) * ROW_WORDS + k];
+        xv[i] = xcodes[(lid.y + 16u * i) * ROW_WORDS + k];
+      }
+      for (var i = 0u; i < 4u; i++) {
+        for (var j = 0u; j < 4u; j++) { sums[i * 4u + j] += dot4I8Packed(wv[i], xv[j]); }
+      }
+    }
+    for (var i = 0u; i < 4u; i++) {
+      let ws = wscales[lid.x + 16u * i];
+      for (var j = 0u; j < 4u; j++) {
+        let s = xscales[lid.y + 16u * j];
+        acc[i * 4u + j] += ${withMin ? 'f32(sums[i * 4u + j]) * (ws.x * s.x) + ws.y * s.y' : 'f32(sums[i * 4u + j]) * (ws.x * s.x)'};
+      }
+    }
+    workgroupBarrier();
+  }
+  for (var i = 0u; i < 4u; i++) {
+    for (var j = 0u; j < 4u; j++) {
+      let n = n0 + lid.x + 16u * i;
+      let t = t0 + lid.y + 16u * j;
+      if (n < params.rows && t < params.tokens) {
+        let a = i * 4u + j;
+        let col = params.firstRow + n;
+        let at = t * params.outStride + col;
+        y[at] = ${accumulate ? `y[at] + (${value})` : value};
       }
     }
   }

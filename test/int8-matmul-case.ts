@@ -123,10 +123,14 @@ export const INT8_MATMUL_TYPES: [string, GgmlType, number][] = [
   ['Q5_K', GgmlType.Q5_K, 768],
 ];
 
-export const INT8_MATMUL_CASES: Int8MatmulCase[] = (Object.keys(INT8_MATMUL_TILES) as Int8MatmulVariant[]).flatMap(
-  (variant) => [
-    { tokens: 2, rows: 37, bias: true, variant },
-    { tokens: 67, rows: 70, bias: false, variant, maxRowsPerPart: 48 },
-    { tokens: 130, rows: 131, bias: true, accumulate: true, variant },
-  ],
-);
+/** Every tensor-core tile, and the dot4I8Packed kernel that every adapter runs. */
+export const INT8_MATMUL_VARIANTS: readonly Int8MatmulVariant[] = [
+  ...(Object.keys(INT8_MATMUL_TILES) as Int8MatmulVariant[]),
+  'dot4',
+];
+
+export const INT8_MATMUL_CASES: Int8MatmulCase[] = INT8_MATMUL_VARIANTS.flatMap((variant) => [
+  { tokens: 2, rows: 37, bias: true, variant },
+  { tokens: 67, rows: 70, bias: false, variant, maxRowsPerPart: 48 },
+  { tokens: 130, rows: 131, bias: true, accumulate: true, variant },
+]);

@@ -65,9 +65,10 @@ export interface EngineLoadOptions extends KvCacheOptions {
   /**
    * Prefill projections: 'auto' (default) runs them on int8 tensor cores where the GPU offers them (Dawn's
    * experimental subgroup matrices: Chrome with --enable-unsafe-webgpu; activations quantized per 32 elements, as
-   * llama.cpp does); 'f32' keeps the f32 kernels.
+   * llama.cpp does); 'f32' keeps the f32 kernels; 'int8-dot' runs the int8 matmul on dot4I8Packed, which every GPU
+   * has (not yet measured against f32, so 'auto' does not pick it).
    */
-  prefillMatmul?: 'auto' | 'f32';
+  prefillMatmul?: 'auto' | 'f32' | 'int8-dot';
   /**
    * rotation 'calibrated' on a model without fitted rotations: 'background' (default) loads with 'hadamard' and,
    * between requests, fits rotations and clip quantiles on text the model writes itself, caches them under the

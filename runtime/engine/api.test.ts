@@ -386,7 +386,7 @@ describe.skipIf(!modelPath || !goldenPath)('LongtabEngine API on stories260K', (
     await expect(engine.load(modelPath!, { rotation: 'diagonal' as 'none' })).rejects.toThrow(/rotation/);
     await expect(engine.load(modelPath!, { kvBudgetBytes: -1 })).rejects.toThrow(/kvBudgetBytes/);
     await expect(engine.load(modelPath!, { prefillMatmul: 'int4' as 'f32' })).rejects.toThrow(
-      /prefillMatmul = "int4" is invalid: use 'auto' or 'f32'/,
+      /prefillMatmul = "int4" is invalid: use 'auto', 'f32' or 'int8-dot'/,
     );
     await expect(engine.load(modelPath!, { kv: 'int2', boostLayers: '3' as unknown as number[] })).rejects.toThrow(
       /boostLayers/,

@@ -18,7 +18,7 @@ import {
   withStoredRotations,
 } from '../kv/rotation-store.ts';
 import { type ModelConfig, readModelConfig } from '../model/config.ts';
-import { int8PrefillApplies, Transformer, type TransformerOptions } from '../model/transformer.ts';
+import { int8PrefillApplies, type PrefillMatmul, Transformer, type TransformerOptions } from '../model/transformer.ts';
 import { loadModelWeights, type ModelWeights, releaseModelWeights } from '../model/weights.ts';
 import { GREEDY_SAMPLING, resolveSamplingParams, type SamplingParams } from '../sampling/params.ts';
 import { GgufTokenizer } from '../tokenizer/tokenizer.ts';
@@ -49,8 +49,8 @@ export interface LoadOptions extends KvCacheOptions {
  * Not when the KV budget's f16 share could not hold 512-token steps (a 2-bit cache on a small budget): prompts
  * that fit would shrink.
  */
-export function defaultPrefillChunk(int8Prefill: boolean, pool: KvPoolOptions): number {
-  return int8Prefill && KvPagePool.holdsStep(pool, 512) ? 512 : 128;
+export function defaultPrefillChunk(tensorCorePrefill: boolean, pool: KvPoolOptions): number {
+  return tensorCorePrefill && KvPagePool.holdsStep(pool, 512) ? 512 : 128;
 }
 const DEFAULT_KV_BUDGET = 64 * 1024 * 1024;
 const DEFAULT_MAX_SEQUENCES = 16;
@@ -219,7 +219,7 @@ export class Engine {
   private model: LoadedModel | null = null;
   private busy = false;
   /** The loaded model's prefill matmul choice (LoadOptions.prefillMatmul), kept for rebuilds of its KV state. */
-  private prefillMatmul: 'auto' | 'f32' = 'auto';
+  private prefillMatmul: PrefillMatmul = 'auto';
 
   constructor(gpu: GpuContext) {
     this.gpu = gpu;
@@ -240,11 +240,14 @@ export class Engine {
   async load(source: ByteSource, options: LoadOptions = {}): Promise<ModelConfig> {
     checkInteger('prefillChunk', options.prefillChunk, 1, 4096);
     const prefillMatmul = options.prefillMatmul ?? 'auto';
-    if (prefillMatmul !== 'auto' && prefillMatmul !== 'f32') {
-      throw new InvalidRequestError(`Load option prefillMatmul = ${String(prefillMatmul)}: use 'auto' or 'f32'.`, {
-        option: 'prefillMatmul',
-        value: prefillMatmul,
-      });
+    if (prefillMatmul !== 'auto' && prefillMatmul !== 'f32' && prefillMatmul !== 'int8-dot') {
+      throw new InvalidRequestError(
+        `Load option prefillMatmul = ${String(prefillMatmul)}: use 'auto', 'f32' or 'int8-dot'.`,
+        {
+          option: 'prefillMatmul',
+          value: prefillMatmul,
+        },
+      );
     }
     this.unload();
     this.prefillMatmul = prefillMatmul;
@@ -280,14 +283,15 @@ export class Engine {
     const created: Array<{ release(): void }> = [{ release: () => releaseModelWeights(gpu, weights) }];
     // A browser whose Dawn offers the feature but not the WGSL forms the kernel uses falls back to f32.
     const first = weights.layers[0];
-    const int8Prefill =
-      int8PrefillApplies(gpu, weights, prefillMatmul) &&
+    const tensorCores =
+      prefillMatmul === 'auto' &&
+      int8PrefillApplies(gpu, weights, 'auto') &&
       (await int8MatmulCompiles(
         gpu,
         [first.q, first.k, first.v, first.o, first.gate, first.up, first.down].map((w) => w.type),
       ));
-    if (!int8Prefill) this.prefillMatmul = 'f32';
-    const prefillChunk = options.prefillChunk ?? defaultPrefillChunk(int8Prefill, poolOptions);
+    if (prefillMatmul === 'auto' && !tensorCores) this.prefillMatmul = 'f32';
+    const prefillChunk = options.prefillChunk ?? defaultPrefillChunk(tensorCores, poolOptions);
     poolOptions = { ...poolOptions, maxStepTokens: prefillChunk };
     try {
       const sampledId = gpu.allocator.createStorage('sampledId', 'scratch', 16);

@@ -195,8 +195,13 @@ export function validateLoadOptions(options: unknown): EngineLoadOptions {
   if (options === undefined || options === null) return {};
   const o = checkObject('load options', options, LOAD_OPTION_FIELDS);
   if (o.kv !== undefined && o.kv !== 'f16' && o.kv !== 'int2') fail('kv', o.kv, "use 'f16' or 'int2'");
-  if (o.prefillMatmul !== undefined && o.prefillMatmul !== 'auto' && o.prefillMatmul !== 'f32') {
-    fail('prefillMatmul', o.prefillMatmul, "use 'auto' or 'f32'");
+  if (
+    o.prefillMatmul !== undefined &&
+    o.prefillMatmul !== 'auto' &&
+    o.prefillMatmul !== 'f32' &&
+    o.prefillMatmul !== 'int8-dot'
+  ) {
+    fail('prefillMatmul', o.prefillMatmul, "use 'auto', 'f32' or 'int8-dot'");
   }
   for (const name of [
     'kvBudgetBytes',

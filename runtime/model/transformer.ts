@@ -4,6 +4,7 @@ import { prepareEmbedding } from '../../kernels/embedding.ts';
 import { type MatmulBinding, prepareMatmul, prepareMatvecGroup, prepareMatvecSwiglu } from '../../kernels/matmul.ts';
 import {
   createInt8Activations,
+  defaultInt8Variant,
   type Int8Activations,
   int8MatmulAvailable,
   prepareInt8Matmul,
@@ -57,13 +58,21 @@ export interface ForwardGraph {
   allLogits?: PreparedDispatch[];
 }
 
+export type PrefillMatmul = 'auto' | 'f32' | 'int8-dot';
+
+/** The int8 kernel a prefill-matmul choice runs: a tensor-core tile (chosen per weight), or dot4I8Packed. */
+function int8Kernel(prefillMatmul: PrefillMatmul): '32x32' | 'dot4' {
+  return prefillMatmul === 'int8-dot' ? 'dot4' : '32x32';
+}
+
 export interface TransformerOptions {
   /**
    * 'auto' (default): prefill projections run on the int8 tensor-core matmul where the device offers i8 subgroup
    * matrices and the weight type has int8 codes (kernels/matmul-int8.ts: activations quantized per 32 elements, as
-   * llama.cpp's MMQ); 'f32': always the f32 kernels. Decode steps use the matvecs either way.
+   * llama.cpp's MMQ); 'int8-dot': the int8 matmul on dot4I8Packed, which every adapter runs (not yet measured
+   * against f32 on a GPU, so never chosen by itself); 'f32': always the f32 kernels. Decode steps use the matvecs.
    */
-  prefillMatmul?: 'auto' | 'f32';
+  prefillMatmul?: PrefillMatmul;
 }
 
 /**
@@ -73,13 +82,15 @@ export interface TransformerOptions {
 export function int8PrefillApplies(
   gpu: GpuContext,
   weights: ModelWeights,
-  prefillMatmul: TransformerOptions['prefillMatmul'] = 'auto',
+  prefillMatmul: PrefillMatmul = 'auto',
 ): boolean {
   const l = weights.layers[0];
   return (
-    prefillMatmul === 'auto' &&
+    prefillMatmul !== 'f32' &&
     l !== undefined &&
-    [l.q, l.k, l.v, l.o, l.gate, l.up, l.down].some((weight) => int8MatmulAvailable(gpu, weight.type))
+    [l.q, l.k, l.v, l.o, l.gate, l.up, l.down].some((weight) =>
+      int8MatmulAvailable(gpu, weight.type, int8Kernel(prefillMatmul)),
+    )
   );
 }
 
@@ -102,6 +113,7 @@ export class Transformer {
   private readonly stepWords = new Uint32Array(4);
   /** The int8 prefill matmul's quantized activations (null: the f32 kernels run every projection). */
   private readonly int8: Int8Activations | null;
+  private readonly prefillMatmul: PrefillMatmul;
 
   constructor(
     gpu: GpuContext,
@@ -133,7 +145,8 @@ export class Transformer {
       logits: f32('logits', c.vocab),
       step: uniformBuffer(gpu, 'step', [0, 0, 0, 0], 'uuuu'),
     };
-    const int8 = maxTokens > 1 && int8PrefillApplies(gpu, weights, options.prefillMatmul);
+    this.prefillMatmul = options.prefillMatmul ?? 'auto';
+    const int8 = maxTokens > 1 && int8PrefillApplies(gpu, weights, this.prefillMatmul);
     const widest = Math.max(c.dim, c.ffnDim, c.heads * c.headDim);
     this.int8 = int8 ? createInt8Activations(gpu, 'int8', maxTokens, widest) : null;
   }
@@ -149,8 +162,9 @@ export class Transformer {
     projections: (Omit<MatmulBinding, 'input' | 'tokens'> & { label: string })[],
   ): PreparedDispatch[] {
     const { gpu, int8 } = this;
+    const kernel = int8Kernel(this.prefillMatmul);
     const onInt8 = (weight: MatmulBinding['weight']) =>
-      int8 !== null && tokens > 1 && int8MatmulAvailable(gpu, weight.type);
+      int8 !== null && tokens > 1 && int8MatmulAvailable(gpu, weight.type, kernel);
     const dispatches: PreparedDispatch[] = [];
     const first = projections.find((p) => onInt8(p.weight));
     if (first && int8) {
@@ -166,7 +180,12 @@ export class Transformer {
     for (const { label: name, ...p } of projections) {
       dispatches.push(
         ...(int8 && onInt8(p.weight)
-          ? prepareInt8Matmul(gpu, name, { ...p, activations: int8, tokens })
+          ? prepareInt8Matmul(
+              gpu,
+              name,
+              { ...p, activations: int8, tokens },
+              kernel === 'dot4' ? 'dot4' : defaultInt8Variant(gpu, p.weight, tokens),
+            )
           : prepareMatmul(gpu, name, { ...p, input, tokens })),
       );
     }

@@ -1,0 +1,83 @@
+/**
+ * The int8 prefill matmul inside the forward pass, on a real model: the shipped demo model (Q8_0) reads a passage
+ * teacher-forced with its prefill projections on the dot4I8Packed kernel (which every adapter runs) and on f32. The
+ * int8 activations (one scale per 32 elements) move its logits by about what llama.cpp's MMQ does: the bounds below
+ * are loose enough for that and far too tight for a wrong block scale, code or row.
+ */
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { describe, expect, it } from 'vitest';
+import { withTestGpu } from '../../test/gpu.ts';
+import { DEMO_MODEL_FILE } from '../cli/default-model.ts';
+import { logProbability } from '../eval/perplexity.ts';
+import { sourceFromPath } from '../gguf/node-source.ts';
+import { Engine } from './engine.ts';
+
+const ctx = withTestGpu();
+const demoPath = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'public', 'models', DEMO_MODEL_FILE);
+
+const PASSAGE =
+  'It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in want of ' +
+  'a wife. However little known the feelings or views of such a man may be on his first entering a neighbourhood, ' +
+  'this truth is so well fixed in the minds of the surrounding families, that he is considered the rightful ' +
+  'property of some one or other of their daughters.';
+
+async function forcedLogits(prefillMatmul: 'f32' | 'int8-dot') {
+  const engine = new Engine(ctx.gpu);
+  const source = await sourceFromPath(demoPath);
+  try {
+    const config = await engine.load(source, { kv: 'f16', prefillChunk: 64, prefillMatmul });
+    const ids = engine.tokenizer.encode(PASSAGE, { addSpecial: true }).slice(0, 96);
+    const quantizes = engine.loaded?.transformer.graph(64).body.filter((d) => d.label.endsWith('.quantize')).length;
+    return {
+      ids,
+      vocab: config.vocab,
+      layers: config.layers,
+      logits: await engine.teacherForcedLogits(ids),
+      quantizes,
+    };
+  } finally {
+    engine.unload();
+    await source.close?.();
+  }
+}
+
+describe('int8 prefill matmul in the forward pass (demo model, Q8_0)', () => {
+  it('teacher-forced logits on dot4I8Packed agree with the f32 projections', async () => {
+    const f32 = await forcedLogits('f32');
+    const int8 = await forcedLogits('int8-dot');
+    // The int8 graph quantizes each projection input (qkv, o, gate_up, down) of every layer; f32 none.
+    expect(f32.quantizes).toBe(0);
+    expect(int8.quantizes).toBe(4 * f32.layers);
+    const { ids, vocab } = f32;
+    expect(ids.length).toBeGreaterThan(60);
+    let agree = 0;
+    let nllF32 = 0;
+    let nllInt8 = 0;
+    let worst = 0;
+    for (let t = 0; t + 1 < ids.length; t++) {
+      const a = f32.logits.subarray(t * vocab, (t + 1) * vocab);
+      const b = int8.logits.subarray(t * vocab, (t + 1) * vocab);
+      let argA = 0;
+      let argB = 0;
+      for (let v = 1; v < vocab; v++) {
+        if (a[v] > a[argA]) argA = v;
+        if (b[v] > b[argB]) argB = v;
+      }
+      if (argA === argB) agree++;
+      const la = logProbability(f32.logits, t * vocab, vocab, ids[t + 1]);
+      const lb = logProbability(int8.logits, t * vocab, vocab, ids[t + 1]);
+      nllF32 -= la;
+      nllInt8 -= lb;
+      worst = Math.max(worst, Math.abs(la - lb));
+    }
+    const scored = ids.length - 1;
+    expect(agree / scored).toBeGreaterThanOrEqual(0.9);
+    // Perplexity within 2%, and no target's log-probability moved by more than 0.25 nats.
+    expect(Math.abs(Math.exp((nllInt8 - nllF32) / scored) - 1)).toBeLessThan(0.02);
+    expect(worst).toBeLessThan(0.25);
+    process.stderr.write(
+      `int8-dot vs f32: top-1 ${agree}/${scored}, perplexity ratio ${Math.exp((nllInt8 - nllF32) / scored).toFixed(5)}, worst |Δ log p| ${worst.toFixed(4)}\n`,
+    );
+  });
+});
