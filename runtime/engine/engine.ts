@@ -37,7 +37,7 @@ export interface LoadOptions extends KvCacheOptions {
   missingCalibration?: 'error' | 'hadamard';
   /** Tokens per prefill submit (default: defaultPrefillChunk, 128 or 512). */
   prefillChunk?: number;
-  /** Prefill projections: 'auto' (int8 tensor cores where the device has them) or 'f32' (runtime/model/transformer.ts). */
+  /** Prefill projections: 'auto' (int8 tensor cores where the device has them), 'f32' or 'int8-dot' (TransformerOptions). */
   prefillMatmul?: TransformerOptions['prefillMatmul'];
   onProgress?: (progress: LoadProgress) => void;
 }
@@ -281,19 +281,19 @@ export class Engine {
       progress({ phase: 'upload', bytesDone: p.bytesDone, bytesTotal: p.bytesTotal });
     });
     const created: Array<{ release(): void }> = [{ release: () => releaseModelWeights(gpu, weights) }];
-    // A browser whose Dawn offers the feature but not the WGSL forms the kernel uses falls back to f32.
-    const first = weights.layers[0];
-    const tensorCores =
-      prefillMatmul === 'auto' &&
-      int8PrefillApplies(gpu, weights, 'auto') &&
-      (await int8MatmulCompiles(
-        gpu,
-        [first.q, first.k, first.v, first.o, first.gate, first.up, first.down].map((w) => w.type),
-      ));
-    if (prefillMatmul === 'auto' && !tensorCores) this.prefillMatmul = 'f32';
-    const prefillChunk = options.prefillChunk ?? defaultPrefillChunk(tensorCores, poolOptions);
-    poolOptions = { ...poolOptions, maxStepTokens: prefillChunk };
     try {
+      // A browser whose Dawn offers the feature but not the WGSL forms the kernel uses falls back to f32.
+      const first = weights.layers[0];
+      const tensorCores =
+        prefillMatmul === 'auto' &&
+        int8PrefillApplies(gpu, weights, 'auto') &&
+        (await int8MatmulCompiles(
+          gpu,
+          [first.q, first.k, first.v, first.o, first.gate, first.up, first.down].map((w) => w.type),
+        ));
+      if (prefillMatmul === 'auto' && !tensorCores) this.prefillMatmul = 'f32';
+      const prefillChunk = options.prefillChunk ?? defaultPrefillChunk(tensorCores, poolOptions);
+      poolOptions = { ...poolOptions, maxStepTokens: prefillChunk };
       const sampledId = gpu.allocator.createStorage('sampledId', 'scratch', 16);
       created.push({ release: () => gpu.allocator.release(sampledId) });
       const readback = (slot: number) =>
