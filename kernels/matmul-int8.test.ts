@@ -87,7 +87,7 @@ describe('int8 matmul availability', () => {
     expect(gpu.errors).toEqual([]);
   });
 
-  it('the int8 kernel compiles exactly where the device has i8 subgroup matrices', async () => {
+  it('the tensor-core kernel compiles exactly where the device has i8 subgroup matrices, dot4 everywhere', async () => {
     const { gpu } = ctx;
     const types = [GgmlType.Q6_K, GgmlType.Q4_K];
     expect(await int8MatmulCompiles(gpu, types)).toBe(gpu.features.subgroupMatrixI8);
@@ -96,6 +96,9 @@ describe('int8 matmul availability', () => {
       gpu.features.subgroupMatrixI8,
     );
     expect(await int8MatmulCompiles(gpu, [GgmlType.Q6_K, GgmlType.F32])).toBe(false);
+    // The dot4I8Packed kernel and the quantizer need only WGSL's packed 8-bit dot product.
+    expect(await int8MatmulCompiles(gpu, types, 'dot4')).toBe(true);
+    expect(await int8MatmulCompiles(gpu, [GgmlType.Q6_K], 'dot4')).toBe(false);
   });
 
   it('tiles the staging cannot feed are refused', () => {

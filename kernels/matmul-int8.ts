@@ -96,13 +96,21 @@ export async function pipelineCompiles(gpu: GpuContext, code: string): Promise<b
 }
 
 /**
- * Whether the int8 matmul compiles for the first of `types` it reads: the feature can be offered by a Dawn whose WGSL
- * lacks a form the kernel uses (subgroup_id, the templated subgroupMatrixLoad), and then the f32 kernels run instead.
+ * Whether the activation quantizer and the int8 matmul (`kernel`: the tensor-core one, or 'dot4') compile for the
+ * first of `types` it reads. A browser can offer the subgroup-matrix feature with a WGSL that lacks a form the kernel
+ * uses (subgroup_id, the templated subgroupMatrixLoad), or lack the packed 8-bit dot product the quantizer and 'dot4'
+ * use (a WGSL language feature): the f32 kernels run instead.
  */
-export async function int8MatmulCompiles(gpu: GpuContext, types: readonly GgmlType[]): Promise<boolean> {
-  const type = types.find((t) => int8MatmulAvailable(gpu, t));
+export async function int8MatmulCompiles(
+  gpu: GpuContext,
+  types: readonly GgmlType[],
+  kernel: '32x32' | 'dot4' = '32x32',
+): Promise<boolean> {
+  const type = types.find((t) => int8MatmulAvailable(gpu, t, kernel));
   if (type === undefined) return false;
-  return pipelineCompiles(gpu, int8MatmulWgsl(type, false, INT8_MATMUL_TILES['32x32']));
+  const matmul =
+    kernel === 'dot4' ? int8DotMatmulWgsl(type, false) : int8MatmulWgsl(type, false, INT8_MATMUL_TILES[kernel]);
+  return (await pipelineCompiles(gpu, quantizeActivationsWgsl())) && pipelineCompiles(gpu, matmul);
 }
 
 export interface QuantizeActivationsBinding {
@@ -170,6 +178,9 @@ export function prepareInt8Matmul(
   const hasBias = b.bias !== undefined;
   const accumulate = b.accumulate ?? false;
   const shape = variant === 'dot4' ? INT8_DOT_TILE : int8TileShape(INT8_MATMUL_TILES[variant]);
+  if (shape.tokens > INT8_TOKEN_PADDING) {
+    throw new Error(`int8 matmul: ${shape.tokens}-token tiles read past activations padded to ${INT8_TOKEN_PADDING}`);
+  }
   const code =
     variant === 'dot4'
       ? int8DotMatmulWgsl(weight.type, hasBias, accumulate)

@@ -282,16 +282,15 @@ export class Engine {
     });
     const created: Array<{ release(): void }> = [{ release: () => releaseModelWeights(gpu, weights) }];
     try {
-      // A browser whose Dawn offers the feature but not the WGSL forms the kernel uses falls back to f32.
+      // An int8 kernel whose WGSL this browser does not take falls back to f32 now, not at the first prompt.
       const first = weights.layers[0];
-      const tensorCores =
-        prefillMatmul === 'auto' &&
-        int8PrefillApplies(gpu, weights, 'auto') &&
-        (await int8MatmulCompiles(
-          gpu,
-          [first.q, first.k, first.v, first.o, first.gate, first.up, first.down].map((w) => w.type),
-        ));
-      if (prefillMatmul === 'auto' && !tensorCores) this.prefillMatmul = 'f32';
+      const types = [first.q, first.k, first.v, first.o, first.gate, first.up, first.down].map((w) => w.type);
+      const int8 =
+        prefillMatmul !== 'f32' &&
+        int8PrefillApplies(gpu, weights, prefillMatmul) &&
+        (await int8MatmulCompiles(gpu, types, prefillMatmul === 'int8-dot' ? 'dot4' : '32x32'));
+      if (!int8) this.prefillMatmul = 'f32';
+      const tensorCores = int8 && prefillMatmul === 'auto';
       const prefillChunk = options.prefillChunk ?? defaultPrefillChunk(tensorCores, poolOptions);
       poolOptions = { ...poolOptions, maxStepTokens: prefillChunk };
       const sampledId = gpu.allocator.createStorage('sampledId', 'scratch', 16);
