@@ -7,13 +7,12 @@ import { randomFloats, seededRandom } from '../test/random.ts';
 import { releaseDispatches, submitDispatches } from './dispatch.ts';
 import {
   createInt8Activations,
-  INT8_TOKEN_PADDING,
   int8MatmulCompiles,
   pipelineCompiles,
   prepareQuantizeActivations,
   releaseInt8Activations,
 } from './matmul-int8.ts';
-import { INT8_MATMUL_TILES, int8MatmulWgsl } from './matmul-int8.wgsl.ts';
+import { INT8_MATMUL_TILES, INT8_TOKEN_PADDING, int8MatmulWgsl } from './matmul-int8.wgsl.ts';
 import { quantizeActivationsReference } from './reference/matmul-int8.ts';
 
 const ctx = withTestGpu();

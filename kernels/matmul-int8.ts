@@ -10,21 +10,17 @@ import {
 } from './dispatch.ts';
 import { foldWorkgroups, requireBytes } from './matmul.ts';
 import {
-  INT8_DOT_TILE,
   INT8_MATMUL_TILES,
+  INT8_TOKEN_PADDING,
   type Int8MatmulVariant,
-  int8DotMatmulWgsl,
   int8MatmulSupportsType,
-  int8MatmulWgsl,
-  int8TileShape,
+  int8VariantShape,
+  int8VariantWgsl,
   int8WorkgroupBytes,
   QUANTIZE_ACTIVATIONS_WORKGROUP,
   quantizeActivationsWgsl,
 } from './matmul-int8.wgsl.ts';
 import { type GpuWeight, packedRowWords } from './weights.ts';
-
-/** Token rows of the activation codes are padded to this (the largest tile's tokens). */
-export const INT8_TOKEN_PADDING = 64;
 
 /** The int8 activations of one matmul input: codes [paddedTokens, K] (4 per word) and (d, d·Σq) per 32-block. */
 export interface Int8Activations {
@@ -76,7 +72,7 @@ export function defaultInt8Variant(gpu: GpuContext, weight: GpuWeight, tokens: n
     weight.type !== GgmlType.Q5_K &&
     grid >= 256 &&
     weight.rowLength >= 2048 &&
-    int8WorkgroupBytes(INT8_MATMUL_TILES['64x64']) <= gpu.limits.maxComputeWorkgroupStorageSize;
+    int8MatmulAvailable(gpu, weight.type, '64x64');
   return big ? '64x64' : '32x32';
 }
 
@@ -108,9 +104,10 @@ export async function int8MatmulCompiles(
 ): Promise<boolean> {
   const type = types.find((t) => int8MatmulAvailable(gpu, t, kernel));
   if (type === undefined) return false;
-  const matmul =
-    kernel === 'dot4' ? int8DotMatmulWgsl(type, false) : int8MatmulWgsl(type, false, INT8_MATMUL_TILES[kernel]);
-  return (await pipelineCompiles(gpu, quantizeActivationsWgsl())) && pipelineCompiles(gpu, matmul);
+  return (
+    (await pipelineCompiles(gpu, quantizeActivationsWgsl())) &&
+    pipelineCompiles(gpu, int8VariantWgsl(type, kernel, false))
+  );
 }
 
 export interface QuantizeActivationsBinding {
@@ -175,16 +172,8 @@ export function prepareInt8Matmul(
   }
   requireBytes(label, 'output', b.output, tokens * weight.rows * 4);
   if (b.bias) requireBytes(label, 'bias', b.bias, weight.rows * 4);
-  const hasBias = b.bias !== undefined;
-  const accumulate = b.accumulate ?? false;
-  const shape = variant === 'dot4' ? INT8_DOT_TILE : int8TileShape(INT8_MATMUL_TILES[variant]);
-  if (shape.tokens > INT8_TOKEN_PADDING) {
-    throw new Error(`int8 matmul: ${shape.tokens}-token tiles read past activations padded to ${INT8_TOKEN_PADDING}`);
-  }
-  const code =
-    variant === 'dot4'
-      ? int8DotMatmulWgsl(weight.type, hasBias, accumulate)
-      : int8MatmulWgsl(weight.type, hasBias, INT8_MATMUL_TILES[variant], accumulate);
+  const shape = int8VariantShape(variant);
+  const code = int8VariantWgsl(weight.type, variant, b.bias !== undefined, b.accumulate ?? false);
   const pipeline = computePipeline(gpu, `matmul-int8 ${variant}`, transformSource ? transformSource(code) : code);
   const rowWords = packedRowWords(weight.type, K);
   const tokenTiles = Math.ceil(tokens / shape.tokens);

@@ -15,7 +15,10 @@
  *   stores them to workgroup memory, and each output adds s·d·C + m·(d·Σq).
  */
 import { GgmlType } from '../runtime/gguf/types.ts';
-import { weightDecodeWgsl } from './matmul.wgsl.ts';
+import { storeWgsl, weightDecodeWgsl } from './matmul.wgsl.ts';
+
+/** Token rows of the activation codes are padded to this: no tile reads past it. */
+export const INT8_TOKEN_PADDING = 64;
 
 /** Workgroup size of the activation quantizer: one invocation per 32-element block. */
 export const QUANTIZE_ACTIVATIONS_WORKGROUP = 64;
@@ -124,6 +127,38 @@ fn q5_word(wb: u32, j: u32) -> u32 {
 }`;
 
 /**
+ * What both int8 matmuls declare: their parameters and bindings (the activation codes as `codes` of
+ * `codesElement`, 4 per word), the weight decoding helpers and the type's `code_word`/`code_scale`.
+ */
+function int8MatmulHeaderWgsl(type: GgmlType, hasBias: boolean, codesElement: 'i32' | 'u32'): string {
+  const code = CODE_WGSL[type];
+  if (!code) throw new Error(`int8 matmul: no int8 codes for weight type ${type}`);
+  return `
+struct Params { K: u32, rows: u32, tokens: u32, rowWords: u32, firstRow: u32, outStride: u32, _p0: u32, _p1: u32 }
+@group(0) @binding(0) var<storage, read> w: array<u32>;
+@group(0) @binding(1) var<storage, read> codes: array<${codesElement}>;
+@group(0) @binding(2) var<storage, read> scales: array<vec2<f32>>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<uniform> params: Params;
+${hasBias ? '@group(0) @binding(5) var<storage, read> bias: array<f32>;' : ''}
+${weightDecodeWgsl()}
+${type === GgmlType.Q5_0 || type === GgmlType.Q5_1 ? Q5_WORD : ''}
+${code}
+`;
+}
+
+/** s·d·C + m·(d·Σq) of an integer sum C, the weight block's (s, m) and the activation block's (d, d·Σq). */
+function scaledSumWgsl(sum: string, weightScales: string, activationScales: string, withMin: boolean): string {
+  const scaled = `f32(${sum}) * (${weightScales}.x * ${activationScales}.x)`;
+  return withMin ? `${scaled} + ${weightScales}.y * ${activationScales}.y` : scaled;
+}
+
+/** The store of output `acc[a]` (row `col`, element `at` of y), plus its bias, added to y when accumulating. */
+function int8StoreWgsl(hasBias: boolean, accumulate: boolean): string {
+  return storeWgsl('y[at]', 'acc[a]', hasBias ? 'bias[col]' : null, accumulate);
+}
+
+/**
  * Weight types the int8 matmul reads. Q6_K keeps the f32 kernels: its 16-element scales split a 32-deep step, and its
  * codes times those scales do not fit 8 bits.
  */
@@ -173,9 +208,7 @@ export function int8WorkgroupBytes(tile: Int8MatmulTile): number {
  * workgroup memory; `withMin`: the weight type has a min (m != 0).
  */
 function applyWgsl(scaleBuffer: string, withMin: boolean): string {
-  const term = withMin
-    ? 'f32(sums[tileBase + (2u * r + h) * 16u + c]) * (ws[r].x * s.x) + ws[r].y * s.y'
-    : 'f32(sums[tileBase + (2u * r + h) * 16u + c]) * (ws[r].x * s.x)';
+  const term = scaledSumWgsl('sums[tileBase + (2u * r + h) * 16u + c]', 'ws[r]', 's', withMin);
   return `let scaleSlot = ${scaleBuffer};
     for (var i = 0u; i < SN; i++) {
       var ws: array<vec2<f32>, 8>;
@@ -195,18 +228,15 @@ function applyWgsl(scaleBuffer: string, withMin: boolean): string {
 const WITHOUT_MIN: ReadonlySet<GgmlType> = new Set([GgmlType.Q4_0, GgmlType.Q5_0, GgmlType.Q8_0]);
 
 export function int8MatmulWgsl(type: GgmlType, hasBias: boolean, tile: Int8MatmulTile, accumulate = false): string {
-  const code = CODE_WGSL[type];
-  if (!code) throw new Error(`int8 matmul: no int8 codes for weight type ${type}`);
   const GN = tile.subgroupsAlongRows;
   const SN = tile.tilesAlongRows;
   const ST = tile.tilesAlongTokens;
   const { rows: RN, tokens: RT } = int8TileShape(tile);
   // Activation rows are padded to 64 tokens; staging gives each of the 128 invocations whole words of codes and at
   // most one token's scales.
-  if (RT > 64 || (RN * 8) % 128 !== 0 || (RT * 8) % 128 !== 0) {
+  if (RT > INT8_TOKEN_PADDING || (RN * 8) % 128 !== 0 || (RT * 8) % 128 !== 0) {
     throw new Error(`int8 matmul: a ${RN}x${RT} tile does not fit the staging of 128 invocations and 64-token rows`);
   }
-  const value = hasBias ? 'acc[a] + bias[col]' : 'acc[a]';
   const WPT = (RN * 8) / 128;
   const XPT = (RT * 8) / 128;
   const withMin = !WITHOUT_MIN.has(type);
@@ -214,18 +244,7 @@ export function int8MatmulWgsl(type: GgmlType, hasBias: boolean, tile: Int8Matmu
 enable chromium_experimental_subgroup_matrix;
 enable subgroups;
 diagnostic(off, chromium_experimental.subgroup_matrix_uniformity);
-
-struct Params { K: u32, rows: u32, tokens: u32, rowWords: u32, firstRow: u32, outStride: u32, _p0: u32, _p1: u32 }
-@group(0) @binding(0) var<storage, read> w: array<u32>;
-@group(0) @binding(1) var<storage, read> codes: array<i32>;
-@group(0) @binding(2) var<storage, read> scales: array<vec2<f32>>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<uniform> params: Params;
-${hasBias ? '@group(0) @binding(5) var<storage, read> bias: array<f32>;' : ''}
-${weightDecodeWgsl()}
-${type === GgmlType.Q5_0 || type === GgmlType.Q5_1 ? Q5_WORD : ''}
-${code}
-
+${int8MatmulHeaderWgsl(type, hasBias, 'i32')}
 const GN: u32 = ${GN}u;       // subgroups along rows
 const SN: u32 = ${SN}u;       // 16-row tiles per subgroup
 const ST: u32 = ${ST}u;       // 16-token tiles per subgroup
@@ -315,7 +334,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
           let a = (i * ST + j) * 8u + r;
           let col = params.firstRow + n;
           let at = t * params.outStride + col;
-          y[at] = ${accumulate ? `y[at] + (${value})` : value};
+          ${int8StoreWgsl(hasBias, accumulate)}
         }
       }
     }
@@ -325,7 +344,28 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 }
 
 /** Rows and tokens of the dot4I8Packed kernel's workgroup tile (16 x 16 invocations, 4 x 4 outputs each). */
-export const INT8_DOT_TILE = { rows: 64, tokens: 64 } as const;
+const INT8_DOT_TILE = { rows: 64, tokens: 64 } as const;
+
+/** Weight rows and tokens of one workgroup's output tile, for either kernel. */
+export function int8VariantShape(variant: Int8MatmulVariant): { rows: number; tokens: number } {
+  const shape = variant === 'dot4' ? INT8_DOT_TILE : int8TileShape(INT8_MATMUL_TILES[variant]);
+  if (shape.tokens > INT8_TOKEN_PADDING) {
+    throw new Error(`int8 matmul: ${shape.tokens}-token tiles read past activations padded to ${INT8_TOKEN_PADDING}`);
+  }
+  return shape;
+}
+
+/** The WGSL of either int8 kernel: a tensor-core tile, or 'dot4'. */
+export function int8VariantWgsl(
+  type: GgmlType,
+  variant: Int8MatmulVariant,
+  hasBias: boolean,
+  accumulate = false,
+): string {
+  return variant === 'dot4'
+    ? int8DotMatmulWgsl(type, hasBias, accumulate)
+    : int8MatmulWgsl(type, hasBias, INT8_MATMUL_TILES[variant], accumulate);
+}
 
 /**
  * The same int8 matmul without tensor cores, on core WGSL's `dot4I8Packed` (four 8-bit products and their sum in one
@@ -335,22 +375,8 @@ export const INT8_DOT_TILE = { rows: 64, tokens: 64 } as const;
  * output into an integer and adds s·d·C + m·(d·Σq) to its f32 accumulator.
  */
 export function int8DotMatmulWgsl(type: GgmlType, hasBias: boolean, accumulate = false): string {
-  const code = CODE_WGSL[type];
-  if (!code) throw new Error(`int8 matmul: no int8 codes for weight type ${type}`);
-  const value = hasBias ? 'acc[a] + bias[col]' : 'acc[a]';
   const withMin = !WITHOUT_MIN.has(type);
-  return /* wgsl */ `
-struct Params { K: u32, rows: u32, tokens: u32, rowWords: u32, firstRow: u32, outStride: u32, _p0: u32, _p1: u32 }
-@group(0) @binding(0) var<storage, read> w: array<u32>;
-@group(0) @binding(1) var<storage, read> codes: array<u32>;
-@group(0) @binding(2) var<storage, read> scales: array<vec2<f32>>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<uniform> params: Params;
-${hasBias ? '@group(0) @binding(5) var<storage, read> bias: array<f32>;' : ''}
-${weightDecodeWgsl()}
-${type === GgmlType.Q5_0 || type === GgmlType.Q5_1 ? Q5_WORD : ''}
-${code}
-
+  return /* wgsl */ `${int8MatmulHeaderWgsl(type, hasBias, 'u32')}
 const ROW_WORDS: u32 = 9u;  // 8 words of codes per row or token, padded
 var<workgroup> wcodes: array<u32, ${64 * 9}>;
 var<workgroup> xcodes: array<u32, ${64 * 9}>;
@@ -398,7 +424,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
       let ws = wscales[lid.x + 16u * i];
       for (var j = 0u; j < 4u; j++) {
         let s = xscales[lid.y + 16u * j];
-        acc[i * 4u + j] += ${withMin ? 'f32(sums[i * 4u + j]) * (ws.x * s.x) + ws.y * s.y' : 'f32(sums[i * 4u + j]) * (ws.x * s.x)'};
+        acc[i * 4u + j] += ${scaledSumWgsl('sums[i * 4u + j]', 'ws', 's', withMin)};
       }
     }
     workgroupBarrier();
@@ -411,7 +437,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         let a = i * 4u + j;
         let col = params.firstRow + n;
         let at = t * params.outStride + col;
-        y[at] = ${accumulate ? `y[at] + (${value})` : value};
+        ${int8StoreWgsl(hasBias, accumulate)}
       }
     }
   }

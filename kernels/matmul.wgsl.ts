@@ -331,7 +331,7 @@ const biasBinding = `@group(0) @binding(4) var<storage, read> bias: array<f32>;\
 export const MATVEC_ROWS_PER_WORKGROUP = 4;
 
 /** WGSL that stores `value` into `out`, plus `bias` when given, added to what `out` holds when `accumulate`. */
-function storeWgsl(out: string, value: string, bias: string | null, accumulate: boolean): string {
+export function storeWgsl(out: string, value: string, bias: string | null, accumulate: boolean): string {
   const v = bias ? `${value} + ${bias}` : value;
   return `${out} = ${accumulate ? `${out} + (${v})` : v};`;
 }
