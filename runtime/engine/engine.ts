@@ -1,5 +1,4 @@
 import { encodeDispatches, type PreparedDispatch } from '../../kernels/dispatch.ts';
-import { int8MatmulCompiles } from '../../kernels/matmul-int8.ts';
 import { prepareSampler, type Sampler } from '../../kernels/sample.ts';
 import { ContextOverflowError, InvalidRequestError, LongtabError, ModelNotLoadedError } from '../errors.ts';
 import { parseGguf } from '../gguf/parse.ts';
@@ -18,7 +17,7 @@ import {
   withStoredRotations,
 } from '../kv/rotation-store.ts';
 import { type ModelConfig, readModelConfig } from '../model/config.ts';
-import { int8PrefillApplies, type PrefillMatmul, Transformer, type TransformerOptions } from '../model/transformer.ts';
+import { int8PrefillReady, type PrefillMatmul, Transformer, type TransformerOptions } from '../model/transformer.ts';
 import { loadModelWeights, type ModelWeights, releaseModelWeights } from '../model/weights.ts';
 import { GREEDY_SAMPLING, resolveSamplingParams, type SamplingParams } from '../sampling/params.ts';
 import { GgufTokenizer } from '../tokenizer/tokenizer.ts';
@@ -282,13 +281,7 @@ export class Engine {
     });
     const created: Array<{ release(): void }> = [{ release: () => releaseModelWeights(gpu, weights) }];
     try {
-      // An int8 kernel whose WGSL this browser does not take falls back to f32 now, not at the first prompt.
-      const first = weights.layers[0];
-      const types = [first.q, first.k, first.v, first.o, first.gate, first.up, first.down].map((w) => w.type);
-      const int8 =
-        prefillMatmul !== 'f32' &&
-        int8PrefillApplies(gpu, weights, prefillMatmul) &&
-        (await int8MatmulCompiles(gpu, types, prefillMatmul === 'int8-dot' ? 'dot4' : '32x32'));
+      const int8 = await int8PrefillReady(gpu, weights, prefillMatmul);
       if (!int8) this.prefillMatmul = 'f32';
       const tensorCores = int8 && prefillMatmul === 'auto';
       const prefillChunk = options.prefillChunk ?? defaultPrefillChunk(tensorCores, poolOptions);

@@ -7,12 +7,14 @@ import {
   defaultInt8Variant,
   type Int8Activations,
   int8MatmulAvailable,
+  int8MatmulCompiles,
   prepareInt8Matmul,
   prepareQuantizeActivations,
   releaseInt8Activations,
 } from '../../kernels/matmul-int8.ts';
 import { prepareRmsNorm } from '../../kernels/rmsnorm.ts';
 import { prepareRope } from '../../kernels/rope.ts';
+import type { GgmlType } from '../gguf/types.ts';
 import type { GpuContext } from '../gpu/device.ts';
 import type { ModelConfig } from './config.ts';
 import type { ModelWeights } from './weights.ts';
@@ -79,19 +81,32 @@ export interface TransformerOptions {
  * Whether prefill projections run on the int8 matmul: `prefillMatmul` 'auto' and a device with i8 subgroup
  * matrices, for a model whose first layer has a weight type with int8 codes.
  */
-export function int8PrefillApplies(
-  gpu: GpuContext,
-  weights: ModelWeights,
-  prefillMatmul: PrefillMatmul = 'auto',
-): boolean {
-  const l = weights.layers[0];
+function int8PrefillApplies(gpu: GpuContext, weights: ModelWeights, prefillMatmul: PrefillMatmul): boolean {
   return (
     prefillMatmul !== 'f32' &&
-    l !== undefined &&
-    [l.q, l.k, l.v, l.o, l.gate, l.up, l.down].some((weight) =>
-      int8MatmulAvailable(gpu, weight.type, int8Kernel(prefillMatmul)),
-    )
+    projectionTypes(weights).some((type) => int8MatmulAvailable(gpu, type, int8Kernel(prefillMatmul)))
   );
+}
+
+/**
+ * int8PrefillApplies, and the kernel compiles here (kernels/matmul-int8.ts, int8MatmulCompiles): a browser that does
+ * not take its WGSL gets the f32 kernels at load, not an error at the first prompt.
+ */
+export async function int8PrefillReady(
+  gpu: GpuContext,
+  weights: ModelWeights,
+  prefillMatmul: PrefillMatmul,
+): Promise<boolean> {
+  return (
+    int8PrefillApplies(gpu, weights, prefillMatmul) &&
+    int8MatmulCompiles(gpu, projectionTypes(weights), int8Kernel(prefillMatmul))
+  );
+}
+
+/** Weight types of the first layer's projections (the layers share them). */
+function projectionTypes(weights: ModelWeights): GgmlType[] {
+  const l = weights.layers[0];
+  return l ? [l.q, l.k, l.v, l.o, l.gate, l.up, l.down].map((weight) => weight.type) : [];
 }
 
 /** Which logits a forward call produces. */
