@@ -9,13 +9,18 @@
  * through the real append + demotion dispatches, and each decode-kernel variant is checked against the split kernel
  * (tested against the CPU reference on the same pages) instead of the reference.
  *
- * With `--prefill`, it times one prefill chunk of PREFILL_TOKENS queries at the end of each context instead (the
+ * With `--prefill`, it times one prefill chunk (`--tokens` queries) at the end of each context instead (the
  * runtime's prefill split settings), the split kernel against the prefill kernel (attention-prefill.wgsl.ts), the
  * latter checked against the former on the same pages; f16 and int2 pools.
  *
  * Decode runs also time ablations of whole phases of the decode kernel (PHASE_ABLATIONS): where its time goes.
  *
- *   npx tsx bench/attention-kernels.ts [--kv f16|int2] [--prefill] [--contexts 1024,8192,32768]
+ * With `--prefill` on a device with i8 subgroup matrices, the int8 prefill kernel (attention-prefill-int8.wgsl.ts) is
+ * timed too, checked against the split kernel to INT8_ATTENTION_TOLERANCE; `--check-int8` first runs its reference
+ * cases (kernels/attention-prefill-int8.test.ts, which CI's adapters skip). `--tokens` sets the prefill chunk (128).
+ *
+ *   npx tsx bench/attention-kernels.ts [--kv f16|int2] [--prefill] [--tokens 128] [--check-int8]
+ *                                      [--contexts 1024,8192,32768]
  *                                      [--shapes llama-3.2-1b,qwen2.5-0.5b,qwen3-4b] [--out FILE.json]
  * On the GPU host: bundled by `npm run bench:bundle` (.gpu/attention-kernels.mjs).
  */
@@ -28,6 +33,7 @@ import {
   prepareAttention,
 } from '../kernels/attention.ts';
 import { attentionDecodeSource, type DecodeQuantShape } from '../kernels/attention-decode.wgsl.ts';
+import { attentionPrefillInt8Shape, attentionPrefillInt8Source } from '../kernels/attention-prefill-int8.wgsl.ts';
 import { type PreparedDispatch, releaseDispatches, submitDispatches } from '../kernels/dispatch.ts';
 import { prepareKvAppend } from '../kernels/kv-append.ts';
 import { attentionReference } from '../kernels/reference/attention.ts';
@@ -36,6 +42,7 @@ import { nodeGpu } from '../runtime/gpu/node.ts';
 import { readFloat32 } from '../runtime/gpu/readback.ts';
 import { PagedKvAttention, PREFILL_MIN_CHUNK_KEYS, PREFILL_SPLITS } from '../runtime/kv/paged-attention.ts';
 import { KvPagePool, type KvSequence } from '../runtime/kv/pool.ts';
+import { INT8_ATTENTION_TOLERANCE, INT8_PREFILL_CASES, runSteps } from '../test/attention-harness.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
 import { timeDispatches } from './gpu-timing.ts';
 
@@ -332,55 +339,110 @@ async function benchQuantShape(gpu: GpuContext, shape: LayerShape, contexts: num
   return rows;
 }
 
-/** Query tokens of the timed prefill chunk (the engine's default prefill chunk). */
-const PREFILL_TOKENS = 128;
+/** Phases of the int8 prefill kernel cut out (wrong results, timed only): where its time goes. */
+const INT8_PREFILL_ABLATIONS: [string, (code: string) => string][] = [
+  // Loads of a block no tile starts at: the bindings stay (an unused binding would leave the bind group's layout).
+  ['no-page-loads', (code) => code.replaceAll('if (valid) {', 'if (valid && block == 0xffffffffu) {')],
+  ['no-softmax', (code) => code.replaceAll('i < 32u; i++', 'i < 0u; i++').replace('a < 8u; a++', 'a < 0u; a++')],
+  ['no-scores', (code) => code.replace(/subgroupMatrixStore<row_major>\(&sums, sg \* 16u \* SP[^;]*;/, '')],
+  ['no-values', (code) => code.replaceAll(/subgroupMatrixStore<row_major>\(&sums, \(sg \* 4u[^;]*;/g, '')],
+  [
+    'no-apply',
+    (code) =>
+      code.replaceAll(
+        'for (var i = 0u; i < 8u; i++) {\n          let row',
+        'for (var i = 0u; i < 1u; i++) {\n          let row',
+      ),
+  ],
+];
+
+function int8Ablations(
+  shape: LayerShape,
+  pool: KvPagePool | null,
+): [string, Partial<AttentionBinding>, AttentionSources][] {
+  const quant = pool?.quant;
+  const key = quant?.rows(0, 0).format;
+  const value = quant?.rows(0, 1).format;
+  const built = attentionPrefillInt8Shape(
+    shape.headDim,
+    key && value ? { kBits: key.bits, kGroup: key.groupSize, vBits: value.bits, vGroup: value.groupSize } : null,
+    1 << 30,
+  );
+  if (!built) return [];
+  const code = attentionPrefillInt8Source(built);
+  return INT8_PREFILL_ABLATIONS.map(([name, edit]) => {
+    const edited = edit(code);
+    if (edited === code) throw new Error(`int8 ablation '${name}' did not apply`);
+    return [`int8-${name}`, { prefillProducts: 'int8' }, { prefill: edited }];
+  });
+}
 
 /**
- * One layer's attention for a prefill chunk of PREFILL_TOKENS queries ending at each context, over pages filled by the
+ * One layer's attention for a prefill chunk of `tokens` queries ending at each context, over pages filled by the
  * runtime's append (+ demotion for int2): the split kernel, then the prefill kernel checked against it. TFLOPS counts
  * the causal products (q·k and p·v) the chunk needs.
  */
-async function benchPrefillShape(gpu: GpuContext, shape: LayerShape, contexts: number[], kv: 'f16' | 'quant') {
+async function benchPrefillShape(
+  gpu: GpuContext,
+  shape: LayerShape,
+  contexts: number[],
+  kv: 'f16' | 'quant',
+  tokens: number,
+  ablate: boolean,
+) {
   const { heads, headDim } = shape;
   const { pool, k, v, release } = layerSetup(gpu, shape, contexts, kv);
   const buffer = (floats: number) => gpu.allocator.createStorage('bench', 'scratch', floats * 4);
-  const q = buffer(PREFILL_TOKENS * heads * headDim);
-  const outputs = [buffer(PREFILL_TOKENS * heads * headDim), buffer(PREFILL_TOKENS * heads * headDim)];
-  const qs = randomFloats(seededRandom(3), PREFILL_TOKENS * heads * headDim, 2);
+  const q = buffer(tokens * heads * headDim);
+  const outputs = [0, 1, 2].map(() => buffer(tokens * heads * headDim));
+  const qs = randomFloats(seededRandom(3), tokens * heads * headDim, 2);
   gpu.device.queue.writeBuffer(q, 0, qs.buffer, qs.byteOffset, qs.byteLength);
   const fill = new PagedKvAttention(gpu, pool, { heads }).prepareLayer(0, { q, k, v, output: outputs[0] }, FILL_CHUNK);
   const seq = pool.createSequence();
   const rows: Record<string, unknown>[] = [];
   for (const context of contexts) {
     fillTo(gpu, pool, seq, context, fill.append);
-    const position = context - PREFILL_TOKENS;
-    pool.writeStep(seq, position, PREFILL_TOKENS);
+    const position = context - tokens;
+    pool.writeStep(seq, position, tokens);
     // The chunk's append (+ demotion): in a quant pool the step plans demotions, which switch page-table entries.
     submitDispatches(gpu, 'fill', fill.append);
-    const keysSeen = PREFILL_TOKENS * position + (PREFILL_TOKENS * (PREFILL_TOKENS + 1)) / 2;
+    const keysSeen = tokens * position + (tokens * (tokens + 1)) / 2;
     const flops = 4 * heads * headDim * keysSeen;
     const row: Record<string, unknown> = { shape: shape.name, kv: kv === 'f16' ? 'f16' : 'int2', context };
     let expected: Float32Array | null = null;
-    // The split kernel first, then the prefill kernel, checked against it.
-    for (const [i, prefillKernel] of [false, true].entries()) {
-      const name = prefillKernel ? 'prefill' : 'split';
+    // The split kernel first, then the prefill kernels, checked against it: the f32 one to f32 rounding, the int8 one
+    // (where the device has i8 subgroup matrices) to INT8_ATTENTION_TOLERANCE, with its largest difference.
+    const int8 = gpu.features.subgroupMatrixI8;
+    const kernels: [string, Partial<AttentionBinding>, AttentionSources?][] = [
+      ['split', { prefillKernel: false }],
+      ['prefill', {}],
+      ...(int8 ? [['int8', { prefillProducts: 'int8' }] as [string, Partial<AttentionBinding>]] : []),
+      ...(int8 && ablate ? int8Ablations(shape, kv === 'quant' ? pool : null) : []),
+    ];
+    for (const [i, [name, knobs, sources]] of kernels.entries()) {
       const binding: AttentionBinding = {
         pool,
         layer: 0,
         q,
         output: outputs[i],
         heads,
-        maxTokens: PREFILL_TOKENS,
+        maxTokens: tokens,
         scale: 1 / Math.sqrt(headDim),
         splits: PREFILL_SPLITS,
         minChunkKeys: PREFILL_MIN_CHUNK_KEYS,
-        prefillKernel,
+        ...knobs,
       };
-      const dispatches = prepareAttention(gpu, name, binding);
+      const dispatches = prepareAttention(gpu, name, binding, sources);
       submitDispatches(gpu, 'check', dispatches);
-      const actual = await readFloat32(gpu, binding.output, PREFILL_TOKENS * heads * headDim);
-      if (expected) row[`${name}ToleranceRatio`] = maxToleranceRatio(actual, expected, 2e-5, 2e-4);
-      else expected = actual;
+      const actual = await readFloat32(gpu, binding.output, tokens * heads * headDim);
+      if (sources) {
+        // An ablation: timed only.
+      } else if (!expected) expected = actual;
+      else if (name === 'int8') {
+        const { atol, rtol } = INT8_ATTENTION_TOLERANCE;
+        row.int8ToleranceRatio = maxToleranceRatio(actual, expected, atol, rtol);
+        row.int8MaxAbsDifference = maxToleranceRatio(actual, expected, 1, 0);
+      } else row[`${name}ToleranceRatio`] = maxToleranceRatio(actual, expected, 2e-5, 2e-4);
       const ms = await timeDispatches(gpu, dispatches, context > 8192 ? 3 : 10);
       row[`${name}Us`] = Math.round(ms * 10000) / 10;
       row[`${name}TFLOPS`] = Math.round(flops / (ms * 1e-3) / 1e10) / 100;
@@ -403,16 +465,44 @@ const { values } = parseArgs({
     prefill: { type: 'boolean', default: false },
     shapes: { type: 'string', default: SHAPES.map((s) => s.name).join(',') },
     out: { type: 'string' },
+    tokens: { type: 'string', default: '128' },
+    'check-int8': { type: 'boolean', default: false },
+    'ablate-int8': { type: 'boolean', default: false },
   },
 });
 if (values.kv !== 'f16' && values.kv !== 'int2') throw new Error(`--kv f16|int2, got ${values.kv}`);
 const contexts = values.contexts.split(',').map(Number);
 const gpu = await acquireGpu({ gpu: await nodeGpu() });
 console.log(JSON.stringify({ adapter: gpu.adapter }));
-const results = [];
+const results: Record<string, unknown>[] = [];
+if (values['check-int8']) {
+  // The cases of kernels/attention-prefill-int8.test.ts, which CI's adapters skip.
+  for (const [name, shape, chunks, more] of INT8_PREFILL_CASES) {
+    const { ratios } = await runSteps(gpu, shape, chunks, 57 + shape.headDim, 4, {
+      ...more,
+      prefillProducts: 'int8',
+      tolerance: INT8_ATTENTION_TOLERANCE,
+    });
+    const pass = Math.max(...ratios) <= 1;
+    console.log(
+      `${pass ? 'ok  ' : 'FAIL'} int8 prefill ${name}: tolerance ratios ${ratios.map((r) => r.toFixed(3)).join(', ')}`,
+    );
+    results.push({ check: name, ratios, pass });
+    if (!pass) process.exitCode = 1;
+  }
+}
 for (const shape of SHAPES.filter((s) => values.shapes.split(',').includes(s.name))) {
   if (values.prefill)
-    results.push(...(await benchPrefillShape(gpu, shape, contexts, values.kv === 'f16' ? 'f16' : 'quant')));
+    results.push(
+      ...(await benchPrefillShape(
+        gpu,
+        shape,
+        contexts,
+        values.kv === 'f16' ? 'f16' : 'quant',
+        Number(values.tokens),
+        values['ablate-int8'],
+      )),
+    );
   else results.push(...(await (values.kv === 'int2' ? benchQuantShape : benchShape)(gpu, shape, contexts)));
 }
 if (values.out)
@@ -421,4 +511,4 @@ if (values.out)
     `${JSON.stringify({ adapter: gpu.adapter, kv: values.kv, prefill: values.prefill, splits: values.prefill ? PREFILL_SPLITS : SPLITS, minChunk: values.prefill ? PREFILL_MIN_CHUNK_KEYS : MIN_CHUNK, results }, null, 1)}\n`,
   );
 gpu.destroy();
-process.exit(0);
+process.exit(process.exitCode ?? 0);

@@ -19,6 +19,12 @@ import {
   type DecodeQuantShape,
 } from './attention-decode.wgsl.ts';
 import { type AttentionPrefillShape, attentionPrefillShape, attentionPrefillSource } from './attention-prefill.wgsl.ts';
+import {
+  type AttentionPrefillInt8Shape,
+  attentionPrefillInt8Shape,
+  attentionPrefillInt8Source,
+  INT8_ATTENTION_ROWS,
+} from './attention-prefill-int8.wgsl.ts';
 import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from './dispatch.ts';
 import { type KvPageSource, kvPoolDispatch } from './kv-append.ts';
 import type { KvQuantPages } from './kv-demote.ts';
@@ -72,6 +78,11 @@ export interface AttentionBinding {
    */
   prefillStorageBytes?: number;
   /**
+   * The prefill kernel's products: 'f32' (default), or 'int8' on 8-bit tensor cores (attention-prefill-int8.wgsl.ts)
+   * where the device has i8 subgroup matrices and the kernel serves the shape; elsewhere the f32 kernels serve it.
+   */
+  prefillProducts?: AttentionProducts;
+  /**
    * Multiply each head's output by Rᵀ in the merge pass (a rotated cache's un-rotation, as kernels/rotate.ts would do
    * in a dispatch of its own). Needs a merge pass (splits > 1).
    */
@@ -85,6 +96,8 @@ export interface OutputRotation {
   firstMatrix: number;
   headsPerMatrix: number;
 }
+
+export type AttentionProducts = 'f32' | 'int8';
 
 /** Bytes of the split pass's partial results: (max, sum, Σ p·V) per query token, head and split. */
 export function attentionPartialsBytes(maxTokens: number, heads: number, splits: number, headDim: number): number {
@@ -136,6 +149,16 @@ export function attentionPrefillShapeFor(
   return attentionPrefillShape(b.pool.headDim, layerQuantShape(b), Math.min(limit, b.prefillStorageBytes ?? limit));
 }
 
+/** The int8 prefill kernel's shape for a binding, or null where the f32 kernels serve it. */
+export function attentionPrefillInt8ShapeFor(
+  gpu: GpuContext,
+  b: Pick<AttentionBinding, 'pool' | 'layer' | 'maxTokens' | 'prefillKernel' | 'prefillProducts'>,
+): AttentionPrefillInt8Shape | null {
+  if (b.maxTokens === 1 || b.prefillKernel === false || b.prefillProducts !== 'int8') return null;
+  if (!gpu.features.subgroupMatrixI8) return null;
+  return attentionPrefillInt8Shape(b.pool.headDim, layerQuantShape(b), gpu.limits.maxComputeWorkgroupStorageSize);
+}
+
 /**
  * Prepares causal attention of the step's queries over the paged KV of `layer` (positions 0..p for the query at
  * position p, including the keys this step appended: record the kv-append dispatch first). Returns one dispatch
@@ -158,9 +181,14 @@ export function prepareAttention(
   // A workgroup serves `rows` (query token, head) pairs of one KV head: the GQA group in decode, plus several query
   // tokens in prefill, so each K/V block is read once for all of them.
   const group = heads / kvHeads;
-  const prefill = attentionPrefillShapeFor(gpu, b);
+  const int8Prefill = attentionPrefillInt8ShapeFor(gpu, b);
+  const prefill = int8Prefill ? null : attentionPrefillShapeFor(gpu, b);
   const rowCap = Math.min(ATTENTION_MAX_ROWS, Math.floor(ATTENTION_MAX_ROW_PAIRS / (headDim / 2)));
-  const rows = prefill ? prefill.rows : Math.min(rowCap, maxTokens === 1 ? group : maxTokens * group);
+  const rows = int8Prefill
+    ? INT8_ATTENTION_ROWS
+    : prefill
+      ? prefill.rows
+      : Math.min(rowCap, maxTokens === 1 ? group : maxTokens * group);
   const tiles = Math.ceil((maxTokens * group) / rows);
   const maxGrid = gpu.limits.maxComputeWorkgroupsPerDimension;
   if (splits > maxGrid || tiles > maxGrid) {
@@ -169,30 +197,37 @@ export function prepareAttention(
   const quant = pool.quant ?? null;
   const shape: AttentionKernelShape = { quant: quant !== null, blockKeys: b.blockKeys ?? 16, headDim, rows };
   const storage = attentionWorkgroupBytes(shape);
-  if (!prefill && storage > gpu.limits.maxComputeWorkgroupStorageSize) {
+  if (!prefill && !int8Prefill && storage > gpu.limits.maxComputeWorkgroupStorageSize) {
     throw new InvalidRequestError(
       `attention: tiles of ${shape.blockKeys} keys need ${storage} bytes of workgroup storage, the device has ${gpu.limits.maxComputeWorkgroupStorageSize}`,
     );
   }
   const decode = attentionDecodeShape(gpu, b);
   const prefillQuant = prefill?.quant;
-  const partialPipeline = prefill
+  const int8Quant = int8Prefill?.quant;
+  const partialPipeline = int8Prefill
     ? computePipeline(
         gpu,
-        `attention-prefill-hd${headDim}-r${prefill.rows}-b${prefill.blockKeys}${prefillQuant ? `-k${prefillQuant.kBits}g${prefillQuant.kGroup}-v${prefillQuant.vBits}g${prefillQuant.vGroup}` : ''}`,
-        sources.prefill ?? attentionPrefillSource(prefill),
+        `attention-prefill-int8-hd${headDim}${int8Quant ? `-k${int8Quant.kBits}g${int8Quant.kGroup}-v${int8Quant.vBits}g${int8Quant.vGroup}` : ''}`,
+        sources.prefill ?? attentionPrefillInt8Source(int8Prefill),
       )
-    : decode
+    : prefill
       ? computePipeline(
           gpu,
-          `attention-decode-hd${headDim}-r${decode.rows}${decode.unrolled ? '' : '-loops'}${decode.quant ? `-k${decode.quant.kBits}g${decode.quant.kGroup}-v${decode.quant.vBits}g${decode.quant.vGroup}` : ''}`,
-          sources.decode ?? attentionDecodeSource(decode),
+          `attention-prefill-hd${headDim}-r${prefill.rows}-b${prefill.blockKeys}${prefillQuant ? `-k${prefillQuant.kBits}g${prefillQuant.kGroup}-v${prefillQuant.vBits}g${prefillQuant.vGroup}` : ''}`,
+          sources.prefill ?? attentionPrefillSource(prefill),
         )
-      : computePipeline(
-          gpu,
-          `${quant ? 'attention-mixed' : 'attention-partial'}-${shape.blockKeys}-hd${headDim}-r${rows}`,
-          sources.partial ?? attentionPartialSource(shape),
-        );
+      : decode
+        ? computePipeline(
+            gpu,
+            `attention-decode-hd${headDim}-r${decode.rows}${decode.unrolled ? '' : '-loops'}${decode.quant ? `-k${decode.quant.kBits}g${decode.quant.kGroup}-v${decode.quant.vBits}g${decode.quant.vGroup}` : ''}`,
+            sources.decode ?? attentionDecodeSource(decode),
+          )
+        : computePipeline(
+            gpu,
+            `${quant ? 'attention-mixed' : 'attention-partial'}-${shape.blockKeys}-hd${headDim}-r${rows}`,
+            sources.partial ?? attentionPartialSource(shape),
+          );
   const words = [
     pool.layerOffsetWords(b.layer, 0),
     pool.layerOffsetWords(b.layer, 1),

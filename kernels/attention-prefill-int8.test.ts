@@ -1,0 +1,75 @@
+import { describe, expect, it } from 'vitest';
+import { Harness, INT8_ATTENTION_TOLERANCE, INT8_PREFILL_CASES, runSteps } from '../test/attention-harness.ts';
+import { withTestGpu } from '../test/gpu.ts';
+import { seededRandom } from '../test/random.ts';
+import { attentionPrefillInt8ShapeFor } from './attention.ts';
+import {
+  attentionPrefillInt8Shape,
+  attentionPrefillInt8Source,
+  attentionPrefillInt8WorkgroupBytes,
+} from './attention-prefill-int8.wgsl.ts';
+
+const ctx = withTestGpu();
+
+/** CI's lavapipe has no i8 subgroup matrices: these cases run on the H200 through bench/attention-kernels.ts --check-int8. */
+function skipWithoutTensorCores(context: { skip: () => void }): void {
+  if (!ctx.gpu.features.subgroupMatrixI8) {
+    console.warn(
+      `SKIPPED: ${ctx.gpu.adapter.description} has no i8 subgroup matrices (run bench/attention-kernels.ts --check-int8)`,
+    );
+    context.skip();
+  }
+}
+
+describe('int8 prefill attention', () => {
+  it.for(INT8_PREFILL_CASES)('matches the CPU reference: %s', async ([, shape, chunks, more], context) => {
+    skipWithoutTensorCores(context);
+    const pool = { headDim: shape.headDim, kvHeads: shape.kvHeads, quant: null } as never;
+    expect(
+      attentionPrefillInt8ShapeFor(ctx.gpu, { pool, layer: 0, maxTokens: 2, prefillProducts: 'int8' }),
+    ).not.toBeNull();
+    const { ratios } = await runSteps(ctx.gpu, shape, chunks, 57 + shape.headDim, 4, {
+      ...more,
+      prefillProducts: 'int8',
+      tolerance: INT8_ATTENTION_TOLERANCE,
+    });
+    expect(Math.max(...ratios)).toBeLessThanOrEqual(1);
+  });
+
+  it.for<[string, (code: string) => string]>([
+    ['causal mask one key late', (code) => code.replaceAll('block + j < limit', 'block + j <= limit')],
+    ['no rescale between tiles', (code) => code.replace('acc[a] * corr[row]', 'acc[a]')],
+    ['one key scale for all keys', (code) => code.replaceAll('dq * kscale[j]', 'dq * kscale[0]')],
+  ])('catches a broken kernel: %s', async ([, edit], context) => {
+    skipWithoutTensorCores(context);
+    const [, shape, chunks] = INT8_PREFILL_CASES[0];
+    const original = attentionPrefillInt8Source(attentionPrefillInt8Shape(64, null, 49152)!);
+    const prefill = edit(original);
+    expect(prefill).not.toBe(original);
+    const harness = new Harness(ctx.gpu, shape, Math.max(...chunks), {
+      sources: { prefill },
+      prefillProducts: 'int8',
+      tolerance: INT8_ATTENTION_TOLERANCE,
+    });
+    const random = seededRandom(13);
+    const seq = harness.sequence();
+    const ratios = [await harness.step(seq, chunks[0], random), await harness.step(seq, chunks[1], random)];
+    harness.release();
+    expect(Math.max(...ratios)).toBeGreaterThan(1);
+  });
+
+  it('serves head sizes 64 and 128 where the workgroup storage holds the build; the f32 kernels elsewhere', () => {
+    expect(attentionPrefillInt8WorkgroupBytes(64)).toBe(34304);
+    expect(attentionPrefillInt8WorkgroupBytes(128)).toBe(46592);
+    expect(attentionPrefillInt8Shape(128, null, 49152)).toEqual({ headDim: 128, quant: null });
+    expect(attentionPrefillInt8Shape(128, null, 32768)).toBeNull();
+    expect(attentionPrefillInt8Shape(96, null, 49152)).toBeNull();
+    const pool = { headDim: 64, kvHeads: 2, quant: null } as never;
+    // Asked for only: 'f32' (the default) and decode steps keep the f32 kernels.
+    expect(attentionPrefillInt8ShapeFor(ctx.gpu, { pool, layer: 0, maxTokens: 64 })).toBeNull();
+    expect(attentionPrefillInt8ShapeFor(ctx.gpu, { pool, layer: 0, maxTokens: 1, prefillProducts: 'int8' })).toBeNull();
+    expect(
+      attentionPrefillInt8ShapeFor(ctx.gpu, { pool, layer: 0, maxTokens: 64, prefillProducts: 'int8' }) !== null,
+    ).toBe(ctx.gpu.features.subgroupMatrixI8);
+  });
+});

@@ -1,0 +1,307 @@
+/**
+ * Prefill attention on 8-bit tensor cores (Dawn's experimental subgroup matrices, i8 x i8 -> i32 at 16x16x32; see
+ * matmul-int8.wgsl.ts): the flash-attention loop of attention-prefill.wgsl.ts with both of its products, q·k and p·v,
+ * as integer matrix products. What each operand is quantized against (every scale is constant along the sum it
+ * enters, so an integer sum needs one scale per output):
+ *   - q: per query row, over the head's dims (d_q = max|q·scale| / 127), once per workgroup;
+ *   - k: per key, over the head's dims (d_k), as the key tile is staged: s = d_q·d_k·Σ q_c·k_c;
+ *   - v: per key too (d_v); its scale goes into the probabilities instead of the codes: Σ_j p_j·v_j =
+ *     Σ_j (p_j·d_v,j)·c_j, and w_j = p_j·d_v,j is quantized per row of the tile (d_w = max_j w_j / 127), so an
+ *     output dim takes d_w·Σ_j c(w_j)·c(v_j) with one scale per row.
+ * The row sums l take the unquantized p. Per-tile scales keep each tile's weights on its own 127 steps: a tile far
+ * below the row's maximum is not rounded to zero wholesale.
+ *
+ * Workgroup (split s, kv head, row tile): 4 subgroups of 32 invocations and 64 query rows (the (token, head of the
+ * GQA group) pairs, as the other attention kernels order them); subgroup g owns rows 16g..16g+15 of both products,
+ * invocation pair (2r, 2r+1) owns row r (or key r) when staging and in the softmax. Per tile of 64 keys:
+ *   1. stage the keys' K and V as int8 codes and scales (f16 page words, or quant codes as lo + code·scale);
+ *   2. S = Q·Kᵀ into workgroup memory (16x16 tiles, the head's dims 32 at a time);
+ *   3. the row's maxima, correction, p, l, and the codes of w into workgroup memory;
+ *   4. P·V through workgroup memory, 4 dim tiles per subgroup per round, each lane adding its 8 outputs per tile
+ *      to f32 accumulators (rescaled by the correction).
+ * Output and bindings as the split kernel (attentionPartialSource): splits = 1 the normalized rows, else
+ * (max, sum, Σ p·V) per (t, h, s) for the merge pass.
+ */
+import { attentionBindingsWgsl, SPLIT_CHUNK_WGSL, splitTileWgsl } from './attention.wgsl.ts';
+import { type DecodeQuantShape, quantGroupsFitHeads } from './attention-decode.wgsl.ts';
+import { kvPagesReadableWgsl } from './kv-append.wgsl.ts';
+
+export interface AttentionPrefillInt8Shape {
+  headDim: 64 | 128;
+  /** Quant pages (pool mode 'quant') and their formats; null for an f16-only pool. */
+  quant: DecodeQuantShape | null;
+}
+
+/** Query rows per workgroup. */
+export const INT8_ATTENTION_ROWS = 64;
+/** Keys per tile. */
+const BK = 64;
+
+/** Workgroup storage of a build: q, k, v and p codes, the integer sums, five per-row or per-key scales. */
+export function attentionPrefillInt8WorkgroupBytes(headDim: number): number {
+  const rows = INT8_ATTENTION_ROWS;
+  return rows * headDim + 2 * BK * headDim + 4 * rows * (BK + 1) + rows * BK + 4 * (3 * rows + 2 * BK);
+}
+
+/** The build for a head size and page formats, or null where the kernel does not serve them. */
+export function attentionPrefillInt8Shape(
+  headDim: number,
+  quant: DecodeQuantShape | null,
+  maxWorkgroupBytes: number,
+): AttentionPrefillInt8Shape | null {
+  if ((headDim !== 64 && headDim !== 128) || !quantGroupsFitHeads(headDim, quant)) return null;
+  if (quant && (32 / quant.kBits > headDim / 2 || 32 / quant.vBits > headDim / 2)) return null;
+  return attentionPrefillInt8WorkgroupBytes(headDim) <= maxWorkgroupBytes ? { headDim, quant } : null;
+}
+
+export function attentionPrefillInt8Source(shape: AttentionPrefillInt8Shape): string {
+  const { headDim: HD, quant } = shape;
+  const ROWS = INT8_ATTENTION_ROWS;
+  const HALF = HD / 2; // dims an invocation stages of a row or key
+  const range = (n: number) => Array.from({ length: n }, (_, i) => i);
+  const each = (n: number, f: (i: number) => string, sep = '\n') => range(n).map(f).join(sep);
+  const KSTEPS = HD / 32; // 32-deep steps of q·k
+  const DT = HD / 16; // dim tiles of a subgroup's output rows
+  const ROUNDS = DT / 4; // rounds of 4 dim tiles through the sums buffer
+
+  // One invocation's half of a key's row, as f32 into vals[0..HALF/4): from f16 words or quant codes.
+  const f16Half = (offset: string) => `{
+      let at = (entry & 0xffffffu) * (params.pageWords / 4u) + ${offset} / 4u +
+        (kvh * params.pageTokens + key % params.pageTokens) * (HD / 8u) + half * (HD / 16u);
+      for (var i = 0u; i < HD / 16u; i++) {
+        let w = slabQuad(slot, at + i);
+        vals[2u * i] = vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+        vals[2u * i + 1u] = vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w));
+      }
+    }`;
+  const quantHalf = (p: 'k' | 'v', bits: number) => {
+    const per = 32 / bits;
+    return `{
+      let row = (entry & 0xffffffu) * params.quantPageWords + params.quant${p.toUpperCase()}Offset +
+        (key % params.pageTokens) * params.${p}RowWords;
+      for (var wi = 0u; wi < ${HALF / per}u; wi++) {
+        // A code word never straddles groups (groupSize is a multiple of 32 / bits).
+        let e0 = kvh * HD + half * ${HALF}u + wi * ${per}u;
+        let codes = slabWord(slot, row + e0 / ${per}u);
+        let lohi = unpack2x16float(slabWord(slot, row + params.${p}CodeWords + e0 / params.${p}Group));
+        for (var c = 0u; c < ${per}u; c += 4u) {
+          let code = vec4<f32>(f32((codes >> (c * ${bits}u)) & ${(1 << bits) - 1}u),
+                               f32((codes >> ((c + 1u) * ${bits}u)) & ${(1 << bits) - 1}u),
+                               f32((codes >> ((c + 2u) * ${bits}u)) & ${(1 << bits) - 1}u),
+                               f32((codes >> ((c + 3u) * ${bits}u)) & ${(1 << bits) - 1}u));
+          vals[(wi * ${per}u + c) / 4u] = vec4<f32>(lohi.x) + code * lohi.y;
+        }
+      }
+    }`;
+  };
+  const stage = (p: 'k' | 'v', offset: string) => `
+    {
+      var vals: array<vec4<f32>, ${HALF / 4}>;
+      if (valid) {
+        ${quant ? `if ((entry >> 28u) == 1u) ${quantHalf(p, p === 'k' ? quant.kBits : quant.vBits)} else ${f16Half(offset)}` : f16Half(offset)}
+      }
+      let d = codeScale(vals);
+      let inverse = select(0.0, 1.0 / d, d > 1e-30);
+      for (var i = 0u; i < ${HALF / 4}u; i++) {
+        ${p}codes[j * HW + half * ${HALF / 4}u + i] = bitcast<i32>(pack4xI8(vec4<i32>(round(vals[i] * inverse))));
+      }
+      if (half == 0u) { ${p}scale[j] = d; }
+    }`;
+
+  return /* wgsl */ `
+enable chromium_experimental_subgroup_matrix;
+enable subgroups;
+diagnostic(off, chromium_experimental.subgroup_matrix_uniformity);
+${attentionBindingsWgsl(quant !== null)}
+${kvPagesReadableWgsl(5)}
+${SPLIT_CHUNK_WGSL}
+
+const HD: u32 = ${HD}u;
+const HW: u32 = ${HD / 4}u; // words of a row's or key's codes
+const ROWS: u32 = ${ROWS}u;
+const BK: u32 = ${BK}u;
+const BW: u32 = ${BK / 4}u; // words of a row's p codes
+const SP: u32 = ${BK + 1}u; // words between rows of S in the sums (padded: row r's key j in bank (r + j) % 32)
+const NONE: f32 = -1e30;
+
+var<workgroup> qcodes: array<i32, ${ROWS * (HD / 4)}>;
+var<workgroup> kcodes: array<i32, ${BK * (HD / 4)}>;
+var<workgroup> vcodes: array<i32, ${BK * (HD / 4)}>;
+var<workgroup> sums: array<i32, ${ROWS * (BK + 1)}>; // S of the tile [row][key], then a round of P·V tiles
+var<workgroup> pcodes: array<i32, ${ROWS * (BK / 4)}>;
+var<workgroup> qscale: array<f32, ${ROWS}>;
+var<workgroup> kscale: array<f32, ${BK}>;
+var<workgroup> vscale: array<f32, ${BK}>;
+var<workgroup> wscale: array<f32, ${ROWS}>; // the tile's d_w per row; at the end, the row sums
+var<workgroup> corr: array<f32, ${ROWS}>; // the tile's correction per row; at the end, the row maxima
+
+/** d = max|x| / 127 over this invocation's values and its pair's (invocations 2i, 2i + 1 share a row or key). */
+fn codeScale(vals: array<vec4<f32>, ${HALF / 4}>) -> f32 {
+  var amax = 0.0;
+  for (var i = 0u; i < ${HALF / 4}u; i++) {
+    let a = abs(vals[i]);
+    amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
+  }
+  return max(amax, subgroupShuffleXor(amax, 1u)) / 127.0;
+}
+
+@compute @workgroup_size(128)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32,
+        @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
+${splitTileWgsl('ROWS')}
+  let r = lid / 2u; // the row (or key) this invocation stages and takes through the softmax
+  let half = lid % 2u;
+  let rowT = (firstRow + r) / group;
+  let limit = select(0u, step.position + rowT + 1u, rowT < step.tokens); // keys visible to row r (causal)
+  {
+    var vals: array<vec4<f32>, ${HALF / 4}>;
+    if (rowT < step.tokens) {
+      let at = (rowT * params.heads + kvh * group + (firstRow + r) % group) * HD + half * ${HALF}u;
+      for (var i = 0u; i < ${HALF / 4}u; i++) {
+        vals[i] = vec4<f32>(q[at + 4u * i], q[at + 4u * i + 1u], q[at + 4u * i + 2u], q[at + 4u * i + 3u]) * params.scale;
+      }
+    }
+    let d = codeScale(vals);
+    let inverse = select(0.0, 1.0 / d, d > 1e-30);
+    for (var i = 0u; i < ${HALF / 4}u; i++) {
+      qcodes[r * HW + half * ${HALF / 4}u + i] = bitcast<i32>(pack4xI8(vec4<i32>(round(vals[i] * inverse))));
+    }
+    if (half == 0u) { qscale[r] = d; }
+  }
+  workgroupBarrier();
+  // The subgroup's q rows, 32 dims per matrix, for every tile.
+${each(
+  KSTEPS,
+  (k) =>
+    `  let q${k} = subgroupMatrixLoad<subgroup_matrix_left<i8, 32, 16>, row_major>(&qcodes, sg * 16u * HW + ${8 * k}u, HW);`,
+)}
+  var m = NONE;
+  var l = 0.0;
+  // Lane (h, c) holds column c of rows 2i + h of each 16x16 output tile: acc[t * 8 + i], dim tile t.
+  let h = lane / 16u;
+  let c = lane % 16u;
+  var acc: array<f32, ${DT * 8}>;
+
+  for (var block = start; block < end; block += BK) {
+    let n = min(BK, end - block);
+    // The previous tile's readers are done with the codes, the sums and the scales.
+    workgroupBarrier();
+    {
+      let j = r;
+      let key = block + j;
+      let valid = j < n;
+      let entry = pageTable[step.tableOffset + min(key, block + n - 1u) / params.pageTokens];
+      let slot = (entry >> 24u) & 0xfu;
+${stage('k', 'params.kOffset')}
+${stage('v', 'params.vOffset')}
+    }
+    workgroupBarrier();
+    for (var t = 0u; t < BK / 16u; t++) {
+      var scores = subgroupMatrixMultiply<i32>(q0,
+        subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, col_major>(&kcodes, t * 16u * HW, HW));
+${each(
+  KSTEPS - 1,
+  (k) => `      scores = subgroupMatrixMultiplyAccumulate(q${k + 1},
+        subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, col_major>(&kcodes, t * 16u * HW + ${8 * (k + 1)}u, HW), scores);`,
+)}
+      subgroupMatrixStore<row_major>(&sums, sg * 16u * SP + t * 16u, scores, SP);
+    }
+    workgroupBarrier();
+    // Row r's keys half·32.., visited from key 16·half on: with rows SP = BK + 1 words apart, the 32 lanes of a
+    // subgroup (16 rows, both halves) read 32 different banks. Pass 1 takes the maximum, pass 2 writes w = p·d_v over
+    // the sums, pass 3 packs w's codes (each invocation touches only its own row and half: no barrier between).
+    {
+      let dq = qscale[r];
+      let own = r * SP + 32u * half;
+      var tileMax = NONE;
+      for (var i = 0u; i < 32u; i++) {
+        let j = 32u * half + (i + 16u * half) % 32u;
+        if (j < n && block + j < limit) { tileMax = max(tileMax, f32(sums[r * SP + j]) * dq * kscale[j]); }
+      }
+      tileMax = max(tileMax, subgroupShuffleXor(tileMax, 1u));
+      let best = max(m, tileMax);
+      let correction = select(1.0, exp(m - best), m > NONE);
+      var pSum = 0.0;
+      var wMax = 0.0;
+      for (var i = 0u; i < 32u; i++) {
+        let j = 32u * half + (i + 16u * half) % 32u;
+        var p = 0.0;
+        if (j < n && block + j < limit) { p = exp(f32(sums[r * SP + j]) * dq * kscale[j] - best); }
+        pSum += p;
+        let w = p * vscale[j];
+        wMax = max(wMax, w);
+        sums[r * SP + j] = bitcast<i32>(w);
+      }
+      pSum += subgroupShuffleXor(pSum, 1u);
+      wMax = max(wMax, subgroupShuffleXor(wMax, 1u));
+      l = l * correction + pSum;
+      m = best;
+      let inverse = select(0.0, 127.0 / wMax, wMax > 1e-30);
+      for (var a = 0u; a < 8u; a++) {
+        let word = (a + 4u * half) % 8u;
+        let at = own + 4u * word;
+        let w = vec4<f32>(bitcast<f32>(sums[at]), bitcast<f32>(sums[at + 1u]), bitcast<f32>(sums[at + 2u]),
+                          bitcast<f32>(sums[at + 3u]));
+        pcodes[r * BW + 8u * half + word] = bitcast<i32>(pack4xI8(vec4<i32>(round(w * inverse))));
+      }
+      if (half == 0u) {
+        wscale[r] = wMax / 127.0;
+        corr[r] = correction;
+      }
+    }
+    workgroupBarrier();
+    // The subgroup's rows of the tile's w codes, keys 0..31 and 32..63.
+    let p0 = subgroupMatrixLoad<subgroup_matrix_left<i8, 32, 16>, row_major>(&pcodes, sg * 16u * BW, BW);
+    let p1 = subgroupMatrixLoad<subgroup_matrix_left<i8, 32, 16>, row_major>(&pcodes, sg * 16u * BW + 8u, BW);
+${each(
+  ROUNDS,
+  (round) => `    {
+      for (var u = 0u; u < 4u; u++) {
+        let t = ${round * 4}u + u;
+        var o = subgroupMatrixMultiply<i32>(p0,
+          subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, row_major>(&vcodes, t * 4u, HW));
+        o = subgroupMatrixMultiplyAccumulate(p1,
+          subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, row_major>(&vcodes, 32u * HW + t * 4u, HW), o);
+        subgroupMatrixStore<row_major>(&sums, (sg * 4u + u) * 256u, o, 16u);
+      }
+      workgroupBarrier();
+      for (var u = 0u; u < 4u; u++) {
+        for (var i = 0u; i < 8u; i++) {
+          let row = sg * 16u + 2u * i + h;
+          let a = (${round * 4}u + u) * 8u + i;
+          acc[a] = acc[a] * corr[row] + wscale[row] * f32(sums[(sg * 4u + u) * 256u + (2u * i + h) * 16u + c]);
+        }
+      }${round + 1 < ROUNDS ? '\n      workgroupBarrier();' : ''}
+    }`,
+)}
+  }
+
+  workgroupBarrier();
+  if (half == 0u) {
+    wscale[r] = l;
+    corr[r] = m;
+  }
+  workgroupBarrier();
+  for (var i = 0u; i < 8u; i++) {
+    let row = sg * 16u + 2u * i + h;
+    let t = (firstRow + row) / group;
+    if (t < step.tokens) {
+      let head = kvh * group + (firstRow + row) % group;
+      for (var u = 0u; u < ${DT}u; u++) {
+        let dim = u * 16u + c;
+        if (params.splits == 1u) {
+          dst[(t * params.heads + head) * HD + dim] = acc[u * 8u + i] / wscale[row];
+        } else {
+          let rec = ((t * params.heads + head) * params.splits + s) * (HD + 2u);
+          if (dim == 0u) {
+            dst[rec] = corr[row];
+            dst[rec + 1u] = wscale[row];
+          }
+          dst[rec + 2u + dim] = acc[u * 8u + i];
+        }
+      }
+    }
+  }
+}
+`;
+}

@@ -1,0 +1,256 @@
+/**
+ * A model-like paged-attention setup for kernel tests and the GPU-host checks (bench/attention-int8.ts): a pool, the
+ * prepared prefill and decode steps of every layer, and a CPU copy of the K/V rows, so each step's outputs are
+ * compared with kernels/reference/attention.ts.
+ */
+import { type AttentionProducts, type AttentionSources, prepareAttention } from '../kernels/attention.ts';
+import type { AttentionBlockKeys } from '../kernels/attention.wgsl.ts';
+import { type PreparedDispatch, releaseDispatches, submitDispatches } from '../kernels/dispatch.ts';
+import { prepareKvAppend } from '../kernels/kv-append.ts';
+import { attentionReference } from '../kernels/reference/attention.ts';
+import type { GpuContext } from '../runtime/gpu/device.ts';
+import { readFloat32 } from '../runtime/gpu/readback.ts';
+import { KvPagePool, type KvSequence } from '../runtime/kv/pool.ts';
+import { maxToleranceRatio, randomFloats, seededRandom } from './random.ts';
+
+/** |actual - expected| <= atol + rtol·|expected| per output. */
+export interface AttentionTolerance {
+  atol: number;
+  rtol: number;
+}
+
+/** The f32 kernels against the f64 reference (inputs rounded to f16 as the pages store them). */
+export const ATTENTION_F32_TOLERANCE: AttentionTolerance = { atol: 2e-5, rtol: 2e-4 };
+
+function upload(gpu: GpuContext, buffer: GPUBuffer, data: Float32Array): void {
+  gpu.device.queue.writeBuffer(buffer, 0, data.buffer as ArrayBuffer, data.byteOffset, data.byteLength);
+}
+
+export interface Shape {
+  layers: number;
+  heads: number;
+  kvHeads: number;
+  headDim: number;
+  pageTokens: number;
+  /** Pages per slab (forces several slabs, and pool growth between prepared steps). */
+  slabPages?: number;
+}
+
+/** One model-like setup: a pool, per-step input buffers, and prepared prefill and decode step programs. */
+export class Harness {
+  readonly pool: KvPagePool;
+  readonly q: GPUBuffer;
+  readonly k: GPUBuffer[];
+  readonly v: GPUBuffer[];
+  readonly out: GPUBuffer[];
+  readonly prefill: PreparedDispatch[] = [];
+  readonly decode: PreparedDispatch[] = [];
+  /** CPU copy of every sequence's K/V rows per layer, for the reference. */
+  readonly history = new Map<KvSequence, { k: number[][]; v: number[][] }>();
+  readonly tolerance: AttentionTolerance;
+
+  constructor(
+    readonly gpu: GpuContext,
+    readonly shape: Shape,
+    readonly maxTokens: number,
+    opts: {
+      decodeSplits?: number;
+      prefillSplits?: number;
+      minChunkKeys?: number;
+      blockKeys?: AttentionBlockKeys;
+      sources?: AttentionSources;
+      prefillKernel?: boolean;
+      prefillStorageBytes?: number;
+      prefillProducts?: AttentionProducts;
+      /** Output tolerance against the reference (default: the f32 kernels' ATTENTION_F32_TOLERANCE). */
+      tolerance?: AttentionTolerance;
+    } = {},
+  ) {
+    this.tolerance = opts.tolerance ?? ATTENTION_F32_TOLERANCE;
+    const { layers, heads, kvHeads, headDim, pageTokens } = shape;
+    const pageBytes = layers * 2 * kvHeads * pageTokens * headDim * 2;
+    this.pool = new KvPagePool(gpu, {
+      layers,
+      kvHeads,
+      headDim,
+      pageTokens,
+      budgetBytes: pageBytes * 64,
+      maxSlabBytes: shape.slabPages ? shape.slabPages * pageBytes : undefined,
+    });
+    const qBytes = maxTokens * heads * headDim * 4;
+    const kvBytes = maxTokens * kvHeads * headDim * 4;
+    this.q = gpu.allocator.createStorage('test.q', 'scratch', qBytes);
+    this.k = [];
+    this.v = [];
+    this.out = [];
+    const scale = 1 / Math.sqrt(headDim);
+    for (let layer = 0; layer < layers; layer++) {
+      this.k.push(gpu.allocator.createStorage(`test.k${layer}`, 'scratch', kvBytes));
+      this.v.push(gpu.allocator.createStorage(`test.v${layer}`, 'scratch', kvBytes));
+      this.out.push(gpu.allocator.createStorage(`test.out${layer}`, 'scratch', qBytes));
+      const common = {
+        pool: this.pool,
+        layer,
+        q: this.q,
+        output: this.out[layer],
+        heads,
+        scale,
+        blockKeys: opts.blockKeys,
+      };
+      const append = { pool: this.pool, layer, k: this.k[layer], v: this.v[layer] };
+      this.prefill.push(prepareKvAppend(gpu, `prefill.append${layer}`, { ...append, tokens: maxTokens }));
+      this.prefill.push(
+        ...prepareAttention(
+          gpu,
+          `prefill.attn${layer}`,
+          {
+            ...common,
+            maxTokens,
+            splits: opts.prefillSplits,
+            minChunkKeys: opts.minChunkKeys,
+            prefillKernel: opts.prefillKernel,
+            prefillStorageBytes: opts.prefillStorageBytes,
+            prefillProducts: opts.prefillProducts,
+          },
+          opts.sources,
+        ),
+      );
+      this.decode.push(prepareKvAppend(gpu, `decode.append${layer}`, { ...append, tokens: 1 }));
+      this.decode.push(
+        ...prepareAttention(
+          gpu,
+          `decode.attn${layer}`,
+          { ...common, maxTokens: 1, splits: opts.decodeSplits, minChunkKeys: opts.minChunkKeys },
+          opts.sources,
+        ),
+      );
+    }
+  }
+
+  sequence(): KvSequence {
+    const seq = this.pool.createSequence();
+    this.history.set(seq, { k: [], v: [] });
+    const h = this.history.get(seq)!;
+    for (let l = 0; l < this.shape.layers; l++) {
+      h.k.push([]);
+      h.v.push([]);
+    }
+    return seq;
+  }
+
+  fork(seq: KvSequence): KvSequence {
+    const child = this.pool.fork(seq);
+    const h = this.history.get(seq)!;
+    this.history.set(child, { k: h.k.map((rows) => [...rows]), v: h.v.map((rows) => [...rows]) });
+    return child;
+  }
+
+  truncate(seq: KvSequence, length: number): void {
+    this.pool.truncate(seq, length);
+    const h = this.history.get(seq)!;
+    const row = this.shape.kvHeads * this.shape.headDim;
+    for (const rows of [...h.k, ...h.v]) rows.length = length * row;
+  }
+
+  /** Runs one step of `tokens` new tokens on `seq` and checks every layer's output against the reference. */
+  async step(seq: KvSequence, tokens: number, random: () => number): Promise<number> {
+    const { gpu, shape } = this;
+    const { layers, heads, kvHeads, headDim } = shape;
+    const position = seq.length;
+    this.pool.writeStep(seq, position, tokens);
+    const q = randomFloats(random, tokens * heads * headDim, 2);
+    upload(gpu, this.q, q);
+    const h = this.history.get(seq)!;
+    for (let layer = 0; layer < layers; layer++) {
+      const k = randomFloats(random, tokens * kvHeads * headDim, 2);
+      const v = randomFloats(random, tokens * kvHeads * headDim, 1);
+      upload(gpu, this.k[layer], k);
+      upload(gpu, this.v[layer], v);
+      h.k[layer].push(...k);
+      h.v[layer].push(...v);
+    }
+    submitDispatches(gpu, 'attention-test', tokens === 1 && this.maxTokens > 1 ? this.decode : this.prefill);
+    let worst = 0;
+    for (let layer = 0; layer < layers; layer++) {
+      const actual = await readFloat32(gpu, this.out[layer], tokens * heads * headDim);
+      const expected = attentionReference({
+        q,
+        k: Float32Array.from(h.k[layer]),
+        v: Float32Array.from(h.v[layer]),
+        position,
+        tokens,
+        heads,
+        kvHeads,
+        headDim,
+        scale: 1 / Math.sqrt(headDim),
+      });
+      worst = Math.max(worst, maxToleranceRatio(actual, expected, this.tolerance.atol, this.tolerance.rtol));
+    }
+    return worst;
+  }
+
+  release(): void {
+    releaseDispatches(this.gpu, [...this.prefill, ...this.decode]);
+    for (const b of [this.q, ...this.k, ...this.v, ...this.out]) this.gpu.allocator.release(b);
+    this.pool.destroy();
+  }
+}
+
+export async function runSteps(
+  gpu: GpuContext,
+  shape: Shape,
+  chunks: number[],
+  seed: number,
+  decodeSplits?: number,
+  more: {
+    prefillSplits?: number;
+    minChunkKeys?: number;
+    blockKeys?: AttentionBlockKeys;
+    prefillKernel?: boolean;
+    prefillStorageBytes?: number;
+    prefillProducts?: AttentionProducts;
+    tolerance?: AttentionTolerance;
+    sources?: AttentionSources;
+  } = {},
+) {
+  const before = gpu.allocator.snapshot().totalBuffers;
+  const harness = new Harness(gpu, shape, Math.max(...chunks), { decodeSplits, ...more });
+  const random = seededRandom(seed);
+  const seq = harness.sequence();
+  const ratios: number[] = [];
+  for (const n of chunks) ratios.push(await harness.step(seq, n, random));
+  const slabs = harness.pool.stats().slabs;
+  harness.release();
+  const after = gpu.allocator.snapshot().totalBuffers;
+  if (after !== before) throw new Error(`attention harness: ${after - before} buffers left after release`);
+  return { ratios, slabs };
+}
+
+/**
+ * The int8 prefill kernel (attention-prefill-int8.wgsl.ts) against the reference: q, k and per-tile weights on 127
+ * steps each put its outputs (weighted means of values in [-1, 1]) within a few thousandths of the f64 result, where
+ * a wrong mask, scale or rescale is off by tenths.
+ */
+export const INT8_ATTENTION_TOLERANCE: AttentionTolerance = { atol: 0.02, rtol: 0 };
+
+/** Steps that cover the int8 prefill kernel's cases: GQA groups cut by row tiles, partial and causal tiles, splits. */
+export const INT8_PREFILL_CASES: Array<[string, Shape, number[], { prefillSplits?: number; minChunkKeys?: number }]> = [
+  [
+    'hd 64, 4:1, pages of 16, one split',
+    { layers: 1, heads: 8, kvHeads: 2, headDim: 64, pageTokens: 16 },
+    [70, 45, 1],
+    {},
+  ],
+  [
+    'hd 64, 7:1 (Qwen2.5-0.5B), pages of 4, 3 splits of >= 16 keys',
+    { layers: 1, heads: 14, kvHeads: 2, headDim: 64, pageTokens: 4 },
+    [37, 29, 1],
+    { prefillSplits: 3, minChunkKeys: 16 },
+  ],
+  [
+    'hd 128, 4:1, pages of 16, 2 splits of >= 64 keys',
+    { layers: 2, heads: 8, kvHeads: 2, headDim: 128, pageTokens: 16 },
+    [150, 97, 1],
+    { prefillSplits: 2, minChunkKeys: 64 },
+  ],
+];
