@@ -4,7 +4,8 @@
  * 2. its speed at the prefill shapes of the bench's models against the f32 tiled kernels (prepareMatmul's default
  *    variant), the quantization of the activations included: µs per matmul and TFLOPS (2·N·K·T / time).
  *
- *   node bench/int8-matmul.ts [--out results.json] [--tokens 128,512] [--skip-check] [--skip-timing] [--ablate]
+ *   node bench/int8-matmul.ts [--out results.json] [--tokens 128,512] [--types Q4_K,Q4_0,Q6_K] [--skip-check]
+ *                             [--skip-timing] [--ablate]
  *
  * Timing: bench/gpu-timing.ts (the dispatches recorded n and 5n times into one pass: per-run time without the
  * submit's round trip). Exit code 1 when a check fails.
@@ -19,16 +20,16 @@ import {
   prepareQuantizeActivations,
   releaseInt8Activations,
 } from '../kernels/matmul-int8.ts';
-import { INT8_MATMUL_TILES, type Int8MatmulVariant } from '../kernels/matmul-int8.wgsl.ts';
+import { INT8_MATMUL_TILES, type Int8MatmulVariant, int8MatmulSupportsType } from '../kernels/matmul-int8.wgsl.ts';
 import { randomWeightBytes } from '../kernels/reference/dequantize.ts';
 import { releaseWeight, uploadWeightFromBytes } from '../kernels/weights.ts';
 import { GGML_TYPE_INFO, GgmlType } from '../runtime/gguf/types.ts';
 import { acquireGpu } from '../runtime/gpu/device.ts';
 import { nodeGpu, releaseNodeGpu } from '../runtime/gpu/node.ts';
 import {
-  INT8_MATMUL_CASES,
   INT8_MATMUL_TYPES,
   INT8_MATMUL_VARIANTS,
+  int8MatmulCasesFor,
   runInt8MatmulCase,
 } from '../test/int8-matmul-case.ts';
 import { randomFloats, seededRandom } from '../test/random.ts';
@@ -125,7 +126,7 @@ async function main() {
   if (!process.argv.includes('--skip-check')) {
     const checks = [];
     for (const [name, type, K] of INT8_MATMUL_TYPES) {
-      for (const c of INT8_MATMUL_CASES) {
+      for (const c of int8MatmulCasesFor(type)) {
         const r = await runInt8MatmulCase(gpu, type, K, c);
         gpu.throwIfErrors();
         const pass = r.error <= 1 && r.codeDistance <= 1;
@@ -149,10 +150,15 @@ async function main() {
   const tokensList = (arg('--tokens') ?? '128,512').split(',').map(Number);
   const variants = INT8_MATMUL_VARIANTS;
   const timings = [];
-  for (const weightType of [GgmlType.Q4_K, GgmlType.Q4_0]) {
+  const types = (arg('--types') ?? 'Q4_K,Q4_0,Q6_K').split(',').map((name) => {
+    const type = GgmlType[name.toUpperCase() as keyof typeof GgmlType];
+    if (type === undefined) throw new Error(`--types: unknown weight type ${name}`);
+    return type;
+  });
+  for (const weightType of types) {
     for (const [model, matrix, K, N] of SHAPES) {
-      // Q4_K needs rows of whole 256-element blocks (llama.cpp quantizes Qwen2.5-0.5B's 896 otherwise).
-      if (weightType === GgmlType.Q4_K && K % 256 !== 0) continue;
+      // K-quants need rows of whole 256-element blocks (llama.cpp quantizes Qwen2.5-0.5B's 896 otherwise).
+      if ((GGML_TYPE_INFO[weightType]?.blockSize ?? 32) === 256 && K % 256 !== 0) continue;
       const random = seededRandom(K * 7 + N);
       const weight = uploadWeightFromBytes(gpu, 'w', weightType, [K, N], randomWeightBytes(weightType, K * N, random));
       for (const tokens of tokensList) {
@@ -178,7 +184,7 @@ async function main() {
         };
         const flops = 2 * N * K * tokens;
         let line = `${row.weights} ${model} ${matrix} ${K}x${N} T=${tokens}: f32 ${(f32Ms * 1000).toFixed(1)} µs (${(flops / f32Ms / 1e9).toFixed(1)} TF), quantize ${(quantizeMs * 1000).toFixed(1)} µs`;
-        for (const variant of variants) {
+        for (const variant of variants.filter((v) => int8MatmulSupportsType(weightType, v))) {
           const int8 = prepareInt8Matmul(gpu, 'int8', { weight, activations, output, tokens }, variant);
           const ms = await timeDispatches(gpu, [quantize, ...int8], reps);
           row[`int8_${variant}Us`] = ms * 1000;

@@ -2,7 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { GgmlType } from '../runtime/gguf/types.ts';
 import { readBuffer, readFloat32 } from '../runtime/gpu/readback.ts';
 import { withTestGpu } from '../test/gpu.ts';
-import { INT8_MATMUL_CASES, INT8_MATMUL_TYPES, runInt8MatmulCase } from '../test/int8-matmul-case.ts';
+import { INT8_MATMUL_TYPES, int8MatmulCasesFor, runInt8MatmulCase } from '../test/int8-matmul-case.ts';
 import { randomFloats, seededRandom } from '../test/random.ts';
 import { releaseDispatches, submitDispatches } from './dispatch.ts';
 import {
@@ -66,15 +66,18 @@ describe('int8 activation quantizer', () => {
 // The tensor-core tiles need i8 subgroup matrices: CI's lavapipe has none, so their cases skip there and run on the
 // H200 through bench/int8-matmul.ts, which executes the same list. The dot4I8Packed kernel's cases run everywhere.
 describe.each(INT8_MATMUL_TYPES)('int8 matmul over %s weights', (name, type, K) => {
-  it.for(INT8_MATMUL_CASES)(`${name}: K=${K}, N=$rows, tokens=$tokens, bias=$bias, $variant`, async (c, context) => {
-    if (c.variant !== 'dot4' && !ctx.gpu.features.subgroupMatrixI8) {
-      console.warn(`SKIPPED: ${ctx.gpu.adapter.description} has no i8 subgroup matrices (run bench/int8-matmul.ts)`);
-      context.skip();
-    }
-    const result = await runInt8MatmulCase(ctx.gpu, type, K, c);
-    expect(result.codeDistance).toBeLessThanOrEqual(1);
-    expect(result.error).toBeLessThanOrEqual(1);
-  });
+  it.for(int8MatmulCasesFor(type))(
+    `${name}: K=${K}, N=$rows, tokens=$tokens, bias=$bias, $variant`,
+    async (c, context) => {
+      if (c.variant !== 'dot4' && !ctx.gpu.features.subgroupMatrixI8) {
+        console.warn(`SKIPPED: ${ctx.gpu.adapter.description} has no i8 subgroup matrices (run bench/int8-matmul.ts)`);
+        context.skip();
+      }
+      const result = await runInt8MatmulCase(ctx.gpu, type, K, c);
+      expect(result.codeDistance).toBeLessThanOrEqual(1);
+      expect(result.error).toBeLessThanOrEqual(1);
+    },
+  );
 });
 
 describe('int8 matmul availability', () => {
@@ -95,12 +98,14 @@ describe('int8 matmul availability', () => {
       gpu.features.subgroupMatrixI8,
     );
     expect(await int8MatmulCompiles(gpu, [GgmlType.Q6_K, GgmlType.F32])).toBe(false);
-    // The dot4I8Packed kernel and the quantizer need only WGSL's packed 8-bit dot product.
+    // The dot4I8Packed kernel and the quantizer need only WGSL's packed 8-bit dot product; it reads Q6_K too.
     expect(await int8MatmulCompiles(gpu, types, 'dot4')).toBe(true);
-    expect(await int8MatmulCompiles(gpu, [GgmlType.Q6_K], 'dot4')).toBe(false);
+    expect(await int8MatmulCompiles(gpu, [GgmlType.Q6_K], 'dot4')).toBe(true);
+    expect(await int8MatmulCompiles(gpu, [GgmlType.F32, GgmlType.F16], 'dot4')).toBe(false);
   });
 
-  it('tiles the staging cannot feed are refused', () => {
+  it('tiles the staging cannot feed, and half-block scales on tensor cores, are refused', () => {
+    expect(() => int8MatmulWgsl(GgmlType.Q6_K, false, INT8_MATMUL_TILES['32x32'])).toThrow(/half blocks/);
     // 128 tokens per workgroup: past the 64-token padding of the activation rows.
     expect(() =>
       int8MatmulWgsl(GgmlType.Q4_0, false, { subgroupsAlongRows: 1, tilesAlongRows: 1, tilesAlongTokens: 2 }),

@@ -1,5 +1,5 @@
 import { InvalidRequestError } from '../runtime/errors.ts';
-import { GgmlType } from '../runtime/gguf/types.ts';
+import type { GgmlType } from '../runtime/gguf/types.ts';
 import type { GpuContext } from '../runtime/gpu/device.ts';
 import {
   bindBuffers,
@@ -53,7 +53,7 @@ export function releaseInt8Activations(gpu: GpuContext, a: Int8Activations): voi
 
 /** Whether this device runs the int8 matmul (`variant`: a tensor-core tile, or 'dot4') for weights of `type`. */
 export function int8MatmulAvailable(gpu: GpuContext, type: GgmlType, variant: Int8MatmulVariant = '32x32'): boolean {
-  if (!int8MatmulSupportsType(type)) return false;
+  if (!int8MatmulSupportsType(type, variant)) return false;
   if (variant === 'dot4') return true;
   return (
     gpu.features.subgroupMatrixI8 &&
@@ -62,18 +62,15 @@ export function int8MatmulAvailable(gpu: GpuContext, type: GgmlType, variant: In
 }
 
 /**
- * The tile for a weight over `tokens` tokens, from the H200's measurements (bench/int8-matmul.ts): 64x64 wins once
- * its grid has 256 workgroups and K is 2048 or more, except for the K-quants, whose scales cost the bigger tile more.
+ * The int8 kernel for a weight over `tokens` tokens on a device with tensor cores, from the H200's measurements
+ * (bench/int8-matmul.ts, BENCH.md session 12): dot4I8Packed's 64x64 tiles once their grid has 256 workgroups (up to
+ * 1.27x faster than the best tensor-core tile there: its sums need no trip through workgroup memory), the 32x32
+ * tensor-core tile below that; and dot4I8Packed for the types no tensor-core tile reads (Q6_K). The 64x64
+ * tensor-core tile was fastest at 3 of 36 shapes, by at most 7%.
  */
 export function defaultInt8Variant(gpu: GpuContext, weight: GpuWeight, tokens: number): Int8MatmulVariant {
   const grid = Math.ceil(weight.rows / 64) * Math.ceil(tokens / 64);
-  const big =
-    weight.type !== GgmlType.Q4_K &&
-    weight.type !== GgmlType.Q5_K &&
-    grid >= 256 &&
-    weight.rowLength >= 2048 &&
-    int8MatmulAvailable(gpu, weight.type, '64x64');
-  return big ? '64x64' : '32x32';
+  return grid >= 256 || !int8MatmulAvailable(gpu, weight.type, '32x32') ? 'dot4' : '32x32';
 }
 
 /**

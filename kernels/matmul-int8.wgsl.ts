@@ -116,7 +116,30 @@ fn code_scale(base: u32, b: u32) -> vec2<f32> {
   let sm = scale_min_k4(wb, b % 8u);
   return vec2<f32>(dm.x * sm.x, -dm.y * sm.y);
 }`,
+  // Q6_K (repacked to 53 words per 256, kernels/weights.ts): sub-block s = 4n + g of a 256-element block takes the
+  // low (g < 2) or high nibbles of ql[64n + 32·(g % 2) ..], bits 2g.. of qh[32n ..], codes q - 32; its two halves of
+  // 16 have their own int8 scales sc[2s], sc[2s + 1]: code_scale is (d·sc[2s], d·sc[2s + 1]), not (s, m).
+  [GgmlType.Q6_K]: `
+fn code_word(base: u32, b: u32, j: u32) -> u32 {
+  let s = b % 8u;
+  let wb = base + (b / 8u) * 53u;
+  let lo = (w[wb + 16u * (s / 4u) + 8u * (s % 2u) + j] >> (4u * ((s % 4u) / 2u))) & 0x0f0f0f0fu;
+  let hi = (w[wb + 32u + 8u * (s / 4u) + j] >> (2u * (s % 4u))) & 0x03030303u;
+  return (((lo | (hi << 4u)) | 0x80808080u) - 0x20202020u) ^ 0x80808080u;
+}
+fn code_scale(base: u32, b: u32) -> vec2<f32> {
+  let s = b % 8u;
+  let wb = base + (b / 8u) * 53u;
+  let pair = w[wb + 48u + s / 2u] >> (16u * (s % 2u));
+  return f16lo(w[wb + 52u]) * vec2<f32>(f32(bitcast<i32>(pair << 24u) >> 24u), f32(bitcast<i32>(pair << 16u) >> 24u));
+}`,
 };
+
+/**
+ * Types whose 32-element blocks have two scales, one per half of 16 (code_scale gives both): only the dot4I8Packed
+ * kernel sums the halves apart; a tensor-core product covers the whole block.
+ */
+const HALF_BLOCK_SCALES: ReadonlySet<GgmlType> = new Set([GgmlType.Q6_K]);
 
 /** Q5_0/Q5_1 block at word wb: the 5-bit values of elements 4j..4j+3, one per byte. */
 const Q5_WORD = `
@@ -159,11 +182,11 @@ function int8StoreWgsl(hasBias: boolean, accumulate: boolean): string {
 }
 
 /**
- * Weight types the int8 matmul reads. Q6_K keeps the f32 kernels: its 16-element scales split a 32-deep step, and its
- * codes times those scales do not fit 8 bits.
+ * Weight types an int8 kernel reads. Q6_K only on 'dot4': its 16-element scales split a tensor core's 32-deep product,
+ * and its codes times those scales do not fit 8 bits.
  */
-export function int8MatmulSupportsType(type: GgmlType): boolean {
-  return CODE_WGSL[type] !== undefined;
+export function int8MatmulSupportsType(type: GgmlType, variant: Int8MatmulVariant): boolean {
+  return CODE_WGSL[type] !== undefined && (variant === 'dot4' || !HALF_BLOCK_SCALES.has(type));
 }
 
 /**
@@ -237,6 +260,8 @@ export function int8MatmulWgsl(type: GgmlType, hasBias: boolean, tile: Int8Matmu
   if (RT > INT8_TOKEN_PADDING || (RN * 8) % 128 !== 0 || (RT * 8) % 128 !== 0) {
     throw new Error(`int8 matmul: a ${RN}x${RT} tile does not fit the staging of 128 invocations and 64-token rows`);
   }
+  if (HALF_BLOCK_SCALES.has(type))
+    throw new Error(`int8 matmul: a tensor-core tile cannot scale half blocks (${type})`);
   const WPT = (RN * 8) / 128;
   const XPT = (RT * 8) / 128;
   const withMin = !WITHOUT_MIN.has(type);
@@ -376,6 +401,24 @@ export function int8VariantWgsl(
  */
 export function int8DotMatmulWgsl(type: GgmlType, hasBias: boolean, accumulate = false): string {
   const withMin = !WITHOUT_MIN.has(type);
+  const halves = HALF_BLOCK_SCALES.has(type);
+  // The products of words k0..k1 (elements 4·k0..4·k1 - 1 of the block) into the integer sums `into`.
+  const products = (into: string, k0: number, k1: number) => `
+    for (var k = ${k0}u; k < ${k1}u; k++) {
+      var wv: array<u32, 4>;
+      var xv: array<u32, 4>;
+      for (var i = 0u; i < 4u; i++) {
+        wv[i] = wcodes[(lid.x + 16u * i) * ROW_WORDS + k];
+        xv[i] = xcodes[(lid.y + 16u * i) * ROW_WORDS + k];
+      }
+      for (var i = 0u; i < 4u; i++) {
+        for (var j = 0u; j < 4u; j++) { ${into}[i * 4u + j] += dot4I8Packed(wv[i], xv[j]); }
+      }
+    }`;
+  // Half-block scales (ws = (s of elements 0..15, s of 16..31)): d·(s0·C0 + s1·C1), no min.
+  const term = halves
+    ? 's.x * (ws.x * f32(sums[i * 4u + j]) + ws.y * f32(high[i * 4u + j]))'
+    : scaledSumWgsl('sums[i * 4u + j]', 'ws', 's', withMin);
   return /* wgsl */ `${int8MatmulHeaderWgsl(type, hasBias, 'u32')}
 const ROW_WORDS: u32 = 9u;  // 8 words of codes per row or token, padded
 var<workgroup> wcodes: array<u32, ${64 * 9}>;
@@ -408,23 +451,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     }
     workgroupBarrier();
     // Initialized explicitly: a declaration without one was not zeroed again on each iteration (lavapipe).
-    var sums = array<i32, 16>();
-    for (var k = 0u; k < 8u; k++) {
-      var wv: array<u32, 4>;
-      var xv: array<u32, 4>;
-      for (var i = 0u; i < 4u; i++) {
-        wv[i] = wcodes[(lid.x + 16u * i) * ROW_WORDS + k];
-        xv[i] = xcodes[(lid.y + 16u * i) * ROW_WORDS + k];
-      }
-      for (var i = 0u; i < 4u; i++) {
-        for (var j = 0u; j < 4u; j++) { sums[i * 4u + j] += dot4I8Packed(wv[i], xv[j]); }
-      }
+    var sums = array<i32, 16>();${
+      halves
+        ? `
+    var high = array<i32, 16>();${products('sums', 0, 4)}${products('high', 4, 8)}`
+        : products('sums', 0, 8)
     }
     for (var i = 0u; i < 4u; i++) {
       let ws = wscales[lid.x + 16u * i];
       for (var j = 0u; j < 4u; j++) {
         let s = xscales[lid.y + 16u * j];
-        acc[i * 4u + j] += ${scaledSumWgsl('sums[i * 4u + j]', 'ws', 's', withMin)};
+        acc[i * 4u + j] += ${term};
       }
     }
     workgroupBarrier();

@@ -14,7 +14,7 @@ import {
   prepareQuantizeActivations,
   releaseInt8Activations,
 } from '../kernels/matmul-int8.ts';
-import { INT8_MATMUL_TILES, type Int8MatmulVariant } from '../kernels/matmul-int8.wgsl.ts';
+import { INT8_MATMUL_TILES, type Int8MatmulVariant, int8MatmulSupportsType } from '../kernels/matmul-int8.wgsl.ts';
 import { dequantize, randomWeightBytes } from '../kernels/reference/dequantize.ts';
 import { matmulReference, maxErrorRelativeToMagnitude } from '../kernels/reference/matmul.ts';
 import { dequantizeActivations, quantizeActivationsReference } from '../kernels/reference/matmul-int8.ts';
@@ -121,6 +121,7 @@ export const INT8_MATMUL_TYPES: [string, GgmlType, number][] = [
   ['Q8_0', GgmlType.Q8_0, 288],
   ['Q4_K', GgmlType.Q4_K, 768],
   ['Q5_K', GgmlType.Q5_K, 768],
+  ['Q6_K', GgmlType.Q6_K, 768],
 ];
 
 /** Every tensor-core tile, and the dot4I8Packed kernel that every adapter runs. */
@@ -128,6 +129,11 @@ export const INT8_MATMUL_VARIANTS: readonly Int8MatmulVariant[] = [
   ...(Object.keys(INT8_MATMUL_TILES) as Int8MatmulVariant[]),
   'dot4',
 ];
+
+/** The cases of a weight type: those of the kernels that read it (Q6_K: dot4I8Packed only). */
+export function int8MatmulCasesFor(type: GgmlType): Int8MatmulCase[] {
+  return INT8_MATMUL_CASES.filter((c) => int8MatmulSupportsType(type, c.variant));
+}
 
 export const INT8_MATMUL_CASES: Int8MatmulCase[] = INT8_MATMUL_VARIANTS.flatMap((variant) => [
   { tokens: 2, rows: 37, bias: true, variant },

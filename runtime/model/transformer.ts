@@ -62,45 +62,48 @@ export interface ForwardGraph {
 
 export type PrefillMatmul = 'auto' | 'f32' | 'int8-dot';
 
-/** The int8 kernel a prefill-matmul choice runs: a tensor-core tile (chosen per weight), or dot4I8Packed. */
-function int8Kernel(prefillMatmul: PrefillMatmul): '32x32' | 'dot4' {
-  return prefillMatmul === 'int8-dot' ? 'dot4' : '32x32';
+/**
+ * The int8 kernels a prefill-matmul choice may run: 'auto' on a device with tensor cores, the 32x32 tensor-core tile
+ * or dot4I8Packed per weight (defaultInt8Variant); 'int8-dot', dot4I8Packed for every weight; otherwise none.
+ */
+function int8Kernels(gpu: GpuContext, prefillMatmul: PrefillMatmul): ('32x32' | 'dot4')[] {
+  if (prefillMatmul === 'int8-dot') return ['dot4'];
+  return prefillMatmul === 'auto' && gpu.features.subgroupMatrixI8 ? ['32x32', 'dot4'] : [];
 }
 
 export interface TransformerOptions {
   /**
-   * 'auto' (default): prefill projections run on the int8 tensor-core matmul where the device offers i8 subgroup
-   * matrices and the weight type has int8 codes (kernels/matmul-int8.ts: activations quantized per 32 elements, as
-   * llama.cpp's MMQ); 'int8-dot': the int8 matmul on dot4I8Packed, which every adapter runs (not yet measured
-   * against f32 on a GPU, so never chosen by itself); 'f32': always the f32 kernels. Decode steps use the matvecs.
+   * 'auto' (default): prefill projections run on the int8 matmuls where the device offers i8 subgroup matrices and
+   * the weight type has int8 codes (kernels/matmul-int8.ts: activations quantized per 32 elements, as llama.cpp's
+   * MMQ), on tensor cores or dot4I8Packed as measured fastest; 'int8-dot': the int8 matmul on dot4I8Packed, which
+   * every adapter runs (measured on the H200 only, so 'auto' takes it only there); 'f32': always the f32 kernels.
+   * Decode steps use the matvecs.
    */
   prefillMatmul?: PrefillMatmul;
 }
 
-/**
- * Whether prefill projections run on the int8 matmul: `prefillMatmul` 'auto' and a device with i8 subgroup
- * matrices, for a model whose first layer has a weight type with int8 codes.
- */
+/** Whether prefill projections run on an int8 matmul: some weight type of the model has one of the choice's kernels. */
 function int8PrefillApplies(gpu: GpuContext, weights: ModelWeights, prefillMatmul: PrefillMatmul): boolean {
-  return (
-    prefillMatmul !== 'f32' &&
-    projectionTypes(weights).some((type) => int8MatmulAvailable(gpu, type, int8Kernel(prefillMatmul)))
-  );
+  const kernels = int8Kernels(gpu, prefillMatmul);
+  return projectionTypes(weights).some((type) => kernels.some((k) => int8MatmulAvailable(gpu, type, k)));
 }
 
 /**
- * int8PrefillApplies, and the kernel compiles here (kernels/matmul-int8.ts, int8MatmulCompiles): a browser that does
- * not take its WGSL gets the f32 kernels at load, not an error at the first prompt.
+ * int8PrefillApplies, and each kernel it may run compiles here (kernels/matmul-int8.ts, int8MatmulCompiles): a
+ * browser that does not take their WGSL gets the f32 kernels at load, not an error at the first prompt.
  */
 export async function int8PrefillReady(
   gpu: GpuContext,
   weights: ModelWeights,
   prefillMatmul: PrefillMatmul,
 ): Promise<boolean> {
-  return (
-    int8PrefillApplies(gpu, weights, prefillMatmul) &&
-    int8MatmulCompiles(gpu, projectionTypes(weights), int8Kernel(prefillMatmul))
-  );
+  if (!int8PrefillApplies(gpu, weights, prefillMatmul)) return false;
+  const types = projectionTypes(weights);
+  for (const kernel of int8Kernels(gpu, prefillMatmul)) {
+    const used = types.some((type) => int8MatmulAvailable(gpu, type, kernel));
+    if (used && !(await int8MatmulCompiles(gpu, types, kernel))) return false;
+  }
+  return true;
 }
 
 /** Weight types of the first layer's projections (the layers share them). */
@@ -177,9 +180,10 @@ export class Transformer {
     projections: (Omit<MatmulBinding, 'input' | 'tokens'> & { label: string })[],
   ): PreparedDispatch[] {
     const { gpu, int8 } = this;
-    const kernel = int8Kernel(this.prefillMatmul);
+    const variant = (weight: MatmulBinding['weight']) =>
+      this.prefillMatmul === 'int8-dot' ? 'dot4' : defaultInt8Variant(gpu, weight, tokens);
     const onInt8 = (weight: MatmulBinding['weight']) =>
-      int8 !== null && tokens > 1 && int8MatmulAvailable(gpu, weight.type, kernel);
+      int8 !== null && tokens > 1 && int8MatmulAvailable(gpu, weight.type, variant(weight));
     const dispatches: PreparedDispatch[] = [];
     const first = projections.find((p) => onInt8(p.weight));
     if (first && int8) {
@@ -195,12 +199,7 @@ export class Transformer {
     for (const { label: name, ...p } of projections) {
       dispatches.push(
         ...(int8 && onInt8(p.weight)
-          ? prepareInt8Matmul(
-              gpu,
-              name,
-              { ...p, activations: int8, tokens },
-              kernel === 'dot4' ? 'dot4' : defaultInt8Variant(gpu, p.weight, tokens),
-            )
+          ? prepareInt8Matmul(gpu, name, { ...p, activations: int8, tokens }, variant(p.weight))
           : prepareMatmul(gpu, name, { ...p, input, tokens })),
       );
     }
