@@ -64,49 +64,96 @@ export function attentionPrefillInt8Source(shape: AttentionPrefillInt8Shape): st
   const DT = HD / 16; // dim tiles of a subgroup's output rows
   const ROUNDS = DT / 4; // rounds of 4 dim tiles through the sums buffer
 
-  // One invocation's half of a key's row, as f32 into vals[0..HALF/4): from f16 words or quant codes.
-  const f16Half = (offset: string) => `{
-      let at = (entry & 0xffffffu) * (params.pageWords / 4u) + ${offset} / 4u +
-        (kvh * params.pageTokens + key % params.pageTokens) * (HD / 8u) + half * (HD / 16u);
-      for (var i = 0u; i < HD / 16u; i++) {
-        let w = slabQuad(slot, at + i);
-        vals[2u * i] = vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
-        vals[2u * i + 1u] = vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w));
-      }
-    }`;
-  const quantHalf = (p: 'k' | 'v', bits: number) => {
-    const per = 32 / bits;
-    return `{
-      let row = (entry & 0xffffffu) * params.quantPageWords + params.quant${p.toUpperCase()}Offset +
-        (key % params.pageTokens) * params.${p}RowWords;
-      for (var wi = 0u; wi < ${HALF / per}u; wi++) {
-        // A code word never straddles groups (groupSize is a multiple of 32 / bits).
-        let e0 = kvh * HD + half * ${HALF}u + wi * ${per}u;
-        let codes = slabWord(slot, row + e0 / ${per}u);
-        let lohi = unpack2x16float(slabWord(slot, row + params.${p}CodeWords + e0 / params.${p}Group));
-        for (var c = 0u; c < ${per}u; c += 4u) {
-          let code = vec4<f32>(f32((codes >> (c * ${bits}u)) & ${(1 << bits) - 1}u),
-                               f32((codes >> ((c + 1u) * ${bits}u)) & ${(1 << bits) - 1}u),
-                               f32((codes >> ((c + 2u) * ${bits}u)) & ${(1 << bits) - 1}u),
-                               f32((codes >> ((c + 3u) * ${bits}u)) & ${(1 << bits) - 1}u));
-          vals[(wi * ${per}u + c) / 4u] = vec4<f32>(lohi.x) + code * lohi.y;
+  // One invocation's half of a key's row: fetched into registers a tile ahead (fetchTile), then as f32 into
+  // vals[0..HALF/4) and int8 codes (stage). Quant pages: code words and their groups' (lo, scale) words.
+  const perK = quant ? 32 / quant.kBits : 0;
+  const perV = quant ? 32 / quant.vBits : 0;
+  const quantFetch = (p: 'k' | 'v', per: number) => `
+      {
+        let row = (entry & 0xffffffu) * params.quantPageWords + params.quant${p.toUpperCase()}Offset +
+          (key % params.pageTokens) * params.${p}RowWords;
+        for (var wi = 0u; wi < ${HALF / per}u; wi++) {
+          // A code word never straddles groups (groupSize is a multiple of 32 / bits).
+          let e0 = kvh * HD + half * ${HALF}u + wi * ${per}u;
+          f.${p}Codes[wi] = slabWord(slot, row + e0 / ${per}u);
+          f.${p}LoHi[wi] = slabWord(slot, row + params.${p}CodeWords + e0 / params.${p}Group);
         }
-      }
-    }`;
+      }`;
+  const quantValues = (p: 'k' | 'v', bits: number) => {
+    const per = 32 / bits;
+    const mask = `${(1 << bits) - 1}u`;
+    return `{
+        for (var wi = 0u; wi < ${HALF / per}u; wi++) {
+          let codes = f.${p}Codes[wi];
+          let lohi = unpack2x16float(f.${p}LoHi[wi]);
+          for (var c = 0u; c < ${per}u; c += 4u) {
+            let code = vec4<f32>(f32((codes >> (c * ${bits}u)) & ${mask}), f32((codes >> ((c + 1u) * ${bits}u)) & ${mask}),
+                                 f32((codes >> ((c + 2u) * ${bits}u)) & ${mask}), f32((codes >> ((c + 3u) * ${bits}u)) & ${mask}));
+            vals[(wi * ${per}u + c) / 4u] = vec4<f32>(lohi.x) + code * lohi.y;
+          }
+        }
+      }`;
   };
-  const stage = (p: 'k' | 'v', offset: string) => `
+  const f16Values = (p: 'k' | 'v') => `{
+        for (var i = 0u; i < ${HD / 16}u; i++) {
+          let w = f.${p}[i];
+          vals[2u * i] = vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+          vals[2u * i + 1u] = vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w));
+        }
+      }`;
+  const stage = (p: 'k' | 'v') => `
     {
       var vals: array<vec4<f32>, ${HALF / 4}>;
-      if (valid) {
-        ${quant ? `if ((entry >> 28u) == 1u) ${quantHalf(p, p === 'k' ? quant.kBits : quant.vBits)} else ${f16Half(offset)}` : f16Half(offset)}
-      }
+      ${quant ? `if (f.quant) ${quantValues(p, p === 'k' ? quant.kBits : quant.vBits)} else ${f16Values(p)}` : f16Values(p)}
       let d = codeScale(vals);
       let inverse = select(0.0, 1.0 / d, d > 1e-30);
       for (var i = 0u; i < ${HALF / 4}u; i++) {
-        ${p}codes[j * HW + half * ${HALF / 4}u + i] = bitcast<i32>(pack4xI8(vec4<i32>(round(vals[i] * inverse))));
+        ${p}codes[r * HW + half * ${HALF / 4}u + i] = bitcast<i32>(pack4xI8(vec4<i32>(round(vals[i] * inverse))));
       }
-      if (half == 0u) { ${p}scale[j] = d; }
+      if (half == 0u) { ${p}scale[r] = d; }
     }`;
+  const fetchWgsl = `
+/**
+ * Invocation (2j + half)'s words of key j of the tile at block (n keys): its half of the key's K and V row. Zero past
+ * n (codes and scale 0; masked in the softmax).
+ */
+struct Fetched {
+  k: array<vec4<u32>, ${HD / 16}>,
+  v: array<vec4<u32>, ${HD / 16}>,${
+    quant
+      ? `
+  kCodes: array<u32, ${HALF / perK}>,
+  kLoHi: array<u32, ${HALF / perK}>,
+  vCodes: array<u32, ${HALF / perV}>,
+  vLoHi: array<u32, ${HALF / perV}>,
+  quant: bool,`
+      : ''
+  }
+}
+
+fn fetchTile(block: u32, n: u32, kvh: u32, j: u32, half: u32) -> Fetched {
+  var f: Fetched;
+  if (j < n) {
+    let key = block + j;
+    let entry = pageTable[step.tableOffset + key / params.pageTokens];
+    let slot = (entry >> 24u) & 0xfu;
+    ${
+      quant
+        ? `if ((entry >> 28u) == 1u) {
+      f.quant = true;${quantFetch('k', perK)}${quantFetch('v', perV)}
+    } else `
+        : ''
+    }{
+      let at = (entry & 0xffffffu) * (params.pageWords / 4u) +
+        (kvh * params.pageTokens + key % params.pageTokens) * (HD / 8u) + half * (HD / 16u);
+      for (var i = 0u; i < ${HD / 16}u; i++) {
+        f.k[i] = slabQuad(slot, params.kOffset / 4u + at + i);
+        f.v[i] = slabQuad(slot, params.vOffset / 4u + at + i);
+      }
+    }
+  }
+  return f;
+}`;
 
   return /* wgsl */ `
 enable chromium_experimental_subgroup_matrix;
@@ -115,6 +162,7 @@ diagnostic(off, chromium_experimental.subgroup_matrix_uniformity);
 ${attentionBindingsWgsl(quant !== null)}
 ${kvPagesReadableWgsl(5)}
 ${SPLIT_CHUNK_WGSL}
+${fetchWgsl}
 
 const HD: u32 = ${HD}u;
 const HW: u32 = ${HD / 4}u; // words of a row's or key's codes
@@ -182,20 +230,16 @@ ${each(
   let c = lane % 16u;
   var acc: array<f32, ${DT * 8}>;
 
+  var f = fetchTile(start, select(0u, min(BK, end - start), start < end), kvh, r, half);
   for (var block = start; block < end; block += BK) {
     let n = min(BK, end - block);
     // The previous tile's readers are done with the codes, the sums and the scales.
     workgroupBarrier();
-    {
-      let j = r;
-      let key = block + j;
-      let valid = j < n;
-      let entry = pageTable[step.tableOffset + min(key, block + n - 1u) / params.pageTokens];
-      let slot = (entry >> 24u) & 0xfu;
-${stage('k', 'params.kOffset')}
-${stage('v', 'params.vOffset')}
-    }
+${stage('k')}
+${stage('v')}
     workgroupBarrier();
+    // The next tile's words load while this one is computed (its page loads were a fifth of the kernel's time).
+    if (block + BK < end) { f = fetchTile(block + BK, min(BK, end - block - BK), kvh, r, half); }
     for (var t = 0u; t < BK / 16u; t++) {
       var scores = subgroupMatrixMultiply<i32>(q0,
         subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, col_major>(&kcodes, t * 16u * HW, HW));
@@ -208,42 +252,40 @@ ${each(
     }
     workgroupBarrier();
     // Row r's keys half·32.., visited from key 16·half on: with rows SP = BK + 1 words apart, the 32 lanes of a
-    // subgroup (16 rows, both halves) read 32 different banks. Pass 1 takes the maximum, pass 2 writes w = p·d_v over
-    // the sums, pass 3 packs w's codes (each invocation touches only its own row and half: no barrier between).
+    // subgroup (16 rows, both halves) read 32 different banks. Written out key by key (s_i, w_i in registers, one read
+    // of the sums): as loops with the sums read twice and w written back, this phase took half the kernel's time.
     {
       let dq = qscale[r];
-      let own = r * SP + 32u * half;
-      var tileMax = NONE;
-      for (var i = 0u; i < 32u; i++) {
-        let j = 32u * half + (i + 16u * half) % 32u;
-        if (j < n && block + j < limit) { tileMax = max(tileMax, f32(sums[r * SP + j]) * dq * kscale[j]); }
-      }
+      let visible = select(0u, min(n, limit - block), limit > block); // keys 0..visible-1 of the tile: row r sees them
+${each(
+  32,
+  (i) => `      let j${i} = 32u * half + ((${i}u + 16u * half) & 31u);
+      let s${i} = select(NONE, f32(sums[r * SP + j${i}]) * dq * kscale[j${i}], j${i} < visible);`,
+)}
+      var tileMax = ${range(32).reduce((acc, i) => (acc ? `max(${acc}, s${i})` : `s${i}`), '')};
       tileMax = max(tileMax, subgroupShuffleXor(tileMax, 1u));
       let best = max(m, tileMax);
       let correction = select(1.0, exp(m - best), m > NONE);
-      var pSum = 0.0;
-      var wMax = 0.0;
-      for (var i = 0u; i < 32u; i++) {
-        let j = 32u * half + (i + 16u * half) % 32u;
-        var p = 0.0;
-        if (j < n && block + j < limit) { p = exp(f32(sums[r * SP + j]) * dq * kscale[j] - best); }
-        pSum += p;
-        let w = p * vscale[j];
-        wMax = max(wMax, w);
-        sums[r * SP + j] = bitcast<i32>(w);
-      }
+${each(
+  32,
+  (i) => `      let p${i} = select(0.0, exp(s${i} - best), s${i} > NONE);
+      let w${i} = p${i} * vscale[j${i}];`,
+)}
+      var pSum = ${range(32)
+        .map((i) => `p${i}`)
+        .join(' + ')};
+      var wMax = ${range(32).reduce((acc, i) => (acc ? `max(${acc}, w${i})` : `w${i}`), '')};
       pSum += subgroupShuffleXor(pSum, 1u);
       wMax = max(wMax, subgroupShuffleXor(wMax, 1u));
       l = l * correction + pSum;
       m = best;
       let inverse = select(0.0, 127.0 / wMax, wMax > 1e-30);
-      for (var a = 0u; a < 8u; a++) {
-        let word = (a + 4u * half) % 8u;
-        let at = own + 4u * word;
-        let w = vec4<f32>(bitcast<f32>(sums[at]), bitcast<f32>(sums[at + 1u]), bitcast<f32>(sums[at + 2u]),
-                          bitcast<f32>(sums[at + 3u]));
-        pcodes[r * BW + 8u * half + word] = bitcast<i32>(pack4xI8(vec4<i32>(round(w * inverse))));
-      }
+      // w_4a..w_4a+3 are keys 4·((a + 4·half) % 8).. of the half: one word of codes.
+${each(
+  8,
+  (a) => `      pcodes[r * BW + 8u * half + ((${a}u + 4u * half) & 7u)] =
+        bitcast<i32>(pack4xI8(vec4<i32>(round(vec4<f32>(w${4 * a}, w${4 * a + 1}, w${4 * a + 2}, w${4 * a + 3}) * inverse))));`,
+)}
       if (half == 0u) {
         wscale[r] = wMax / 127.0;
         corr[r] = correction;

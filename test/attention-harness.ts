@@ -5,6 +5,7 @@
  */
 import { type AttentionProducts, type AttentionSources, prepareAttention } from '../kernels/attention.ts';
 import type { AttentionBlockKeys } from '../kernels/attention.wgsl.ts';
+import { attentionPrefillInt8Source } from '../kernels/attention-prefill-int8.wgsl.ts';
 import { type PreparedDispatch, releaseDispatches, submitDispatches } from '../kernels/dispatch.ts';
 import { prepareKvAppend } from '../kernels/kv-append.ts';
 import { attentionReference } from '../kernels/reference/attention.ts';
@@ -227,11 +228,12 @@ export async function runSteps(
 }
 
 /**
- * The int8 prefill kernel (attention-prefill-int8.wgsl.ts) against the reference: q, k and per-tile weights on 127
- * steps each put its outputs (weighted means of values in [-1, 1]) within a few thousandths of the f64 result, where
- * a wrong mask, scale or rescale is off by tenths.
+ * The int8 prefill kernel (attention-prefill-int8.wgsl.ts) against the reference. Its outputs are weighted means of
+ * values in [-1, 1]; with q, k, v and the per-tile weights on 127 steps each they came within 0.010–0.020 of the f64
+ * result on the H200 (the 128-wide heads' case largest), and 0.025 bounds that. The broken kernels of
+ * INT8_PREFILL_MUTATIONS are off by 2.3x (one scale for all keys) to 90x that bound.
  */
-export const INT8_ATTENTION_TOLERANCE: AttentionTolerance = { atol: 0.02, rtol: 0 };
+export const INT8_ATTENTION_TOLERANCE: AttentionTolerance = { atol: 0.025, rtol: 0 };
 
 /** Steps that cover the int8 prefill kernel's cases: GQA groups cut by row tiles, partial and causal tiles, splits. */
 export const INT8_PREFILL_CASES: Array<[string, Shape, number[], { prefillSplits?: number; minChunkKeys?: number }]> = [
@@ -254,3 +256,31 @@ export const INT8_PREFILL_CASES: Array<[string, Shape, number[], { prefillSplits
     { prefillSplits: 2, minChunkKeys: 64 },
   ],
 ];
+
+/** Broken variants of the int8 prefill kernel that the reference cases must catch (tests of the tests). */
+export const INT8_PREFILL_MUTATIONS: [string, (code: string) => string][] = [
+  ['causal mask one key late', (code) => code.replace('min(n, limit - block)', 'min(n, limit + 1u - block)')],
+  ['no rescale between tiles', (code) => code.replace('acc[a] * corr[row]', 'acc[a]')],
+  ['one key scale for all keys', (code) => code.replaceAll(/dq \* kscale\[j\d+\]/g, 'dq * kscale[0]')],
+];
+
+/**
+ * The worst tolerance ratio of the int8 kernel with `edit` applied over the first case's two prefill steps: a caught
+ * mutation exceeds 1. Throws when the edit no longer changes the kernel.
+ */
+export async function int8MutationRatio(gpu: GpuContext, edit: (code: string) => string): Promise<number> {
+  const [, shape, chunks] = INT8_PREFILL_CASES[0];
+  const original = attentionPrefillInt8Source({ headDim: 64, quant: null });
+  const prefill = edit(original);
+  if (prefill === original) throw new Error('int8 mutation: the edit no longer applies');
+  const harness = new Harness(gpu, shape, Math.max(...chunks), {
+    sources: { prefill },
+    prefillProducts: 'int8',
+    tolerance: INT8_ATTENTION_TOLERANCE,
+  });
+  const random = seededRandom(13);
+  const seq = harness.sequence();
+  const ratios = [await harness.step(seq, chunks[0], random), await harness.step(seq, chunks[1], random)];
+  harness.release();
+  return Math.max(...ratios);
+}
