@@ -95,7 +95,7 @@ export class EngineRunner {
     kv: KvMode,
     maxContext: number,
     prefillChunk: number | undefined,
-    prefillMatmul: PrefillMatmul = 'auto',
+    kernels: { prefillMatmul?: PrefillMatmul; prefillAttention?: 'auto' | 'f32' } = {},
   ): Promise<EngineLoadResult> {
     await this.unload();
     const s = file.shape;
@@ -111,7 +111,7 @@ export class EngineRunner {
         kvBudgetBytes: f16BytesPerToken * (maxContext + 64 + (kv === 'int2' ? 4096 : 0)),
         maxSequences: 2,
         ...(prefillChunk ? { prefillChunk } : {}),
-        prefillMatmul,
+        ...kernels,
       });
     } catch (error) {
       await this.unload();

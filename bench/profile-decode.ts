@@ -7,7 +7,8 @@
  * timestamps at its ends). Needs the adapter's `timestamp-query` feature.
  *
  *   npx tsx bench/profile-decode.ts --model qwen2.5-0.5b --weights q4_k_m --context 1024 [--kv int2] [--reps 5]
- *     [--tokens 128 [--prefill-matmul auto|f32]]   (the prefill chunk that ends a prompt of `context` tokens)
+ *     [--tokens 128 [--prefill-matmul auto|f32] [--prefill-attention auto|f32]]   (the prefill chunk that ends a
+ *     prompt of `context` tokens)
  *   npx tsx bench/profile-decode.ts --quick
  */
 import { tmpdir } from 'node:os';
@@ -174,13 +175,14 @@ async function main(): Promise<void> {
   const runner = new EngineRunner(gpu);
   try {
     const kv = (flag('kv') ?? 'f16') as KvMode;
-    const matmul = (flag('prefill-matmul') ?? 'auto') as PrefillMatmul;
-    const loaded = await runner.load(file, kv, context, undefined, matmul);
+    const prefillMatmul = (flag('prefill-matmul') ?? 'auto') as PrefillMatmul;
+    const prefillAttention = (flag('prefill-attention') ?? 'auto') as 'auto' | 'f32';
+    const loaded = await runner.load(file, kv, context, undefined, { prefillMatmul, prefillAttention });
     if (!loaded.available) throw new Error(`kv ${kv} is not available: ${loaded.reason}`);
     const p = await profileDecode(runner, context, reps, tokens);
     const total = p.roles.reduce((s, r) => s + r.ms, 0);
     const lines = [
-      `${shape.name} ${mix}, KV ${kv}, context ${context}, ${tokens === 1 ? 'decode step' : `prefill chunk of ${tokens} tokens, ${matmul} matmuls`}, adapter ${gpu.adapter.description || gpu.adapter.device}`,
+      `${shape.name} ${mix}, KV ${kv}, context ${context}, ${tokens === 1 ? 'decode step' : `prefill chunk of ${tokens} tokens, ${prefillMatmul} matmuls, ${prefillAttention} attention`}, adapter ${gpu.adapter.description || gpu.adapter.device}`,
       `${tokens === 1 ? 'decode' : 'prefill'} graph: ${p.dispatches} dispatches; whole step in one pass: GPU ${p.wholeStepGpuMs.toFixed(3)} ms, host ${p.wholeStepHostMs.toFixed(3)} ms; sum of per-dispatch GPU times ${total.toFixed(3)} ms`,
       '',
       '| role | dispatches | ms | share |',

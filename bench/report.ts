@@ -91,6 +91,8 @@ export interface BenchReport {
     prefillChunk: number | null;
     /** Which kernels ran the prefill projections ('auto': int8 tensor cores where the adapter offers them). */
     prefillMatmul?: PrefillMatmul;
+    /** Which products ran the prefill attention ('auto': int8 tensor cores where the adapter offers them). */
+    prefillAttention?: 'auto' | 'f32';
     rowBudgetSeconds: number;
     prefillLimitSeconds: number;
     seed: number;

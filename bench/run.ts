@@ -42,6 +42,7 @@ export interface BenchOptions {
   totalBudgetSeconds: number;
   prefillChunk: number | undefined;
   prefillMatmul: PrefillMatmul;
+  prefillAttention: 'auto' | 'f32';
   llama: 'auto' | LlamaBackend | 'off';
   llamaKv: LlamaKvType[];
   llamaThreads: number | undefined;
@@ -71,6 +72,7 @@ const USAGE = `Usage: npm run bench -- [flags]   (or: node .gpu/bench.mjs [flags
   --budget-s s            whole run: later rows are skipped (default: none)
   --prefill-chunk n       longtab tokens per prefill submit (default: the engine's, 128; 512 with int8 tensor cores)
   --prefill-matmul m      auto (int8 tensor cores where the GPU has them), f32 or int8-dot (dot4I8Packed; default auto)
+  --prefill-attention m   auto (q·k and p·v on int8 tensor cores where the GPU has them) or f32 (default auto)
   --llama auto|vulkan|cpu|off   node-llama-cpp backend (auto: vulkan on a GPU adapter, cpu on a CPU one)
   --llama-kv types        f16,q4_0 (default both)
   --llama-threads n       default 1 on cpu (2-core dev machines), 8 with vulkan
@@ -149,6 +151,9 @@ export function parseBenchArgs(argv: readonly string[], log: (line: string) => v
   if (!['auto', 'f32', 'int8-dot'].includes(prefillMatmul)) {
     throw new Error(`--prefill-matmul ${prefillMatmul}: auto, f32 or int8-dot`);
   }
+  const prefillAttention = (take('prefill-attention') ?? 'auto') as BenchOptions['prefillAttention'];
+  if (!['auto', 'f32'].includes(prefillAttention))
+    throw new Error(`--prefill-attention ${prefillAttention}: auto or f32`);
   const options: BenchOptions = {
     quick,
     models,
@@ -163,6 +168,7 @@ export function parseBenchArgs(argv: readonly string[], log: (line: string) => v
     totalBudgetSeconds: num('budget-s', Number.POSITIVE_INFINITY),
     prefillChunk: chunk ? Number(chunk) : undefined,
     prefillMatmul,
+    prefillAttention,
     llama,
     llamaKv,
     llamaThreads: threads ? Number(threads) : undefined,
@@ -314,6 +320,7 @@ export async function runBench(
           : options.fill,
       prefillChunk: options.prefillChunk ?? null,
       prefillMatmul: options.prefillMatmul,
+      prefillAttention: options.prefillAttention,
       rowBudgetSeconds: options.rowBudgetSeconds,
       prefillLimitSeconds: options.prefillLimitSeconds,
       seed: options.seed,
@@ -503,7 +510,10 @@ async function runEngineRows(
     log(`longtab ${file.shape.id} ${file.mix} kv=${kv}: loading`);
     let loaded: Awaited<ReturnType<EngineRunner['load']>>;
     try {
-      loaded = await engine.load(file, kv, maxContext, options.prefillChunk, options.prefillMatmul);
+      loaded = await engine.load(file, kv, maxContext, options.prefillChunk, {
+        prefillMatmul: options.prefillMatmul,
+        prefillAttention: options.prefillAttention,
+      });
     } catch (error) {
       for (const row of rows) {
         row.status = 'error';

@@ -28,6 +28,7 @@ import {
 import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from './dispatch.ts';
 import { type KvPageSource, kvPoolDispatch } from './kv-append.ts';
 import type { KvQuantPages } from './kv-demote.ts';
+import { pipelineCompiles } from './matmul-int8.ts';
 
 export interface AttentionBinding {
   /** With `quant` set (pool mode 'quant'), the mixed kernel reads f16 and quant pages. */
@@ -147,6 +148,16 @@ export function attentionPrefillShapeFor(
   if (b.maxTokens === 1 || b.prefillKernel === false) return null;
   const limit = gpu.limits.maxComputeWorkgroupStorageSize;
   return attentionPrefillShape(b.pool.headDim, layerQuantShape(b), Math.min(limit, b.prefillStorageBytes ?? limit));
+}
+
+/**
+ * Whether the int8 prefill attention compiles here for `headDim` (its f16-pool build; quant pools differ only in how
+ * a tile is fetched): a browser whose WGSL lacks a form it uses keeps the f32 kernels (Engine.load's probe).
+ */
+export async function int8PrefillAttentionCompiles(gpu: GpuContext, headDim: number): Promise<boolean> {
+  if (!gpu.features.subgroupMatrixI8) return false;
+  const shape = attentionPrefillInt8Shape(headDim, null, gpu.limits.maxComputeWorkgroupStorageSize);
+  return shape !== null && pipelineCompiles(gpu, attentionPrefillInt8Source(shape));
 }
 
 /** The int8 prefill kernel's shape for a binding, or null where the f32 kernels serve it. */

@@ -95,6 +95,9 @@ export function evalLoadOptions(args: ParsedArgs, mode: string): LoadOptions {
     ...(args.flags.has('prefill-matmul')
       ? { prefillMatmul: stringFlag(args, 'prefill-matmul') as LoadOptions['prefillMatmul'] }
       : {}),
+    ...(args.flags.has('prefill-attention')
+      ? { prefillAttention: stringFlag(args, 'prefill-attention') as LoadOptions['prefillAttention'] }
+      : {}),
   };
 }
 

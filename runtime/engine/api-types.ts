@@ -70,6 +70,12 @@ export interface EngineLoadOptions extends KvCacheOptions {
    */
   prefillMatmul?: 'auto' | 'f32' | 'int8-dot';
   /**
+   * Prefill attention: 'auto' (default) computes q·k and p·v on int8 tensor cores where the GPU offers them (q, k
+   * and v per row or key, the softmax weights per row of each 64-key tile quantized to 8 bits), 'f32' keeps the f32
+   * kernels. Decode steps always use the f32 decode kernel.
+   */
+  prefillAttention?: 'auto' | 'f32';
+  /**
    * rotation 'calibrated' on a model without fitted rotations: 'background' (default) loads with 'hadamard' and,
    * between requests, fits rotations and clip quantiles on text the model writes itself, caches them under the
    * model's digest and switches to them (conversations cached until then are re-prefilled on their next turn);

@@ -1,3 +1,4 @@
+import { type AttentionProducts, int8PrefillAttentionCompiles } from '../../kernels/attention.ts';
 import { encodeDispatches, type PreparedDispatch } from '../../kernels/dispatch.ts';
 import { prepareSampler, type Sampler } from '../../kernels/sample.ts';
 import { ContextOverflowError, InvalidRequestError, LongtabError, ModelNotLoadedError } from '../errors.ts';
@@ -38,6 +39,8 @@ export interface LoadOptions extends KvCacheOptions {
   prefillChunk?: number;
   /** Prefill projections: 'auto' (int8 tensor cores where the device has them), 'f32' or 'int8-dot' (TransformerOptions). */
   prefillMatmul?: TransformerOptions['prefillMatmul'];
+  /** Prefill attention: 'auto' (int8 tensor cores where the device has them) or 'f32' (EngineLoadOptions). */
+  prefillAttention?: 'auto' | 'f32';
   onProgress?: (progress: LoadProgress) => void;
 }
 
@@ -219,6 +222,8 @@ export class Engine {
   private busy = false;
   /** The loaded model's prefill matmul choice (LoadOptions.prefillMatmul), kept for rebuilds of its KV state. */
   private prefillMatmul: PrefillMatmul = 'auto';
+  /** The loaded model's prefill attention products: 'int8' where LoadOptions.prefillAttention 'auto' found them. */
+  private prefillProducts: AttentionProducts = 'f32';
 
   constructor(gpu: GpuContext) {
     this.gpu = gpu;
@@ -245,6 +250,16 @@ export class Engine {
         {
           option: 'prefillMatmul',
           value: prefillMatmul,
+        },
+      );
+    }
+    const prefillAttention = options.prefillAttention ?? 'auto';
+    if (prefillAttention !== 'auto' && prefillAttention !== 'f32') {
+      throw new InvalidRequestError(
+        `Load option prefillAttention = ${String(prefillAttention)}: use 'auto' or 'f32'.`,
+        {
+          option: 'prefillAttention',
+          value: prefillAttention,
         },
       );
     }
@@ -283,6 +298,8 @@ export class Engine {
     try {
       const int8 = await int8PrefillReady(gpu, weights, prefillMatmul);
       if (!int8) this.prefillMatmul = 'f32';
+      this.prefillProducts =
+        prefillAttention === 'auto' && (await int8PrefillAttentionCompiles(gpu, config.headDim)) ? 'int8' : 'f32';
       const tensorCores = int8 && prefillMatmul === 'auto';
       const prefillChunk = options.prefillChunk ?? defaultPrefillChunk(tensorCores, poolOptions);
       poolOptions = { ...poolOptions, maxStepTokens: prefillChunk };
@@ -345,7 +362,8 @@ export class Engine {
         gpu,
         config,
         weights,
-        createKvAttention(gpu, pool, { heads: config.heads }), // KV pool owner: rotation wrapping lives there
+        // KV pool owner: rotation wrapping lives there
+        createKvAttention(gpu, pool, { heads: config.heads, prefillProducts: this.prefillProducts }),
         prefillChunk,
         { prefillMatmul: this.prefillMatmul },
       );

@@ -182,6 +182,7 @@ export const LOAD_OPTION_FIELDS = [
   'maxContextTokens',
   'prefillChunk',
   'prefillMatmul',
+  'prefillAttention',
   'calibrate',
   'calibrationTokens',
   'onProgress',
@@ -202,6 +203,9 @@ export function validateLoadOptions(options: unknown): EngineLoadOptions {
     o.prefillMatmul !== 'int8-dot'
   ) {
     fail('prefillMatmul', o.prefillMatmul, "use 'auto', 'f32' or 'int8-dot'");
+  }
+  if (o.prefillAttention !== undefined && o.prefillAttention !== 'auto' && o.prefillAttention !== 'f32') {
+    fail('prefillAttention', o.prefillAttention, "use 'auto' or 'f32'");
   }
   for (const name of [
     'kvBudgetBytes',

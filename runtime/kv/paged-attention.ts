@@ -1,4 +1,9 @@
-import { attentionPartialsBytes, type OutputRotation, prepareAttention } from '../../kernels/attention.ts';
+import {
+  type AttentionProducts,
+  attentionPartialsBytes,
+  type OutputRotation,
+  prepareAttention,
+} from '../../kernels/attention.ts';
 import type { PreparedDispatch } from '../../kernels/dispatch.ts';
 import { prepareKvAppend } from '../../kernels/kv-append.ts';
 import { prepareKvDemote } from '../../kernels/kv-demote.ts';
@@ -20,6 +25,11 @@ export interface PagedAttentionOptions {
    * splits of >= 64 keys beat 256 of >= 32 at 8K and 32K, on two machines.
    */
   decodeSplits?: number;
+  /**
+   * Products of the prefill attention: 'f32' (default) or 'int8' on 8-bit tensor cores where the device has them
+   * (kernels/attention-prefill-int8.wgsl.ts; Engine.load's prefillAttention 'auto').
+   */
+  prefillProducts?: AttentionProducts;
 }
 
 /** Decode: most splits and fewest keys per split (see PagedAttentionOptions.decodeSplits). */
@@ -108,6 +118,7 @@ export class PagedKvAttention {
       scale: options.scale ?? 1 / Math.sqrt(pool.headDim),
       splits,
       minChunkKeys: decode ? DECODE_MIN_CHUNK_KEYS : PREFILL_MIN_CHUNK_KEYS,
+      prefillProducts: options.prefillProducts,
       partials,
       outputRotation: splits > 1 ? outputRotation : undefined,
     });
