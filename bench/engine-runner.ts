@@ -4,6 +4,7 @@
  * own path (one submit and one 4-byte readback per token), timed on the host between consecutive tokens.
  */
 
+import type { PrefillAttention } from '../runtime/engine/api-types.ts';
 import { Engine, type KvMode } from '../runtime/engine/engine.ts';
 import { InvalidRequestError } from '../runtime/errors.ts';
 import { sourceFromPath } from '../runtime/gguf/node-source.ts';
@@ -95,7 +96,7 @@ export class EngineRunner {
     kv: KvMode,
     maxContext: number,
     prefillChunk: number | undefined,
-    kernels: { prefillMatmul?: PrefillMatmul; prefillAttention?: 'auto' | 'f32' } = {},
+    kernels: { prefillMatmul?: PrefillMatmul; prefillAttention?: PrefillAttention } = {},
   ): Promise<EngineLoadResult> {
     await this.unload();
     const s = file.shape;

@@ -11,11 +11,13 @@
  *     prompt of `context` tokens)
  *   npx tsx bench/profile-decode.ts --quick
  */
+
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import type { PreparedDispatch } from '../kernels/dispatch.ts';
 import { encodeDispatches } from '../kernels/dispatch.ts';
+import type { PrefillAttention } from '../runtime/engine/api-types.ts';
 import type { KvMode } from '../runtime/engine/engine.ts';
 import type { GpuContext } from '../runtime/gpu/device.ts';
 import { acquireGpu } from '../runtime/gpu/device.ts';
@@ -176,7 +178,7 @@ async function main(): Promise<void> {
   try {
     const kv = (flag('kv') ?? 'f16') as KvMode;
     const prefillMatmul = (flag('prefill-matmul') ?? 'auto') as PrefillMatmul;
-    const prefillAttention = (flag('prefill-attention') ?? 'auto') as 'auto' | 'f32';
+    const prefillAttention = (flag('prefill-attention') ?? 'auto') as PrefillAttention;
     const loaded = await runner.load(file, kv, context, undefined, { prefillMatmul, prefillAttention });
     if (!loaded.available) throw new Error(`kv ${kv} is not available: ${loaded.reason}`);
     const p = await profileDecode(runner, context, reps, tokens);

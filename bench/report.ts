@@ -2,6 +2,7 @@
  * The benchmark's result file (`bench/results/<date>-<adapter>.json`), its markdown table, and a schema check the
  * test suite runs on the quick bench's output. One row = one runtime × model × weight mix × KV type × context.
  */
+import type { PrefillAttention } from '../runtime/engine/api-types.ts';
 import type { MemorySnapshot } from '../runtime/gpu/allocator.ts';
 import type { PrefillMatmul } from '../runtime/model/transformer.ts';
 import type { DecodeGraphCounts, FillMode } from './engine-runner.ts';
@@ -92,7 +93,7 @@ export interface BenchReport {
     /** Which kernels ran the prefill projections ('auto': int8 tensor cores where the adapter offers them). */
     prefillMatmul?: PrefillMatmul;
     /** Which products ran the prefill attention ('auto': int8 tensor cores where the adapter offers them). */
-    prefillAttention?: 'auto' | 'f32';
+    prefillAttention?: PrefillAttention;
     rowBudgetSeconds: number;
     prefillLimitSeconds: number;
     seed: number;

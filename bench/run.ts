@@ -3,11 +3,13 @@
  * Protocol, flags and how to run it on the GPU host: BENCH.md. Results: bench/results/<date>-<adapter>.{json,md},
  * rewritten after every row so an interrupted run keeps what it measured.
  */
+
 import { execFileSync } from 'node:child_process';
 import { mkdir, writeFile } from 'node:fs/promises';
 import { cpus, tmpdir, totalmem } from 'node:os';
 import { join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
+import type { PrefillAttention } from '../runtime/engine/api-types.ts';
 import type { KvMode } from '../runtime/engine/engine.ts';
 import { acquireGpu, type GpuContext } from '../runtime/gpu/device.ts';
 import { nodeGpu, releaseNodeGpu } from '../runtime/gpu/node.ts';
@@ -42,7 +44,7 @@ export interface BenchOptions {
   totalBudgetSeconds: number;
   prefillChunk: number | undefined;
   prefillMatmul: PrefillMatmul;
-  prefillAttention: 'auto' | 'f32';
+  prefillAttention: PrefillAttention;
   llama: 'auto' | LlamaBackend | 'off';
   llamaKv: LlamaKvType[];
   llamaThreads: number | undefined;

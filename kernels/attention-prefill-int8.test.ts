@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import {
+  INT8_ATTENTION_QUANTIZATION_BOUND,
   INT8_ATTENTION_TOLERANCE,
   INT8_PREFILL_CASES,
   INT8_PREFILL_MUTATIONS,
@@ -7,8 +8,11 @@ import {
   runSteps,
 } from '../test/attention-harness.ts';
 import { withTestGpu } from '../test/gpu.ts';
+import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
 import { attentionPrefillInt8ShapeFor } from './attention.ts';
 import { attentionPrefillInt8Shape, attentionPrefillInt8WorkgroupBytes } from './attention-prefill-int8.wgsl.ts';
+import { attentionReference } from './reference/attention.ts';
+import { attentionInt8Reference } from './reference/attention-int8.ts';
 
 const ctx = withTestGpu();
 
@@ -40,6 +44,35 @@ describe('int8 prefill attention', () => {
   it.for(INT8_PREFILL_MUTATIONS)('catches a broken kernel: %s', async ([, edit], context) => {
     skipWithoutTensorCores(context);
     expect(await int8MutationRatio(ctx.gpu, edit)).toBeGreaterThan(1);
+  });
+
+  it('its CPU reference quantizes: within the 8-bit bound of exact attention, not equal to it', () => {
+    for (const [, shape, chunks, more] of INT8_PREFILL_CASES) {
+      const random = seededRandom(71 + shape.headDim);
+      const { heads, kvHeads, headDim } = shape;
+      const length = chunks[0];
+      const input = {
+        q: randomFloats(random, length * heads * headDim, 2),
+        k: randomFloats(random, length * kvHeads * headDim, 2),
+        v: randomFloats(random, length * kvHeads * headDim, 1),
+        position: 0,
+        tokens: length,
+        heads,
+        kvHeads,
+        headDim,
+        scale: 1 / Math.sqrt(headDim),
+      };
+      const exact = attentionReference(input);
+      const int8 = attentionInt8Reference({
+        ...input,
+        splits: more.prefillSplits ?? 1,
+        minChunkKeys: more.minChunkKeys ?? 1,
+      });
+      const { atol } = INT8_ATTENTION_QUANTIZATION_BOUND;
+      const ratio = maxToleranceRatio(int8, exact, atol, 0);
+      expect(ratio).toBeLessThanOrEqual(1);
+      expect(ratio * atol).toBeGreaterThan(1e-3);
+    }
   });
 
   it('serves head sizes 64 and 128 where the workgroup storage holds the build; the f32 kernels elsewhere', () => {

@@ -13,7 +13,7 @@
  *
  * Workgroup (split s, kv head, row tile): 4 subgroups of 32 invocations and 64 query rows (the (token, head of the
  * GQA group) pairs, as the other attention kernels order them); subgroup g owns rows 16g..16g+15 of both products,
- * invocation pair (2r, 2r+1) owns row r (or key r) when staging and in the softmax. Per tile of 64 keys:
+ * and its lanes 2m, 2m + 1 own row (or key) 16g + m when staging and in the softmax. Per tile of 64 keys:
  *   1. stage the keys' K and V as int8 codes and scales (f16 page words, or quant codes as lo + code·scale);
  *   2. S = Q·Kᵀ into workgroup memory (16x16 tiles, the head's dims 32 at a time);
  *   3. the row's maxima, correction, p, l, and the codes of w into workgroup memory;
@@ -194,11 +194,14 @@ fn codeScale(vals: array<vec4<f32>, ${HALF / 4}>) -> f32 {
 }
 
 @compute @workgroup_size(128)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32,
+fn main(@builtin(workgroup_id) wg: vec3<u32>,
         @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
 ${splitTileWgsl('ROWS')}
-  let r = lid / 2u; // the row (or key) this invocation stages and takes through the softmax
-  let half = lid % 2u;
+  // The row (or key) this invocation stages and takes through the softmax: lanes 2m and 2m + 1 of subgroup g take
+  // row 16g + m, from the subgroup builtins (WGSL does not promise lane = index % 32), so the pair's shuffles and
+  // the subgroup's matrix rows agree.
+  let r = sg * 16u + lane / 2u;
+  let half = lane % 2u;
   let rowT = (firstRow + r) / group;
   let limit = select(0u, step.position + rowT + 1u, rowT < step.tokens); // keys visible to row r (causal)
   {

@@ -113,6 +113,8 @@ export interface AttentionSources {
   partial?: string;
   decode?: string;
   prefill?: string;
+  /** The int8 prefill kernel's WGSL (attention-prefill-int8.wgsl.ts), for a binding that runs it. */
+  prefillInt8?: string;
   merge?: string;
 }
 
@@ -151,13 +153,19 @@ export function attentionPrefillShapeFor(
 }
 
 /**
- * Whether the int8 prefill attention compiles here for `headDim` (its f16-pool build; quant pools differ only in how
- * a tile is fetched): a browser whose WGSL lacks a form it uses keeps the f32 kernels (Engine.load's probe).
+ * Whether the int8 prefill attention compiles here for `headDim`: its f16-pool build and a 2-bit quant-pool build
+ * (the quant formats differ only in constants). A browser whose WGSL lacks a form it uses keeps the f32 kernels
+ * (Engine.load's probe).
  */
 export async function int8PrefillAttentionCompiles(gpu: GpuContext, headDim: number): Promise<boolean> {
   if (!gpu.features.subgroupMatrixI8) return false;
-  const shape = attentionPrefillInt8Shape(headDim, null, gpu.limits.maxComputeWorkgroupStorageSize);
-  return shape !== null && pipelineCompiles(gpu, attentionPrefillInt8Source(shape));
+  const limit = gpu.limits.maxComputeWorkgroupStorageSize;
+  const int2 = { kBits: 2, kGroup: headDim, vBits: 2, vGroup: headDim } as const;
+  for (const quant of [null, int2]) {
+    const shape = attentionPrefillInt8Shape(headDim, quant, limit);
+    if (shape === null || !(await pipelineCompiles(gpu, attentionPrefillInt8Source(shape)))) return false;
+  }
+  return true;
 }
 
 /** The int8 prefill kernel's shape for a binding, or null where the f32 kernels serve it. */
@@ -220,7 +228,7 @@ export function prepareAttention(
     ? computePipeline(
         gpu,
         `attention-prefill-int8-hd${headDim}${int8Quant ? `-k${int8Quant.kBits}g${int8Quant.kGroup}-v${int8Quant.vBits}g${int8Quant.vGroup}` : ''}`,
-        sources.prefill ?? attentionPrefillInt8Source(int8Prefill),
+        sources.prefillInt8 ?? attentionPrefillInt8Source(int8Prefill),
       )
     : prefill
       ? computePipeline(

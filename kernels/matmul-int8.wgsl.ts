@@ -11,10 +11,11 @@
  *   (q in [-127, 127], packed 4 per word, token rows padded with zeros to the tile), and per block (d, d·Σq).
  * - `int8MatmulWgsl`: per 32-deep step the workgroup writes its weight rows' block as int8 codes c with a pair
  *   (s, m) such that w = s·c + m (Q4_0: c = q - 8; Q5_0: c = q - 16; Q4_1/Q5_1: c = q, m = min; Q8_0: c = q;
- *   Q4_K/Q5_K: c = q, s = d·scale, m = -dmin·min), each subgroup multiplies 16x32 code tiles by 32x16 activation tiles into 16x16 integer sums C,
+ *   Q4_K/Q5_K: c = q, s = d·scale, m = -dmin·min; Q6_K: c = q - 32 with a scale per 16-element half, on the
+ *   dot4I8Packed kernel only), each subgroup multiplies 16x32 code tiles by 32x16 activation tiles into 16x16 integer sums C,
  *   stores them to workgroup memory, and each output adds s·d·C + m·(d·Σq).
  */
-import { GgmlType } from '../runtime/gguf/types.ts';
+import { GGML_TYPE_INFO, GgmlType } from '../runtime/gguf/types.ts';
 import { storeWgsl, weightDecodeWgsl } from './matmul.wgsl.ts';
 
 /** Token rows of the activation codes are padded to this: no tile reads past it. */
@@ -200,10 +201,11 @@ export interface Int8MatmulTile {
 }
 
 /**
- * Measured on the H200 (bench/int8-matmul.ts, BENCH.md session 11): 32x32 is the faster tile over 128 tokens and
- * for Q4_K weights, 64x64 over 512 tokens for the other types once its grid has a few hundred workgroups. Tiles of
- * 64x32, a one-barrier schedule (double-buffered sums: 32 KiB of workgroup memory for 64x64) and two blocks per
- * barrier pair were slower.
+ * The tensor-core tiles. Measured on the H200 (bench/int8-matmul.ts, BENCH.md sessions 11-12): 32x32 is the faster
+ * tile over 128 tokens and for Q4_K weights; 64x64 beat it over 512 tokens for the other types, but dot4I8Packed beat
+ * both there (defaultInt8Variant no longer picks 64x64; it stays selectable and tested). Tiles of 64x32, a
+ * one-barrier schedule (double-buffered sums: 32 KiB of workgroup memory for 64x64) and two blocks per barrier pair
+ * were slower.
  */
 export const INT8_MATMUL_TILES = {
   '64x64': { subgroupsAlongRows: 2, tilesAlongRows: 2, tilesAlongTokens: 2 },
@@ -260,8 +262,9 @@ export function int8MatmulWgsl(type: GgmlType, hasBias: boolean, tile: Int8Matmu
   if (RT > INT8_TOKEN_PADDING || (RN * 8) % 128 !== 0 || (RT * 8) % 128 !== 0) {
     throw new Error(`int8 matmul: a ${RN}x${RT} tile does not fit the staging of 128 invocations and 64-token rows`);
   }
-  if (HALF_BLOCK_SCALES.has(type))
-    throw new Error(`int8 matmul: a tensor-core tile cannot scale half blocks (${type})`);
+  if (HALF_BLOCK_SCALES.has(type)) {
+    throw new Error(`int8 matmul: a tensor-core tile cannot scale half blocks (${GGML_TYPE_INFO[type]?.name})`);
+  }
   const WPT = (RN * 8) / 128;
   const XPT = (RT * 8) / 128;
   const withMin = !WITHOUT_MIN.has(type);

@@ -59,14 +59,18 @@ export type FinishReason = 'stop' | 'length' | 'abort';
  */
 export type ModelSource = string | URL | Blob;
 
+/** Prefill attention products (EngineLoadOptions.prefillAttention). */
+export type PrefillAttention = 'auto' | 'f32';
+
 export interface EngineLoadOptions extends KvCacheOptions {
   /** Tokens per prefill submit (default 128; 512 where the prefill runs on int8 tensor cores and the KV budget holds it). */
   prefillChunk?: number;
   /**
    * Prefill projections: 'auto' (default) runs them on int8 tensor cores where the GPU offers them (Dawn's
    * experimental subgroup matrices: Chrome with --enable-unsafe-webgpu; activations quantized per 32 elements, as
-   * llama.cpp does); 'f32' keeps the f32 kernels; 'int8-dot' runs the int8 matmul on dot4I8Packed, which every GPU
-   * has (not yet measured against f32, so 'auto' does not pick it).
+   * llama.cpp does), or on dot4I8Packed where that measured faster (larger matmuls; Q6_K weights); 'f32' keeps the
+   * f32 kernels; 'int8-dot' runs every int8 matmul on dot4I8Packed, which every GPU has (measured only on a GPU with
+   * tensor cores, so 'auto' uses it only there).
    */
   prefillMatmul?: 'auto' | 'f32' | 'int8-dot';
   /**
@@ -74,7 +78,7 @@ export interface EngineLoadOptions extends KvCacheOptions {
    * and v per row or key, the softmax weights per row of each 64-key tile quantized to 8 bits), 'f32' keeps the f32
    * kernels. Decode steps always use the f32 decode kernel.
    */
-  prefillAttention?: 'auto' | 'f32';
+  prefillAttention?: PrefillAttention;
   /**
    * rotation 'calibrated' on a model without fitted rotations: 'background' (default) loads with 'hadamard' and,
    * between requests, fits rotations and clip quantiles on text the model writes itself, caches them under the

@@ -22,7 +22,7 @@ import { int8PrefillReady, type PrefillMatmul, Transformer, type TransformerOpti
 import { loadModelWeights, type ModelWeights, releaseModelWeights } from '../model/weights.ts';
 import { GREEDY_SAMPLING, resolveSamplingParams, type SamplingParams } from '../sampling/params.ts';
 import { GgufTokenizer } from '../tokenizer/tokenizer.ts';
-import type { FinishReason, KvCacheOptions, LoadProgress } from './api-types.ts';
+import type { FinishReason, KvCacheOptions, LoadProgress, PrefillAttention } from './api-types.ts';
 
 export type { FinishReason, KvCacheOptions, KvMode, LoadProgress } from './api-types.ts';
 
@@ -40,7 +40,7 @@ export interface LoadOptions extends KvCacheOptions {
   /** Prefill projections: 'auto' (int8 tensor cores where the device has them), 'f32' or 'int8-dot' (TransformerOptions). */
   prefillMatmul?: TransformerOptions['prefillMatmul'];
   /** Prefill attention: 'auto' (int8 tensor cores where the device has them) or 'f32' (EngineLoadOptions). */
-  prefillAttention?: 'auto' | 'f32';
+  prefillAttention?: PrefillAttention;
   onProgress?: (progress: LoadProgress) => void;
 }
 

@@ -75,8 +75,9 @@ export interface TransformerOptions {
   /**
    * 'auto' (default): prefill projections run on the int8 matmuls where the device offers i8 subgroup matrices and
    * the weight type has int8 codes (kernels/matmul-int8.ts: activations quantized per 32 elements, as llama.cpp's
-   * MMQ), on tensor cores or dot4I8Packed as measured fastest; 'int8-dot': the int8 matmul on dot4I8Packed, which
-   * every adapter runs (measured on the H200 only, so 'auto' takes it only there); 'f32': always the f32 kernels.
+   * MMQ), on tensor cores or dot4I8Packed as measured fastest (defaultInt8Variant); 'int8-dot': the int8 matmul on
+   * dot4I8Packed for every weight, which every adapter runs (measured only on the H200, where it has tensor cores
+   * too: 'auto' takes it only on such devices); 'f32': always the f32 kernels.
    * Decode steps use the matvecs.
    */
   prefillMatmul?: PrefillMatmul;
