@@ -51,6 +51,7 @@ import {
   int8MutationRatio,
   runSteps,
 } from '../test/attention-harness.ts';
+import { INT8_MIXED_CASES, runMixed } from '../test/mixed-attention-harness.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
 import { timeDispatches } from './gpu-timing.ts';
 
@@ -499,6 +500,15 @@ if (values['check-int8']) {
       `${pass ? 'ok  ' : 'FAIL'} int8 prefill ${name}: tolerance ratios ${ratios.map((r) => r.toFixed(3)).join(', ')}`,
     );
     results.push({ check: name, ratios, pass });
+    if (!pass) process.exitCode = 1;
+  }
+  for (const [name, c] of INT8_MIXED_CASES) {
+    const r = await runMixed(gpu, c, 4242, { prefillProducts: 'int8', tolerance: INT8_ATTENTION_TOLERANCE });
+    const pass = r.worst <= 1 && r.mismatchedCodes === 0 && r.quantPositions > 0;
+    console.log(
+      `${pass ? 'ok  ' : 'FAIL'} int8 prefill over quant pages, ${name}: tolerance ratio ${r.worst.toFixed(3)}`,
+    );
+    results.push({ check: name, ratio: r.worst, pass });
     if (!pass) process.exitCode = 1;
   }
   for (const [name, edit] of INT8_PREFILL_MUTATIONS) {

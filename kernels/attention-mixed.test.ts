@@ -1,178 +1,14 @@
 import { describe, expect, it } from 'vitest';
-import type { GpuContext } from '../runtime/gpu/device.ts';
-import { readFloat32, readUint32 } from '../runtime/gpu/readback.ts';
-import { PagedKvAttention } from '../runtime/kv/paged-attention.ts';
-import { decodePageEntry, KV_PAGE_KIND, KvPagePool, type KvPoolOptions, type KvSequence } from '../runtime/kv/pool.ts';
-import { dequantizeRow, quantizeRow, roundToF16 } from '../runtime/kv/quant-format.ts';
 import { withTestGpu } from '../test/gpu.ts';
-import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
-import { type PreparedDispatch, releaseDispatches, submitDispatches } from './dispatch.ts';
-import { attentionReference } from './reference/attention.ts';
+import { type MixedCase, runMixed } from '../test/mixed-attention-harness.ts';
 
 const ctx = withTestGpu();
-const ATOL = 2e-5;
-const RTOL = 2e-4;
-
-interface Case {
-  layers: number;
-  heads: number;
-  kvHeads: number;
-  headDim: number;
-  pool: Omit<KvPoolOptions, 'layers' | 'kvHeads' | 'headDim' | 'budgetBytes'>;
-  chunks: number[];
-}
-
-function upload(gpu: GpuContext, buffer: GPUBuffer, data: Float32Array): void {
-  gpu.device.queue.writeBuffer(buffer, 0, data.buffer as ArrayBuffer, data.byteOffset, data.byteLength);
-}
-
-/**
- * Runs `chunks` through a quant-mode pool (prefill graph for chunks > 1, decode graph for 1) and checks, after each
- * step: every quant row the demotion kernel wrote equals quantizeRow of the f16 row it came from, bit for bit, and
- * every layer's attention output equals the f64 reference over what the pages hold (f16 rows, and dequantizeRow of
- * the quant rows as read back).
- */
-async function runMixed(gpu: GpuContext, c: Case, seed: number) {
-  const before = gpu.allocator.snapshot().totalBuffers;
-  const { layers, heads, kvHeads, headDim } = c;
-  const width = kvHeads * headDim;
-  const maxTokens = Math.max(...c.chunks);
-  const pool = new KvPagePool(gpu, { layers, kvHeads, headDim, budgetBytes: 4 << 20, kv: 'quant', ...c.pool });
-  const quant = pool.quant!;
-  const backend = new PagedKvAttention(gpu, pool, { heads });
-  const f32 = (n: number) => gpu.allocator.createStorage('test', 'scratch', n * 4);
-  const q = f32(maxTokens * heads * headDim);
-  const k = Array.from({ length: layers }, () => f32(maxTokens * width));
-  const v = Array.from({ length: layers }, () => f32(maxTokens * width));
-  const out = Array.from({ length: layers }, () => f32(maxTokens * heads * headDim));
-  const graph = (t: number): PreparedDispatch[] =>
-    Array.from({ length: layers }, (_, l) => {
-      const p = backend.prepareLayer(l, { q, k: k[l], v: v[l], output: out[l] }, t);
-      return [...p.append, ...p.attention];
-    }).flat();
-  const prefill = graph(maxTokens);
-  const decode = graph(1);
-  const random = seededRandom(seed);
-  const seq: KvSequence = pool.createSequence();
-  const history = {
-    k: Array.from({ length: layers }, () => [] as number[]),
-    v: Array.from({ length: layers }, () => [] as number[]),
-  };
-  let worst = 0;
-  let values = 0;
-  let mismatchedCodes = 0;
-  let mismatchedParams = 0;
-  const checked = new Set<string>();
-  let quantPositions = 0;
-  let lastStored: { k: number[][]; v: number[][] } | null = null;
-  for (const tokens of c.chunks) {
-    if (tokens < 0) {
-      // Rollback: the kept part of a quant page is promoted to f16 on the next write, holding its dequantized values.
-      const length = seq.length + tokens;
-      const first = Math.floor(length / pool.pageTokens) * pool.pageTokens;
-      const partial = seq.pages[Math.floor(length / pool.pageTokens)];
-      if (length > first && decodePageEntry(partial).kind === KV_PAGE_KIND.quant && lastStored) {
-        for (let l = 0; l < layers; l++) {
-          for (const key of ['k', 'v'] as const) {
-            const from = lastStored[key][l].slice(first * width, length * width);
-            history[key][l].splice(first * width, from.length, ...from);
-          }
-        }
-      }
-      for (const rows of [...history.k, ...history.v]) rows.length = length * width;
-      pool.truncate(seq, length);
-      continue;
-    }
-    const position = seq.length;
-    pool.writeStep(seq, position, tokens);
-    const qs = randomFloats(random, tokens * heads * headDim, 2);
-    upload(gpu, q, qs);
-    for (let l = 0; l < layers; l++) {
-      const ks = randomFloats(random, tokens * width, 2);
-      const vs = randomFloats(random, tokens * width, 1);
-      upload(gpu, k[l], ks);
-      upload(gpu, v[l], vs);
-      history.k[l].push(...ks);
-      history.v[l].push(...vs);
-    }
-    submitDispatches(gpu, 'mixed', tokens === 1 ? decode : prefill);
-    const end = position + tokens;
-    // What the pages hold, per layer, as the reference reads it.
-    const stored = { k: history.k.map((h) => h.map(roundToF16)), v: history.v.map((h) => h.map(roundToF16)) };
-    quantPositions = 0;
-    for (const [i, entry] of seq.pages.entries()) {
-      const { kind, slab, page } = decodePageEntry(entry);
-      if (kind !== KV_PAGE_KIND.quant) continue;
-      const words = await readUint32(gpu, pool.slabBindings()[slab], quant.pageWords, page * quant.pageWords);
-      for (let l = 0; l < layers; l++) {
-        for (const kv of [0, 1] as const) {
-          const { format, rowWords: rowWordCount } = quant.rows(l, kv);
-          for (let t = 0; t < pool.pageTokens; t++) {
-            const pos = i * pool.pageTokens + t;
-            const offset = quant.layerOffsetWords(l, kv) + t * rowWordCount;
-            const gpuRow = words.slice(offset, offset + rowWordCount);
-            const source = (kv === 0 ? stored.k : stored.v)[l].slice(pos * width, (pos + 1) * width);
-            const cpuRow = quantizeRow(source, format);
-            if (!checked.has(`${entry}:${pos}`)) {
-              const codeWords = rowWordCount - format.width / format.groupSize;
-              const perWord = 32 / format.bits;
-              for (let w = 0; w < rowWordCount; w++) {
-                if (w >= codeWords) mismatchedParams += gpuRow[w] === cpuRow[w] ? 0 : 1;
-                else
-                  for (let i = 0; i < perWord; i++)
-                    if (((gpuRow[w] ^ cpuRow[w]) >>> (i * format.bits)) & ((1 << format.bits) - 1)) mismatchedCodes++;
-              }
-              values += format.width;
-            }
-            (kv === 0 ? stored.k : stored.v)[l].splice(pos * width, width, ...dequantizeRow(gpuRow, format));
-          }
-        }
-      }
-      quantPositions += pool.pageTokens;
-      for (let t = 0; t < pool.pageTokens; t++) checked.add(`${entry}:${i * pool.pageTokens + t}`);
-    }
-    lastStored = stored;
-    for (let l = 0; l < layers; l++) {
-      const actual = await readFloat32(gpu, out[l], tokens * heads * headDim);
-      const expected = attentionReference({
-        q: qs,
-        k: Float32Array.from(stored.k[l]),
-        v: Float32Array.from(stored.v[l]),
-        position,
-        tokens,
-        heads,
-        kvHeads,
-        headDim,
-        scale: 1 / Math.sqrt(headDim),
-        stored: true,
-      });
-      worst = Math.max(worst, maxToleranceRatio(actual, expected, ATOL, RTOL));
-    }
-    expect(seq.length).toBe(end);
-    expect(pool.audit()).toEqual([]);
-  }
-  const { demotions, promotions } = pool;
-  releaseDispatches(gpu, [...prefill, ...decode]);
-  for (const b of [q, ...k, ...v, ...out]) gpu.allocator.release(b);
-  pool.destroy();
-  expect(gpu.allocator.snapshot().totalBuffers).toBe(before);
-  return {
-    worst,
-    values,
-    mismatchedCodes,
-    mismatchedParams,
-    quantPositions,
-    demotions,
-    promotions,
-    length: seq.length,
-  };
-}
 
 /**
  * Two layers of hd 8, 1:1, pages of 4; -14: a rollback into a quant page, which the next write promotes (and a later
  * step demotes again).
  */
-const HD8_ROLLBACK: Case = {
+const HD8_ROLLBACK: MixedCase = {
   layers: 2,
   heads: 4,
   kvHeads: 4,
@@ -182,7 +18,7 @@ const HD8_ROLLBACK: Case = {
 };
 
 /** Two layers of hd 64, 4:1 (a GQA group per KV head), pages of 8. */
-const HD64_GQA: Case = {
+const HD64_GQA: MixedCase = {
   layers: 2,
   heads: 8,
   kvHeads: 2,
@@ -192,7 +28,7 @@ const HD64_GQA: Case = {
 };
 
 describe('attention over mixed f16 / quant pages', () => {
-  it.each<[string, Case]>([
+  it.each<[string, MixedCase]>([
     ['hd 8, 1:1, group 32 = the whole row (4 heads), pages of 4', HD8_ROLLBACK],
     ['hd 64, 4:1, group 128 spans both heads, pages of 8', HD64_GQA],
     [

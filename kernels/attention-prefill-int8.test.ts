@@ -8,6 +8,7 @@ import {
   runSteps,
 } from '../test/attention-harness.ts';
 import { withTestGpu } from '../test/gpu.ts';
+import { INT8_MIXED_CASES, runMixed } from '../test/mixed-attention-harness.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
 import { attentionPrefillInt8ShapeFor } from './attention.ts';
 import { attentionPrefillInt8Shape, attentionPrefillInt8WorkgroupBytes } from './attention-prefill-int8.wgsl.ts';
@@ -39,6 +40,14 @@ describe('int8 prefill attention', () => {
       tolerance: INT8_ATTENTION_TOLERANCE,
     });
     expect(Math.max(...ratios)).toBeLessThanOrEqual(1);
+  });
+
+  it.for(INT8_MIXED_CASES)('over f16 and quant pages, matches the CPU reference: %s', async ([, c], context) => {
+    skipWithoutTensorCores(context);
+    const r = await runMixed(ctx.gpu, c, 4242, { prefillProducts: 'int8', tolerance: INT8_ATTENTION_TOLERANCE });
+    expect(r.quantPositions).toBeGreaterThan(0);
+    expect(r.mismatchedCodes).toBe(0);
+    expect(r.worst).toBeLessThanOrEqual(1);
   });
 
   it.for(INT8_PREFILL_MUTATIONS)('catches a broken kernel: %s', async ([, edit], context) => {
