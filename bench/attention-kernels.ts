@@ -15,9 +15,11 @@
  *
  * Decode runs also time ablations of whole phases of the decode kernel (PHASE_ABLATIONS): where its time goes.
  *
- * With `--prefill` on a device with i8 subgroup matrices, the int8 prefill kernel (attention-prefill-int8.wgsl.ts) is
- * timed too, checked against the split kernel to INT8_ATTENTION_QUANTIZATION_BOUND; `--check-int8` first runs its reference
- * cases (kernels/attention-prefill-int8.test.ts, which CI's adapters skip). `--tokens` sets the prefill chunk (128).
+ * With `--prefill`, the int8 prefill kernels are timed too where the device runs them (attention-prefill-int8.wgsl.ts
+ * on i8 subgroup matrices, attention-prefill-dot.wgsl.ts on dot4I8Packed), checked against the split kernel to
+ * INT8_ATTENTION_QUANTIZATION_BOUND. `--check-int8` first runs the reference cases and broken kernels of
+ * kernels/attention-prefill-int8.test.ts for both (CI's adapters skip the tensor-core ones). `--tokens` sets the
+ * prefill chunk (128).
  *
  *   npx tsx bench/attention-kernels.ts [--kv f16|int2] [--prefill] [--tokens 128] [--check-int8] [--ablate-int8]
  *                                      [--contexts 1024,8192,32768]
@@ -30,10 +32,12 @@ import {
   type AttentionBinding,
   type AttentionSources,
   attentionDecodeShape,
+  attentionPrefillDotShapeFor,
   attentionPrefillInt8ShapeFor,
   prepareAttention,
 } from '../kernels/attention.ts';
 import { attentionDecodeSource, type DecodeQuantShape } from '../kernels/attention-decode.wgsl.ts';
+import { attentionPrefillDotShape } from '../kernels/attention-prefill-dot.wgsl.ts';
 import { attentionPrefillInt8Shape, attentionPrefillInt8Source } from '../kernels/attention-prefill-int8.wgsl.ts';
 import { type PreparedDispatch, releaseDispatches, submitDispatches } from '../kernels/dispatch.ts';
 import { prepareKvAppend } from '../kernels/kv-append.ts';
@@ -424,10 +428,13 @@ async function benchPrefillShape(
     // (where the device has i8 subgroup matrices) to INT8_ATTENTION_TOLERANCE, with its largest difference.
     const int8 =
       attentionPrefillInt8ShapeFor(gpu, { pool, layer: 0, maxTokens: tokens, prefillProducts: 'int8' }) !== null;
+    const dot =
+      attentionPrefillDotShapeFor(gpu, { pool, layer: 0, maxTokens: tokens, prefillProducts: 'int8-dot' }) !== null;
     const kernels: [string, Partial<AttentionBinding>, AttentionSources?][] = [
       ['split', { prefillKernel: false }],
       ['prefill', {}],
       ...(int8 ? [['int8', { prefillProducts: 'int8' }] as [string, Partial<AttentionBinding>]] : []),
+      ...(dot ? [['int8-dot', { prefillProducts: 'int8-dot' }] as [string, Partial<AttentionBinding>]] : []),
       ...(int8 && ablate ? int8Ablations(shape, kv === 'quant' ? pool : null) : []),
     ];
     for (const [i, [name, knobs, sources]] of kernels.entries()) {
@@ -449,11 +456,12 @@ async function benchPrefillShape(
       if (sources) {
         // An ablation: timed only.
       } else if (!expected) expected = actual;
-      else if (name === 'int8') {
+      else if (name.startsWith('int8')) {
         const { atol, rtol } = INT8_ATTENTION_QUANTIZATION_BOUND;
-        row.int8ToleranceRatio = maxToleranceRatio(actual, expected, atol, rtol);
-        row.int8MaxAbsDifference = maxToleranceRatio(actual, expected, 1, 0);
-        if ((row.int8ToleranceRatio as number) > 1) process.exitCode = 1;
+        const ratio = maxToleranceRatio(actual, expected, atol, rtol);
+        row[`${name}ToleranceRatio`] = ratio;
+        row[`${name}MaxAbsDifference`] = maxToleranceRatio(actual, expected, 1, 0);
+        if (ratio > 1) process.exitCode = 1;
       } else row[`${name}ToleranceRatio`] = maxToleranceRatio(actual, expected, 2e-5, 2e-4);
       const ms = await timeDispatches(gpu, dispatches, context > 8192 ? 3 : 10);
       row[`${name}Us`] = Math.round(ms * 10000) / 10;
@@ -488,37 +496,38 @@ const gpu = await acquireGpu({ gpu: await nodeGpu() });
 console.log(JSON.stringify({ adapter: gpu.adapter }));
 const results: Record<string, unknown>[] = [];
 if (values['check-int8']) {
-  // The cases of kernels/attention-prefill-int8.test.ts, which CI's adapters skip.
-  for (const [name, shape, chunks, more] of INT8_PREFILL_CASES) {
-    const { ratios } = await runSteps(gpu, shape, chunks, 57 + shape.headDim, 4, {
-      ...more,
-      prefillProducts: 'int8',
-      tolerance: INT8_ATTENTION_TOLERANCE,
-    });
-    const pass = Math.max(...ratios) <= 1;
-    console.log(
-      `${pass ? 'ok  ' : 'FAIL'} int8 prefill ${name}: tolerance ratios ${ratios.map((r) => r.toFixed(3)).join(', ')}`,
-    );
-    results.push({ check: name, ratios, pass });
-    if (!pass) process.exitCode = 1;
-  }
-  for (const [name, c] of INT8_MIXED_CASES) {
-    const r = await runMixed(gpu, c, 4242, { prefillProducts: 'int8', tolerance: INT8_ATTENTION_TOLERANCE });
-    const pass = r.worst <= 1 && r.mismatchedCodes === 0 && r.quantPositions > 0;
-    console.log(
-      `${pass ? 'ok  ' : 'FAIL'} int8 prefill over quant pages, ${name}: tolerance ratio ${r.worst.toFixed(3)}`,
-    );
-    results.push({ check: name, ratio: r.worst, pass });
-    if (!pass) process.exitCode = 1;
-  }
-  for (const [name, edit] of INT8_PREFILL_MUTATIONS) {
-    const ratio = await int8MutationRatio(gpu, edit);
-    const caught = ratio > 1;
-    console.log(
-      `${caught ? 'ok  ' : 'FAIL'} int8 prefill mutation '${name}' caught: tolerance ratio ${ratio.toFixed(2)}`,
-    );
-    results.push({ mutation: name, ratio, caught });
-    if (!caught) process.exitCode = 1;
+  // The cases of kernels/attention-prefill-int8.test.ts for both int8 kernels, where this device runs them (CI's
+  // adapters skip the tensor-core one).
+  for (const products of ['int8', 'int8-dot'] as const) {
+    const served = (headDim: number) =>
+      products === 'int8'
+        ? gpu.features.subgroupMatrixI8 &&
+          attentionPrefillInt8Shape(headDim, null, gpu.limits.maxComputeWorkgroupStorageSize)
+        : gpu.features.subgroups && attentionPrefillDotShape(headDim, null, gpu.limits.maxComputeWorkgroupStorageSize);
+    const report = (check: string, ratio: number, pass: boolean) => {
+      console.log(`${pass ? 'ok  ' : 'FAIL'} ${products} prefill ${check}: tolerance ratio ${ratio.toFixed(3)}`);
+      results.push({ products, check, ratio, pass });
+      if (!pass) process.exitCode = 1;
+    };
+    for (const [name, shape, chunks, more] of INT8_PREFILL_CASES) {
+      if (!served(shape.headDim)) continue;
+      const { ratios } = await runSteps(gpu, shape, chunks, 57 + shape.headDim, 4, {
+        ...more,
+        prefillProducts: products,
+        tolerance: INT8_ATTENTION_TOLERANCE,
+      });
+      report(name, Math.max(...ratios), Math.max(...ratios) <= 1);
+    }
+    for (const [name, c] of INT8_MIXED_CASES) {
+      if (!served(c.headDim)) continue;
+      const r = await runMixed(gpu, c, 4242, { prefillProducts: products, tolerance: INT8_ATTENTION_TOLERANCE });
+      report(`over quant pages, ${name}`, r.worst, r.worst <= 1 && r.mismatchedCodes === 0 && r.quantPositions > 0);
+    }
+    if (!served(64)) continue;
+    for (const [name, edit] of INT8_PREFILL_MUTATIONS[products]) {
+      const ratio = await int8MutationRatio(gpu, edit, products);
+      report(`mutation '${name}' caught`, ratio, ratio > 1);
+    }
   }
 }
 for (const shape of SHAPES.filter((s) => values.shapes.split(',').includes(s.name))) {

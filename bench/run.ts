@@ -74,7 +74,8 @@ const USAGE = `Usage: npm run bench -- [flags]   (or: node .gpu/bench.mjs [flags
   --budget-s s            whole run: later rows are skipped (default: none)
   --prefill-chunk n       longtab tokens per prefill submit (default: the engine's, 128; 512 with int8 tensor cores)
   --prefill-matmul m      auto (int8 tensor cores where the GPU has them), f32 or int8-dot (dot4I8Packed; default auto)
-  --prefill-attention m   auto (q·k and p·v on int8 tensor cores where the GPU has them) or f32 (default auto)
+  --prefill-attention m   auto (q·k and p·v on int8 tensor cores where the GPU has them), f32 or int8-dot
+                          (the same on dot4I8Packed; default auto)
   --llama auto|vulkan|cpu|off   node-llama-cpp backend (auto: vulkan on a GPU adapter, cpu on a CPU one)
   --llama-kv types        f16,q4_0 (default both)
   --llama-threads n       default 1 on cpu (2-core dev machines), 8 with vulkan
@@ -154,8 +155,9 @@ export function parseBenchArgs(argv: readonly string[], log: (line: string) => v
     throw new Error(`--prefill-matmul ${prefillMatmul}: auto, f32 or int8-dot`);
   }
   const prefillAttention = (take('prefill-attention') ?? 'auto') as BenchOptions['prefillAttention'];
-  if (!['auto', 'f32'].includes(prefillAttention))
-    throw new Error(`--prefill-attention ${prefillAttention}: auto or f32`);
+  if (!['auto', 'f32', 'int8-dot'].includes(prefillAttention)) {
+    throw new Error(`--prefill-attention ${prefillAttention}: auto, f32 or int8-dot`);
+  }
   const options: BenchOptions = {
     quick,
     models,

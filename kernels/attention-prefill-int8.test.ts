@@ -10,51 +10,57 @@ import {
 import { withTestGpu } from '../test/gpu.ts';
 import { INT8_MIXED_CASES, runMixed } from '../test/mixed-attention-harness.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
-import { attentionPrefillInt8ShapeFor } from './attention.ts';
+import { attentionPrefillDotShapeFor, attentionPrefillInt8ShapeFor } from './attention.ts';
 import { attentionPrefillInt8Shape, attentionPrefillInt8WorkgroupBytes } from './attention-prefill-int8.wgsl.ts';
 import { attentionReference } from './reference/attention.ts';
 import { attentionInt8Reference } from './reference/attention-int8.ts';
 
 const ctx = withTestGpu();
 
-/** CI's lavapipe has no i8 subgroup matrices: these cases run on the H200 through bench/attention-kernels.ts --check-int8. */
-function skipWithoutTensorCores(context: { skip: () => void }): void {
-  if (!ctx.gpu.features.subgroupMatrixI8) {
+/**
+ * Whether this device runs the kernel of `products` for `headDim`: the tensor-core kernel needs i8 subgroup
+ * matrices (CI's lavapipe has none: its cases run on the H200 through bench/attention-kernels.ts --check-int8), the
+ * dot4I8Packed one subgroups and, at headDim 128, more than 32 KiB of workgroup storage.
+ */
+function skipUnserved(products: 'int8' | 'int8-dot', headDim: number, context: { skip: () => void }): void {
+  const pool = { headDim, kvHeads: 1, quant: null } as never;
+  const b = { pool, layer: 0, maxTokens: 2, prefillProducts: products };
+  const served =
+    products === 'int8' ? attentionPrefillInt8ShapeFor(ctx.gpu, b) : attentionPrefillDotShapeFor(ctx.gpu, b);
+  if (!served) {
     console.warn(
-      `SKIPPED: ${ctx.gpu.adapter.description} has no i8 subgroup matrices (run bench/attention-kernels.ts --check-int8)`,
+      `SKIPPED: ${ctx.gpu.adapter.description} does not run the ${products} prefill attention at headDim ${headDim} (run bench/attention-kernels.ts --check-int8 on a GPU)`,
     );
     context.skip();
   }
 }
 
-describe('int8 prefill attention', () => {
+describe.each(['int8', 'int8-dot'] as const)('%s prefill attention', (products) => {
   it.for(INT8_PREFILL_CASES)('matches the CPU reference: %s', async ([, shape, chunks, more], context) => {
-    skipWithoutTensorCores(context);
-    const pool = { headDim: shape.headDim, kvHeads: shape.kvHeads, quant: null } as never;
-    expect(
-      attentionPrefillInt8ShapeFor(ctx.gpu, { pool, layer: 0, maxTokens: 2, prefillProducts: 'int8' }),
-    ).not.toBeNull();
+    skipUnserved(products, shape.headDim, context);
     const { ratios } = await runSteps(ctx.gpu, shape, chunks, 57 + shape.headDim, 4, {
       ...more,
-      prefillProducts: 'int8',
+      prefillProducts: products,
       tolerance: INT8_ATTENTION_TOLERANCE,
     });
     expect(Math.max(...ratios)).toBeLessThanOrEqual(1);
   });
 
   it.for(INT8_MIXED_CASES)('over f16 and quant pages, matches the CPU reference: %s', async ([, c], context) => {
-    skipWithoutTensorCores(context);
-    const r = await runMixed(ctx.gpu, c, 4242, { prefillProducts: 'int8', tolerance: INT8_ATTENTION_TOLERANCE });
+    skipUnserved(products, c.headDim, context);
+    const r = await runMixed(ctx.gpu, c, 4242, { prefillProducts: products, tolerance: INT8_ATTENTION_TOLERANCE });
     expect(r.quantPositions).toBeGreaterThan(0);
     expect(r.mismatchedCodes).toBe(0);
     expect(r.worst).toBeLessThanOrEqual(1);
   });
 
-  it.for(INT8_PREFILL_MUTATIONS)('catches a broken kernel: %s', async ([, edit], context) => {
-    skipWithoutTensorCores(context);
-    expect(await int8MutationRatio(ctx.gpu, edit)).toBeGreaterThan(1);
+  it.for(INT8_PREFILL_MUTATIONS[products])('catches a broken kernel: %s', async ([, edit], context) => {
+    skipUnserved(products, 64, context);
+    expect(await int8MutationRatio(ctx.gpu, edit, products)).toBeGreaterThan(1);
   });
+});
 
+describe('int8 prefill attention', () => {
   it('its CPU reference quantizes: within the 8-bit bound of exact attention, not equal to it', () => {
     for (const [, shape, chunks, more] of INT8_PREFILL_CASES) {
       const random = seededRandom(71 + shape.headDim);

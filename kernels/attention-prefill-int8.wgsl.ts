@@ -54,16 +54,14 @@ export function attentionPrefillInt8Shape(
   return attentionPrefillInt8WorkgroupBytes(headDim) <= maxWorkgroupBytes ? { headDim, quant } : null;
 }
 
-export function attentionPrefillInt8Source(shape: AttentionPrefillInt8Shape): string {
-  const { headDim: HD, quant } = shape;
-  const ROWS = INT8_ATTENTION_ROWS;
+/**
+ * What both int8 prefill kernels share, for a head of HD dims where invocation pair (row or key r, half) handles HD/2
+ * dims: the tile fetch a tile ahead (Fetched, fetchTile: f16 words or quant code words), `stage(p)`, which turns
+ * the fetched half-row into int8 codes `${p}codes[r * HW + ..]` and its scale `${p}scale[r]` (through codeScale, the
+ * pair's max by subgroupShuffleXor), and `stageQuery(stride)`, which does the same for row r of q into qcodes.
+ */
+export function int8AttentionStagingWgsl(HD: number, quant: DecodeQuantShape | null) {
   const HALF = HD / 2; // dims an invocation stages of a row or key
-  const range = (n: number) => Array.from({ length: n }, (_, i) => i);
-  const each = (n: number, f: (i: number) => string, sep = '\n') => range(n).map(f).join(sep);
-  const KSTEPS = HD / 32; // 32-deep steps of q·k
-  const DT = HD / 16; // dim tiles of a subgroup's output rows
-  const ROUNDS = DT / 4; // rounds of 4 dim tiles through the sums buffer
-
   // One invocation's half of a key's row: fetched into registers a tile ahead (fetchTile), then as f32 into
   // vals[0..HALF/4) and int8 codes (stage). Quant pages: code words and their groups' (lo, scale) words.
   const perK = quant ? 32 / quant.kBits : 0;
@@ -155,6 +153,50 @@ fn fetchTile(block: u32, n: u32, kvh: u32, j: u32, half: u32) -> Fetched {
   return f;
 }`;
 
+  const codeScaleWgsl = `
+/** d = max|x| / 127 over this invocation's values and its pair's (lanes 2m, 2m + 1 share a row or key). */
+fn codeScale(vals: array<vec4<f32>, ${HALF / 4}>) -> f32 {
+  var amax = 0.0;
+  for (var i = 0u; i < ${HALF / 4}u; i++) {
+    let a = abs(vals[i]);
+    amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
+  }
+  return max(amax, subgroupShuffleXor(amax, 1u)) / 127.0;
+}`;
+  /** Row r of q (times params.scale) as codes at qcodes[r * stride + ..] and qscale[r]; rowT is r's token. */
+  const stageQuery = (stride: string) => `  {
+    var vals: array<vec4<f32>, ${HALF / 4}>;
+    if (rowT < step.tokens) {
+      let at = (rowT * params.heads + kvh * group + (firstRow + r) % group) * HD + half * ${HALF}u;
+      for (var i = 0u; i < ${HALF / 4}u; i++) {
+        vals[i] = vec4<f32>(q[at + 4u * i], q[at + 4u * i + 1u], q[at + 4u * i + 2u], q[at + 4u * i + 3u]) * params.scale;
+      }
+    }
+    let d = codeScale(vals);
+    let inverse = select(0.0, 1.0 / d, d > 1e-30);
+    for (var i = 0u; i < ${HALF / 4}u; i++) {
+      qcodes[r * ${stride} + half * ${HALF / 4}u + i] = bitcast<i32>(pack4xI8(vec4<i32>(round(vals[i] * inverse))));
+    }
+    if (half == 0u) { qscale[r] = d; }
+  }`;
+  return {
+    fetchWgsl: `${fetchWgsl}
+${codeScaleWgsl}`,
+    stage,
+    stageQuery,
+  };
+}
+
+export function attentionPrefillInt8Source(shape: AttentionPrefillInt8Shape): string {
+  const { headDim: HD, quant } = shape;
+  const ROWS = INT8_ATTENTION_ROWS;
+  const range = (n: number) => Array.from({ length: n }, (_, i) => i);
+  const each = (n: number, f: (i: number) => string, sep = '\n') => range(n).map(f).join(sep);
+  const KSTEPS = HD / 32; // 32-deep steps of q·k
+  const DT = HD / 16; // dim tiles of a subgroup's output rows
+  const ROUNDS = DT / 4; // rounds of 4 dim tiles through the sums buffer
+  const { fetchWgsl, stage, stageQuery } = int8AttentionStagingWgsl(HD, quant);
+
   return /* wgsl */ `
 enable chromium_experimental_subgroup_matrix;
 enable subgroups;
@@ -183,15 +225,6 @@ var<workgroup> vscale: array<f32, ${BK}>;
 var<workgroup> wscale: array<f32, ${ROWS}>; // the tile's d_w per row; at the end, the row sums
 var<workgroup> corr: array<f32, ${ROWS}>; // the tile's correction per row; at the end, the row maxima
 
-/** d = max|x| / 127 over this invocation's values and its pair's (invocations 2i, 2i + 1 share a row or key). */
-fn codeScale(vals: array<vec4<f32>, ${HALF / 4}>) -> f32 {
-  var amax = 0.0;
-  for (var i = 0u; i < ${HALF / 4}u; i++) {
-    let a = abs(vals[i]);
-    amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
-  }
-  return max(amax, subgroupShuffleXor(amax, 1u)) / 127.0;
-}
 
 @compute @workgroup_size(128)
 fn main(@builtin(workgroup_id) wg: vec3<u32>,
@@ -204,21 +237,7 @@ ${splitTileWgsl('ROWS')}
   let half = lane % 2u;
   let rowT = (firstRow + r) / group;
   let limit = select(0u, step.position + rowT + 1u, rowT < step.tokens); // keys visible to row r (causal)
-  {
-    var vals: array<vec4<f32>, ${HALF / 4}>;
-    if (rowT < step.tokens) {
-      let at = (rowT * params.heads + kvh * group + (firstRow + r) % group) * HD + half * ${HALF}u;
-      for (var i = 0u; i < ${HALF / 4}u; i++) {
-        vals[i] = vec4<f32>(q[at + 4u * i], q[at + 4u * i + 1u], q[at + 4u * i + 2u], q[at + 4u * i + 3u]) * params.scale;
-      }
-    }
-    let d = codeScale(vals);
-    let inverse = select(0.0, 1.0 / d, d > 1e-30);
-    for (var i = 0u; i < ${HALF / 4}u; i++) {
-      qcodes[r * HW + half * ${HALF / 4}u + i] = bitcast<i32>(pack4xI8(vec4<i32>(round(vals[i] * inverse))));
-    }
-    if (half == 0u) { qscale[r] = d; }
-  }
+${stageQuery('HW')}
   workgroupBarrier();
   // The subgroup's q rows, 32 dims per matrix, for every tile.
 ${each(

@@ -20,6 +20,11 @@ import {
 } from './attention-decode.wgsl.ts';
 import { type AttentionPrefillShape, attentionPrefillShape, attentionPrefillSource } from './attention-prefill.wgsl.ts';
 import {
+  type AttentionPrefillDotShape,
+  attentionPrefillDotShape,
+  attentionPrefillDotSource,
+} from './attention-prefill-dot.wgsl.ts';
+import {
   type AttentionPrefillInt8Shape,
   attentionPrefillInt8Shape,
   attentionPrefillInt8Source,
@@ -98,7 +103,8 @@ export interface OutputRotation {
   headsPerMatrix: number;
 }
 
-export type AttentionProducts = 'f32' | 'int8';
+/** 'int8': on tensor cores (attention-prefill-int8.wgsl.ts); 'int8-dot': on dot4I8Packed (attention-prefill-dot.wgsl.ts). */
+export type AttentionProducts = 'f32' | 'int8' | 'int8-dot';
 
 /** Bytes of the split pass's partial results: (max, sum, Σ p·V) per query token, head and split. */
 export function attentionPartialsBytes(maxTokens: number, heads: number, splits: number, headDim: number): number {
@@ -113,7 +119,7 @@ export interface AttentionSources {
   partial?: string;
   decode?: string;
   prefill?: string;
-  /** The int8 prefill kernel's WGSL (attention-prefill-int8.wgsl.ts), for a binding that runs it. */
+  /** The int8 prefill kernel's WGSL (attention-prefill-int8.wgsl.ts, or -dot for 'int8-dot'), for a binding that runs it. */
   prefillInt8?: string;
   merge?: string;
 }
@@ -153,19 +159,43 @@ export function attentionPrefillShapeFor(
 }
 
 /**
- * Whether the int8 prefill attention compiles here for `headDim`: its f16-pool build and a 2-bit quant-pool build
- * (the quant formats differ only in constants). A browser whose WGSL lacks a form it uses keeps the f32 kernels
- * (Engine.load's probe).
+ * Whether an int8 prefill attention (`products`: 'int8' on tensor cores, 'int8-dot' on dot4I8Packed) serves and
+ * compiles here for `headDim`: its f16-pool build and a 2-bit quant-pool build (the quant formats differ only in
+ * constants). A browser whose WGSL lacks a form it uses keeps the f32 kernels (Engine.load's probe).
  */
-export async function int8PrefillAttentionCompiles(gpu: GpuContext, headDim: number): Promise<boolean> {
-  if (!gpu.features.subgroupMatrixI8) return false;
+export async function int8PrefillAttentionCompiles(
+  gpu: GpuContext,
+  headDim: number,
+  products: 'int8' | 'int8-dot',
+): Promise<boolean> {
   const limit = gpu.limits.maxComputeWorkgroupStorageSize;
   const int2 = { kBits: 2, kGroup: headDim, vBits: 2, vGroup: headDim } as const;
   for (const quant of [null, int2]) {
-    const shape = attentionPrefillInt8Shape(headDim, quant, limit);
-    if (shape === null || !(await pipelineCompiles(gpu, attentionPrefillInt8Source(shape)))) return false;
+    let source: string | null = null;
+    if (products === 'int8' && gpu.features.subgroupMatrixI8) {
+      const shape = attentionPrefillInt8Shape(headDim, quant, limit);
+      source = shape && attentionPrefillInt8Source(shape);
+    } else if (products === 'int8-dot' && gpu.features.subgroups) {
+      const shape = attentionPrefillDotShape(headDim, quant, limit, !gpu.adapter.isFallbackAdapter);
+      source = shape && attentionPrefillDotSource(shape);
+    }
+    if (source === null || !(await pipelineCompiles(gpu, source))) return false;
   }
   return true;
+}
+
+/**
+ * The dot4I8Packed int8 prefill kernel's shape for a binding (prefillProducts 'int8-dot', a device with subgroups), or
+ * null where the f32 kernels serve it.
+ */
+export function attentionPrefillDotShapeFor(
+  gpu: GpuContext,
+  b: Pick<AttentionBinding, 'pool' | 'layer' | 'maxTokens' | 'prefillKernel' | 'prefillProducts'>,
+): AttentionPrefillDotShape | null {
+  if (b.maxTokens === 1 || b.prefillKernel === false || b.prefillProducts !== 'int8-dot') return null;
+  if (!gpu.features.subgroups) return null;
+  const limit = gpu.limits.maxComputeWorkgroupStorageSize;
+  return attentionPrefillDotShape(b.pool.headDim, layerQuantShape(b), limit, !gpu.adapter.isFallbackAdapter);
 }
 
 /** The int8 prefill kernel's shape for a binding, or null where the f32 kernels serve it. */
@@ -201,13 +231,15 @@ export function prepareAttention(
   // tokens in prefill, so each K/V block is read once for all of them.
   const group = heads / kvHeads;
   const int8Prefill = attentionPrefillInt8ShapeFor(gpu, b);
-  const prefill = int8Prefill ? null : attentionPrefillShapeFor(gpu, b);
+  const dotPrefill = attentionPrefillDotShapeFor(gpu, b);
+  const prefill = int8Prefill || dotPrefill ? null : attentionPrefillShapeFor(gpu, b);
   const rowCap = Math.min(ATTENTION_MAX_ROWS, Math.floor(ATTENTION_MAX_ROW_PAIRS / (headDim / 2)));
-  const rows = int8Prefill
-    ? INT8_ATTENTION_ROWS
-    : prefill
-      ? prefill.rows
-      : Math.min(rowCap, maxTokens === 1 ? group : maxTokens * group);
+  const rows =
+    int8Prefill || dotPrefill
+      ? INT8_ATTENTION_ROWS
+      : prefill
+        ? prefill.rows
+        : Math.min(rowCap, maxTokens === 1 ? group : maxTokens * group);
   const tiles = Math.ceil((maxTokens * group) / rows);
   const maxGrid = gpu.limits.maxComputeWorkgroupsPerDimension;
   if (splits > maxGrid || tiles > maxGrid) {
@@ -216,37 +248,46 @@ export function prepareAttention(
   const quant = pool.quant ?? null;
   const shape: AttentionKernelShape = { quant: quant !== null, blockKeys: b.blockKeys ?? 16, headDim, rows };
   const storage = attentionWorkgroupBytes(shape);
-  if (!prefill && !int8Prefill && storage > gpu.limits.maxComputeWorkgroupStorageSize) {
+  if (!prefill && !int8Prefill && !dotPrefill && storage > gpu.limits.maxComputeWorkgroupStorageSize) {
     throw new InvalidRequestError(
       `attention: tiles of ${shape.blockKeys} keys need ${storage} bytes of workgroup storage, the device has ${gpu.limits.maxComputeWorkgroupStorageSize}`,
     );
   }
   const decode = attentionDecodeShape(gpu, b);
   const prefillQuant = prefill?.quant;
-  const int8Quant = int8Prefill?.quant;
-  const partialPipeline = int8Prefill
+  const int8Quant = (int8Prefill ?? dotPrefill)?.quant;
+  const int8Formats = int8Quant
+    ? `-k${int8Quant.kBits}g${int8Quant.kGroup}-v${int8Quant.vBits}g${int8Quant.vGroup}`
+    : '';
+  const partialPipeline = dotPrefill
     ? computePipeline(
         gpu,
-        `attention-prefill-int8-hd${headDim}${int8Quant ? `-k${int8Quant.kBits}g${int8Quant.kGroup}-v${int8Quant.vBits}g${int8Quant.vGroup}` : ''}`,
-        sources.prefillInt8 ?? attentionPrefillInt8Source(int8Prefill),
+        `attention-prefill-dot-hd${headDim}${int8Formats}`,
+        sources.prefillInt8 ?? attentionPrefillDotSource(dotPrefill),
       )
-    : prefill
+    : int8Prefill
       ? computePipeline(
           gpu,
-          `attention-prefill-hd${headDim}-r${prefill.rows}-b${prefill.blockKeys}${prefillQuant ? `-k${prefillQuant.kBits}g${prefillQuant.kGroup}-v${prefillQuant.vBits}g${prefillQuant.vGroup}` : ''}`,
-          sources.prefill ?? attentionPrefillSource(prefill),
+          `attention-prefill-int8-hd${headDim}${int8Formats}`,
+          sources.prefillInt8 ?? attentionPrefillInt8Source(int8Prefill),
         )
-      : decode
+      : prefill
         ? computePipeline(
             gpu,
-            `attention-decode-hd${headDim}-r${decode.rows}${decode.unrolled ? '' : '-loops'}${decode.quant ? `-k${decode.quant.kBits}g${decode.quant.kGroup}-v${decode.quant.vBits}g${decode.quant.vGroup}` : ''}`,
-            sources.decode ?? attentionDecodeSource(decode),
+            `attention-prefill-hd${headDim}-r${prefill.rows}-b${prefill.blockKeys}${prefillQuant ? `-k${prefillQuant.kBits}g${prefillQuant.kGroup}-v${prefillQuant.vBits}g${prefillQuant.vGroup}` : ''}`,
+            sources.prefill ?? attentionPrefillSource(prefill),
           )
-        : computePipeline(
-            gpu,
-            `${quant ? 'attention-mixed' : 'attention-partial'}-${shape.blockKeys}-hd${headDim}-r${rows}`,
-            sources.partial ?? attentionPartialSource(shape),
-          );
+        : decode
+          ? computePipeline(
+              gpu,
+              `attention-decode-hd${headDim}-r${decode.rows}${decode.unrolled ? '' : '-loops'}${decode.quant ? `-k${decode.quant.kBits}g${decode.quant.kGroup}-v${decode.quant.vBits}g${decode.quant.vGroup}` : ''}`,
+              sources.decode ?? attentionDecodeSource(decode),
+            )
+          : computePipeline(
+              gpu,
+              `${quant ? 'attention-mixed' : 'attention-partial'}-${shape.blockKeys}-hd${headDim}-r${rows}`,
+              sources.partial ?? attentionPartialSource(shape),
+            );
   const words = [
     pool.layerOffsetWords(b.layer, 0),
     pool.layerOffsetWords(b.layer, 1),

@@ -6,10 +6,12 @@
 import {
   type AttentionProducts,
   type AttentionSources,
+  attentionPrefillDotShapeFor,
   attentionPrefillInt8ShapeFor,
   prepareAttention,
 } from '../kernels/attention.ts';
 import type { AttentionBlockKeys } from '../kernels/attention.wgsl.ts';
+import { attentionPrefillDotSource } from '../kernels/attention-prefill-dot.wgsl.ts';
 import { attentionPrefillInt8Source } from '../kernels/attention-prefill-int8.wgsl.ts';
 import { type PreparedDispatch, releaseDispatches, submitDispatches } from '../kernels/dispatch.ts';
 import { prepareKvAppend } from '../kernels/kv-append.ts';
@@ -76,10 +78,8 @@ export class Harness {
     } = {},
   ) {
     this.tolerance = opts.tolerance ?? ATTENTION_F32_TOLERANCE;
-    this.int8Split =
-      opts.prefillProducts === 'int8'
-        ? { splits: opts.prefillSplits ?? 1, minChunkKeys: opts.minChunkKeys ?? 1 }
-        : null;
+    const int8 = opts.prefillProducts === 'int8' || opts.prefillProducts === 'int8-dot';
+    this.int8Split = int8 ? { splits: opts.prefillSplits ?? 1, minChunkKeys: opts.minChunkKeys ?? 1 } : null;
     const { layers, heads, kvHeads, headDim, pageTokens } = shape;
 
     const pageBytes = layers * 2 * kvHeads * pageTokens * headDim * 2;
@@ -91,12 +91,13 @@ export class Harness {
       budgetBytes: pageBytes * 64,
       maxSlabBytes: shape.slabPages ? shape.slabPages * pageBytes : undefined,
     });
-    // prepareAttention falls back to the f32 kernels where the int8 one does not serve: a check of the int8 kernel
+    // prepareAttention falls back to the f32 kernels where an int8 one does not serve: a check of the int8 kernel
     // would then pass on the wrong kernel.
-    const int8Asked = { pool: this.pool, layer: 0, maxTokens, prefillProducts: 'int8' as const };
-    if (opts.prefillProducts === 'int8' && attentionPrefillInt8ShapeFor(gpu, int8Asked) === null) {
+    if (int8 && !int8PrefillServes(gpu, this.pool, maxTokens, opts.prefillProducts ?? 'f32')) {
       this.pool.destroy();
-      throw new Error(`attention harness: the int8 prefill kernel does not serve headDim ${headDim} on this device`);
+      throw new Error(
+        `attention harness: the ${opts.prefillProducts} prefill kernel does not serve headDim ${headDim} on this device`,
+      );
     }
     const qBytes = maxTokens * heads * headDim * 4;
     const kvBytes = maxTokens * kvHeads * headDim * 4;
@@ -289,25 +290,55 @@ export const INT8_PREFILL_CASES: Array<[string, Shape, number[], { prefillSplits
   ],
 ];
 
-/** Broken variants of the int8 prefill kernel that the reference cases must catch (tests of the tests). */
-export const INT8_PREFILL_MUTATIONS: [string, (code: string) => string][] = [
-  ['causal mask one key late', (code) => code.replace('min(n, limit - block)', 'min(n, limit + 1u - block)')],
-  ['no rescale between tiles', (code) => code.replace('acc[a] * corr[row]', 'acc[a]')],
-  ['one key scale for all keys', (code) => code.replaceAll(/dq \* kscale\[j\d+\]/g, 'dq * kscale[0]')],
-];
+/** Whether `products` ('int8' or 'int8-dot') has a prefill kernel for `pool` on this device. */
+export function int8PrefillServes(
+  gpu: GpuContext,
+  pool: KvPagePool,
+  maxTokens: number,
+  products: AttentionProducts,
+): boolean {
+  const b = { pool, layer: 0, maxTokens, prefillProducts: products };
+  return products === 'int8-dot'
+    ? attentionPrefillDotShapeFor(gpu, b) !== null
+    : attentionPrefillInt8ShapeFor(gpu, b) !== null;
+}
+
+/**
+ * Broken variants of an int8 prefill kernel that the reference cases must catch (tests of the tests), per kernel:
+ * the causal mask one key late, no rescale of the accumulators between tiles, one key's scale for every key.
+ */
+export const INT8_PREFILL_MUTATIONS: Record<'int8' | 'int8-dot', [string, (code: string) => string][]> = {
+  int8: [
+    ['causal mask one key late', (code) => code.replace('min(n, limit - block)', 'min(n, limit + 1u - block)')],
+    ['no rescale between tiles', (code) => code.replace('acc[a] * corr[row]', 'acc[a]')],
+    ['one key scale for all keys', (code) => code.replaceAll(/dq \* kscale\[j\d+\]/g, 'dq * kscale[0]')],
+  ],
+  'int8-dot': [
+    ['causal mask one key late', (code) => code.replace('min(n, limit - block)', 'min(n, limit + 1u - block)')],
+    ['no rescale between tiles', (code) => code.replace('acc[e] * correction', 'acc[e]')],
+    ['one key scale for all keys', (code) => code.replace('dq * kscale[j]', 'dq * kscale[0]')],
+  ],
+};
 
 /**
  * The worst tolerance ratio of the int8 kernel with `edit` applied over the first case's two prefill steps: a caught
  * mutation exceeds 1. Throws when the edit no longer changes the kernel.
  */
-export async function int8MutationRatio(gpu: GpuContext, edit: (code: string) => string): Promise<number> {
+export async function int8MutationRatio(
+  gpu: GpuContext,
+  edit: (code: string) => string,
+  products: 'int8' | 'int8-dot' = 'int8',
+): Promise<number> {
   const [, shape, chunks] = INT8_PREFILL_CASES[0];
-  const original = attentionPrefillInt8Source({ headDim: 64, quant: null });
+  const original =
+    products === 'int8-dot'
+      ? attentionPrefillDotSource({ headDim: 64, quant: null, unrolled: !gpu.adapter.isFallbackAdapter })
+      : attentionPrefillInt8Source({ headDim: 64, quant: null });
   const prefill = edit(original);
   if (prefill === original) throw new Error('int8 mutation: the edit no longer applies');
   const harness = new Harness(gpu, shape, Math.max(...chunks), {
     sources: { prefillInt8: prefill },
-    prefillProducts: 'int8',
+    prefillProducts: products,
     tolerance: INT8_ATTENTION_TOLERANCE,
   });
   const random = seededRandom(13);

@@ -157,7 +157,7 @@ export async function runMixed(
       };
       // An int8 prefill step against the reference of its own arithmetic, with the prefill graph's split settings.
       const expected =
-        opts.prefillProducts === 'int8' && tokens > 1
+        (opts.prefillProducts === 'int8' || opts.prefillProducts === 'int8-dot') && tokens > 1
           ? attentionInt8Reference({ ...input, splits: PREFILL_SPLITS, minChunkKeys: PREFILL_MIN_CHUNK_KEYS })
           : attentionReference(input);
       worst = Math.max(worst, maxToleranceRatio(actual, expected, tolerance.atol, tolerance.rtol));

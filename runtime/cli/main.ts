@@ -21,7 +21,7 @@ const USAGE = `longtab — a local LLM runtime on WebGPU
                    [--top-k K] [--top-p P] [--min-p P] [--repetition-penalty R] [--seed S] [--json]
       an empty prompt means BOS only; --json prints { ids, text, usage }
   longtab eval [--model FILE] --text FILE [FILE...] [--ctx N] [--kv f16[,MODE...]] [--compare] [--max-windows W]
-      [--prefill-matmul auto|f32|int8-dot] [--prefill-attention auto|f32] [--json]
+      [--prefill-matmul auto|f32|int8-dot] [--prefill-attention auto|f32|int8-dot] [--json]
       perplexity over non-overlapping windows of N tokens, per KV mode; --compare adds top-1 agreement with f16
   longtab eval --task passkey|copy|recall [--model FILE] --text FILLER [FILE...] [--lengths L,...]
                [--depths D,...] (copy: [--distances N,...]) [--trials 200] [--seed S] [--kv f16[,MODE...]] [--compare]

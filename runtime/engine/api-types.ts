@@ -60,7 +60,7 @@ export type FinishReason = 'stop' | 'length' | 'abort';
 export type ModelSource = string | URL | Blob;
 
 /** Prefill attention products (EngineLoadOptions.prefillAttention). */
-export type PrefillAttention = 'auto' | 'f32';
+export type PrefillAttention = 'auto' | 'f32' | 'int8-dot';
 
 export interface EngineLoadOptions extends KvCacheOptions {
   /** Tokens per prefill submit (default 128; 512 where the prefill runs on int8 tensor cores and the KV budget holds it). */
@@ -76,7 +76,8 @@ export interface EngineLoadOptions extends KvCacheOptions {
   /**
    * Prefill attention: 'auto' (default) computes q·k and p·v on int8 tensor cores where the GPU offers them (q, k
    * and v per row or key, the softmax weights per row of each 64-key tile quantized to 8 bits), 'f32' keeps the f32
-   * kernels. Decode steps always use the f32 decode kernel.
+   * kernels; 'int8-dot' runs the same int8 arithmetic on dot4I8Packed, which GPUs without the tensor-core feature have
+   * (not yet measured against f32 on a GPU, so 'auto' does not pick it). Decode steps always use the f32 decode kernel.
    */
   prefillAttention?: PrefillAttention;
   /**

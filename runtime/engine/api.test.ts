@@ -389,7 +389,7 @@ describe.skipIf(!modelPath || !goldenPath)('LongtabEngine API on stories260K', (
       /prefillMatmul = "int4" is invalid: use 'auto', 'f32' or 'int8-dot'/,
     );
     await expect(engine.load(modelPath!, { prefillAttention: 'int8' as 'f32' })).rejects.toThrow(
-      /prefillAttention = "int8" is invalid: use 'auto' or 'f32'/,
+      /prefillAttention = "int8" is invalid: use 'auto', 'f32' or 'int8-dot'/,
     );
     await expect(engine.load(modelPath!, { kv: 'int2', boostLayers: '3' as unknown as number[] })).rejects.toThrow(
       /boostLayers/,

@@ -39,7 +39,7 @@ export interface LoadOptions extends KvCacheOptions {
   prefillChunk?: number;
   /** Prefill projections: 'auto' (int8 tensor cores where the device has them), 'f32' or 'int8-dot' (TransformerOptions). */
   prefillMatmul?: TransformerOptions['prefillMatmul'];
-  /** Prefill attention: 'auto' (int8 tensor cores where the device has them) or 'f32' (EngineLoadOptions). */
+  /** Prefill attention: 'auto' (int8 tensor cores where the device has them), 'f32' or 'int8-dot' (EngineLoadOptions). */
   prefillAttention?: PrefillAttention;
   onProgress?: (progress: LoadProgress) => void;
 }
@@ -254,13 +254,10 @@ export class Engine {
       );
     }
     const prefillAttention = options.prefillAttention ?? 'auto';
-    if (prefillAttention !== 'auto' && prefillAttention !== 'f32') {
+    if (prefillAttention !== 'auto' && prefillAttention !== 'f32' && prefillAttention !== 'int8-dot') {
       throw new InvalidRequestError(
-        `Load option prefillAttention = ${String(prefillAttention)}: use 'auto' or 'f32'.`,
-        {
-          option: 'prefillAttention',
-          value: prefillAttention,
-        },
+        `Load option prefillAttention = ${String(prefillAttention)}: use 'auto', 'f32' or 'int8-dot'.`,
+        { option: 'prefillAttention', value: prefillAttention },
       );
     }
     this.unload();
@@ -298,8 +295,9 @@ export class Engine {
     try {
       const int8 = await int8PrefillReady(gpu, weights, prefillMatmul);
       if (!int8) this.prefillMatmul = 'f32';
+      const products = prefillAttention === 'auto' ? 'int8' : prefillAttention;
       this.prefillProducts =
-        prefillAttention === 'auto' && (await int8PrefillAttentionCompiles(gpu, config.headDim)) ? 'int8' : 'f32';
+        products !== 'f32' && (await int8PrefillAttentionCompiles(gpu, config.headDim, products)) ? products : 'f32';
       const tensorCores = int8 && prefillMatmul === 'auto';
       const prefillChunk = options.prefillChunk ?? defaultPrefillChunk(tensorCores, poolOptions);
       poolOptions = { ...poolOptions, maxStepTokens: prefillChunk };

@@ -1,8 +1,9 @@
 /**
- * The int8 prefill matmul inside the forward pass, on a real model: the shipped demo model (Q8_0) reads a passage
- * teacher-forced with its prefill projections on the dot4I8Packed kernel (which every adapter runs) and on f32. The
- * int8 activations (one scale per 32 elements) move its logits by about what llama.cpp's MMQ does: the bounds below
- * are loose enough for that and far too tight for a wrong block scale, code or row.
+ * The int8 prefill kernels inside the forward pass, on a real model: the shipped demo model (Q8_0) reads a passage
+ * teacher-forced with its prefill projections, then its prefill attention, on the dot4I8Packed kernels (which every
+ * adapter runs) and on f32. The int8 activations (one scale per 32 elements) move its logits by about what llama.cpp's
+ * MMQ does, the 8-bit attention by less: the bounds below are loose enough for that and far too tight for a wrong
+ * block scale, code or row.
  */
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -11,7 +12,7 @@ import { withTestGpu } from '../../test/gpu.ts';
 import { DEMO_MODEL_FILE } from '../cli/default-model.ts';
 import { logProbability } from '../eval/perplexity.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
-import { Engine } from './engine.ts';
+import { Engine, type LoadOptions } from './engine.ts';
 
 const ctx = withTestGpu();
 const demoPath = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'public', 'models', DEMO_MODEL_FILE);
@@ -22,19 +23,22 @@ const PASSAGE =
   'this truth is so well fixed in the minds of the surrounding families, that he is considered the rightful ' +
   'property of some one or other of their daughters.';
 
-async function forcedLogits(prefillMatmul: 'f32' | 'int8-dot') {
+type Kernels = Pick<LoadOptions, 'prefillMatmul' | 'prefillAttention'>;
+
+async function forcedLogits(kernels: Kernels) {
   const engine = new Engine(ctx.gpu);
   const source = await sourceFromPath(demoPath);
   try {
-    const config = await engine.load(source, { kv: 'f16', prefillChunk: 64, prefillMatmul });
+    const config = await engine.load(source, { kv: 'f16', prefillChunk: 64, ...kernels });
     const ids = engine.tokenizer.encode(PASSAGE, { addSpecial: true }).slice(0, 96);
-    const quantizes = engine.loaded?.transformer.graph(64).body.filter((d) => d.label.endsWith('.quantize')).length;
+    const body = engine.loaded?.transformer.graph(64).body ?? [];
     return {
       ids,
       vocab: config.vocab,
       layers: config.layers,
       logits: await engine.teacherForcedLogits(ids),
-      quantizes,
+      quantizes: body.filter((d) => d.label.endsWith('.quantize')).length,
+      dotAttention: body.filter((d) => d.pipeline.label.startsWith('attention-prefill-dot')).length,
     };
   } finally {
     engine.unload();
@@ -42,42 +46,63 @@ async function forcedLogits(prefillMatmul: 'f32' | 'int8-dot') {
   }
 }
 
-describe('int8 prefill matmul in the forward pass (demo model, Q8_0)', () => {
-  it('teacher-forced logits on dot4I8Packed agree with the f32 projections', async () => {
-    const f32 = await forcedLogits('f32');
-    const int8 = await forcedLogits('int8-dot');
+/** Top-1 agreement, perplexity ratio and worst |Δ log p| of `other`'s teacher-forced logits against `f32`'s. */
+function agreement(f32: Awaited<ReturnType<typeof forcedLogits>>, other: Awaited<ReturnType<typeof forcedLogits>>) {
+  const { ids, vocab } = f32;
+  let agree = 0;
+  let nllF32 = 0;
+  let nllOther = 0;
+  let worst = 0;
+  for (let t = 0; t + 1 < ids.length; t++) {
+    const a = f32.logits.subarray(t * vocab, (t + 1) * vocab);
+    const b = other.logits.subarray(t * vocab, (t + 1) * vocab);
+    let argA = 0;
+    let argB = 0;
+    for (let v = 1; v < vocab; v++) {
+      if (a[v] > a[argA]) argA = v;
+      if (b[v] > b[argB]) argB = v;
+    }
+    if (argA === argB) agree++;
+    const la = logProbability(f32.logits, t * vocab, vocab, ids[t + 1]);
+    const lb = logProbability(other.logits, t * vocab, vocab, ids[t + 1]);
+    nllF32 -= la;
+    nllOther -= lb;
+    worst = Math.max(worst, Math.abs(la - lb));
+  }
+  const scored = ids.length - 1;
+  return { agree, scored, perplexityRatio: Math.exp((nllOther - nllF32) / scored), worst };
+}
+
+describe('int8 prefill kernels in the forward pass (demo model, Q8_0)', () => {
+  it('teacher-forced logits with the projections on dot4I8Packed agree with the f32 projections', async () => {
+    const f32 = await forcedLogits({ prefillMatmul: 'f32', prefillAttention: 'f32' });
+    const int8 = await forcedLogits({ prefillMatmul: 'int8-dot', prefillAttention: 'f32' });
     // The int8 graph quantizes each projection input (qkv, o, gate_up, down) of every layer; f32 none.
     expect(f32.quantizes).toBe(0);
     expect(int8.quantizes).toBe(4 * f32.layers);
-    const { ids, vocab } = f32;
-    expect(ids.length).toBeGreaterThan(60);
-    let agree = 0;
-    let nllF32 = 0;
-    let nllInt8 = 0;
-    let worst = 0;
-    for (let t = 0; t + 1 < ids.length; t++) {
-      const a = f32.logits.subarray(t * vocab, (t + 1) * vocab);
-      const b = int8.logits.subarray(t * vocab, (t + 1) * vocab);
-      let argA = 0;
-      let argB = 0;
-      for (let v = 1; v < vocab; v++) {
-        if (a[v] > a[argA]) argA = v;
-        if (b[v] > b[argB]) argB = v;
-      }
-      if (argA === argB) agree++;
-      const la = logProbability(f32.logits, t * vocab, vocab, ids[t + 1]);
-      const lb = logProbability(int8.logits, t * vocab, vocab, ids[t + 1]);
-      nllF32 -= la;
-      nllInt8 -= lb;
-      worst = Math.max(worst, Math.abs(la - lb));
-    }
-    const scored = ids.length - 1;
-    expect(agree / scored).toBeGreaterThanOrEqual(0.9);
+    expect(f32.ids.length).toBeGreaterThan(60);
+    const r = agreement(f32, int8);
+    expect(r.agree / r.scored).toBeGreaterThanOrEqual(0.9);
     // Perplexity within 2%, and no target's log-probability moved by more than 0.25 nats.
-    expect(Math.abs(Math.exp((nllInt8 - nllF32) / scored) - 1)).toBeLessThan(0.02);
-    expect(worst).toBeLessThan(0.25);
+    expect(Math.abs(r.perplexityRatio - 1)).toBeLessThan(0.02);
+    expect(r.worst).toBeLessThan(0.25);
     process.stderr.write(
-      `int8-dot vs f32: top-1 ${agree}/${scored}, perplexity ratio ${Math.exp((nllInt8 - nllF32) / scored).toFixed(5)}, worst |Δ log p| ${worst.toFixed(4)}\n`,
+      `int8-dot matmuls vs f32: top-1 ${r.agree}/${r.scored}, perplexity ratio ${r.perplexityRatio.toFixed(5)}, worst |Δ log p| ${r.worst.toFixed(4)}\n`,
+    );
+  });
+
+  it('teacher-forced logits with the prefill attention on dot4I8Packed agree with the f32 attention', async () => {
+    const f32 = await forcedLogits({ prefillMatmul: 'f32', prefillAttention: 'f32' });
+    const int8 = await forcedLogits({ prefillMatmul: 'f32', prefillAttention: 'int8-dot' });
+    // Every layer's prefill attention runs the dot4I8Packed kernel; none with 'f32'.
+    expect(f32.dotAttention).toBe(0);
+    expect(int8.dotAttention).toBe(f32.layers);
+    const r = agreement(f32, int8);
+    expect(r.agree / r.scored).toBeGreaterThanOrEqual(0.9);
+    expect(Math.abs(r.perplexityRatio - 1)).toBeLessThan(0.02);
+    expect(r.worst).toBeLessThan(0.25);
+    process.stderr.write(
+      `int8-dot attention vs f32: top-1 ${r.agree}/${r.scored}, perplexity ratio ${r.perplexityRatio.toFixed(5)}, worst |Δ log p| ${r.worst.toFixed(4)}\n`,
     );
   });
 });

@@ -204,8 +204,13 @@ export function validateLoadOptions(options: unknown): EngineLoadOptions {
   ) {
     fail('prefillMatmul', o.prefillMatmul, "use 'auto', 'f32' or 'int8-dot'");
   }
-  if (o.prefillAttention !== undefined && o.prefillAttention !== 'auto' && o.prefillAttention !== 'f32') {
-    fail('prefillAttention', o.prefillAttention, "use 'auto' or 'f32'");
+  if (
+    o.prefillAttention !== undefined &&
+    o.prefillAttention !== 'auto' &&
+    o.prefillAttention !== 'f32' &&
+    o.prefillAttention !== 'int8-dot'
+  ) {
+    fail('prefillAttention', o.prefillAttention, "use 'auto', 'f32' or 'int8-dot'");
   }
   for (const name of [
     'kvBudgetBytes',

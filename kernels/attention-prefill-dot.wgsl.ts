@@ -1,0 +1,187 @@
+/**
+ * The int8 prefill attention (attention-prefill-int8.wgsl.ts: the same quantization, tiles and arithmetic, so the
+ * same CPU reference, kernels/reference/attention-int8.ts) on core WGSL's dot4I8Packed instead of tensor cores:
+ * every adapter with subgroups runs it.
+ *
+ * Workgroup (split s, kv head, row tile): 128 invocations, 64 query rows; lanes 2m, 2m + 1 of a subgroup of size z
+ * take row 16... of the tile, r = subgroup_id·z/2 + m, and split its work in halves: when staging, half of a row's
+ * or key's dims; in the scores and softmax, keys 32·half.. of the tile; in p·v, dims half·HD/2.. of the row. Scores,
+ * weights, the running max and sums and the output accumulators stay in registers; per tile of 64 keys:
+ *   1. stage the keys' K and V as int8 codes and scales (the shared staging), then V transposed: for each dim, its
+ *      64 keys' codes packed 4 to a word (vt), so p·v is dot4I8Packed along keys;
+ *   2. 32 scores per invocation, each HD/4 dot4I8Packed of the row's q codes with a key's codes;
+ *   3. the softmax of the row (the pair's maxima and sums by subgroupShuffleXor) and its 64 weights' codes;
+ *   4. per own dim, 16 dot4I8Packed of the 64 weight codes with the dim's 64 value codes.
+ * Output as the split kernel (attentionPartialSource): splits = 1 the normalized rows, else (max, sum, Σ p·V).
+ */
+import { attentionBindingsWgsl, SPLIT_CHUNK_WGSL, splitTileWgsl } from './attention.wgsl.ts';
+import { type DecodeQuantShape, quantGroupsFitHeads } from './attention-decode.wgsl.ts';
+import { INT8_ATTENTION_ROWS, int8AttentionStagingWgsl } from './attention-prefill-int8.wgsl.ts';
+import { kvPagesReadableWgsl } from './kv-append.wgsl.ts';
+
+export interface AttentionPrefillDotShape {
+  headDim: 64 | 128;
+  quant: DecodeQuantShape | null;
+  /** Loops with constant bounds (a GPU compiler unrolls them) or run-time ones (CPU drivers): as AttentionDecodeShape. */
+  unrolled: boolean;
+}
+
+const BK = 64;
+
+/** Workgroup storage: q codes (rows padded by a word), k, v and transposed v codes, three scales. */
+export function attentionPrefillDotWorkgroupBytes(headDim: number): number {
+  const rows = INT8_ATTENTION_ROWS;
+  return 4 * rows * (headDim / 4 + 1) + 3 * BK * headDim + 4 * (rows + 2 * BK);
+}
+
+/** The build for a head size and page formats, or null where the kernel does not serve them. */
+export function attentionPrefillDotShape(
+  headDim: number,
+  quant: DecodeQuantShape | null,
+  maxWorkgroupBytes: number,
+  unrolled = true,
+): AttentionPrefillDotShape | null {
+  if ((headDim !== 64 && headDim !== 128) || !quantGroupsFitHeads(headDim, quant)) return null;
+  if (quant && (32 / quant.kBits > headDim / 2 || 32 / quant.vBits > headDim / 2)) return null;
+  return attentionPrefillDotWorkgroupBytes(headDim) <= maxWorkgroupBytes ? { headDim, quant, unrolled } : null;
+}
+
+export function attentionPrefillDotSource(shape: AttentionPrefillDotShape): string {
+  const { headDim: HD, quant } = shape;
+  const HW = HD / 4; // words of a row's or key's codes
+  const HALF = HD / 2;
+  const { fetchWgsl, stage, stageQuery } = int8AttentionStagingWgsl(HD, quant);
+
+  return /* wgsl */ `
+enable subgroups;
+${attentionBindingsWgsl(quant !== null)}
+${kvPagesReadableWgsl(5)}
+${SPLIT_CHUNK_WGSL}
+${fetchWgsl}
+
+const HD: u32 = ${HD}u;
+const HW: u32 = ${HW}u;
+const QS: u32 = ${HW + 1}u; // words between rows of qcodes (padded: the 16 rows a subgroup reads are in 16 banks)
+const BK: u32 = ${BK}u;
+const BW: u32 = ${BK / 4}u; // words of a dim's transposed value codes
+const NONE: f32 = -1e30;
+
+var<workgroup> qcodes: array<i32, ${INT8_ATTENTION_ROWS * (HW + 1)}>;
+var<workgroup> kcodes: array<i32, ${BK * HW}>;
+var<workgroup> vcodes: array<i32, ${BK * HW}>;
+var<workgroup> vt: array<i32, ${HD * (BK / 4)}>; // [dim][key / 4]: 4 keys' value codes per word
+var<workgroup> qscale: array<f32, ${INT8_ATTENTION_ROWS}>;
+var<workgroup> kscale: array<f32, ${BK}>;
+var<workgroup> vscale: array<f32, ${BK}>;
+
+@compute @workgroup_size(128)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32,
+        @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32,
+        @builtin(subgroup_size) z: u32) {
+${splitTileWgsl(`${INT8_ATTENTION_ROWS}u`)}
+  // Lanes 2m, 2m + 1 share a row (or key): from the subgroup builtins, so the pair's shuffles meet.
+  let r = sg * (z / 2u) + lane / 2u;
+  let half = lane % 2u;
+  let rowT = (firstRow + r) / group;
+  let limit = select(0u, step.position + rowT + 1u, rowT < step.tokens); // keys visible to row r (causal)
+${stageQuery('QS')}
+  workgroupBarrier();
+  let dq = qscale[r];
+  // Loop bounds times one: ${shape.unrolled ? 'the constant 1 (a GPU compiler unrolls them)' : 'params.headDim / HD = 1, unknown to the compiler (kept as loops: lavapipe took minutes over the unrolled build)'}.
+  let one = ${shape.unrolled ? '1u' : 'params.headDim / HD'};
+  var m = NONE;
+  var l = 0.0;
+  var acc = array<f32, ${HALF}>();
+
+  var f = fetchTile(start, select(0u, min(BK, end - start), start < end), kvh, r, half);
+  for (var block = start; block < end; block += BK) {
+    let n = min(BK, end - block);
+    // The previous tile's readers are done with the codes and the scales.
+    workgroupBarrier();
+${stage('k')}
+${stage('v')}
+    workgroupBarrier();
+    if (block + BK < end) { f = fetchTile(block + BK, min(BK, end - block - BK), kvh, r, half); }
+    // V transposed: word (d, w) holds dim d's codes of keys 4w..4w+3.
+    for (var u = 0u; u < ${(HD * (BK / 4)) / 128}u; u++) {
+      let at = li + 128u * u;
+      let d = at / BW;
+      let w = at % BW;
+      var word = 0u;
+      for (var e = 0u; e < 4u; e++) {
+        let code = (bitcast<u32>(vcodes[(4u * w + e) * HW + d / 4u]) >> (8u * (d % 4u))) & 0xffu;
+        word |= code << (8u * e);
+      }
+      vt[d * BW + w] = bitcast<i32>(word);
+    }
+    workgroupBarrier();
+    // Scores of keys 32·half + i against row r.
+    let visible = select(0u, min(n, limit - block), limit > block); // keys 0..visible-1 of the tile: row r sees them
+    // Initialized explicitly: lavapipe did not zero a loop-local array again on each iteration (matmul-int8.wgsl.ts).
+    var dots = array<i32, 32>();
+    for (var w = 0u; w < HW * one; w++) {
+      let qw = bitcast<u32>(qcodes[r * QS + w]);
+      for (var i = 0u; i < 32u * one; i++) {
+        dots[i] += dot4I8Packed(qw, bitcast<u32>(kcodes[(32u * half + i) * HW + w]));
+      }
+    }
+    // Scores, then the weights w = p·d_v in their place.
+    var sc = array<f32, 32>();
+    var tileMax = NONE;
+    for (var i = 0u; i < 32u * one; i++) {
+      let j = 32u * half + i;
+      sc[i] = select(NONE, f32(dots[i]) * dq * kscale[j], j < visible);
+      tileMax = max(tileMax, sc[i]);
+    }
+    tileMax = max(tileMax, subgroupShuffleXor(tileMax, 1u));
+    let best = max(m, tileMax);
+    let correction = select(1.0, exp(m - best), m > NONE);
+    var pSum = 0.0;
+    var wMax = 0.0;
+    for (var i = 0u; i < 32u * one; i++) {
+      let p = select(0.0, exp(sc[i] - best), sc[i] > NONE);
+      pSum += p;
+      sc[i] = p * vscale[32u * half + i];
+      wMax = max(wMax, sc[i]);
+    }
+    pSum += subgroupShuffleXor(pSum, 1u);
+    wMax = max(wMax, subgroupShuffleXor(wMax, 1u));
+    l = l * correction + pSum;
+    m = best;
+    let inverse = select(0.0, 127.0 / wMax, wMax > 1e-30);
+    let wStep = wMax / 127.0;
+    // The row's 64 weight codes, 4 keys a word: this half's 8 words and the pair's, keys 0..31 first.
+    var cw = array<u32, 16>();
+    for (var a = 0u; a < 8u * one; a++) {
+      let own = pack4xI8(vec4<i32>(round(vec4<f32>(sc[4u * a], sc[4u * a + 1u], sc[4u * a + 2u], sc[4u * a + 3u]) * inverse)));
+      let other = subgroupShuffleXor(own, 1u);
+      cw[a] = select(own, other, half == 1u);
+      cw[a + 8u] = select(other, own, half == 1u);
+    }
+    // Dims half·HD/2 + e of the row: 16 dot4I8Packed over the tile's 64 keys.
+    for (var e = 0u; e < ${HALF}u * one; e++) {
+      let at = (half * ${HALF}u + e) * BW;
+      var sum = 0i;
+      for (var w = 0u; w < 16u * one; w++) { sum += dot4I8Packed(cw[w], bitcast<u32>(vt[at + w])); }
+      acc[e] = acc[e] * correction + wStep * f32(sum);
+    }
+  }
+
+  if (rowT < step.tokens) {
+    let head = kvh * group + (firstRow + r) % group;
+    let dim0 = half * ${HALF}u;
+    if (params.splits == 1u) {
+      let o = (rowT * params.heads + head) * HD + dim0;
+      for (var e = 0u; e < ${HALF}u; e++) { dst[o + e] = acc[e] / l; }
+    } else {
+      let rec = ((rowT * params.heads + head) * params.splits + s) * (HD + 2u);
+      if (half == 0u) {
+        dst[rec] = m;
+        dst[rec + 1u] = l;
+      }
+      for (var e = 0u; e < ${HALF}u; e++) { dst[rec + 2u + dim0 + e] = acc[e]; }
+    }
+  }
+}
+`;
+}
