@@ -424,8 +424,8 @@ async function benchPrefillShape(
     const flops = 4 * heads * headDim * keysSeen;
     const row: Record<string, unknown> = { shape: shape.name, kv: kv === 'f16' ? 'f16' : 'int2', context };
     let expected: Float32Array | null = null;
-    // The split kernel first, then the prefill kernels, checked against it: the f32 one to f32 rounding, the int8 one
-    // (where the device has i8 subgroup matrices) to INT8_ATTENTION_TOLERANCE, with its largest difference.
+    // The split kernel first, then the prefill kernels, checked against it: the f32 one to f32 rounding, the int8 ones
+    // (where the device runs them) to INT8_ATTENTION_QUANTIZATION_BOUND, with their largest difference.
     const int8 =
       attentionPrefillInt8ShapeFor(gpu, { pool, layer: 0, maxTokens: tokens, prefillProducts: 'int8' }) !== null;
     const dot =

@@ -5,8 +5,8 @@
  *
  * Workgroup (split s, kv head, row tile): 128 invocations, 64 query rows; lanes 2m, 2m + 1 of a subgroup of size z
  * take row 16... of the tile, r = subgroup_id·z/2 + m, and split its work in halves: when staging, half of a row's
- * or key's dims; in the scores and softmax, keys 32·half.. of the tile; in p·v, dims half·HD/2.. of the row. Scores,
- * weights, the running max and sums and the output accumulators stay in registers; per tile of 64 keys:
+ * or key's dims; in the scores and softmax, keys 32·half.. of the tile; in p·v, dims half·HD/2.. of the row. The
+ * row's q codes, scores, weights, running max and sums and output accumulators stay in registers; per tile of 64 keys:
  *   1. stage the keys' K and V as int8 codes and scales (the shared staging), then V transposed: for each dim, its
  *      64 keys' codes packed 4 to a word (vt), so p·v is dot4I8Packed along keys;
  *   2. 32 scores per invocation, each HD/4 dot4I8Packed of the row's q codes with a key's codes;
@@ -28,10 +28,9 @@ export interface AttentionPrefillDotShape {
 
 const BK = 64;
 
-/** Workgroup storage: q codes (rows padded by a word), k, v and transposed v codes, three scales. */
+/** Workgroup storage: k, v and transposed v codes, the keys' two scales (q's codes live in registers). */
 export function attentionPrefillDotWorkgroupBytes(headDim: number): number {
-  const rows = INT8_ATTENTION_ROWS;
-  return 4 * rows * (headDim / 4 + 1) + 3 * BK * headDim + 4 * (rows + 2 * BK);
+  return 3 * BK * headDim + 4 * 2 * BK;
 }
 
 /** The build for a head size and page formats, or null where the kernel does not serve them. */
@@ -50,7 +49,7 @@ export function attentionPrefillDotSource(shape: AttentionPrefillDotShape): stri
   const { headDim: HD, quant } = shape;
   const HW = HD / 4; // words of a row's or key's codes
   const HALF = HD / 2;
-  const { fetchWgsl, stage, stageQuery } = int8AttentionStagingWgsl(HD, quant);
+  const { fetchWgsl, stage } = int8AttentionStagingWgsl(HD, quant);
 
   return /* wgsl */ `
 enable subgroups;
@@ -61,16 +60,13 @@ ${fetchWgsl}
 
 const HD: u32 = ${HD}u;
 const HW: u32 = ${HW}u;
-const QS: u32 = ${HW + 1}u; // words between rows of qcodes (padded: the 16 rows a subgroup reads are in 16 banks)
 const BK: u32 = ${BK}u;
 const BW: u32 = ${BK / 4}u; // words of a dim's transposed value codes
 const NONE: f32 = -1e30;
 
-var<workgroup> qcodes: array<i32, ${INT8_ATTENTION_ROWS * (HW + 1)}>;
 var<workgroup> kcodes: array<i32, ${BK * HW}>;
 var<workgroup> vcodes: array<i32, ${BK * HW}>;
 var<workgroup> vt: array<i32, ${HD * (BK / 4)}>; // [dim][key / 4]: 4 keys' value codes per word
-var<workgroup> qscale: array<f32, ${INT8_ATTENTION_ROWS}>;
 var<workgroup> kscale: array<f32, ${BK}>;
 var<workgroup> vscale: array<f32, ${BK}>;
 
@@ -84,9 +80,27 @@ ${splitTileWgsl(`${INT8_ATTENTION_ROWS}u`)}
   let half = lane % 2u;
   let rowT = (firstRow + r) / group;
   let limit = select(0u, step.position + rowT + 1u, rowT < step.tokens); // keys visible to row r (causal)
-${stageQuery('QS')}
-  workgroupBarrier();
-  let dq = qscale[r];
+  // Row r of q as int8 codes in registers (no workgroup storage: headDim 128 fits 32 KiB): this half's words, and
+  // the pair's by shuffle.
+  var qr = array<u32, ${HW}>();
+  var dq = 0.0;
+  {
+    var vals: array<vec4<f32>, ${HALF / 4}>;
+    if (rowT < step.tokens) {
+      let at = (rowT * params.heads + kvh * group + (firstRow + r) % group) * HD + half * ${HALF}u;
+      for (var i = 0u; i < ${HALF / 4}u; i++) {
+        vals[i] = vec4<f32>(q[at + 4u * i], q[at + 4u * i + 1u], q[at + 4u * i + 2u], q[at + 4u * i + 3u]) * params.scale;
+      }
+    }
+    dq = codeScale(vals);
+    let inverse = select(0.0, 1.0 / dq, dq > 1e-30);
+    for (var i = 0u; i < ${HALF / 4}u; i++) {
+      let own = pack4xI8(vec4<i32>(round(vals[i] * inverse)));
+      let other = subgroupShuffleXor(own, 1u);
+      qr[half * ${HALF / 4}u + i] = own;
+      qr[(1u - half) * ${HALF / 4}u + i] = other;
+    }
+  }
   // Loop bounds times one: ${shape.unrolled ? 'the constant 1 (a GPU compiler unrolls them)' : 'params.headDim / HD = 1, unknown to the compiler (kept as loops: lavapipe took minutes over the unrolled build)'}.
   let one = ${shape.unrolled ? '1u' : 'params.headDim / HD'};
   var m = NONE;
@@ -120,7 +134,7 @@ ${stage('v')}
     // Initialized explicitly: lavapipe did not zero a loop-local array again on each iteration (matmul-int8.wgsl.ts).
     var dots = array<i32, 32>();
     for (var w = 0u; w < HW * one; w++) {
-      let qw = bitcast<u32>(qcodes[r * QS + w]);
+      let qw = qr[w];
       for (var i = 0u; i < 32u * one; i++) {
         dots[i] += dot4I8Packed(qw, bitcast<u32>(kcodes[(32u * half + i) * HW + w]));
       }

@@ -84,8 +84,10 @@ export interface AttentionBinding {
    */
   prefillStorageBytes?: number;
   /**
-   * The prefill kernel's products: 'f32' (default), or 'int8' on 8-bit tensor cores (attention-prefill-int8.wgsl.ts)
-   * where the device has i8 subgroup matrices and the kernel serves the shape; elsewhere the f32 kernels serve it.
+   * The prefill kernel's products: 'f32' (default); 'int8' on 8-bit tensor cores (attention-prefill-int8.wgsl.ts)
+   * where the device has i8 subgroup matrices; 'int8-dot', the same arithmetic on dot4I8Packed
+   * (attention-prefill-dot.wgsl.ts) where it has subgroups. Where the chosen kernel does not serve the shape, the f32
+   * kernels do.
    */
   prefillProducts?: AttentionProducts;
   /**
@@ -193,7 +195,10 @@ export function attentionPrefillDotShapeFor(
   b: Pick<AttentionBinding, 'pool' | 'layer' | 'maxTokens' | 'prefillKernel' | 'prefillProducts'>,
 ): AttentionPrefillDotShape | null {
   if (b.maxTokens === 1 || b.prefillKernel === false || b.prefillProducts !== 'int8-dot') return null;
-  if (!gpu.features.subgroups) return null;
+  // Invocation pairs share rows through subgroupShuffleXor, and the 128 invocations must fill whole subgroups of an
+  // even size to map onto the 64 rows once each.
+  const { subgroupMinSize = 0, subgroupMaxSize = 0 } = gpu.adapter;
+  if (!gpu.features.subgroups || subgroupMinSize < 2 || subgroupMaxSize < 2 || 128 % subgroupMaxSize !== 0) return null;
   const limit = gpu.limits.maxComputeWorkgroupStorageSize;
   return attentionPrefillDotShape(b.pool.headDim, layerQuantShape(b), limit, !gpu.adapter.isFallbackAdapter);
 }

@@ -13,7 +13,7 @@ import { readFloat32, readUint32 } from '../runtime/gpu/readback.ts';
 import { PagedKvAttention, PREFILL_MIN_CHUNK_KEYS, PREFILL_SPLITS } from '../runtime/kv/paged-attention.ts';
 import { decodePageEntry, KV_PAGE_KIND, KvPagePool, type KvPoolOptions, type KvSequence } from '../runtime/kv/pool.ts';
 import { dequantizeRow, quantizeRow, roundToF16 } from '../runtime/kv/quant-format.ts';
-import { ATTENTION_F32_TOLERANCE, type AttentionTolerance } from './attention-harness.ts';
+import { ATTENTION_F32_TOLERANCE, type AttentionTolerance, int8PrefillServes } from './attention-harness.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from './random.ts';
 
 export interface MixedCase {
@@ -48,6 +48,13 @@ export async function runMixed(
   const maxTokens = Math.max(...c.chunks);
   const pool = new KvPagePool(gpu, { layers, kvHeads, headDim, budgetBytes: 4 << 20, kv: 'quant', ...c.pool });
   const quant = pool.quant!;
+  const int8 = opts.prefillProducts === 'int8' || opts.prefillProducts === 'int8-dot';
+  // prepareAttention falls back to the f32 kernels where an int8 one does not serve this pool's formats: the check
+  // would then run the wrong kernel.
+  if (int8 && !int8PrefillServes(gpu, pool, maxTokens, opts.prefillProducts ?? 'f32')) {
+    pool.destroy();
+    throw new Error(`mixed attention: the ${opts.prefillProducts} prefill kernel does not serve this pool here`);
+  }
   const backend = new PagedKvAttention(gpu, pool, { heads, prefillProducts: opts.prefillProducts });
   const f32 = (n: number) => gpu.allocator.createStorage('test', 'scratch', n * 4);
   const q = f32(maxTokens * heads * headDim);
@@ -157,7 +164,7 @@ export async function runMixed(
       };
       // An int8 prefill step against the reference of its own arithmetic, with the prefill graph's split settings.
       const expected =
-        (opts.prefillProducts === 'int8' || opts.prefillProducts === 'int8-dot') && tokens > 1
+        int8 && tokens > 1
           ? attentionInt8Reference({ ...input, splits: PREFILL_SPLITS, minChunkKeys: PREFILL_MIN_CHUNK_KEYS })
           : attentionReference(input);
       worst = Math.max(worst, maxToleranceRatio(actual, expected, tolerance.atol, tolerance.rtol));

@@ -1,6 +1,6 @@
 /**
- * CPU reference for kernels/attention-prefill-int8.wgsl.ts: the same quantization, tiling and f32 steps, so the
- * kernel is checked to the last few codes rather than against exact attention (attention.ts's reference, which it
+ * CPU reference for the int8 prefill attention (kernels/attention-prefill-int8.wgsl.ts on tensor cores and
+ * attention-prefill-dot.wgsl.ts on dot4I8Packed): the same quantization, tiling and f32 steps, so the kernels are checked to the last few codes rather than against exact attention (attention.ts's reference, which it
  * matches only to its 8-bit error).
  *
  * Per query row: q·scale as int8 codes over the head (d_q = max / 127). Per key: k and v (f16 as the pages hold them)

@@ -222,7 +222,7 @@ export class Engine {
   private busy = false;
   /** The loaded model's prefill matmul choice (LoadOptions.prefillMatmul), kept for rebuilds of its KV state. */
   private prefillMatmul: PrefillMatmul = 'auto';
-  /** The loaded model's prefill attention products: 'int8' where LoadOptions.prefillAttention 'auto' found them. */
+  /** The loaded model's prefill attention products: what LoadOptions.prefillAttention asked for where it compiles, else f32. */
   private prefillProducts: AttentionProducts = 'f32';
 
   constructor(gpu: GpuContext) {

@@ -26,8 +26,8 @@ export interface PagedAttentionOptions {
    */
   decodeSplits?: number;
   /**
-   * Products of the prefill attention: 'f32' (default) or 'int8' on 8-bit tensor cores where the device has them
-   * (kernels/attention-prefill-int8.wgsl.ts; Engine.load's prefillAttention 'auto').
+   * Products of the prefill attention: 'f32' (default), 'int8' on 8-bit tensor cores or 'int8-dot' on dot4I8Packed
+   * where the device runs them (kernels/attention.ts; Engine.load's prefillAttention).
    */
   prefillProducts?: AttentionProducts;
 }
