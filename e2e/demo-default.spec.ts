@@ -195,6 +195,9 @@ test.describe('the default model', () => {
       await expect(chip).toHaveAttribute('data-status', 'ready', { timeout: 180_000 });
       await expect(chip).toHaveText(`${DEMO_NAME} · f16 KV`);
       await page.getByTestId('new-chat').click(); // a short prompt: the reply's wait is mostly the prefill
+      // The restored conversation's reply must be gone before askByTyping counts replies: on a slow run it was still
+      // shown, the count started at 1, and the new chat's first reply never made it 2.
+      await expect(page.getByTestId('message-assistant')).toHaveCount(0);
       const second = await askByTyping(page, 'Tell me a story.');
       expect(second.content.length).toBeGreaterThan(0);
       await shot(page, testInfo, 'd5-offline-reply');
