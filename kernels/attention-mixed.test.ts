@@ -1,6 +1,13 @@
 import { describe, expect, it } from 'vitest';
 import { withTestGpu } from '../test/gpu.ts';
-import { type MixedCase, runMixed } from '../test/mixed-attention-harness.ts';
+import {
+  MIXED_HD64_GQA,
+  MIXED_HD128_K2_V4,
+  MIXED_ONE_BIT_KEYS,
+  MIXED_TWO_SPLIT_PREFILL,
+  type MixedCase,
+  runMixed,
+} from '../test/mixed-attention-harness.ts';
 
 const ctx = withTestGpu();
 
@@ -17,48 +24,12 @@ const HD8_ROLLBACK: MixedCase = {
   chunks: [10, 3, 1, 1, 1, 1, 1, 6, 1, 1, 1, 1, -14, 1, 1, 6, 1, 1],
 };
 
-/** Two layers of hd 64, 4:1 (a GQA group per KV head), pages of 8. */
-const HD64_GQA: MixedCase = {
-  layers: 2,
-  heads: 8,
-  kvHeads: 2,
-  headDim: 64,
-  pool: { pageTokens: 8, sink: 8, window: 8 },
-  chunks: [20, 13, 1, 1, 9, 1, 1],
-};
-
 describe('attention over mixed f16 / quant pages', () => {
   it.each<[string, MixedCase]>([
     ['hd 8, 1:1, group 32 = the whole row (4 heads), pages of 4', HD8_ROLLBACK],
-    ['hd 64, 4:1, group 128 spans both heads, pages of 8', HD64_GQA],
-    [
-      'hd 128, 4:1, K 2-bit group 64 clipped 0.96, V 4-bit clipped 0.9, no sink',
-      {
-        layers: 1,
-        heads: 4,
-        kvHeads: 1,
-        headDim: 128,
-        pool: {
-          pageTokens: 8,
-          sink: 0,
-          window: 16,
-          keyFormat: { groupSize: 64, clipQuantile: 0.96 },
-          valueFormat: { bits: 4, clipQuantile: 0.9 },
-        },
-        chunks: [30, 1, 1, 17, 1, 1],
-      },
-    ],
-    [
-      'hd 64, 1:1, 1-bit keys, sink not a whole page (rounded up)',
-      {
-        layers: 1,
-        heads: 2,
-        kvHeads: 2,
-        headDim: 64,
-        pool: { pageTokens: 4, sink: 5, window: 4, keyFormat: { bits: 1, groupSize: 64 } },
-        chunks: [16, 1, 1, 1, 1, 5, 1],
-      },
-    ],
+    ['hd 64, 4:1, group 128 spans both heads, pages of 8', MIXED_HD64_GQA],
+    ['hd 128, 4:1, K 2-bit group 64 clipped 0.96, V 4-bit clipped 0.9, no sink', MIXED_HD128_K2_V4],
+    ['hd 64, 1:1, 1-bit keys, sink not a whole page (rounded up)', MIXED_ONE_BIT_KEYS],
     [
       'hd 8, 1:1, layer 1 boosted to 4 bits: a rollback promotes rows of both formats',
       { ...HD8_ROLLBACK, pool: { ...HD8_ROLLBACK.pool, boostLayers: [1] } },
@@ -66,27 +37,16 @@ describe('attention over mixed f16 / quant pages', () => {
     [
       'hd 64, 4:1, group 64, layer 0 boosted (4-bit, unclipped), layer 1 2-bit clipped 0.96 / 0.94',
       {
-        ...HD64_GQA,
+        ...MIXED_HD64_GQA,
         pool: {
-          ...HD64_GQA.pool,
+          ...MIXED_HD64_GQA.pool,
           keyFormat: { groupSize: 64, clipQuantile: 0.96 },
           valueFormat: { groupSize: 64, clipQuantile: 0.94 },
           boostLayers: [0],
         },
       },
     ],
-    // A prefill step past 256 keys: two prefill splits, each over quant pages and the step's own f16 pages.
-    [
-      'hd 64, 2:1, a prefill chunk over 320 keys (2 splits)',
-      {
-        layers: 1,
-        heads: 4,
-        kvHeads: 2,
-        headDim: 64,
-        pool: { pageTokens: 16, sink: 16, window: 32 },
-        chunks: [200, 120, 1, 1],
-      },
-    ],
+    ['hd 64, 2:1, a prefill chunk over 320 keys (2 splits)', MIXED_TWO_SPLIT_PREFILL],
     // Long enough for decode to use several splits of >= 64 keys, each over f16 and quant pages.
     [
       'hd 8, 2:1, stories260K-like, several decode splits',

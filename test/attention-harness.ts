@@ -15,12 +15,23 @@ import { attentionPrefillDotSource } from '../kernels/attention-prefill-dot.wgsl
 import { attentionPrefillInt8Source } from '../kernels/attention-prefill-int8.wgsl.ts';
 import { type PreparedDispatch, releaseDispatches, submitDispatches } from '../kernels/dispatch.ts';
 import { prepareKvAppend } from '../kernels/kv-append.ts';
-import { attentionReference } from '../kernels/reference/attention.ts';
+import { type AttentionReferenceInput, attentionReference } from '../kernels/reference/attention.ts';
 import { attentionInt8Reference } from '../kernels/reference/attention-int8.ts';
 import type { GpuContext } from '../runtime/gpu/device.ts';
 import { readFloat32 } from '../runtime/gpu/readback.ts';
 import { KvPagePool, type KvSequence } from '../runtime/kv/pool.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from './random.ts';
+
+/**
+ * What a step's attention should output: an int8 prefill kernel's (`int8Split`: the split settings it ran with)
+ * against the reference of its own arithmetic, everything else against exact attention.
+ */
+export function expectedAttention(
+  input: AttentionReferenceInput,
+  int8Split: { splits: number; minChunkKeys: number } | null,
+): Float32Array {
+  return int8Split ? attentionInt8Reference({ ...input, ...int8Split }) : attentionReference(input);
+}
 
 /** |actual - expected| <= atol + rtol·|expected| per output. */
 export interface AttentionTolerance {
@@ -207,9 +218,7 @@ export class Harness {
         headDim,
         scale: 1 / Math.sqrt(headDim),
       };
-      // The int8 prefill kernel against the reference of its own arithmetic; everything else against exact attention.
-      const expected =
-        this.int8Split && !decode ? attentionInt8Reference({ ...input, ...this.int8Split }) : attentionReference(input);
+      const expected = expectedAttention(input, decode ? null : this.int8Split);
       worst = Math.max(worst, maxToleranceRatio(actual, expected, this.tolerance.atol, this.tolerance.rtol));
     }
     return worst;

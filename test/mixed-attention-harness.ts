@@ -6,14 +6,17 @@
  */
 import type { AttentionProducts } from '../kernels/attention.ts';
 import { type PreparedDispatch, releaseDispatches, submitDispatches } from '../kernels/dispatch.ts';
-import { attentionReference } from '../kernels/reference/attention.ts';
-import { attentionInt8Reference } from '../kernels/reference/attention-int8.ts';
 import type { GpuContext } from '../runtime/gpu/device.ts';
 import { readFloat32, readUint32 } from '../runtime/gpu/readback.ts';
 import { PagedKvAttention, PREFILL_MIN_CHUNK_KEYS, PREFILL_SPLITS } from '../runtime/kv/paged-attention.ts';
 import { decodePageEntry, KV_PAGE_KIND, KvPagePool, type KvPoolOptions, type KvSequence } from '../runtime/kv/pool.ts';
 import { dequantizeRow, quantizeRow, roundToF16 } from '../runtime/kv/quant-format.ts';
-import { ATTENTION_F32_TOLERANCE, type AttentionTolerance, int8PrefillServes } from './attention-harness.ts';
+import {
+  ATTENTION_F32_TOLERANCE,
+  type AttentionTolerance,
+  expectedAttention,
+  int8PrefillServes,
+} from './attention-harness.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from './random.ts';
 
 export interface MixedCase {
@@ -162,11 +165,9 @@ export async function runMixed(
         scale: 1 / Math.sqrt(headDim),
         stored: true,
       };
-      // An int8 prefill step against the reference of its own arithmetic, with the prefill graph's split settings.
-      const expected =
-        int8 && tokens > 1
-          ? attentionInt8Reference({ ...input, splits: PREFILL_SPLITS, minChunkKeys: PREFILL_MIN_CHUNK_KEYS })
-          : attentionReference(input);
+      // An int8 prefill step with the prefill graph's split settings (PagedKvAttention).
+      const split = { splits: PREFILL_SPLITS, minChunkKeys: PREFILL_MIN_CHUNK_KEYS };
+      const expected = expectedAttention(input, int8 && tokens > 1 ? split : null);
       worst = Math.max(worst, maxToleranceRatio(actual, expected, tolerance.atol, tolerance.rtol));
     }
     if (seq.length !== end) throw new Error(`mixed attention: sequence length ${seq.length}, expected ${end}`);
@@ -191,59 +192,62 @@ export async function runMixed(
   };
 }
 
+/** Two layers of hd 64, 4:1 (a GQA group per KV head), group 128 spans both heads, pages of 8. */
+export const MIXED_HD64_GQA: MixedCase = {
+  layers: 2,
+  heads: 8,
+  kvHeads: 2,
+  headDim: 64,
+  pool: { pageTokens: 8, sink: 8, window: 8 },
+  chunks: [20, 13, 1, 1, 9, 1, 1],
+};
+
+/** hd 128, 4:1, K 2-bit group 64 clipped 0.96, V 4-bit clipped 0.9, no sink. */
+export const MIXED_HD128_K2_V4: MixedCase = {
+  layers: 1,
+  heads: 4,
+  kvHeads: 1,
+  headDim: 128,
+  pool: {
+    pageTokens: 8,
+    sink: 0,
+    window: 16,
+    keyFormat: { groupSize: 64, clipQuantile: 0.96 },
+    valueFormat: { bits: 4, clipQuantile: 0.9 },
+  },
+  chunks: [30, 1, 1, 17, 1, 1],
+};
+
+/** hd 64, 1:1, 1-bit keys, a sink that is not a whole page (rounded up). */
+export const MIXED_ONE_BIT_KEYS: MixedCase = {
+  layers: 1,
+  heads: 2,
+  kvHeads: 2,
+  headDim: 64,
+  pool: { pageTokens: 4, sink: 5, window: 4, keyFormat: { bits: 1, groupSize: 64 } },
+  chunks: [16, 1, 1, 1, 1, 5, 1],
+};
+
+/** hd 64, 2:1, a prefill chunk over 320 keys: two prefill splits, each over quant pages and the step's f16 pages. */
+export const MIXED_TWO_SPLIT_PREFILL: MixedCase = {
+  layers: 1,
+  heads: 4,
+  kvHeads: 2,
+  headDim: 64,
+  pool: { pageTokens: 16, sink: 16, window: 32 },
+  chunks: [200, 120, 1, 1],
+};
+
 /**
- * Quant-pool steps for the int8 prefill kernel (headDim 64 and 128): 2-, 1- and 4-bit rows, groups inside a head
+ * Quant-pool steps for the int8 prefill kernels (headDim 64 and 128): 2-, 1- and 4-bit rows, groups inside a head
  * and spanning heads, boosted layers, a prefill chunk split in two over quant and f16 pages.
  */
 export const INT8_MIXED_CASES: [string, MixedCase][] = [
   [
     'hd 64, 4:1, group 128 spans both heads, layer 1 boosted to 4 bits, pages of 8',
-    {
-      layers: 2,
-      heads: 8,
-      kvHeads: 2,
-      headDim: 64,
-      pool: { pageTokens: 8, sink: 8, window: 8, boostLayers: [1] },
-      chunks: [20, 13, 1, 1, 9, 1, 1],
-    },
+    { ...MIXED_HD64_GQA, pool: { ...MIXED_HD64_GQA.pool, boostLayers: [1] } },
   ],
-  [
-    'hd 128, 4:1, K 2-bit group 64 clipped 0.96, V 4-bit clipped 0.9, no sink',
-    {
-      layers: 1,
-      heads: 4,
-      kvHeads: 1,
-      headDim: 128,
-      pool: {
-        pageTokens: 8,
-        sink: 0,
-        window: 16,
-        keyFormat: { groupSize: 64, clipQuantile: 0.96 },
-        valueFormat: { bits: 4, clipQuantile: 0.9 },
-      },
-      chunks: [30, 1, 1, 17, 1, 1],
-    },
-  ],
-  [
-    'hd 64, 1:1, 1-bit keys',
-    {
-      layers: 1,
-      heads: 2,
-      kvHeads: 2,
-      headDim: 64,
-      pool: { pageTokens: 4, sink: 5, window: 4, keyFormat: { bits: 1, groupSize: 64 } },
-      chunks: [16, 1, 1, 1, 1, 5, 1],
-    },
-  ],
-  [
-    'hd 64, 2:1, a prefill chunk over 320 keys (2 splits)',
-    {
-      layers: 1,
-      heads: 4,
-      kvHeads: 2,
-      headDim: 64,
-      pool: { pageTokens: 16, sink: 16, window: 32 },
-      chunks: [200, 120, 1, 1],
-    },
-  ],
+  ['hd 128, 4:1, K 2-bit group 64 clipped 0.96, V 4-bit clipped 0.9, no sink', MIXED_HD128_K2_V4],
+  ['hd 64, 1:1, 1-bit keys', MIXED_ONE_BIT_KEYS],
+  ['hd 64, 2:1, a prefill chunk over 320 keys (2 splits)', MIXED_TWO_SPLIT_PREFILL],
 ];
