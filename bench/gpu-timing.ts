@@ -1,6 +1,9 @@
 import { encodeDispatches, type PreparedDispatch } from '../kernels/dispatch.ts';
 import type { GpuContext } from '../runtime/gpu/device.ts';
 
+/** Least time a timing keeps the GPU busy before it measures. */
+export const WARM_UP_MS = 200;
+
 /**
  * Milliseconds per run of `dispatches`, same-machine style: the dispatches recorded n and 5n times into one compute
  * pass and submitted, (fastest of three 5n runs − fastest of three n runs) / 4n, which cancels the submit's round trip.
@@ -16,7 +19,10 @@ export async function timeDispatches(gpu: GpuContext, dispatches: PreparedDispat
     await gpu.device.queue.onSubmittedWorkDone();
     return performance.now() - t0;
   };
-  await run(reps);
+  // Warm-up for at least WARM_UP_MS: an idle GPU drops its clocks and takes a while to raise them. After a CPU
+  // reference check (GPU idle for a fraction of a second), one short warm-up run left the next kernel timed 2.5-4x
+  // slower than the same build timed after other GPU work (H200, session 13).
+  for (const start = performance.now(); performance.now() - start < WARM_UP_MS; ) await run(reps);
   // The fastest of three of each length: a difference of single runs went negative when one run stalled.
   let short = Number.POSITIVE_INFINITY;
   let long = Number.POSITIVE_INFINITY;

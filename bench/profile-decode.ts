@@ -8,7 +8,7 @@
  *
  *   npx tsx bench/profile-decode.ts --model qwen2.5-0.5b --weights q4_k_m --context 1024 [--kv int2] [--reps 5]
  *     [--tokens 128 [--prefill-matmul auto|f32] [--prefill-attention auto|f32]]   (the prefill chunk that ends a
- *     prompt of `context` tokens)
+ *     prompt of `context` tokens) [--ablate]   (each role's marginal cost: the step timed without its dispatches)
  *   npx tsx bench/profile-decode.ts --quick
  */
 
@@ -25,6 +25,7 @@ import { nodeGpu, releaseNodeGpu } from '../runtime/gpu/node.ts';
 import type { PrefillMatmul } from '../runtime/model/transformer.ts';
 import { GREEDY_SAMPLING } from '../runtime/sampling/params.ts';
 import { EngineRunner } from './engine-runner.ts';
+import { WARM_UP_MS } from './gpu-timing.ts';
 import { BENCH_MODELS, ensureModelFile, QUICK_MODEL, type WeightMix } from './models.ts';
 import { spread } from './stats.ts';
 
@@ -33,6 +34,13 @@ export interface RoleTiming {
   dispatches: number;
   /** Sum over the role's dispatches of their median GPU time, ms. */
   ms: number;
+  /**
+   * With `ablate`: the whole step's GPU time (one pass) less the same step's without this role's dispatches, median
+   * over the repeats, ms.
+   * A dispatch timed alone pays the pass's start and drain; this is what the role adds to a step where its neighbours
+   * overlap it (results are garbage without it, the timing is not).
+   */
+  marginalMs?: number;
 }
 
 export interface DecodeProfile {
@@ -95,6 +103,7 @@ export async function profileDecode(
   context: number,
   reps: number,
   tokens = 1,
+  ablate = false,
 ): Promise<DecodeProfile> {
   const engine = runner.engine;
   const m = engine.loaded;
@@ -123,7 +132,8 @@ export async function profileDecode(
       ...(m.sampler.dispatches as PreparedDispatch[]),
     ].filter((d) => !d.idle?.());
 
-    await timePasses(gpu, [all]); // warm-up
+    // Warm-up: the GPU's clocks rise under sustained work only (bench/gpu-timing.ts).
+    for (const start = performance.now(); performance.now() - start < WARM_UP_MS; ) await timePasses(gpu, [all]);
     const whole: number[] = [];
     const host: number[] = [];
     const perDispatch: number[][] = all.map(() => []);
@@ -137,19 +147,34 @@ export async function profileDecode(
       );
       for (const [i, ms] of times.entries()) perDispatch[i].push(ms);
     }
+    const roleOf = (d: PreparedDispatch) => d.label.replace(/^blk\.\d+\./, '').replace(/layer\d+\./, 'layerN.');
     const roles = new Map<string, RoleTiming>();
     all.forEach((d, i) => {
-      const role = d.label.replace(/^blk\.\d+\./, '').replace(/layer\d+\./, 'layerN.');
+      const role = roleOf(d);
       const entry = roles.get(role) ?? { role, dispatches: 0, ms: 0 };
       entry.dispatches += 1;
       entry.ms += spread(perDispatch[i]).median;
       roles.set(role, entry);
     });
+    const wholeStepGpuMs = spread(whole).median;
+    if (ablate) {
+      for (const entry of roles.values()) {
+        // The step with and without the role back to back in one submit, so a change of clocks between submits
+        // (one call measured a whole step at 37 ms, 3.5× its usual) falls on both.
+        const rest = all.filter((d) => roleOf(d) !== entry.role);
+        const differences: number[] = [];
+        for (let r = 0; r < reps; r++) {
+          const [withIt, without] = await timePasses(gpu, [all, rest]);
+          differences.push(withIt - without);
+        }
+        entry.marginalMs = spread(differences).median;
+      }
+    }
     gpu.throwIfErrors();
     return {
       context,
       dispatches: all.length,
-      wholeStepGpuMs: spread(whole).median,
+      wholeStepGpuMs,
       wholeStepHostMs: spread(host).median,
       roles: [...roles.values()].sort((a, b) => b.ms - a.ms),
     };
@@ -171,6 +196,7 @@ async function main(): Promise<void> {
   const context = Number(flag('context') ?? (quick ? 256 : 1024));
   const reps = Number(flag('reps') ?? 3);
   const tokens = Number(flag('tokens') ?? 1);
+  const ablate = args.includes('--ablate');
   const log = (line: string) => process.stderr.write(`[profile] ${line}\n`);
   const file = await ensureModelFile(shape, mix, 1, flag('models-dir') ?? join(tmpdir(), 'longtab-bench'), log);
   const gpu = await acquireGpu({ gpu: await nodeGpu() });
@@ -181,17 +207,17 @@ async function main(): Promise<void> {
     const prefillAttention = (flag('prefill-attention') ?? 'auto') as PrefillAttention;
     const loaded = await runner.load(file, kv, context, undefined, { prefillMatmul, prefillAttention });
     if (!loaded.available) throw new Error(`kv ${kv} is not available: ${loaded.reason}`);
-    const p = await profileDecode(runner, context, reps, tokens);
+    const p = await profileDecode(runner, context, reps, tokens, ablate);
     const total = p.roles.reduce((s, r) => s + r.ms, 0);
     const lines = [
       `${shape.name} ${mix}, KV ${kv}, context ${context}, ${tokens === 1 ? 'decode step' : `prefill chunk of ${tokens} tokens, ${prefillMatmul} matmuls, ${prefillAttention} attention`}, adapter ${gpu.adapter.description || gpu.adapter.device}`,
       `${tokens === 1 ? 'decode' : 'prefill'} graph: ${p.dispatches} dispatches; whole step in one pass: GPU ${p.wholeStepGpuMs.toFixed(3)} ms, host ${p.wholeStepHostMs.toFixed(3)} ms; sum of per-dispatch GPU times ${total.toFixed(3)} ms`,
       '',
-      '| role | dispatches | ms | share |',
-      '| --- | ---: | ---: | ---: |',
+      `| role | dispatches | ms | share |${ablate ? ' step without it, ms less |' : ''}`,
+      `| --- | ---: | ---: | ---: |${ablate ? ' ---: |' : ''}`,
       ...p.roles.map(
         (r) =>
-          `| ${r.role} | ${r.dispatches} | ${r.ms.toFixed(3)} | ${((100 * r.ms) / Math.max(total, 1e-9)).toFixed(1)}% |`,
+          `| ${r.role} | ${r.dispatches} | ${r.ms.toFixed(3)} | ${((100 * r.ms) / Math.max(total, 1e-9)).toFixed(1)}% |${ablate ? ` ${r.marginalMs?.toFixed(3)} |` : ''}`,
       ),
     ];
     process.stdout.write(`${lines.join('\n')}\n`);
