@@ -1,5 +1,5 @@
 import { kvTileLoaderWgsl } from './kv-append.wgsl.ts';
-import { quarteredProductWgsl } from './rotate.wgsl.ts';
+import { ROW_PRODUCT_PARTIALS, rowProductWgsl } from './rotate.wgsl.ts';
 
 /** Query rows (token, head) one workgroup serves. */
 export const ATTENTION_MAX_ROWS = 16;
@@ -382,37 +382,43 @@ export const ATTENTION_MAX_SPLITS = 256;
 /**
  * Merges the used splits' (ceil(length / chunk)) partial softmax results of one (head, query) into the output:
  * out = Σ_s e^(m_s − M)·acc_s / Σ_s e^(m_s − M)·l_s with M = max_s m_s. Empty splits carry m = −1e30, l = 0.
- * The split weights are computed once, in parallel, into shared memory. The weighted sum is cut four ways over the
- * splits (invocation (quarter, dim)), each quarter with eight partial sums so eight loads are in flight, and the
- * quarters are added through shared memory: one head's merge was ~20 µs of serial load latency on an H200.
+ * Everything waits on latency here (32 workgroups for a Qwen3-4B decode step), so: invocation s loads split s's
+ * (m, l) once; the maximum and the total are tree reductions; the weighted sum is cut eight ways over the splits
+ * (invocation (eighth, dim)), and an eighth's first 16 splits are loaded before the weights are known, so their
+ * loads overlap the reductions. One head's merge took ~20 µs on an H200 when each step waited on the last
+ * (serial loops over the splits' maxima and sums: ~11 µs of it).
  *
  * With `rotateOutput`, the merged row is multiplied by Rᵀ of its head's matrix before it is stored (the rotated
  * cache's un-rotation, kernels/rotate.wgsl.ts's product, one dispatch a layer fewer): out_j = Σ_i row_i · R[j][i],
- * R = rotation[(firstMatrix + h / headsPerMatrix) · d² ..] row-major, cut in quarters over i as in the rotate kernel.
+ * R = rotation[(firstMatrix + h / headsPerMatrix) · d² ..] row-major, by the rotate kernel's rowProductWgsl.
  */
 export function attentionMergeSource(rotateOutput: boolean): string {
+  const range = (n: number) => Array.from({ length: n }, (_, i) => i);
+  const sumOfEighths = (e: string) =>
+    `((eighth[${e}] + eighth[128u + ${e}]) + (eighth[256u + ${e}] + eighth[384u + ${e}])) + ((eighth[512u + ${e}] + eighth[640u + ${e}]) + (eighth[768u + ${e}] + eighth[896u + ${e}]))`;
   // Each dim's merged value goes to the output, or, to be un-rotated, into `lane` (free by now) as the row.
   const merged = `for (var e = lid; e < params.headDim; e += WG) {
-    let merged = ((quarter[e] + quarter[128u + e]) + (quarter[256u + e] + quarter[384u + e])) / total;
+    let merged = (${sumOfEighths('e')}) / total;
     ${rotateOutput ? 'lane[e] = merged;' : 'out[(t * params.heads + h) * params.headDim + e] = merged;'}
   }`;
   const store = rotateOutput
     ? `${merged}
   workgroupBarrier();
   let d = params.headDim;
-  let matrix = (params.firstMatrix + h / params.headsPerMatrix) * d * d;
-  ${quarteredProductWgsl({
+  let matrix4 = (params.firstMatrix + h / params.headsPerMatrix) * d * d / 4u;
+  ${rowProductWgsl({
     row: 'lane',
     matrix: 'rotation',
-    at: 'matrix + j * d',
-    stride: '1u',
-    store: (j, part, sum) => `quarter[${part} * 128u + ${j}] = ${sum};`,
-  })}
-  workgroupBarrier();
-  for (var e = lid; e < d; e += WG) {
-    out[(t * params.heads + h) * d + e] = (quarter[e] + quarter[128u + e]) + (quarter[256u + e] + quarter[384u + e]);
-  }`
+    base4: 'matrix4',
+    transpose: 'true',
+    store: (j, value) => `out[(t * params.heads + h) * d + ${j}] = ${value};`,
+  })}`
     : merged;
+  // A tree reduction of lane[0..WG) into lane[0] by `op`.
+  const reduce = (op: (a: string, b: string) => string) => `for (var width = WG / 2u; width > 0u; width /= 2u) {
+    if (lid < width) { lane[lid] = ${op('lane[lid]', 'lane[lid + width]')}; }
+    workgroupBarrier();
+  }`;
   return /* wgsl */ `
 struct Params { heads: u32, headDim: u32, splits: u32, minChunk: u32, firstMatrix: u32, headsPerMatrix: u32, _p0: u32, _p1: u32 }
 struct KvStep { position: u32, tokens: u32, tableOffset: u32, length: u32 }
@@ -421,14 +427,15 @@ struct KvStep { position: u32, tokens: u32, tableOffset: u32, length: u32 }
 @group(0) @binding(1) var<storage, read_write> out: array<f32>;
 @group(0) @binding(2) var<uniform> step: KvStep;
 @group(0) @binding(3) var<uniform> params: Params;
-${rotateOutput ? '@group(0) @binding(4) var<storage, read> rotation: array<f32>;' : ''}
+${rotateOutput ? '@group(0) @binding(4) var<storage, read> rotation: array<vec4<f32>>;' : ''}
 
 ${SPLIT_CHUNK_WGSL}
-const WG: u32 = 256u;
-const QUARTERS: u32 = 4u;
+const WG: u32 = 256u; // >= ATTENTION_MAX_SPLITS: invocation s holds split s
+const EIGHTHS: u32 = 8u;
 var<workgroup> weight: array<f32, ${ATTENTION_MAX_SPLITS}>;
 var<workgroup> lane: array<f32, WG>;
-var<workgroup> quarter: array<f32, ${4 * 128}>; // [quarter][dim], headDim <= 128
+var<workgroup> eighth: array<f32, ${8 * 128}>; // [eighth][dim], headDim <= 128
+${rotateOutput ? `var<workgroup> partial: array<f32, ${ROW_PRODUCT_PARTIALS}>;` : ''}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -439,34 +446,52 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     splitChunk(step.length, params.splits, params.minChunk);
   let rec = params.headDim + 2u;
   let base = (t * params.heads + h) * params.splits * rec;
+  // Eighth g takes splits g, g + 8, ...; invocation (g, e) dims e, e + 32, e + 64, e + 96.
+  let g = lid / 32u;
+  let e = lid % 32u;
+  var early: array<f32, 64>; // [split u of the eighth's first 16][dim k]
+${range(16)
+  .map(
+    (u) => `  if (g + ${8 * u}u < splits) {
+    let at = base + (g + ${8 * u}u) * rec + 2u + e;
+${range(4)
+  .map((k) => `    if (e + ${32 * k}u < params.headDim) { early[${4 * u + k}] = partials[at + ${32 * k}u]; }`)
+  .join('\n')}
+  }`,
+  )
+  .join('\n')}
   var m = -1e30;
-  for (var s = lid; s < splits; s += WG) { m = max(m, partials[base + s * rec]); }
+  var l = 0.0;
+  if (lid < splits) {
+    m = partials[base + lid * rec];
+    l = partials[base + lid * rec + 1u];
+  }
   lane[lid] = m;
   workgroupBarrier();
-  var best = -1e30;
-  for (var i = 0u; i < WG; i++) { best = max(best, lane[i]); }
+  ${reduce((a, b) => `max(${a}, ${b})`)}
+  let best = lane[0];
   workgroupBarrier();
-  var sum = 0.0;
-  for (var s = lid; s < splits; s += WG) {
-    let w = exp(partials[base + s * rec] - best);
-    weight[s] = w;
-    sum += w * partials[base + s * rec + 1u];
-  }
-  lane[lid] = sum;
+  let w = select(0.0, exp(m - best), lid < splits);
+  weight[lid] = w;
+  lane[lid] = w * l;
   workgroupBarrier();
-  var total = 0.0;
-  for (var i = 0u; i < WG; i++) { total += lane[i]; }
-  // Quarter q takes splits q, q + 4, ...; eight partial sums each.
-  let q = lid / 64u;
-  for (var d = lid % 64u; d < params.headDim; d += 64u) {
-    let at = base + 2u + d;
-    var acc = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
-    var s = q;
-    for (; s + 7u * QUARTERS < splits; s += 8u * QUARTERS) {
-      for (var u = 0u; u < 8u; u++) { acc[u] += weight[s + u * QUARTERS] * partials[at + (s + u * QUARTERS) * rec]; }
+  ${reduce((a, b) => `${a} + ${b}`)}
+  let total = lane[0];
+  var acc = vec4<f32>(0.0);
+${range(16)
+  .map(
+    (u) =>
+      `  acc += weight[g + ${8 * u}u] * vec4<f32>(early[${4 * u}], early[${4 * u + 1}], early[${4 * u + 2}], early[${4 * u + 3}]);`,
+  )
+  .join('\n')}
+  for (var s = g + 128u; s < splits; s += EIGHTHS) {
+    let at = base + s * rec + 2u + e;
+    for (var k = 0u; k < 4u; k++) {
+      if (e + 32u * k < params.headDim) { acc[k] += weight[s] * partials[at + 32u * k]; }
     }
-    for (; s < splits; s += QUARTERS) { acc[0] += weight[s] * partials[at + s * rec]; }
-    quarter[q * 128u + d] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  }
+  for (var k = 0u; k < 4u; k++) {
+    if (e + 32u * k < params.headDim) { eighth[g * 128u + e + 32u * k] = acc[k]; }
   }
   workgroupBarrier();
   ${store}

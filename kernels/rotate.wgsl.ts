@@ -8,34 +8,78 @@
  * Params.part[p] = (heads, headsPerMatrix, transpose, first matrix's word offset).
  */
 
+/** Workgroup floats of `partial` that rowProductWgsl needs, for any headDim <= 256. */
+export const ROW_PRODUCT_PARTIALS = 1024;
+
+/** Matrix loads an invocation of rowProductWgsl issues before it uses any (in flight together). */
+const LOADS = 16;
+
 /**
- * WGSL of out_j = Σ_i row[i] · matrix[at(j) + i · stride] for j < d, by a workgroup of WG invocations. Each output's
- * inner product is cut in QUARTERS over i, each quarter with eight partial sums, so many matrix loads are in flight
- * (one running sum per output made each load wait for the last: ~30 µs a layer on an H200); `store(j, piece, sum)`
- * writes quarter `piece`'s sum, which the caller adds up after a barrier. Needs `lid`, `d`, WG and QUARTERS in scope.
- * Shared by the rotation kernel and the attention merge pass's un-rotation.
+ * WGSL of out_j = Σ_i row[i] · M[i][j] (M[j][i] where the WGSL condition `transpose` holds) for j < d, by a workgroup
+ * of WG = 256 invocations; M is row-major d×d from vec4 `base4` of `matrix` (array<vec4<f32>>). Each invocation
+ * loads whole vec4s of M, LOADS of them before it uses one, so a head's matrix is read in one or two round trips to
+ * memory: with scalar loads, eight in flight, the rotation of Qwen3-4B's q, k and v waited on ~8 of them (~19 µs of
+ * a decode step's layer on an H200, against ~5 for the norm beside it). Invocations:
+ *   - M[i][j]: (piece, quad), quad = lid % (d/4): outputs 4·quad..+3 over the piece's rows of M (a warp reads whole
+ *     rows of M);
+ *   - M[j][i]: (j, half), half = lid % 2: every other vec4 of row j of M.
+ * Their sums meet in `partial` (ROW_PRODUCT_PARTIALS f32 of workgroup memory); after a barrier `store(j, value)`
+ * writes output j. Needs `lid` and `d` (a multiple of 8, <= 256) in scope, and the row as d workgroup f32; the
+ * barriers need `transpose` uniform. Shared by the rotation kernel and the attention merge pass's un-rotation.
  */
-export function quarteredProductWgsl(o: {
+export function rowProductWgsl(o: {
   row: string;
   matrix: string;
-  /** Index of output j's first element, an expression in `j`. */
-  at: string;
-  stride: string;
-  store: (j: string, part: string, sum: string) => string;
+  base4: string;
+  transpose: string;
+  store: (j: string, value: string) => string;
 }): string {
-  return `let piece = lid % QUARTERS;
-  let first = piece * (d / QUARTERS);
-  let last = first + d / QUARTERS;
-  for (var j = lid / QUARTERS; j < d; j += WG / QUARTERS) {
-    var acc = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
-    let at = ${o.at};
-    for (var i = first; i < last; i += 8u) {
-      for (var u = 0u; u < 8u; u++) {
-        if (i + u < last) { acc[u] += ${o.row}[i + u] * ${o.matrix}[at + (i + u) * ${o.stride}]; }
+  const loads = (load: (u: number) => string) => Array.from({ length: LOADS }, (_, u) => `      ${load(u)}`).join('\n');
+  const rowQuad = (c: string) =>
+    `vec4<f32>(${o.row}[4u * ${c}], ${o.row}[4u * ${c} + 1u], ${o.row}[4u * ${c} + 2u], ${o.row}[4u * ${c} + 3u])`;
+  return `{
+  let quads = d / 4u;
+  if (${o.transpose}) {
+    let half = lid % 2u;
+    for (var j = lid / 2u; j < d; j += 128u) {
+      let at = ${o.base4} + j * quads;
+      var a0 = vec4<f32>(0.0); var a1 = vec4<f32>(0.0); var a2 = vec4<f32>(0.0); var a3 = vec4<f32>(0.0);
+      for (var c0 = half; c0 < quads; c0 += ${2 * LOADS}u) {
+${loads((u) => `if (c0 + ${2 * u}u < quads) { a${u % 4} += ${rowQuad(`(c0 + ${2 * u}u)`)} * ${o.matrix}[at + c0 + ${2 * u}u]; }`)}
       }
+      let a = (a0 + a1) + (a2 + a3);
+      partial[2u * j + half] = (a.x + a.y) + (a.z + a.w);
     }
-    ${o.store('j', 'piece', '((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))')}
-  }`;
+    workgroupBarrier();
+    for (var j = lid; j < d; j += 256u) { ${o.store('j', 'partial[2u * j] + partial[2u * j + 1u]')} }
+  } else {
+    let pieces = 256u / quads;
+    let rows = (d + pieces - 1u) / pieces;
+    let quad = lid % quads;
+    let piece = lid / quads;
+    if (piece < pieces) {
+      let first = min(piece * rows, d);
+      let last = min(first + rows, d);
+      var a0 = vec4<f32>(0.0); var a1 = vec4<f32>(0.0); var a2 = vec4<f32>(0.0); var a3 = vec4<f32>(0.0);
+      for (var i = first; i < last; i += ${LOADS}u) {
+${loads((u) => `if (i + ${u}u < last) { a${u % 4} += ${o.row}[i + ${u}u] * ${o.matrix}[${o.base4} + (i + ${u}u) * quads + quad]; }`)}
+      }
+      let a = (a0 + a1) + (a2 + a3);
+      let at = piece * d + 4u * quad;
+      partial[at] = a.x;
+      partial[at + 1u] = a.y;
+      partial[at + 2u] = a.z;
+      partial[at + 3u] = a.w;
+    }
+    workgroupBarrier();
+    let used = (d + rows - 1u) / rows;
+    for (var j = lid; j < d; j += 256u) {
+      var sum = 0.0;
+      for (var p = 0u; p < used; p++) { sum += partial[p * d + j]; }
+      ${o.store('j', 'sum')}
+    }
+  }
+}`;
 }
 
 /**
@@ -48,29 +92,23 @@ function rowFunction(p: number): string {
   let base = (token * part.x + head) * d;
   for (var i = lid; i < d; i += WG) { row[i] = x${p}[base + i]; }
   workgroupBarrier();
-  let m = part.w + (head / part.y) * d * d;
-  // Element (i, j) of the product's matrix: R[i][j], or R[j][i] with transpose.
-  var stride = d;
-  var step = 1u;
-  if (part.z == 1u) { stride = 1u; step = d; }
-  ${quarteredProductWgsl({
+  let matrix4 = (part.w + (head / part.y) * d * d) / 4u;
+  ${rowProductWgsl({
     row: 'row',
     matrix: `rotation${p}`,
-    at: 'm + j * step',
-    stride: 'stride',
-    store: (j, q, sum) => `partial[${j} * QUARTERS + ${q}] = ${sum};`,
+    base4: 'matrix4',
+    transpose: 'part.z == 1u',
+    store: (j, value) => `x${p}[base + ${j}] = ${value};`,
   })}
-  workgroupBarrier();
-  for (var j = lid; j < d; j += WG) {
-    x${p}[base + j] = (partial[j * QUARTERS] + partial[j * QUARTERS + 1u]) + (partial[j * QUARTERS + 2u] + partial[j * QUARTERS + 3u]);
-  }
 }`;
 }
 
 export function rotateSource(parts: 1 | 2 | 3): string {
   const ids = [...Array(parts).keys()];
   const xs = ids.map((p) => `@group(0) @binding(${p}) var<storage, read_write> x${p}: array<f32>;`).join('\n');
-  const rs = ids.map((p) => `@group(0) @binding(${parts + p}) var<storage, read> rotation${p}: array<f32>;`).join('\n');
+  const rs = ids
+    .map((p) => `@group(0) @binding(${parts + p}) var<storage, read> rotation${p}: array<vec4<f32>>;`)
+    .join('\n');
   const cases = (body: (p: number) => string) =>
     ids.map((p) => `    ${p === parts - 1 ? 'default' : `case ${p}u`}: { ${body(p)} }`).join('\n');
   return /* wgsl */ `
@@ -85,9 +123,8 @@ ${rs}
 ${ids.map((p) => rowFunction(p)).join('\n')}
 
 const WG: u32 = 256u;
-const QUARTERS: u32 = 4u;
 var<workgroup> row: array<f32, 256>;
-var<workgroup> partial: array<f32, ${4 * 256}>; // [output][quarter]
+var<workgroup> partial: array<f32, ${ROW_PRODUCT_PARTIALS}>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
