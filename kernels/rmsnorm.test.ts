@@ -29,13 +29,16 @@ async function runRmsNorm(gpu: GpuContext, rows: number, dim: number, source = r
 }
 
 describe('rmsnorm kernel', () => {
-  // Dims around the workgroup size (256) catch both the strided loop and the tree reduction.
+  // Dims around the workgroup size (256) catch the held values' bounds and the tree reduction; rows wider than the
+  // 4,096 values held (256 invocations x 16) take the loops after them.
   it.each([
     [1, 64],
     [3, 255],
     [5, 257],
     [2, 896],
     [1, 2048],
+    [2, 4096],
+    [2, 5000],
   ])('matches the CPU reference for %i rows x %i', async (rows, dim) => {
     const { actual, expected } = await runRmsNorm(ctx.gpu, rows, dim);
     expect(maxToleranceRatio(actual, expected, 1e-5, 1e-4)).toBeLessThanOrEqual(1);
@@ -46,6 +49,16 @@ describe('rmsnorm kernel', () => {
     const broken = rmsnormWgsl.replace('f32(params.dim)', 'f32(params.dim - 1u)');
     expect(broken).not.toBe(rmsnormWgsl);
     const { actual, expected } = await runRmsNorm(gpu, 2, 96, broken);
+    expect(maxToleranceRatio(actual, expected, 1e-5, 1e-4)).toBeGreaterThan(1);
+  });
+
+  it('catches a broken kernel: a row wider than the held values without its tail in the mean', async () => {
+    const broken = rmsnormWgsl.replace(
+      'for (var i = lid.x + WG * HELD; i < params.dim; i += WG) {\n    let v',
+      'for (var i = lid.x + WG * HELD + WG; i < params.dim; i += WG) {\n    let v',
+    );
+    expect(broken).not.toBe(rmsnormWgsl);
+    const { actual, expected } = await runRmsNorm(ctx.gpu, 1, 5000, broken);
     expect(maxToleranceRatio(actual, expected, 1e-5, 1e-4)).toBeGreaterThan(1);
   });
 });
