@@ -36,6 +36,7 @@ import {
   attentionPrefillInt8ShapeFor,
   prepareAttention,
 } from '../kernels/attention.ts';
+import { attentionMergeSource } from '../kernels/attention.wgsl.ts';
 import { attentionDecodeSource, type DecodeQuantShape } from '../kernels/attention-decode.wgsl.ts';
 import { attentionPrefillDotShape } from '../kernels/attention-prefill-dot.wgsl.ts';
 import { attentionPrefillInt8Shape, attentionPrefillInt8Source } from '../kernels/attention-prefill-int8.wgsl.ts';
@@ -86,9 +87,14 @@ type Variant = {
   /** An ablation: wrong results by design, timed only (where the decode kernel's time goes). */
   ablation?: boolean;
 };
-/** A decode build of the shape (unrolled, as on a GPU) with `edit` applied: an ablation. */
+/** A decode build of the shape (as on a GPU: unrolled for f16 pools, loops for quant) with `edit` applied: an ablation. */
 const decodeEdit = (edit: (code: string) => string) => (s: LayerShape, quant: DecodeQuantShape | null) => {
-  const code = attentionDecodeSource({ headDim: s.headDim, rows: s.heads / s.kvHeads, quant, unrolled: true });
+  const code = attentionDecodeSource({
+    headDim: s.headDim,
+    rows: s.heads / s.kvHeads,
+    quant,
+    unrolled: quant === null,
+  });
   const edited = edit(code);
   // An edit that no longer matches would time the real kernel under an ablation's name.
   if (edited === code) throw new Error('ablation edit did not apply');
@@ -132,9 +138,18 @@ const VARIANTS: Variant[] = [
   },
 ];
 
+/** The merge pass (unrotated) with `edit` applied: an ablation. */
+const mergeEdit = (edit: (code: string) => string) => () => {
+  const code = attentionMergeSource(false);
+  const edited = edit(code);
+  if (edited === code) throw new Error('ablation edit did not apply');
+  return { merge: edited };
+};
+
 /**
  * Ablations of whole phases of the decode kernel (kernels/attention-decode.wgsl.ts): without phase A's
- * scores (every key keeps the empty score, so its weight is 0), without phase C's value loop, without the final sum over key slices.
+ * scores (every key keeps the empty score, so its weight is 0), without phase C's value loop, without the final sum
+ * over key slices; and of the merge pass: returning at once (its bindings stay in the code), without its weighted sum.
  */
 const PHASE_ABLATIONS: Variant[] = [
   {
@@ -159,12 +174,33 @@ const PHASE_ABLATIONS: Variant[] = [
     ablation: true,
     sources: decodeEdit((c) => c.replace('for (var first = 1u; first < KS;', 'for (var first = 1u; first < 1u;')),
   },
+  {
+    name: 'abl-noMerge',
+    decodeKernel: true,
+    ablation: true,
+    sources: mergeEdit((c) => c.replace('if (t >= step.tokens) { return; }', 'if (t < 0xffffffffu) { return; }')),
+  },
+  {
+    name: 'abl-noMergeSum',
+    decodeKernel: true,
+    ablation: true,
+    // The partial sums' loads (early and late) replaced by their indices.
+    sources: mergeEdit((c) => c.replaceAll(/partials\[at \+ ([^\]]+)\]/g, 'f32(at + $1)')),
+  },
 ];
 
 /** int2 pools: the kernels, and ablations of the decode kernel's quant paths. */
 const QUANT_VARIANTS: Variant[] = [
   { name: 'split', decodeKernel: false },
   { name: 'decode', decodeKernel: true },
+  { name: 'decode-256splits', decodeKernel: true, splits: 256 },
+  {
+    name: 'decode-unrolled',
+    decodeKernel: true,
+    sources: (s, quant) => ({
+      decode: attentionDecodeSource({ headDim: s.headDim, rows: s.heads / s.kvHeads, quant, unrolled: true }),
+    }),
+  },
   // Other numbers of keys per value batch (registers held across the loads): same results, checked like the build.
   ...[4, 2].map(
     (batch): Variant => ({
