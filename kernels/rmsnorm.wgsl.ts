@@ -25,8 +25,8 @@ const HELD = 16;
 /**
  * RMSNorm over rows: y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight. One workgroup per row. An invocation loads its
  * HELD values of the row (dims lid + 256·u) before it uses any and keeps them for the scaling, and loads their HELD
- * weights at once too: as loops, a Qwen3-4B norm (2,560 wide: ten loads each) waited on its loads one by one, ~13 µs a
- * dispatch on an H200. Wider rows take the rest in a loop.
+ * weights at once too. As loops (a Qwen3-4B norm is 2,560 wide: ten loads each) the norm took 0.48 ms off an H200
+ * decode step of 36 layers; held, 0.40 (profile-decode --ablate). Wider rows take the rest in a loop.
  */
 export const rmsnormWgsl = /* wgsl */ `
 struct Params { rows: u32, dim: u32, eps: f32, _pad: u32 }

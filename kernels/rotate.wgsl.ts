@@ -18,8 +18,8 @@ const LOADS = 16;
  * WGSL of out_j = Σ_i row[i] · M[i][j] (M[j][i] where the WGSL condition `transpose` holds) for j < d, by a workgroup
  * of WG = 256 invocations; M is row-major d×d from vec4 `base4` of `matrix` (array<vec4<f32>>). Each invocation
  * loads whole vec4s of M, LOADS of them before it uses one, so a head's matrix is read in one or two round trips to
- * memory: with scalar loads, eight in flight, the rotation of Qwen3-4B's q, k and v waited on ~8 of them (~19 µs of
- * a decode step's layer on an H200, against ~5 for the norm beside it). Invocations:
+ * memory: with scalar loads, eight in flight, the rotation of Qwen3-4B's q, k and v waited on ~8 of them (~19 µs a
+ * layer of an H200 decode step; ~11 µs with these loads). Invocations:
  *   - M[i][j]: (piece, quad), quad = lid % (d/4): outputs 4·quad..+3 over the piece's rows of M (a warp reads whole
  *     rows of M);
  *   - M[j][i]: (j, half), half = lid % 2: every other vec4 of row j of M.
