@@ -46,7 +46,12 @@ import { attentionReference } from '../kernels/reference/attention.ts';
 import { acquireGpu, type GpuContext } from '../runtime/gpu/device.ts';
 import { nodeGpu } from '../runtime/gpu/node.ts';
 import { readFloat32 } from '../runtime/gpu/readback.ts';
-import { PagedKvAttention, PREFILL_MIN_CHUNK_KEYS, PREFILL_SPLITS } from '../runtime/kv/paged-attention.ts';
+import {
+  decodeSplitsFor,
+  PagedKvAttention,
+  PREFILL_MIN_CHUNK_KEYS,
+  PREFILL_SPLITS,
+} from '../runtime/kv/paged-attention.ts';
 import { KvPagePool, type KvSequence } from '../runtime/kv/pool.ts';
 import {
   INT8_ATTENTION_QUANTIZATION_BOUND,
@@ -72,8 +77,7 @@ const SHAPES: LayerShape[] = [
   { name: 'qwen2.5-0.5b', heads: 14, kvHeads: 2, headDim: 64 },
   { name: 'qwen3-4b', heads: 32, kvHeads: 8, headDim: 128 },
 ];
-/** The decode graph's split settings (runtime/kv/paged-attention.ts). */
-const SPLITS = 128;
+/** The decode graph's fewest keys per split (runtime/kv/paged-attention.ts; its splits: decodeSplitsFor). */
 const MIN_CHUNK = 64;
 const FILL_CHUNK = 512;
 
@@ -82,7 +86,7 @@ type Variant = {
   decodeKernel: boolean;
   /** Replacement WGSL for a layer shape and the pool's quant formats (null: an f16 pool). */
   sources?: (s: LayerShape, quant: DecodeQuantShape | null) => AttentionSources;
-  /** Splits at most (default SPLITS). */
+  /** Splits at most (default: the runtime's, decodeSplitsFor). */
   splits?: number;
   /** An ablation: wrong results by design, timed only (where the decode kernel's time goes). */
   ablation?: boolean;
@@ -110,7 +114,8 @@ const VARIANTS: Variant[] = [
       decode: attentionDecodeSource({ headDim: s.headDim, rows: s.heads / s.kvHeads, quant: null, unrolled: false }),
     }),
   },
-  { name: 'decode-256splits', decodeKernel: true, splits: 256 },
+  { name: 'decode-128splits', decodeKernel: true, splits: 128 },
+  { name: 'decode-96splits', decodeKernel: true, splits: 96 },
   // Ablations: the value loads replaced by a constant; the key loads replaced by a constant; one slab bound.
   {
     name: 'abl-noV',
@@ -193,7 +198,8 @@ const PHASE_ABLATIONS: Variant[] = [
 const QUANT_VARIANTS: Variant[] = [
   { name: 'split', decodeKernel: false },
   { name: 'decode', decodeKernel: true },
-  { name: 'decode-256splits', decodeKernel: true, splits: 256 },
+  { name: 'decode-128splits', decodeKernel: true, splits: 128 },
+  { name: 'decode-96splits', decodeKernel: true, splits: 96 },
   {
     name: 'decode-unrolled',
     decodeKernel: true,
@@ -247,7 +253,7 @@ function decodeStepBinding(
     heads: shape.heads,
     maxTokens: 1,
     scale: 1 / Math.sqrt(shape.headDim),
-    splits: variant.splits ?? SPLITS,
+    splits: variant.splits ?? decodeSplitsFor(shape.kvHeads),
     minChunkKeys: MIN_CHUNK,
     decodeKernel: variant.decodeKernel,
   };
@@ -583,7 +589,7 @@ for (const shape of SHAPES.filter((s) => values.shapes.split(',').includes(s.nam
 if (values.out)
   writeFileSync(
     values.out,
-    `${JSON.stringify({ adapter: gpu.adapter, kv: values.kv, prefill: values.prefill, splits: values.prefill ? PREFILL_SPLITS : SPLITS, minChunk: values.prefill ? PREFILL_MIN_CHUNK_KEYS : MIN_CHUNK, results }, null, 1)}\n`,
+    `${JSON.stringify({ adapter: gpu.adapter, kv: values.kv, prefill: values.prefill, splits: values.prefill ? PREFILL_SPLITS : 'decodeSplitsFor(kvHeads)', minChunk: values.prefill ? PREFILL_MIN_CHUNK_KEYS : MIN_CHUNK, results }, null, 1)}\n`,
   );
 gpu.destroy();
 process.exit(process.exitCode ?? 0);

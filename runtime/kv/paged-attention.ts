@@ -19,11 +19,7 @@ export interface PagedAttentionOptions {
   heads: number;
   /** Default 1/sqrt(headDim). */
   scale?: number;
-  /**
-   * Most key splits of a decode graph (maxTokens = 1), each at least DECODE_MIN_CHUNK_KEYS keys: 16 splits at 1K keys,
-   * up to 128 at 8K and beyond, so long contexts fill the GPU. On the H200 (one Llama-3.2-1B layer, BENCH.md) 128
-   * splits of >= 64 keys beat 256 of >= 32 at 8K and 32K, on two machines.
-   */
+  /** Most key splits of a decode graph (maxTokens = 1); default decodeSplitsFor(kvHeads). */
   decodeSplits?: number;
   /**
    * Products of the prefill attention: 'f32' (default), 'int8' on 8-bit tensor cores or 'int8-dot' on dot4I8Packed
@@ -32,9 +28,18 @@ export interface PagedAttentionOptions {
   prefillProducts?: AttentionProducts;
 }
 
-/** Decode: most splits and fewest keys per split (see PagedAttentionOptions.decodeSplits). */
-const DECODE_SPLITS = 128;
+/** Decode: fewest keys per split. */
 const DECODE_MIN_CHUNK_KEYS = 64;
+
+/**
+ * Most key splits of a decode step, each at least DECODE_MIN_CHUNK_KEYS keys (16 splits at 1K keys): about 512
+ * workgroups (splits × kvHeads), at most 128 splits. On the H200, one layer at 8K and 32K keys, 64 splits of 8 KV
+ * heads beat 128 in all eight cases (f16 and int2 pools, Llama-3.2-1B and Qwen3-4B; e.g. Qwen3-4B int2 at 32K
+ * 93.2 against 98.6 µs, f16 at 8K 28.7 against 50.4), and 128 had beaten 256 (session 4). Fewer KV heads keep 128.
+ */
+export function decodeSplitsFor(kvHeads: number): number {
+  return Math.max(1, Math.min(128, Math.floor(512 / kvHeads)));
+}
 /**
  * Prefill graphs split the keys too, once a step sees more than PREFILL_MIN_CHUNK_KEYS of them: without splits, one
  * workgroup walks every key of a long context for its query tile (prefill at 32K ran ~36× slower than llama.cpp on
@@ -88,7 +93,7 @@ export class PagedKvAttention {
     const splits = Math.max(
       1,
       Math.min(
-        decode ? (options.decodeSplits ?? DECODE_SPLITS) : PREFILL_SPLITS,
+        decode ? (options.decodeSplits ?? decodeSplitsFor(pool.kvHeads)) : PREFILL_SPLITS,
         Math.floor(gpu.limits.maxStorageBufferBindingSize / splitBytes),
       ),
     );
