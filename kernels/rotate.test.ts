@@ -56,6 +56,9 @@ describe('per-head rotation kernel', () => {
     [3, 4, 8, 64, 4, false],
     [2, 2, 2, 128, 1, true],
     [5, 5, 14, 64, 7, true],
+    // The widest head the kernel takes: several rounds of loads per invocation in both products.
+    [1, 1, 2, 256, 1, false],
+    [1, 1, 2, 256, 2, true],
   ] as const)(
     'matches the reference (%i of %i tokens, %i heads, head_dim %i, %i heads per matrix, transpose %s)',
     async (tokens, maxTokens, heads, headDim, hpm, transpose) => {
