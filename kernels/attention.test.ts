@@ -48,7 +48,7 @@ describe('paged attention', () => {
       70,
     ],
     [
-      'hd 64, 2:1, up to 200 splits of one key (the merge past the 128 splits it loads early)',
+      'hd 64, 2:1, splits of one key, 140 to 151 used (the merge past the 128 it loads early)',
       { layers: 1, heads: 4, kvHeads: 2, headDim: 64, pageTokens: 16 },
       [140, 10, 1],
       200,
