@@ -154,7 +154,8 @@ const mergeEdit = (edit: (code: string) => string) => () => {
 /**
  * Ablations of whole phases of the decode kernel (kernels/attention-decode.wgsl.ts): without phase A's
  * scores (every key keeps the empty score, so its weight is 0), without phase C's value loop, without the final sum
- * over key slices; and of the merge pass: returning at once (its bindings stay in the code), without its weighted sum.
+ * over key slices, without phase C's reads of the weights; and of the merge pass: returning at once (its bindings
+ * stay in the code), without its weighted sum.
  */
 const PHASE_ABLATIONS: Variant[] = [
   {
@@ -178,6 +179,13 @@ const PHASE_ABLATIONS: Variant[] = [
     decodeKernel: true,
     ablation: true,
     sources: decodeEdit((c) => c.replace('for (var first = 1u; first < KS;', 'for (var first = 1u; first < 1u;')),
+  },
+  {
+    // Phase C's weights read from workgroup memory replaced by their key index: what those reads cost.
+    name: 'abl-noPReads',
+    decodeKernel: true,
+    ablation: true,
+    sources: decodeEdit((c) => c.replaceAll(/let p = sc\[j \* RG \+ (\d+)u\];/g, 'let p = vec4<f32>(f32(j));')),
   },
   {
     name: 'abl-noMerge',
