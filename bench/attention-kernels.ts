@@ -84,21 +84,27 @@ const FILL_CHUNK = 512;
 type Variant = {
   name: string;
   decodeKernel: boolean;
-  /** Replacement WGSL for a layer shape and the pool's quant formats (null: an f16 pool). */
-  sources?: (s: LayerShape, quant: DecodeQuantShape | null) => AttentionSources;
+  /**
+   * Replacement WGSL for a layer shape and the pool's quant formats (null: an f16 pool); null where the variant is
+   * the build itself for that shape (skipped).
+   */
+  sources?: (s: LayerShape, quant: DecodeQuantShape | null) => AttentionSources | null;
   /** Splits at most (default: the runtime's, decodeSplitsFor). */
   splits?: number;
   /** An ablation: wrong results by design, timed only (where the decode kernel's time goes). */
   ablation?: boolean;
 };
-/** A decode build of the shape (as on a GPU: unrolled for f16 pools, loops for quant) with `edit` applied: an ablation. */
-const decodeEdit = (edit: (code: string) => string) => (s: LayerShape, quant: DecodeQuantShape | null) => {
-  const code = attentionDecodeSource({
+/** The decode build of the shape, as on a GPU: unrolled for f16 pools, loops for quant. */
+const decodeSource = (s: LayerShape, quant: DecodeQuantShape | null) =>
+  attentionDecodeSource({
     headDim: s.headDim,
     rows: s.heads / s.kvHeads,
     quant,
     unrolled: quant === null,
   });
+/** The decode build of the shape with `edit` applied: an ablation. */
+const decodeEdit = (edit: (code: string) => string) => (s: LayerShape, quant: DecodeQuantShape | null) => {
+  const code = decodeSource(s, quant);
   const edited = edit(code);
   // An edit that no longer matches would time the real kernel under an ablation's name.
   if (edited === code) throw new Error('ablation edit did not apply');
@@ -216,18 +222,22 @@ const QUANT_VARIANTS: Variant[] = [
     }),
   },
   // Other numbers of keys per value batch (registers held across the loads): same results, checked like the build.
+  // A build whose own batch is that size (Qwen2.5-0.5B's two row groups take 4) skips it.
   ...[4, 2].map(
     (batch): Variant => ({
       name: `decode-batch${batch}`,
       decodeKernel: true,
-      sources: decodeEdit((c) =>
-        c.replace(/const BATCH: u32 = \d+u;/, `const BATCH: u32 = ${batch}u;`).replace(
-          /var vals: array<vec4<f32>, (\d+)>;/,
-          // vec4s per key: the array's size over the build's own batch.
-          (_, n) =>
-            `var vals: array<vec4<f32>, ${(Number(n) / Number(/const BATCH: u32 = (\d+)u;/.exec(c)?.[1])) * batch}>;`,
-        ),
-      ),
+      sources: (s, quant) => {
+        const own = Number(/const BATCH: u32 = (\d+)u;/.exec(decodeSource(s, quant))?.[1]);
+        if (own === batch) return null;
+        return decodeEdit((c) =>
+          c.replace(/const BATCH: u32 = \d+u;/, `const BATCH: u32 = ${batch}u;`).replace(
+            /var vals: array<vec4<f32>, (\d+)>;/,
+            // vec4s per key: the array's size over the build's own batch.
+            (_, n) => `var vals: array<vec4<f32>, ${(Number(n) / own) * batch}>;`,
+          ),
+        )(s, quant);
+      },
     }),
   ),
   // Ablations: quant value loads replaced by a constant; quant key code loads replaced by a constant.
@@ -323,8 +333,10 @@ async function benchShape(gpu: GpuContext, shape: LayerShape, contexts: number[]
     pool.writeStep(seq, context - 1, 1);
     const row: Record<string, unknown> = { shape: shape.name, context };
     for (const variant of [...VARIANTS, ...PHASE_ABLATIONS]) {
+      const sources = variant.sources?.(shape, null);
+      if (sources === null) continue;
       const binding = decodeStepBinding(pool, shape, variant, q, output);
-      const dispatches = prepareAttention(gpu, variant.name, binding, variant.sources?.(shape, null));
+      const dispatches = prepareAttention(gpu, variant.name, binding, sources);
       if (context === Math.min(...contexts) && !variant.ablation) {
         submitDispatches(gpu, 'check', dispatches);
         const actual = await readFloat32(gpu, output, heads * headDim);
@@ -380,8 +392,10 @@ async function benchQuantShape(gpu: GpuContext, shape: LayerShape, contexts: num
     const row: Record<string, unknown> = { shape: shape.name, kv: 'int2', context, quantPages: pool.stats() };
     let expected: Float32Array | null = null;
     for (const variant of [...QUANT_VARIANTS, ...PHASE_ABLATIONS]) {
+      const sources = variant.sources?.(shape, quant);
+      if (sources === null) continue;
       const binding = decodeStepBinding(pool, shape, variant, q, variant.decodeKernel ? output : reference);
-      const dispatches = prepareAttention(gpu, variant.name, binding, variant.sources?.(shape, quant));
+      const dispatches = prepareAttention(gpu, variant.name, binding, sources);
       if (!variant.ablation) {
         submitDispatches(gpu, 'check', dispatches);
         const actual = await readFloat32(gpu, binding.output, heads * headDim);
