@@ -49,7 +49,7 @@ export function attentionPrefillDotSource(shape: AttentionPrefillDotShape): stri
   const { headDim: HD, quant } = shape;
   const HW = HD / 4; // words of a row's or key's codes
   const HALF = HD / 2;
-  const { fetchWgsl, stage } = int8AttentionStagingWgsl(HD, quant);
+  const { fetchWgsl, tileLoopHead } = int8AttentionStagingWgsl(HD, quant);
 
   return /* wgsl */ `
 enable subgroups;
@@ -107,15 +107,7 @@ ${splitTileWgsl(`${INT8_ATTENTION_ROWS}u`)}
   var l = 0.0;
   var acc = array<f32, ${HALF}>();
 
-  var f = fetchTile(start, select(0u, min(BK, end - start), start < end), kvh, r, half);
-  for (var block = start; block < end; block += BK) {
-    let n = min(BK, end - block);
-    // The previous tile's readers are done with the codes and the scales.
-    workgroupBarrier();
-${stage('k')}
-${stage('v')}
-    workgroupBarrier();
-    if (block + BK < end) { f = fetchTile(block + BK, min(BK, end - block - BK), kvh, r, half); }
+${tileLoopHead}
     // V transposed: word (d, w) holds dim d's codes of keys 4w..4w+3.
     for (var u = 0u; u < ${(HD * (BK / 4)) / 128}u; u++) {
       let at = li + 128u * u;

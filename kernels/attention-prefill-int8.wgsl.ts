@@ -56,9 +56,10 @@ export function attentionPrefillInt8Shape(
 
 /**
  * What both int8 prefill kernels share, for a head of HD dims where invocation pair (row or key r, half) handles HD/2
- * dims: the tile fetch a tile ahead (Fetched, fetchTile: f16 words or quant code words), `stage(p)`, which turns
- * the fetched half-row into int8 codes `${p}codes[r * HW + ..]` and its scale `${p}scale[r]` (through codeScale, the
- * pair's max by subgroupShuffleXor), and `stageQuery(stride)`, which does the same for row r of q into qcodes.
+ * dims: the tile fetch a tile ahead (Fetched, fetchTile: f16 words or quant code words), the opening of the loop
+ * over tiles (`tileLoopHead`), whose stages turn the fetched half-row into int8 codes `kcodes`/`vcodes[r * HW + ..]`
+ * and its scale `kscale`/`vscale[r]` (through codeScale, the pair's max by subgroupShuffleXor), and
+ * `stageQuery(stride)`, which does the same for row r of q into qcodes.
  */
 export function int8AttentionStagingWgsl(HD: number, quant: DecodeQuantShape | null) {
   const HALF = HD / 2; // dims an invocation stages of a row or key
@@ -179,11 +180,23 @@ fn codeScale(vals: array<vec4<f32>, ${HALF / 4}>) -> f32 {
     }
     if (half == 0u) { qscale[r] = d; }
   }`;
+  // The opening of the kernels' loop over tiles of BK keys, up to the staged tile: fetch the first tile, then per
+  // tile stage its K and V codes and fetch the next one's words while this one is computed (its page loads were a
+  // fifth of the tensor-core kernel's time). Leaves `block` and `n` (the tile's keys) in scope; the caller closes it.
+  const tileLoopHead = `  var f = fetchTile(start, select(0u, min(BK, end - start), start < end), kvh, r, half);
+  for (var block = start; block < end; block += BK) {
+    let n = min(BK, end - block);
+    // The previous tile's readers are done with the codes, the scales and what else the tile rewrites.
+    workgroupBarrier();
+${stage('k')}
+${stage('v')}
+    workgroupBarrier();
+    if (block + BK < end) { f = fetchTile(block + BK, min(BK, end - block - BK), kvh, r, half); }`;
   return {
     fetchWgsl: `${fetchWgsl}
 ${codeScaleWgsl}`,
-    stage,
     stageQuery,
+    tileLoopHead,
   };
 }
 
@@ -195,7 +208,7 @@ export function attentionPrefillInt8Source(shape: AttentionPrefillInt8Shape): st
   const KSTEPS = HD / 32; // 32-deep steps of q·k
   const DT = HD / 16; // dim tiles of a subgroup's output rows
   const ROUNDS = DT / 4; // rounds of 4 dim tiles through the sums buffer
-  const { fetchWgsl, stage, stageQuery } = int8AttentionStagingWgsl(HD, quant);
+  const { fetchWgsl, stageQuery, tileLoopHead } = int8AttentionStagingWgsl(HD, quant);
 
   return /* wgsl */ `
 enable chromium_experimental_subgroup_matrix;
@@ -252,16 +265,7 @@ ${each(
   let c = lane % 16u;
   var acc: array<f32, ${DT * 8}>;
 
-  var f = fetchTile(start, select(0u, min(BK, end - start), start < end), kvh, r, half);
-  for (var block = start; block < end; block += BK) {
-    let n = min(BK, end - block);
-    // The previous tile's readers are done with the codes, the sums and the scales.
-    workgroupBarrier();
-${stage('k')}
-${stage('v')}
-    workgroupBarrier();
-    // The next tile's words load while this one is computed (its page loads were a fifth of the kernel's time).
-    if (block + BK < end) { f = fetchTile(block + BK, min(BK, end - block - BK), kvh, r, half); }
+${tileLoopHead}
     for (var t = 0u; t < BK / 16u; t++) {
       var scores = subgroupMatrixMultiply<i32>(q0,
         subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, col_major>(&kcodes, t * 16u * HW, HW));
