@@ -59,8 +59,11 @@ export type FinishReason = 'stop' | 'length' | 'abort';
  */
 export type ModelSource = string | URL | Blob;
 
+/** What the prefill load options accept (EngineLoadOptions.prefillMatmul and prefillAttention). */
+export const PREFILL_CHOICES = ['auto', 'f32', 'int8-dot'] as const;
+
 /** Prefill attention products (EngineLoadOptions.prefillAttention). */
-export type PrefillAttention = 'auto' | 'f32' | 'int8-dot';
+export type PrefillAttention = (typeof PREFILL_CHOICES)[number];
 
 export interface EngineLoadOptions extends KvCacheOptions {
   /** Tokens per prefill submit (default 128; 512 where the prefill runs on int8 tensor cores and the KV budget holds it). */
@@ -72,7 +75,7 @@ export interface EngineLoadOptions extends KvCacheOptions {
    * f32 kernels; 'int8-dot' runs every int8 matmul on dot4I8Packed, which every GPU has (measured only on a GPU with
    * tensor cores, so 'auto' uses it only there).
    */
-  prefillMatmul?: 'auto' | 'f32' | 'int8-dot';
+  prefillMatmul?: (typeof PREFILL_CHOICES)[number];
   /**
    * Prefill attention: 'auto' (default) computes q·k and p·v on int8 tensor cores where the GPU offers them (q, k
    * and v per row or key, the softmax weights per row of each 64-key tile quantized to 8 bits), 'f32' keeps the f32

@@ -22,7 +22,14 @@ import { int8PrefillReady, type PrefillMatmul, Transformer, type TransformerOpti
 import { loadModelWeights, type ModelWeights, releaseModelWeights } from '../model/weights.ts';
 import { GREEDY_SAMPLING, resolveSamplingParams, type SamplingParams } from '../sampling/params.ts';
 import { GgufTokenizer } from '../tokenizer/tokenizer.ts';
-import type { FinishReason, KvCacheOptions, LoadProgress, PrefillAttention } from './api-types.ts';
+import {
+  type FinishReason,
+  type KvCacheOptions,
+  type LoadProgress,
+  PREFILL_CHOICES,
+  type PrefillAttention,
+} from './api-types.ts';
+import { choiceList } from './validate.ts';
 
 export type { FinishReason, KvCacheOptions, KvMode, LoadProgress } from './api-types.ts';
 
@@ -244,21 +251,17 @@ export class Engine {
   async load(source: ByteSource, options: LoadOptions = {}): Promise<ModelConfig> {
     checkInteger('prefillChunk', options.prefillChunk, 1, 4096);
     const prefillMatmul = options.prefillMatmul ?? 'auto';
-    if (prefillMatmul !== 'auto' && prefillMatmul !== 'f32' && prefillMatmul !== 'int8-dot') {
-      throw new InvalidRequestError(
-        `Load option prefillMatmul = ${String(prefillMatmul)}: use 'auto', 'f32' or 'int8-dot'.`,
-        {
-          option: 'prefillMatmul',
-          value: prefillMatmul,
-        },
-      );
-    }
     const prefillAttention = options.prefillAttention ?? 'auto';
-    if (prefillAttention !== 'auto' && prefillAttention !== 'f32' && prefillAttention !== 'int8-dot') {
-      throw new InvalidRequestError(
-        `Load option prefillAttention = ${String(prefillAttention)}: use 'auto', 'f32' or 'int8-dot'.`,
-        { option: 'prefillAttention', value: prefillAttention },
-      );
+    for (const [option, value] of [
+      ['prefillMatmul', prefillMatmul],
+      ['prefillAttention', prefillAttention],
+    ] as const) {
+      if (!PREFILL_CHOICES.includes(value)) {
+        throw new InvalidRequestError(`Load option ${option} = ${String(value)}: use ${choiceList(PREFILL_CHOICES)}.`, {
+          option,
+          value,
+        });
+      }
     }
     this.unload();
     this.prefillMatmul = prefillMatmul;

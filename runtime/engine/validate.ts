@@ -4,7 +4,12 @@
  */
 import { InvalidRequestError } from '../errors.ts';
 import type { SamplingParams } from '../sampling/params.ts';
-import type { ChatMessageParam, ContextOverflowPolicy, EngineLoadOptions } from './api-types.ts';
+import {
+  type ChatMessageParam,
+  type ContextOverflowPolicy,
+  type EngineLoadOptions,
+  PREFILL_CHOICES,
+} from './api-types.ts';
 
 const MAX_MESSAGES = 10_000;
 const MAX_TEXT_CHARS = 16 << 20;
@@ -16,6 +21,16 @@ const MAX_TOKENS_LIMIT = 1 << 20;
 function fail(field: string, value: unknown, rule: string): never {
   const shown = typeof value === 'string' ? JSON.stringify(value.slice(0, 40)) : String(value);
   throw new InvalidRequestError(`${field} = ${shown} is invalid: ${rule}.`, { field });
+}
+
+/** "'a', 'b' or 'c'": the values a field accepts, as its error message lists them. */
+export function choiceList(choices: readonly string[]): string {
+  const quoted = choices.map((c) => `'${c}'`);
+  return quoted.length > 1 ? `${quoted.slice(0, -1).join(', ')} or ${quoted[quoted.length - 1]}` : quoted.join('');
+}
+
+function optionalChoice(field: string, value: unknown, choices: readonly string[]): void {
+  if (value !== undefined && !choices.includes(value as string)) fail(field, value, `use ${choiceList(choices)}`);
 }
 
 function isPlainObject(value: unknown): value is Record<string, unknown> {
@@ -195,23 +210,9 @@ export const LOAD_OPTION_FIELDS = [
 export function validateLoadOptions(options: unknown): EngineLoadOptions {
   if (options === undefined || options === null) return {};
   const o = checkObject('load options', options, LOAD_OPTION_FIELDS);
-  if (o.kv !== undefined && o.kv !== 'f16' && o.kv !== 'int2') fail('kv', o.kv, "use 'f16' or 'int2'");
-  if (
-    o.prefillMatmul !== undefined &&
-    o.prefillMatmul !== 'auto' &&
-    o.prefillMatmul !== 'f32' &&
-    o.prefillMatmul !== 'int8-dot'
-  ) {
-    fail('prefillMatmul', o.prefillMatmul, "use 'auto', 'f32' or 'int8-dot'");
-  }
-  if (
-    o.prefillAttention !== undefined &&
-    o.prefillAttention !== 'auto' &&
-    o.prefillAttention !== 'f32' &&
-    o.prefillAttention !== 'int8-dot'
-  ) {
-    fail('prefillAttention', o.prefillAttention, "use 'auto', 'f32' or 'int8-dot'");
-  }
+  optionalChoice('kv', o.kv, ['f16', 'int2']);
+  optionalChoice('prefillMatmul', o.prefillMatmul, PREFILL_CHOICES);
+  optionalChoice('prefillAttention', o.prefillAttention, PREFILL_CHOICES);
   for (const name of [
     'kvBudgetBytes',
     'sink',
