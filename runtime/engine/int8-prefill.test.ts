@@ -47,7 +47,9 @@ async function forcedLogits(kernels: Kernels) {
 }
 
 /** Top-1 agreement, perplexity ratio and worst |Δ log p| of `other`'s teacher-forced logits against `f32`'s. */
-function agreement(f32: Awaited<ReturnType<typeof forcedLogits>>, other: Awaited<ReturnType<typeof forcedLogits>>) {
+type Forced = Awaited<ReturnType<typeof forcedLogits>>;
+
+function agreement(f32: Forced, other: Forced) {
   const { ids, vocab } = f32;
   let agree = 0;
   let nllF32 = 0;
@@ -73,6 +75,20 @@ function agreement(f32: Awaited<ReturnType<typeof forcedLogits>>, other: Awaited
   return { agree, scored, perplexityRatio: Math.exp((nllOther - nllF32) / scored), worst };
 }
 
+/**
+ * Top-1 agreement with the f32 graph on >= 90% of the targets, perplexity within 2%, and no target's log-probability
+ * moved by more than 0.25 nats; the figures go to stderr.
+ */
+function expectAgreement(what: string, f32: Forced, other: Forced): void {
+  const r = agreement(f32, other);
+  expect(r.agree / r.scored).toBeGreaterThanOrEqual(0.9);
+  expect(Math.abs(r.perplexityRatio - 1)).toBeLessThan(0.02);
+  expect(r.worst).toBeLessThan(0.25);
+  process.stderr.write(
+    `${what} vs f32: top-1 ${r.agree}/${r.scored}, perplexity ratio ${r.perplexityRatio.toFixed(5)}, worst |Δ log p| ${r.worst.toFixed(4)}\n`,
+  );
+}
+
 describe('int8 prefill kernels in the forward pass (demo model, Q8_0)', () => {
   it('teacher-forced logits with the projections on dot4I8Packed agree with the f32 projections', async () => {
     const f32 = await forcedLogits({ prefillMatmul: 'f32', prefillAttention: 'f32' });
@@ -81,14 +97,7 @@ describe('int8 prefill kernels in the forward pass (demo model, Q8_0)', () => {
     expect(f32.quantizes).toBe(0);
     expect(int8.quantizes).toBe(4 * f32.layers);
     expect(f32.ids.length).toBeGreaterThan(60);
-    const r = agreement(f32, int8);
-    expect(r.agree / r.scored).toBeGreaterThanOrEqual(0.9);
-    // Perplexity within 2%, and no target's log-probability moved by more than 0.25 nats.
-    expect(Math.abs(r.perplexityRatio - 1)).toBeLessThan(0.02);
-    expect(r.worst).toBeLessThan(0.25);
-    process.stderr.write(
-      `int8-dot matmuls vs f32: top-1 ${r.agree}/${r.scored}, perplexity ratio ${r.perplexityRatio.toFixed(5)}, worst |Δ log p| ${r.worst.toFixed(4)}\n`,
-    );
+    expectAgreement('int8-dot matmuls', f32, int8);
   });
 
   it('teacher-forced logits with the prefill attention on dot4I8Packed agree with the f32 attention', async () => {
@@ -97,12 +106,6 @@ describe('int8 prefill kernels in the forward pass (demo model, Q8_0)', () => {
     // Every layer's prefill attention runs the dot4I8Packed kernel; none with 'f32'.
     expect(f32.dotAttention).toBe(0);
     expect(int8.dotAttention).toBe(f32.layers);
-    const r = agreement(f32, int8);
-    expect(r.agree / r.scored).toBeGreaterThanOrEqual(0.9);
-    expect(Math.abs(r.perplexityRatio - 1)).toBeLessThan(0.02);
-    expect(r.worst).toBeLessThan(0.25);
-    process.stderr.write(
-      `int8-dot attention vs f32: top-1 ${r.agree}/${r.scored}, perplexity ratio ${r.perplexityRatio.toFixed(5)}, worst |Δ log p| ${r.worst.toFixed(4)}\n`,
-    );
+    expectAgreement('int8-dot attention', f32, int8);
   });
 });
