@@ -29,11 +29,12 @@ import { execFileSync } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
 import { cpus } from 'node:os';
 import { encodeDispatches, type PreparedDispatch, releaseDispatches } from '../kernels/dispatch.ts';
-import { prepareMatmul } from '../kernels/matmul.ts';
+import { matvecThreadsFor, prepareMatmul } from '../kernels/matmul.ts';
 import {
   MATMUL_TILES,
   MATMUL_VARIANTS,
   type MatmulVariant,
+  matvecBuildFor,
   matvecWgsl,
   registerTiledMatmulWgsl,
 } from '../kernels/matmul.wgsl.ts';
@@ -51,8 +52,15 @@ const ATOL = 1e-6;
 interface BenchVariant {
   name: string;
   variant: MatmulVariant;
-  /** Replaces the variant's WGSL (same tile shape, so the same dispatch grid). */
-  code?: (type: GgmlType, hasBias: boolean) => string;
+  /**
+   * Replaces the variant's WGSL (same tile shape, so the same dispatch grid); K is the row length. Null: the variant
+   * does not apply to this type (its cell reads '–').
+   */
+  code?: (type: GgmlType, hasBias: boolean, K: number, gpu: GpuContext) => string | null;
+  /** What the variant is, for the table's footer (matvec variants). */
+  about?: string;
+  /** An ablation: its results are wrong by design, and the check column leaves it out. */
+  ablation?: boolean;
 }
 
 const BENCH_VARIANTS: BenchVariant[] = [
@@ -64,17 +72,134 @@ const BENCH_VARIANTS: BenchVariant[] = [
   },
 ];
 
+/** Session 13's Q4_K unit: one-word loads, scales through scale_min_k4 (experiment baseline; not the runtime's). */
+const Q4K_WORD_DOT = `fn unit_dot(base: u32, u: u32, xb: u32) -> f32 {
+  let b = u / 8u; let j = u % 8u; let c = j / 2u;
+  let wb = base + b * 36u; let qw = wb + 4u + 4u * j; let xk = xb + b * 256u + 64u * c + 16u * (j % 2u);
+  let q0 = w[qw]; let q1 = w[qw + 1u]; let q2 = w[qw + 2u]; let q3 = w[qw + 3u];
+  let dm = unpack2x16float(w[wb]);
+  let s1 = scale_min_k4(wb, 2u * c); let s2 = scale_min_k4(wb, 2u * c + 1u);
+  let l0 = xv(xk); let l1 = xv(xk + 4u); let l2 = xv(xk + 8u); let l3 = xv(xk + 12u);
+  let h0 = xv(xk + 32u); let h1 = xv(xk + 36u); let h2 = xv(xk + 40u); let h3 = xv(xk + 44u);
+  let m = 0x0f0f0f0fu;
+  let lo = dot(bytes4(q0 & m), l0) + dot(bytes4(q1 & m), l1) + dot(bytes4(q2 & m), l2) + dot(bytes4(q3 & m), l3);
+  let hi = dot(bytes4((q0 >> 4u) & m), h0) + dot(bytes4((q1 >> 4u) & m), h1) + dot(bytes4((q2 >> 4u) & m), h2)
+         + dot(bytes4((q3 >> 4u) & m), h3);
+  return dm.x * (s1.x * lo + s2.x * hi) - dm.y * (s1.y * hsum(l0 + l1 + l2 + l3) + s2.y * hsum(h0 + h1 + h2 + h3));
+}
+fn kbyte(base: u32, i: u32) -> u32 { return (w[base + 1u + i / 4u] >> (8u * (i % 4u))) & 255u; }
+fn scale_min_k4(base: u32, j: u32) -> vec2<f32> {
+  if (j < 4u) {
+    return vec2<f32>(f32(kbyte(base, j) & 63u), f32(kbyte(base, j + 4u) & 63u));
+  }
+  let sc = (kbyte(base, j + 4u) & 15u) | ((kbyte(base, j - 4u) >> 6u) << 4u);
+  let m = (kbyte(base, j + 4u) >> 4u) | ((kbyte(base, j) >> 6u) << 4u);
+  return vec2<f32>(f32(sc), f32(m));
+}`;
+
+/** Ablation: the runtime's Q4_K loads (header and quant vec4s, x) with almost no arithmetic (wrong results). */
+const Q4K_LOADS_ONLY_DOT = `fn unit_dot(base: u32, u: u32, xb: u32) -> f32 {
+  let b = u / 8u; let j = u % 8u; let c = j / 2u;
+  let wb = base / 4u + b * 9u; let xk = xb + b * 256u + 64u * c + 16u * (j % 2u);
+  let v = w[wb] ^ w[wb + 1u + j];
+  let x = xv(xk) + xv(xk + 4u) + xv(xk + 8u) + xv(xk + 12u) + xv(xk + 32u) + xv(xk + 36u) + xv(xk + 40u) + xv(xk + 44u);
+  return bitcast<f32>((v.x ^ v.y ^ v.z ^ v.w) & 0x3fffffffu) * hsum(x);
+}`;
+
+/**
+ * The 4 rows of a unit with x loaded once for them (the runtime kernel calls unit_dot per row and leaves sharing the
+ * x loads to the compiler). Same arithmetic per row as the runtime's Q4_K unit.
+ */
+const Q4K_SHARED_X_DOT = `fn q4k_row(base: u32, b: u32, j: u32, c: u32, lx: array<vec4<f32>, 8>, ls: f32, hs: f32) -> f32 {
+  let wb = base / 4u + b * 9u;
+  let h = w[wb]; let q = w[wb + 1u + j];
+  let dm = unpack2x16float(h.x);
+  let s = k4_scales(h, c);
+  let m = 0x0f0f0f0fu;
+  let lo = dot(bytes4(q.x & m), lx[0]) + dot(bytes4(q.y & m), lx[1]) + dot(bytes4(q.z & m), lx[2]) + dot(bytes4(q.w & m), lx[3]);
+  let hi = dot(bytes4((q.x >> 4u) & m), lx[4]) + dot(bytes4((q.y >> 4u) & m), lx[5]) + dot(bytes4((q.z >> 4u) & m), lx[6])
+         + dot(bytes4((q.w >> 4u) & m), lx[7]);
+  return dm.x * (s.x * lo + s.y * hi) - dm.y * (s.z * ls + s.w * hs);
+}
+fn unit_dot4(b0: u32, b1: u32, b2: u32, b3: u32, u: u32) -> vec4<f32> {
+  let b = u / 8u; let j = u % 8u; let c = j / 2u;
+  let xk = b * 256u + 64u * c + 16u * (j % 2u);
+  let lx = array<vec4<f32>, 8>(xv(xk), xv(xk + 4u), xv(xk + 8u), xv(xk + 12u), xv(xk + 32u), xv(xk + 36u), xv(xk + 40u), xv(xk + 44u));
+  let ls = hsum(lx[0] + lx[1] + lx[2] + lx[3]); let hs = hsum(lx[4] + lx[5] + lx[6] + lx[7]);
+  return vec4<f32>(q4k_row(b0, b, j, c, lx, ls, hs), q4k_row(b1, b, j, c, lx, ls, hs), q4k_row(b2, b, j, c, lx, ls, hs),
+                   q4k_row(b3, b, j, c, lx, ls, hs));
+}`;
+
+/** The runtime's matvec WGSL for Q4_K with its unit_dot replaced (bench experiments; null for other types). */
+function q4kVariant(dot: string, subgroups: boolean, words: 'u32' | 'vec4', rowsCall?: string) {
+  return (type: GgmlType, hasBias: boolean, K: number): string | null => {
+    if (type !== GgmlType.Q4_K) return null;
+    let code = matvecWgsl(type, hasBias, false, matvecThreadsFor(type, K), { subgroups });
+    const start = code.indexOf('fn unit_dot(');
+    const end = code.indexOf('\n}\n', start) + 3;
+    if (start < 0 || end < 3) throw new Error('no unit_dot in the Q4_K matvec');
+    code = code.slice(0, start) + dot + code.slice(end);
+    if (words === 'u32')
+      code = code.replace('var<storage, read> w: array<vec4<u32>>;', 'var<storage, read> w: array<u32>;');
+    if (rowsCall) {
+      const call = /acc \+= vec4<f32>\(unit_dot\(b0, u, 0u\)[^;]*;/;
+      if (!call.test(code)) throw new Error('no row loop in the Q4_K matvec');
+      code = code.replace(call, rowsCall);
+    }
+    return code;
+  };
+}
+
+/** Q4_K experiments (bench only): session 13's kernel, its loads alone, x shared by the 4 rows explicitly. */
+function q4kExperiments(): BenchVariant[] {
+  return [
+    {
+      name: 'q4k-prev-tree',
+      variant: '32x32',
+      about: 'session 13 (one-word Q4_K loads, tree reduction)',
+      code: q4kVariant(Q4K_WORD_DOT, false, 'u32'),
+    },
+    {
+      name: 'q4k-prev-sg',
+      variant: '32x32',
+      about: 'one-word Q4_K loads, subgroupAdd',
+      code: q4kVariant(Q4K_WORD_DOT, true, 'u32'),
+    },
+    {
+      name: 'q4k-loads',
+      variant: '32x32',
+      about: 'ablation: auto’s loads without the arithmetic (wrong results)',
+      ablation: true,
+      code: q4kVariant(Q4K_LOADS_ONLY_DOT, true, 'vec4'),
+    },
+    {
+      name: 'q4k-x4',
+      variant: '32x32',
+      about: 'auto with x loaded once for the 4 rows',
+      code: q4kVariant(Q4K_SHARED_X_DOT, true, 'vec4', 'acc += unit_dot4(b0, b1, b2, b3, u);'),
+    },
+  ];
+}
+
 /**
  * --matvec (tokens = 1): the matvec kernel at a fixed thread count per workgroup ('t32'..'t256'), against 'auto', the
- * count the runtime picks (matvecThreadsFor).
+ * kernel the runtime builds (matvecThreadsFor, subgroup reductions where the device has them); 'tree': auto's thread
+ * count, reduced over workgroup memory (the build for devices without subgroups).
  */
 const MATVEC_VARIANTS: BenchVariant[] = [
-  { name: 'auto', variant: '32x32' },
+  { name: 'auto', variant: '32x32', about: 'the runtime kernel (matvecThreadsFor, matvecBuildFor)' },
+  {
+    name: 'tree',
+    variant: '32x32',
+    about: 'auto reduced over workgroup memory (no subgroups)',
+    code: (type, hasBias, K) => matvecWgsl(type, hasBias, false, matvecThreadsFor(type, K), { subgroups: false }),
+  },
+  ...q4kExperiments(),
   ...[32, 64, 96, 128, 256].map(
     (threads): BenchVariant => ({
       name: `t${threads}`,
       variant: '32x32',
-      code: (type, hasBias) => matvecWgsl(type, hasBias, false, threads),
+      code: (type, hasBias, _K, gpu) => matvecWgsl(type, hasBias, false, threads, matvecBuildFor(gpu.features)),
     }),
   ),
 ];
@@ -104,6 +229,8 @@ interface Options {
   out: string | undefined;
   quick: boolean;
   matvec: boolean;
+  /** Copies of each weight, dispatched in turn: enough of them that the weights stream from memory, not L2. */
+  copies: number;
 }
 
 const USAGE = `Usage: npx tsx bench/matmul-micro.ts [flags]   (on the GPU host: /tmp/kit/run.sh .gpu/matmul-micro.mjs [flags])
@@ -114,6 +241,8 @@ const USAGE = `Usage: npx tsx bench/matmul-micro.ts [flags]   (on the GPU host: 
   --tokens list     default 128,512
   --variants list   ${BENCH_VARIANTS.map((v) => v.name).join(',')} (default: all)
   --reps n          dispatches per submit (default 20)
+  --copies n        copies of each weight, dispatched in turn (default 1: the weight stays in L2 where it fits;
+                    the H200's L2 is 50 MB, so 8 copies of a 14 MB weight stream from memory as a model's do)
   --samples n       timed submits per cell, median reported (default 7)
   --out file        also write the markdown there`;
 
@@ -136,6 +265,7 @@ function parseArgs(argv: string[]): Options {
     '--tokens',
     '--variants',
     '--reps',
+    '--copies',
     '--samples',
     '--out',
   ]);
@@ -176,6 +306,7 @@ function parseArgs(argv: string[]): Options {
     tokens,
     variants,
     reps: int('--reps', quick ? 3 : 20),
+    copies: int('--copies', 1),
     samples: int('--samples', quick ? 3 : 7),
     out: value('--out'),
     quick,
@@ -271,10 +402,10 @@ function shapeName(N: number, K: number) {
   return `${N}×${K}`;
 }
 
-function formatRow(r: Row, variants: string[], baseline: string): string {
+function formatRow(r: Row, variants: BenchVariant[], baseline: string): string {
   const flops = 2 * r.N * r.K * r.tokens;
   const base = r.cells.find((c) => c.variant === baseline)?.us ?? null;
-  const cells = variants.map((name) => {
+  const cells = variants.map(({ name }) => {
     const c = r.cells.find((x) => x.variant === name);
     if (!c || c.us === null) return c?.note ?? '–';
     const rate =
@@ -286,7 +417,8 @@ function formatRow(r: Row, variants: string[], baseline: string): string {
   });
   const timed = r.cells.filter((c) => c.us !== null);
   const best = timed.length ? timed.reduce((a, b) => (b.us! < a.us! ? b : a)) : null;
-  const worst = Math.max(0, ...r.cells.map((c) => c.error));
+  const checked = r.cells.filter((c) => !variants.find((v) => v.name === c.variant)?.ablation);
+  const worst = Math.max(0, ...checked.map((c) => c.error));
   const check = worst <= 1 ? `ok (${worst.toFixed(3)})` : `FAIL (${worst.toPrecision(3)})`;
   return `| ${r.type} | ${shapeName(r.N, r.K)} | ${r.tokens} | ${cells.join(' | ')} | ${best?.variant ?? '–'} | ${check} |`;
 }
@@ -327,7 +459,7 @@ async function main() {
   const emptyMs = median(empty);
   header.push(
     `Protocol: ${o.reps} dispatches per submit (one compute pass), median of ${o.samples} submits after one warm-up ` +
-      `submit, timed submit → onSubmittedWorkDone minus the empty-submit round trip (${(emptyMs * 1000).toFixed(0)} µs), ` +
+      `submit, ${o.copies > 1 ? `${o.copies} copies of each weight dispatched in turn, ` : ''}timed submit → onSubmittedWorkDone minus the empty-submit round trip (${(emptyMs * 1000).toFixed(0)} µs), ` +
       `÷ ${o.reps}. Cells: µs per dispatch, ${o.matvec ? 'GB/s of weight bytes, speedup over auto (the runtime’s thread count)' : 'TFLOPS (2·N·K·tokens), speedup over 32x32'}. N×K = weight rows × row ` +
       `length; check: largest error over sampled outputs in units of the tests' tolerance (<= 1 passes), all variants.`,
     '',
@@ -354,7 +486,9 @@ async function main() {
       }
       const t0 = performance.now();
       const raw = randomWeightBytes(type, N * K, seededRandom(N + K + type));
-      const weight = uploadWeightFromBytes(gpu, `w.${typeName}`, type, [K, N], raw);
+      const weights = Array.from({ length: o.copies }, (_, i) =>
+        uploadWeightFromBytes(gpu, `w.${typeName}.${i}`, type, [K, N], raw),
+      );
       const genS = (performance.now() - t0) / 1000;
       for (const T of o.tokens) {
         const x = randomFloats(seededRandom(T * 7 + K), T * K, 1);
@@ -363,17 +497,26 @@ async function main() {
         const ref = referenceSamples(type, raw, x, N, K, T);
         const row: Row = { type: typeName, N, K, tokens: T, cells: [] };
         for (const v of o.variants) {
-          let dispatches: PreparedDispatch[] = [];
+          const copies: PreparedDispatch[][] = [];
+          const variantCode = v.code?.(type, false, K, gpu);
+          if (variantCode === null) {
+            row.cells.push({ variant: v.name, us: null, error: 0, note: '–' });
+            continue;
+          }
           try {
-            const code = v.code;
-            dispatches = prepareMatmul(
-              gpu,
-              `mm.${v.name}`,
-              { weight, input, output, tokens: T },
-              { variant: v.variant, transformSource: code ? () => code(type, false) : undefined },
-            );
+            for (const weight of weights) {
+              copies.push(
+                prepareMatmul(
+                  gpu,
+                  `mm.${v.name}`,
+                  { weight, input, output, tokens: T },
+                  { variant: v.variant, transformSource: variantCode ? () => variantCode : undefined },
+                ),
+              );
+            }
+            // Every copy writes the same y (same weights), so the check reads whichever ran last.
             const record = (reps: number) => (pass: GPUComputePassEncoder) => {
-              for (let i = 0; i < reps; i++) encodeDispatches(pass, dispatches);
+              for (let i = 0; i < reps; i++) encodeDispatches(pass, copies[i % copies.length]);
             };
             // Clear y first so a variant that writes nothing cannot pass on the previous one's results.
             const clear = gpu.device.createCommandEncoder();
@@ -392,24 +535,24 @@ async function main() {
             gpu.errors.length = 0;
             row.cells.push({ variant: v.name, us: null, error: Number.POSITIVE_INFINITY, note: 'error' });
           } finally {
-            releaseDispatches(gpu, dispatches);
+            for (const dispatches of copies) releaseDispatches(gpu, dispatches);
           }
         }
-        const line = formatRow(row, names, o.matvec ? 'auto' : '32x32');
+        const line = formatRow(row, o.variants, o.matvec ? 'auto' : '32x32');
         lines.push(line);
         console.log(line);
         write();
         gpu.allocator.release(input);
         gpu.allocator.release(output);
       }
-      releaseWeight(gpu, weight);
+      for (const weight of weights) releaseWeight(gpu, weight);
       if (genS > 2)
         console.error(`(${typeName} ${shapeName(N, K)}: weights generated and uploaded in ${genS.toFixed(1)} s)`);
     }
   }
   const shapes = o.variants
     .map((v) => {
-      if (o.matvec) return v.name === 'auto' ? 'auto: matvecThreadsFor' : `${v.name}: ${v.name.slice(1)} threads`;
+      if (o.matvec) return `${v.name}: ${v.about ?? `${v.name.slice(1)} threads`}`;
       if (v.variant === '32x32') return `${v.name}: 32×32, 2×2 per thread, K step 32, scalar reads`;
       const t = { ...MATMUL_TILES[v.variant], ...(v.name.endsWith('-noprefetch') ? { prefetch: false } : {}) };
       return (

@@ -2,7 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { GgmlType } from '../runtime/gguf/types.ts';
 import type { GpuContext } from '../runtime/gpu/device.ts';
 import { readFloat32 } from '../runtime/gpu/readback.ts';
-import { withLimits, withTestGpu } from '../test/gpu.ts';
+import { withFeatures, withLimits, withTestGpu } from '../test/gpu.ts';
 import { randomFloats, seededRandom } from '../test/random.ts';
 import { releaseDispatches, submitDispatches } from './dispatch.ts';
 import { defaultMatmulVariant, prepareMatmul } from './matmul.ts';
@@ -122,6 +122,17 @@ describe.each(TYPES)('matmul over %s weights', (name, type, K) => {
       expect(await runMatmul(ctx.gpu, type, K, c)).toBeLessThanOrEqual(1);
     },
   );
+});
+
+// Adapters without subgroups (SwiftShader) get the matvec that reduces over workgroup memory; the test device
+// (lavapipe) has subgroups and runs the subgroupAdd build above.
+describe.each(TYPES)('matvec over %s weights without subgroups', (name, type, K) => {
+  it.each([
+    { tokens: 1, rows: 37, bias: true },
+    { tokens: 1, rows: 37, bias: false, maxRowsPerPart: 16 },
+  ])(`${name}: K=${K}, N=$rows, bias=$bias, rows/part=$maxRowsPerPart, tree reduction`, async (c) => {
+    expect(await runMatmul(withFeatures(ctx.gpu, { subgroups: false }), type, K, c)).toBeLessThanOrEqual(1);
+  });
 });
 
 // y += W·x: the residual connection folded into the projection, on every kernel (the store is the same code for

@@ -9,6 +9,7 @@ import {
   type MatmulVariant,
   matmulTileShape,
   matmulWgsl,
+  matvecBuildFor,
   matvecGroupWgsl,
   matvecSwigluWgsl,
   matvecThreads,
@@ -100,7 +101,7 @@ export function prepareMatmul(
   const tile = matmulTileShape(variant);
   const accumulate = b.accumulate ?? false;
   const code = matvec
-    ? matvecWgsl(weight.type, hasBias, accumulate, matvecThreadsFor(weight.type, K))
+    ? matvecWgsl(weight.type, hasBias, accumulate, matvecThreadsFor(weight.type, K), matvecBuildFor(gpu.features))
     : matmulWgsl(weight.type, hasBias, variant, accumulate);
   const pipeline = computePipeline(
     gpu,
@@ -188,6 +189,7 @@ export function prepareMatvecGroup(
       hasBias: e.bias !== undefined,
       threads: matvecThreadsFor(e.weight.type, K),
     })),
+    matvecBuildFor(gpu.features),
   );
   const pipeline = computePipeline(gpu, 'matvec group', options.transformSource?.(code) ?? code);
   const params = uniformBuffer(gpu, `${label}.params`, words, 'u'.repeat(words.length));
@@ -230,6 +232,7 @@ export function prepareMatvecSwiglu(
   const code = matvecSwigluWgsl(
     { type: gate.type, threads: matvecThreadsFor(gate.type, K) },
     { type: up.type, threads: matvecThreadsFor(up.type, K) },
+    matvecBuildFor(gpu.features),
   );
   const pipeline = computePipeline(gpu, 'matvec swiglu', options.transformSource?.(code) ?? code);
   const params = uniformBuffer(

@@ -27,6 +27,17 @@ fn sbyte(v: u32, i: u32) -> f32 { return f32(bitcast<i32>(v << (24u - 8u * i)) >
 fn bits4(v: u32) -> vec4<f32> {
   return vec4<f32>(f32(v & 1u), f32((v >> 1u) & 1u), f32((v >> 2u) & 1u), f32((v >> 3u) & 1u));
 }
+// The 6-bit scales and mins of sub-blocks 2c and 2c+1 of a Q4_K block whose first 4 words are h (d and dmin, then
+// the 12 scale bytes): (scale 2c, scale 2c+1, min 2c, min 2c+1). The same values as scale_min_k4, from words
+// already loaded and without its branch (a warp's lanes hold different c).
+fn k4_scales(h: vec4<u32>, c: u32) -> vec4<f32> {
+  let upper = c >= 2u;
+  let sc = select(h.y & 0x3f3f3f3fu, (h.w & 0x0f0f0f0fu) | ((h.y >> 2u) & 0x30303030u), upper);
+  let mn = select(h.z & 0x3f3f3f3fu, ((h.w >> 4u) & 0x0f0f0f0fu) | ((h.z >> 2u) & 0x30303030u), upper);
+  let sh = 16u * (c % 2u);
+  return vec4<f32>(f32((sc >> sh) & 255u), f32((sc >> (sh + 8u)) & 255u), f32((mn >> sh) & 255u),
+                   f32((mn >> (sh + 8u)) & 255u));
+}
 `;
 
 /** The helpers that read the weight words `w` (renamed per weight by `dotForWeight` in multi-weight kernels). */
@@ -84,6 +95,11 @@ interface TypeWgsl {
   units: number;
   dq4: string;
   dot: string;
+  /**
+   * The matvec reads the weight as `array<vec4<u32>>` (`unit_dot` still gets `base` in u32 words): for blocks that
+   * are whole vec4s, so a unit's words come in a few 16-byte loads, each bounds-checked once.
+   */
+  vec4Words?: boolean;
 }
 
 const TYPE_WGSL: Partial<Record<GgmlType, TypeWgsl>> = {
@@ -216,22 +232,23 @@ const TYPE_WGSL: Partial<Record<GgmlType, TypeWgsl>> = {
   let sm = scale_min_k4(wb, 2u * c + hi);
   return dm.x * sm.x * bytes4(q) - dm.y * sm.y;
 }`,
-    // A unit is 4 words of qs (16 bytes): 16 low-nibble elements of sub-block 2c and 16 high-nibble ones of 2c+1,
-    // so the block's scales are read once per 32 elements (once per 8 with one-word units: the H200 matvec was
-    // bound by load instructions, not bytes).
+    // A unit is 4 words of qs (16 bytes, one vec4 of the 9 in a block): 16 low-nibble elements of sub-block 2c and
+    // 16 high-nibble ones of 2c+1, so the block's scales are read once per 32 elements (once per 8 with one-word
+    // units: the H200 matvec was bound by load instructions, not bytes). The header vec4 holds d, dmin and scales.
+    vec4Words: true,
     dot: `fn unit_dot(base: u32, u: u32, xb: u32) -> f32 {
   let b = u / 8u; let j = u % 8u; let c = j / 2u;
-  let wb = base + b * 36u; let qw = wb + 4u + 4u * j; let xk = xb + b * 256u + 64u * c + 16u * (j % 2u);
-  let q0 = w[qw]; let q1 = w[qw + 1u]; let q2 = w[qw + 2u]; let q3 = w[qw + 3u];
-  let dm = unpack2x16float(w[wb]);
-  let s1 = scale_min_k4(wb, 2u * c); let s2 = scale_min_k4(wb, 2u * c + 1u);
+  let wb = base / 4u + b * 9u; let xk = xb + b * 256u + 64u * c + 16u * (j % 2u);
+  let h = w[wb]; let q = w[wb + 1u + j];
+  let dm = unpack2x16float(h.x);
+  let s = k4_scales(h, c);
   let l0 = xv(xk); let l1 = xv(xk + 4u); let l2 = xv(xk + 8u); let l3 = xv(xk + 12u);
   let h0 = xv(xk + 32u); let h1 = xv(xk + 36u); let h2 = xv(xk + 40u); let h3 = xv(xk + 44u);
   let m = 0x0f0f0f0fu;
-  let lo = dot(bytes4(q0 & m), l0) + dot(bytes4(q1 & m), l1) + dot(bytes4(q2 & m), l2) + dot(bytes4(q3 & m), l3);
-  let hi = dot(bytes4((q0 >> 4u) & m), h0) + dot(bytes4((q1 >> 4u) & m), h1) + dot(bytes4((q2 >> 4u) & m), h2)
-         + dot(bytes4((q3 >> 4u) & m), h3);
-  return dm.x * (s1.x * lo + s2.x * hi) - dm.y * (s1.y * hsum(l0 + l1 + l2 + l3) + s2.y * hsum(h0 + h1 + h2 + h3));
+  let lo = dot(bytes4(q.x & m), l0) + dot(bytes4(q.y & m), l1) + dot(bytes4(q.z & m), l2) + dot(bytes4(q.w & m), l3);
+  let hi = dot(bytes4((q.x >> 4u) & m), h0) + dot(bytes4((q.y >> 4u) & m), h1) + dot(bytes4((q.z >> 4u) & m), h2)
+         + dot(bytes4((q.w >> 4u) & m), h3);
+  return dm.x * (s.x * lo + s.y * hi) - dm.y * (s.z * hsum(l0 + l1 + l2 + l3) + s.w * hsum(h0 + h1 + h2 + h3));
 }`,
   },
   // Q5_K: as Q4_K, plus the fifth bit of element l of chunk c in bit 2c (low nibble) or 2c+1 (high) of qh[l].
@@ -312,11 +329,16 @@ export function dequantWgsl(type: GgmlType): string {
   return common + weightHelpers + typeWgsl(type).dq4;
 }
 
-/** Parameters and bindings of the single-weight kernels; `input` declares x at binding 1. */
-function paramsStructWgsl(input: string): string {
+/** The WGSL type a matvec binds a weight of this type as (`vec4Words`). */
+function matvecWeightArray(type: GgmlType): string {
+  return typeWgsl(type).vec4Words ? 'array<vec4<u32>>' : 'array<u32>';
+}
+
+/** Parameters and bindings of the single-weight kernels; `input` declares x at binding 1, `weights` w's type. */
+function paramsStructWgsl(input: string, weights = 'array<u32>'): string {
   return `
 struct Params { K: u32, rows: u32, tokens: u32, rowWords: u32, unitsPerRow: u32, firstRow: u32, outStride: u32, _pad: u32 }
-@group(0) @binding(0) var<storage, read> w: array<u32>;
+@group(0) @binding(0) var<storage, read> w: ${weights};
 ${input}
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> params: Params;
@@ -365,13 +387,25 @@ function matvecRowsWgsl(
 }
 
 /**
- * Tree reduction over TPR threads of each [workgroup array, vec4 accumulator] pair into element 0 of the array.
- * A thread past a weight's own thread count has an accumulator of zeros (forThreads).
+ * Sums each [workgroup array, vec4 accumulator] pair over the workgroup's TPR threads into `<array>Sum`, a vec4 that
+ * holds the 4 rows' totals in threads li < ROWS (read as `<array>Sum[li]`). A thread past a weight's own thread count
+ * has an accumulator of zeros (forThreads), so a fused kernel's members sum as their own dispatches do: exactly so
+ * while the subgroup size divides the thread counts (multiples of 32), zeros then filling whole subgroups.
+ * - With subgroups: subgroupAdd, one vec4 per subgroup through workgroup memory, one barrier.
+ * - Without: a tree over workgroup memory, log2(TPR) barriers.
  */
-function reduceWgsl(pairs: [array: string, acc: string][], threads: number): string {
+function reduceWgsl(pairs: [array: string, acc: string][], threads: number, subgroups: boolean): string {
+  const sums = pairs.map(([n]) => `var ${n}Sum = vec4<f32>(0.0);`).join(' ');
+  if (subgroups) {
+    return `${pairs.map(([n, acc]) => `{ let s = subgroupAdd(${acc}); if (lane == 0u) { ${n}[sg] = s; } }`).join('\n  ')}
+  workgroupBarrier();
+  ${sums}
+  if (li < ROWS) {
+    for (var i = 0u; i < (TPR + sgSize - 1u) / sgSize; i++) { ${pairs.map(([n]) => `${n}Sum += ${n}[i];`).join(' ')} }
+  }`;
+  }
   // A thread count that is not a power of two (96) first folds the threads past the largest power of two below it
-  // onto the first ones; a power of two gets the plain tree, unchanged, so the fused kernels' members still sum in
-  // the order of their own dispatches (the tests compare them bit for bit).
+  // onto the first ones; a power of two gets the plain tree.
   const top = 2 ** Math.floor(Math.log2(threads));
   const fold =
     top === threads
@@ -384,7 +418,9 @@ function reduceWgsl(pairs: [array: string, acc: string][], threads: number): str
   for (var s = ${top / 2}u; s > 0u; s >>= 1u) {
     if (li < s) { ${pairs.map(([n]) => `${n}[li] += ${n}[li + s];`).join(' ')} }
     workgroupBarrier();
-  }`;
+  }
+  ${sums}
+  if (li < ROWS) { ${pairs.map(([n]) => `${n}Sum = ${n}[0];`).join(' ')} }`;
 }
 
 /** `body` run by the threads below `threads` only (all of them when that is the kernel's TPR). */
@@ -402,21 +438,42 @@ function dotForWeight(type: GgmlType, i: number): string {
   return `${helpers}${t.dot}`.replace(/\bw\[/g, `w${i}[`).replace(/\b(kbyte|scale_min_k4|unit_dot)\(/g, `$1_${i}(`);
 }
 
+/** How a matvec kernel is built for a device. */
+export interface MatvecBuild {
+  /** Reduce with subgroupAdd (the device has `subgroups`; the module then enables them). */
+  subgroups: boolean;
+}
+
+/** The matvec build for a device: subgroup reductions where it has subgroups. */
+export function matvecBuildFor(features: { subgroups: boolean }): MatvecBuild {
+  return { subgroups: features.subgroups };
+}
+
 /**
  * The entry point the matvec kernels share: TPR threads, ROWS (4) weight rows per workgroup, one vec4 workgroup array
- * of TPR per name in `partials` (for reduceWgsl), and `body` with `wg`, `nwg` and `li` in scope.
+ * of TPR per name in `partials` (for reduceWgsl), and `body` with `wg`, `nwg` and `li` in scope (and the subgroup
+ * builtins `sg`, `lane`, `sgSize` in a subgroups build).
  */
-function matvecEntryWgsl(threads: number, partials: readonly string[], body: string): string {
+function matvecEntryWgsl(threads: number, partials: readonly string[], body: string, build: MatvecBuild): string {
+  const subgroupBuiltins = build.subgroups
+    ? `,
+        @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sgSize: u32`
+    : '';
   return `const TPR: u32 = ${threads}u;
 const ROWS: u32 = ${MATVEC_ROWS_PER_WORKGROUP}u;
 ${partials.map((name) => `var<workgroup> ${name}: array<vec4<f32>, TPR>;`).join('\n')}
 
 @compute @workgroup_size(TPR)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
+        @builtin(local_invocation_index) li: u32${subgroupBuiltins}) {
 ${body}
 }
 `;
+}
+
+/** A matvec module: `enable subgroups;` first in a subgroups build (WGSL wants directives before declarations). */
+function matvecModule(build: MatvecBuild, code: string): string {
+  return `${build.subgroups ? 'enable subgroups;\n' : ''}${code}`;
 }
 
 /**
@@ -427,9 +484,18 @@ ${body}
  * (4 rows per 256-thread workgroup, x re-read per row); 128 threads was the best or near-best of 64/128/256 for
  * every type, with the one-word units of then (2026-11-29).
  */
-export function matvecWgsl(type: GgmlType, hasBias: boolean, accumulate = false, threads = 128): string {
+export function matvecWgsl(
+  type: GgmlType,
+  hasBias: boolean,
+  accumulate: boolean,
+  threads: number,
+  build: MatvecBuild,
+): string {
   const t = typeWgsl(type);
-  return `${paramsStructWgsl(matvecInputWgsl(1, matvecReadsVec4([type])))}${hasBias ? biasBinding : ''}${common}${weightHelpers}
+  const helpers = t.dot.includes('scale_min_k4') ? weightHelpers : '';
+  return matvecModule(
+    build,
+    `${paramsStructWgsl(matvecInputWgsl(1, matvecReadsVec4([type])), matvecWeightArray(type))}${hasBias ? biasBinding : ''}${common}${helpers}
 ${t.dot}
 ${matvecEntryWgsl(
   threads,
@@ -437,12 +503,14 @@ ${matvecEntryWgsl(
   `  let row0 = (wg.x + wg.y * nwg.x) * ROWS;
   var acc = vec4<f32>(0.0);
   ${matvecRowsWgsl('unit_dot', 'params.rows', 'params.rowWords', 'params.unitsPerRow', 'acc', threads)}
-  ${reduceWgsl([['partial', 'acc']], threads)}
+  ${reduceWgsl([['partial', 'acc']], threads, build.subgroups)}
   if (li < ROWS && row0 + li < params.rows) {
     let n = params.firstRow + row0 + li;
-    ${storeWgsl('y[n]', 'partial[0][li]', hasBias ? 'bias[n]' : null, accumulate)}
+    ${storeWgsl('y[n]', 'partialSum[li]', hasBias ? 'bias[n]' : null, accumulate)}
   }`,
-)}`;
+  build,
+)}`,
+  );
 }
 
 /** One weight of a fused matvec: its type, whether it adds a bias, and its own matvec's thread count. */
@@ -458,11 +526,11 @@ export interface MatvecGroupMember {
  * `matvecWgsl` would with its own thread count (same loop, same reduction: the same floats; the workgroup has the
  * largest member's count). Bindings: x, params, then per weight w_i, y_i and, if it has one, bias_i.
  */
-export function matvecGroupWgsl(members: readonly MatvecGroupMember[]): string {
+export function matvecGroupWgsl(members: readonly MatvecGroupMember[], build: MatvecBuild): string {
   let binding = 2;
   const decls: string[] = [];
   for (const [i, m] of members.entries()) {
-    decls.push(`@group(0) @binding(${binding++}) var<storage, read> w${i}: array<u32>;`);
+    decls.push(`@group(0) @binding(${binding++}) var<storage, read> w${i}: ${matvecWeightArray(m.type)};`);
     decls.push(`@group(0) @binding(${binding++}) var<storage, read_write> y${i}: array<f32>;`);
     if (m.hasBias) decls.push(`@group(0) @binding(${binding++}) var<storage, read> bias${i}: array<f32>;`);
   }
@@ -483,7 +551,9 @@ export function matvecGroupWgsl(members: readonly MatvecGroupMember[]): string {
         members[i].threads,
       ),
     );
-  return `struct Member { rows: u32, rowWords: u32, unitsPerRow: u32, firstGroup: u32 }
+  return matvecModule(
+    build,
+    `struct Member { rows: u32, rowWords: u32, unitsPerRow: u32, firstGroup: u32 }
 struct Params { K: u32, _p0: u32, _p1: u32, _p2: u32, members: array<Member, ${members.length}> }
 ${matvecInputWgsl(0, matvecReadsVec4(members.map((m) => m.type)))}
 @group(0) @binding(1) var<uniform> params: Params;
@@ -501,12 +571,14 @@ ${matvecEntryWgsl(
   let row0 = (g - params.members[member].firstGroup) * ROWS;
   var acc = vec4<f32>(0.0);
   ${branches(loop)}
-  ${reduceWgsl([['partial', 'acc']], tpr)}
+  ${reduceWgsl([['partial', 'acc']], tpr, build.subgroups)}
   let r = row0 + li;
   if (li < ROWS && r < params.members[member].rows) {
-    ${branches((i) => `{ ${storeWgsl(`y${i}[r]`, 'partial[0][li]', members[i].hasBias ? `bias${i}[r]` : null, false)} }`)}
+    ${branches((i) => `{ ${storeWgsl(`y${i}[r]`, 'partialSum[li]', members[i].hasBias ? `bias${i}[r]` : null, false)} }`)}
   }`,
-)}`;
+  build,
+)}`,
+  );
 }
 
 /**
@@ -517,13 +589,16 @@ ${matvecEntryWgsl(
 export function matvecSwigluWgsl(
   gate: Omit<MatvecGroupMember, 'hasBias'>,
   up: Omit<MatvecGroupMember, 'hasBias'>,
+  build: MatvecBuild,
 ): string {
   const tpr = Math.max(gate.threads, up.threads);
-  return `struct Params { K: u32, rows: u32, gateRowWords: u32, gateUnits: u32, upRowWords: u32, upUnits: u32, _p0: u32, _p1: u32 }
+  return matvecModule(
+    build,
+    `struct Params { K: u32, rows: u32, gateRowWords: u32, gateUnits: u32, upRowWords: u32, upUnits: u32, _p0: u32, _p1: u32 }
 ${matvecInputWgsl(0, matvecReadsVec4([gate.type, up.type]))}
 @group(0) @binding(1) var<uniform> params: Params;
-@group(0) @binding(2) var<storage, read> w0: array<u32>;
-@group(0) @binding(3) var<storage, read> w1: array<u32>;
+@group(0) @binding(2) var<storage, read> w0: ${matvecWeightArray(gate.type)};
+@group(0) @binding(3) var<storage, read> w1: ${matvecWeightArray(up.type)};
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 ${common}
 ${dotForWeight(gate.type, 0)}
@@ -542,12 +617,15 @@ ${matvecEntryWgsl(
       ['upPartial', 'upAcc'],
     ],
     tpr,
+    build.subgroups,
   )}
   if (li < ROWS && row0 + li < params.rows) {
-    let g = gatePartial[0][li];
-    y[row0 + li] = g / (1.0 + exp(-g)) * upPartial[0][li];
+    let g = gatePartialSum[li];
+    y[row0 + li] = g / (1.0 + exp(-g)) * upPartialSum[li];
   }`,
-)}`;
+  build,
+)}`,
+  );
 }
 
 /**

@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { GgmlType } from '../runtime/gguf/types.ts';
 import { readFloat32 } from '../runtime/gpu/readback.ts';
-import { withLimits, withTestGpu } from '../test/gpu.ts';
+import { withFeatures, withLimits, withTestGpu } from '../test/gpu.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
 import { type PreparedDispatch, releaseDispatches, submitDispatches } from './dispatch.ts';
 import { prepareSwiglu } from './elementwise.ts';
@@ -112,11 +112,18 @@ describe('matvec group (q, k, v in one dispatch)', () => {
     expect(QUANTIZED.map((m) => matvecThreadsFor(m.type, QWEN3_K))).toEqual([96, 96, 128]);
   });
 
-  it('members of 96 threads in a workgroup of 128 (Qwen3-4B rows) match the reference and their own dispatches exactly', async () => {
-    const { fused, separate, ratios } = await runGroup(QUANTIZED, undefined, ctx.gpu, QWEN3_K);
-    for (const r of ratios) expect(r).toBeLessThanOrEqual(1);
-    expect(fused).toEqual(separate);
-  });
+  it.each([
+    ['subgroupAdd', true],
+    ['workgroup-memory tree', false],
+  ] as const)(
+    'members of 96 threads in a workgroup of 128 (Qwen3-4B rows) match the reference and their own dispatches exactly (%s reduction)',
+    async (_, subgroups) => {
+      const gpu = withFeatures(ctx.gpu, { subgroups });
+      const { fused, separate, ratios } = await runGroup(QUANTIZED, undefined, gpu, QWEN3_K);
+      for (const r of ratios) expect(r).toBeLessThanOrEqual(1);
+      expect(fused).toEqual(separate);
+    },
+  );
 
   // 19 row groups of 4 rows (10 + 6 + 3) fold into 3 x 7 = 21 workgroups: the 2 spare ones resolve to the last
   // member, past its rows, and must not write.
@@ -223,13 +230,16 @@ describe('matvec SwiGLU (gate, up and silu(gate)·up in one dispatch)', () => {
   );
 
   // Qwen3-4B's gate_up: Q4_K rows of 2,560 on 96 threads (two partial arrays folded), with a Q6_K up on 128.
+  // Both reductions: subgroupAdd (the test device has subgroups) and the tree over workgroup memory.
   it.each([
-    [GgmlType.Q4_K, GgmlType.Q4_K, 21],
-    [GgmlType.Q4_K, GgmlType.Q6_K, 10],
+    [GgmlType.Q4_K, GgmlType.Q4_K, 21, true],
+    [GgmlType.Q4_K, GgmlType.Q6_K, 10, true],
+    [GgmlType.Q4_K, GgmlType.Q6_K, 10, false],
   ])(
-    'gate type %i, up type %i, %i rows of 2,560: matches the CPU reference and the three dispatches exactly',
-    async (gt, ut, rows) => {
-      const { fused, separate, expected } = await runSwiglu(gt, ut, rows, undefined, ctx.gpu, QWEN3_K);
+    'gate type %i, up type %i, %i rows of 2,560, subgroups %s: matches the CPU reference and the three dispatches exactly',
+    async (gt, ut, rows, subgroups) => {
+      const gpu = withFeatures(ctx.gpu, { subgroups });
+      const { fused, separate, expected } = await runSwiglu(gt, ut, rows, undefined, gpu, QWEN3_K);
       expect(maxToleranceRatio(fused, expected, 1e-4, 1e-4)).toBeLessThanOrEqual(1);
       expect(fused).toEqual(separate);
     },

@@ -3,7 +3,7 @@
  * it happened in.
  */
 import { afterAll, afterEach, beforeAll, expect } from 'vitest';
-import { acquireGpu, type GpuContext, type GpuLimits } from '../runtime/gpu/device.ts';
+import { acquireGpu, type GpuContext, type GpuFeatures, type GpuLimits } from '../runtime/gpu/device.ts';
 import { nodeGpu } from '../runtime/gpu/node.ts';
 
 export function withTestGpu(): { readonly gpu: GpuContext } {
@@ -27,4 +27,9 @@ export function withTestGpu(): { readonly gpu: GpuContext } {
 /** The same device, reporting tighter limits: how tests reach the paths a smaller adapter takes. */
 export function withLimits(gpu: GpuContext, limits: Partial<GpuLimits>): GpuContext {
   return Object.assign(Object.create(gpu) as GpuContext, { limits: { ...gpu.limits, ...limits } });
+}
+
+/** The same device, reporting fewer features: how tests reach the kernels built for adapters without them. */
+export function withFeatures(gpu: GpuContext, features: Partial<GpuFeatures>): GpuContext {
+  return Object.assign(Object.create(gpu) as GpuContext, { features: { ...gpu.features, ...features } });
 }
