@@ -194,6 +194,13 @@ const MATVEC_VARIANTS: BenchVariant[] = [
     about: 'auto reduced over workgroup memory (no subgroups)',
     code: (type, hasBias, K) => matvecWgsl(type, hasBias, false, matvecThreadsFor(type, K), { subgroups: false }),
   },
+  {
+    name: 'u1',
+    variant: '32x32',
+    about: 'auto with one unit per loop iteration',
+    code: (type, hasBias, K, gpu) =>
+      matvecWgsl(type, hasBias, false, matvecThreadsFor(type, K), { ...matvecBuildFor(gpu.features), unroll: 1 }),
+  },
   ...q4kExperiments(),
   ...[32, 64, 96, 128, 256].map(
     (threads): BenchVariant => ({

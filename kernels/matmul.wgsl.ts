@@ -372,7 +372,23 @@ function matvecRowsWgsl(
   units: string,
   acc: string,
   threads: number,
+  build: MatvecBuild,
 ): string {
+  const rowsOf = (u: string) =>
+    `vec4<f32>(${dot}(b0, ${u}, 0u), ${dot}(b1, ${u}, 0u), ${dot}(b2, ${u}, 0u), ${dot}(b3, ${u}, 0u))`;
+  // Two units per iteration: both units' loads are issued before either's arithmetic. They are added one after the
+  // other, so the sums are those of the one-unit loop.
+  const loop =
+    build.unroll === 2
+      ? `var u = li;
+    for (; u + ${threads}u < ${units}; u += ${2 * threads}u) {
+      let first = ${rowsOf('u')};
+      let second = ${rowsOf(`u + ${threads}u`)};
+      ${acc} += first;
+      ${acc} += second;
+    }
+    if (u < ${units}) { ${acc} += ${rowsOf('u')}; }`
+      : `for (var u = li; u < ${units}; u += ${threads}u) { ${acc} += ${rowsOf('u')}; }`;
   return `{
     // Rows past the end repeat the last row (discarded when stored) so the loop has no per-row branches.
     let last = ${rows} - 1u;
@@ -380,9 +396,7 @@ function matvecRowsWgsl(
     let b1 = min(row0 + 1u, last) * ${rowWords};
     let b2 = min(row0 + 2u, last) * ${rowWords};
     let b3 = min(row0 + 3u, last) * ${rowWords};
-    for (var u = li; u < ${units}; u += ${threads}u) {
-      ${acc} += vec4<f32>(${dot}(b0, u, 0u), ${dot}(b1, u, 0u), ${dot}(b2, u, 0u), ${dot}(b3, u, 0u));
-    }
+    ${loop}
   }`;
 }
 
@@ -442,11 +456,17 @@ function dotForWeight(type: GgmlType, i: number): string {
 export interface MatvecBuild {
   /** Reduce with subgroupAdd (the device has `subgroups`; the module then enables them). */
   subgroups: boolean;
+  /** Units per loop iteration of a thread (1 or 2): the same sums, more loads in flight. Default 1. */
+  unroll?: 1 | 2;
 }
 
-/** The matvec build for a device: subgroup reductions where it has subgroups. */
+/**
+ * The matvec build for a device: subgroup reductions where it has subgroups, two units per loop iteration. On the
+ * H200, with weights streaming from memory (bench/results/...-session14-matvec-unroll.md), two units per iteration
+ * took 5-21% off Q4_0, Q6_K and Q8_0 matvecs and off Q4_K rows of 8,192; Q4_K rows of 2,560 fit one iteration.
+ */
 export function matvecBuildFor(features: { subgroups: boolean }): MatvecBuild {
-  return { subgroups: features.subgroups };
+  return { subgroups: features.subgroups, unroll: 2 };
 }
 
 /**
@@ -502,7 +522,7 @@ ${matvecEntryWgsl(
   ['partial'],
   `  let row0 = (wg.x + wg.y * nwg.x) * ROWS;
   var acc = vec4<f32>(0.0);
-  ${matvecRowsWgsl('unit_dot', 'params.rows', 'params.rowWords', 'params.unitsPerRow', 'acc', threads)}
+  ${matvecRowsWgsl('unit_dot', 'params.rows', 'params.rowWords', 'params.unitsPerRow', 'acc', threads, build)}
   ${reduceWgsl([['partial', 'acc']], threads, build.subgroups)}
   if (li < ROWS && row0 + li < params.rows) {
     let n = params.firstRow + row0 + li;
@@ -549,6 +569,7 @@ export function matvecGroupWgsl(members: readonly MatvecGroupMember[], build: Ma
         `${section(i)}.unitsPerRow`,
         'acc',
         members[i].threads,
+        build,
       ),
     );
   return matvecModule(
@@ -609,8 +630,8 @@ ${matvecEntryWgsl(
   `  let row0 = (wg.x + wg.y * nwg.x) * ROWS;
   var gateAcc = vec4<f32>(0.0);
   var upAcc = vec4<f32>(0.0);
-  ${forThreads(gate.threads, tpr, matvecRowsWgsl('unit_dot_0', 'params.rows', 'params.gateRowWords', 'params.gateUnits', 'gateAcc', gate.threads))}
-  ${forThreads(up.threads, tpr, matvecRowsWgsl('unit_dot_1', 'params.rows', 'params.upRowWords', 'params.upUnits', 'upAcc', up.threads))}
+  ${forThreads(gate.threads, tpr, matvecRowsWgsl('unit_dot_0', 'params.rows', 'params.gateRowWords', 'params.gateUnits', 'gateAcc', gate.threads, build))}
+  ${forThreads(up.threads, tpr, matvecRowsWgsl('unit_dot_1', 'params.rows', 'params.upRowWords', 'params.upUnits', 'upAcc', up.threads, build))}
   ${reduceWgsl(
     [
       ['gatePartial', 'gateAcc'],
