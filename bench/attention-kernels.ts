@@ -94,13 +94,13 @@ type Variant = {
   /** An ablation: wrong results by design, timed only (where the decode kernel's time goes). */
   ablation?: boolean;
 };
-/** The decode build of the shape, as on a GPU: unrolled for f16 pools, loops for quant. */
+/** The decode build of the shape, as the runtime builds it (attentionDecodeShape: loops). */
 const decodeSource = (s: LayerShape, quant: DecodeQuantShape | null) =>
   attentionDecodeSource({
     headDim: s.headDim,
     rows: s.heads / s.kvHeads,
     quant,
-    unrolled: quant === null,
+    unrolled: false,
   });
 /** The decode build of the shape with `edit` applied: an ablation. */
 const decodeEdit = (edit: (code: string) => string) => (s: LayerShape, quant: DecodeQuantShape | null) => {
@@ -110,16 +110,18 @@ const decodeEdit = (edit: (code: string) => string) => (s: LayerShape, quant: De
   if (edited === code) throw new Error('ablation edit did not apply');
   return { decode: edited };
 };
+/** The decode build with its loops over a key's dims unrolled (the runtime keeps them as loops). */
+const DECODE_UNROLLED: Variant = {
+  name: 'decode-unrolled',
+  decodeKernel: true,
+  sources: (s, quant) => ({
+    decode: attentionDecodeSource({ headDim: s.headDim, rows: s.heads / s.kvHeads, quant, unrolled: true }),
+  }),
+};
 const VARIANTS: Variant[] = [
   { name: 'split', decodeKernel: false },
   { name: 'decode', decodeKernel: true },
-  {
-    name: 'decode-loops',
-    decodeKernel: true,
-    sources: (s) => ({
-      decode: attentionDecodeSource({ headDim: s.headDim, rows: s.heads / s.kvHeads, quant: null, unrolled: false }),
-    }),
-  },
+  DECODE_UNROLLED,
   { name: 'decode-128splits', decodeKernel: true, splits: 128 },
   { name: 'decode-96splits', decodeKernel: true, splits: 96 },
   // Ablations: the value loads replaced by a constant; the key loads replaced by a constant; one slab bound.
@@ -214,13 +216,7 @@ const QUANT_VARIANTS: Variant[] = [
   { name: 'decode', decodeKernel: true },
   { name: 'decode-128splits', decodeKernel: true, splits: 128 },
   { name: 'decode-96splits', decodeKernel: true, splits: 96 },
-  {
-    name: 'decode-unrolled',
-    decodeKernel: true,
-    sources: (s, quant) => ({
-      decode: attentionDecodeSource({ headDim: s.headDim, rows: s.heads / s.kvHeads, quant, unrolled: true }),
-    }),
-  },
+  DECODE_UNROLLED,
   // Other numbers of keys per value batch (registers held across the loads): same results, checked like the build.
   // A build whose own batch is that size (Qwen2.5-0.5B's two row groups take 4) skips it.
   ...[4, 2].map(

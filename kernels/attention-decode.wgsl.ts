@@ -39,13 +39,16 @@ export function attentionDecodeSubKeys(rows: number): number {
   return Math.ceil(rows / 4) * 256 * 16 <= 8192 ? 256 : 128;
 }
 
-/** Workgroup storage of a decode build: q rows, the pass's scores, the reductions, Σq per quant group. */
+/**
+ * Workgroup storage of a decode build: q rows, the pass's scores, the reductions, Σq per quant group, the pass's
+ * page-table entries.
+ */
 export function attentionDecodeWorkgroupBytes(shape: AttentionDecodeShape): number {
   const { headDim, rows, quant } = shape;
   const rowGroups = Math.ceil(rows / 4);
   const groupsPerHead = quant ? headDim / Math.min(quant.kGroup, headDim) : 0;
   const vec4s = rowGroups * (headDim + attentionDecodeSubKeys(rows) + REDUCERS + 2 + groupsPerHead) + rows;
-  return 16 * vec4s;
+  return 16 * vec4s + 4 * attentionDecodeSubKeys(rows);
 }
 
 /**
@@ -227,6 +230,9 @@ var<workgroup> red: array<vec4<f32>, ${REDUCERS * RG}>;
 var<workgroup> runMax: array<vec4<f32>, RG>; // running max before the pass
 var<workgroup> newMax: array<vec4<f32>, RG>; // ... and after it
 var<workgroup> combSum: array<vec4<f32>, ${SPR * RG}>;
+// The page-table entry of each key of the pass (phase A loads them; phase C reads them here instead of from the
+// table, one dependent global load less per key).
+var<workgroup> entries: array<u32, SUB>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -276,6 +282,7 @@ ${groups((g) => `      var s${g} = vec4<f32>(NONE);`)}
       if (j < n) {
         let key = block + j;
         let entry = pageTable[step.tableOffset + key / params.pageTokens];
+        entries[j] = entry;
         let inPage = key % params.pageTokens;
         let slot = (entry >> 24u) & 0xfu;
 ${groups((g) => `        s${g} = vec4<f32>(0.0);`)}
@@ -316,8 +323,9 @@ ${groups(
     for (var jb = slice; jb < n; jb += BATCH * KS) {
       var vals: array<vec4<f32>, ${(BATCH * DIMS) / 4}>; // [key of the batch][DIMS / 4]
       for (var u = 0u; u < BATCH; u++) {
-        let key = block + min(jb + u * KS, n - 1u); // past n: a valid key, weighted 0 below
-        let entry = pageTable[step.tableOffset + key / params.pageTokens];
+        let jk = min(jb + u * KS, n - 1u); // past n: a valid key, weighted 0 below
+        let key = block + jk;
+        let entry = entries[jk];
         let inPage = key % params.pageTokens;
         let slot = (entry >> 24u) & 0xfu;
         ${quant ? `if ((entry >> 28u) == 1u) ${quantValue} else ${f16Value}` : f16Value}

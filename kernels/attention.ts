@@ -142,9 +142,10 @@ export function attentionDecodeShape(
   if (b.maxTokens !== 1 || b.decodeKernel === false) return null;
   const quant = layerQuantShape(b);
   const shape: AttentionDecodeShape = {
-    // Quant builds keep their loops on GPUs too: on the H200 (one layer at 32K keys, session 13) they ran 5% faster
-    // than unrolled (Qwen3-4B 99.4 against 104.8 µs, Llama-3.2-1B 67.0 against 70.2); f16 builds time the same.
-    unrolled: !gpu.adapter.isFallbackAdapter && quant === null,
+    // Every build keeps its loops. On the H200, one layer at 32K keys: quant builds 5% faster than unrolled
+    // (session 13); f16 builds, once the pass's page-table entries came from workgroup memory, 2.3x faster (Qwen3-4B
+    // 33.7 against 76.4 µs, Llama-3.2-1B 30.1 against 47.8; session 14). CPU drivers compile loops 2-5x faster.
+    unrolled: false,
     headDim: b.pool.headDim,
     rows: b.heads / b.pool.kvHeads,
     quant,
