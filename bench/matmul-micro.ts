@@ -130,21 +130,27 @@ fn unit_dot4(b0: u32, b1: u32, b2: u32, b3: u32, u: u32) -> vec4<f32> {
                    q4k_row(b3, b, j, c, lx, ls, hs));
 }`;
 
-/** The runtime's matvec WGSL for Q4_K with its unit_dot replaced (bench experiments; null for other types). */
-function q4kVariant(dot: string, subgroups: boolean, words: 'u32' | 'vec4', rowsCall?: string) {
-  return (type: GgmlType, hasBias: boolean, K: number): string | null => {
+/**
+ * The runtime's matvec WGSL for Q4_K with its unit_dot replaced (bench experiments; null for other types): the
+ * runtime's build, or session 13's (`'session13'`: tree reduction, one unit per loop iteration).
+ */
+function q4kVariant(dot: string, build: 'runtime' | 'session13', words: 'u32' | 'vec4', sharedX = false) {
+  return (type: GgmlType, hasBias: boolean, K: number, gpu: GpuContext): string | null => {
     if (type !== GgmlType.Q4_K) return null;
-    let code = matvecWgsl(type, hasBias, false, matvecThreadsFor(type, K), { subgroups });
+    const matvecBuild = build === 'runtime' ? matvecBuildFor(gpu.features) : { subgroups: false, unroll: 1 as const };
+    let code = matvecWgsl(type, hasBias, false, matvecThreadsFor(type, K), matvecBuild);
     const start = code.indexOf('fn unit_dot(');
     const end = code.indexOf('\n}\n', start) + 3;
     if (start < 0 || end < 3) throw new Error('no unit_dot in the Q4_K matvec');
     code = code.slice(0, start) + dot + code.slice(end);
     if (words === 'u32')
       code = code.replace('var<storage, read> w: array<vec4<u32>>;', 'var<storage, read> w: array<u32>;');
-    if (rowsCall) {
-      const call = /acc \+= vec4<f32>\(unit_dot\(b0, u, 0u\)[^;]*;/;
-      if (!call.test(code)) throw new Error('no row loop in the Q4_K matvec');
-      code = code.replace(call, rowsCall);
+    if (sharedX) {
+      // Every unit's 4 rows (vec4<f32>(unit_dot(b0, u, 0u), ..., unit_dot(b3, u, 0u))) from unit_dot4.
+      const rows =
+        /vec4<f32>\(unit_dot\(b0, ([^,]+), 0u\), unit_dot\(b1, \1, 0u\), unit_dot\(b2, \1, 0u\), unit_dot\(b3, \1, 0u\)\)/g;
+      if (!rows.test(code)) throw new Error('no row loop in the Q4_K matvec');
+      code = code.replace(rows, 'unit_dot4(b0, b1, b2, b3, $1)');
     }
     return code;
   };
@@ -156,27 +162,27 @@ function q4kExperiments(): BenchVariant[] {
     {
       name: 'q4k-prev-tree',
       variant: '32x32',
-      about: 'session 13 (one-word Q4_K loads, tree reduction)',
-      code: q4kVariant(Q4K_WORD_DOT, false, 'u32'),
+      about: 'session 13 (one-word Q4_K loads, tree reduction, one unit per iteration)',
+      code: q4kVariant(Q4K_WORD_DOT, 'session13', 'u32'),
     },
     {
       name: 'q4k-prev-sg',
       variant: '32x32',
-      about: 'one-word Q4_K loads, subgroupAdd',
-      code: q4kVariant(Q4K_WORD_DOT, true, 'u32'),
+      about: 'one-word Q4_K loads in the runtime build',
+      code: q4kVariant(Q4K_WORD_DOT, 'runtime', 'u32'),
     },
     {
       name: 'q4k-loads',
       variant: '32x32',
       about: 'ablation: auto’s loads without the arithmetic (wrong results)',
       ablation: true,
-      code: q4kVariant(Q4K_LOADS_ONLY_DOT, true, 'vec4'),
+      code: q4kVariant(Q4K_LOADS_ONLY_DOT, 'runtime', 'vec4'),
     },
     {
       name: 'q4k-x4',
       variant: '32x32',
       about: 'auto with x loaded once for the 4 rows',
-      code: q4kVariant(Q4K_SHARED_X_DOT, true, 'vec4', 'acc += unit_dot4(b0, b1, b2, b3, u);'),
+      code: q4kVariant(Q4K_SHARED_X_DOT, 'runtime', 'vec4', true),
     },
   ];
 }
@@ -192,7 +198,11 @@ const MATVEC_VARIANTS: BenchVariant[] = [
     name: 'tree',
     variant: '32x32',
     about: 'auto reduced over workgroup memory (no subgroups)',
-    code: (type, hasBias, K) => matvecWgsl(type, hasBias, false, matvecThreadsFor(type, K), { subgroups: false }),
+    code: (type, hasBias, K, gpu) =>
+      matvecWgsl(type, hasBias, false, matvecThreadsFor(type, K), {
+        ...matvecBuildFor(gpu.features),
+        subgroups: false,
+      }),
   },
   {
     name: 'u1',
