@@ -499,7 +499,7 @@ function matvecModule(build: MatvecBuild, code: string): string {
 /**
  * y[firstRow + r] = W[r, :] · x (+ bias) for one weight part, tokens = 1; with `accumulate`, y[...] += instead (the
  * residual add folded into the projection). A workgroup of `threads` threads (matvecThreads) handles 4 rows
- * (matvecRowsWgsl), then one tree reduction of vec4 partial sums.
+ * (matvecRowsWgsl), then one reduction of the vec4 partial sums (reduceWgsl: subgroupAdd, or a tree).
  * Measured on the H200 (4096x4096 and 4096x14336, 200 dispatches): 1.1-2.5x faster than one row per 64 threads
  * (4 rows per 256-thread workgroup, x re-read per row); 128 threads was the best or near-best of 64/128/256 for
  * every type, with the one-word units of then (2026-11-29).
