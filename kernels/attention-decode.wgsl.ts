@@ -24,7 +24,8 @@ export interface AttentionDecodeShape {
   /**
    * Loops over a key's dims with constant bounds, which a GPU compiler unrolls (true), or with bounds it only knows
    * at run time (false): CPU drivers unroll them too, and compiling the unrolled build took lavapipe 18-46 s against
-   * 5-9 s. Same arithmetic either way; acquire-time choice in attentionDecodeShape (kernels/attention.ts).
+   * 5-9 s. Same arithmetic either way. The runtime builds loops everywhere (attentionDecodeShape: faster on the H200
+   * too); the unrolled build is kept for bench/attention-kernels.ts to compare.
    */
   unrolled: boolean;
 }
