@@ -37,6 +37,7 @@ import {
   matvecBuildFor,
   matvecWgsl,
   registerTiledMatmulWgsl,
+  withWeightHelpers,
 } from '../kernels/matmul.wgsl.ts';
 import { dequantize, randomWeightBytes } from '../kernels/reference/dequantize.ts';
 import { rawRowBytes, releaseWeight, uploadWeightFromBytes } from '../kernels/weights.ts';
@@ -72,7 +73,10 @@ const BENCH_VARIANTS: BenchVariant[] = [
   },
 ];
 
-/** Session 13's Q4_K unit: one-word loads, scales through scale_min_k4 (experiment baseline; not the runtime's). */
+/**
+ * Session 13's Q4_K unit: one-word loads, scales through scale_min_k4 (experiment baseline; not the runtime's). Its
+ * helpers come from withWeightHelpers.
+ */
 const Q4K_WORD_DOT = `fn unit_dot(base: u32, u: u32, xb: u32) -> f32 {
   let b = u / 8u; let j = u % 8u; let c = j / 2u;
   let wb = base + b * 36u; let qw = wb + 4u + 4u * j; let xk = xb + b * 256u + 64u * c + 16u * (j % 2u);
@@ -86,15 +90,6 @@ const Q4K_WORD_DOT = `fn unit_dot(base: u32, u: u32, xb: u32) -> f32 {
   let hi = dot(bytes4((q0 >> 4u) & m), h0) + dot(bytes4((q1 >> 4u) & m), h1) + dot(bytes4((q2 >> 4u) & m), h2)
          + dot(bytes4((q3 >> 4u) & m), h3);
   return dm.x * (s1.x * lo + s2.x * hi) - dm.y * (s1.y * hsum(l0 + l1 + l2 + l3) + s2.y * hsum(h0 + h1 + h2 + h3));
-}
-fn kbyte(base: u32, i: u32) -> u32 { return (w[base + 1u + i / 4u] >> (8u * (i % 4u))) & 255u; }
-fn scale_min_k4(base: u32, j: u32) -> vec2<f32> {
-  if (j < 4u) {
-    return vec2<f32>(f32(kbyte(base, j) & 63u), f32(kbyte(base, j + 4u) & 63u));
-  }
-  let sc = (kbyte(base, j + 4u) & 15u) | ((kbyte(base, j - 4u) >> 6u) << 4u);
-  let m = (kbyte(base, j + 4u) >> 4u) | ((kbyte(base, j) >> 6u) << 4u);
-  return vec2<f32>(f32(sc), f32(m));
 }`;
 
 /** Ablation: the runtime's Q4_K loads (header and quant vec4s, x) with almost no arithmetic (wrong results). */
@@ -142,7 +137,7 @@ function q4kVariant(dot: string, build: 'runtime' | 'session13', words: 'u32' | 
     const start = code.indexOf('fn unit_dot(');
     const end = code.indexOf('\n}\n', start) + 3;
     if (start < 0 || end < 3) throw new Error('no unit_dot in the Q4_K matvec');
-    code = code.slice(0, start) + dot + code.slice(end);
+    code = code.slice(0, start) + withWeightHelpers(dot) + code.slice(end);
     if (words === 'u32')
       code = code.replace('var<storage, read> w: array<vec4<u32>>;', 'var<storage, read> w: array<u32>;');
     if (sharedX) {

@@ -447,9 +447,17 @@ function forThreads(threads: number, kernelThreads: number, body: string): strin
  * several weights (of possibly different types) get one copy per weight, since WGSL cannot pass a storage array.
  */
 function dotForWeight(type: GgmlType, i: number): string {
-  const t = typeWgsl(type);
-  const helpers = t.dot.includes('scale_min_k4') ? weightHelpers : '';
-  return `${helpers}${t.dot}`.replace(/\bw\[/g, `w${i}[`).replace(/\b(kbyte|scale_min_k4|unit_dot)\(/g, `$1_${i}(`);
+  return withWeightHelpers(typeWgsl(type).dot)
+    .replace(/\bw\[/g, `w${i}[`)
+    .replace(/\b(kbyte|scale_min_k4|unit_dot)\(/g, `$1_${i}(`);
+}
+
+/**
+ * `dot` (a type's unit_dot, or a replacement for it) preceded by the word-reading helpers it calls: scale_min_k4
+ * reads single words, so only kernels that bind the weight as `array<u32>` may take them.
+ */
+export function withWeightHelpers(dot: string): string {
+  return `${dot.includes('scale_min_k4') ? weightHelpers : ''}${dot}`;
 }
 
 /** How a matvec kernel is built for a device. */
@@ -511,12 +519,10 @@ export function matvecWgsl(
   threads: number,
   build: MatvecBuild,
 ): string {
-  const t = typeWgsl(type);
-  const helpers = t.dot.includes('scale_min_k4') ? weightHelpers : '';
   return matvecModule(
     build,
-    `${paramsStructWgsl(matvecInputWgsl(1, matvecReadsVec4([type])), matvecWeightArray(type))}${hasBias ? biasBinding : ''}${common}${helpers}
-${t.dot}
+    `${paramsStructWgsl(matvecInputWgsl(1, matvecReadsVec4([type])), matvecWeightArray(type))}${hasBias ? biasBinding : ''}${common}
+${withWeightHelpers(typeWgsl(type).dot)}
 ${matvecEntryWgsl(
   threads,
   ['partial'],
