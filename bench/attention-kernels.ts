@@ -94,29 +94,24 @@ type Variant = {
   /** An ablation: wrong results by design, timed only (where the decode kernel's time goes). */
   ablation?: boolean;
 };
-/** The decode build of the shape, as the runtime builds it (attentionDecodeShape: loops). */
-const decodeSource = (s: LayerShape, quant: DecodeQuantShape | null) =>
-  attentionDecodeSource({
-    headDim: s.headDim,
-    rows: s.heads / s.kvHeads,
-    quant,
-    unrolled: false,
-  });
+/** The decode build of the shape: as the runtime builds it (attentionDecodeShape: loops), or unrolled. */
+const decodeSource = (s: LayerShape, quant: DecodeQuantShape | null, unrolled = false) =>
+  attentionDecodeSource({ headDim: s.headDim, rows: s.heads / s.kvHeads, quant, unrolled });
+/** `edit` applied to `code`, which it must change: an edit that no longer matches would time the real kernel. */
+function edited(code: string, edit: (code: string) => string): string {
+  const result = edit(code);
+  if (result === code) throw new Error('ablation edit did not apply');
+  return result;
+}
 /** The decode build of the shape with `edit` applied: an ablation. */
-const decodeEdit = (edit: (code: string) => string) => (s: LayerShape, quant: DecodeQuantShape | null) => {
-  const code = decodeSource(s, quant);
-  const edited = edit(code);
-  // An edit that no longer matches would time the real kernel under an ablation's name.
-  if (edited === code) throw new Error('ablation edit did not apply');
-  return { decode: edited };
-};
+const decodeEdit = (edit: (code: string) => string) => (s: LayerShape, quant: DecodeQuantShape | null) => ({
+  decode: edited(decodeSource(s, quant), edit),
+});
 /** The decode build with its loops over a key's dims unrolled (the runtime keeps them as loops). */
 const DECODE_UNROLLED: Variant = {
   name: 'decode-unrolled',
   decodeKernel: true,
-  sources: (s, quant) => ({
-    decode: attentionDecodeSource({ headDim: s.headDim, rows: s.heads / s.kvHeads, quant, unrolled: true }),
-  }),
+  sources: (s, quant) => ({ decode: decodeSource(s, quant, true) }),
 };
 const VARIANTS: Variant[] = [
   { name: 'split', decodeKernel: false },
@@ -152,12 +147,7 @@ const VARIANTS: Variant[] = [
 ];
 
 /** The merge pass (unrotated) with `edit` applied: an ablation. */
-const mergeEdit = (edit: (code: string) => string) => () => {
-  const code = attentionMergeSource(false);
-  const edited = edit(code);
-  if (edited === code) throw new Error('ablation edit did not apply');
-  return { merge: edited };
-};
+const mergeEdit = (edit: (code: string) => string) => () => ({ merge: edited(attentionMergeSource(false), edit) });
 
 /**
  * Ablations of whole phases of the decode kernel (kernels/attention-decode.wgsl.ts): without phase A's

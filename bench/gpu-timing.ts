@@ -2,7 +2,16 @@ import { encodeDispatches, type PreparedDispatch } from '../kernels/dispatch.ts'
 import type { GpuContext } from '../runtime/gpu/device.ts';
 
 /** Least time a timing keeps the GPU busy before it measures. */
-export const WARM_UP_MS = 200;
+const WARM_UP_MS = 200;
+
+/**
+ * Runs `run` again and again for at least WARM_UP_MS: an idle GPU drops its clocks and takes a while to raise them.
+ * After a CPU reference check (GPU idle for a fraction of a second), one short warm-up run left the next kernel timed
+ * 2.5-4x slower than the same build timed after other GPU work (H200, session 13).
+ */
+export async function warmUp(run: () => Promise<unknown>): Promise<void> {
+  for (const start = performance.now(); performance.now() - start < WARM_UP_MS; ) await run();
+}
 
 /**
  * Milliseconds per run of `dispatches`, same-machine style: the dispatches recorded n and 5n times into one compute
@@ -19,10 +28,7 @@ export async function timeDispatches(gpu: GpuContext, dispatches: PreparedDispat
     await gpu.device.queue.onSubmittedWorkDone();
     return performance.now() - t0;
   };
-  // Warm-up for at least WARM_UP_MS: an idle GPU drops its clocks and takes a while to raise them. After a CPU
-  // reference check (GPU idle for a fraction of a second), one short warm-up run left the next kernel timed 2.5-4x
-  // slower than the same build timed after other GPU work (H200, session 13).
-  for (const start = performance.now(); performance.now() - start < WARM_UP_MS; ) await run(reps);
+  await warmUp(() => run(reps));
   // The fastest of three of each length: a difference of single runs went negative when one run stalled.
   let short = Number.POSITIVE_INFINITY;
   let long = Number.POSITIVE_INFINITY;

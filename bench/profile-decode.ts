@@ -25,7 +25,7 @@ import { nodeGpu, releaseNodeGpu } from '../runtime/gpu/node.ts';
 import type { PrefillMatmul } from '../runtime/model/transformer.ts';
 import { GREEDY_SAMPLING } from '../runtime/sampling/params.ts';
 import { EngineRunner } from './engine-runner.ts';
-import { WARM_UP_MS } from './gpu-timing.ts';
+import { warmUp } from './gpu-timing.ts';
 import { BENCH_MODELS, ensureModelFile, QUICK_MODEL, type WeightMix } from './models.ts';
 import { spread } from './stats.ts';
 
@@ -132,8 +132,7 @@ export async function profileDecode(
       ...(m.sampler.dispatches as PreparedDispatch[]),
     ].filter((d) => !d.idle?.());
 
-    // Warm-up: the GPU's clocks rise under sustained work only (bench/gpu-timing.ts).
-    for (const start = performance.now(); performance.now() - start < WARM_UP_MS; ) await timePasses(gpu, [all]);
+    await warmUp(() => timePasses(gpu, [all]));
     const whole: number[] = [];
     const host: number[] = [];
     const perDispatch: number[][] = all.map(() => []);
