@@ -140,7 +140,6 @@ export function attentionDecodeShape(
   b: Pick<AttentionBinding, 'pool' | 'layer' | 'heads' | 'maxTokens' | 'decodeKernel'>,
 ): AttentionDecodeShape | null {
   if (b.maxTokens !== 1 || b.decodeKernel === false) return null;
-  const quant = layerQuantShape(b);
   const shape: AttentionDecodeShape = {
     // Every build keeps its loops. On the H200, one layer at 32K keys: quant builds 5% faster than unrolled
     // (session 13); f16 builds, once the pass's page-table entries came from workgroup memory, 2.3x faster (Qwen3-4B
@@ -148,7 +147,7 @@ export function attentionDecodeShape(
     unrolled: false,
     headDim: b.pool.headDim,
     rows: b.heads / b.pool.kvHeads,
-    quant,
+    quant: layerQuantShape(b),
   };
   if (!attentionDecodeSupports(shape)) return null;
   return attentionDecodeWorkgroupBytes(shape) <= gpu.limits.maxComputeWorkgroupStorageSize ? shape : null;

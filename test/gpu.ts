@@ -26,10 +26,15 @@ export function withTestGpu(): { readonly gpu: GpuContext } {
 
 /** The same device, reporting tighter limits: how tests reach the paths a smaller adapter takes. */
 export function withLimits(gpu: GpuContext, limits: Partial<GpuLimits>): GpuContext {
-  return Object.assign(Object.create(gpu) as GpuContext, { limits: { ...gpu.limits, ...limits } });
+  return reporting(gpu, { limits: { ...gpu.limits, ...limits } });
 }
 
 /** The same device, reporting fewer features: how tests reach the kernels built for adapters without them. */
 export function withFeatures(gpu: GpuContext, features: Partial<GpuFeatures>): GpuContext {
-  return Object.assign(Object.create(gpu) as GpuContext, { features: { ...gpu.features, ...features } });
+  return reporting(gpu, { features: { ...gpu.features, ...features } });
+}
+
+/** A view of `gpu` (same device, allocator and errors) with some of its reported properties replaced. */
+function reporting(gpu: GpuContext, replaced: Partial<Pick<GpuContext, 'limits' | 'features'>>): GpuContext {
+  return Object.assign(Object.create(gpu) as GpuContext, replaced);
 }
