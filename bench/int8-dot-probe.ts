@@ -56,6 +56,52 @@ const PROBES = [
   },
 ];
 
+/**
+ * 8-bit subgroup matrices (Dawn's chromium_experimental_subgroup_matrix, i8 x i8 -> i32 at 16x16x32, as the int8
+ * prefill kernels use them): CHAINS_MMA independent accumulators, UNROLL steps each per iteration; the right operand
+ * held in registers (`registers`), or loaded before each product from a storage buffer or from workgroup memory,
+ * within 16 KiB (the caches and the workgroup's tile). 8,192 multiply-adds per product and subgroup.
+ */
+const CHAINS_MMA = 4;
+const MMA_WG = 128;
+function matrixProbeSource(right: 'registers' | 'storage' | 'workgroup'): string {
+  const chains = Array.from({ length: CHAINS_MMA }, (_, c) => c);
+  const load = (from: string, offset: string) =>
+    `subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, col_major>(&${from}, ${offset}, 8u)`;
+  const step = (u: number) =>
+    chains
+      .map((c) => {
+        const operand =
+          right === 'registers'
+            ? 'r0'
+            : load(right === 'storage' ? 'src' : 'tile', `((k * ${UNROLL}u + ${u}u) * 136u + ${c * 512}u) % 3968u`);
+        return `    c${c} = subgroupMatrixMultiplyAccumulate(l, ${operand}, c${c});`;
+      })
+      .join('\n');
+  return /* wgsl */ `
+enable chromium_experimental_subgroup_matrix;
+enable subgroups;
+diagnostic(off, chromium_experimental.subgroup_matrix_uniformity);
+@group(0) @binding(0) var<storage, read> src: array<i32>;
+@group(0) @binding(1) var<storage, read_write> dst: array<i32>;
+@group(0) @binding(2) var<uniform> params: vec4<u32>; // iterations, seed
+var<workgroup> tile: array<i32, 4096>;
+@compute @workgroup_size(${MMA_WG})
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(subgroup_id) sg: u32,
+        @builtin(local_invocation_index) li: u32, @builtin(num_subgroups) subgroups: u32) {
+  for (var i = li; i < 4096u; i += ${MMA_WG}u) { tile[i] = src[i]; }
+  workgroupBarrier();
+  let l = subgroupMatrixLoad<subgroup_matrix_left<i8, 32, 16>, row_major>(&src, sg * 128u, 8u);
+  let r0 = ${load('src', '1024u + sg * 128u')};
+${chains.map((c) => `  var c${c} = subgroup_matrix_result<i32, 16, 16>();`).join('\n')}
+  for (var k = 0u; k < params.x; k++) {
+${Array.from({ length: UNROLL }, (_, u) => step(u)).join('\n')}
+  }
+  let at = ((wg.x * subgroups + sg) * ${CHAINS_MMA}u) * 256u;
+${chains.map((c) => `  subgroupMatrixStore<row_major>(&dst, at + ${c * 256}u, c${c}, 16u);`).join('\n')}
+}`;
+}
+
 const { values } = parseArgs({ options: { out: { type: 'string' }, iterations: { type: 'string', default: '2048' } } });
 const gpu = await acquireGpu({ gpu: await nodeGpu() });
 console.log(JSON.stringify({ adapter: gpu.adapter }));
@@ -86,6 +132,36 @@ for (const probe of PROBES) {
   };
   console.log(JSON.stringify(row));
   rows.push(row);
+}
+if (gpu.features.subgroupMatrixI8) {
+  const src = gpu.allocator.createStorage('probe.src', 'scratch', 4096 * 4);
+  const words = new Int32Array(4096);
+  for (let i = 0; i < words.length; i++) words[i] = (Math.imul(i + 1, 0x9e3779b1) >>> 0) & 0x3f3f3f3f;
+  gpu.device.queue.writeBuffer(src, 0, words);
+  const subgroups = workgroups * (MMA_WG / (gpu.adapter.subgroupMaxSize ?? 32));
+  const dst = gpu.allocator.createStorage('probe.dst', 'scratch', subgroups * CHAINS_MMA * 256 * 4);
+  const mmaIterations = Math.max(1, iterations / 8);
+  const mmaParams = uniformBuffer(gpu, 'probe.mma.params', [mmaIterations, 12345, 0, 0], 'uuuu');
+  for (const right of ['registers', 'storage', 'workgroup'] as const) {
+    const name = `i8 subgroup matrix 16x16x32, right operand from ${right}`;
+    const pipeline = computePipeline(gpu, `probe ${name}`, matrixProbeSource(right));
+    const dispatch: PreparedDispatch = {
+      label: name,
+      pipeline,
+      bindGroup: bindBuffers(gpu, name, pipeline, [src, dst, mmaParams]),
+      workgroups: [workgroups, 1, 1],
+      owned: [],
+    };
+    const ms = await timeDispatches(gpu, [dispatch], 10);
+    const macs = subgroups * mmaIterations * UNROLL * CHAINS_MMA * 8192;
+    const row = {
+      probe: name,
+      ms: Math.round(ms * 1000) / 1000,
+      teraMacsPerS: Math.round(macs / (ms * 1e-3) / 1e10) / 100,
+    };
+    console.log(JSON.stringify(row));
+    rows.push(row);
+  }
 }
 if (values.out)
   writeFileSync(values.out, `${JSON.stringify({ adapter: gpu.adapter, iterations, workgroups, rows }, null, 1)}\n`);
