@@ -404,10 +404,18 @@ async function benchQuantShape(gpu: GpuContext, shape: LayerShape, contexts: num
 
 /** Phases of the int8 prefill kernel cut out (wrong results, timed only): where its time goes. */
 const INT8_PREFILL_ABLATIONS: [string, (code: string) => string][] = [
-  // Loads of a block no tile starts at: the bindings stay (an unused binding would leave the bind group's layout).
-  ['no-page-loads', (code) => code.replace('if (j < n) {', 'if (j < n && block == 0xffffffffu) {')],
   // The scores' reads and exponentials (the rest of the softmax stays).
   ['no-score-reads-exp', (code) => code.replaceAll(/f32\(sums\[r \* SP \+ j\d+\]\)/g, '1.0').replaceAll('exp(s', '(s')],
+  // The copies of each tile's codes into workgroup memory (and so their loads).
+  ['no-code-copies', (code) => code.replace(/if \(at < \d+u\) \{\n\s*kcodes\[word\][^}]*\} else \{[^}]*\}/, '')],
+  // The barriers of the tile loop (racy: timing only).
+  [
+    'no-tile-barriers',
+    (code) => {
+      const at = code.indexOf('for (var block = start;');
+      return code.slice(0, at) + code.slice(at).replaceAll('workgroupBarrier();', '');
+    },
+  ],
   ['no-scores', (code) => code.replace(/subgroupMatrixStore<row_major>\(&sums, sg \* 16u \* SP[^;]*;/, '')],
   ['no-values', (code) => code.replaceAll(/subgroupMatrixStore<row_major>\(&sums, \(sg \* 4u[^;]*;/g, '')],
   [
@@ -427,10 +435,12 @@ function int8Ablations(
   const quant = pool?.quant;
   const key = quant?.rows(0, 0).format;
   const value = quant?.rows(0, 1).format;
+  // The build a binding takes: keys converted in a pass of their own.
   const built = attentionPrefillInt8Shape(
     shape.headDim,
     key && value ? { kBits: key.bits, kGroup: key.groupSize, vBits: value.bits, vGroup: value.groupSize } : null,
     1 << 30,
+    true,
   );
   if (!built) return [];
   const code = attentionPrefillInt8Source(built);
@@ -483,7 +493,13 @@ async function benchPrefillShape(
     const kernels: [string, Partial<AttentionBinding>, AttentionSources?][] = [
       ['split', { prefillKernel: false }],
       ['prefill', {}],
-      ...(int8 ? [['int8', { prefillProducts: 'int8' }] as [string, Partial<AttentionBinding>]] : []),
+      // 'int8' converts the keys in a pass of its own where the buffer fits; 'int8-pages' converts each tile itself.
+      ...(int8
+        ? ([
+            ['int8', { prefillProducts: 'int8' }],
+            ['int8-pages', { prefillProducts: 'int8', convertKeys: false }],
+          ] as [string, Partial<AttentionBinding>][])
+        : []),
       ...(dot ? [['int8-dot', { prefillProducts: 'int8-dot' }] as [string, Partial<AttentionBinding>]] : []),
       ...(int8 && ablate ? int8Ablations(shape, kv === 'quant' ? pool : null) : []),
     ];

@@ -49,7 +49,7 @@ export function attentionPrefillDotSource(shape: AttentionPrefillDotShape): stri
   const { headDim: HD, quant } = shape;
   const HW = HD / 4; // words of a row's or key's codes
   const HALF = HD / 2;
-  const { fetchWgsl, tileLoopHead } = int8AttentionStagingWgsl(HD, quant);
+  const { fetchWgsl, codeScaleWgsl, tileLoopHead } = int8AttentionStagingWgsl(HD, quant);
 
   return /* wgsl */ `
 enable subgroups;
@@ -57,9 +57,11 @@ ${attentionBindingsWgsl(quant !== null)}
 ${kvPagesReadableWgsl(5)}
 ${SPLIT_CHUNK_WGSL}
 ${fetchWgsl}
+${codeScaleWgsl}
 
 const HD: u32 = ${HD}u;
 const HW: u32 = ${HW}u;
+const KS: u32 = HW; // words between keys of the staged code tiles
 const BK: u32 = ${BK}u;
 const BW: u32 = ${BK / 4}u; // words of a dim's transposed value codes
 const NONE: f32 = -1e30;

@@ -1,4 +1,6 @@
 import { describe, expect, it } from 'vitest';
+import { readUint32 } from '../runtime/gpu/readback.ts';
+import { KvPagePool } from '../runtime/kv/pool.ts';
 import {
   INT8_ATTENTION_QUANTIZATION_BOUND,
   INT8_ATTENTION_TOLERANCE,
@@ -10,11 +12,22 @@ import {
 import { withTestGpu } from '../test/gpu.ts';
 import { INT8_MIXED_CASES, runMixed } from '../test/mixed-attention-harness.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
-import { attentionPrefillDotShapeFor, attentionPrefillInt8ShapeFor } from './attention.ts';
+import {
+  attentionPrefillDotShapeFor,
+  attentionPrefillInt8ShapeFor,
+  poolKeysInt8Bytes,
+  prepareKeysInt8,
+} from './attention.ts';
 import { attentionPrefillDotShape, attentionPrefillDotWorkgroupBytes } from './attention-prefill-dot.wgsl.ts';
-import { attentionPrefillInt8Shape, attentionPrefillInt8WorkgroupBytes } from './attention-prefill-int8.wgsl.ts';
-import { attentionReference } from './reference/attention.ts';
-import { attentionInt8Reference } from './reference/attention-int8.ts';
+import {
+  attentionPrefillInt8Shape,
+  attentionPrefillInt8WorkgroupBytes,
+  keysInt8Capacity,
+} from './attention-prefill-int8.wgsl.ts';
+import { releaseDispatches, submitDispatches } from './dispatch.ts';
+import { prepareKvAppend } from './kv-append.ts';
+import { attentionReference, roundToF16 } from './reference/attention.ts';
+import { attentionInt8Reference, int8Codes } from './reference/attention-int8.ts';
 
 const ctx = withTestGpu();
 
@@ -113,9 +126,18 @@ describe('int8 prefill attention', () => {
   });
 
   it('serves head sizes 64 and 128 where the workgroup storage holds the build; the f32 kernels elsewhere', () => {
-    expect(attentionPrefillInt8WorkgroupBytes(64)).toBe(34304);
-    expect(attentionPrefillInt8WorkgroupBytes(128)).toBe(46592);
-    expect(attentionPrefillInt8Shape(128, null, 49152)).toEqual({ headDim: 128, quant: null });
+    expect(attentionPrefillInt8WorkgroupBytes(64)).toBe(33280);
+    expect(attentionPrefillInt8WorkgroupBytes(128)).toBe(41472);
+    expect(attentionPrefillInt8Shape(128, null, 49152)).toEqual({
+      headDim: 128,
+      quant: null,
+      converted: false,
+    });
+    expect(attentionPrefillInt8Shape(128, null, 49152, true)).toEqual({
+      headDim: 128,
+      quant: null,
+      converted: true,
+    });
     expect(attentionPrefillInt8Shape(128, null, 32768)).toBeNull();
     expect(attentionPrefillInt8Shape(96, null, 49152)).toBeNull();
     const pool = { headDim: 64, kvHeads: 2, quant: null } as never;
@@ -126,4 +148,84 @@ describe('int8 prefill attention', () => {
       attentionPrefillInt8ShapeFor(ctx.gpu, { pool, layer: 0, maxTokens: 64, prefillProducts: 'int8' }) !== null,
     ).toBe(ctx.gpu.features.subgroupMatrixI8);
   });
+});
+
+describe('int8 keys conversion pass', () => {
+  // The tensor-core kernel's converted build reads these codes (checked on the H200 by bench/attention-kernels.ts
+  // --check-int8); the pass itself needs only subgroups, so CI's adapters run it.
+  it.for([64, 128])(
+    "writes each key's codes and scale as the CPU reference quantizes the f16 pages: headDim %i",
+    async (headDim, context) => {
+      const { gpu } = ctx;
+      if (!gpu.features.subgroups) {
+        console.warn(`SKIPPED: ${gpu.adapter.description} has no subgroups (the int8 keys conversion needs them)`);
+        context.skip();
+      }
+      const kvHeads = 2;
+      const pageTokens = 16;
+      const steps = [64, 37]; // the second ends inside a tile
+      const pool = new KvPagePool(gpu, {
+        layers: 1,
+        kvHeads,
+        headDim,
+        pageTokens,
+        budgetBytes: 2 * kvHeads * pageTokens * headDim * 2 * 16,
+        maxSequenceTokens: 128,
+      });
+      const capacity = keysInt8Capacity(128);
+      const keysInt8 = gpu.allocator.createStorage('test.keys_int8', 'scratch', poolKeysInt8Bytes(pool));
+      const row = kvHeads * headDim;
+      const k = gpu.allocator.createStorage('test.k', 'scratch', 64 * row * 4);
+      const v = gpu.allocator.createStorage('test.v', 'scratch', 64 * row * 4);
+      const append = prepareKvAppend(gpu, 'test.append', { pool, layer: 0, k, v, tokens: 64 });
+      const binding = { pool, layer: 0, q: k, output: v, heads: kvHeads, maxTokens: 64, scale: 1, keysInt8 };
+      const { dispatch } = prepareKeysInt8(gpu, 'test', binding);
+      const random = seededRandom(headDim);
+      const seq = pool.createSequence();
+      const written: { k: Float32Array[]; v: Float32Array[] } = { k: [], v: [] };
+      for (const tokens of steps) {
+        pool.writeStep(seq, seq.length, tokens);
+        for (const [buffer, list, scale] of [
+          [k, written.k, 2],
+          [v, written.v, 1],
+        ] as const) {
+          const values = randomFloats(random, tokens * row, scale);
+          gpu.device.queue.writeBuffer(buffer, 0, values);
+          list.push(values);
+        }
+        submitDispatches(gpu, 'test', [append, dispatch]);
+      }
+      const words = new Int32Array((await readUint32(gpu, keysInt8, keysInt8.size / 4)).buffer);
+      const codeWords = kvHeads * capacity * (headDim / 4);
+      const length = steps[0] + steps[1];
+      let mismatched = 0;
+      for (const [kind, list] of [written.k, written.v].entries()) {
+        const all = new Float32Array(length * row);
+        all.set(list[0]);
+        all.set(list[1], steps[0] * row);
+        for (let h = 0; h < kvHeads; h++) {
+          for (let key = 0; key < length; key++) {
+            const at = key * row + h * headDim;
+            const expected = int8Codes(Array.from(all.subarray(at, at + headDim), roundToF16));
+            const slot = h * capacity + key;
+            const scale = new Float32Array(
+              Int32Array.of(words[2 * codeWords + kind * kvHeads * capacity + slot]).buffer,
+            )[0];
+            expect(scale).toBeCloseTo(expected.step, 6);
+            const bytes = new Int8Array(words.buffer, (kind * codeWords + slot * (headDim / 4)) * 4, headDim);
+            for (let d = 0; d < headDim; d++) {
+              const off = Math.abs(bytes[d] - expected.codes[d]);
+              expect(off).toBeLessThanOrEqual(1);
+              mismatched += off;
+            }
+          }
+        }
+      }
+      // Rounding ties may fall either way in f32; anything more is a wrong code.
+      expect(mismatched).toBeLessThanOrEqual(2);
+      releaseDispatches(gpu, [append, dispatch]);
+      for (const b of [keysInt8, k, v]) gpu.allocator.release(b);
+      pool.destroy();
+    },
+  );
 });

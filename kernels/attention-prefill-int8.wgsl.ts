@@ -22,25 +22,36 @@
  * Output and bindings as the split kernel (attentionPartialSource): splits = 1 the normalized rows, else
  * (max, sum, Σ p·V) per (t, h, s) for the merge pass.
  */
-import { attentionBindingsWgsl, SPLIT_CHUNK_WGSL, splitTileWgsl } from './attention.wgsl.ts';
+import { attentionBindingsWgsl, attentionParamsWgsl, SPLIT_CHUNK_WGSL, splitTileWgsl } from './attention.wgsl.ts';
 import { type DecodeQuantShape, quantGroupsFitHeads } from './attention-decode.wgsl.ts';
-import { kvPagesReadableWgsl } from './kv-append.wgsl.ts';
+import { KV_STEP_WGSL, kvPagesReadableWgsl } from './kv-append.wgsl.ts';
 
 export interface AttentionPrefillInt8Shape {
   headDim: 64 | 128;
   /** Quant pages (pool mode 'quant') and their formats; null for an f16-only pool. */
   quant: DecodeQuantShape | null;
+  /**
+   * Read the keys as int8 codes a conversion pass wrote for the whole step (attentionKeysInt8Source), instead of
+   * converting each tile from the pages in every workgroup that reads it. The build then no longer depends on `quant`.
+   */
+  converted: boolean;
 }
 
 /** Query rows per workgroup. */
 export const INT8_ATTENTION_ROWS = 64;
 /** Keys per tile. */
-const BK = 64;
+export const INT8_ATTENTION_TILE_KEYS = 64;
+const BK = INT8_ATTENTION_TILE_KEYS;
 
-/** Workgroup storage of a build: q, k, v and p codes, the integer sums, five per-row or per-key scales. */
+/**
+ * Workgroup storage of a build: q, k, v and p codes, the integer sums, five per-row or per-key scales (k and v codes
+ * only where the build converts the pages itself).
+ */
 export function attentionPrefillInt8WorkgroupBytes(headDim: number): number {
   const rows = INT8_ATTENTION_ROWS;
-  return rows * headDim + 2 * BK * headDim + 4 * rows * (BK + 1) + rows * BK + 4 * (3 * rows + 2 * BK);
+  // Key and p code rows padded by a vec4; the sums hold S (rows BK + 1 words apart), q's codes, a round of P·V tiles.
+  const sumsWords = Math.max(rows * (BK + 1), rows * (headDim / 4 + 4), 16 * 256);
+  return 2 * BK * (headDim + 16) + 4 * sumsWords + rows * (BK + 16) + 4 * (3 * rows + 2 * BK);
 }
 
 /** The build for a head size and page formats, or null where the kernel does not serve them. */
@@ -48,18 +59,80 @@ export function attentionPrefillInt8Shape(
   headDim: number,
   quant: DecodeQuantShape | null,
   maxWorkgroupBytes: number,
+  converted = false,
 ): AttentionPrefillInt8Shape | null {
   if ((headDim !== 64 && headDim !== 128) || !quantGroupsFitHeads(headDim, quant)) return null;
   if (quant && (32 / quant.kBits > headDim / 2 || 32 / quant.vBits > headDim / 2)) return null;
-  return attentionPrefillInt8WorkgroupBytes(headDim) <= maxWorkgroupBytes ? { headDim, quant } : null;
+  return attentionPrefillInt8WorkgroupBytes(headDim) <= maxWorkgroupBytes ? { headDim, quant, converted } : null;
+}
+
+/** Keys of slack past the last KV head's keys in an int8 keys buffer: a tile's loads may run past a split's end. */
+const KEYS_INT8_SLACK = BK;
+
+/**
+ * Bytes of the int8 keys buffer for steps of up to `maxKeys` keys (attentionKeysInt8Source): per KV head and key,
+ * K's and V's codes (a byte per dim) and scales (f32). Keys are counted in whole tiles.
+ */
+export function keysInt8Bytes(maxKeys: number, kvHeads: number, headDim: number): number {
+  return (kvHeads * keysInt8Capacity(maxKeys) + KEYS_INT8_SLACK) * 2 * (headDim + 4);
+}
+
+/** Keys per KV head the int8 keys buffer holds for steps of up to `maxKeys` keys (params.int8Keys). */
+export function keysInt8Capacity(maxKeys: number): number {
+  return Math.ceil(maxKeys / BK) * BK;
+}
+
+/**
+ * Converts every key of the step (0..step.length) of one layer into int8 codes, once, for the converted build of the
+ * prefill attention: workgroup (tile of BK keys, KV head), the staging of int8AttentionStagingWgsl into the int8 keys
+ * buffer (keys8, read_write i32 words, C = params.int8Keys keys per head):
+ *   K codes [kvHeads][C][HD / 4], then V codes the same, then K scales [kvHeads][C] (f32 bits), then V scales.
+ */
+export function attentionKeysInt8Source(headDim: 64 | 128, quant: DecodeQuantShape | null): string {
+  const HD = headDim;
+  const HALF = HD / 2;
+  const { fetchWgsl, codeScaleWgsl, stage } = int8AttentionStagingWgsl(HD, quant);
+  const codesAt = (region: string) => (i: string) => `keys8[${region}key * HW + half * ${HALF / 4}u + ${i}]`;
+  const scaleAt = (region: string) => (d: string) => `keys8[2u * codeWords + ${region}key] = bitcast<i32>(${d});`;
+  return /* wgsl */ `
+enable subgroups;
+${attentionParamsWgsl(quant !== null)}
+${kvPagesReadableWgsl(4)}
+@group(0) @binding(0) var<storage, read_write> keys8: array<i32>;
+@group(0) @binding(1) var<storage, read> pageTable: array<u32>;
+@group(0) @binding(2) var<uniform> step: KvStep;
+@group(0) @binding(3) var<uniform> params: Params;
+${fetchWgsl}
+${codeScaleWgsl}
+
+const HD: u32 = ${HD}u;
+const HW: u32 = ${HD / 4}u;
+const BK: u32 = ${BK}u;
+
+@compute @workgroup_size(128)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(subgroup_id) sg: u32,
+        @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) width: u32) {
+  let kvh = wg.y;
+  let block = wg.x * BK;
+  if (block >= step.length) { return; }
+  // Lanes 2m, 2m + 1 share a key (their shuffles meet), as in the attention kernels' staging.
+  let r = sg * (width / 2u) + lane / 2u;
+  let half = lane % 2u;
+  let f = fetchTile(block, min(BK, step.length - block), kvh, r, half);
+  let codeWords = params.kvHeads * params.int8Keys * HW; // of K's codes, and of V's
+  let key = kvh * params.int8Keys + block + r;
+${stage('k', codesAt(''), scaleAt(''))}
+${stage('v', codesAt('codeWords + '), scaleAt('params.kvHeads * params.int8Keys + '))}
+}
+`;
 }
 
 /**
  * What both int8 prefill kernels share, for a head of HD dims where invocation pair (row or key r, half) handles HD/2
  * dims: the tile fetch a tile ahead (Fetched, fetchTile: f16 words or quant code words), the opening of the loop
- * over tiles (`tileLoopHead`), whose stages turn the fetched half-row into int8 codes `kcodes`/`vcodes[r * HW + ..]`
+ * over tiles (`tileLoopHead`), whose stages turn the fetched half-row into int8 codes `kcodes`/`vcodes[r * KS + ..]` (KS: the including shader's words between keys)
  * and its scale `kscale`/`vscale[r]` (through codeScale, the pair's max by subgroupShuffleXor), and
- * `stageQuery(stride)`, which does the same for row r of q into qcodes.
+ * `stageQuery(codes, stride)`, which does the same for row r of q into `codes`.
  */
 export function int8AttentionStagingWgsl(HD: number, quant: DecodeQuantShape | null) {
   const HALF = HD / 2; // dims an invocation stages of a row or key
@@ -100,16 +173,22 @@ export function int8AttentionStagingWgsl(HD: number, quant: DecodeQuantShape | n
           vals[2u * i + 1u] = vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w));
         }
       }`;
-  const stage = (p: 'k' | 'v') => `
+  // Where the codes go: word i of this invocation's half (an l-value) and the statement that stores the key's scale d;
+  // by default the tile's rows in workgroup memory.
+  const stage = (
+    p: 'k' | 'v',
+    codesAt = (i: string) => `${p}codes[r * KS + half * ${HALF / 4}u + ${i}]`,
+    storeScale = (d: string) => `${p}scale[r] = ${d};`,
+  ) => `
     {
       var vals: array<vec4<f32>, ${HALF / 4}>;
       ${quant ? `if (f.quant) ${quantValues(p, p === 'k' ? quant.kBits : quant.vBits)} else ${f16Values(p)}` : f16Values(p)}
       let d = codeScale(vals);
       let inverse = select(0.0, 1.0 / d, d > 1e-30);
       for (var i = 0u; i < ${HALF / 4}u; i++) {
-        ${p}codes[r * HW + half * ${HALF / 4}u + i] = bitcast<i32>(pack4xI8(vec4<i32>(round(vals[i] * inverse))));
+        ${codesAt('i')} = bitcast<i32>(pack4xI8(vec4<i32>(round(vals[i] * inverse))));
       }
-      if (half == 0u) { ${p}scale[r] = d; }
+      if (half == 0u) { ${storeScale('d')} }
     }`;
   const fetchWgsl = `
 /**
@@ -164,8 +243,8 @@ fn codeScale(vals: array<vec4<f32>, ${HALF / 4}>) -> f32 {
   }
   return max(amax, subgroupShuffleXor(amax, 1u)) / 127.0;
 }`;
-  /** Row r of q (times params.scale) as codes at qcodes[r * stride + ..] and qscale[r]; rowT is r's token. */
-  const stageQuery = (stride: string) => `  {
+  /** Row r of q (times params.scale) as codes at codes[r * stride + ..] and qscale[r]; rowT is r's token. */
+  const stageQuery = (codes: string, stride: string) => `  {
     var vals: array<vec4<f32>, ${HALF / 4}>;
     if (rowT < step.tokens) {
       let at = (rowT * params.heads + kvh * group + (firstRow + r) % group) * HD + half * ${HALF}u;
@@ -176,7 +255,7 @@ fn codeScale(vals: array<vec4<f32>, ${HALF / 4}>) -> f32 {
     let d = codeScale(vals);
     let inverse = select(0.0, 1.0 / d, d > 1e-30);
     for (var i = 0u; i < ${HALF / 4}u; i++) {
-      qcodes[r * ${stride} + half * ${HALF / 4}u + i] = bitcast<i32>(pack4xI8(vec4<i32>(round(vals[i] * inverse))));
+      ${codes}[r * ${stride} + half * ${HALF / 4}u + i] = bitcast<i32>(pack4xI8(vec4<i32>(round(vals[i] * inverse))));
     }
     if (half == 0u) { qscale[r] = d; }
   }`;
@@ -193,8 +272,9 @@ ${stage('v')}
     workgroupBarrier();
     if (block + BK < end) { f = fetchTile(block + BK, min(BK, end - block - BK), kvh, r, half); }`;
   return {
-    fetchWgsl: `${fetchWgsl}
-${codeScaleWgsl}`,
+    fetchWgsl,
+    codeScaleWgsl,
+    stage,
     stageQuery,
     tileLoopHead,
   };
@@ -203,35 +283,98 @@ ${codeScaleWgsl}`,
 export function attentionPrefillInt8Source(shape: AttentionPrefillInt8Shape): string {
   const { headDim: HD, quant } = shape;
   const ROWS = INT8_ATTENTION_ROWS;
+  // Rows of the code tiles padded by a vec4: on the H200, one layer at 32K keys took 5.9 instead of 8.3 ms (Qwen3-4B)
+  // and 3.5 instead of 4.4 (Llama-3.2-1B). Rows of S stay BK + 1 words apart (68 and 72 were no faster).
+  const KS = HD / 4 + 4; // words between keys (rows) of the code tiles
+  const PS = BK / 4 + 4; // words between rows of the p codes
+  const SP = BK + 1;
   const range = (n: number) => Array.from({ length: n }, (_, i) => i);
   const each = (n: number, f: (i: number) => string, sep = '\n') => range(n).map(f).join(sep);
   const KSTEPS = HD / 32; // 32-deep steps of q·k
   const DT = HD / 16; // dim tiles of a subgroup's output rows
   const ROUNDS = DT / 4; // rounds of 4 dim tiles through the sums buffer
-  const { fetchWgsl, stageQuery, tileLoopHead } = int8AttentionStagingWgsl(HD, quant);
+  const { fetchWgsl, codeScaleWgsl, stageQuery, tileLoopHead } = int8AttentionStagingWgsl(HD, quant);
+  // The converted build: bindings 0, 1, 3, 4 as the others, the int8 keys buffer in place of the page table, no pages.
+  const bindings = shape.converted
+    ? `${attentionParamsWgsl(false)}
+${KV_STEP_WGSL}
+@group(0) @binding(0) var<storage, read> q: array<f32>;
+@group(0) @binding(1) var<storage, read_write> dst: array<f32>;
+@group(0) @binding(2) var<storage, read> keys8: array<vec4<i32>>;
+@group(0) @binding(3) var<uniform> step: KvStep;
+@group(0) @binding(4) var<uniform> params: Params;`
+    : `${attentionBindingsWgsl(quant !== null)}
+${kvPagesReadableWgsl(5)}
+${fetchWgsl}`;
+  // Converted builds copy each tile's codes from the int8 keys buffer into workgroup memory, as vec4s loaded a tile
+  // ahead into registers: on the H200, a subgroup matrix loaded from a storage buffer fed the tensor cores at 52
+  // trillion multiply-adds a second, one loaded from workgroup memory at 233 (bench/int8-dot-probe.ts).
+  const TILE_QUADS = (BK * HD) / 16; // vec4s of a tile's K codes, and of its V codes
+  const AHEAD = (2 * TILE_QUADS) / (2 * ROWS); // vec4s an invocation loads per tile
+  const convertedLoopHead = `  let codeWords = params.kvHeads * params.int8Keys * HW; // of K's codes, and of V's
+  let headKeys = kvh * params.int8Keys;
+  var ahead: array<vec4<i32>, ${AHEAD}>;
+  // The first tile's codes: K's vec4s, then V's, ${2 * ROWS} invocations apart.
+  for (var i = 0u; i < ${AHEAD}u; i++) {
+    let at = li + i * ${2 * ROWS}u;
+    ahead[i] = keys8[(select(codeWords, 0u, at < ${TILE_QUADS}u) + (headKeys + start) * HW) / 4u + at % ${TILE_QUADS}u];
+  }
+  for (var block = start; block < end; block += BK) {
+    let n = min(BK, end - block);
+    // The previous tile's readers are done with the codes, the sums and the scales.
+    workgroupBarrier();
+    // The tile's K scales, then its V scales; past the split's keys 0 (their scores are masked; their value weights
+    // must stay finite).
+    for (var i = li; i < 2u * BK; i += ${2 * ROWS}u) {
+      let j = i % BK;
+      let at = 2u * codeWords + (i / BK) * params.kvHeads * params.int8Keys + headKeys + block + j;
+      let scale = bitcast<f32>(keys8[at / 4u][at % 4u]);
+      if (i < BK) { kscale[j] = select(0.0, scale, j < n); } else { vscale[j] = select(0.0, scale, j < n); }
+    }
+    for (var i = 0u; i < ${AHEAD}u; i++) {
+      let at = li + i * ${2 * ROWS}u;
+      let quad = at % ${TILE_QUADS}u;
+      let word = (quad / ${HD / 16}u) * KS + 4u * (quad % ${HD / 16}u);
+      let w = ahead[i];
+      if (at < ${TILE_QUADS}u) {
+        kcodes[word] = w.x; kcodes[word + 1u] = w.y; kcodes[word + 2u] = w.z; kcodes[word + 3u] = w.w;
+      } else {
+        vcodes[word] = w.x; vcodes[word + 1u] = w.y; vcodes[word + 2u] = w.z; vcodes[word + 3u] = w.w;
+      }
+    }
+    workgroupBarrier();
+    if (block + BK < end) {
+      for (var i = 0u; i < ${AHEAD}u; i++) {
+        let at = li + i * ${2 * ROWS}u;
+        ahead[i] = keys8[(select(codeWords, 0u, at < ${TILE_QUADS}u) + (headKeys + block + BK) * HW) / 4u +
+          at % ${TILE_QUADS}u];
+      }
+    }`;
 
   return /* wgsl */ `
 enable chromium_experimental_subgroup_matrix;
 enable subgroups;
 diagnostic(off, chromium_experimental.subgroup_matrix_uniformity);
-${attentionBindingsWgsl(quant !== null)}
-${kvPagesReadableWgsl(5)}
+${bindings}
 ${SPLIT_CHUNK_WGSL}
-${fetchWgsl}
+${codeScaleWgsl}
 
 const HD: u32 = ${HD}u;
 const HW: u32 = ${HD / 4}u; // words of a row's or key's codes
 const ROWS: u32 = ${ROWS}u;
 const BK: u32 = ${BK}u;
-const BW: u32 = ${BK / 4}u; // words of a row's p codes
-const SP: u32 = ${BK + 1}u; // words between rows of S in the sums (padded: row r's key j in bank (r + j) % 32)
+// Words between rows: of the key tiles' codes and of q's (a vec4 of padding: a matrix load's rows of 16 bytes fall in
+// different banks), of the p codes, and of S in the sums (row r's key j in bank (r + j) % 32).
+const KS: u32 = ${KS}u;
+const PS: u32 = ${PS}u;
+const SP: u32 = ${SP}u;
 const NONE: f32 = -1e30;
 
-var<workgroup> qcodes: array<i32, ${ROWS * (HD / 4)}>;
-var<workgroup> kcodes: array<i32, ${BK * (HD / 4)}>;
-var<workgroup> vcodes: array<i32, ${BK * (HD / 4)}>;
-var<workgroup> sums: array<i32, ${ROWS * (BK + 1)}>; // S of the tile [row][key], then a round of P·V tiles
-var<workgroup> pcodes: array<i32, ${ROWS * (BK / 4)}>;
+var<workgroup> kcodes: array<i32, ${BK * KS}>;
+var<workgroup> vcodes: array<i32, ${BK * KS}>;
+// q's codes (rows KS apart) until the subgroups hold them; then S of a tile [row][key], then a round of P·V tiles.
+var<workgroup> sums: array<i32, ${Math.max(ROWS * SP, ROWS * KS, 16 * 256)}>;
+var<workgroup> pcodes: array<i32, ${ROWS * PS}>;
 var<workgroup> qscale: array<f32, ${ROWS}>;
 var<workgroup> kscale: array<f32, ${BK}>;
 var<workgroup> vscale: array<f32, ${BK}>;
@@ -239,8 +382,8 @@ var<workgroup> wscale: array<f32, ${ROWS}>; // the tile's d_w per row; at the en
 var<workgroup> corr: array<f32, ${ROWS}>; // the tile's correction per row; at the end, the row maxima
 
 
-@compute @workgroup_size(128)
-fn main(@builtin(workgroup_id) wg: vec3<u32>,
+@compute @workgroup_size(${2 * ROWS})
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32,
         @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
 ${splitTileWgsl('ROWS')}
   // The row (or key) this invocation stages and takes through the softmax: lanes 2m and 2m + 1 of subgroup g take
@@ -250,13 +393,13 @@ ${splitTileWgsl('ROWS')}
   let half = lane % 2u;
   let rowT = (firstRow + r) / group;
   let limit = select(0u, step.position + rowT + 1u, rowT < step.tokens); // keys visible to row r (causal)
-${stageQuery('HW')}
+${stageQuery('sums', 'KS')}
   workgroupBarrier();
   // The subgroup's q rows, 32 dims per matrix, for every tile.
 ${each(
   KSTEPS,
   (k) =>
-    `  let q${k} = subgroupMatrixLoad<subgroup_matrix_left<i8, 32, 16>, row_major>(&qcodes, sg * 16u * HW + ${8 * k}u, HW);`,
+    `  let q${k} = subgroupMatrixLoad<subgroup_matrix_left<i8, 32, 16>, row_major>(&sums, sg * 16u * KS + ${8 * k}u, KS);`,
 )}
   var m = NONE;
   var l = 0.0;
@@ -265,14 +408,14 @@ ${each(
   let c = lane % 16u;
   var acc: array<f32, ${DT * 8}>;
 
-${tileLoopHead}
+${shape.converted ? convertedLoopHead : tileLoopHead}
     for (var t = 0u; t < BK / 16u; t++) {
       var scores = subgroupMatrixMultiply<i32>(q0,
-        subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, col_major>(&kcodes, t * 16u * HW, HW));
+        subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, col_major>(&kcodes, t * 16u * KS, KS));
 ${each(
   KSTEPS - 1,
   (k) => `      scores = subgroupMatrixMultiplyAccumulate(q${k + 1},
-        subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, col_major>(&kcodes, t * 16u * HW + ${8 * (k + 1)}u, HW), scores);`,
+        subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, col_major>(&kcodes, t * 16u * KS + ${8 * (k + 1)}u, KS), scores);`,
 )}
       subgroupMatrixStore<row_major>(&sums, sg * 16u * SP + t * 16u, scores, SP);
     }
@@ -309,7 +452,7 @@ ${each(
       // w_4a..w_4a+3 are keys 4·((a + 4·half) % 8).. of the half: one word of codes.
 ${each(
   8,
-  (a) => `      pcodes[r * BW + 8u * half + ((${a}u + 4u * half) & 7u)] =
+  (a) => `      pcodes[r * PS + 8u * half + ((${a}u + 4u * half) & 7u)] =
         bitcast<i32>(pack4xI8(vec4<i32>(round(vec4<f32>(w${4 * a}, w${4 * a + 1}, w${4 * a + 2}, w${4 * a + 3}) * inverse))));`,
 )}
       if (half == 0u) {
@@ -319,17 +462,17 @@ ${each(
     }
     workgroupBarrier();
     // The subgroup's rows of the tile's w codes, keys 0..31 and 32..63.
-    let p0 = subgroupMatrixLoad<subgroup_matrix_left<i8, 32, 16>, row_major>(&pcodes, sg * 16u * BW, BW);
-    let p1 = subgroupMatrixLoad<subgroup_matrix_left<i8, 32, 16>, row_major>(&pcodes, sg * 16u * BW + 8u, BW);
+    let p0 = subgroupMatrixLoad<subgroup_matrix_left<i8, 32, 16>, row_major>(&pcodes, sg * 16u * PS, PS);
+    let p1 = subgroupMatrixLoad<subgroup_matrix_left<i8, 32, 16>, row_major>(&pcodes, sg * 16u * PS + 8u, PS);
 ${each(
   ROUNDS,
   (round) => `    {
       for (var u = 0u; u < 4u; u++) {
         let t = ${round * 4}u + u;
         var o = subgroupMatrixMultiply<i32>(p0,
-          subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, row_major>(&vcodes, t * 4u, HW));
+          subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, row_major>(&vcodes, t * 4u, KS));
         o = subgroupMatrixMultiplyAccumulate(p1,
-          subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, row_major>(&vcodes, 32u * HW + t * 4u, HW), o);
+          subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, row_major>(&vcodes, 32u * KS + t * 4u, KS), o);
         subgroupMatrixStore<row_major>(&sums, (sg * 4u + u) * 256u, o, 16u);
       }
       workgroupBarrier();

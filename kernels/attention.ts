@@ -26,9 +26,13 @@ import {
 } from './attention-prefill-dot.wgsl.ts';
 import {
   type AttentionPrefillInt8Shape,
+  attentionKeysInt8Source,
   attentionPrefillInt8Shape,
   attentionPrefillInt8Source,
   INT8_ATTENTION_ROWS,
+  INT8_ATTENTION_TILE_KEYS,
+  keysInt8Bytes,
+  keysInt8Capacity,
 } from './attention-prefill-int8.wgsl.ts';
 import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from './dispatch.ts';
 import { type KvPageSource, kvPoolDispatch } from './kv-append.ts';
@@ -90,6 +94,17 @@ export interface AttentionBinding {
    * kernels do.
    */
   prefillProducts?: AttentionProducts;
+  /**
+   * 'int8' on tensor cores: convert the step's keys to int8 codes once, in a pass of their own, into a buffer of
+   * keysInt8Bytes(the pool's longest sequence, ...) (default true where that fits a storage binding); false converts
+   * each tile from the pages in every workgroup that reads it (same codes, same results).
+   */
+  convertKeys?: boolean;
+  /**
+   * The int8 keys buffer of the conversion pass, at least keysInt8Bytes(maxPagesPerSequence × pageTokens, ...);
+   * default: a buffer of its own, owned by the dispatch. Layers run one after another, so they can share one.
+   */
+  keysInt8?: GPUBuffer;
   /**
    * Multiply each head's output by Rᵀ in the merge pass (a rotated cache's un-rotation, as kernels/rotate.ts would do
    * in a dispatch of its own). Needs a merge pass (splits > 1).
@@ -176,15 +191,23 @@ export async function int8PrefillAttentionCompiles(
   const limit = gpu.limits.maxComputeWorkgroupStorageSize;
   const int2 = { kBits: 2, kGroup: headDim, vBits: 2, vGroup: headDim } as const;
   for (const quant of [null, int2]) {
-    let source: string | null = null;
+    let sources: (string | null)[] = [null];
     if (products === 'int8' && gpu.features.subgroupMatrixI8) {
-      const shape = attentionPrefillInt8Shape(headDim, quant, limit);
-      source = shape && attentionPrefillInt8Source(shape);
+      // Both builds (converted keys, and the pages' where the keys buffer would not fit a binding) and the conversion.
+      const pages = attentionPrefillInt8Shape(headDim, quant, limit);
+      const converted = attentionPrefillInt8Shape(headDim, quant, limit, true);
+      sources = [
+        pages && attentionPrefillInt8Source(pages),
+        converted && attentionPrefillInt8Source(converted),
+        converted && attentionKeysInt8Source(converted.headDim, quant),
+      ];
     } else if (products === 'int8-dot' && gpu.features.subgroups) {
       const shape = attentionPrefillDotShape(headDim, quant, limit, !gpu.adapter.isFallbackAdapter);
-      source = shape && attentionPrefillDotSource(shape);
+      sources = [shape && attentionPrefillDotSource(shape)];
     }
-    if (source === null || !(await pipelineCompiles(gpu, source))) return false;
+    for (const source of sources) {
+      if (source === null || !(await pipelineCompiles(gpu, source))) return false;
+    }
   }
   return true;
 }
@@ -206,14 +229,23 @@ export function attentionPrefillDotShapeFor(
   return attentionPrefillDotShape(b.pool.headDim, layerQuantShape(b), limit, !gpu.adapter.isFallbackAdapter);
 }
 
+/** Bytes of the int8 keys buffer a pool's prefill attention converts into: keys of its longest sequence. */
+export function poolKeysInt8Bytes(
+  pool: Pick<KvPageSource, 'maxPagesPerSequence' | 'pageTokens' | 'kvHeads' | 'headDim'>,
+) {
+  return keysInt8Bytes(pool.maxPagesPerSequence * pool.pageTokens, pool.kvHeads, pool.headDim);
+}
+
 /** The int8 prefill kernel's shape for a binding, or null where the f32 kernels serve it. */
 export function attentionPrefillInt8ShapeFor(
   gpu: GpuContext,
-  b: Pick<AttentionBinding, 'pool' | 'layer' | 'maxTokens' | 'prefillKernel' | 'prefillProducts'>,
+  b: Pick<AttentionBinding, 'pool' | 'layer' | 'maxTokens' | 'prefillKernel' | 'prefillProducts' | 'convertKeys'>,
 ): AttentionPrefillInt8Shape | null {
   if (b.maxTokens === 1 || b.prefillKernel === false || b.prefillProducts !== 'int8') return null;
   if (!gpu.features.subgroupMatrixI8) return null;
-  return attentionPrefillInt8Shape(b.pool.headDim, layerQuantShape(b), gpu.limits.maxComputeWorkgroupStorageSize);
+  const converted = b.convertKeys !== false && poolKeysInt8Bytes(b.pool) <= gpu.limits.maxStorageBufferBindingSize;
+  const limit = gpu.limits.maxComputeWorkgroupStorageSize;
+  return attentionPrefillInt8Shape(b.pool.headDim, layerQuantShape(b), limit, converted);
 }
 
 /**
@@ -276,7 +308,7 @@ export function prepareAttention(
     : int8Prefill
       ? computePipeline(
           gpu,
-          `attention-prefill-int8-hd${headDim}${int8Formats}`,
+          `attention-prefill-int8-hd${headDim}${int8Prefill.converted ? '-converted' : int8Formats}`,
           sources.prefillInt8 ?? attentionPrefillInt8Source(int8Prefill),
         )
       : prefill
@@ -296,56 +328,43 @@ export function prepareAttention(
               `${quant ? 'attention-mixed' : 'attention-partial'}-${shape.blockKeys}-hd${headDim}-r${rows}`,
               sources.partial ?? attentionPartialSource(shape),
             );
-  const words = [
-    pool.layerOffsetWords(b.layer, 0),
-    pool.layerOffsetWords(b.layer, 1),
-    pool.pageWords,
-    pool.pageTokens,
-    heads,
-    kvHeads,
-    headDim,
+  const params = attentionParams(gpu, label, b, {
     splits,
-    b.scale,
     rows,
-    b.minChunkKeys ?? 1,
-    0,
-  ];
-  if (quant) {
-    const key = quant.rows(b.layer, 0);
-    const value = quant.rows(b.layer, 1);
-    words.push(
-      quant.pageWords,
-      quant.layerOffsetWords(b.layer, 0),
-      quant.layerOffsetWords(b.layer, 1),
-      attentionQuantBlockKeys(shape),
-      key.format.bits,
-      key.format.groupSize,
-      key.codeWords,
-      key.rowWords,
-      value.format.bits,
-      value.format.groupSize,
-      value.codeWords,
-      value.rowWords,
-    );
-  }
-  const params = uniformBuffer(gpu, `${label}.params`, words, 'uuuuuuuufuuu'.padEnd(words.length, 'u'));
+    quantBlockKeys: quant ? attentionQuantBlockKeys(shape) : 0,
+    int8Keys: int8Prefill?.converted ? poolKeysInt8Capacity(pool) : 0,
+  });
   const rotation = b.outputRotation;
   if (rotation && splits === 1) {
     throw new InvalidRequestError(`attention '${label}': an output rotation needs a merge pass (splits > 1)`);
   }
-  if (splits === 1) {
-    return [
-      kvPoolDispatch(
-        gpu,
-        label,
-        partialPipeline,
-        pool,
-        [b.q, b.output, pool.pageTable, pool.step, params],
-        [1, kvHeads, tiles],
-        [params],
-      ),
-    ];
-  }
+  // The converted int8 build: a pass that converts the step's keys into the int8 keys buffer, and the attention
+  // reads that buffer instead of the page table and pages.
+  const convert = int8Prefill?.converted ? prepareKeysInt8(gpu, label, b) : null;
+  const attend = (output: GPUBuffer, splitLabel: string, splitsX: number, owned: GPUBuffer[]): PreparedDispatch[] =>
+    convert
+      ? [
+          convert.dispatch,
+          {
+            label: splitLabel,
+            pipeline: partialPipeline,
+            bindGroup: bindBuffers(gpu, splitLabel, partialPipeline, [b.q, output, convert.keys, pool.step, params]),
+            workgroups: [splitsX, kvHeads, tiles],
+            owned,
+          },
+        ]
+      : [
+          kvPoolDispatch(
+            gpu,
+            splitLabel,
+            partialPipeline,
+            pool,
+            [b.q, output, pool.pageTable, pool.step, params],
+            [splitsX, kvHeads, tiles],
+            owned,
+          ),
+        ];
+  if (splits === 1) return attend(b.output, label, 1, [params]);
   const partialsBytes = attentionPartialsBytes(maxTokens, heads, splits, headDim);
   if (b.partials && b.partials.size < partialsBytes) {
     throw new InvalidRequestError(`attention: partials buffer of ${b.partials.size} bytes, needs ${partialsBytes}`);
@@ -371,15 +390,7 @@ export function prepareAttention(
   );
   const mergeBuffers = [partials, b.output, pool.step, mergeParams, ...(rotation ? [rotation.matrices] : [])];
   return [
-    kvPoolDispatch(
-      gpu,
-      `${label}.split`,
-      partialPipeline,
-      pool,
-      [b.q, partials, pool.pageTable, pool.step, params],
-      [splits, kvHeads, tiles],
-      b.partials ? [params] : [params, partials],
-    ),
+    ...attend(partials, `${label}.split`, splits, b.partials ? [params] : [params, partials]),
     {
       label: `${label}.merge`,
       pipeline: mergePipeline,
@@ -388,4 +399,105 @@ export function prepareAttention(
       owned: [mergeParams],
     },
   ];
+}
+
+/** The Params uniform of the attention kernels (attentionParamsWgsl) for a binding. */
+function attentionParams(
+  gpu: GpuContext,
+  label: string,
+  b: AttentionBinding,
+  fields: { splits: number; rows: number; quantBlockKeys: number; int8Keys: number },
+): GPUBuffer {
+  const { pool } = b;
+  const words = [
+    pool.layerOffsetWords(b.layer, 0),
+    pool.layerOffsetWords(b.layer, 1),
+    pool.pageWords,
+    pool.pageTokens,
+    b.heads,
+    pool.kvHeads,
+    pool.headDim,
+    fields.splits,
+    b.scale,
+    fields.rows,
+    b.minChunkKeys ?? 1,
+    fields.int8Keys,
+  ];
+  const quant = pool.quant ?? null;
+  if (quant) {
+    const key = quant.rows(b.layer, 0);
+    const value = quant.rows(b.layer, 1);
+    words.push(
+      quant.pageWords,
+      quant.layerOffsetWords(b.layer, 0),
+      quant.layerOffsetWords(b.layer, 1),
+      fields.quantBlockKeys,
+      key.format.bits,
+      key.format.groupSize,
+      key.codeWords,
+      key.rowWords,
+      value.format.bits,
+      value.format.groupSize,
+      value.codeWords,
+      value.rowWords,
+    );
+  }
+  return uniformBuffer(gpu, `${label}.params`, words, 'uuuuuuuufuuu'.padEnd(words.length, 'u'));
+}
+
+/** Keys per KV head of a pool's int8 keys buffer (params.int8Keys). */
+function poolKeysInt8Capacity(pool: Pick<KvPageSource, 'maxPagesPerSequence' | 'pageTokens'>): number {
+  return keysInt8Capacity(pool.maxPagesPerSequence * pool.pageTokens);
+}
+
+/**
+ * The conversion pass of the converted int8 prefill attention (attentionKeysInt8Source): every key of the step
+ * (0..step.length) of `b.layer`, a workgroup per tile of 64 keys and KV head (tiles past the step's keys return at
+ * once), into `b.keysInt8` or a buffer of its own (`keys`, owned by the dispatch). Needs subgroups.
+ */
+export function prepareKeysInt8(
+  gpu: GpuContext,
+  label: string,
+  b: AttentionBinding,
+): { dispatch: PreparedDispatch; keys: GPUBuffer } {
+  const { pool } = b;
+  const bytes = poolKeysInt8Bytes(pool);
+  if (b.keysInt8 && b.keysInt8.size < bytes) {
+    throw new InvalidRequestError(`attention: int8 keys buffer of ${b.keysInt8.size} bytes, needs ${bytes}`);
+  }
+  const { headDim } = pool;
+  if (headDim !== 64 && headDim !== 128) {
+    throw new InvalidRequestError(`attention: int8 keys need headDim 64 or 128, got ${headDim}`);
+  }
+  const keys =
+    b.keysInt8 ??
+    gpu.allocator.createBuffer({
+      label: `${label}.keys_int8`,
+      category: 'scratch',
+      size: bytes,
+      usage: GPUBufferUsage.STORAGE,
+    });
+  const quant = layerQuantShape(b);
+  const pipeline = computePipeline(
+    gpu,
+    `attention-keys-int8-hd${headDim}${quant ? `-k${quant.kBits}g${quant.kGroup}-v${quant.vBits}g${quant.vGroup}` : ''}`,
+    attentionKeysInt8Source(headDim, quant),
+  );
+  const capacity = poolKeysInt8Capacity(pool);
+  const params = attentionParams(gpu, `${label}.keys_int8`, b, {
+    splits: 1,
+    rows: 0,
+    quantBlockKeys: 0,
+    int8Keys: capacity,
+  });
+  const dispatch = kvPoolDispatch(
+    gpu,
+    `${label}.keys_int8`,
+    pipeline,
+    pool,
+    [keys, pool.pageTable, pool.step, params],
+    [capacity / INT8_ATTENTION_TILE_KEYS, pool.kvHeads, 1],
+    b.keysInt8 ? [params] : [params, keys],
+  );
+  return { dispatch, keys };
 }

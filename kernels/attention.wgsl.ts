@@ -1,4 +1,4 @@
-import { kvTileLoaderWgsl } from './kv-append.wgsl.ts';
+import { KV_STEP_WGSL, kvTileLoaderWgsl } from './kv-append.wgsl.ts';
 import { ROW_PRODUCT_PARTIALS, rowProductWgsl } from './rotate.wgsl.ts';
 
 /** Query rows (token, head) one workgroup serves. */
@@ -83,7 +83,7 @@ export function attentionParamsWgsl(quant: boolean): string {
   return `struct Params {
   kOffset: u32, vOffset: u32, pageWords: u32, pageTokens: u32,
   heads: u32, kvHeads: u32, headDim: u32, splits: u32,
-  scale: f32, rows: u32, minChunk: u32, _p2: u32,${quant ? QUANT_PARAMS : ''}
+  scale: f32, rows: u32, minChunk: u32, int8Keys: u32,${quant ? QUANT_PARAMS : ''}
 }`;
 }
 
@@ -421,7 +421,7 @@ export function attentionMergeSource(rotateOutput: boolean): string {
   }`;
   return /* wgsl */ `
 struct Params { heads: u32, headDim: u32, splits: u32, minChunk: u32, firstMatrix: u32, headsPerMatrix: u32, _p0: u32, _p1: u32 }
-struct KvStep { position: u32, tokens: u32, tableOffset: u32, length: u32 }
+${KV_STEP_WGSL}
 
 @group(0) @binding(0) var<storage, read> partials: array<f32>;
 @group(0) @binding(1) var<storage, read_write> out: array<f32>;

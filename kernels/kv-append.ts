@@ -12,6 +12,8 @@ export interface KvPageSource {
   readonly headDim: number;
   readonly pageTokens: number;
   readonly pageWords: number;
+  /** Page-table entries of a sequence: its most keys are maxPagesPerSequence × pageTokens. */
+  readonly maxPagesPerSequence: number;
   readonly pageTable: GPUBuffer;
   /** The KvStep uniform. */
   readonly step: GPUBuffer;

@@ -1,3 +1,6 @@
+/** The KvStep uniform's layout (runtime/kv/pool.ts writes it before each submit). */
+export const KV_STEP_WGSL = 'struct KvStep { position: u32, tokens: u32, tableOffset: u32, length: u32 }';
+
 /**
  * The KvStep uniform, the four f16 page slabs (writable) and `kvStore`, which writes one u32 (two halves) of the
  * page named by a page-table entry (kind << 28 | slab << 24 | page). The including shader declares
@@ -7,7 +10,7 @@ export function kvPagesWritableWgsl(firstBinding: number): string {
   const slabs = [0, 1, 2, 3]
     .map((i) => `@group(0) @binding(${firstBinding + i}) var<storage, read_write> slab${i}: array<u32>;`)
     .join('\n');
-  return `struct KvStep { position: u32, tokens: u32, tableOffset: u32, length: u32 }
+  return `${KV_STEP_WGSL}
 ${slabs}
 fn kvStore(entry: u32, word: u32, value: u32) {
   let index = (entry & 0xffffffu) * params.pageWords + word;
@@ -62,7 +65,7 @@ export function kvPagesReadableWgsl(firstBinding: number): string {
   const slabs = [0, 1, 2, 3]
     .map((i) => `@group(0) @binding(${firstBinding + i}) var<storage, read> slab${i}: array<vec4<u32>>;`)
     .join('\n');
-  return `struct KvStep { position: u32, tokens: u32, tableOffset: u32, length: u32 }
+  return `${KV_STEP_WGSL}
 ${slabs}
 fn slabQuad(slot: u32, i: u32) -> vec4<u32> {
   var w: vec4<u32>;

@@ -321,6 +321,7 @@ export const INT8_PREFILL_MUTATIONS: Record<'int8' | 'int8-dot', [string, (code:
     ['causal mask one key late', (code) => code.replace('min(n, limit - block)', 'min(n, limit + 1u - block)')],
     ['no rescale between tiles', (code) => code.replace('acc[a] * corr[row]', 'acc[a]')],
     ['one key scale for all keys', (code) => code.replaceAll(/dq \* kscale\[j\d+\]/g, 'dq * kscale[0]')],
+    ['values read from the keys', (code) => code.replaceAll(/select\(codeWords, 0u, at < \d+u\)/g, '0u')],
   ],
   'int8-dot': [
     ['causal mask one key late', (code) => code.replace('min(n, limit - block)', 'min(n, limit + 1u - block)')],
@@ -342,7 +343,7 @@ export async function int8MutationRatio(
   const original =
     products === 'int8-dot'
       ? attentionPrefillDotSource({ headDim: 64, quant: null, unrolled: !gpu.adapter.isFallbackAdapter })
-      : attentionPrefillInt8Source({ headDim: 64, quant: null });
+      : attentionPrefillInt8Source({ headDim: 64, quant: null, converted: true });
   const prefill = edit(original);
   if (prefill === original) throw new Error('int8 mutation: the edit no longer applies');
   const harness = new Harness(gpu, shape, Math.max(...chunks), {

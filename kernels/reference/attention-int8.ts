@@ -20,7 +20,7 @@ function roundEven(v: number): number {
 }
 
 /** int8 codes of `values` on 127 steps of their largest magnitude, and that step (f32 arithmetic, as the kernel). */
-function codes(values: ArrayLike<number>): { codes: Int8Array; step: number } {
+export function int8Codes(values: ArrayLike<number>): { codes: Int8Array; step: number } {
   let amax = 0;
   for (let i = 0; i < values.length; i++) amax = Math.max(amax, Math.abs(values[i]));
   const step = Math.fround(amax / 127);
@@ -48,8 +48,8 @@ export function attentionInt8Reference(input: AttentionInt8ReferenceInput): Floa
   for (let j = 0; j < length; j++) {
     for (let kvh = 0; kvh < kvHeads; kvh++) {
       const at = j * kvStride + kvh * headDim;
-      keyCodes.push(codes(Array.from(k.subarray(at, at + headDim), stored)));
-      valueCodes.push(codes(Array.from(v.subarray(at, at + headDim), stored)));
+      keyCodes.push(int8Codes(Array.from(k.subarray(at, at + headDim), stored)));
+      valueCodes.push(int8Codes(Array.from(v.subarray(at, at + headDim), stored)));
     }
   }
   const chunk = Math.max(Math.max(input.minChunkKeys, 1), Math.ceil(length / input.splits));
@@ -60,7 +60,7 @@ export function attentionInt8Reference(input: AttentionInt8ReferenceInput): Floa
     for (let h = 0; h < heads; h++) {
       const kvh = Math.floor(h / group);
       const qBase = (t * heads + h) * headDim;
-      const query = codes(Array.from(q.subarray(qBase, qBase + headDim), (x) => Math.fround(x * f32Scale)));
+      const query = int8Codes(Array.from(q.subarray(qBase, qBase + headDim), (x) => Math.fround(x * f32Scale)));
       const partials: { m: number; l: number; acc: Float64Array }[] = [];
       for (let start = 0; start < Math.min(length, visible); start += chunk) {
         let m = Number.NEGATIVE_INFINITY;

@@ -1,7 +1,9 @@
 import {
   type AttentionProducts,
   attentionPartialsBytes,
+  attentionPrefillInt8ShapeFor,
   type OutputRotation,
+  poolKeysInt8Bytes,
   prepareAttention,
 } from '../../kernels/attention.ts';
 import type { PreparedDispatch } from '../../kernels/dispatch.ts';
@@ -60,6 +62,8 @@ export class PagedKvAttention {
   private readonly options: PagedAttentionOptions;
   /** The prefill partials buffer of the graph being prepared (layer 0 allocates it and owns it), by maxTokens. */
   private readonly sharedPartials = new Map<number, GPUBuffer>();
+  /** The int8 keys buffer of the converted int8 prefill attention, created with the first graph that runs it. */
+  private keysInt8: GPUBuffer | null = null;
 
   constructor(gpu: GpuContext, pool: KvPagePool, options: PagedAttentionOptions) {
     this.gpu = gpu;
@@ -113,6 +117,24 @@ export class PagedKvAttention {
         this.sharedPartials.set(maxTokens, ownPartials);
       }
     }
+    // The int8 keys buffer of the converted int8 prefill attention: every layer of every prefill graph converts into
+    // the same one (steps run one after another), sized by the pool's longest sequence; it lives as long as the pool.
+    const int8 = attentionPrefillInt8ShapeFor(gpu, {
+      pool,
+      layer,
+      maxTokens,
+      prefillProducts: options.prefillProducts,
+    });
+    if (int8?.converted && !this.keysInt8) {
+      this.keysInt8 = gpu.allocator.createBuffer({
+        label: 'kv.attention.keys_int8',
+        category: 'scratch',
+        size: poolKeysInt8Bytes(pool),
+        usage: GPUBufferUsage.STORAGE,
+      });
+      pool.adopt(this.keysInt8);
+    }
+    const keysInt8 = int8?.converted ? (this.keysInt8 ?? undefined) : undefined;
     const attention = prepareAttention(gpu, `${label}.attention`, {
       pool,
       layer,
@@ -125,6 +147,7 @@ export class PagedKvAttention {
       minChunkKeys: decode ? DECODE_MIN_CHUNK_KEYS : PREFILL_MIN_CHUNK_KEYS,
       prefillProducts: options.prefillProducts,
       partials,
+      keysInt8,
       outputRotation: splits > 1 ? outputRotation : undefined,
     });
     if (ownPartials) attention[0]!.owned.push(ownPartials);
