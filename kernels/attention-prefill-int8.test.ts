@@ -60,6 +60,20 @@ describe.each(['int8', 'int8-dot'] as const)('%s prefill attention', (products) 
     expect(Math.max(...ratios)).toBeLessThanOrEqual(1);
   });
 
+  it.for(products === 'int8' ? INT8_PREFILL_CASES : [])(
+    'the build that converts each tile from the pages matches the CPU reference: %s',
+    async ([, shape, chunks, more], context) => {
+      skipUnserved(products, shape.headDim, context);
+      const { ratios } = await runSteps(ctx.gpu, shape, chunks, 57 + shape.headDim, 4, {
+        ...more,
+        prefillProducts: products,
+        convertKeys: false,
+        tolerance: INT8_ATTENTION_TOLERANCE,
+      });
+      expect(Math.max(...ratios)).toBeLessThanOrEqual(1);
+    },
+  );
+
   // A CPU driver takes minutes to compile the quant builds (two formats where a layer is boosted).
   it.for(INT8_MIXED_CASES)(
     'over f16 and quant pages, matches the CPU reference: %s',

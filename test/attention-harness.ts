@@ -84,6 +84,8 @@ export class Harness {
       prefillKernel?: boolean;
       prefillStorageBytes?: number;
       prefillProducts?: AttentionProducts;
+      /** 'int8': false runs the build that converts each tile from the pages (AttentionBinding.convertKeys). */
+      convertKeys?: boolean;
       /** Output tolerance against the reference (default: the f32 kernels' ATTENTION_F32_TOLERANCE). */
       tolerance?: AttentionTolerance;
     } = {},
@@ -144,6 +146,7 @@ export class Harness {
             prefillKernel: opts.prefillKernel,
             prefillStorageBytes: opts.prefillStorageBytes,
             prefillProducts: opts.prefillProducts,
+            convertKeys: opts.convertKeys,
           },
           opts.sources,
         ),
@@ -244,6 +247,7 @@ export async function runSteps(
     prefillKernel?: boolean;
     prefillStorageBytes?: number;
     prefillProducts?: AttentionProducts;
+    convertKeys?: boolean;
     tolerance?: AttentionTolerance;
     sources?: AttentionSources;
   } = {},
