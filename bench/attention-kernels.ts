@@ -407,7 +407,7 @@ const INT8_PREFILL_ABLATIONS: [string, (code: string) => string][] = [
   // The scores' reads and exponentials (the rest of the softmax stays).
   ['no-score-reads-exp', (code) => code.replaceAll(/f32\(sums\[r \* SP \+ j\d+\]\)/g, '1.0').replaceAll('exp(s', '(s')],
   // The copies of each tile's codes into workgroup memory (and so their loads).
-  ['no-code-copies', (code) => code.replace(/if \(at < \d+u\) \{\n\s*kcodes\[word\][^}]*\} else \{[^}]*\}/, '')],
+  ['no-code-copies', (code) => code.replace(/if \(at < TILE_QUADS\) \{\n\s*kcodes\[word\][^}]*\} else \{[^}]*\}/, '')],
   // The barriers of the tile loop (racy: timing only).
   [
     'no-tile-barriers',
@@ -429,19 +429,12 @@ const INT8_PREFILL_ABLATIONS: [string, (code: string) => string][] = [
 ];
 
 function int8Ablations(
-  shape: LayerShape,
-  pool: KvPagePool | null,
+  gpu: GpuContext,
+  pool: KvPagePool,
+  tokens: number,
 ): [string, Partial<AttentionBinding>, AttentionSources][] {
-  const quant = pool?.quant;
-  const key = quant?.rows(0, 0).format;
-  const value = quant?.rows(0, 1).format;
-  // The build a binding takes: keys converted in a pass of their own.
-  const built = attentionPrefillInt8Shape(
-    shape.headDim,
-    key && value ? { kBits: key.bits, kGroup: key.groupSize, vBits: value.bits, vGroup: value.groupSize } : null,
-    1 << 30,
-    true,
-  );
+  // The build the 'int8' binding takes.
+  const built = attentionPrefillInt8ShapeFor(gpu, { pool, layer: 0, maxTokens: tokens, prefillProducts: 'int8' });
   if (!built) return [];
   const code = attentionPrefillInt8Source(built);
   return INT8_PREFILL_ABLATIONS.map(([name, edit]) => {
@@ -501,7 +494,7 @@ async function benchPrefillShape(
           ] as [string, Partial<AttentionBinding>][])
         : []),
       ...(dot ? [['int8-dot', { prefillProducts: 'int8-dot' }] as [string, Partial<AttentionBinding>]] : []),
-      ...(int8 && ablate ? int8Ablations(shape, kv === 'quant' ? pool : null) : []),
+      ...(int8 && ablate ? int8Ablations(gpu, pool, tokens) : []),
     ];
     for (const [i, [name, knobs, sources]] of kernels.entries()) {
       const binding: AttentionBinding = {
@@ -595,9 +588,13 @@ if (values['check-int8']) {
       report(`over quant pages, ${name}`, r.worst, r.worst <= 1 && r.mismatchedCodes === 0 && r.quantPositions > 0);
     }
     if (!served(64)) continue;
-    for (const [name, edit] of INT8_PREFILL_MUTATIONS[products]) {
-      const ratio = await int8MutationRatio(gpu, edit, products);
-      report(`mutation '${name}' caught`, ratio, ratio > 1);
+    for (const convertKeys of products === 'int8' ? [true, false] : [true]) {
+      for (const [name, edit] of INT8_PREFILL_MUTATIONS[products]) {
+        // The page-reading build has no keys buffer to misread.
+        if (!convertKeys && name === 'values read from the keys') continue;
+        const ratio = await int8MutationRatio(gpu, edit, products, convertKeys);
+        report(`mutation '${name}' caught${convertKeys ? '' : ', tiles from the pages'}`, ratio, ratio > 1);
+      }
     }
   }
 }

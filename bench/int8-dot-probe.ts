@@ -133,14 +133,16 @@ for (const probe of PROBES) {
   console.log(JSON.stringify(row));
   rows.push(row);
 }
-if (gpu.features.subgroupMatrixI8) {
+// One subgroup size, so the subgroups per workgroup (and the products counted, and dst's size) are known.
+const { subgroupMinSize = 0, subgroupMaxSize = 0 } = gpu.adapter;
+if (gpu.features.subgroupMatrixI8 && subgroupMinSize === subgroupMaxSize && subgroupMaxSize > 0) {
   const src = gpu.allocator.createStorage('probe.src', 'scratch', 4096 * 4);
   const words = new Int32Array(4096);
   for (let i = 0; i < words.length; i++) words[i] = (Math.imul(i + 1, 0x9e3779b1) >>> 0) & 0x3f3f3f3f;
   gpu.device.queue.writeBuffer(src, 0, words);
-  const subgroups = workgroups * (MMA_WG / (gpu.adapter.subgroupMaxSize ?? 32));
+  const subgroups = workgroups * (MMA_WG / subgroupMaxSize);
   const dst = gpu.allocator.createStorage('probe.dst', 'scratch', subgroups * CHAINS_MMA * 256 * 4);
-  const mmaIterations = Math.max(1, iterations / 8);
+  const mmaIterations = Math.max(1, Math.floor(iterations / 8));
   const mmaParams = uniformBuffer(gpu, 'probe.mma.params', [mmaIterations, 12345, 0, 0], 'uuuu');
   for (const right of ['registers', 'storage', 'workgroup'] as const) {
     const name = `i8 subgroup matrix 16x16x32, right operand from ${right}`;

@@ -60,7 +60,15 @@ describe('attention over mixed f16 / quant pages', () => {
       },
     ],
   ])('%s', async (_, c) => {
-    const r = await runMixed(ctx.gpu, c, 4242);
+    // The int8 prefill attention's conversion pass reads the same pages (head sizes 64 and 128, with subgroups).
+    const checkKeysInt8 = (c.headDim === 64 || c.headDim === 128) && ctx.gpu.features.subgroups;
+    const r = await runMixed(ctx.gpu, c, 4242, { checkKeysInt8 });
+    if (checkKeysInt8) {
+      expect(r.keysInt8.codes).toBeGreaterThan(0);
+      expect(r.keysInt8.wrong).toBe(0);
+      expect(r.keysInt8.offByOne).toBeLessThanOrEqual(r.keysInt8.codes / 1000);
+      expect(r.keysInt8.worstScale).toBeLessThan(1e-6);
+    }
     expect(r.demotions).toBeGreaterThan(1);
     if (c.chunks.some((n) => n < 0)) expect(r.promotions).toBeGreaterThan(0);
     expect(r.quantPositions).toBeGreaterThanOrEqual(2 * (c.pool.pageTokens ?? 16));

@@ -16,12 +16,14 @@ import {
   attentionPrefillDotShapeFor,
   attentionPrefillInt8ShapeFor,
   poolKeysInt8Bytes,
+  poolKeysInt8Capacity,
   prepareKeysInt8,
 } from './attention.ts';
 import { attentionPrefillDotShape, attentionPrefillDotWorkgroupBytes } from './attention-prefill-dot.wgsl.ts';
 import {
   attentionPrefillInt8Shape,
   attentionPrefillInt8WorkgroupBytes,
+  keysInt8Bytes,
   keysInt8Capacity,
 } from './attention-prefill-int8.wgsl.ts';
 import { releaseDispatches, submitDispatches } from './dispatch.ts';
@@ -90,6 +92,14 @@ describe.each(['int8', 'int8-dot'] as const)('%s prefill attention', (products) 
   it.for(INT8_PREFILL_MUTATIONS[products])('catches a broken kernel: %s', async ([, edit], context) => {
     skipUnserved(products, 64, context);
     expect(await int8MutationRatio(ctx.gpu, edit, products)).toBeGreaterThan(1);
+  });
+
+  // The page-reading build has no keys buffer to misread.
+  it.for(
+    products === 'int8' ? INT8_PREFILL_MUTATIONS.int8.filter(([name]) => name !== 'values read from the keys') : [],
+  )('catches a broken kernel, the build that converts each tile from the pages: %s', async ([, edit], context) => {
+    skipUnserved(products, 64, context);
+    expect(await int8MutationRatio(ctx.gpu, edit, products, false)).toBeGreaterThan(1);
   });
 });
 
@@ -165,6 +175,29 @@ describe('int8 prefill attention', () => {
 });
 
 describe('int8 keys conversion pass', () => {
+  it("the int8 keys buffer holds every word the converted build reads, a split's last tile included", () => {
+    // A split's tiles start at its first key, not on a multiple of 64: the last tile of the last KV head may read
+    // up to 63 keys past the capacity. Its K codes then run into the V codes, its V codes into the scales, and its
+    // V scales into the buffer's slack.
+    for (const headDim of [64, 128]) {
+      for (const [kvHeads, maxKeys] of [
+        [1, 100],
+        [8, 32768],
+        [2, 4097],
+      ]) {
+        const capacity = keysInt8Capacity(maxKeys);
+        const words = keysInt8Bytes(maxKeys, kvHeads, headDim) / 4;
+        const HW = headDim / 4;
+        const codeWords = kvHeads * capacity * HW;
+        const lastKey = (kvHeads - 1) * capacity + capacity - 1 + 63; // the last head's last tile from key C - 1
+        expect(codeWords + (lastKey + 1) * HW - 1).toBeLessThan(words); // V codes
+        expect(2 * codeWords + kvHeads * capacity + lastKey).toBeLessThan(words); // V scales
+        // And without the slack it would not fit.
+        expect(2 * codeWords + kvHeads * capacity + lastKey).toBeGreaterThanOrEqual(kvHeads * capacity * (2 * HW + 2));
+      }
+    }
+  });
+
   // The tensor-core kernel's converted build reads these codes (checked on the H200 by bench/attention-kernels.ts
   // --check-int8); the pass itself needs only subgroups, so CI's adapters run it.
   it.for([64, 128])(
@@ -186,7 +219,7 @@ describe('int8 keys conversion pass', () => {
         budgetBytes: 2 * kvHeads * pageTokens * headDim * 2 * 16,
         maxSequenceTokens: 128,
       });
-      const capacity = keysInt8Capacity(128);
+      const capacity = poolKeysInt8Capacity(pool);
       const keysInt8 = gpu.allocator.createStorage('test.keys_int8', 'scratch', poolKeysInt8Bytes(pool));
       const row = kvHeads * headDim;
       const k = gpu.allocator.createStorage('test.k', 'scratch', 64 * row * 4);

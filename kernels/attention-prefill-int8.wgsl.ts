@@ -14,13 +14,16 @@
  * Workgroup (split s, kv head, row tile): 4 subgroups of 32 invocations and 64 query rows (the (token, head of the
  * GQA group) pairs, as the other attention kernels order them); subgroup g owns rows 16g..16g+15 of both products,
  * and its lanes 2m, 2m + 1 own row (or key) 16g + m when staging and in the softmax. Per tile of 64 keys:
- *   1. stage the keys' K and V as int8 codes and scales (f16 page words, or quant codes as lo + code·scale);
+ *   1. stage the keys' K and V as int8 codes and scales in workgroup memory: the converted build (the default)
+ *      copies them from the int8 keys buffer a conversion pass filled for the whole step (attentionKeysInt8Source),
+ *      the other converts them from the pages (f16 words, or quant codes as lo + code·scale);
  *   2. S = Q·Kᵀ into workgroup memory (16x16 tiles, the head's dims 32 at a time);
  *   3. the row's maxima, correction, p, l, and the codes of w into workgroup memory;
  *   4. P·V through workgroup memory, 4 dim tiles per subgroup per round, each lane adding its 8 outputs per tile
  *      to f32 accumulators (rescaled by the correction).
- * Output and bindings as the split kernel (attentionPartialSource): splits = 1 the normalized rows, else
- * (max, sum, Σ p·V) per (t, h, s) for the merge pass.
+ * Output as the split kernel (attentionPartialSource): splits = 1 the normalized rows, else (max, sum, Σ p·V) per
+ * (t, h, s) for the merge pass. Bindings as the split kernel's, except that the converted build binds the int8 keys
+ * buffer in place of the page table, and no pages.
  */
 import { attentionBindingsWgsl, attentionParamsWgsl, SPLIT_CHUNK_WGSL, splitTileWgsl } from './attention.wgsl.ts';
 import { type DecodeQuantShape, quantGroupsFitHeads } from './attention-decode.wgsl.ts';
@@ -44,14 +47,25 @@ export const INT8_ATTENTION_TILE_KEYS = 64;
 const BK = INT8_ATTENTION_TILE_KEYS;
 
 /**
- * Workgroup storage of a build: q, k, v and p codes, the integer sums, five per-row or per-key scales (k and v codes
- * only where the build converts the pages itself).
+ * Words between rows of a build's workgroup arrays, and the sums' size. Rows of codes are padded by a vec4: the
+ * 16-byte rows a matrix load reads together then fall in different banks (on the H200, one layer at 32K keys took
+ * 5.9 instead of 8.3 ms on Qwen3-4B and 3.5 instead of 4.4 on Llama-3.2-1B). Rows of S are BK + 1 words apart, for
+ * the softmax's reads (68 and 72 were no faster).
  */
+function int8TileLayout(headDim: number) {
+  const KS = headDim / 4 + 4; // words between keys of the K and V code tiles, and between rows of q's codes
+  const PS = BK / 4 + 4; // words between rows of the p codes
+  const SP = BK + 1; // words between rows of S
+  // The sums hold S, then a round of P·V tiles (16 of 256 words); before the first tile, q's codes.
+  const sumsWords = Math.max(INT8_ATTENTION_ROWS * SP, INT8_ATTENTION_ROWS * KS, 16 * 256);
+  return { KS, PS, SP, sumsWords };
+}
+
+/** Workgroup storage of a build: the K and V code tiles, the sums, the p codes, five per-row or per-key scales. */
 export function attentionPrefillInt8WorkgroupBytes(headDim: number): number {
   const rows = INT8_ATTENTION_ROWS;
-  // Key and p code rows padded by a vec4; the sums hold S (rows BK + 1 words apart), q's codes, a round of P·V tiles.
-  const sumsWords = Math.max(rows * (BK + 1), rows * (headDim / 4 + 4), 16 * 256);
-  return 2 * BK * (headDim + 16) + 4 * sumsWords + rows * (BK + 16) + 4 * (3 * rows + 2 * BK);
+  const { KS, PS, sumsWords } = int8TileLayout(headDim);
+  return 4 * (2 * BK * KS + sumsWords + rows * PS + 3 * rows + 2 * BK);
 }
 
 /** The build for a head size and page formats, or null where the kernel does not serve them. */
@@ -130,9 +144,10 @@ ${stage('v', codesAt('codeWords + '), scaleAt('params.kvHeads * params.int8Keys 
 /**
  * What both int8 prefill kernels share, for a head of HD dims where invocation pair (row or key r, half) handles HD/2
  * dims: the tile fetch a tile ahead (Fetched, fetchTile: f16 words or quant code words), the opening of the loop
- * over tiles (`tileLoopHead`), whose stages turn the fetched half-row into int8 codes `kcodes`/`vcodes[r * KS + ..]` (KS: the including shader's words between keys)
- * and its scale `kscale`/`vscale[r]` (through codeScale, the pair's max by subgroupShuffleXor), and
- * `stageQuery(codes, stride)`, which does the same for row r of q into `codes`.
+ * over tiles (`tileLoopHead`), whose stages turn the fetched half-row into int8 codes `kcodes`/`vcodes[r * KS + ..]`
+ * (KS: the including shader's words between keys) and its scale `kscale`/`vscale[r]` (through `codeScaleWgsl`'s
+ * codeScale, the pair's max by subgroupShuffleXor), and `stageQuery(codes, stride)`, which does the same for row r
+ * of q into `codes`. `stage(p, codesAt, storeScale)` is one such stage with its targets given (the conversion pass).
  */
 export function int8AttentionStagingWgsl(HD: number, quant: DecodeQuantShape | null) {
   const HALF = HD / 2; // dims an invocation stages of a row or key
@@ -283,11 +298,7 @@ ${stage('v')}
 export function attentionPrefillInt8Source(shape: AttentionPrefillInt8Shape): string {
   const { headDim: HD, quant } = shape;
   const ROWS = INT8_ATTENTION_ROWS;
-  // Rows of the code tiles padded by a vec4: on the H200, one layer at 32K keys took 5.9 instead of 8.3 ms (Qwen3-4B)
-  // and 3.5 instead of 4.4 (Llama-3.2-1B). Rows of S stay BK + 1 words apart (68 and 72 were no faster).
-  const KS = HD / 4 + 4; // words between keys (rows) of the code tiles
-  const PS = BK / 4 + 4; // words between rows of the p codes
-  const SP = BK + 1;
+  const { KS, PS, SP, sumsWords } = int8TileLayout(HD);
   const range = (n: number) => Array.from({ length: n }, (_, i) => i);
   const each = (n: number, f: (i: number) => string, sep = '\n') => range(n).map(f).join(sep);
   const KSTEPS = HD / 32; // 32-deep steps of q·k
@@ -311,14 +322,18 @@ ${fetchWgsl}`;
   // trillion multiply-adds a second, one loaded from workgroup memory at 233 (bench/int8-dot-probe.ts).
   const TILE_QUADS = (BK * HD) / 16; // vec4s of a tile's K codes, and of its V codes
   const AHEAD = (2 * TILE_QUADS) / (2 * ROWS); // vec4s an invocation loads per tile
+  const tileQuadWgsl = `
+const TILE_QUADS: u32 = ${TILE_QUADS}u; // vec4s of a tile's K codes, and of its V codes
+/** vec4 \`at\` of the codes of KV head kvh's tile of keys from \`first\` in the int8 keys buffer: K's, then V's. */
+fn tileQuad(kvh: u32, first: u32, at: u32) -> vec4<i32> {
+  let codeWords = params.kvHeads * params.int8Keys * HW; // of K's codes, and of V's
+  return keys8[(select(codeWords, 0u, at < TILE_QUADS) + (kvh * params.int8Keys + first) * HW) / 4u + at % TILE_QUADS];
+}`;
   const convertedLoopHead = `  let codeWords = params.kvHeads * params.int8Keys * HW; // of K's codes, and of V's
   let headKeys = kvh * params.int8Keys;
+  // Invocation li's vec4s of the next tile, ${2 * ROWS} invocations apart; first those of the first tile.
   var ahead: array<vec4<i32>, ${AHEAD}>;
-  // The first tile's codes: K's vec4s, then V's, ${2 * ROWS} invocations apart.
-  for (var i = 0u; i < ${AHEAD}u; i++) {
-    let at = li + i * ${2 * ROWS}u;
-    ahead[i] = keys8[(select(codeWords, 0u, at < ${TILE_QUADS}u) + (headKeys + start) * HW) / 4u + at % ${TILE_QUADS}u];
-  }
+  for (var i = 0u; i < ${AHEAD}u; i++) { ahead[i] = tileQuad(kvh, start, li + i * ${2 * ROWS}u); }
   for (var block = start; block < end; block += BK) {
     let n = min(BK, end - block);
     // The previous tile's readers are done with the codes, the sums and the scales.
@@ -333,10 +348,10 @@ ${fetchWgsl}`;
     }
     for (var i = 0u; i < ${AHEAD}u; i++) {
       let at = li + i * ${2 * ROWS}u;
-      let quad = at % ${TILE_QUADS}u;
+      let quad = at % TILE_QUADS;
       let word = (quad / ${HD / 16}u) * KS + 4u * (quad % ${HD / 16}u);
       let w = ahead[i];
-      if (at < ${TILE_QUADS}u) {
+      if (at < TILE_QUADS) {
         kcodes[word] = w.x; kcodes[word + 1u] = w.y; kcodes[word + 2u] = w.z; kcodes[word + 3u] = w.w;
       } else {
         vcodes[word] = w.x; vcodes[word + 1u] = w.y; vcodes[word + 2u] = w.z; vcodes[word + 3u] = w.w;
@@ -344,11 +359,7 @@ ${fetchWgsl}`;
     }
     workgroupBarrier();
     if (block + BK < end) {
-      for (var i = 0u; i < ${AHEAD}u; i++) {
-        let at = li + i * ${2 * ROWS}u;
-        ahead[i] = keys8[(select(codeWords, 0u, at < ${TILE_QUADS}u) + (headKeys + block + BK) * HW) / 4u +
-          at % ${TILE_QUADS}u];
-      }
+      for (var i = 0u; i < ${AHEAD}u; i++) { ahead[i] = tileQuad(kvh, block + BK, li + i * ${2 * ROWS}u); }
     }`;
 
   return /* wgsl */ `
@@ -369,11 +380,12 @@ const KS: u32 = ${KS}u;
 const PS: u32 = ${PS}u;
 const SP: u32 = ${SP}u;
 const NONE: f32 = -1e30;
+${shape.converted ? tileQuadWgsl : ''}
 
 var<workgroup> kcodes: array<i32, ${BK * KS}>;
 var<workgroup> vcodes: array<i32, ${BK * KS}>;
 // q's codes (rows KS apart) until the subgroups hold them; then S of a tile [row][key], then a round of P·V tiles.
-var<workgroup> sums: array<i32, ${Math.max(ROWS * SP, ROWS * KS, 16 * 256)}>;
+var<workgroup> sums: array<i32, ${sumsWords}>;
 var<workgroup> pcodes: array<i32, ${ROWS * PS}>;
 var<workgroup> qscale: array<f32, ${ROWS}>;
 var<workgroup> kscale: array<f32, ${BK}>;

@@ -229,11 +229,16 @@ export function attentionPrefillDotShapeFor(
   return attentionPrefillDotShape(b.pool.headDim, layerQuantShape(b), limit, !gpu.adapter.isFallbackAdapter);
 }
 
+/** The most keys a step of one of the pool's sequences sees: its longest sequence. */
+function poolMaxKeys(pool: Pick<KvPageSource, 'maxPagesPerSequence' | 'pageTokens'>): number {
+  return pool.maxPagesPerSequence * pool.pageTokens;
+}
+
 /** Bytes of the int8 keys buffer a pool's prefill attention converts into: keys of its longest sequence. */
 export function poolKeysInt8Bytes(
   pool: Pick<KvPageSource, 'maxPagesPerSequence' | 'pageTokens' | 'kvHeads' | 'headDim'>,
 ) {
-  return keysInt8Bytes(pool.maxPagesPerSequence * pool.pageTokens, pool.kvHeads, pool.headDim);
+  return keysInt8Bytes(poolMaxKeys(pool), pool.kvHeads, pool.headDim);
 }
 
 /** The int8 prefill kernel's shape for a binding, or null where the f32 kernels serve it. */
@@ -250,8 +255,9 @@ export function attentionPrefillInt8ShapeFor(
 
 /**
  * Prepares causal attention of the step's queries over the paged KV of `layer` (positions 0..p for the query at
- * position p, including the keys this step appended: record the kv-append dispatch first). Returns one dispatch
- * (splits = 1) or two (split pass + merge); encode them in order.
+ * position p, including the keys this step appended: record the kv-append dispatch first). Returns the split pass
+ * (the whole attention when splits = 1), then the merge pass when splits > 1; the converted int8 build has the
+ * conversion of the step's keys before them (prepareKeysInt8). Encode them in order.
  */
 export function prepareAttention(
   gpu: GpuContext,
@@ -446,14 +452,15 @@ function attentionParams(
 }
 
 /** Keys per KV head of a pool's int8 keys buffer (params.int8Keys). */
-function poolKeysInt8Capacity(pool: Pick<KvPageSource, 'maxPagesPerSequence' | 'pageTokens'>): number {
-  return keysInt8Capacity(pool.maxPagesPerSequence * pool.pageTokens);
+export function poolKeysInt8Capacity(pool: Pick<KvPageSource, 'maxPagesPerSequence' | 'pageTokens'>): number {
+  return keysInt8Capacity(poolMaxKeys(pool));
 }
 
 /**
  * The conversion pass of the converted int8 prefill attention (attentionKeysInt8Source): every key of the step
  * (0..step.length) of `b.layer`, a workgroup per tile of 64 keys and KV head (tiles past the step's keys return at
- * once), into `b.keysInt8` or a buffer of its own (`keys`, owned by the dispatch). Needs subgroups.
+ * once), into `b.keysInt8` or a buffer of its own (`keys`, owned by the dispatch). Needs subgroups
+ * (the invocations of a pair share a key's largest magnitude).
  */
 export function prepareKeysInt8(
   gpu: GpuContext,
@@ -468,6 +475,11 @@ export function prepareKeysInt8(
   const { headDim } = pool;
   if (headDim !== 64 && headDim !== 128) {
     throw new InvalidRequestError(`attention: int8 keys need headDim 64 or 128, got ${headDim}`);
+  }
+  if (!gpu.features.subgroups) {
+    throw new InvalidRequestError(
+      "attention: converting keys to int8 needs the 'subgroups' feature, which this device lacks",
+    );
   }
   const keys =
     b.keysInt8 ??

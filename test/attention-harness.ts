@@ -325,7 +325,7 @@ export const INT8_PREFILL_MUTATIONS: Record<'int8' | 'int8-dot', [string, (code:
     ['causal mask one key late', (code) => code.replace('min(n, limit - block)', 'min(n, limit + 1u - block)')],
     ['no rescale between tiles', (code) => code.replace('acc[a] * corr[row]', 'acc[a]')],
     ['one key scale for all keys', (code) => code.replaceAll(/dq \* kscale\[j\d+\]/g, 'dq * kscale[0]')],
-    ['values read from the keys', (code) => code.replaceAll(/select\(codeWords, 0u, at < \d+u\)/g, '0u')],
+    ['values read from the keys', (code) => code.replace('select(codeWords, 0u, at < TILE_QUADS)', '0u')],
   ],
   'int8-dot': [
     ['causal mask one key late', (code) => code.replace('min(n, limit - block)', 'min(n, limit + 1u - block)')],
@@ -342,17 +342,19 @@ export async function int8MutationRatio(
   gpu: GpuContext,
   edit: (code: string) => string,
   products: 'int8' | 'int8-dot' = 'int8',
+  convertKeys = true,
 ): Promise<number> {
   const [, shape, chunks] = INT8_PREFILL_CASES[0];
   const original =
     products === 'int8-dot'
       ? attentionPrefillDotSource({ headDim: 64, quant: null, unrolled: !gpu.adapter.isFallbackAdapter })
-      : attentionPrefillInt8Source({ headDim: 64, quant: null, converted: true });
+      : attentionPrefillInt8Source({ headDim: 64, quant: null, converted: convertKeys });
   const prefill = edit(original);
   if (prefill === original) throw new Error('int8 mutation: the edit no longer applies');
   const harness = new Harness(gpu, shape, Math.max(...chunks), {
     sources: { prefillInt8: prefill },
     prefillProducts: products,
+    convertKeys,
     tolerance: INT8_ATTENTION_TOLERANCE,
   });
   const random = seededRandom(13);

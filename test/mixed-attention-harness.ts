@@ -4,8 +4,14 @@
  * the runtime's own append, demotion and attention, checking the demoted rows bit for bit and every output against
  * the reference over what the pages hold.
  */
-import type { AttentionProducts } from '../kernels/attention.ts';
+import {
+  type AttentionProducts,
+  poolKeysInt8Bytes,
+  poolKeysInt8Capacity,
+  prepareKeysInt8,
+} from '../kernels/attention.ts';
 import { type PreparedDispatch, releaseDispatches, submitDispatches } from '../kernels/dispatch.ts';
+import { int8Codes } from '../kernels/reference/attention-int8.ts';
 import type { GpuContext } from '../runtime/gpu/device.ts';
 import { readFloat32, readUint32 } from '../runtime/gpu/readback.ts';
 import { PagedKvAttention, PREFILL_MIN_CHUNK_KEYS, PREFILL_SPLITS } from '../runtime/kv/paged-attention.ts';
@@ -42,7 +48,15 @@ export async function runMixed(
   gpu: GpuContext,
   c: MixedCase,
   seed: number,
-  opts: { prefillProducts?: AttentionProducts; tolerance?: AttentionTolerance } = {},
+  opts: {
+    prefillProducts?: AttentionProducts;
+    tolerance?: AttentionTolerance;
+    /**
+     * After each step, also run the int8 prefill attention's conversion pass (prepareKeysInt8) for every layer and
+     * compare its codes and scales with int8Codes of what the pages hold (result `keysInt8`).
+     */
+    checkKeysInt8?: boolean;
+  } = {},
 ) {
   const tolerance = opts.tolerance ?? ATTENTION_F32_TOLERANCE;
   const before = gpu.allocator.snapshot().totalBuffers;
@@ -71,6 +85,15 @@ export async function runMixed(
     }).flat();
   const prefill = graph(maxTokens);
   const decode = graph(1);
+  const keysInt8 = opts.checkKeysInt8
+    ? Array.from({ length: layers }, (_, layer) => {
+        const buffer = gpu.allocator.createStorage('test.keys_int8', 'scratch', poolKeysInt8Bytes(pool));
+        const binding = { pool, layer, q, output: out[layer], heads, maxTokens, scale: 1, keysInt8: buffer };
+        return { buffer, dispatch: prepareKeysInt8(gpu, `mixed.keys_int8.${layer}`, binding).dispatch };
+      })
+    : [];
+  // Codes off by one (a rounding tie that f32 may round either way), off by more, and the scales' largest error.
+  const keysChecked = { codes: 0, offByOne: 0, wrong: 0, worstScale: 0 };
   const random = seededRandom(seed);
   const seq: KvSequence = pool.createSequence();
   const history = {
@@ -151,6 +174,38 @@ export async function runMixed(
       for (let t = 0; t < pool.pageTokens; t++) checked.add(`${entry}:${i * pool.pageTokens + t}`);
     }
     lastStored = stored;
+    if (keysInt8.length > 0) {
+      submitDispatches(
+        gpu,
+        'mixed.keys_int8',
+        keysInt8.map((k) => k.dispatch),
+      );
+      const capacity = poolKeysInt8Capacity(pool);
+      const codeWords = kvHeads * capacity * (headDim / 4);
+      for (const [l, { buffer }] of keysInt8.entries()) {
+        const words = await readUint32(gpu, buffer, buffer.size / 4);
+        const bytes = new Int8Array(words.buffer, words.byteOffset, words.byteLength);
+        const floats = new Float32Array(words.buffer, words.byteOffset, words.length);
+        for (const [kind, rows] of [stored.k[l], stored.v[l]].entries()) {
+          for (let pos = 0; pos < end; pos++) {
+            for (let h = 0; h < kvHeads; h++) {
+              const at = pos * width + h * headDim;
+              const expected = int8Codes(rows.slice(at, at + headDim));
+              const slot = h * capacity + pos;
+              const scale = floats[2 * codeWords + kind * kvHeads * capacity + slot];
+              keysChecked.worstScale = Math.max(keysChecked.worstScale, Math.abs(scale - expected.step));
+              const first = (kind * codeWords + slot * (headDim / 4)) * 4;
+              for (let d = 0; d < headDim; d++) {
+                const off = Math.abs(bytes[first + d] - expected.codes[d]);
+                keysChecked.codes++;
+                if (off === 1) keysChecked.offByOne++;
+                else if (off > 1) keysChecked.wrong++;
+              }
+            }
+          }
+        }
+      }
+    }
     for (let l = 0; l < layers; l++) {
       const actual = await readFloat32(gpu, out[l], tokens * heads * headDim);
       const input = {
@@ -175,8 +230,8 @@ export async function runMixed(
     if (problems.length > 0) throw new Error(`mixed attention: pool audit: ${problems.join('; ')}`);
   }
   const { demotions, promotions } = pool;
-  releaseDispatches(gpu, [...prefill, ...decode]);
-  for (const b of [q, ...k, ...v, ...out]) gpu.allocator.release(b);
+  releaseDispatches(gpu, [...prefill, ...decode, ...keysInt8.map((k) => k.dispatch)]);
+  for (const b of [q, ...k, ...v, ...out, ...keysInt8.map((k) => k.buffer)]) gpu.allocator.release(b);
   pool.destroy();
   const after = gpu.allocator.snapshot().totalBuffers;
   if (after !== before) throw new Error(`mixed attention: ${after - before} buffers left after release`);
@@ -189,6 +244,7 @@ export async function runMixed(
     demotions,
     promotions,
     length: seq.length,
+    keysInt8: keysChecked,
   };
 }
 

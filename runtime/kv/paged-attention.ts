@@ -134,7 +134,7 @@ export class PagedKvAttention {
       });
       pool.adopt(this.keysInt8);
     }
-    const keysInt8 = int8?.converted ? (this.keysInt8 ?? undefined) : undefined;
+    const keysInt8 = int8?.converted ? this.keysInt8! : undefined;
     const attention = prepareAttention(gpu, `${label}.attention`, {
       pool,
       layer,
