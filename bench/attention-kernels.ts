@@ -107,6 +107,24 @@ function edited(code: string, edit: (code: string) => string): string {
 const decodeEdit = (edit: (code: string) => string) => (s: LayerShape, quant: DecodeQuantShape | null) => ({
   decode: edited(decodeSource(s, quant), edit),
 });
+/**
+ * The decode build with phase A's sums of 8 products (a key's dims d..d+7 times the rows' q) as a tree of depth 3
+ * instead of a chain of 8: shorter dependent chains, the same products in another order (checked like the build).
+ */
+const DECODE_TREE_SUMS: Variant = {
+  name: 'decode-tree-sums',
+  decodeKernel: true,
+  sources: decodeEdit((c) =>
+    c.replaceAll(
+      /(\b[sd]\d+) \+= ((?:qt\[[^\]]*\] \* k[01]\.[xyzw](?: \+\s*)?){8});/g,
+      (_, acc: string, sum: string) => {
+        const t = sum.match(/qt\[[^\]]*\] \* k[01]\.[xyzw]/g) ?? [];
+        if (t.length !== 8) throw new Error('decode-tree-sums: a sum of 8 products expected');
+        return `${acc} += ((${t[0]} + ${t[1]}) + (${t[2]} + ${t[3]})) + ((${t[4]} + ${t[5]}) + (${t[6]} + ${t[7]}));`;
+      },
+    ),
+  ),
+};
 /** The decode build with its loops over a key's dims unrolled (the runtime keeps them as loops). */
 const DECODE_UNROLLED: Variant = {
   name: 'decode-unrolled',
@@ -117,6 +135,7 @@ const VARIANTS: Variant[] = [
   { name: 'split', decodeKernel: false },
   { name: 'decode', decodeKernel: true },
   DECODE_UNROLLED,
+  DECODE_TREE_SUMS,
   { name: 'decode-128splits', decodeKernel: true, splits: 128 },
   { name: 'decode-96splits', decodeKernel: true, splits: 96 },
   // Ablations: the value loads replaced by a constant; the key loads replaced by a constant; one slab bound.
@@ -207,6 +226,7 @@ const QUANT_VARIANTS: Variant[] = [
   { name: 'decode-128splits', decodeKernel: true, splits: 128 },
   { name: 'decode-96splits', decodeKernel: true, splits: 96 },
   DECODE_UNROLLED,
+  DECODE_TREE_SUMS,
   // Other numbers of keys per value batch (registers held across the loads): same results, checked like the build.
   // A build whose own batch is that size (Qwen2.5-0.5B's two row groups take 4) skips it.
   ...[4, 2].map(
