@@ -97,17 +97,32 @@ export function keysInt8Capacity(maxKeys: number): number {
 }
 
 /**
+ * The int8 keys buffer's layout, in i32 words (C = params.int8Keys keys per KV head): K codes [kvHeads][C][HD / 4],
+ * then V codes the same, then K scales [kvHeads][C] (f32 bits), then V scales; `kind` 0 is K, 1 is V. Written by the
+ * conversion pass, read by the converted build; the including shader declares HW and params.
+ */
+const KEYS_INT8_LAYOUT_WGSL = `
+/** Word of the first code of key \`key\` of KV head kvh (kind 0: K, 1: V) in the int8 keys buffer. */
+fn keyCodesAt(kind: u32, kvh: u32, key: u32) -> u32 {
+  return ((kind * params.kvHeads + kvh) * params.int8Keys + key) * HW;
+}
+/** Word of that key's scale. */
+fn keyScaleAt(kind: u32, kvh: u32, key: u32) -> u32 {
+  return 2u * params.kvHeads * params.int8Keys * HW + (kind * params.kvHeads + kvh) * params.int8Keys + key;
+}`;
+
+/**
  * Converts every key of the step (0..step.length) of one layer into int8 codes, once, for the converted build of the
  * prefill attention: workgroup (tile of BK keys, KV head), the staging of int8AttentionStagingWgsl into the int8 keys
- * buffer (keys8, read_write i32 words, C = params.int8Keys keys per head):
- *   K codes [kvHeads][C][HD / 4], then V codes the same, then K scales [kvHeads][C] (f32 bits), then V scales.
+ * buffer (keys8, read_write; KEYS_INT8_LAYOUT_WGSL).
  */
 export function attentionKeysInt8Source(headDim: 64 | 128, quant: DecodeQuantShape | null): string {
   const HD = headDim;
   const HALF = HD / 2;
   const { fetchWgsl, codeScaleWgsl, stage } = int8AttentionStagingWgsl(HD, quant);
-  const codesAt = (region: string) => (i: string) => `keys8[${region}key * HW + half * ${HALF / 4}u + ${i}]`;
-  const scaleAt = (region: string) => (d: string) => `keys8[2u * codeWords + ${region}key] = bitcast<i32>(${d});`;
+  // The invocation's half of key `block + r`'s codes of a kind, and the key's scale.
+  const codesAt = (kind: number) => (i: string) => `keys8[codes${kind} + ${i}]`;
+  const scaleAt = (kind: number) => (d: string) => `keys8[keyScaleAt(${kind}u, kvh, block + r)] = bitcast<i32>(${d});`;
   return /* wgsl */ `
 enable subgroups;
 ${attentionParamsWgsl(quant !== null)}
@@ -118,6 +133,7 @@ ${kvPagesReadableWgsl(4)}
 @group(0) @binding(3) var<uniform> params: Params;
 ${fetchWgsl}
 ${codeScaleWgsl}
+${KEYS_INT8_LAYOUT_WGSL}
 
 const HD: u32 = ${HD}u;
 const HW: u32 = ${HD / 4}u;
@@ -133,10 +149,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(subgroup_id) sg: u32,
   let r = sg * (width / 2u) + lane / 2u;
   let half = lane % 2u;
   let f = fetchTile(block, min(BK, step.length - block), kvh, r, half);
-  let codeWords = params.kvHeads * params.int8Keys * HW; // of K's codes, and of V's
-  let key = kvh * params.int8Keys + block + r;
-${stage('k', codesAt(''), scaleAt(''))}
-${stage('v', codesAt('codeWords + '), scaleAt('params.kvHeads * params.int8Keys + '))}
+  let codes0 = keyCodesAt(0u, kvh, block + r) + half * ${HALF / 4}u;
+  let codes1 = keyCodesAt(1u, kvh, block + r) + half * ${HALF / 4}u;
+${stage('k', codesAt(0), scaleAt(0))}
+${stage('v', codesAt(1), scaleAt(1))}
 }
 `;
 }
@@ -322,16 +338,13 @@ ${fetchWgsl}`;
   // trillion multiply-adds a second, one loaded from workgroup memory at 233 (bench/int8-dot-probe.ts).
   const TILE_QUADS = (BK * HD) / 16; // vec4s of a tile's K codes, and of its V codes
   const AHEAD = (2 * TILE_QUADS) / (2 * ROWS); // vec4s an invocation loads per tile
-  const tileQuadWgsl = `
+  const tileQuadWgsl = `${KEYS_INT8_LAYOUT_WGSL}
 const TILE_QUADS: u32 = ${TILE_QUADS}u; // vec4s of a tile's K codes, and of its V codes
 /** vec4 \`at\` of the codes of KV head kvh's tile of keys from \`first\` in the int8 keys buffer: K's, then V's. */
 fn tileQuad(kvh: u32, first: u32, at: u32) -> vec4<i32> {
-  let codeWords = params.kvHeads * params.int8Keys * HW; // of K's codes, and of V's
-  return keys8[(select(codeWords, 0u, at < TILE_QUADS) + (kvh * params.int8Keys + first) * HW) / 4u + at % TILE_QUADS];
+  return keys8[keyCodesAt(select(1u, 0u, at < TILE_QUADS), kvh, first) / 4u + at % TILE_QUADS];
 }`;
-  const convertedLoopHead = `  let codeWords = params.kvHeads * params.int8Keys * HW; // of K's codes, and of V's
-  let headKeys = kvh * params.int8Keys;
-  // Invocation li's vec4s of the next tile, ${2 * ROWS} invocations apart; first those of the first tile.
+  const convertedLoopHead = `  // Invocation li's vec4s of the next tile, ${2 * ROWS} invocations apart; first those of the first tile.
   var ahead: array<vec4<i32>, ${AHEAD}>;
   for (var i = 0u; i < ${AHEAD}u; i++) { ahead[i] = tileQuad(kvh, start, li + i * ${2 * ROWS}u); }
   for (var block = start; block < end; block += BK) {
@@ -342,7 +355,7 @@ fn tileQuad(kvh: u32, first: u32, at: u32) -> vec4<i32> {
     // must stay finite).
     for (var i = li; i < 2u * BK; i += ${2 * ROWS}u) {
       let j = i % BK;
-      let at = 2u * codeWords + (i / BK) * params.kvHeads * params.int8Keys + headKeys + block + j;
+      let at = keyScaleAt(i / BK, kvh, block + j);
       let scale = bitcast<f32>(keys8[at / 4u][at % 4u]);
       if (i < BK) { kscale[j] = select(0.0, scale, j < n); } else { vscale[j] = select(0.0, scale, j < n); }
     }

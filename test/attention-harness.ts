@@ -325,7 +325,7 @@ export const INT8_PREFILL_MUTATIONS: Record<'int8' | 'int8-dot', [string, (code:
     ['causal mask one key late', (code) => code.replace('min(n, limit - block)', 'min(n, limit + 1u - block)')],
     ['no rescale between tiles', (code) => code.replace('acc[a] * corr[row]', 'acc[a]')],
     ['one key scale for all keys', (code) => code.replaceAll(/dq \* kscale\[j\d+\]/g, 'dq * kscale[0]')],
-    ['values read from the keys', (code) => code.replace('select(codeWords, 0u, at < TILE_QUADS)', '0u')],
+    ['values read from the keys', (code) => code.replace('select(1u, 0u, at < TILE_QUADS)', '0u')],
   ],
   'int8-dot': [
     ['causal mask one key late', (code) => code.replace('min(n, limit - block)', 'min(n, limit + 1u - block)')],
