@@ -300,11 +300,7 @@ export function prepareAttention(
     );
   }
   const decode = attentionDecodeShape(gpu, b);
-  const prefillQuant = prefill?.quant;
-  const int8Quant = (int8Prefill ?? dotPrefill)?.quant;
-  const int8Formats = int8Quant
-    ? `-k${int8Quant.kBits}g${int8Quant.kGroup}-v${int8Quant.vBits}g${int8Quant.vGroup}`
-    : '';
+  const int8Formats = formatsLabel((int8Prefill ?? dotPrefill)?.quant ?? null);
   const partialPipeline = dotPrefill
     ? computePipeline(
         gpu,
@@ -320,13 +316,13 @@ export function prepareAttention(
       : prefill
         ? computePipeline(
             gpu,
-            `attention-prefill-hd${headDim}-r${prefill.rows}-b${prefill.blockKeys}${prefillQuant ? `-k${prefillQuant.kBits}g${prefillQuant.kGroup}-v${prefillQuant.vBits}g${prefillQuant.vGroup}` : ''}`,
+            `attention-prefill-hd${headDim}-r${prefill.rows}-b${prefill.blockKeys}${formatsLabel(prefill.quant)}`,
             sources.prefill ?? attentionPrefillSource(prefill),
           )
         : decode
           ? computePipeline(
               gpu,
-              `attention-decode-hd${headDim}-r${decode.rows}${decode.unrolled ? '' : '-loops'}${decode.quant ? `-k${decode.quant.kBits}g${decode.quant.kGroup}-v${decode.quant.vBits}g${decode.quant.vGroup}` : ''}`,
+              `attention-decode-hd${headDim}-r${decode.rows}${decode.unrolled ? '' : '-loops'}${formatsLabel(decode.quant)}`,
               sources.decode ?? attentionDecodeSource(decode),
             )
           : computePipeline(
@@ -371,18 +367,12 @@ export function prepareAttention(
           ),
         ];
   if (splits === 1) return attend(b.output, label, 1, [params]);
-  const partialsBytes = attentionPartialsBytes(maxTokens, heads, splits, headDim);
-  if (b.partials && b.partials.size < partialsBytes) {
-    throw new InvalidRequestError(`attention: partials buffer of ${b.partials.size} bytes, needs ${partialsBytes}`);
-  }
-  const partials =
-    b.partials ??
-    gpu.allocator.createBuffer({
-      label: `${label}.partials`,
-      category: 'scratch',
-      size: partialsBytes,
-      usage: GPUBufferUsage.STORAGE,
-    });
+  const partials = givenOrScratch(
+    gpu,
+    `${label}.partials`,
+    b.partials,
+    attentionPartialsBytes(maxTokens, heads, splits, headDim),
+  );
   const mergePipeline = computePipeline(
     gpu,
     rotation ? 'attention-merge-rotated' : 'attention-merge',
@@ -405,6 +395,24 @@ export function prepareAttention(
       owned: [mergeParams],
     },
   ];
+}
+
+/** A pipeline label's part for a pool's quant formats ('' for an f16-only pool). */
+function formatsLabel(quant: DecodeQuantShape | null): string {
+  return quant ? `-k${quant.kBits}g${quant.kGroup}-v${quant.vBits}g${quant.vGroup}` : '';
+}
+
+/**
+ * The scratch buffer a binding passed (checked to hold `bytes`: layers share one), or a storage buffer of its own,
+ * which the caller's dispatch owns.
+ */
+function givenOrScratch(gpu: GpuContext, label: string, given: GPUBuffer | undefined, bytes: number): GPUBuffer {
+  if (given && given.size < bytes) {
+    throw new InvalidRequestError(`attention: ${label} buffer of ${given.size} bytes, needs ${bytes}`);
+  }
+  return (
+    given ?? gpu.allocator.createBuffer({ label, category: 'scratch', size: bytes, usage: GPUBufferUsage.STORAGE })
+  );
 }
 
 /** The Params uniform of the attention kernels (attentionParamsWgsl) for a binding. */
@@ -468,10 +476,6 @@ export function prepareKeysInt8(
   b: AttentionBinding,
 ): { dispatch: PreparedDispatch; keys: GPUBuffer } {
   const { pool } = b;
-  const bytes = poolKeysInt8Bytes(pool);
-  if (b.keysInt8 && b.keysInt8.size < bytes) {
-    throw new InvalidRequestError(`attention: int8 keys buffer of ${b.keysInt8.size} bytes, needs ${bytes}`);
-  }
   const { headDim } = pool;
   if (headDim !== 64 && headDim !== 128) {
     throw new InvalidRequestError(`attention: int8 keys need headDim 64 or 128, got ${headDim}`);
@@ -481,18 +485,11 @@ export function prepareKeysInt8(
       "attention: converting keys to int8 needs the 'subgroups' feature, which this device lacks",
     );
   }
-  const keys =
-    b.keysInt8 ??
-    gpu.allocator.createBuffer({
-      label: `${label}.keys_int8`,
-      category: 'scratch',
-      size: bytes,
-      usage: GPUBufferUsage.STORAGE,
-    });
+  const keys = givenOrScratch(gpu, `${label}.keys_int8`, b.keysInt8, poolKeysInt8Bytes(pool));
   const quant = layerQuantShape(b);
   const pipeline = computePipeline(
     gpu,
-    `attention-keys-int8-hd${headDim}${quant ? `-k${quant.kBits}g${quant.kGroup}-v${quant.vBits}g${quant.vGroup}` : ''}`,
+    `attention-keys-int8-hd${headDim}${formatsLabel(quant)}`,
     attentionKeysInt8Source(headDim, quant),
   );
   const capacity = poolKeysInt8Capacity(pool);
