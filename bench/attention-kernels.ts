@@ -98,9 +98,9 @@ type Variant = {
 const decodeSource = (s: LayerShape, quant: DecodeQuantShape | null, unrolled = false) =>
   attentionDecodeSource({ headDim: s.headDim, rows: s.heads / s.kvHeads, quant, unrolled });
 /** `edit` applied to `code`, which it must change: an edit that no longer matches would time the real kernel. */
-function edited(code: string, edit: (code: string) => string): string {
+function edited(code: string, edit: (code: string) => string, what = 'ablation edit'): string {
   const result = edit(code);
-  if (result === code) throw new Error('ablation edit did not apply');
+  if (result === code) throw new Error(`${what} did not apply`);
   return result;
 }
 /** The decode build of the shape with `edit` applied: an ablation. */
@@ -481,11 +481,11 @@ function int8Edits(
   const built = attentionPrefillInt8ShapeFor(gpu, { pool, layer: 0, maxTokens: tokens, prefillProducts: 'int8' });
   if (!built) return [];
   const code = attentionPrefillInt8Source(built);
-  return edits.map(([name, edit]) => {
-    const edited = edit(code);
-    if (edited === code) throw new Error(`int8 edit '${name}' did not apply`);
-    return [`int8-${name}`, { prefillProducts: 'int8' }, { prefillInt8: edited }];
-  });
+  return edits.map(([name, edit]) => [
+    `int8-${name}`,
+    { prefillProducts: 'int8' },
+    { prefillInt8: edited(code, edit, `int8 edit '${name}'`) },
+  ]);
 }
 
 /**
