@@ -16,7 +16,11 @@
  */
 import { attentionBindingsWgsl, SPLIT_CHUNK_WGSL, splitTileWgsl } from './attention.wgsl.ts';
 import { type DecodeQuantShape, quantGroupsFitHeads } from './attention-decode.wgsl.ts';
-import { INT8_ATTENTION_ROWS, int8AttentionStagingWgsl } from './attention-prefill-int8.wgsl.ts';
+import {
+  INT8_ATTENTION_ROWS,
+  INT8_ATTENTION_TILE_KEYS,
+  int8AttentionStagingWgsl,
+} from './attention-prefill-int8.wgsl.ts';
 import { kvPagesReadableWgsl } from './kv-append.wgsl.ts';
 
 export interface AttentionPrefillDotShape {
@@ -26,7 +30,7 @@ export interface AttentionPrefillDotShape {
   unrolled: boolean;
 }
 
-const BK = 64;
+const BK = INT8_ATTENTION_TILE_KEYS;
 
 /** Workgroup storage: k, v and transposed v codes, the keys' two scales (q's codes live in registers). */
 export function attentionPrefillDotWorkgroupBytes(headDim: number): number {
@@ -125,6 +129,7 @@ ${tileLoopHead}
     workgroupBarrier();
     // Scores of keys 32·half + i against row r.
     let visible = select(0u, min(n, limit - block), limit > block); // keys 0..visible-1 of the tile: row r sees them
+    let skip = select(0u, start - block, start > block); // keys 0..skip-1 of a first tile: the split's before
     // Initialized explicitly: lavapipe did not zero a loop-local array again on each iteration (matmul-int8.wgsl.ts).
     var dots = array<i32, 32>();
     for (var w = 0u; w < HW * one; w++) {
@@ -138,7 +143,7 @@ ${tileLoopHead}
     var tileMax = NONE;
     for (var i = 0u; i < 32u * one; i++) {
       let j = 32u * half + i;
-      sc[i] = select(NONE, f32(dots[i]) * dq * kscale[j], j < visible);
+      sc[i] = select(NONE, f32(dots[i]) * dq * kscale[j], j >= skip && j < visible);
       tileMax = max(tileMax, sc[i]);
     }
     tileMax = max(tileMax, subgroupShuffleXor(tileMax, 1u));

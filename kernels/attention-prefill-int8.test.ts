@@ -23,6 +23,7 @@ import { attentionPrefillDotShape, attentionPrefillDotWorkgroupBytes } from './a
 import {
   attentionPrefillInt8Shape,
   attentionPrefillInt8WorkgroupBytes,
+  keysInt8ByteAt,
   keysInt8Bytes,
   keysInt8Capacity,
 } from './attention-prefill-int8.wgsl.ts';
@@ -150,8 +151,11 @@ describe('int8 prefill attention', () => {
   });
 
   it('serves head sizes 64 and 128 where the workgroup storage holds the build; the f32 kernels elsewhere', () => {
-    expect(attentionPrefillInt8WorkgroupBytes(64)).toBe(33280);
-    expect(attentionPrefillInt8WorkgroupBytes(128)).toBe(41472);
+    expect(attentionPrefillInt8WorkgroupBytes(64, false)).toBe(33280);
+    expect(attentionPrefillInt8WorkgroupBytes(64, true)).toBe(33280);
+    expect(attentionPrefillInt8WorkgroupBytes(128, false)).toBe(41472);
+    // The transposed V tile: 128 dims 20 words apart against 64 keys 36 apart.
+    expect(attentionPrefillInt8WorkgroupBytes(128, true)).toBe(42496);
     expect(attentionPrefillInt8Shape(128, null, 49152)).toEqual({
       headDim: 128,
       quant: null,
@@ -175,27 +179,43 @@ describe('int8 prefill attention', () => {
 });
 
 describe('int8 keys conversion pass', () => {
-  it("the int8 keys buffer holds every word the converted build reads, a split's last tile included", () => {
-    // A split's tiles start at its first key, not on a multiple of 64: the last tile of the last KV head may read
-    // up to 63 keys past the capacity. Its K codes then run into the V codes, its V codes into the scales, and its
-    // V scales into the buffer's slack.
+  it('lays out the int8 keys buffer without gaps or overlaps: each code and scale its own bytes, to the end', () => {
+    // Tiles start on multiples of 64 keys, so the converted build reads no key past a KV head's capacity.
     for (const headDim of [64, 128]) {
       for (const [kvHeads, maxKeys] of [
         [1, 100],
-        [8, 32768],
-        [2, 4097],
+        [2, 130],
       ]) {
         const capacity = keysInt8Capacity(maxKeys);
-        const words = keysInt8Bytes(maxKeys, kvHeads, headDim) / 4;
-        const HW = headDim / 4;
-        const codeWords = kvHeads * capacity * HW;
-        const lastKey = (kvHeads - 1) * capacity + capacity - 1 + 63; // the last head's last tile from key C - 1
-        expect(codeWords + (lastKey + 1) * HW - 1).toBeLessThan(words); // V codes
-        expect(2 * codeWords + kvHeads * capacity + lastKey).toBeLessThan(words); // V scales
-        // And without the slack it would not fit.
-        expect(2 * codeWords + kvHeads * capacity + lastKey).toBeGreaterThanOrEqual(kvHeads * capacity * (2 * HW + 2));
+        expect(capacity % 64).toBe(0);
+        expect(capacity).toBeGreaterThanOrEqual(maxKeys);
+        const bytes = keysInt8Bytes(maxKeys, kvHeads, headDim);
+        const owner = new Int32Array(bytes).fill(-1);
+        let entry = 0;
+        const claim = (from: number, length: number) => {
+          for (let b = from; b < from + length; b++) {
+            expect(owner[b]).toBe(-1);
+            owner[b] = entry;
+          }
+          entry++;
+        };
+        for (const kind of [0, 1] as const) {
+          for (let kvh = 0; kvh < kvHeads; kvh++) {
+            for (let key = 0; key < capacity; key++) {
+              const layout = { capacity, kvHeads, headDim };
+              for (let dim = 0; dim < headDim; dim++) claim(keysInt8ByteAt(kind, kvh, key, dim, layout).code, 1);
+              claim(keysInt8ByteAt(kind, kvh, key, 0, layout).scale, 4);
+            }
+          }
+        }
+        expect(owner.indexOf(-1)).toBe(-1);
       }
     }
+    // V's tiles are transposed: one dim's codes of 4 consecutive keys share a word.
+    const layout = { capacity: 128, kvHeads: 1, headDim: 64 };
+    const word = (key: number, dim: number) => Math.floor(keysInt8ByteAt(1, 0, key, dim, layout).code / 4);
+    expect(word(65, 3)).toBe(word(64, 3));
+    expect(word(64, 4)).not.toBe(word(64, 3));
   });
 
   // The tensor-core kernel's converted build reads these codes (checked on the H200 by bench/attention-kernels.ts
@@ -242,8 +262,10 @@ describe('int8 keys conversion pass', () => {
         }
         submitDispatches(gpu, 'test', [append, dispatch]);
       }
-      const words = new Int32Array((await readUint32(gpu, keysInt8, keysInt8.size / 4)).buffer);
-      const codeWords = kvHeads * capacity * (headDim / 4);
+      const words = await readUint32(gpu, keysInt8, keysInt8.size / 4);
+      const bytes = new Int8Array(words.buffer);
+      const view = new DataView(words.buffer);
+      const layout = { capacity, kvHeads, headDim };
       const length = steps[0] + steps[1];
       let mismatched = 0;
       for (const [kind, list] of [written.k, written.v].entries()) {
@@ -254,14 +276,10 @@ describe('int8 keys conversion pass', () => {
           for (let key = 0; key < length; key++) {
             const at = key * row + h * headDim;
             const expected = int8Codes(Array.from(all.subarray(at, at + headDim), roundToF16));
-            const slot = h * capacity + key;
-            const scale = new Float32Array(
-              Int32Array.of(words[2 * codeWords + kind * kvHeads * capacity + slot]).buffer,
-            )[0];
-            expect(scale).toBeCloseTo(expected.step, 6);
-            const bytes = new Int8Array(words.buffer, (kind * codeWords + slot * (headDim / 4)) * 4, headDim);
+            const byteAt = (d: number) => keysInt8ByteAt(kind as 0 | 1, h, key, d, layout);
+            expect(view.getFloat32(byteAt(0).scale, true)).toBeCloseTo(expected.step, 6);
             for (let d = 0; d < headDim; d++) {
-              const off = Math.abs(bytes[d] - expected.codes[d]);
+              const off = Math.abs(bytes[byteAt(d).code] - expected.codes[d]);
               expect(off).toBeLessThanOrEqual(1);
               mismatched += off;
             }

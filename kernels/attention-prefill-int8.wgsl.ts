@@ -52,20 +52,22 @@ const BK = INT8_ATTENTION_TILE_KEYS;
  * 5.9 instead of 8.3 ms on Qwen3-4B and 3.5 instead of 4.4 on Llama-3.2-1B). Rows of S are BK + 1 words apart, for
  * the softmax's reads (68 and 72 were no faster).
  */
-function int8TileLayout(headDim: number) {
-  const KS = headDim / 4 + 4; // words between keys of the K and V code tiles, and between rows of q's codes
-  const PS = BK / 4 + 4; // words between rows of the p codes
+function int8TileLayout(headDim: number, converted: boolean) {
+  const KS = headDim / 4 + 4; // words between keys of the K code tile (and the V one, read from pages), and between rows of q's codes
+  const PS = BK / 4 + 4; // words between rows of the p codes, and between dims of the transposed V tile (converted)
   const SP = BK + 1; // words between rows of S
   // The sums hold S, then a round of P·V tiles (16 of 256 words); before the first tile, q's codes.
   const sumsWords = Math.max(INT8_ATTENTION_ROWS * SP, INT8_ATTENTION_ROWS * KS, 16 * 256);
-  return { KS, PS, SP, sumsWords };
+  // V's tile: [key][dim] as staged from the pages, or [dim][key] as the conversion pass wrote it.
+  const vTileWords = converted ? headDim * PS : BK * KS;
+  return { KS, PS, SP, sumsWords, vTileWords };
 }
 
 /** Workgroup storage of a build: the K and V code tiles, the sums, the p codes, five per-row or per-key scales. */
-export function attentionPrefillInt8WorkgroupBytes(headDim: number): number {
+export function attentionPrefillInt8WorkgroupBytes(headDim: number, converted: boolean): number {
   const rows = INT8_ATTENTION_ROWS;
-  const { KS, PS, sumsWords } = int8TileLayout(headDim);
-  return 4 * (2 * BK * KS + sumsWords + rows * PS + 3 * rows + 2 * BK);
+  const { KS, PS, sumsWords, vTileWords } = int8TileLayout(headDim, converted);
+  return 4 * (BK * KS + vTileWords + sumsWords + rows * PS + 3 * rows + 2 * BK);
 }
 
 /** The build for a head size and page formats, or null where the kernel does not serve them. */
@@ -77,18 +79,18 @@ export function attentionPrefillInt8Shape(
 ): AttentionPrefillInt8Shape | null {
   if ((headDim !== 64 && headDim !== 128) || !quantGroupsFitHeads(headDim, quant)) return null;
   if (quant && (32 / quant.kBits > headDim / 2 || 32 / quant.vBits > headDim / 2)) return null;
-  return attentionPrefillInt8WorkgroupBytes(headDim) <= maxWorkgroupBytes ? { headDim, quant, converted } : null;
+  return attentionPrefillInt8WorkgroupBytes(headDim, converted) <= maxWorkgroupBytes
+    ? { headDim, quant, converted }
+    : null;
 }
-
-/** Keys of slack past the last KV head's keys in an int8 keys buffer: a tile's loads may run past a split's end. */
-const KEYS_INT8_SLACK = BK;
 
 /**
  * Bytes of the int8 keys buffer for steps of up to `maxKeys` keys (attentionKeysInt8Source): per KV head and key,
- * K's and V's codes (a byte per dim) and scales (f32). Keys are counted in whole tiles.
+ * K's and V's codes (a byte per dim) and scales (f32). Keys are counted in whole tiles, and tiles start on multiples
+ * of BK keys, so no tile reads past a KV head's keys.
  */
 export function keysInt8Bytes(maxKeys: number, kvHeads: number, headDim: number): number {
-  return (kvHeads * keysInt8Capacity(maxKeys) + KEYS_INT8_SLACK) * 2 * (headDim + 4);
+  return kvHeads * keysInt8Capacity(maxKeys) * 2 * (headDim + 4);
 }
 
 /** Keys per KV head the int8 keys buffer holds for steps of up to `maxKeys` keys (params.int8Keys). */
@@ -98,8 +100,12 @@ export function keysInt8Capacity(maxKeys: number): number {
 
 /**
  * The int8 keys buffer's layout, in i32 words (C = params.int8Keys keys per KV head): K codes [kvHeads][C][HD / 4],
- * then V codes the same, then K scales [kvHeads][C] (f32 bits), then V scales; `kind` 0 is K, 1 is V. Written by the
- * conversion pass, read by the converted build; the including shader declares HW and params.
+ * then V codes in the same words but each tile of BK keys transposed ([dim][key]: a word holds 4 keys' codes of one
+ * dim), then K scales [kvHeads][C] (f32 bits), then V scales; `kind` 0 is K, 1 is V. The P·V product takes V's tile
+ * as its right operand, keys along the sum: transposed, it loads as a column-major matrix, which 8-bit tensor-core
+ * fragments load whole (a row-major one costs Qwen3-4B's layer about a fifth of its time on the H200). Written by the
+ * conversion pass, read by the converted build (keysInt8ByteAt spells it for the tests); the including shader
+ * declares HW and params.
  */
 const KEYS_INT8_LAYOUT_WGSL = `
 /** Word of the first code of key \`key\` of KV head kvh (kind 0: K, 1: V) in the int8 keys buffer. */
@@ -112,9 +118,27 @@ fn keyScaleAt(kind: u32, kvh: u32, key: u32) -> u32 {
 }`;
 
 /**
+ * Byte of code `dim` of key `key` (K: kind 0, V: 1) of KV head kvh in an int8 keys buffer of `capacity` keys per KV
+ * head (KEYS_INT8_LAYOUT_WGSL), and the byte of its scale.
+ */
+export function keysInt8ByteAt(
+  kind: 0 | 1,
+  kvh: number,
+  key: number,
+  dim: number,
+  { capacity, kvHeads, headDim }: { capacity: number; kvHeads: number; headDim: number },
+): { code: number; scale: number } {
+  const head = (kind * kvHeads + kvh) * capacity;
+  const tile = key - (key % BK);
+  const code = kind === 0 ? (head + key) * headDim + dim : (head + tile) * headDim + dim * BK + (key % BK);
+  const scale = 4 * (2 * kvHeads * capacity * (headDim / 4) + head + key);
+  return { code, scale };
+}
+
+/**
  * Converts every key of the step (0..step.length) of one layer into int8 codes, once, for the converted build of the
  * prefill attention: workgroup (tile of BK keys, KV head), the staging of int8AttentionStagingWgsl into the int8 keys
- * buffer (keys8, read_write; KEYS_INT8_LAYOUT_WGSL).
+ * buffer (keys8, read_write; KEYS_INT8_LAYOUT_WGSL), V's codes through workgroup memory to transpose them.
  */
 export function attentionKeysInt8Source(headDim: 64 | 128, quant: DecodeQuantShape | null): string {
   const HD = headDim;
@@ -123,6 +147,7 @@ export function attentionKeysInt8Source(headDim: 64 | 128, quant: DecodeQuantSha
   // The invocation's half of key `block + r`'s codes of a kind, and the key's scale.
   const codesAt = (kind: number) => (i: string) => `keys8[codes${kind} + ${i}]`;
   const scaleAt = (kind: number) => (d: string) => `keys8[keyScaleAt(${kind}u, kvh, block + r)] = bitcast<i32>(${d});`;
+  const VT = HD / 4 + 1; // words between keys of the V tile in workgroup memory: the transposing reads spread over the banks
   return /* wgsl */ `
 enable subgroups;
 ${attentionParamsWgsl(quant !== null)}
@@ -139,9 +164,12 @@ const HD: u32 = ${HD}u;
 const HW: u32 = ${HD / 4}u;
 const BK: u32 = ${BK}u;
 
+var<workgroup> vtile: array<i32, ${BK * VT}>; // the tile's V codes, [key][dim], keys ${VT} words apart
+
 @compute @workgroup_size(128)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(subgroup_id) sg: u32,
-        @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) width: u32) {
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32,
+        @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32,
+        @builtin(subgroup_size) width: u32) {
   let kvh = wg.y;
   let block = wg.x * BK;
   if (block >= step.length) { return; }
@@ -150,12 +178,30 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(subgroup_id) sg: u32,
   let half = lane % 2u;
   let f = fetchTile(block, min(BK, step.length - block), kvh, r, half);
   let codes0 = keyCodesAt(0u, kvh, block + r) + half * ${HALF / 4}u;
-  let codes1 = keyCodesAt(1u, kvh, block + r) + half * ${HALF / 4}u;
 ${stage('k', codesAt(0), scaleAt(0))}
-${stage('v', codesAt(1), scaleAt(1))}
+${stage('v', (i) => `vtile[r * ${VT}u + half * ${HALF / 4}u + ${i}]`, scaleAt(1))}
+  workgroupBarrier();
+  // Word w of the transposed tile: dim w / ${BK / 4}, keys 4·(w % ${BK / 4}).. (the lowest byte the first).
+  let vTile = keyCodesAt(1u, kvh, block);
+  for (var w = li; w < ${(HD * BK) / 4}u; w += 128u) {
+    let dim = w / ${BK / 4}u;
+    let first = 4u * (w % ${BK / 4}u);
+    var word = 0u;
+    for (var b = 0u; b < 4u; b++) {
+      let codes = u32(vtile[(first + b) * ${VT}u + dim / 4u]);
+      word |= ((codes >> (8u * (dim % 4u))) & 0xffu) << (8u * b);
+    }
+    keys8[vTile + w] = bitcast<i32>(word);
+  }
 }
 `;
 }
+
+/**
+ * The first key of the int8 kernels' first tile: tiles of BK keys start on multiples of BK (the conversion pass
+ * transposes V's codes per such tile), so a split that starts inside one masks that tile's keys before its start.
+ */
+const TILE_START_WGSL = `  let tileStart = select(start, start - start % BK, start < end);`;
 
 /**
  * What both int8 prefill kernels share, for a head of HD dims where invocation pair (row or key r, half) handles HD/2
@@ -293,8 +339,9 @@ fn codeScale(vals: array<vec4<f32>, ${HALF / 4}>) -> f32 {
   // The opening of the kernels' loop over tiles of BK keys, up to the staged tile: fetch the first tile, then per
   // tile stage its K and V codes and fetch the next one's words while this one is computed (its page loads were a
   // fifth of the tensor-core kernel's time). Leaves `block` and `n` (the tile's keys) in scope; the caller closes it.
-  const tileLoopHead = `  var f = fetchTile(start, select(0u, min(BK, end - start), start < end), kvh, r, half);
-  for (var block = start; block < end; block += BK) {
+  const tileLoopHead = `${TILE_START_WGSL}
+  var f = fetchTile(tileStart, select(0u, min(BK, end - tileStart), tileStart < end), kvh, r, half);
+  for (var block = tileStart; block < end; block += BK) {
     let n = min(BK, end - block);
     // The previous tile's readers are done with the codes, the scales and what else the tile rewrites.
     workgroupBarrier();
@@ -314,13 +361,19 @@ ${stage('v')}
 export function attentionPrefillInt8Source(shape: AttentionPrefillInt8Shape): string {
   const { headDim: HD, quant } = shape;
   const ROWS = INT8_ATTENTION_ROWS;
-  const { KS, PS, SP, sumsWords } = int8TileLayout(HD);
+  const { KS, PS, SP, sumsWords, vTileWords } = int8TileLayout(HD, shape.converted);
   const range = (n: number) => Array.from({ length: n }, (_, i) => i);
   const each = (n: number, f: (i: number) => string, sep = '\n') => range(n).map(f).join(sep);
   const KSTEPS = HD / 32; // 32-deep steps of q·k
   const DT = HD / 16; // dim tiles of a subgroup's output rows
   const ROUNDS = DT / 4; // rounds of 4 dim tiles through the sums buffer
   const { fetchWgsl, codeScaleWgsl, stageQuery, tileLoopHead } = int8AttentionStagingWgsl(HD, quant);
+  // V's codes of dim tile t (16 dims) and the tile's keys 32·half.. as the right operand of P·V: column-major from the
+  // transposed tile (converted), row-major from the one staged from the pages.
+  const vTile = (t: string, half: number) =>
+    shape.converted
+      ? `subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, col_major>(&vcodes, ${t} * 16u * PS + ${8 * half}u, PS)`
+      : `subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, row_major>(&vcodes, ${32 * half}u * KS + ${t} * 4u, KS)`;
   // The converted build: bindings 0, 1, 3, 4 as the others, the int8 keys buffer in place of the page table, no pages.
   const bindings = shape.converted
     ? `${attentionParamsWgsl(false)}
@@ -344,10 +397,11 @@ const TILE_QUADS: u32 = ${TILE_QUADS}u; // vec4s of a tile's K codes, and of its
 fn tileQuad(kvh: u32, first: u32, at: u32) -> vec4<i32> {
   return keys8[keyCodesAt(select(1u, 0u, at < TILE_QUADS), kvh, first) / 4u + at % TILE_QUADS];
 }`;
-  const convertedLoopHead = `  // Invocation li's vec4s of the next tile, ${2 * ROWS} invocations apart; first those of the first tile.
+  const convertedLoopHead = `${TILE_START_WGSL}
+  // Invocation li's vec4s of the next tile, ${2 * ROWS} invocations apart; first those of the first tile.
   var ahead: array<vec4<i32>, ${AHEAD}>;
-  for (var i = 0u; i < ${AHEAD}u; i++) { ahead[i] = tileQuad(kvh, start, li + i * ${2 * ROWS}u); }
-  for (var block = start; block < end; block += BK) {
+  for (var i = 0u; i < ${AHEAD}u; i++) { ahead[i] = tileQuad(kvh, tileStart, li + i * ${2 * ROWS}u); }
+  for (var block = tileStart; block < end; block += BK) {
     let n = min(BK, end - block);
     // The previous tile's readers are done with the codes, the sums and the scales.
     workgroupBarrier();
@@ -361,12 +415,13 @@ fn tileQuad(kvh: u32, first: u32, at: u32) -> vec4<i32> {
     }
     for (var i = 0u; i < ${AHEAD}u; i++) {
       let at = li + i * ${2 * ROWS}u;
-      let quad = at % TILE_QUADS;
-      let word = (quad / ${HD / 16}u) * KS + 4u * (quad % ${HD / 16}u);
       let w = ahead[i];
       if (at < TILE_QUADS) {
+        let word = (at / ${HD / 16}u) * KS + 4u * (at % ${HD / 16}u); // key, then its dims
         kcodes[word] = w.x; kcodes[word + 1u] = w.y; kcodes[word + 2u] = w.z; kcodes[word + 3u] = w.w;
       } else {
+        let quad = at - TILE_QUADS;
+        let word = (quad / ${BK / 16}u) * PS + 4u * (quad % ${BK / 16}u); // dim, then its keys
         vcodes[word] = w.x; vcodes[word + 1u] = w.y; vcodes[word + 2u] = w.z; vcodes[word + 3u] = w.w;
       }
     }
@@ -396,7 +451,7 @@ const NONE: f32 = -1e30;
 ${shape.converted ? tileQuadWgsl : ''}
 
 var<workgroup> kcodes: array<i32, ${BK * KS}>;
-var<workgroup> vcodes: array<i32, ${BK * KS}>;
+var<workgroup> vcodes: array<i32, ${vTileWords}>;
 // q's codes (rows KS apart) until the subgroups hold them; then S of a tile [row][key], then a round of P·V tiles.
 var<workgroup> sums: array<i32, ${sumsWords}>;
 var<workgroup> pcodes: array<i32, ${ROWS * PS}>;
@@ -451,10 +506,11 @@ ${each(
     {
       let dq = qscale[r];
       let visible = select(0u, min(n, limit - block), limit > block); // keys 0..visible-1 of the tile: row r sees them
+      let skip = select(0u, start - block, start > block); // keys 0..skip-1 of a first tile: the split's before
 ${each(
   32,
   (i) => `      let j${i} = 32u * half + ((${i}u + 16u * half) & 31u);
-      let s${i} = select(NONE, f32(sums[r * SP + j${i}]) * dq * kscale[j${i}], j${i} < visible);`,
+      let s${i} = select(NONE, f32(sums[r * SP + j${i}]) * dq * kscale[j${i}], j${i} >= skip && j${i} < visible);`,
 )}
       var tileMax = ${range(32).reduce((acc, i) => (acc ? `max(${acc}, s${i})` : `s${i}`), '')};
       tileMax = max(tileMax, subgroupShuffleXor(tileMax, 1u));
@@ -494,10 +550,8 @@ ${each(
   (round) => `    {
       for (var u = 0u; u < 4u; u++) {
         let t = ${round * 4}u + u;
-        var o = subgroupMatrixMultiply<i32>(p0,
-          subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, row_major>(&vcodes, t * 4u, KS));
-        o = subgroupMatrixMultiplyAccumulate(p1,
-          subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, row_major>(&vcodes, 32u * KS + t * 4u, KS), o);
+        var o = subgroupMatrixMultiply<i32>(p0, ${vTile('t', 0)});
+        o = subgroupMatrixMultiplyAccumulate(p1, ${vTile('t', 1)}, o);
         subgroupMatrixStore<row_major>(&sums, (sg * 4u + u) * 256u, o, 16u);
       }
       workgroupBarrier();

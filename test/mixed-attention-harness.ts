@@ -10,6 +10,7 @@ import {
   poolKeysInt8Capacity,
   prepareKeysInt8,
 } from '../kernels/attention.ts';
+import { keysInt8ByteAt } from '../kernels/attention-prefill-int8.wgsl.ts';
 import { type PreparedDispatch, releaseDispatches, submitDispatches } from '../kernels/dispatch.ts';
 import { int8Codes } from '../kernels/reference/attention-int8.ts';
 import type { GpuContext } from '../runtime/gpu/device.ts';
@@ -180,23 +181,21 @@ export async function runMixed(
         'mixed.keys_int8',
         keysInt8.map((k) => k.dispatch),
       );
-      const capacity = poolKeysInt8Capacity(pool);
-      const codeWords = kvHeads * capacity * (headDim / 4);
+      const layout = { capacity: poolKeysInt8Capacity(pool), kvHeads, headDim };
       for (const [l, { buffer }] of keysInt8.entries()) {
         const words = await readUint32(gpu, buffer, buffer.size / 4);
         const bytes = new Int8Array(words.buffer, words.byteOffset, words.byteLength);
-        const floats = new Float32Array(words.buffer, words.byteOffset, words.length);
+        const view = new DataView(words.buffer, words.byteOffset, words.byteLength);
         for (const [kind, rows] of [stored.k[l], stored.v[l]].entries()) {
           for (let pos = 0; pos < end; pos++) {
             for (let h = 0; h < kvHeads; h++) {
               const at = pos * width + h * headDim;
               const expected = int8Codes(rows.slice(at, at + headDim));
-              const slot = h * capacity + pos;
-              const scale = floats[2 * codeWords + kind * kvHeads * capacity + slot];
+              const byteAt = (d: number) => keysInt8ByteAt(kind as 0 | 1, h, pos, d, layout);
+              const scale = view.getFloat32(byteAt(0).scale, true);
               keysChecked.worstScale = Math.max(keysChecked.worstScale, Math.abs(scale - expected.step));
-              const first = (kind * codeWords + slot * (headDim / 4)) * 4;
               for (let d = 0; d < headDim; d++) {
-                const off = Math.abs(bytes[first + d] - expected.codes[d]);
+                const off = Math.abs(bytes[byteAt(d).code] - expected.codes[d]);
                 keysChecked.codes++;
                 if (off === 1) keysChecked.offByOne++;
                 else if (off > 1) keysChecked.wrong++;
