@@ -107,24 +107,6 @@ function edited(code: string, edit: (code: string) => string, what = 'ablation e
 const decodeEdit = (edit: (code: string) => string) => (s: LayerShape, quant: DecodeQuantShape | null) => ({
   decode: edited(decodeSource(s, quant), edit),
 });
-/**
- * The decode build with phase A's sums of 8 products (a key's dims d..d+7 times the rows' q) as a tree of depth 3
- * instead of a chain of 8: shorter dependent chains, the same products in another order (checked like the build).
- */
-const DECODE_TREE_SUMS: Variant = {
-  name: 'decode-tree-sums',
-  decodeKernel: true,
-  sources: decodeEdit((c) =>
-    c.replaceAll(
-      /(\b[sd]\d+) \+= ((?:qt\[[^\]]*\] \* k[01]\.[xyzw](?: \+\s*)?){8});/g,
-      (_, acc: string, sum: string) => {
-        const t = sum.match(/qt\[[^\]]*\] \* k[01]\.[xyzw]/g) ?? [];
-        if (t.length !== 8) throw new Error('decode-tree-sums: a sum of 8 products expected');
-        return `${acc} += ((${t[0]} + ${t[1]}) + (${t[2]} + ${t[3]})) + ((${t[4]} + ${t[5]}) + (${t[6]} + ${t[7]}));`;
-      },
-    ),
-  ),
-};
 /** The decode build with its loops over a key's dims unrolled (the runtime keeps them as loops). */
 const DECODE_UNROLLED: Variant = {
   name: 'decode-unrolled',
@@ -135,7 +117,6 @@ const VARIANTS: Variant[] = [
   { name: 'split', decodeKernel: false },
   { name: 'decode', decodeKernel: true },
   DECODE_UNROLLED,
-  DECODE_TREE_SUMS,
   { name: 'decode-128splits', decodeKernel: true, splits: 128 },
   { name: 'decode-96splits', decodeKernel: true, splits: 96 },
   // Ablations: the value loads replaced by a constant; the key loads replaced by a constant; one slab bound.
@@ -226,7 +207,6 @@ const QUANT_VARIANTS: Variant[] = [
   { name: 'decode-128splits', decodeKernel: true, splits: 128 },
   { name: 'decode-96splits', decodeKernel: true, splits: 96 },
   DECODE_UNROLLED,
-  DECODE_TREE_SUMS,
   // Other numbers of keys per value batch (registers held across the loads): same results, checked like the build.
   // A build whose own batch is that size (Qwen2.5-0.5B's two row groups take 4) skips it.
   ...[4, 2].map(
@@ -258,6 +238,21 @@ const QUANT_VARIANTS: Variant[] = [
     decodeKernel: true,
     ablation: true,
     sources: decodeEdit((c) => c.replace('quad = slabQuad(slot, at / 4u);', 'quad = vec4<u32>(at);')),
+  },
+  // Phase A's reads of q from workgroup memory (a vec4 per dim and key) replaced by 8 registers loaded once, dim d
+  // taking register d % 8: the products stay, their operand's loads go.
+  {
+    name: 'abl-noQReads',
+    decodeKernel: true,
+    ablation: true,
+    sources: decodeEdit((c) =>
+      c
+        .replace(
+          'let part = lid % TPK;',
+          `let part = lid % TPK;\n${Array.from({ length: 8 }, (_, e) => `  let qr${e} = qt[${e}u * RG + lid % RG];`).join('\n')}`,
+        )
+        .replaceAll(/qt\[\([^()]*?(?: \+ (\d)u)?\) \* RG \+ \d+u\]/g, (_, e?: string) => `qr${e ?? 0}`),
+    ),
   },
 ];
 
@@ -427,12 +422,12 @@ const INT8_PREFILL_ABLATIONS: [string, (code: string) => string][] = [
   // The scores' reads and exponentials (the rest of the softmax stays).
   ['no-score-reads-exp', (code) => code.replaceAll(/f32\(sums\[r \* SP \+ j\d+\]\)/g, '1.0').replaceAll('exp(s', '(s')],
   // The copies of each tile's codes into workgroup memory (and so their loads).
-  ['no-code-copies', (code) => code.replace(/if \(at < TILE_QUADS\) \{\n\s*kcodes\[word\][^}]*\} else \{[^}]*\}/, '')],
+  ['no-code-copies', (code) => code.replace(/if \(at < TILE_QUADS\) \{[^}]*\} else \{[^}]*\}/, '')],
   // The barriers of the tile loop (racy: timing only).
   [
     'no-tile-barriers',
     (code) => {
-      const at = code.indexOf('for (var block = start;');
+      const at = code.indexOf('for (var block = tileStart;');
       return code.slice(0, at) + code.slice(at).replaceAll('workgroupBarrier();', '');
     },
   ],
@@ -453,22 +448,8 @@ const INT8_PREFILL_ABLATIONS: [string, (code: string) => string][] = [
  * split kernel like the kernels themselves, and timed next to them.
  */
 const INT8_PREFILL_VARIANTS: [string, (code: string) => string][] = [
-  // The P·V tiles stored with rows 20 words apart instead of 16 (every round): the 16-byte pieces of rows a store
-  // writes together in different banks; the apply's reads then meet in 4 banks of 32.
-  [
-    'pv-stride-20',
-    (code) =>
-      code
-        .replaceAll('(sg * 4u + u) * 256u, o, 16u);', '(sg * 4u + u) * 320u, o, 20u);')
-        .replaceAll(
-          'sums[(sg * 4u + u) * 256u + (2u * i + h) * 16u + c]',
-          'sums[(sg * 4u + u) * 320u + (2u * i + h) * 20u + c]',
-        )
-        .replace(
-          /var<workgroup> sums: array<i32, (\d+)>;/,
-          (_, n) => `var<workgroup> sums: array<i32, ${Math.max(Number(n), 16 * 320)}>;`,
-        ),
-  ],
+  // None pending: BENCH.md keeps those tried (e.g. P·V tiles stored 20 words apart, the sums made floats by adding
+  // 1.5·2^23), with their numbers.
 ];
 
 /** The int8 build a binding takes, edited: ablations (timed only) and variants (checked too), named `int8-<name>`. */
