@@ -6,6 +6,9 @@ import {
   ATTENTION_MAX_SPLITS,
   type AttentionBlockKeys,
   type AttentionKernelShape,
+  attentionMergeRowsSource,
+  attentionMergeRowsSupports,
+  attentionMergeRowsWorkgroups,
   attentionMergeSource,
   attentionPartialSource,
   attentionQuantBlockKeys,
@@ -373,10 +376,16 @@ export function prepareAttention(
     b.partials,
     attentionPartialsBytes(maxTokens, heads, splits, headDim),
   );
+  // Prefill graphs merge a few splits for many queries: one invocation per output dim (attentionMergeRowsSource).
+  const mergeRows =
+    maxTokens > 1 &&
+    attentionMergeRowsSupports(headDim) &&
+    attentionMergeRowsWorkgroups(maxTokens, heads, headDim) <= gpu.limits.maxComputeWorkgroupsPerDimension;
   const mergePipeline = computePipeline(
     gpu,
-    rotation ? 'attention-merge-rotated' : 'attention-merge',
-    sources.merge ?? attentionMergeSource(rotation !== undefined),
+    `attention-merge${mergeRows ? '-rows' : ''}${rotation ? '-rotated' : ''}`,
+    sources.merge ??
+      (mergeRows ? attentionMergeRowsSource(rotation !== undefined) : attentionMergeSource(rotation !== undefined)),
   );
   const mergeParams = uniformBuffer(
     gpu,
@@ -391,7 +400,7 @@ export function prepareAttention(
       label: `${label}.merge`,
       pipeline: mergePipeline,
       bindGroup: bindBuffers(gpu, `${label}.merge`, mergePipeline, mergeBuffers),
-      workgroups: [heads, maxTokens, 1],
+      workgroups: mergeRows ? [attentionMergeRowsWorkgroups(maxTokens, heads, headDim), 1, 1] : [heads, maxTokens, 1],
       owned: [mergeParams],
     },
   ];

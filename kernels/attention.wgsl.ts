@@ -500,3 +500,84 @@ ${range(16)
 }
 
 export const attentionMergeWgsl = attentionMergeSource(false);
+
+/** Invocations of a workgroup of the rows merge: 128 / headDim rows of headDim invocations. */
+const MERGE_ROWS_WG = 128;
+
+/** Whether the rows merge serves a head size: whole rows to a workgroup. */
+export function attentionMergeRowsSupports(headDim: number): boolean {
+  return headDim <= MERGE_ROWS_WG && MERGE_ROWS_WG % headDim === 0;
+}
+
+/** Workgroups of the rows merge for `maxTokens` queries of `heads` heads. */
+export function attentionMergeRowsWorkgroups(maxTokens: number, heads: number, headDim: number): number {
+  return Math.ceil((maxTokens * heads) / (MERGE_ROWS_WG / headDim));
+}
+
+/**
+ * The merge pass of prefill graphs: the same merge as attentionMergeSource (its params, bindings and partials), with
+ * one invocation per output dim of 128 / headDim (token, head) rows a workgroup. Each invocation walks the few used
+ * splits itself (16 at most in a prefill graph): no reductions or barriers. attentionMergeSource's workgroup of 256
+ * per (head, query), built for the many splits of a decode step, took ~140 µs a layer for Llama-3.2-1B's 512-query
+ * prefill chunk on an H200, 9% of that chunk's attention. With `rotateOutput`, the merged rows meet in workgroup memory
+ * and invocation (row, j) stores out_j = Σ_i row_i · R[j][i].
+ */
+export function attentionMergeRowsSource(rotateOutput: boolean): string {
+  return /* wgsl */ `
+struct Params { heads: u32, headDim: u32, splits: u32, minChunk: u32, firstMatrix: u32, headsPerMatrix: u32, _p0: u32, _p1: u32 }
+${KV_STEP_WGSL}
+
+@group(0) @binding(0) var<storage, read> partials: array<f32>;
+@group(0) @binding(1) var<storage, read_write> out: array<f32>;
+@group(0) @binding(2) var<uniform> step: KvStep;
+@group(0) @binding(3) var<uniform> params: Params;
+${rotateOutput ? '@group(0) @binding(4) var<storage, read> rotation: array<vec4<f32>>;' : ''}
+
+${SPLIT_CHUNK_WGSL}
+const WG: u32 = ${MERGE_ROWS_WG}u;
+${rotateOutput ? "var<workgroup> merged: array<f32, WG>; // the workgroup's rows" : ''}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let d = params.headDim;
+  let row = wg.x * (WG / d) + lid / d; // t · heads + h
+  let e = lid % d;
+  let live = row / params.heads < step.tokens;
+  var value = 0.0;
+  if (live) {
+    let chunk = splitChunk(step.length, params.splits, params.minChunk);
+    let splits = (step.length + chunk - 1u) / chunk;
+    let rec = d + 2u;
+    let base = row * params.splits * rec;
+    var best = -1e30;
+    for (var s = 0u; s < splits; s++) { best = max(best, partials[base + s * rec]); }
+    var total = 0.0;
+    var acc = 0.0;
+    for (var s = 0u; s < splits; s++) {
+      let at = base + s * rec;
+      let w = exp(partials[at] - best);
+      total += w * partials[at + 1u];
+      acc += w * partials[at + 2u + e];
+    }
+    value = acc / total;
+  }
+${
+  rotateOutput
+    ? `  merged[lid] = value;
+  workgroupBarrier();
+  if (live) {
+    let quads = d / 4u;
+    let first = lid - e; // the row's first dim in merged
+    let at = (params.firstMatrix + (row % params.heads) / params.headsPerMatrix) * d * quads + e * quads;
+    var sum = vec4<f32>(0.0);
+    for (var c = 0u; c < quads; c++) {
+      let i = first + 4u * c;
+      sum += vec4<f32>(merged[i], merged[i + 1u], merged[i + 2u], merged[i + 3u]) * rotation[at + c];
+    }
+    out[row * d + e] = (sum.x + sum.y) + (sum.z + sum.w);
+  }`
+    : '  if (live) { out[row * d + e] = value; }'
+}
+}
+`;
+}

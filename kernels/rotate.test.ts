@@ -110,11 +110,14 @@ describe('per-head rotation kernel', () => {
     for (const b of [...xb, ...rb, step]) gpu.allocator.release(b);
   });
 
-  it('catches a broken kernel (wrong matrix for grouped heads)', async () => {
-    const original = rotateSource(1);
-    const broken = original.replace('(head / part.y)', 'head');
-    expect(broken).not.toBe(original);
-    const { actual, expected } = await runRotate(2, 2, 8, 64, 4, false, broken);
-    expect(maxToleranceRatio(actual, expected, 1e-4, 1e-4)).toBeGreaterThan(1);
-  });
+  it.each([false, true])(
+    'catches a broken kernel (wrong matrix for grouped heads; per-dim build %s)',
+    async (perDim) => {
+      const original = rotateSource(1, perDim);
+      const broken = original.replace('(head / part.y)', 'head');
+      expect(broken).not.toBe(original);
+      const { actual, expected } = await runRotate(2, 2, 8, 64, 4, false, broken);
+      expect(maxToleranceRatio(actual, expected, 1e-4, 1e-4)).toBeGreaterThan(1);
+    },
+  );
 });

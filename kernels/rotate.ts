@@ -32,7 +32,14 @@ export function prepareRotate(gpu: GpuContext, label: string, b: RotateBinding, 
   if (b.headDim % 8 !== 0 || b.headDim > 256) {
     throw new RangeError(`rotate: headDim must be a multiple of 8 and at most 256, got ${b.headDim}`);
   }
-  const pipeline = computePipeline(gpu, `rotate${count}`, source ?? rotateSource(count as 1 | 2 | 3));
+  // Prefill graphs rotate many rows: an invocation per output (on an H200, 256 invocations summing partials took
+  // ~130 µs a layer for q, k and v of Llama-3.2-1B's 512-token prefill chunk).
+  const perDim = b.maxTokens > 1;
+  const pipeline = computePipeline(
+    gpu,
+    `rotate${count}${perDim ? '-per-dim' : ''}`,
+    source ?? rotateSource(count as 1 | 2 | 3, perDim),
+  );
   const words = [b.headDim, 0, 0, 0];
   for (const part of b.parts) {
     words.push(part.heads, part.headsPerMatrix, part.transpose ? 1 : 0, part.firstMatrix * b.headDim * b.headDim);

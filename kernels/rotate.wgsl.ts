@@ -86,24 +86,49 @@ ${loads((u) => `if (i + ${u}u < last) { a${u % 4} += ${o.row}[i + ${u}u] * ${o.m
  * One head's row of part p, with its tensor and matrices bound directly: the dispatch picks the part once per
  * workgroup, not once per element of the inner products.
  */
-function rowFunction(p: number): string {
+function rowFunction(p: number, perDim: boolean): string {
+  // perDim: invocation j's outputs j, j + WG, ..., each its own inner product over the row (no partial sums).
+  const product = perDim
+    ? `let quads = d / 4u;
+  for (var j = lid; j < d; j += WG) {
+    var sum = vec4<f32>(0.0);
+    if (part.z == 1u) {
+      for (var c = 0u; c < quads; c++) {
+        sum += vec4<f32>(row[4u * c], row[4u * c + 1u], row[4u * c + 2u], row[4u * c + 3u]) * rotation${p}[matrix4 + j * quads + c];
+      }
+    } else {
+      for (var i = 0u; i < d; i += 4u) {
+        let at = matrix4 + i * quads + j / 4u;
+        sum += vec4<f32>(row[i], row[i + 1u], row[i + 2u], row[i + 3u]) *
+          vec4<f32>(rotation${p}[at][j % 4u], rotation${p}[at + quads][j % 4u], rotation${p}[at + 2u * quads][j % 4u],
+                    rotation${p}[at + 3u * quads][j % 4u]);
+      }
+    }
+    x${p}[base + j] = (sum.x + sum.y) + (sum.z + sum.w);
+  }`
+    : rowProductWgsl({
+        row: 'row',
+        matrix: `rotation${p}`,
+        base4: 'matrix4',
+        transpose: 'part.z == 1u',
+        store: (j, value) => `x${p}[base + ${j}] = ${value};`,
+      });
   return `fn rotateRow${p}(part: vec4<u32>, head: u32, token: u32, lid: u32) {
   let d = params.headDim;
   let base = (token * part.x + head) * d;
   for (var i = lid; i < d; i += WG) { row[i] = x${p}[base + i]; }
   workgroupBarrier();
   let matrix4 = (part.w + (head / part.y) * d * d) / 4u;
-  ${rowProductWgsl({
-    row: 'row',
-    matrix: `rotation${p}`,
-    base4: 'matrix4',
-    transpose: 'part.z == 1u',
-    store: (j, value) => `x${p}[base + ${j}] = ${value};`,
-  })}
+  ${product}
 }`;
 }
 
-export function rotateSource(parts: 1 | 2 | 3): string {
+/**
+ * The rotate kernel for `parts` tensors. `perDim` builds it for prefill graphs: 64 invocations a row, each storing
+ * whole outputs, instead of 256 whose partial sums meet in workgroup memory (rowProductWgsl, built for the few rows of
+ * a decode step). Same grid, bindings and params.
+ */
+export function rotateSource(parts: 1 | 2 | 3, perDim = false): string {
   const ids = [...Array(parts).keys()];
   const xs = ids.map((p) => `@group(0) @binding(${p}) var<storage, read_write> x${p}: array<f32>;`).join('\n');
   const rs = ids
@@ -120,11 +145,11 @@ ${rs}
 @group(0) @binding(${2 * parts}) var<uniform> params: Params;
 @group(0) @binding(${2 * parts + 1}) var<uniform> step: Step;
 
-${ids.map((p) => rowFunction(p)).join('\n')}
+${ids.map((p) => rowFunction(p, perDim)).join('\n')}
 
-const WG: u32 = 256u;
+const WG: u32 = ${perDim ? 64 : 256}u;
 var<workgroup> row: array<f32, 256>;
-var<workgroup> partial: array<f32, ${ROW_PRODUCT_PARTIALS}>;
+${perDim ? '' : `var<workgroup> partial: array<f32, ${ROW_PRODUCT_PARTIALS}>;`}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
