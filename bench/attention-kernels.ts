@@ -21,7 +21,7 @@
  * kernels/attention-prefill-int8.test.ts for both (CI's adapters skip the tensor-core ones). `--tokens` sets the
  * prefill chunk (128).
  *
- *   npx tsx bench/attention-kernels.ts [--kv f16|int2] [--prefill] [--tokens 128] [--check-int8] [--ablate-int8]
+ *   npx tsx bench/attention-kernels.ts [--kv f16|int2] [--prefill [--splits 16]] [--tokens 128] [--check-int8] [--ablate-int8]
  *                                      [--contexts 1024,8192,32768]
  *                                      [--shapes llama-3.2-1b,qwen2.5-0.5b,qwen3-4b] [--out FILE.json]
  * On the GPU host: bundled by `npm run bench:bundle` (.gpu/attention-kernels.mjs).
@@ -481,6 +481,7 @@ async function benchPrefillShape(
   kv: 'f16' | 'quant',
   tokens: number,
   ablate: boolean,
+  splits: number,
 ) {
   const { heads, headDim } = shape;
   const { pool, k, v, release } = layerSetup(gpu, shape, contexts, kv);
@@ -532,7 +533,7 @@ async function benchPrefillShape(
         heads,
         maxTokens: tokens,
         scale: 1 / Math.sqrt(headDim),
-        splits: PREFILL_SPLITS,
+        splits,
         minChunkKeys: PREFILL_MIN_CHUNK_KEYS,
         ...knobs,
       };
@@ -574,8 +575,10 @@ const { values } = parseArgs({
     tokens: { type: 'string', default: '128' },
     'check-int8': { type: 'boolean', default: false },
     'ablate-int8': { type: 'boolean', default: false },
+    splits: { type: 'string', default: String(PREFILL_SPLITS) },
   },
 });
+const prefillSplits = Number(values.splits);
 if (values.kv !== 'f16' && values.kv !== 'int2') throw new Error(`--kv f16|int2, got ${values.kv}`);
 const contexts = values.contexts.split(',').map(Number);
 const gpu = await acquireGpu({ gpu: await nodeGpu() });
@@ -635,6 +638,7 @@ for (const shape of SHAPES.filter((s) => values.shapes.split(',').includes(s.nam
         values.kv === 'f16' ? 'f16' : 'quant',
         Number(values.tokens),
         values['ablate-int8'],
+        prefillSplits,
       )),
     );
   else results.push(...(await (values.kv === 'int2' ? benchQuantShape : benchShape)(gpu, shape, contexts)));
@@ -642,7 +646,7 @@ for (const shape of SHAPES.filter((s) => values.shapes.split(',').includes(s.nam
 if (values.out)
   writeFileSync(
     values.out,
-    `${JSON.stringify({ adapter: gpu.adapter, kv: values.kv, prefill: values.prefill, splits: values.prefill ? PREFILL_SPLITS : 'decodeSplitsFor(kvHeads)', minChunk: values.prefill ? PREFILL_MIN_CHUNK_KEYS : MIN_CHUNK, results }, null, 1)}\n`,
+    `${JSON.stringify({ adapter: gpu.adapter, kv: values.kv, prefill: values.prefill, splits: values.prefill ? prefillSplits : 'decodeSplitsFor(kvHeads)', minChunk: values.prefill ? PREFILL_MIN_CHUNK_KEYS : MIN_CHUNK, results }, null, 1)}\n`,
   );
 gpu.destroy();
 process.exit(process.exitCode ?? 0);
