@@ -16,6 +16,7 @@ import {
 } from './attention.wgsl.ts';
 import {
   type AttentionDecodeShape,
+  attentionDecodeLanesPerKey,
   attentionDecodeSource,
   attentionDecodeSupports,
   attentionDecodeWorkgroupBytes,
@@ -81,6 +82,11 @@ export interface AttentionBinding {
    */
   decodeKernel?: boolean;
   /**
+   * maxTokens = 1: the decode kernel's lanes-per-key build (AttentionDecodeShape.lanesPerKey) where the device and
+   * shape allow it (default false: an experiment).
+   */
+  decodeLanesPerKey?: boolean;
+  /**
    * maxTokens > 1: use the prefill kernel (attention-prefill.wgsl.ts) where it serves the shape (default true); false
    * keeps the general split kernel (same-machine comparisons, tests of both).
    */
@@ -141,6 +147,8 @@ export interface AttentionSources {
   prefill?: string;
   /** The int8 prefill kernel's WGSL (attention-prefill-int8.wgsl.ts, or -dot for 'int8-dot'), for a binding that runs it. */
   prefillInt8?: string;
+  /** The int8 keys conversion pass's WGSL (attentionKeysInt8Source), for a binding the converted build serves. */
+  keysInt8?: string;
   merge?: string;
 }
 
@@ -155,7 +163,7 @@ function layerQuantShape(b: Pick<AttentionBinding, 'pool' | 'layer'>): DecodeQua
 /** The decode kernel's shape for a binding, or null where the split kernel serves it. */
 export function attentionDecodeShape(
   gpu: GpuContext,
-  b: Pick<AttentionBinding, 'pool' | 'layer' | 'heads' | 'maxTokens' | 'decodeKernel'>,
+  b: Pick<AttentionBinding, 'pool' | 'layer' | 'heads' | 'maxTokens' | 'decodeKernel' | 'decodeLanesPerKey'>,
 ): AttentionDecodeShape | null {
   if (b.maxTokens !== 1 || b.decodeKernel === false) return null;
   const shape: AttentionDecodeShape = {
@@ -168,6 +176,10 @@ export function attentionDecodeShape(
     quant: layerQuantShape(b),
   };
   if (!attentionDecodeSupports(shape)) return null;
+  const { subgroupMinSize = 0 } = gpu.adapter;
+  if (b.decodeLanesPerKey && gpu.features.subgroups && attentionDecodeLanesPerKey(shape, subgroupMinSize)) {
+    shape.lanesPerKey = true;
+  }
   return attentionDecodeWorkgroupBytes(shape) <= gpu.limits.maxComputeWorkgroupStorageSize ? shape : null;
 }
 
@@ -325,7 +337,7 @@ export function prepareAttention(
         : decode
           ? computePipeline(
               gpu,
-              `attention-decode-hd${headDim}-r${decode.rows}${decode.unrolled ? '' : '-loops'}${formatsLabel(decode.quant)}`,
+              `attention-decode-hd${headDim}-r${decode.rows}${decode.unrolled ? '' : '-loops'}${decode.lanesPerKey ? '-lanes' : ''}${formatsLabel(decode.quant)}`,
               sources.decode ?? attentionDecodeSource(decode),
             )
           : computePipeline(
@@ -345,7 +357,7 @@ export function prepareAttention(
   }
   // The converted int8 build: a pass that converts the step's keys into the int8 keys buffer, and the attention
   // reads that buffer instead of the page table and pages.
-  const convert = int8Prefill?.converted ? prepareKeysInt8(gpu, label, b) : null;
+  const convert = int8Prefill?.converted ? prepareKeysInt8(gpu, label, b, sources.keysInt8) : null;
   const attend = (output: GPUBuffer, splitLabel: string, splitsX: number, owned: GPUBuffer[]): PreparedDispatch[] =>
     convert
       ? [
@@ -483,6 +495,7 @@ export function prepareKeysInt8(
   gpu: GpuContext,
   label: string,
   b: AttentionBinding,
+  source?: string,
 ): { dispatch: PreparedDispatch; keys: GPUBuffer } {
   const { pool } = b;
   const { headDim } = pool;
@@ -499,7 +512,7 @@ export function prepareKeysInt8(
   const pipeline = computePipeline(
     gpu,
     `attention-keys-int8-hd${headDim}${formatsLabel(quant)}`,
-    attentionKeysInt8Source(headDim, quant),
+    source ?? attentionKeysInt8Source(headDim, quant),
   );
   const capacity = poolKeysInt8Capacity(pool);
   const params = attentionParams(gpu, `${label}.keys_int8`, b, {
