@@ -39,7 +39,11 @@ import {
 import { attentionMergeSource } from '../kernels/attention.wgsl.ts';
 import { attentionDecodeSource, type DecodeQuantShape } from '../kernels/attention-decode.wgsl.ts';
 import { attentionPrefillDotShape } from '../kernels/attention-prefill-dot.wgsl.ts';
-import { attentionPrefillInt8Shape, attentionPrefillInt8Source } from '../kernels/attention-prefill-int8.wgsl.ts';
+import {
+  attentionKeysInt8Source,
+  attentionPrefillInt8Shape,
+  attentionPrefillInt8Source,
+} from '../kernels/attention-prefill-int8.wgsl.ts';
 import { type PreparedDispatch, releaseDispatches, submitDispatches } from '../kernels/dispatch.ts';
 import { prepareKvAppend } from '../kernels/kv-append.ts';
 import { attentionReference } from '../kernels/reference/attention.ts';
@@ -93,6 +97,8 @@ type Variant = {
   splits?: number;
   /** An ablation: wrong results by design, timed only (where the decode kernel's time goes). */
   ablation?: boolean;
+  /** The decode kernel's lanes-per-key build (AttentionBinding.decodeLanesPerKey; the build itself where not served). */
+  lanesPerKey?: boolean;
 };
 /** The decode build of the shape: as the runtime builds it (attentionDecodeShape: loops), or unrolled. */
 const decodeSource = (s: LayerShape, quant: DecodeQuantShape | null, unrolled = false) =>
@@ -107,6 +113,14 @@ function edited(code: string, edit: (code: string) => string, what = 'ablation e
 const decodeEdit = (edit: (code: string) => string) => (s: LayerShape, quant: DecodeQuantShape | null) => ({
   decode: edited(decodeSource(s, quant), edit),
 });
+/** Phase A with headDim / 16 invocations a key, q in registers, partial scores summed by shuffles. */
+const DECODE_LANES: Variant = { name: 'decode-lanes', decodeKernel: true, lanesPerKey: true };
+/** 128 keys a pass instead of 256: one key per invocation in phase A, twice the passes (same results). */
+const DECODE_SUB128: Variant = {
+  name: 'decode-sub128',
+  decodeKernel: true,
+  sources: decodeEdit((c) => c.replace('const SUB: u32 = 256u;', 'const SUB: u32 = 128u;')),
+};
 /** The decode build with its loops over a key's dims unrolled (the runtime keeps them as loops). */
 const DECODE_UNROLLED: Variant = {
   name: 'decode-unrolled',
@@ -119,6 +133,8 @@ const VARIANTS: Variant[] = [
   DECODE_UNROLLED,
   { name: 'decode-128splits', decodeKernel: true, splits: 128 },
   { name: 'decode-96splits', decodeKernel: true, splits: 96 },
+  DECODE_SUB128,
+  DECODE_LANES,
   // Ablations: the value loads replaced by a constant; the key loads replaced by a constant; one slab bound.
   {
     name: 'abl-noV',
@@ -206,6 +222,8 @@ const QUANT_VARIANTS: Variant[] = [
   { name: 'decode', decodeKernel: true },
   { name: 'decode-128splits', decodeKernel: true, splits: 128 },
   { name: 'decode-96splits', decodeKernel: true, splits: 96 },
+  DECODE_SUB128,
+  DECODE_LANES,
   DECODE_UNROLLED,
   // Other numbers of keys per value batch (registers held across the loads): same results, checked like the build.
   // A build whose own batch is that size (Qwen2.5-0.5B's two row groups take 4) skips it.
@@ -238,6 +256,35 @@ const QUANT_VARIANTS: Variant[] = [
     decodeKernel: true,
     ablation: true,
     sources: decodeEdit((c) => c.replace('quad = slabQuad(slot, at / 4u);', 'quad = vec4<u32>(at);')),
+  },
+  // Phase A on quant pages without the loop over a group's code words (their loads and products): what is left is
+  // the page-table entry, the group's (lo, scale) load and the score's store.
+  {
+    name: 'abl-noQuantKDims',
+    decodeKernel: true,
+    ablation: true,
+    sources: decodeEdit((c) =>
+      c.replace('for (var wq = 0u; wq < (K_GE / K_PER / 4u) * one; wq++) {', 'for (var wq = 0u; wq < 0u; wq++) {'),
+    ),
+  },
+  // Phase A on quant pages without the group's (lo, scale) load.
+  {
+    name: 'abl-noQuantKLoHi',
+    decodeKernel: true,
+    ablation: true,
+    sources: decodeEdit((c) =>
+      c.replace(
+        'let lohi = unpack2x16float(slabWord(slot, row + params.kCodeWords + e0 / K_GROUP));',
+        'let lohi = vec2<f32>(f32(row & 7u), 1.0);',
+      ),
+    ),
+  },
+  // Phase A's code words always loaded as one vec4 (wrong where a row is not 16-byte aligned: timing only).
+  {
+    name: 'abl-alignedK',
+    decodeKernel: true,
+    ablation: true,
+    sources: decodeEdit((c) => c.replace('if ((at & 3u) == 0u) {', 'if (true) {')),
   },
   // Phase A's reads of q from workgroup memory (a vec4 per dim and key) replaced by 8 registers loaded once, dim d
   // taking register d % 8: the products stay, their operand's loads go.
@@ -275,6 +322,7 @@ function decodeStepBinding(
     splits: variant.splits ?? decodeSplitsFor(shape.kvHeads),
     minChunkKeys: MIN_CHUNK,
     decodeKernel: variant.decodeKernel,
+    decodeLanesPerKey: variant.lanesPerKey,
   };
 }
 
@@ -444,12 +492,33 @@ const INT8_PREFILL_ABLATIONS: [string, (code: string) => string][] = [
 ];
 
 /**
+ * Ablations of the int8 keys conversion pass (attentionKeysInt8Source), timed with the converted build after it: what
+ * the pass costs (skipped: the attention reads the codes an earlier run left), and its transposition of V's tiles.
+ */
+const INT8_CONVERSION_ABLATIONS: [string, (code: string) => string][] = [
+  [
+    'conversion-skipped',
+    (code) => code.replace('let kvh = wg.y;', 'let kvh = wg.y;\n  if (step.length > 0u) { return; }'),
+  ],
+  ['conversion-no-transpose', (code) => code.replace('keys8[vTile + w] = bitcast<i32>(word);', '')],
+];
+
+/**
  * Candidate changes to the int8 prefill kernel, as edits of its source: same results, so they are checked against the
  * split kernel like the kernels themselves, and timed next to them.
  */
 const INT8_PREFILL_VARIANTS: [string, (code: string) => string][] = [
-  // None pending: BENCH.md keeps those tried (e.g. P·V tiles stored 20 words apart, the sums made floats by adding
-  // 1.5·2^23), with their numbers.
+  // BENCH.md keeps the variants tried (e.g. P·V tiles stored 20 words apart, the sums made floats by adding 1.5·2^23),
+  // with their numbers.
+  // Each tile's codes loaded where they are copied instead of a tile ahead: fewer registers held across the tile
+  // (more workgroups an SM, if registers bound them), the loads' latency exposed.
+  [
+    'tile-loads-in-place',
+    (code) =>
+      code
+        .replace('let w = ahead[i];', 'let w = tileQuad(kvh, block, at);')
+        .replaceAll(/for \(var i = 0u; i < \d+u; i\+\+\) \{ ahead\[i\] = tileQuad\([^;]*\); \}/g, ''),
+  ],
 ];
 
 /** The int8 build a binding takes, edited: ablations (timed only) and variants (checked too), named `int8-<name>`. */
@@ -458,15 +527,20 @@ function int8Edits(
   pool: KvPagePool,
   tokens: number,
   edits: [string, (code: string) => string][],
+  of: 'attention' | 'conversion' = 'attention',
 ): [string, Partial<AttentionBinding>, AttentionSources][] {
   const built = attentionPrefillInt8ShapeFor(gpu, { pool, layer: 0, maxTokens: tokens, prefillProducts: 'int8' });
-  if (!built) return [];
-  const code = attentionPrefillInt8Source(built);
-  return edits.map(([name, edit]) => [
-    `int8-${name}`,
-    { prefillProducts: 'int8' },
-    { prefillInt8: edited(code, edit, `int8 edit '${name}'`) },
-  ]);
+  if (!built || (of === 'conversion' && !built.converted)) return [];
+  const code =
+    of === 'attention' ? attentionPrefillInt8Source(built) : attentionKeysInt8Source(built.headDim, built.quant);
+  return edits.map(([name, edit]) => {
+    const source = edited(code, edit, `int8 edit '${name}'`);
+    return [
+      `int8-${name}`,
+      { prefillProducts: 'int8' },
+      of === 'attention' ? { prefillInt8: source } : { keysInt8: source },
+    ];
+  });
 }
 
 /**
@@ -522,8 +596,11 @@ async function benchPrefillShape(
       ...(dot ? [['int8-dot', { prefillProducts: 'int8-dot' }] as [string, Partial<AttentionBinding>]] : []),
       ...(int8 ? int8Edits(gpu, pool, tokens, INT8_PREFILL_VARIANTS) : []),
       ...(int8 && ablate ? int8Edits(gpu, pool, tokens, INT8_PREFILL_ABLATIONS) : []),
+      ...(int8 && ablate ? int8Edits(gpu, pool, tokens, INT8_CONVERSION_ABLATIONS, 'conversion') : []),
     ];
-    const ablations = new Set(INT8_PREFILL_ABLATIONS.map(([name]) => `int8-${name}`));
+    const ablations = new Set(
+      [...INT8_PREFILL_ABLATIONS, ...INT8_CONVERSION_ABLATIONS].map(([name]) => `int8-${name}`),
+    );
     for (const [i, [name, knobs, sources]] of kernels.entries()) {
       const binding: AttentionBinding = {
         pool,
