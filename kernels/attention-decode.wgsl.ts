@@ -39,7 +39,7 @@ export interface AttentionDecodeShape {
 }
 
 /** Whether the lanes-per-key build (AttentionDecodeShape.lanesPerKey) serves a shape on subgroups of `minSubgroup`. */
-export function attentionDecodeLanesPerKey(shape: AttentionDecodeShape, minSubgroup: number): boolean {
+export function attentionDecodeLanesPerKeyServes(shape: AttentionDecodeShape, minSubgroup: number): boolean {
   const { headDim, quant } = shape;
   const kGE = quant ? Math.min(quant.kGroup, headDim) : 16;
   return attentionDecodeSupports(shape) && headDim / 16 <= minSubgroup && kGE % 16 === 0;
@@ -104,7 +104,7 @@ export function attentionDecodeSource(shape: AttentionDecodeShape): string {
   if (!attentionDecodeSupports(shape)) throw new Error(`attention-decode: unsupported shape ${JSON.stringify(shape)}`);
   const { headDim: HD, rows: ROWS, quant } = shape;
   const lanes = shape.lanesPerKey === true;
-  if (lanes && !attentionDecodeLanesPerKey(shape, HD / 16)) {
+  if (lanes && !attentionDecodeLanesPerKeyServes(shape, HD / 16)) {
     throw new Error(`attention-decode: no lanes-per-key build for ${JSON.stringify(shape)}`);
   }
   const RG = Math.ceil(ROWS / 4);
@@ -223,13 +223,13 @@ ${groups((g) => `        s${g} = vec4<f32>(0.0);`)}
       }
 ${groups((g) => `      sc[j * RG + ${g}u] = s${g};`)}
     }`;
-  // The lanes-per-key phase A: invocation (keySlot, lane) scores key keySlot + it·(WG / LPK) on the key's dims
-  // 16·lane..16·lane + 15 against qr (those dims of q, in registers), and the LPK lanes' partial scores meet by
-  // shuffles. A quant page's lane reads its codes (K_BITS / 2 words, half of one at 1 bit) and its group's (lo, scale):
+  // The lanes-per-key phase A: invocation (keySlot, keyPart) scores key keySlot + it·(WG / LPK) on the key's dims
+  // 16·keyPart..16·keyPart + 15 against qr (those dims of q, in registers), and the LPK lanes' partial scores meet by
+  // shuffles. A quant page's keyPart reads its codes (K_BITS / 2 words, half of one at 1 bit) and its group's (lo, scale):
   // s = Σ over lanes of lo·Σ q + scale·Σ q·c.
   const LPK = HD / 16;
-  const WPL = quant ? Math.max(1, quant.kBits / 2) : 0; // code words a lane reads
-  const CPW = 16 / Math.max(1, WPL); // codes a lane takes from each
+  const WPL = quant ? Math.max(1, quant.kBits / 2) : 0; // code words a key part reads
+  const CPW = 16 / Math.max(1, WPL); // codes it takes from each
   const laneDims = (d: (t: number) => string, k0: string, k1: string, to: string) =>
     groups(
       (g) =>
@@ -240,7 +240,7 @@ ${groups((g) => `      sc[j * RG + ${g}u] = s${g};`)}
     );
   const lanesQuantScore = quant
     ? `let row = (entry & 0xffffffu) * params.quantPageWords + params.quantKOffset + inPage * params.kRowWords;
-          let e0 = kvh * HD + lane * 16u;
+          let e0 = kvh * HD + keyPart * 16u;
           let lohi = unpack2x16float(slabWord(slot, row + params.kCodeWords + e0 / K_GROUP));
 ${groups((g) => `          var d${g} = vec4<f32>(0.0);`)}
           for (var w = 0u; w < ${WPL}u; w++) {
@@ -255,7 +255,7 @@ ${groups((g) => `          var d${g} = vec4<f32>(0.0);`)}
           }
 ${groups((g) => `          s${g} = lohi.x * qs${g} + lohi.y * d${g};`)}`
     : '';
-  const lanesF16Score = `let base = (entry & 0xffffffu) * (params.pageWords / 4u) + (params.kOffset + headBase + inPage * PAIRS) / 4u + 2u * lane;
+  const lanesF16Score = `let base = (entry & 0xffffffu) * (params.pageWords / 4u) + (params.kOffset + headBase + inPage * PAIRS) / 4u + 2u * keyPart;
           for (var c = 0u; c < 2u; c++) {
             let w = slabQuad(slot, base + c);
             let k0 = vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
@@ -269,7 +269,7 @@ ${groups((g) => `      var s${g} = vec4<f32>(0.0);`)}
       if (j < n) {
         let key = block + j;
         let entry = pageTable[step.tableOffset + key / params.pageTokens];
-        if (lane == 0u) { entries[j] = entry; }
+        if (keyPart == 0u) { entries[j] = entry; }
         let inPage = key % params.pageTokens;
         let slot = (entry >> 24u) & 0xfu;
         ${quant ? `if ((entry >> 28u) == 1u) {\n          ${lanesQuantScore}\n        } else {\n          ${lanesF16Score}\n        }` : lanesF16Score}
@@ -277,7 +277,7 @@ ${groups((g) => `      var s${g} = vec4<f32>(0.0);`)}
       for (var m = 1u; m < LPK; m *= 2u) {
 ${groups((g) => `        s${g} += subgroupShuffleXor(s${g}, m);`)}
       }
-      if (lane == 0u) {
+      if (keyPart == 0u) {
 ${groups((g) => `        sc[j * RG + ${g}u] = select(vec4<f32>(NONE), s${g}, j < n);`)}
       }
     }`;
@@ -369,12 +369,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 
 ${
   lanes
-    ? `  // Phase A's invocation (keySlot, lane): consecutive lanes of one subgroup share a key (their shuffles meet).
+    ? `  // Phase A's invocation (keySlot, keyPart): consecutive lanes of one subgroup share a key (their shuffles meet).
   const LPK: u32 = ${LPK}u;
-  let lane = sgLane % LPK;
+  let keyPart = sgLane % LPK; // the key's dims 16·keyPart..
   let keySlot = (sg * sgSize + sgLane) / LPK;
-  var qr: array<vec4<f32>, ${16 * RG}>; // [dim 16·lane + i][row group]
-  for (var i = 0u; i < ${16 * RG}u; i++) { qr[i] = qt[lane * ${16 * RG}u + i]; }
+  var qr: array<vec4<f32>, ${16 * RG}>; // [dim 16·keyPart + i][row group]
+  for (var i = 0u; i < ${16 * RG}u; i++) { qr[i] = qt[keyPart * ${16 * RG}u + i]; }
 ${groups(
   (g) => `  var qs${g} = vec4<f32>(0.0);
   for (var i = 0u; i < 16u; i++) { qs${g} += qr[i * RG + ${g}u]; }`,

@@ -53,7 +53,7 @@ export function attentionPrefillDotSource(shape: AttentionPrefillDotShape): stri
   const { headDim: HD, quant } = shape;
   const HW = HD / 4; // words of a row's or key's codes
   const HALF = HD / 2;
-  const { fetchWgsl, codeScaleWgsl, tileLoopHead } = int8AttentionStagingWgsl(HD, quant);
+  const { fetchWgsl, codeScaleWgsl, tileLoopHead, tileMask } = int8AttentionStagingWgsl(HD, quant);
 
   return /* wgsl */ `
 enable subgroups;
@@ -128,8 +128,7 @@ ${tileLoopHead}
     }
     workgroupBarrier();
     // Scores of keys 32·half + i against row r.
-    let visible = select(0u, min(n, limit - block), limit > block); // keys 0..visible-1 of the tile: row r sees them
-    let skip = select(0u, start - block, start > block); // keys 0..skip-1 of a first tile: the split's before
+${tileMask('    ')}
     // Initialized explicitly: lavapipe did not zero a loop-local array again on each iteration (matmul-int8.wgsl.ts).
     var dots = array<i32, 32>();
     for (var w = 0u; w < HW * one; w++) {

@@ -90,17 +90,17 @@ describe.each(['int8', 'int8-dot'] as const)('%s prefill attention', (products) 
     },
   );
 
-  it.for(INT8_PREFILL_MUTATIONS[products])('catches a broken kernel: %s', async ([, edit], context) => {
+  it.for(INT8_PREFILL_MUTATIONS[products])('catches a broken kernel: %s', async ([, edit, at], context) => {
     skipUnserved(products, 64, context);
-    expect(await int8MutationRatio(ctx.gpu, edit, products)).toBeGreaterThan(1);
+    expect(await int8MutationRatio(ctx.gpu, edit, products, true, at)).toBeGreaterThan(1);
   });
 
   // The page-reading build has no keys buffer to misread.
   it.for(
     products === 'int8' ? INT8_PREFILL_MUTATIONS.int8.filter(([name]) => name !== 'values read from the keys') : [],
-  )('catches a broken kernel, the build that converts each tile from the pages: %s', async ([, edit], context) => {
+  )('catches a broken kernel, the build that converts each tile from the pages: %s', async ([, edit, at], context) => {
     skipUnserved(products, 64, context);
-    expect(await int8MutationRatio(ctx.gpu, edit, products, false)).toBeGreaterThan(1);
+    expect(await int8MutationRatio(ctx.gpu, edit, products, false, at)).toBeGreaterThan(1);
   });
 });
 

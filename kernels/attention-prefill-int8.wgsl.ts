@@ -108,7 +108,10 @@ export function keysInt8Capacity(maxKeys: number): number {
  * declares HW and params.
  */
 const KEYS_INT8_LAYOUT_WGSL = `
-/** Word of the first code of key \`key\` of KV head kvh (kind 0: K, 1: V) in the int8 keys buffer. */
+/**
+ * Word of the first code of key \`key\` of KV head kvh (kind 0: K, 1: V) in the int8 keys buffer; for V, of a tile's
+ * first key only (its tile is transposed), which is all the readers ask for.
+ */
 fn keyCodesAt(kind: u32, kvh: u32, key: u32) -> u32 {
   return ((kind * params.kvHeads + kvh) * params.int8Keys + key) * HW;
 }
@@ -164,7 +167,7 @@ const HD: u32 = ${HD}u;
 const HW: u32 = ${HD / 4}u;
 const BK: u32 = ${BK}u;
 
-var<workgroup> vtile: array<i32, ${BK * VT}>; // the tile's V codes, [key][dim], keys ${VT} words apart
+var<workgroup> vStaged: array<i32, ${BK * VT}>; // the tile's V codes, [key][dim], keys ${VT} words apart
 
 @compute @workgroup_size(128)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32,
@@ -179,19 +182,19 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let f = fetchTile(block, min(BK, step.length - block), kvh, r, half);
   let codes0 = keyCodesAt(0u, kvh, block + r) + half * ${HALF / 4}u;
 ${stage('k', codesAt(0), scaleAt(0))}
-${stage('v', (i) => `vtile[r * ${VT}u + half * ${HALF / 4}u + ${i}]`, scaleAt(1))}
+${stage('v', (i) => `vStaged[r * ${VT}u + half * ${HALF / 4}u + ${i}]`, scaleAt(1))}
   workgroupBarrier();
   // Word w of the transposed tile: dim w / ${BK / 4}, keys 4·(w % ${BK / 4}).. (the lowest byte the first).
-  let vTile = keyCodesAt(1u, kvh, block);
+  let vTileWord = keyCodesAt(1u, kvh, block);
   for (var w = li; w < ${(HD * BK) / 4}u; w += 128u) {
     let dim = w / ${BK / 4}u;
     let first = 4u * (w % ${BK / 4}u);
     var word = 0u;
     for (var b = 0u; b < 4u; b++) {
-      let codes = u32(vtile[(first + b) * ${VT}u + dim / 4u]);
+      let codes = u32(vStaged[(first + b) * ${VT}u + dim / 4u]);
       word |= ((codes >> (8u * (dim % 4u))) & 0xffu) << (8u * b);
     }
-    keys8[vTile + w] = bitcast<i32>(word);
+    keys8[vTileWord + w] = bitcast<i32>(word);
   }
 }
 `;
@@ -206,7 +209,9 @@ const TILE_START_WGSL = `  let tileStart = select(start, start - start % BK, sta
 /**
  * What both int8 prefill kernels share, for a head of HD dims where invocation pair (row or key r, half) handles HD/2
  * dims: the tile fetch a tile ahead (Fetched, fetchTile: f16 words or quant code words), the opening of the loop
- * over tiles (`tileLoopHead`), whose stages turn the fetched half-row into int8 codes `kcodes`/`vcodes[r * KS + ..]`
+ * over tiles (`tileLoopHead`: tiles start on multiples of BK keys, so a split's first tile may hold keys before its
+ * start, which `tileMask`'s `skip` masks), whose stages turn the fetched half-row into int8 codes
+ * `kcodes`/`vcodes[r * KS + ..]`
  * (KS: the including shader's words between keys) and its scale `kscale`/`vscale[r]` (through `codeScaleWgsl`'s
  * codeScale, the pair's max by subgroupShuffleXor), and `stageQuery(codes, stride)`, which does the same for row r
  * of q into `codes`. `stage(p, codesAt, storeScale)` is one such stage with its targets given (the conversion pass).
@@ -349,12 +354,18 @@ ${stage('k')}
 ${stage('v')}
     workgroupBarrier();
     if (block + BK < end) { f = fetchTile(block + BK, min(BK, end - block - BK), kvh, r, half); }`;
+  // Row r's keys of the tile it may see: those before `visible` (causal, and the tile's n) and from `skip` (a split's
+  // first tile may start before the split).
+  const tileMask = (indent: string) =>
+    `${indent}let visible = select(0u, min(n, limit - block), limit > block); // keys 0..visible-1: row r sees them
+${indent}let skip = select(0u, start - block, start > block); // keys 0..skip-1 of a first tile: the split's before`;
   return {
     fetchWgsl,
     codeScaleWgsl,
     stage,
     stageQuery,
     tileLoopHead,
+    tileMask,
   };
 }
 
@@ -367,10 +378,10 @@ export function attentionPrefillInt8Source(shape: AttentionPrefillInt8Shape): st
   const KSTEPS = HD / 32; // 32-deep steps of q·k
   const DT = HD / 16; // dim tiles of a subgroup's output rows
   const ROUNDS = DT / 4; // rounds of 4 dim tiles through the sums buffer
-  const { fetchWgsl, codeScaleWgsl, stageQuery, tileLoopHead } = int8AttentionStagingWgsl(HD, quant);
+  const { fetchWgsl, codeScaleWgsl, stageQuery, tileLoopHead, tileMask } = int8AttentionStagingWgsl(HD, quant);
   // V's codes of dim tile t (16 dims) and the tile's keys 32·half.. as the right operand of P·V: column-major from the
   // transposed tile (converted), row-major from the one staged from the pages.
-  const vTile = (t: string, half: number) =>
+  const vMatrix = (t: string, half: number) =>
     shape.converted
       ? `subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, col_major>(&vcodes, ${t} * 16u * PS + ${8 * half}u, PS)`
       : `subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, row_major>(&vcodes, ${32 * half}u * KS + ${t} * 4u, KS)`;
@@ -400,7 +411,9 @@ fn tileQuad(kvh: u32, first: u32, at: u32) -> vec4<i32> {
   const convertedLoopHead = `${TILE_START_WGSL}
   // Invocation li's vec4s of the next tile, ${2 * ROWS} invocations apart; first those of the first tile.
   var ahead: array<vec4<i32>, ${AHEAD}>;
-  for (var i = 0u; i < ${AHEAD}u; i++) { ahead[i] = tileQuad(kvh, tileStart, li + i * ${2 * ROWS}u); }
+  if (tileStart < end) {
+    for (var i = 0u; i < ${AHEAD}u; i++) { ahead[i] = tileQuad(kvh, tileStart, li + i * ${2 * ROWS}u); }
+  }
   for (var block = tileStart; block < end; block += BK) {
     let n = min(BK, end - block);
     // The previous tile's readers are done with the codes, the sums and the scales.
@@ -443,7 +456,8 @@ const HW: u32 = ${HD / 4}u; // words of a row's or key's codes
 const ROWS: u32 = ${ROWS}u;
 const BK: u32 = ${BK}u;
 // Words between rows: of the key tiles' codes and of q's (a vec4 of padding: a matrix load's rows of 16 bytes fall in
-// different banks), of the p codes, and of S in the sums (row r's key j in bank (r + j) % 32).
+// different banks), of the p codes (and of the dims of a transposed V tile), and of S in the sums (row r's key j in
+// bank (r + j) % 32).
 const KS: u32 = ${KS}u;
 const PS: u32 = ${PS}u;
 const SP: u32 = ${SP}u;
@@ -505,8 +519,7 @@ ${each(
     // of the sums): as loops with the sums read twice and w written back, this phase took half the kernel's time.
     {
       let dq = qscale[r];
-      let visible = select(0u, min(n, limit - block), limit > block); // keys 0..visible-1 of the tile: row r sees them
-      let skip = select(0u, start - block, start > block); // keys 0..skip-1 of a first tile: the split's before
+${tileMask('      ')}
 ${each(
   32,
   (i) => `      let j${i} = 32u * half + ((${i}u + 16u * half) & 31u);
@@ -550,8 +563,8 @@ ${each(
   (round) => `    {
       for (var u = 0u; u < 4u; u++) {
         let t = ${round * 4}u + u;
-        var o = subgroupMatrixMultiply<i32>(p0, ${vTile('t', 0)});
-        o = subgroupMatrixMultiplyAccumulate(p1, ${vTile('t', 1)}, o);
+        var o = subgroupMatrixMultiply<i32>(p0, ${vMatrix('t', 0)});
+        o = subgroupMatrixMultiplyAccumulate(p1, ${vMatrix('t', 1)}, o);
         subgroupMatrixStore<row_major>(&sums, (sg * 4u + u) * 256u, o, 16u);
       }
       workgroupBarrier();

@@ -1,12 +1,13 @@
 import { describe, expect, it } from 'vitest';
 import type { GpuContext } from '../runtime/gpu/device.ts';
 import { Harness, runSteps, type Shape } from '../test/attention-harness.ts';
-import { withTestGpu } from '../test/gpu.ts';
+import { withLimits, withTestGpu } from '../test/gpu.ts';
 import { seededRandom } from '../test/random.ts';
 import { type AttentionSources, attentionDecodeShape, attentionPrefillShapeFor } from './attention.ts';
 import {
   ATTENTION_BLOCK_KEY_CHOICES,
   type AttentionBlockKeys,
+  attentionMergeRowsSource,
   attentionMergeWgsl,
   attentionPartialSource,
   attentionWorkgroupBytes,
@@ -169,6 +170,54 @@ describe('paged attention', () => {
     ratios.push(await harness.step(seq, 1, random), await harness.step(seq, 1, random));
     harness.release();
     expect(Math.max(...ratios)).toBeLessThanOrEqual(1);
+  });
+
+  // Prefill graphs merge with attentionMergeRowsSource where a workgroup holds whole rows and the grid fits; else
+  // with the decode graphs' merge.
+  it.each<[string, Shape, Partial<GpuContext['limits']>, string]>([
+    [
+      'hd 64: the rows merge',
+      { layers: 1, heads: 4, kvHeads: 2, headDim: 64, pageTokens: 4 },
+      {},
+      'attention-merge-rows',
+    ],
+    [
+      'hd 48 (does not divide 128): the decode merge',
+      { layers: 1, heads: 4, kvHeads: 2, headDim: 48, pageTokens: 4 },
+      {},
+      'attention-merge',
+    ],
+    [
+      'hd 64, a grid over the workgroup limit: the decode merge',
+      { layers: 1, heads: 4, kvHeads: 2, headDim: 64, pageTokens: 4 },
+      { maxComputeWorkgroupsPerDimension: 8 },
+      'attention-merge',
+    ],
+  ])('merges prefill splits: %s', async (_name, shape, limits, mergeLabel) => {
+    const gpu = withLimits(ctx.gpu, limits);
+    const harness = new Harness(gpu, shape, 6, { prefillSplits: 3, minChunkKeys: 2, decodeSplits: 1 });
+    expect(harness.prefill.filter((d) => d.label.endsWith('.merge')).map((d) => d.pipeline.label)).toEqual([
+      mergeLabel,
+    ]);
+    const random = seededRandom(8);
+    const seq = harness.sequence();
+    const ratios = [await harness.step(seq, 6, random), await harness.step(seq, 5, random)];
+    harness.release();
+    expect(Math.max(...ratios)).toBeLessThanOrEqual(1);
+  });
+
+  it('catches a broken rows merge: without the rescale', async () => {
+    const original = attentionMergeRowsSource(false);
+    const merge = original.replace('exp(partials[at] - best)', '1.0');
+    expect(merge).not.toBe(original);
+    const shape = { layers: 1, heads: 4, kvHeads: 2, headDim: 64, pageTokens: 4 };
+    // Prefill steps only: the override would replace the decode graphs' merge too.
+    const harness = new Harness(ctx.gpu, shape, 6, { prefillSplits: 3, minChunkKeys: 2, sources: { merge } });
+    const random = seededRandom(9);
+    const seq = harness.sequence();
+    const ratios = [await harness.step(seq, 6, random), await harness.step(seq, 5, random)];
+    harness.release();
+    expect(Math.max(...ratios)).toBeGreaterThan(1);
   });
 
   it.each<[string, AttentionSources, number]>([

@@ -16,7 +16,7 @@ import {
 } from './attention.wgsl.ts';
 import {
   type AttentionDecodeShape,
-  attentionDecodeLanesPerKey,
+  attentionDecodeLanesPerKeyServes,
   attentionDecodeSource,
   attentionDecodeSupports,
   attentionDecodeWorkgroupBytes,
@@ -149,6 +149,10 @@ export interface AttentionSources {
   prefillInt8?: string;
   /** The int8 keys conversion pass's WGSL (attentionKeysInt8Source), for a binding the converted build serves. */
   keysInt8?: string;
+  /**
+   * The merge pass's WGSL: in place of attentionMergeRowsSource where a prefill binding takes the rows merge (its grid
+   * stays the rows merge's), else of attentionMergeSource.
+   */
   merge?: string;
 }
 
@@ -177,7 +181,7 @@ export function attentionDecodeShape(
   };
   if (!attentionDecodeSupports(shape)) return null;
   const { subgroupMinSize = 0 } = gpu.adapter;
-  if (b.decodeLanesPerKey && gpu.features.subgroups && attentionDecodeLanesPerKey(shape, subgroupMinSize)) {
+  if (b.decodeLanesPerKey && gpu.features.subgroups && attentionDecodeLanesPerKeyServes(shape, subgroupMinSize)) {
     shape.lanesPerKey = true;
   }
   return attentionDecodeWorkgroupBytes(shape) <= gpu.limits.maxComputeWorkgroupStorageSize ? shape : null;
@@ -211,10 +215,12 @@ export async function int8PrefillAttentionCompiles(
       // Both builds (converted keys, and the pages' where the keys buffer would not fit a binding) and the conversion.
       const pages = attentionPrefillInt8Shape(headDim, quant, limit);
       const converted = attentionPrefillInt8Shape(headDim, quant, limit, true);
+      // Where the converted build does not fit the workgroup storage, the page build serves alone.
       sources = [
         pages && attentionPrefillInt8Source(pages),
-        converted && attentionPrefillInt8Source(converted),
-        converted && attentionKeysInt8Source(converted.headDim, quant),
+        ...(converted
+          ? [attentionPrefillInt8Source(converted), attentionKeysInt8Source(converted.headDim, quant)]
+          : []),
       ];
     } else if (products === 'int8-dot' && gpu.features.subgroups) {
       const shape = attentionPrefillDotShape(headDim, quant, limit, !gpu.adapter.isFallbackAdapter);
@@ -265,7 +271,12 @@ export function attentionPrefillInt8ShapeFor(
   if (!gpu.features.subgroupMatrixI8) return null;
   const converted = b.convertKeys !== false && poolKeysInt8Bytes(b.pool) <= gpu.limits.maxStorageBufferBindingSize;
   const limit = gpu.limits.maxComputeWorkgroupStorageSize;
-  return attentionPrefillInt8Shape(b.pool.headDim, layerQuantShape(b), limit, converted);
+  const quant = layerQuantShape(b);
+  // The converted build's transposed V tile takes a little more workgroup storage than the page build's tile.
+  return (
+    (converted ? attentionPrefillInt8Shape(b.pool.headDim, quant, limit, true) : null) ??
+    attentionPrefillInt8Shape(b.pool.headDim, quant, limit)
+  );
 }
 
 /**

@@ -62,8 +62,12 @@ describe('per-head rotation kernel', () => {
   ] as const)(
     'matches the reference (%i of %i tokens, %i heads, head_dim %i, %i heads per matrix, transpose %s)',
     async (tokens, maxTokens, heads, headDim, hpm, transpose) => {
-      const { actual, expected } = await runRotate(tokens, maxTokens, heads, headDim, hpm, transpose);
-      expect(maxToleranceRatio(actual, expected, 1e-4, 1e-4)).toBeLessThanOrEqual(1);
+      // Both builds, whichever maxTokens picks: the decode one (partial sums) and the prefill one (per output).
+      for (const perDim of [false, true]) {
+        const source = rotateSource(1, perDim);
+        const { actual, expected } = await runRotate(tokens, maxTokens, heads, headDim, hpm, transpose, source);
+        expect(maxToleranceRatio(actual, expected, 1e-4, 1e-4)).toBeLessThanOrEqual(1);
+      }
     },
   );
 

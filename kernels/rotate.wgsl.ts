@@ -25,7 +25,8 @@ const LOADS = 16;
  *   - M[j][i]: (j, half), half = lid % 2: every other vec4 of row j of M.
  * Their sums meet in `partial` (ROW_PRODUCT_PARTIALS f32 of workgroup memory); after a barrier `store(j, value)`
  * writes output j. Needs `lid` and `d` (a multiple of 8, <= 256) in scope, and the row as d workgroup f32; the
- * barriers need `transpose` uniform. Shared by the rotation kernel and the attention merge pass's un-rotation.
+ * barriers need `transpose` uniform. Shared by the decode builds of the rotation kernel and of the attention merge
+ * pass's un-rotation (prefill builds take one invocation per output instead).
  */
 export function rowProductWgsl(o: {
   row: string;

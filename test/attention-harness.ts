@@ -318,33 +318,42 @@ export function int8PrefillServes(
 
 /**
  * Broken variants of an int8 prefill kernel that the reference cases must catch (tests of the tests), per kernel:
- * the causal mask one key late, no rescale of the accumulators between tiles, one key's scale for every key.
+ * the causal mask one key late, no rescale of the accumulators between tiles, one key's scale for every key, a
+ * split's first tile seeing the keys before the split's start; each run on INT8_PREFILL_CASES[at] (default the first).
  */
-export const INT8_PREFILL_MUTATIONS: Record<'int8' | 'int8-dot', [string, (code: string) => string][]> = {
+export const INT8_PREFILL_MUTATIONS: Record<
+  'int8' | 'int8-dot',
+  [name: string, edit: (code: string) => string, at?: number][]
+> = {
   int8: [
     ['causal mask one key late', (code) => code.replace('min(n, limit - block)', 'min(n, limit + 1u - block)')],
     ['no rescale between tiles', (code) => code.replace('acc[a] * corr[row]', 'acc[a]')],
     ['one key scale for all keys', (code) => code.replaceAll(/dq \* kscale\[j\d+\]/g, 'dq * kscale[0]')],
     ['values read from the keys', (code) => code.replace('select(1u, 0u, at < TILE_QUADS)', '0u')],
+    // The second case's splits start at keys 16 and 32, inside the first tile.
+    ["keys before a split's start seen", (code) => code.replace('select(0u, start - block, start > block)', '0u'), 1],
   ],
   'int8-dot': [
     ['causal mask one key late', (code) => code.replace('min(n, limit - block)', 'min(n, limit + 1u - block)')],
     ['no rescale between tiles', (code) => code.replace('acc[e] * correction', 'acc[e]')],
     ['one key scale for all keys', (code) => code.replace('dq * kscale[j]', 'dq * kscale[0]')],
+    ["keys before a split's start seen", (code) => code.replace('select(0u, start - block, start > block)', '0u'), 1],
   ],
 };
 
 /**
- * The worst tolerance ratio of the int8 kernel with `edit` applied over the first case's two prefill steps: a caught
- * mutation exceeds 1. Throws when the edit no longer changes the kernel.
+ * The worst tolerance ratio of the int8 kernel with `edit` applied over the two prefill steps of INT8_PREFILL_CASES[at]
+ * (a head size 64 case): a caught mutation exceeds 1. Throws when the edit no longer changes the kernel.
  */
 export async function int8MutationRatio(
   gpu: GpuContext,
   edit: (code: string) => string,
   products: 'int8' | 'int8-dot' = 'int8',
   convertKeys = true,
+  at = 0,
 ): Promise<number> {
-  const [, shape, chunks] = INT8_PREFILL_CASES[0];
+  const [, shape, chunks, more] = INT8_PREFILL_CASES[at];
+  if (shape.headDim !== 64) throw new Error('int8 mutation: a head size 64 case expected');
   const original =
     products === 'int8-dot'
       ? attentionPrefillDotSource({ headDim: 64, quant: null, unrolled: !gpu.adapter.isFallbackAdapter })
@@ -352,6 +361,7 @@ export async function int8MutationRatio(
   const prefill = edit(original);
   if (prefill === original) throw new Error('int8 mutation: the edit no longer applies');
   const harness = new Harness(gpu, shape, Math.max(...chunks), {
+    ...more,
     sources: { prefillInt8: prefill },
     prefillProducts: products,
     convertKeys,

@@ -15,7 +15,7 @@ import { type PreparedDispatch, releaseDispatches, submitDispatches } from '../k
 import { int8Codes } from '../kernels/reference/attention-int8.ts';
 import type { GpuContext } from '../runtime/gpu/device.ts';
 import { readFloat32, readUint32 } from '../runtime/gpu/readback.ts';
-import { PagedKvAttention, PREFILL_MIN_CHUNK_KEYS, prefillSplitsFor } from '../runtime/kv/paged-attention.ts';
+import { PagedKvAttention, PREFILL_MIN_CHUNK_KEYS } from '../runtime/kv/paged-attention.ts';
 import { decodePageEntry, KV_PAGE_KIND, KvPagePool, type KvPoolOptions, type KvSequence } from '../runtime/kv/pool.ts';
 import { dequantizeRow, quantizeRow, roundToF16 } from '../runtime/kv/quant-format.ts';
 import {
@@ -69,7 +69,6 @@ export async function runMixed(
   const pool = new KvPagePool(gpu, { layers, kvHeads, headDim, budgetBytes: 4 << 20, kv: 'quant', ...c.pool });
   const quant = pool.quant!;
   const int8 = opts.prefillProducts === 'int8' || opts.prefillProducts === 'int8-dot';
-  const tensorCores = opts.prefillProducts === 'int8'; // served, or the check below throws
   // prepareAttention falls back to the f32 kernels where an int8 one does not serve this pool's formats: the check
   // would then run the wrong kernel.
   if (int8 && !int8PrefillServes(gpu, pool, maxTokens, opts.prefillProducts ?? 'f32')) {
@@ -230,7 +229,7 @@ export async function runMixed(
         stored: true,
       };
       // An int8 prefill step with the prefill graph's split settings (PagedKvAttention).
-      const split = { splits: prefillSplitsFor(tensorCores), minChunkKeys: PREFILL_MIN_CHUNK_KEYS };
+      const split = { splits: backend.prefillSplits(maxTokens), minChunkKeys: PREFILL_MIN_CHUNK_KEYS };
       const expected = expectedAttention(input, int8 && tokens > 1 ? split : null);
       worst = Math.max(worst, maxToleranceRatio(actual, expected, tolerance.atol, tolerance.rtol));
     }

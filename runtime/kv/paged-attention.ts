@@ -85,6 +85,19 @@ export class PagedKvAttention {
   }
 
   /**
+   * Key splits of a prefill graph of `maxTokens` queries (before the partials' binding limit): one count for all its
+   * layers, which share one partials buffer. PREFILL_INT8_SPLITS where the tensor-core int8 kernel serves every layer
+   * (a boosted layer's formats may not be served).
+   */
+  prefillSplits(maxTokens: number): number {
+    const { gpu, pool, options } = this;
+    const served = Array.from({ length: pool.layers }, (_, layer) =>
+      attentionPrefillInt8ShapeFor(gpu, { pool, layer, maxTokens, prefillProducts: options.prefillProducts }),
+    ).every((shape) => shape !== null);
+    return prefillSplitsFor(served);
+  }
+
+  /**
    * With `outputRotation`, the output is un-rotated too: by the merge pass, or, in a graph without one (a single
    * split), by a rotate dispatch of its own.
    */
@@ -104,22 +117,19 @@ export class PagedKvAttention {
       tokens: maxTokens,
     });
     const decode = maxTokens === 1;
+    const int8 = attentionPrefillInt8ShapeFor(gpu, {
+      pool,
+      layer,
+      maxTokens,
+      prefillProducts: options.prefillProducts,
+    });
     // The partials (tokens × heads × splits records) must fit one storage binding: a 512-token Qwen3-4B prefill chunk
     // with 16 splits needs 136 MB, over the 128 MiB of CPU adapters. Fewer splits then; one split needs no partials.
     const splitBytes = attentionPartialsBytes(maxTokens, options.heads, 1, pool.headDim);
     const splits = Math.max(
       1,
       Math.min(
-        decode
-          ? (options.decodeSplits ?? decodeSplitsFor(pool.kvHeads))
-          : prefillSplitsFor(
-              attentionPrefillInt8ShapeFor(gpu, {
-                pool,
-                layer,
-                maxTokens,
-                prefillProducts: options.prefillProducts,
-              }) !== null,
-            ),
+        decode ? (options.decodeSplits ?? decodeSplitsFor(pool.kvHeads)) : this.prefillSplits(maxTokens),
         Math.floor(gpu.limits.maxStorageBufferBindingSize / splitBytes),
       ),
     );
@@ -141,12 +151,6 @@ export class PagedKvAttention {
     }
     // The int8 keys buffer of the converted int8 prefill attention: every layer of every prefill graph converts into
     // the same one (steps run one after another), sized by the pool's longest sequence; it lives as long as the pool.
-    const int8 = attentionPrefillInt8ShapeFor(gpu, {
-      pool,
-      layer,
-      maxTokens,
-      prefillProducts: options.prefillProducts,
-    });
     if (int8?.converted && !this.keysInt8) {
       this.keysInt8 = gpu.allocator.createBuffer({
         label: 'kv.attention.keys_int8',
