@@ -10,8 +10,8 @@
  * (tested against the CPU reference on the same pages) instead of the reference.
  *
  * With `--prefill`, it times one prefill chunk (`--tokens` queries) at the end of each context instead (the
- * runtime's prefill split settings), the split kernel against the prefill kernel (attention-prefill.wgsl.ts), the
- * latter checked against the former on the same pages; f16 and int2 pools.
+ * runtime's prefill split settings, or `--splits`), the split kernel against the prefill kernel
+ * (attention-prefill.wgsl.ts), the latter checked against the former on the same pages; f16 and int2 pools.
  *
  * Decode runs also time ablations of whole phases of the decode kernel (PHASE_ABLATIONS): where its time goes.
  *
@@ -21,7 +21,7 @@
  * kernels/attention-prefill-int8.test.ts for both (CI's adapters skip the tensor-core ones). `--tokens` sets the
  * prefill chunk (128).
  *
- *   npx tsx bench/attention-kernels.ts [--kv f16|int2] [--prefill [--splits 16]] [--tokens 128] [--check-int8] [--ablate-int8]
+ *   npx tsx bench/attention-kernels.ts [--kv f16|int2] [--prefill [--splits N]] [--tokens 128] [--check-int8] [--ablate-int8]
  *                                      [--contexts 1024,8192,32768]
  *                                      [--shapes llama-3.2-1b,qwen2.5-0.5b,qwen3-4b] [--out FILE.json]
  * On the GPU host: bundled by `npm run bench:bundle` (.gpu/attention-kernels.mjs).
@@ -54,7 +54,7 @@ import {
   decodeSplitsFor,
   PagedKvAttention,
   PREFILL_MIN_CHUNK_KEYS,
-  PREFILL_SPLITS,
+  prefillSplitsFor,
 } from '../runtime/kv/paged-attention.ts';
 import { KvPagePool, type KvSequence } from '../runtime/kv/pool.ts';
 import {
@@ -97,7 +97,7 @@ type Variant = {
   splits?: number;
   /** An ablation: wrong results by design, timed only (where the decode kernel's time goes). */
   ablation?: boolean;
-  /** The decode kernel's lanes-per-key build (AttentionBinding.decodeLanesPerKey; the build itself where not served). */
+  /** The decode kernel's lanes-per-key build (AttentionBinding.decodeLanesPerKey; skipped where it does not serve). */
   lanesPerKey?: boolean;
 };
 /** The decode build of the shape: as the runtime builds it (attentionDecodeShape: loops), or unrolled. */
@@ -119,7 +119,11 @@ const DECODE_LANES: Variant = { name: 'decode-lanes', decodeKernel: true, lanesP
 const DECODE_SUB128: Variant = {
   name: 'decode-sub128',
   decodeKernel: true,
-  sources: decodeEdit((c) => c.replace('const SUB: u32 = 256u;', 'const SUB: u32 = 128u;')),
+  // Skipped where the build already takes 128 (more than 8 rows).
+  sources: (s, quant) =>
+    decodeSource(s, quant).includes('const SUB: u32 = 256u;')
+      ? decodeEdit((c) => c.replace('const SUB: u32 = 256u;', 'const SUB: u32 = 128u;'))(s, quant)
+      : null,
 };
 /** The decode build with its loops over a key's dims unrolled (the runtime keeps them as loops). */
 const DECODE_UNROLLED: Variant = {
@@ -385,6 +389,7 @@ async function benchShape(gpu: GpuContext, shape: LayerShape, contexts: number[]
       const sources = variant.sources?.(shape, null);
       if (sources === null) continue;
       const binding = decodeStepBinding(pool, shape, variant, q, output);
+      if (variant.lanesPerKey && !attentionDecodeShape(gpu, binding)?.lanesPerKey) continue; // not served here
       const dispatches = prepareAttention(gpu, variant.name, binding, sources);
       if (context === Math.min(...contexts) && !variant.ablation) {
         submitDispatches(gpu, 'check', dispatches);
@@ -444,6 +449,7 @@ async function benchQuantShape(gpu: GpuContext, shape: LayerShape, contexts: num
       const sources = variant.sources?.(shape, quant);
       if (sources === null) continue;
       const binding = decodeStepBinding(pool, shape, variant, q, variant.decodeKernel ? output : reference);
+      if (variant.lanesPerKey && !attentionDecodeShape(gpu, binding)?.lanesPerKey) continue; // not served here
       const dispatches = prepareAttention(gpu, variant.name, binding, sources);
       if (!variant.ablation) {
         submitDispatches(gpu, 'check', dispatches);
@@ -500,7 +506,7 @@ const INT8_CONVERSION_ABLATIONS: [string, (code: string) => string][] = [
     'conversion-skipped',
     (code) => code.replace('let kvh = wg.y;', 'let kvh = wg.y;\n  if (step.length > 0u) { return; }'),
   ],
-  ['conversion-no-transpose', (code) => code.replace('keys8[vTile + w] = bitcast<i32>(word);', '')],
+  ['conversion-no-transpose', (code) => code.replace('keys8[vTileWord + w] = bitcast<i32>(word);', '')],
 ];
 
 /**
@@ -555,7 +561,8 @@ async function benchPrefillShape(
   kv: 'f16' | 'quant',
   tokens: number,
   ablate: boolean,
-  splits: number,
+  /** Prefill splits of every kernel; default the runtime's (prefillSplitsFor: fewer for the tensor-core int8 kernel). */
+  splits: number | undefined,
 ) {
   const { heads, headDim } = shape;
   const { pool, k, v, release } = layerSetup(gpu, shape, contexts, kv);
@@ -610,7 +617,7 @@ async function benchPrefillShape(
         heads,
         maxTokens: tokens,
         scale: 1 / Math.sqrt(headDim),
-        splits,
+        splits: splits ?? prefillSplitsFor(knobs.prefillProducts === 'int8'),
         minChunkKeys: PREFILL_MIN_CHUNK_KEYS,
         ...knobs,
       };
@@ -652,10 +659,13 @@ const { values } = parseArgs({
     tokens: { type: 'string', default: '128' },
     'check-int8': { type: 'boolean', default: false },
     'ablate-int8': { type: 'boolean', default: false },
-    splits: { type: 'string', default: String(PREFILL_SPLITS) },
+    splits: { type: 'string' },
   },
 });
-const prefillSplits = Number(values.splits);
+const prefillSplits = values.splits === undefined ? undefined : Number(values.splits);
+if (prefillSplits !== undefined && !(Number.isInteger(prefillSplits) && prefillSplits >= 1)) {
+  throw new Error(`--splits: a whole number of at least 1, got ${values.splits}`);
+}
 if (values.kv !== 'f16' && values.kv !== 'int2') throw new Error(`--kv f16|int2, got ${values.kv}`);
 const contexts = values.contexts.split(',').map(Number);
 const gpu = await acquireGpu({ gpu: await nodeGpu() });
@@ -696,10 +706,10 @@ if (values['check-int8']) {
     }
     if (!served(64)) continue;
     for (const convertKeys of products === 'int8' ? [true, false] : [true]) {
-      for (const [name, edit] of INT8_PREFILL_MUTATIONS[products]) {
+      for (const [name, edit, at] of INT8_PREFILL_MUTATIONS[products]) {
         // The page-reading build has no keys buffer to misread.
         if (!convertKeys && name === 'values read from the keys') continue;
-        const ratio = await int8MutationRatio(gpu, edit, products, convertKeys);
+        const ratio = await int8MutationRatio(gpu, edit, products, convertKeys, at);
         report(`mutation '${name}' caught${convertKeys ? '' : ', tiles from the pages'}`, ratio, ratio > 1);
       }
     }
@@ -723,7 +733,7 @@ for (const shape of SHAPES.filter((s) => values.shapes.split(',').includes(s.nam
 if (values.out)
   writeFileSync(
     values.out,
-    `${JSON.stringify({ adapter: gpu.adapter, kv: values.kv, prefill: values.prefill, splits: values.prefill ? prefillSplits : 'decodeSplitsFor(kvHeads)', minChunk: values.prefill ? PREFILL_MIN_CHUNK_KEYS : MIN_CHUNK, results }, null, 1)}\n`,
+    `${JSON.stringify({ adapter: gpu.adapter, kv: values.kv, prefill: values.prefill, splits: values.prefill ? (prefillSplits ?? 'prefillSplitsFor') : 'decodeSplitsFor(kvHeads)', minChunk: values.prefill ? PREFILL_MIN_CHUNK_KEYS : MIN_CHUNK, results }, null, 1)}\n`,
   );
 gpu.destroy();
 process.exit(process.exitCode ?? 0);
