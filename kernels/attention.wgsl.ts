@@ -1,5 +1,5 @@
 import { KV_STEP_WGSL, kvTileLoaderWgsl } from './kv-append.wgsl.ts';
-import { ROW_PRODUCT_PARTIALS, rowProductWgsl } from './rotate.wgsl.ts';
+import { ROW_PRODUCT_PARTIALS, rowOutputWgsl, rowProductWgsl } from './rotate.wgsl.ts';
 
 /** Query rows (token, head) one workgroup serves. */
 export const ATTENTION_MAX_ROWS = 16;
@@ -566,15 +566,16 @@ ${
     ? `  merged[lid] = value;
   workgroupBarrier();
   if (live) {
-    let quads = d / 4u;
     let first = lid - e; // the row's first dim in merged
-    let at = (params.firstMatrix + (row % params.heads) / params.headsPerMatrix) * d * quads + e * quads;
-    var sum = vec4<f32>(0.0);
-    for (var c = 0u; c < quads; c++) {
-      let i = first + 4u * c;
-      sum += vec4<f32>(merged[i], merged[i + 1u], merged[i + 2u], merged[i + 3u]) * rotation[at + c];
-    }
-    out[row * d + e] = (sum.x + sum.y) + (sum.z + sum.w);
+    let matrix4 = (params.firstMatrix + (row % params.heads) / params.headsPerMatrix) * d * d / 4u;
+    ${rowOutputWgsl({
+      row: (i) => `merged[first + ${i}]`,
+      matrix: 'rotation',
+      base4: 'matrix4',
+      j: 'e',
+      transpose: 'true',
+      to: 'out[row * d + e]',
+    })}
   }`
     : '  if (live) { out[row * d + e] = value; }'
 }

@@ -84,29 +84,52 @@ ${loads((u) => `if (i + ${u}u < last) { a${u % 4} += ${o.row}[i + ${u}u] * ${o.m
 }
 
 /**
+ * WGSL of one output of a row product, by one invocation: `to` = Σ_i row_i · M[i][j] (M[j][i] where the WGSL condition
+ * `transpose` holds), M row-major d×d from vec4 `base4` of `matrix`, `row(i)` the row's element i (an expression of a
+ * u32 index); needs `d` in scope. The prefill builds of the rotation and of the merge pass's un-rotation take one such
+ * output per invocation (rowProductWgsl's partial sums suit the few rows of a decode step).
+ */
+export function rowOutputWgsl(o: {
+  row: (i: string) => string;
+  matrix: string;
+  base4: string;
+  j: string;
+  transpose: string;
+  to: string;
+}): string {
+  const quad = (i: string) =>
+    `vec4<f32>(${o.row(i)}, ${o.row(`${i} + 1u`)}, ${o.row(`${i} + 2u`)}, ${o.row(`${i} + 3u`)})`;
+  const column = (at: string) => `${o.matrix}[${at}][${o.j} % 4u]`;
+  return `{
+    let quads = d / 4u;
+    var sum = vec4<f32>(0.0);
+    if (${o.transpose}) {
+      for (var c = 0u; c < quads; c++) { sum += ${quad('4u * c')} * ${o.matrix}[${o.base4} + ${o.j} * quads + c]; }
+    } else {
+      for (var i = 0u; i < d; i += 4u) {
+        let at = ${o.base4} + i * quads + ${o.j} / 4u;
+        sum += ${quad('i')} * vec4<f32>(${column('at')}, ${column('at + quads')}, ${column('at + 2u * quads')}, ${column('at + 3u * quads')});
+      }
+    }
+    ${o.to} = (sum.x + sum.y) + (sum.z + sum.w);
+  }`;
+}
+
+/**
  * One head's row of part p, with its tensor and matrices bound directly: the dispatch picks the part once per
  * workgroup, not once per element of the inner products.
  */
 function rowFunction(p: number, perDim: boolean): string {
   // perDim: invocation j's outputs j, j + WG, ..., each its own inner product over the row (no partial sums).
   const product = perDim
-    ? `let quads = d / 4u;
-  for (var j = lid; j < d; j += WG) {
-    var sum = vec4<f32>(0.0);
-    if (part.z == 1u) {
-      for (var c = 0u; c < quads; c++) {
-        sum += vec4<f32>(row[4u * c], row[4u * c + 1u], row[4u * c + 2u], row[4u * c + 3u]) * rotation${p}[matrix4 + j * quads + c];
-      }
-    } else {
-      for (var i = 0u; i < d; i += 4u) {
-        let at = matrix4 + i * quads + j / 4u;
-        sum += vec4<f32>(row[i], row[i + 1u], row[i + 2u], row[i + 3u]) *
-          vec4<f32>(rotation${p}[at][j % 4u], rotation${p}[at + quads][j % 4u], rotation${p}[at + 2u * quads][j % 4u],
-                    rotation${p}[at + 3u * quads][j % 4u]);
-      }
-    }
-    x${p}[base + j] = (sum.x + sum.y) + (sum.z + sum.w);
-  }`
+    ? `for (var j = lid; j < d; j += WG) ${rowOutputWgsl({
+        row: (i) => `row[${i}]`,
+        matrix: `rotation${p}`,
+        base4: 'matrix4',
+        j: 'j',
+        transpose: 'part.z == 1u',
+        to: `x${p}[base + j]`,
+      })}`
     : rowProductWgsl({
         row: 'row',
         matrix: `rotation${p}`,
