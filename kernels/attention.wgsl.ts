@@ -376,6 +376,23 @@ ${quant ? '      }\n' : ''}      acc[k] = a;
 `;
 }
 
+/**
+ * The merge passes' params, bindings and splitChunk (attentionMergeSource and attentionMergeRowsSource take the same
+ * ones, so one uniform and bind group layout serve both).
+ */
+function mergeBindingsWgsl(rotateOutput: boolean): string {
+  return `struct Params { heads: u32, headDim: u32, splits: u32, minChunk: u32, firstMatrix: u32, headsPerMatrix: u32, _p0: u32, _p1: u32 }
+${KV_STEP_WGSL}
+
+@group(0) @binding(0) var<storage, read> partials: array<f32>;
+@group(0) @binding(1) var<storage, read_write> out: array<f32>;
+@group(0) @binding(2) var<uniform> step: KvStep;
+@group(0) @binding(3) var<uniform> params: Params;
+${rotateOutput ? '@group(0) @binding(4) var<storage, read> rotation: array<vec4<f32>>;' : ''}
+
+${SPLIT_CHUNK_WGSL}`;
+}
+
 /** Most key splits the merge pass takes (its shared weight array). */
 export const ATTENTION_MAX_SPLITS = 256;
 
@@ -420,16 +437,7 @@ export function attentionMergeSource(rotateOutput: boolean): string {
     workgroupBarrier();
   }`;
   return /* wgsl */ `
-struct Params { heads: u32, headDim: u32, splits: u32, minChunk: u32, firstMatrix: u32, headsPerMatrix: u32, _p0: u32, _p1: u32 }
-${KV_STEP_WGSL}
-
-@group(0) @binding(0) var<storage, read> partials: array<f32>;
-@group(0) @binding(1) var<storage, read_write> out: array<f32>;
-@group(0) @binding(2) var<uniform> step: KvStep;
-@group(0) @binding(3) var<uniform> params: Params;
-${rotateOutput ? '@group(0) @binding(4) var<storage, read> rotation: array<vec4<f32>>;' : ''}
-
-${SPLIT_CHUNK_WGSL}
+${mergeBindingsWgsl(rotateOutput)}
 const WG: u32 = 256u; // >= ATTENTION_MAX_SPLITS: invocation s holds split s
 const EIGHTHS: u32 = 8u;
 var<workgroup> weight: array<f32, ${ATTENTION_MAX_SPLITS}>;
@@ -524,16 +532,7 @@ export function attentionMergeRowsWorkgroups(maxTokens: number, heads: number, h
  */
 export function attentionMergeRowsSource(rotateOutput: boolean): string {
   return /* wgsl */ `
-struct Params { heads: u32, headDim: u32, splits: u32, minChunk: u32, firstMatrix: u32, headsPerMatrix: u32, _p0: u32, _p1: u32 }
-${KV_STEP_WGSL}
-
-@group(0) @binding(0) var<storage, read> partials: array<f32>;
-@group(0) @binding(1) var<storage, read_write> out: array<f32>;
-@group(0) @binding(2) var<uniform> step: KvStep;
-@group(0) @binding(3) var<uniform> params: Params;
-${rotateOutput ? '@group(0) @binding(4) var<storage, read> rotation: array<vec4<f32>>;' : ''}
-
-${SPLIT_CHUNK_WGSL}
+${mergeBindingsWgsl(rotateOutput)}
 const WG: u32 = ${MERGE_ROWS_WG}u;
 ${rotateOutput ? "var<workgroup> merged: array<f32, WG>; // the workgroup's rows" : ''}
 
