@@ -20,6 +20,7 @@ import {
   INT8_ATTENTION_ROWS,
   INT8_ATTENTION_TILE_KEYS,
   int8AttentionStagingWgsl,
+  transposeTileWgsl,
 } from './attention-prefill-int8.wgsl.ts';
 import { kvPagesReadableWgsl } from './kv-append.wgsl.ts';
 
@@ -115,17 +116,11 @@ ${splitTileWgsl(`${INT8_ATTENTION_ROWS}u`)}
 
 ${tileLoopHead}
     // V transposed: word (d, w) holds dim d's codes of keys 4w..4w+3.
-    for (var u = 0u; u < ${(HD * (BK / 4)) / 128}u; u++) {
-      let at = li + 128u * u;
-      let d = at / BW;
-      let w = at % BW;
-      var word = 0u;
-      for (var e = 0u; e < 4u; e++) {
-        let code = (bitcast<u32>(vcodes[(4u * w + e) * HW + d / 4u]) >> (8u * (d % 4u))) & 0xffu;
-        word |= code << (8u * e);
-      }
-      vt[d * BW + w] = bitcast<i32>(word);
-    }
+${transposeTileWgsl(
+  HD,
+  (key, word) => `vcodes[(${key}) * HW + ${word}]`,
+  (w, value) => `vt[${w}] = ${value};`,
+)}
     workgroupBarrier();
     // Scores of keys 32·half + i against row r.
 ${tileMask('    ')}

@@ -184,20 +184,36 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 ${stage('k', codesAt(0), scaleAt(0))}
 ${stage('v', (i) => `vStaged[r * ${VT}u + half * ${HALF / 4}u + ${i}]`, scaleAt(1))}
   workgroupBarrier();
-  // Word w of the transposed tile: dim w / ${BK / 4}, keys 4·(w % ${BK / 4}).. (the lowest byte the first).
   let vTileWord = keyCodesAt(1u, kvh, block);
-  for (var w = li; w < ${(HD * BK) / 4}u; w += 128u) {
+${transposeTileWgsl(
+  HD,
+  (key, word) => `vStaged[(${key}) * ${VT}u + ${word}]`,
+  (w, word) => `keys8[vTileWord + ${w}] = ${word};`,
+)}
+}
+`;
+}
+
+/**
+ * WGSL by which the 128 invocations `li` transpose a tile of BK keys' int8 codes from [key][dim] words (`from(key,
+ * word)`: the i32 holding dims 4·word.. of key `key`) to [dim][key] words: word w holds dim w / (BK / 4)'s codes of
+ * keys 4·(w % (BK / 4)).., the lowest byte the first, and `store(w, value)` writes it.
+ */
+export function transposeTileWgsl(
+  HD: number,
+  from: (key: string, word: string) => string,
+  store: (w: string, value: string) => string,
+): string {
+  return `  for (var w = li; w < ${(HD * BK) / 4}u; w += 128u) {
     let dim = w / ${BK / 4}u;
     let first = 4u * (w % ${BK / 4}u);
     var word = 0u;
     for (var b = 0u; b < 4u; b++) {
-      let codes = u32(vStaged[(first + b) * ${VT}u + dim / 4u]);
+      let codes = bitcast<u32>(${from('first + b', 'dim / 4u')});
       word |= ((codes >> (8u * (dim % 4u))) & 0xffu) << (8u * b);
     }
-    keys8[vTileWord + w] = bitcast<i32>(word);
-  }
-}
-`;
+    ${store('w', 'bitcast<i32>(word)')}
+  }`;
 }
 
 /**
