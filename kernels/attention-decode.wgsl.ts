@@ -130,13 +130,22 @@ export function attentionDecodeSource(shape: AttentionDecodeShape): string {
   const kQuads = quant !== null && (kGE / (32 / quant.kBits)) % 4 === 0;
 
   // Adds dims d..d+7 of a key (k0 = dims d..d+3, k1 = d+4..d+7), times the rows' q, to `${to}0`, `${to}1`, ...
-  const addDims = (d: string, to: string) =>
+  // Adds 8 dims of a key (k0, k1) times the rows' q from `q` ([dim][row group], `dim(t)` the t-th's index) to
+  // `${to}0`, `${to}1`, ...
+  const sumDims = (q: string, dim: (t: number) => string, to: string) =>
     groups(
       (g) =>
-        `${to}${g} += qt[(${d}) * RG + ${g}u] * k0.x + qt[(${d} + 1u) * RG + ${g}u] * k0.y + qt[(${d} + 2u) * RG + ${g}u] * k0.z + qt[(${d} + 3u) * RG + ${g}u] * k0.w +
-             qt[(${d} + 4u) * RG + ${g}u] * k1.x + qt[(${d} + 5u) * RG + ${g}u] * k1.y + qt[(${d} + 6u) * RG + ${g}u] * k1.z + qt[(${d} + 7u) * RG + ${g}u] * k1.w;`,
+        `${to}${g} += ${range(8)
+          .map((t) => `${q}[(${dim(t)}) * RG + ${g}u] * ${t < 4 ? 'k0' : 'k1'}.${'xyzw'[t % 4]}`)
+          .join(' + ')};`,
       '\n          ',
     );
+  const addDims = (d: string, to: string) => sumDims('qt', (t) => (t === 0 ? d : `${d} + ${t}u`), to);
+  // Codes c..c+7 of the word `codes` as floats k0, k1.
+  const codesAsFloats = `let k0 = vec4<f32>(f32((codes >> (c * K_BITS)) & K_MASK), f32((codes >> ((c + 1u) * K_BITS)) & K_MASK),
+                                 f32((codes >> ((c + 2u) * K_BITS)) & K_MASK), f32((codes >> ((c + 3u) * K_BITS)) & K_MASK));
+              let k1 = vec4<f32>(f32((codes >> ((c + 4u) * K_BITS)) & K_MASK), f32((codes >> ((c + 5u) * K_BITS)) & K_MASK),
+                                 f32((codes >> ((c + 6u) * K_BITS)) & K_MASK), f32((codes >> ((c + 7u) * K_BITS)) & K_MASK));`;
   const f16Score = `let base = (entry & 0xffffffu) * (params.pageWords / 4u) + (params.kOffset + headBase + inPage * PAIRS) / 4u;
         for (var c = 0u; c < (HD / 8u) * one; c++) {
           let w = slabQuad(slot, base + c);
@@ -168,10 +177,7 @@ ${groups((g) => `          var d${g} = vec4<f32>(0.0);`)}
             let codes = slabWord(slot, row + e0 / K_PER + wi);`
           }
             for (var c = 0u; c < K_PER * one; c += 8u) {
-              let k0 = vec4<f32>(f32((codes >> (c * K_BITS)) & K_MASK), f32((codes >> ((c + 1u) * K_BITS)) & K_MASK),
-                                 f32((codes >> ((c + 2u) * K_BITS)) & K_MASK), f32((codes >> ((c + 3u) * K_BITS)) & K_MASK));
-              let k1 = vec4<f32>(f32((codes >> ((c + 4u) * K_BITS)) & K_MASK), f32((codes >> ((c + 5u) * K_BITS)) & K_MASK),
-                                 f32((codes >> ((c + 6u) * K_BITS)) & K_MASK), f32((codes >> ((c + 7u) * K_BITS)) & K_MASK));
+              ${codesAsFloats}
               let dd = g * K_GE + wi * K_PER + c;
               ${addDims('dd', 'd')}
             }
@@ -230,14 +236,6 @@ ${groups((g) => `      sc[j * RG + ${g}u] = s${g};`)}
   const LPK = HD / 16;
   const WPL = quant ? Math.max(1, quant.kBits / 2) : 0; // code words a key part reads
   const CPW = 16 / Math.max(1, WPL); // codes it takes from each
-  const laneDims = (d: (t: number) => string, k0: string, k1: string, to: string) =>
-    groups(
-      (g) =>
-        `${to}${g} += ${range(8)
-          .map((t) => `qr[(${d(t)}) * RG + ${g}u] * ${t < 4 ? k0 : k1}.${'xyzw'[t % 4]}`)
-          .join(' + ')};`,
-      '\n          ',
-    );
   const lanesQuantScore = quant
     ? `let row = (entry & 0xffffffu) * params.quantPageWords + params.quantKOffset + inPage * params.kRowWords;
           let e0 = kvh * HD + keyPart * 16u;
@@ -246,11 +244,8 @@ ${groups((g) => `          var d${g} = vec4<f32>(0.0);`)}
           for (var w = 0u; w < ${WPL}u; w++) {
             let codes = slabWord(slot, row + e0 / K_PER + w)${quant.kBits === 1 ? ' >> (e0 % 32u)' : ''};
             for (var c = 0u; c < ${CPW}u; c += 8u) {
-              let k0 = vec4<f32>(f32((codes >> (c * K_BITS)) & K_MASK), f32((codes >> ((c + 1u) * K_BITS)) & K_MASK),
-                                 f32((codes >> ((c + 2u) * K_BITS)) & K_MASK), f32((codes >> ((c + 3u) * K_BITS)) & K_MASK));
-              let k1 = vec4<f32>(f32((codes >> ((c + 4u) * K_BITS)) & K_MASK), f32((codes >> ((c + 5u) * K_BITS)) & K_MASK),
-                                 f32((codes >> ((c + 6u) * K_BITS)) & K_MASK), f32((codes >> ((c + 7u) * K_BITS)) & K_MASK));
-          ${laneDims((t) => `w * ${CPW}u + c + ${t}u`, 'k0', 'k1', 'd')}
+              ${codesAsFloats}
+          ${sumDims('qr', (t) => `w * ${CPW}u + c + ${t}u`, 'd')}
             }
           }
 ${groups((g) => `          s${g} = lohi.x * qs${g} + lohi.y * d${g};`)}`
@@ -260,7 +255,7 @@ ${groups((g) => `          s${g} = lohi.x * qs${g} + lohi.y * d${g};`)}`
             let w = slabQuad(slot, base + c);
             let k0 = vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
             let k1 = vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w));
-          ${laneDims((t) => `8u * c + ${t}u`, 'k0', 'k1', 's')}
+          ${sumDims('qr', (t) => `8u * c + ${t}u`, 's')}
           }`;
   const lanesPhaseA = `    // A: scores, ${LPK} invocations a key.
     for (var it = 0u; it < SUB / (WG / LPK); it++) {
