@@ -10,7 +10,7 @@ import {
   runSteps,
 } from '../test/attention-harness.ts';
 import { withTestGpu } from '../test/gpu.ts';
-import { INT8_MIXED_CASES, runMixed } from '../test/mixed-attention-harness.ts';
+import { INT8_MIXED_CASES, keysInt8Mismatches, runMixed } from '../test/mixed-attention-harness.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
 import {
   attentionPrefillDotShapeFor,
@@ -30,7 +30,7 @@ import {
 import { releaseDispatches, submitDispatches } from './dispatch.ts';
 import { prepareKvAppend } from './kv-append.ts';
 import { attentionReference, roundToF16 } from './reference/attention.ts';
-import { attentionInt8Reference, int8Codes } from './reference/attention-int8.ts';
+import { attentionInt8Reference } from './reference/attention-int8.ts';
 
 const ctx = withTestGpu();
 
@@ -263,31 +263,20 @@ describe('int8 keys conversion pass', () => {
         submitDispatches(gpu, 'test', [append, dispatch]);
       }
       const words = await readUint32(gpu, keysInt8, keysInt8.size / 4);
-      const bytes = new Int8Array(words.buffer);
-      const view = new DataView(words.buffer);
-      const layout = { capacity, kvHeads, headDim };
       const length = steps[0] + steps[1];
-      let mismatched = 0;
-      for (const [kind, list] of [written.k, written.v].entries()) {
-        const all = new Float32Array(length * row);
-        all.set(list[0]);
-        all.set(list[1], steps[0] * row);
-        for (let h = 0; h < kvHeads; h++) {
-          for (let key = 0; key < length; key++) {
-            const at = key * row + h * headDim;
-            const expected = int8Codes(Array.from(all.subarray(at, at + headDim), roundToF16));
-            const byteAt = (d: number) => keysInt8ByteAt(kind as 0 | 1, h, key, d, layout);
-            expect(view.getFloat32(byteAt(0).scale, true)).toBeCloseTo(expected.step, 6);
-            for (let d = 0; d < headDim; d++) {
-              const off = Math.abs(bytes[byteAt(d).code] - expected.codes[d]);
-              expect(off).toBeLessThanOrEqual(1);
-              mismatched += off;
-            }
-          }
-        }
-      }
+      // What the f16 pages hold of the rows written.
+      const held = (list: Float32Array[]) => Array.from([...list[0], ...list[1]], roundToF16);
+      const found = keysInt8Mismatches(
+        words,
+        { capacity, kvHeads, headDim },
+        [held(written.k), held(written.v)],
+        length,
+      );
+      expect(found.codes).toBe(2 * length * kvHeads * headDim);
+      expect(found.worstScale).toBeLessThan(5e-7);
       // Rounding ties may fall either way in f32; anything more is a wrong code.
-      expect(mismatched).toBeLessThanOrEqual(2);
+      expect(found.wrong).toBe(0);
+      expect(found.offByOne).toBeLessThanOrEqual(2);
       releaseDispatches(gpu, [append, dispatch]);
       for (const b of [keysInt8, k, v]) gpu.allocator.release(b);
       pool.destroy();

@@ -193,25 +193,11 @@ export async function runMixed(
       const layout = { capacity: poolKeysInt8Capacity(pool), kvHeads, headDim };
       for (const [l, { buffer }] of keysInt8.entries()) {
         const words = await readUint32(gpu, buffer, buffer.size / 4);
-        const bytes = new Int8Array(words.buffer, words.byteOffset, words.byteLength);
-        const view = new DataView(words.buffer, words.byteOffset, words.byteLength);
-        for (const [kind, rows] of [stored.k[l], stored.v[l]].entries()) {
-          for (let pos = 0; pos < end; pos++) {
-            for (let h = 0; h < kvHeads; h++) {
-              const at = pos * width + h * headDim;
-              const expected = int8Codes(rows.slice(at, at + headDim));
-              const byteAt = (d: number) => keysInt8ByteAt(kind as 0 | 1, h, pos, d, layout);
-              const scale = view.getFloat32(byteAt(0).scale, true);
-              keysChecked.worstScale = Math.max(keysChecked.worstScale, Math.abs(scale - expected.step));
-              for (let d = 0; d < headDim; d++) {
-                const off = Math.abs(bytes[byteAt(d).code] - expected.codes[d]);
-                keysChecked.codes++;
-                if (off === 1) keysChecked.offByOne++;
-                else if (off > 1) keysChecked.wrong++;
-              }
-            }
-          }
-        }
+        const found = keysInt8Mismatches(words, layout, [stored.k[l], stored.v[l]], end);
+        keysChecked.codes += found.codes;
+        keysChecked.offByOne += found.offByOne;
+        keysChecked.wrong += found.wrong;
+        keysChecked.worstScale = Math.max(keysChecked.worstScale, found.worstScale);
       }
     }
     for (let l = 0; l < layers; l++) {
@@ -256,6 +242,41 @@ export async function runMixed(
     /** Whether every layer's decode graph ran the lanes-per-key build (its pipeline label says so). */
     lanesPerKeyDecode: decodeLanes,
   };
+}
+
+/**
+ * An int8 keys buffer's codes and scales (the conversion pass's output, read back) against int8Codes of the K and V
+ * rows (`rows`: [key][kvHeads × headDim] each, as the pages hold them) of keys 0..keys-1: codes checked, codes off by
+ * one (a rounding tie that f32 may round either way), off by more, and the scales' largest error.
+ */
+export function keysInt8Mismatches(
+  words: Uint32Array,
+  layout: { capacity: number; kvHeads: number; headDim: number },
+  rows: [ArrayLike<number>, ArrayLike<number>],
+  keys: number,
+): { codes: number; offByOne: number; wrong: number; worstScale: number } {
+  const { kvHeads, headDim } = layout;
+  const bytes = new Int8Array(words.buffer, words.byteOffset, words.byteLength);
+  const view = new DataView(words.buffer, words.byteOffset, words.byteLength);
+  const found = { codes: 0, offByOne: 0, wrong: 0, worstScale: 0 };
+  for (const kind of [0, 1] as const) {
+    for (let key = 0; key < keys; key++) {
+      for (let h = 0; h < kvHeads; h++) {
+        const at = (key * kvHeads + h) * headDim;
+        const expected = int8Codes(Array.from({ length: headDim }, (_, d) => rows[kind][at + d]));
+        const byteAt = (d: number) => keysInt8ByteAt(kind, h, key, d, layout);
+        const scale = view.getFloat32(byteAt(0).scale, true);
+        found.worstScale = Math.max(found.worstScale, Math.abs(scale - expected.step));
+        for (let d = 0; d < headDim; d++) {
+          const off = Math.abs(bytes[byteAt(d).code] - expected.codes[d]);
+          found.codes++;
+          if (off === 1) found.offByOne++;
+          else if (off > 1) found.wrong++;
+        }
+      }
+    }
+  }
+  return found;
 }
 
 /** Two layers of hd 64, 4:1 (a GQA group per KV head), group 128 spans both heads, pages of 8. */
