@@ -113,6 +113,13 @@ function edited(code: string, edit: (code: string) => string, what = 'ablation e
 const decodeEdit = (edit: (code: string) => string) => (s: LayerShape, quant: DecodeQuantShape | null) => ({
   decode: edited(decodeSource(s, quant), edit),
 });
+/** An ablation of the decode kernel: its build with `edit` applied, timed only. */
+const decodeAblation = (name: string, edit: (code: string) => string): Variant => ({
+  name,
+  decodeKernel: true,
+  ablation: true,
+  sources: decodeEdit(edit),
+});
 /** Phase A with headDim / 16 invocations a key, q in registers, partial scores summed by shuffles. */
 const DECODE_LANES: Variant = { name: 'decode-lanes', decodeKernel: true, lanesPerKey: true };
 /** 128 keys a pass instead of 256: one key per invocation in phase A, twice the passes (same results). */
@@ -140,30 +147,15 @@ const VARIANTS: Variant[] = [
   DECODE_SUB128,
   DECODE_LANES,
   // Ablations: the value loads replaced by a constant; the key loads replaced by a constant; one slab bound.
-  {
-    name: 'abl-noV',
-    decodeKernel: true,
-    ablation: true,
-    sources: decodeEdit((c) => c.replace(/let q4 = slabQuad\(slot, [^;]*\);/, 'let q4 = vec4<u32>(key);')),
-  },
-  {
-    name: 'abl-noK',
-    decodeKernel: true,
-    ablation: true,
-    sources: decodeEdit((c) => c.replace('let w = slabQuad(slot, base + c);', 'let w = vec4<u32>(base + c);')),
-  },
-  {
-    name: 'abl-slab0',
-    decodeKernel: true,
-    ablation: true,
-    sources: decodeEdit((c) =>
-      c.replace(
-        'if (slot == 0u) { w = slab0[i]; } else if (slot == 1u) { w = slab1[i]; } else if (slot == 2u) { w = slab2[i]; } else { w = slab3[i]; }',
-        // slot is never 99: the other slabs stay bound, their branch never runs
-        'w = slab0[i]; if (slot == 99u) { w = slab1[i] + slab2[i] + slab3[i]; }',
-      ),
+  decodeAblation('abl-noV', (c) => c.replace(/let q4 = slabQuad\(slot, [^;]*\);/, 'let q4 = vec4<u32>(key);')),
+  decodeAblation('abl-noK', (c) => c.replace('let w = slabQuad(slot, base + c);', 'let w = vec4<u32>(base + c);')),
+  decodeAblation('abl-slab0', (c) =>
+    c.replace(
+      'if (slot == 0u) { w = slab0[i]; } else if (slot == 1u) { w = slab1[i]; } else if (slot == 2u) { w = slab2[i]; } else { w = slab3[i]; }',
+      // slot is never 99: the other slabs stay bound, their branch never runs
+      'w = slab0[i]; if (slot == 99u) { w = slab1[i] + slab2[i] + slab3[i]; }',
     ),
-  },
+  ),
 ];
 
 /** The merge pass (unrotated) with `edit` applied: an ablation. */
@@ -176,28 +168,15 @@ const mergeEdit = (edit: (code: string) => string) => () => ({ merge: edited(att
  * stay in the code), without its weighted sum.
  */
 const PHASE_ABLATIONS: Variant[] = [
-  {
-    name: 'abl-noA',
-    decodeKernel: true,
-    ablation: true,
-    sources: decodeEdit((c) =>
-      c.replace(/if \(j < n\) \{\n(\s+)let key = block \+ j;/, (m) =>
-        m.replace('if (j < n) {', 'if (j < n && n == 0u) {'),
-      ),
+  decodeAblation('abl-noA', (c) =>
+    c.replace(/if \(j < n\) \{\n(\s+)let key = block \+ j;/, (m) =>
+      m.replace('if (j < n) {', 'if (j < n && n == 0u) {'),
     ),
-  },
-  {
-    name: 'abl-noC',
-    decodeKernel: true,
-    ablation: true,
-    sources: decodeEdit((c) => c.replace('for (var jb = slice; jb < n;', 'for (var jb = slice; jb < 0u;')),
-  },
-  {
-    name: 'abl-noCombine',
-    decodeKernel: true,
-    ablation: true,
-    sources: decodeEdit((c) => c.replace('for (var first = 1u; first < KS;', 'for (var first = 1u; first < 1u;')),
-  },
+  ),
+  decodeAblation('abl-noC', (c) => c.replace('for (var jb = slice; jb < n;', 'for (var jb = slice; jb < 0u;')),
+  decodeAblation('abl-noCombine', (c) =>
+    c.replace('for (var first = 1u; first < KS;', 'for (var first = 1u; first < 1u;'),
+  ),
   {
     // Phase C's weights read from workgroup memory replaced by their key index: what those reads cost.
     name: 'abl-noPReads',
@@ -249,62 +228,34 @@ const QUANT_VARIANTS: Variant[] = [
     }),
   ),
   // Ablations: quant value loads replaced by a constant; quant key code loads replaced by a constant.
-  {
-    name: 'abl-noQuantV',
-    decodeKernel: true,
-    ablation: true,
-    sources: decodeEdit((c) => c.replace(/let codes = slabWord\(slot, row \+ e0 \/ V_PER\)[^;]*;/, 'let codes = key;')),
-  },
-  {
-    name: 'abl-noQuantK',
-    decodeKernel: true,
-    ablation: true,
-    sources: decodeEdit((c) => c.replace('quad = slabQuad(slot, at / 4u);', 'quad = vec4<u32>(at);')),
-  },
+  decodeAblation('abl-noQuantV', (c) =>
+    c.replace(/let codes = slabWord\(slot, row \+ e0 \/ V_PER\)[^;]*;/, 'let codes = key;'),
+  ),
+  decodeAblation('abl-noQuantK', (c) => c.replace('quad = slabQuad(slot, at / 4u);', 'quad = vec4<u32>(at);')),
   // Phase A on quant pages without the loop over a group's code words (their loads and products): what is left is
   // the page-table entry, the group's (lo, scale) load and the score's store.
-  {
-    name: 'abl-noQuantKDims',
-    decodeKernel: true,
-    ablation: true,
-    sources: decodeEdit((c) =>
-      c.replace('for (var wq = 0u; wq < (K_GE / K_PER / 4u) * one; wq++) {', 'for (var wq = 0u; wq < 0u; wq++) {'),
-    ),
-  },
+  decodeAblation('abl-noQuantKDims', (c) =>
+    c.replace('for (var wq = 0u; wq < (K_GE / K_PER / 4u) * one; wq++) {', 'for (var wq = 0u; wq < 0u; wq++) {'),
+  ),
   // Phase A on quant pages without the group's (lo, scale) load.
-  {
-    name: 'abl-noQuantKLoHi',
-    decodeKernel: true,
-    ablation: true,
-    sources: decodeEdit((c) =>
-      c.replace(
-        'let lohi = unpack2x16float(slabWord(slot, row + params.kCodeWords + e0 / K_GROUP));',
-        'let lohi = vec2<f32>(f32(row & 7u), 1.0);',
-      ),
+  decodeAblation('abl-noQuantKLoHi', (c) =>
+    c.replace(
+      'let lohi = unpack2x16float(slabWord(slot, row + params.kCodeWords + e0 / K_GROUP));',
+      'let lohi = vec2<f32>(f32(row & 7u), 1.0);',
     ),
-  },
+  ),
   // Phase A's code words always loaded as one vec4 (wrong where a row is not 16-byte aligned: timing only).
-  {
-    name: 'abl-alignedK',
-    decodeKernel: true,
-    ablation: true,
-    sources: decodeEdit((c) => c.replace('if ((at & 3u) == 0u) {', 'if (true) {')),
-  },
+  decodeAblation('abl-alignedK', (c) => c.replace('if ((at & 3u) == 0u) {', 'if (true) {')),
   // Phase A's reads of q from workgroup memory (a vec4 per dim and key) replaced by 8 registers loaded once, dim d
   // taking register d % 8: the products stay, their operand's loads go.
-  {
-    name: 'abl-noQReads',
-    decodeKernel: true,
-    ablation: true,
-    sources: decodeEdit((c) =>
-      c
-        .replace(
-          'let part = lid % TPK;',
-          `let part = lid % TPK;\n${Array.from({ length: 8 }, (_, e) => `  let qr${e} = qt[${e}u * RG + lid % RG];`).join('\n')}`,
-        )
-        .replaceAll(/qt\[\([^()]*?(?: \+ (\d)u)?\) \* RG \+ \d+u\]/g, (_, e?: string) => `qr${e ?? 0}`),
-    ),
-  },
+  decodeAblation('abl-noQReads', (c) =>
+    c
+      .replace(
+        'let part = lid % TPK;',
+        `let part = lid % TPK;\n${Array.from({ length: 8 }, (_, e) => `  let qr${e} = qt[${e}u * RG + lid % RG];`).join('\n')}`,
+      )
+      .replaceAll(/qt\[\([^()]*?(?: \+ (\d)u)?\) \* RG \+ \d+u\]/g, (_, e?: string) => `qr${e ?? 0}`),
+  ),
 ];
 
 /** Layer 0's attention for one decode step, as the runtime's decode graph binds it, with the variant's knobs. */
