@@ -207,7 +207,7 @@ describe('paged attention', () => {
   });
 
   it('catches a broken rows merge: without the rescale', async () => {
-    const original = attentionMergeRowsSource(false);
+    const original = attentionMergeRowsSource();
     const merge = original.replace('exp(partials[at] - best)', '1.0');
     expect(merge).not.toBe(original);
     const shape = { layers: 1, heads: 4, kvHeads: 2, headDim: 64, pageTokens: 4 };

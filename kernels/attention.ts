@@ -6,6 +6,8 @@ import {
   ATTENTION_MAX_SPLITS,
   type AttentionBlockKeys,
   type AttentionKernelShape,
+  attentionMergeBlocksSource,
+  attentionMergeBlocksWorkgroups,
   attentionMergeRowsSource,
   attentionMergeRowsSupports,
   attentionMergeRowsWorkgroups,
@@ -150,8 +152,8 @@ export interface AttentionSources {
   /** The int8 keys conversion pass's WGSL (attentionKeysInt8Source), for a binding the converted build serves. */
   keysInt8?: string;
   /**
-   * The merge pass's WGSL: in place of attentionMergeRowsSource where a prefill binding takes the rows merge (its grid
-   * stays the rows merge's), else of attentionMergeSource.
+   * The merge pass's WGSL: in place of attentionMergeRowsSource (attentionMergeBlocksSource over a rotated cache) where
+   * a prefill binding takes one (its grid stays that build's), else of attentionMergeSource.
    */
   merge?: string;
 }
@@ -399,16 +401,25 @@ export function prepareAttention(
     b.partials,
     attentionPartialsBytes(maxTokens, heads, splits, headDim),
   );
-  // Prefill graphs merge a few splits for many queries: one invocation per output dim (attentionMergeRowsSource).
+  // Prefill graphs merge a few splits for many queries: one invocation per output dim (attentionMergeRowsSource), or
+  // over a rotated cache blocks of tokens per head, un-rotated with the head's matrix read once a block
+  // (attentionMergeBlocksSource).
+  const blocksGrid = attentionMergeBlocksWorkgroups(maxTokens, heads);
+  const rowsGrid: [number, number, number] = [attentionMergeRowsWorkgroups(maxTokens, heads, headDim), 1, 1];
+  const prefillGrid = rotation ? blocksGrid : rowsGrid;
   const mergeRows =
     maxTokens > 1 &&
     attentionMergeRowsSupports(headDim) &&
-    attentionMergeRowsWorkgroups(maxTokens, heads, headDim) <= gpu.limits.maxComputeWorkgroupsPerDimension;
+    Math.max(...prefillGrid) <= gpu.limits.maxComputeWorkgroupsPerDimension;
   const mergePipeline = computePipeline(
     gpu,
-    `attention-merge${mergeRows ? '-rows' : ''}${rotation ? '-rotated' : ''}`,
+    `attention-merge${mergeRows ? (rotation ? '-blocks' : '-rows') : ''}${rotation ? '-rotated' : ''}`,
     sources.merge ??
-      (mergeRows ? attentionMergeRowsSource(rotation !== undefined) : attentionMergeSource(rotation !== undefined)),
+      (mergeRows
+        ? rotation
+          ? attentionMergeBlocksSource()
+          : attentionMergeRowsSource()
+        : attentionMergeSource(rotation !== undefined)),
   );
   const mergeParams = uniformBuffer(
     gpu,
@@ -423,7 +434,7 @@ export function prepareAttention(
       label: `${label}.merge`,
       pipeline: mergePipeline,
       bindGroup: bindBuffers(gpu, `${label}.merge`, mergePipeline, mergeBuffers),
-      workgroups: mergeRows ? [attentionMergeRowsWorkgroups(maxTokens, heads, headDim), 1, 1] : [heads, maxTokens, 1],
+      workgroups: mergeRows ? prefillGrid : [heads, maxTokens, 1],
       owned: [mergeParams],
     },
   ];

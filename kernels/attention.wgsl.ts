@@ -1,5 +1,5 @@
 import { KV_STEP_WGSL, kvTileLoaderWgsl } from './kv-append.wgsl.ts';
-import { ROW_PRODUCT_PARTIALS, rowOutputWgsl, rowProductWgsl } from './rotate.wgsl.ts';
+import { blockOutputsWgsl, ROTATE_BLOCK_TOKENS, ROW_PRODUCT_PARTIALS, rowProductWgsl } from './rotate.wgsl.ts';
 
 /** Query rows (token, head) one workgroup serves. */
 export const ATTENTION_MAX_ROWS = 16;
@@ -377,8 +377,8 @@ ${quant ? '      }\n' : ''}      acc[k] = a;
 }
 
 /**
- * The merge passes' params, bindings and splitChunk (attentionMergeSource and attentionMergeRowsSource take the same
- * ones, so one uniform and bind group layout serve both).
+ * The merge passes' params, bindings and splitChunk (attentionMergeSource, attentionMergeRowsSource and
+ * attentionMergeBlocksSource take the same ones, so one uniform and bind group layout serve them all).
  */
 function mergeBindingsWgsl(rotateOutput: boolean): string {
   return `struct Params { heads: u32, headDim: u32, splits: u32, minChunk: u32, firstMatrix: u32, headsPerMatrix: u32, _p0: u32, _p1: u32 }
@@ -523,61 +523,89 @@ export function attentionMergeRowsWorkgroups(maxTokens: number, heads: number, h
 }
 
 /**
- * The merge pass of prefill graphs: the same merge as attentionMergeSource (its params, bindings and partials), with
- * one invocation per output dim of 128 / headDim (token, head) rows a workgroup. Each invocation walks the few used
- * splits itself (16 at most in a prefill graph): no reductions or barriers. attentionMergeSource's workgroup of 256
- * per (head, query), built for the many splits of a decode step, took ~140 µs a layer for Llama-3.2-1B's 512-query
- * prefill chunk on an H200, 9% of that chunk's attention. With `rotateOutput`, the merged rows meet in workgroup memory
- * and invocation (row, j) stores out_j = Σ_i row_i · R[j][i].
+ * WGSL fn mergedValue(row, e): dim e of (token, head) row `row` = t · heads + h merged over the step's used splits by
+ * one invocation, which walks them itself (16 at most in a prefill graph): no reductions or barriers.
  */
-export function attentionMergeRowsSource(rotateOutput: boolean): string {
+const MERGED_VALUE_WGSL = `
+fn mergedValue(row: u32, e: u32) -> f32 {
+  let chunk = splitChunk(step.length, params.splits, params.minChunk);
+  let splits = (step.length + chunk - 1u) / chunk;
+  let rec = params.headDim + 2u;
+  let base = row * params.splits * rec;
+  var best = -1e30;
+  for (var s = 0u; s < splits; s++) { best = max(best, partials[base + s * rec]); }
+  var total = 0.0;
+  var acc = 0.0;
+  for (var s = 0u; s < splits; s++) {
+    let at = base + s * rec;
+    let w = exp(partials[at] - best);
+    total += w * partials[at + 1u];
+    acc += w * partials[at + 2u + e];
+  }
+  return acc / total;
+}`;
+
+/**
+ * The merge pass of prefill graphs: the same merge as attentionMergeSource (its params, bindings and partials), with
+ * one invocation per output dim of 128 / headDim (token, head) rows a workgroup (mergedValue). attentionMergeSource's
+ * workgroup of 256 per (head, query), built for the many splits of a decode step, took ~140 µs a layer for
+ * Llama-3.2-1B's 512-query prefill chunk on an H200, 9% of that chunk's attention.
+ */
+export function attentionMergeRowsSource(): string {
   return /* wgsl */ `
-${mergeBindingsWgsl(rotateOutput)}
+${mergeBindingsWgsl(false)}
 const WG: u32 = ${MERGE_ROWS_WG}u;
-${rotateOutput ? "var<workgroup> merged: array<f32, WG>; // the workgroup's rows" : ''}
+${MERGED_VALUE_WGSL}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   let d = params.headDim;
   let row = wg.x * (WG / d) + lid / d; // t · heads + h
-  let e = lid % d;
-  let live = row / params.heads < step.tokens;
-  var value = 0.0;
-  if (live) {
-    let chunk = splitChunk(step.length, params.splits, params.minChunk);
-    let splits = (step.length + chunk - 1u) / chunk;
-    let rec = d + 2u;
-    let base = row * params.splits * rec;
-    var best = -1e30;
-    for (var s = 0u; s < splits; s++) { best = max(best, partials[base + s * rec]); }
-    var total = 0.0;
-    var acc = 0.0;
-    for (var s = 0u; s < splits; s++) {
-      let at = base + s * rec;
-      let w = exp(partials[at] - best);
-      total += w * partials[at + 1u];
-      acc += w * partials[at + 2u + e];
-    }
-    value = acc / total;
-  }
-${
-  rotateOutput
-    ? `  merged[lid] = value;
-  workgroupBarrier();
-  if (live) {
-    let first = lid - e; // the row's first dim in merged
-    let matrix4 = (params.firstMatrix + (row % params.heads) / params.headsPerMatrix) * d * d / 4u;
-    ${rowOutputWgsl({
-      row: (i) => `merged[first + ${i}]`,
-      matrix: 'rotation',
-      base4: 'matrix4',
-      j: 'e',
-      transpose: 'true',
-      to: 'out[row * d + e]',
-    })}
-  }`
-    : '  if (live) { out[row * d + e] = value; }'
+  if (row / params.heads < step.tokens) { out[row * d + lid % d] = mergedValue(row, lid % d); }
 }
+`;
+}
+
+/** Workgroups of the un-rotating merge of prefill graphs (attentionMergeBlocksSource): heads × token blocks. */
+export function attentionMergeBlocksWorkgroups(maxTokens: number, heads: number): [number, number, number] {
+  return [heads, Math.ceil(maxTokens / ROTATE_BLOCK_TOKENS), 1];
+}
+
+/**
+ * The merge pass of prefill graphs over a rotated cache: the rows merge's values (mergedValue) for ROTATE_BLOCK_TOKENS
+ * tokens of one head meet in workgroup memory, then each invocation stores whole outputs of every row, un-rotated:
+ * out_j = Σ_i row_i · R[j][i] (blockOutputsWgsl; the block reads its head's matrix once).
+ */
+export function attentionMergeBlocksSource(): string {
+  return /* wgsl */ `
+${mergeBindingsWgsl(true)}
+const WG: u32 = 64u;
+${MERGED_VALUE_WGSL}
+var<workgroup> block: array<vec4<f32>, ${(ROTATE_BLOCK_TOKENS * MERGE_ROWS_WG) / 4}>; // [token][headDim / 4]
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let d = params.headDim;
+  let quads = d / 4u;
+  let h = wg.x;
+  let token0 = wg.y * ${ROTATE_BLOCK_TOKENS}u;
+  if (token0 >= step.tokens) { return; }
+  let tokens = min(step.tokens - token0, ${ROTATE_BLOCK_TOKENS}u);
+  for (var at = lid; at < ${ROTATE_BLOCK_TOKENS}u * d; at += WG) {
+    let r = at / d;
+    let e = at % d;
+    block[r * quads + e / 4u][e % 4u] = select(0.0, mergedValue((token0 + r) * params.heads + h, e), r < tokens);
+  }
+  workgroupBarrier();
+  let matrix4 = (params.firstMatrix + h / params.headsPerMatrix) * d * d / 4u;
+  for (var j = lid; j < d; j += WG) ${blockOutputsWgsl({
+    block: 'block',
+    matrix: 'rotation',
+    base4: 'matrix4',
+    j: 'j',
+    transpose: 'true',
+    store: (r, value) => `if (${r} < tokens) { out[((token0 + ${r}) * params.heads + h) * d + j] = ${value}; }`,
+  })}
 }
 `;
 }

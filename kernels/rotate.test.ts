@@ -4,7 +4,7 @@ import { withTestGpu } from '../test/gpu.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
 import { releaseDispatches, submitDispatches, uniformBuffer } from './dispatch.ts';
 import { rotateReference } from './reference/rotate.ts';
-import { prepareRotate } from './rotate.ts';
+import { prepareRotate, type RotateBuild } from './rotate.ts';
 import { rotateSource } from './rotate.wgsl.ts';
 
 const ctx = withTestGpu();
@@ -16,7 +16,7 @@ async function runRotate(
   headDim: number,
   headsPerMatrix: number,
   transpose: boolean,
-  source?: string,
+  build?: RotateBuild,
 ) {
   const { gpu } = ctx;
   const random = seededRandom(tokens * 13 + heads * 5 + headDim + (transpose ? 1 : 0));
@@ -31,7 +31,7 @@ async function runRotate(
     gpu,
     'rotate-test',
     { parts: [{ x: xb, rotation: rb, firstMatrix, heads, headsPerMatrix, transpose }], step, maxTokens, headDim },
-    source,
+    build,
   );
   submitDispatches(gpu, 'rotate-test', [d]);
   const actual = await readFloat32(gpu, xb, x.length);
@@ -59,13 +59,17 @@ describe('per-head rotation kernel', () => {
     // The widest head the kernel takes: several rounds of loads per invocation in both products.
     [1, 1, 2, 256, 1, false],
     [1, 1, 2, 256, 2, true],
+    // More tokens than a block of the prefill build: whole blocks, and a last block the step's tokens end inside.
+    [21, 37, 4, 64, 2, true],
+    [32, 32, 2, 128, 1, false],
   ] as const)(
     'matches the reference (%i of %i tokens, %i heads, head_dim %i, %i heads per matrix, transpose %s)',
     async (tokens, maxTokens, heads, headDim, hpm, transpose) => {
-      // Both builds, whichever maxTokens picks: the decode one (partial sums) and the prefill one (per output).
-      for (const perDim of [false, true]) {
-        const source = rotateSource(1, perDim);
-        const { actual, expected } = await runRotate(tokens, maxTokens, heads, headDim, hpm, transpose, source);
+      // Both builds, whichever maxTokens picks: the decode one (a row a workgroup, partial sums) and the prefill one
+      // (blocks of tokens a workgroup).
+      for (const blocks of [false, true]) {
+        const build = { blocks, code: rotateSource(1, blocks) };
+        const { actual, expected } = await runRotate(tokens, maxTokens, heads, headDim, hpm, transpose, build);
         expect(maxToleranceRatio(actual, expected, 1e-4, 1e-4)).toBeLessThanOrEqual(1);
       }
     },
@@ -114,13 +118,21 @@ describe('per-head rotation kernel', () => {
     for (const b of [...xb, ...rb, step]) gpu.allocator.release(b);
   });
 
+  it("catches a broken blocks build: every block rotating the first block's tokens", async () => {
+    const original = rotateSource(1, true);
+    const broken = original.replace('let token = wg.y * 16u;', 'let token = 0u;');
+    expect(broken).not.toBe(original);
+    const { actual, expected } = await runRotate(21, 37, 4, 64, 2, true, { blocks: true, code: broken });
+    expect(maxToleranceRatio(actual, expected, 1e-4, 1e-4)).toBeGreaterThan(1);
+  });
+
   it.each([false, true])(
-    'catches a broken kernel (wrong matrix for grouped heads; per-dim build %s)',
-    async (perDim) => {
-      const original = rotateSource(1, perDim);
+    'catches a broken kernel (wrong matrix for grouped heads; blocks build %s)',
+    async (blocks) => {
+      const original = rotateSource(1, blocks);
       const broken = original.replace('(head / part.y)', 'head');
       expect(broken).not.toBe(original);
-      const { actual, expected } = await runRotate(2, 2, 8, 64, 4, false, broken);
+      const { actual, expected } = await runRotate(2, 2, 8, 64, 4, false, { blocks, code: broken });
       expect(maxToleranceRatio(actual, expected, 1e-4, 1e-4)).toBeGreaterThan(1);
     },
   );

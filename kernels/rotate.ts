@@ -1,6 +1,6 @@
 import type { GpuContext } from '../runtime/gpu/device.ts';
 import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from './dispatch.ts';
-import { rotateSource } from './rotate.wgsl.ts';
+import { ROTATE_BLOCK_TOKENS, rotateSource } from './rotate.wgsl.ts';
 
 /** One tensor a rotate dispatch rotates in place. */
 export interface RotatePart {
@@ -26,19 +26,26 @@ export interface RotateBinding {
   headDim: number;
 }
 
-export function prepareRotate(gpu: GpuContext, label: string, b: RotateBinding, source?: string): PreparedDispatch {
+/** A build of the rotate kernel in place of the one `maxTokens` picks (tests): its WGSL, and whether it is the blocks build. */
+export interface RotateBuild {
+  blocks: boolean;
+  code: string;
+}
+
+export function prepareRotate(gpu: GpuContext, label: string, b: RotateBinding, build?: RotateBuild): PreparedDispatch {
   const count = b.parts.length;
   if (count < 1 || count > 3) throw new RangeError(`rotate: 1 to 3 parts, got ${count}`);
   if (b.headDim % 8 !== 0 || b.headDim > 256) {
     throw new RangeError(`rotate: headDim must be a multiple of 8 and at most 256, got ${b.headDim}`);
   }
-  // Prefill graphs rotate many rows: an invocation per output (on an H200, 256 invocations summing partials took
-  // ~130 µs a layer for q, k and v of Llama-3.2-1B's 512-token prefill chunk).
-  const perDim = b.maxTokens > 1;
+  // Prefill graphs rotate many rows: blocks of tokens per workgroup, which read their head's matrix once (on an H200,
+  // 256 invocations a row summing partials took ~130 µs a layer for q, k and v of Llama-3.2-1B's 512-token prefill
+  // chunk).
+  const blocks = build?.blocks ?? b.maxTokens > 1;
   const pipeline = computePipeline(
     gpu,
-    `rotate${count}${perDim ? '-per-dim' : ''}`,
-    source ?? rotateSource(count as 1 | 2 | 3, perDim),
+    `rotate${count}${blocks ? '-blocks' : ''}`,
+    build?.code ?? rotateSource(count as 1 | 2 | 3, blocks),
   );
   const words = [b.headDim, 0, 0, 0];
   for (const part of b.parts) {
@@ -55,7 +62,7 @@ export function prepareRotate(gpu: GpuContext, label: string, b: RotateBinding, 
       params,
       b.step,
     ]),
-    workgroups: [heads, b.maxTokens, 1],
+    workgroups: [heads, blocks ? Math.ceil(b.maxTokens / ROTATE_BLOCK_TOKENS) : b.maxTokens, 1],
     owned: [params],
   };
 }
