@@ -10,7 +10,7 @@
  * (tested against the CPU reference on the same pages) instead of the reference.
  *
  * With `--prefill`, it times one prefill chunk (`--tokens` queries) at the end of each context instead (the
- * runtime's prefill split settings, or `--splits`), the split kernel against the prefill kernel
+ * runtime's prefill split settings, or each count of `--splits`), the split kernel against the prefill kernel
  * (attention-prefill.wgsl.ts), the latter checked against the former on the same pages; f16 and int2 pools.
  *
  * Decode runs also time ablations of whole phases of the decode kernel (PHASE_ABLATIONS): where its time goes.
@@ -19,9 +19,10 @@
  * on i8 subgroup matrices, attention-prefill-dot.wgsl.ts on dot4I8Packed), checked against the split kernel to
  * INT8_ATTENTION_QUANTIZATION_BOUND. `--check-int8` first runs the reference cases and broken kernels of
  * kernels/attention-prefill-int8.test.ts for both (CI's adapters skip the tensor-core ones). `--tokens` sets the
- * prefill chunk (128).
+ * prefill chunk (128); `--kernels int8,int8-pages` times only those (and the split kernel, their reference).
  *
- *   npx tsx bench/attention-kernels.ts [--kv f16|int2] [--prefill [--splits N]] [--tokens 128] [--check-int8] [--ablate-int8]
+ *   npx tsx bench/attention-kernels.ts [--kv f16|int2] [--prefill [--splits N,M] [--kernels A,B]] [--tokens 128]
+ *                                      [--check-int8] [--ablate-int8]
  *                                      [--contexts 1024,8192,32768]
  *                                      [--shapes llama-3.2-1b,qwen2.5-0.5b,qwen3-4b] [--out FILE.json]
  * On the GPU host: bundled by `npm run bench:bundle` (.gpu/attention-kernels.mjs).
@@ -514,6 +515,8 @@ async function benchPrefillShape(
   ablate: boolean,
   /** Prefill splits of every kernel; default the runtime's (prefillSplitsFor: fewer for the tensor-core int8 kernel). */
   splits: number | undefined,
+  /** Kernels to time, by name (the split kernel, the reference, always runs); default all. */
+  only: string[] | undefined,
 ) {
   const { heads, headDim } = shape;
   const { pool, k, v, release } = layerSetup(gpu, shape, contexts, kv);
@@ -556,6 +559,13 @@ async function benchPrefillShape(
       ...(int8 && ablate ? int8Edits(gpu, pool, tokens, INT8_PREFILL_ABLATIONS) : []),
       ...(int8 && ablate ? int8Edits(gpu, pool, tokens, INT8_CONVERSION_ABLATIONS, 'conversion') : []),
     ];
+    if (only) {
+      const known = new Set(kernels.map(([name]) => name));
+      const unknown = only.filter((name) => !known.has(name));
+      if (unknown.length)
+        throw new Error(`--kernels: no kernel ${unknown.join(', ')} here; known: ${[...known].join(', ')}`);
+      kernels.splice(0, kernels.length, ...kernels.filter(([name], i) => i === 0 || only.includes(name)));
+    }
     const ablations = new Set(
       [...INT8_PREFILL_ABLATIONS, ...INT8_CONVERSION_ABLATIONS].map(([name]) => `int8-${name}`),
     );
@@ -611,12 +621,18 @@ const { values } = parseArgs({
     'check-int8': { type: 'boolean', default: false },
     'ablate-int8': { type: 'boolean', default: false },
     splits: { type: 'string' },
+    kernels: { type: 'string' },
   },
 });
-const prefillSplits = values.splits === undefined ? undefined : Number(values.splits);
-if (prefillSplits !== undefined && !(Number.isInteger(prefillSplits) && prefillSplits >= 1)) {
-  throw new Error(`--splits: a whole number of at least 1, got ${values.splits}`);
+// --splits takes a list: each count is a run of its own (its rows carry `splits`).
+const prefillSplitCounts: (number | undefined)[] =
+  values.splits === undefined ? [undefined] : values.splits.split(',').map(Number);
+for (const count of prefillSplitCounts) {
+  if (count !== undefined && !(Number.isInteger(count) && count >= 1)) {
+    throw new Error(`--splits: whole numbers of at least 1, got ${values.splits}`);
+  }
 }
+const onlyKernels = values.kernels?.split(',');
 if (values.kv !== 'f16' && values.kv !== 'int2') throw new Error(`--kv f16|int2, got ${values.kv}`);
 const contexts = values.contexts.split(',').map(Number);
 const gpu = await acquireGpu({ gpu: await nodeGpu() });
@@ -667,24 +683,26 @@ if (values['check-int8']) {
   }
 }
 for (const shape of SHAPES.filter((s) => values.shapes.split(',').includes(s.name))) {
-  if (values.prefill)
-    results.push(
-      ...(await benchPrefillShape(
+  if (values.prefill) {
+    for (const splits of prefillSplitCounts) {
+      const rows = await benchPrefillShape(
         gpu,
         shape,
         contexts,
         values.kv === 'f16' ? 'f16' : 'quant',
         Number(values.tokens),
         values['ablate-int8'],
-        prefillSplits,
-      )),
-    );
-  else results.push(...(await (values.kv === 'int2' ? benchQuantShape : benchShape)(gpu, shape, contexts)));
+        splits,
+        onlyKernels,
+      );
+      results.push(...rows.map((row) => ({ ...row, splits: splits ?? 'prefillSplitsFor' })));
+    }
+  } else results.push(...(await (values.kv === 'int2' ? benchQuantShape : benchShape)(gpu, shape, contexts)));
 }
 if (values.out)
   writeFileSync(
     values.out,
-    `${JSON.stringify({ adapter: gpu.adapter, kv: values.kv, prefill: values.prefill, splits: values.prefill ? (prefillSplits ?? 'prefillSplitsFor') : 'decodeSplitsFor(kvHeads)', minChunk: values.prefill ? PREFILL_MIN_CHUNK_KEYS : MIN_CHUNK, results }, null, 1)}\n`,
+    `${JSON.stringify({ adapter: gpu.adapter, kv: values.kv, prefill: values.prefill, splits: values.prefill ? (values.splits ?? 'prefillSplitsFor') : 'decodeSplitsFor(kvHeads)', minChunk: values.prefill ? PREFILL_MIN_CHUNK_KEYS : MIN_CHUNK, results }, null, 1)}\n`,
   );
 gpu.destroy();
 process.exit(process.exitCode ?? 0);
