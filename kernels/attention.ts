@@ -6,8 +6,6 @@ import {
   ATTENTION_MAX_SPLITS,
   type AttentionBlockKeys,
   type AttentionKernelShape,
-  attentionMergeBlocksSource,
-  attentionMergeBlocksWorkgroups,
   attentionMergeRowsSource,
   attentionMergeRowsSupports,
   attentionMergeRowsWorkgroups,
@@ -152,8 +150,8 @@ export interface AttentionSources {
   /** The int8 keys conversion pass's WGSL (attentionKeysInt8Source), for a binding the converted build serves. */
   keysInt8?: string;
   /**
-   * The merge pass's WGSL: in place of attentionMergeRowsSource (attentionMergeBlocksSource over a rotated cache) where
-   * a prefill binding takes one (its grid stays that build's), else of attentionMergeSource.
+   * The merge pass's WGSL: in place of attentionMergeRowsSource where a prefill binding takes the rows merge (its grid
+   * stays the rows merge's), else of attentionMergeSource.
    */
   merge?: string;
 }
@@ -401,25 +399,19 @@ export function prepareAttention(
     b.partials,
     attentionPartialsBytes(maxTokens, heads, splits, headDim),
   );
-  // Prefill graphs merge a few splits for many queries: one invocation per output dim (attentionMergeRowsSource), or
-  // over a rotated cache blocks of tokens per head, un-rotated with the head's matrix read once a block
-  // (attentionMergeBlocksSource).
-  const blocksGrid = attentionMergeBlocksWorkgroups(maxTokens, heads);
-  const rowsGrid: [number, number, number] = [attentionMergeRowsWorkgroups(maxTokens, heads, headDim), 1, 1];
-  const prefillGrid = rotation ? blocksGrid : rowsGrid;
+  // Prefill graphs merge a few splits for many queries: one invocation per output dim (attentionMergeRowsSource). An
+  // output rotation takes the decode graphs' merge (PagedKvAttention un-rotates prefill outputs in a dispatch of
+  // their own).
+  const rowsGrid = attentionMergeRowsWorkgroups(maxTokens, heads, headDim);
   const mergeRows =
     maxTokens > 1 &&
+    !rotation &&
     attentionMergeRowsSupports(headDim) &&
-    Math.max(...prefillGrid) <= gpu.limits.maxComputeWorkgroupsPerDimension;
+    rowsGrid <= gpu.limits.maxComputeWorkgroupsPerDimension;
   const mergePipeline = computePipeline(
     gpu,
-    `attention-merge${mergeRows ? (rotation ? '-blocks' : '-rows') : ''}${rotation ? '-rotated' : ''}`,
-    sources.merge ??
-      (mergeRows
-        ? rotation
-          ? attentionMergeBlocksSource()
-          : attentionMergeRowsSource()
-        : attentionMergeSource(rotation !== undefined)),
+    `attention-merge${mergeRows ? '-rows' : ''}${rotation ? '-rotated' : ''}`,
+    sources.merge ?? (mergeRows ? attentionMergeRowsSource() : attentionMergeSource(rotation !== undefined)),
   );
   const mergeParams = uniformBuffer(
     gpu,
@@ -434,7 +426,7 @@ export function prepareAttention(
       label: `${label}.merge`,
       pipeline: mergePipeline,
       bindGroup: bindBuffers(gpu, `${label}.merge`, mergePipeline, mergeBuffers),
-      workgroups: mergeRows ? prefillGrid : [heads, maxTokens, 1],
+      workgroups: mergeRows ? [rowsGrid, 1, 1] : [heads, maxTokens, 1],
       owned: [mergeParams],
     },
   ];

@@ -1,5 +1,5 @@
 import { KV_STEP_WGSL, kvTileLoaderWgsl } from './kv-append.wgsl.ts';
-import { blockOutputsWgsl, ROTATE_BLOCK_TOKENS, ROW_PRODUCT_PARTIALS, rowProductWgsl } from './rotate.wgsl.ts';
+import { ROW_PRODUCT_PARTIALS, rowProductWgsl } from './rotate.wgsl.ts';
 
 /** Query rows (token, head) one workgroup serves. */
 export const ATTENTION_MAX_ROWS = 16;
@@ -377,8 +377,8 @@ ${quant ? '      }\n' : ''}      acc[k] = a;
 }
 
 /**
- * The merge passes' params, bindings and splitChunk (attentionMergeSource, attentionMergeRowsSource and
- * attentionMergeBlocksSource take the same ones, so one uniform and bind group layout serve them all).
+ * The merge passes' params, bindings and splitChunk (attentionMergeSource and attentionMergeRowsSource take the same
+ * ones, so one uniform and bind group layout serve both).
  */
 function mergeBindingsWgsl(rotateOutput: boolean): string {
   return `struct Params { heads: u32, headDim: u32, splits: u32, minChunk: u32, firstMatrix: u32, headsPerMatrix: u32, _p0: u32, _p1: u32 }
@@ -562,50 +562,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let d = params.headDim;
   let row = wg.x * (WG / d) + lid / d; // t · heads + h
   if (row / params.heads < step.tokens) { out[row * d + lid % d] = mergedValue(row, lid % d); }
-}
-`;
-}
-
-/** Workgroups of the un-rotating merge of prefill graphs (attentionMergeBlocksSource): heads × token blocks. */
-export function attentionMergeBlocksWorkgroups(maxTokens: number, heads: number): [number, number, number] {
-  return [heads, Math.ceil(maxTokens / ROTATE_BLOCK_TOKENS), 1];
-}
-
-/**
- * The merge pass of prefill graphs over a rotated cache: the rows merge's values (mergedValue) for ROTATE_BLOCK_TOKENS
- * tokens of one head meet in workgroup memory, then each invocation stores whole outputs of every row, un-rotated:
- * out_j = Σ_i row_i · R[j][i] (blockOutputsWgsl; the block reads its head's matrix once).
- */
-export function attentionMergeBlocksSource(): string {
-  return /* wgsl */ `
-${mergeBindingsWgsl(true)}
-const WG: u32 = 64u;
-${MERGED_VALUE_WGSL}
-var<workgroup> block: array<vec4<f32>, ${(ROTATE_BLOCK_TOKENS * MERGE_ROWS_WG) / 4}>; // [token][headDim / 4]
-
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-  let d = params.headDim;
-  let quads = d / 4u;
-  let h = wg.x;
-  let token0 = wg.y * ${ROTATE_BLOCK_TOKENS}u;
-  if (token0 >= step.tokens) { return; }
-  let tokens = min(step.tokens - token0, ${ROTATE_BLOCK_TOKENS}u);
-  for (var at = lid; at < ${ROTATE_BLOCK_TOKENS}u * d; at += WG) {
-    let r = at / d;
-    let e = at % d;
-    block[r * quads + e / 4u][e % 4u] = select(0.0, mergedValue((token0 + r) * params.heads + h, e), r < tokens);
-  }
-  workgroupBarrier();
-  let matrix4 = (params.firstMatrix + h / params.headsPerMatrix) * d * d / 4u;
-  for (var j = lid; j < d; j += WG) ${blockOutputsWgsl({
-    block: 'block',
-    matrix: 'rotation',
-    base4: 'matrix4',
-    j: 'j',
-    transpose: 'true',
-    store: (r, value) => `if (${r} < tokens) { out[((token0 + ${r}) * params.heads + h) * d + j] = ${value}; }`,
-  })}
 }
 `;
 }

@@ -15,10 +15,10 @@ const PREFILL_SPLIT_BYTES = 44352;
 
 describe('RotatedKvAttention', () => {
   it.each([
-    // The merge pass un-rotates the output in every graph.
-    ['in the merge pass', undefined],
-    // Storage bindings that hold one prefill split's partials: prefill graphs have no merge pass and un-rotate in a
-    // dispatch of their own; decode graphs (5 splits) still merge.
+    // The merge pass un-rotates decode graphs' output; prefill graphs un-rotate in a dispatch of their own.
+    ['in the merge pass of decode graphs', undefined],
+    // Storage bindings that hold one prefill split's partials: prefill graphs have no merge pass; decode graphs
+    // (5 splits) still merge.
     ['in its own dispatch where a graph has no merge pass', PREFILL_SPLIT_BYTES + 100],
   ] as const)(
     'gives the same attention output as the unrotated cache (Hadamard and calibrated rotations; un-rotation %s)',
@@ -70,7 +70,7 @@ describe('RotatedKvAttention', () => {
           if (!graphs.has(tokens)) {
             const layers = [0, 1].map((l) => backend.prepareLayer(l, bufs, tokens));
             const ownDispatch = layers.map((g) => g.attention.some((d) => d.label.endsWith('.unrotate_out')));
-            expect(ownDispatch).toEqual(layers.map(() => rotated && bindingLimit !== undefined && tokens > 1));
+            expect(ownDispatch).toEqual(layers.map(() => rotated && tokens > 1));
             graphs.set(tokens, layers);
           }
           pool.beginStep(seq, tokens);
