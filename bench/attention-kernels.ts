@@ -98,8 +98,6 @@ type Variant = {
   splits?: number;
   /** An ablation: wrong results by design, timed only (where the decode kernel's time goes). */
   ablation?: boolean;
-  /** The decode kernel's lanes-per-key build (AttentionBinding.decodeLanesPerKey; skipped where it does not serve). */
-  lanesPerKey?: boolean;
 };
 /** The decode build of the shape: as the runtime builds it (attentionDecodeShape: loops), or unrolled. */
 const decodeSource = (s: LayerShape, quant: DecodeQuantShape | null, unrolled = false) =>
@@ -121,8 +119,6 @@ const decodeAblation = (name: string, edit: (code: string) => string): Variant =
   ablation: true,
   sources: decodeEdit(edit),
 });
-/** Phase A with headDim / 16 invocations a key, q in registers, partial scores summed by shuffles. */
-const DECODE_LANES: Variant = { name: 'decode-lanes', decodeKernel: true, lanesPerKey: true };
 /** 128 keys a pass instead of 256: one key per invocation in phase A, twice the passes (same results). */
 const DECODE_SUB128: Variant = {
   name: 'decode-sub128',
@@ -146,7 +142,6 @@ const VARIANTS: Variant[] = [
   { name: 'decode-128splits', decodeKernel: true, splits: 128 },
   { name: 'decode-96splits', decodeKernel: true, splits: 96 },
   DECODE_SUB128,
-  DECODE_LANES,
   // Ablations: the value loads replaced by a constant; the key loads replaced by a constant; one slab bound.
   decodeAblation('abl-noV', (c) => c.replace(/let q4 = slabQuad\(slot, [^;]*\);/, 'let q4 = vec4<u32>(key);')),
   decodeAblation('abl-noK', (c) => c.replace('let w = slabQuad(slot, base + c);', 'let w = vec4<u32>(base + c);')),
@@ -207,7 +202,6 @@ const QUANT_VARIANTS: Variant[] = [
   { name: 'decode-128splits', decodeKernel: true, splits: 128 },
   { name: 'decode-96splits', decodeKernel: true, splits: 96 },
   DECODE_SUB128,
-  DECODE_LANES,
   DECODE_UNROLLED,
   // Other numbers of keys per value batch (registers held across the loads): same results, checked like the build.
   // A build whose own batch is that size (Qwen2.5-0.5B's two row groups take 4) skips it.
@@ -278,7 +272,6 @@ function decodeStepBinding(
     splits: variant.splits ?? decodeSplitsFor(shape.kvHeads),
     minChunkKeys: MIN_CHUNK,
     decodeKernel: variant.decodeKernel,
-    decodeLanesPerKey: variant.lanesPerKey,
   };
 }
 
@@ -341,7 +334,6 @@ async function benchShape(gpu: GpuContext, shape: LayerShape, contexts: number[]
       const sources = variant.sources?.(shape, null);
       if (sources === null) continue;
       const binding = decodeStepBinding(pool, shape, variant, q, output);
-      if (variant.lanesPerKey && !attentionDecodeShape(gpu, binding)?.lanesPerKey) continue; // not served here
       const dispatches = prepareAttention(gpu, variant.name, binding, sources);
       if (context === Math.min(...contexts) && !variant.ablation) {
         submitDispatches(gpu, 'check', dispatches);
@@ -401,7 +393,6 @@ async function benchQuantShape(gpu: GpuContext, shape: LayerShape, contexts: num
       const sources = variant.sources?.(shape, quant);
       if (sources === null) continue;
       const binding = decodeStepBinding(pool, shape, variant, q, variant.decodeKernel ? output : reference);
-      if (variant.lanesPerKey && !attentionDecodeShape(gpu, binding)?.lanesPerKey) continue; // not served here
       const dispatches = prepareAttention(gpu, variant.name, binding, sources);
       if (!variant.ablation) {
         submitDispatches(gpu, 'check', dispatches);

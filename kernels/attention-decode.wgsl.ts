@@ -28,21 +28,6 @@ export interface AttentionDecodeShape {
    * too); the unrolled build is kept for bench/attention-kernels.ts to compare.
    */
   unrolled: boolean;
-  /**
-   * Phase A with headDim / 16 invocations per key (attentionDecodeLanesPerKey), each holding its 16 dims of q in
-   * registers, the partial scores summed by subgroup shuffles; otherwise an invocation scores whole keys. Needs the
-   * 'subgroups' feature, subgroups of at least headDim / 16 invocations, and quant groups of whole 16 dims. An
-   * experiment, off by default (AttentionBinding.decodeLanesPerKey): bench/attention-kernels.ts times it as
-   * `decode-lanes`.
-   */
-  lanesPerKey?: boolean;
-}
-
-/** Whether the lanes-per-key build (AttentionDecodeShape.lanesPerKey) serves a shape on subgroups of `minSubgroup`. */
-export function attentionDecodeLanesPerKeyServes(shape: AttentionDecodeShape, minSubgroup: number): boolean {
-  const { headDim, quant } = shape;
-  const kGE = quant ? Math.min(quant.kGroup, headDim) : 16;
-  return attentionDecodeSupports(shape) && headDim / 16 <= minSubgroup && kGE % 16 === 0;
 }
 
 const WG = 128;
@@ -103,10 +88,6 @@ export function quantGroupsFitHeads(headDim: number, quant: DecodeQuantShape | n
 export function attentionDecodeSource(shape: AttentionDecodeShape): string {
   if (!attentionDecodeSupports(shape)) throw new Error(`attention-decode: unsupported shape ${JSON.stringify(shape)}`);
   const { headDim: HD, rows: ROWS, quant } = shape;
-  const lanes = shape.lanesPerKey === true;
-  if (lanes && !attentionDecodeLanesPerKeyServes(shape, HD / 16)) {
-    throw new Error(`attention-decode: no lanes-per-key build for ${JSON.stringify(shape)}`);
-  }
   const RG = Math.ceil(ROWS / 4);
   const PAIRS = HD / 2;
   // Phase C: an invocation owns WPT consecutive V words (2·WPT dims) of every row: one vec4 load per key with WPT 4
@@ -130,17 +111,14 @@ export function attentionDecodeSource(shape: AttentionDecodeShape): string {
   const kQuads = quant !== null && (kGE / (32 / quant.kBits)) % 4 === 0;
 
   // Adds dims d..d+7 of a key (k0 = dims d..d+3, k1 = d+4..d+7), times the rows' q, to `${to}0`, `${to}1`, ...
-  // Adds 8 dims of a key (k0, k1) times the rows' q from `q` ([dim][row group], `dim(t)` the t-th's index) to
-  // `${to}0`, `${to}1`, ...
-  const sumDims = (q: string, dim: (t: number) => string, to: string) =>
+  const addDims = (d: string, to: string) =>
     groups(
       (g) =>
         `${to}${g} += ${range(8)
-          .map((t) => `${q}[(${dim(t)}) * RG + ${g}u] * ${t < 4 ? 'k0' : 'k1'}.${'xyzw'[t % 4]}`)
+          .map((t) => `qt[(${t === 0 ? d : `${d} + ${t}u`}) * RG + ${g}u] * ${t < 4 ? 'k0' : 'k1'}.${'xyzw'[t % 4]}`)
           .join(' + ')};`,
       '\n          ',
     );
-  const addDims = (d: string, to: string) => sumDims('qt', (t) => (t === 0 ? d : `${d} + ${t}u`), to);
   // Codes c..c+7 of the word `codes` as floats k0, k1.
   const codesAsFloats = `let k0 = vec4<f32>(f32((codes >> (c * K_BITS)) & K_MASK), f32((codes >> ((c + 1u) * K_BITS)) & K_MASK),
                                  f32((codes >> ((c + 2u) * K_BITS)) & K_MASK), f32((codes >> ((c + 3u) * K_BITS)) & K_MASK));
@@ -229,54 +207,7 @@ ${groups((g) => `        s${g} = vec4<f32>(0.0);`)}
       }
 ${groups((g) => `      sc[j * RG + ${g}u] = s${g};`)}
     }`;
-  // The lanes-per-key phase A: invocation (keySlot, keyPart) scores key keySlot + it·(WG / LPK) on the key's dims
-  // 16·keyPart..16·keyPart + 15 against qr (those dims of q, in registers), and the LPK lanes' partial scores meet by
-  // shuffles. A quant page's keyPart reads its codes (K_BITS / 2 words, half of one at 1 bit) and its group's (lo, scale):
-  // s = Σ over lanes of lo·Σ q + scale·Σ q·c.
-  const LPK = HD / 16;
-  const WPL = quant ? Math.max(1, quant.kBits / 2) : 0; // code words a key part reads
-  const CPW = 16 / Math.max(1, WPL); // codes it takes from each
-  const lanesQuantScore = quant
-    ? `let row = (entry & 0xffffffu) * params.quantPageWords + params.quantKOffset + inPage * params.kRowWords;
-          let e0 = kvh * HD + keyPart * 16u;
-          let lohi = unpack2x16float(slabWord(slot, row + params.kCodeWords + e0 / K_GROUP));
-${groups((g) => `          var d${g} = vec4<f32>(0.0);`)}
-          for (var w = 0u; w < ${WPL}u; w++) {
-            let codes = slabWord(slot, row + e0 / K_PER + w)${quant.kBits === 1 ? ' >> (e0 % 32u)' : ''};
-            for (var c = 0u; c < ${CPW}u; c += 8u) {
-              ${codesAsFloats}
-          ${sumDims('qr', (t) => `w * ${CPW}u + c + ${t}u`, 'd')}
-            }
-          }
-${groups((g) => `          s${g} = lohi.x * qs${g} + lohi.y * d${g};`)}`
-    : '';
-  const lanesF16Score = `let base = (entry & 0xffffffu) * (params.pageWords / 4u) + (params.kOffset + headBase + inPage * PAIRS) / 4u + 2u * keyPart;
-          for (var c = 0u; c < 2u; c++) {
-            let w = slabQuad(slot, base + c);
-            let k0 = vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
-            let k1 = vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w));
-          ${sumDims('qr', (t) => `8u * c + ${t}u`, 's')}
-          }`;
-  const lanesPhaseA = `    // A: scores, ${LPK} invocations a key.
-    for (var it = 0u; it < SUB / (WG / LPK); it++) {
-      let j = keySlot + it * (WG / LPK);
-${groups((g) => `      var s${g} = vec4<f32>(0.0);`)}
-      if (j < n) {
-        let key = block + j;
-        let entry = pageTable[step.tableOffset + key / params.pageTokens];
-        if (keyPart == 0u) { entries[j] = entry; }
-        let inPage = key % params.pageTokens;
-        let slot = (entry >> 24u) & 0xfu;
-        ${quant ? `if ((entry >> 28u) == 1u) {\n          ${lanesQuantScore}\n        } else {\n          ${lanesF16Score}\n        }` : lanesF16Score}
-      }
-      for (var m = 1u; m < LPK; m *= 2u) {
-${groups((g) => `        s${g} += subgroupShuffleXor(s${g}, m);`)}
-      }
-      if (keyPart == 0u) {
-${groups((g) => `        sc[j * RG + ${g}u] = select(vec4<f32>(NONE), s${g}, j < n);`)}
-      }
-    }`;
-  return /* wgsl */ `${lanes ? 'enable subgroups;' : ''}
+  return /* wgsl */ `
 ${attentionBindingsWgsl(quant !== null)}
 ${kvPagesReadableWgsl(5)}
 ${SPLIT_CHUNK_WGSL}
@@ -322,13 +253,7 @@ var<workgroup> combSum: array<vec4<f32>, ${SPR * RG}>;
 var<workgroup> entries: array<u32, SUB>;
 
 @compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32${
-    lanes
-      ? `,
-        @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) sgLane: u32,
-        @builtin(subgroup_size) sgSize: u32`
-      : ''
-  }) {
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   let s = wg.x;
   let kvh = wg.y;
   if (step.tokens == 0u) { return; }
@@ -362,20 +287,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
       : ''
   }
 
-${
-  lanes
-    ? `  // Phase A's invocation (keySlot, keyPart): consecutive lanes of one subgroup share a key (their shuffles meet).
-  const LPK: u32 = ${LPK}u;
-  let keyPart = sgLane % LPK; // the key's dims 16·keyPart..
-  let keySlot = (sg * sgSize + sgLane) / LPK;
-  var qr: array<vec4<f32>, ${16 * RG}>; // [dim 16·keyPart + i][row group]
-  for (var i = 0u; i < ${16 * RG}u; i++) { qr[i] = qt[keyPart * ${16 * RG}u + i]; }
-${groups(
-  (g) => `  var qs${g} = vec4<f32>(0.0);
-  for (var i = 0u; i < 16u; i++) { qs${g} += qr[i * RG + ${g}u]; }`,
-)}`
-    : ''
-}
   let slice = lid / TPK;
   let part = lid % TPK; // V words part·WPT.. of the row, dims part·DIMS..
   // acc{g}_{e}: dim part·DIMS + e of rows 4g..4g+3.
@@ -383,7 +294,7 @@ ${groups((g) => `  var sum${g} = vec4<f32>(0.0);`)}
   ${dims((g, e) => `var acc${g}_${e} = vec4<f32>(0.0);`)}
   for (var block = start; block < end; block += SUB) {
     let n = min(SUB, end - block);
-${lanes ? lanesPhaseA : wholeKeysPhaseA}
+${wholeKeysPhaseA}
     workgroupBarrier();
     // B: the pass's maxima, the running maxima, and p in place.
     if (lid < RS * RG) {

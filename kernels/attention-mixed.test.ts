@@ -78,26 +78,4 @@ describe('attention over mixed f16 / quant pages', () => {
     expect(r.mismatchedCodes).toBe(0);
     expect(r.worst).toBeLessThanOrEqual(1);
   });
-
-  // An experiment bench/attention-kernels.ts times on GPUs: phase A with headDim / 16 invocations a key, on subgroups.
-  it.for<[string, MixedCase]>([
-    ['hd 64, 4:1, 2-bit', MIXED_HD64_GQA],
-    ['hd 128, 4:1, K 2-bit group 64, V 4-bit', MIXED_HD128_K2_V4],
-    ['hd 64, 1:1, 1-bit keys', MIXED_ONE_BIT_KEYS],
-    [
-      'hd 64, 4:1, layer 0 boosted to 4-bit keys',
-      { ...MIXED_HD64_GQA, pool: { ...MIXED_HD64_GQA.pool, keyFormat: { groupSize: 64 }, boostLayers: [0] } },
-    ],
-  ])('the decode kernel with several invocations a key matches too: %s', async ([, c], context) => {
-    const { gpu } = ctx;
-    const { subgroupMinSize = 0 } = gpu.adapter;
-    if (!gpu.features.subgroups || subgroupMinSize < c.headDim / 16) {
-      console.warn(`SKIPPED: ${gpu.adapter.description} has no subgroups of ${c.headDim / 16} invocations`);
-      context.skip();
-    }
-    const r = await runMixed(gpu, c, 4243, { decodeLanesPerKey: true });
-    expect(r.lanesPerKeyDecode).toBe(true);
-    expect(r.quantPositions).toBeGreaterThanOrEqual(2 * (c.pool.pageTokens ?? 16));
-    expect(r.worst).toBeLessThanOrEqual(1);
-  });
 });

@@ -16,7 +16,6 @@ import {
 } from './attention.wgsl.ts';
 import {
   type AttentionDecodeShape,
-  attentionDecodeLanesPerKeyServes,
   attentionDecodeSource,
   attentionDecodeSupports,
   attentionDecodeWorkgroupBytes,
@@ -81,11 +80,6 @@ export interface AttentionBinding {
    * keeps the general split kernel (same-machine comparisons).
    */
   decodeKernel?: boolean;
-  /**
-   * maxTokens = 1: the decode kernel's lanes-per-key build (AttentionDecodeShape.lanesPerKey) where the device and
-   * shape allow it (default false: an experiment).
-   */
-  decodeLanesPerKey?: boolean;
   /**
    * maxTokens > 1: use the prefill kernel (attention-prefill.wgsl.ts) where it serves the shape (default true); false
    * keeps the general split kernel (same-machine comparisons, tests of both).
@@ -167,7 +161,7 @@ function layerQuantShape(b: Pick<AttentionBinding, 'pool' | 'layer'>): DecodeQua
 /** The decode kernel's shape for a binding, or null where the split kernel serves it. */
 export function attentionDecodeShape(
   gpu: GpuContext,
-  b: Pick<AttentionBinding, 'pool' | 'layer' | 'heads' | 'maxTokens' | 'decodeKernel' | 'decodeLanesPerKey'>,
+  b: Pick<AttentionBinding, 'pool' | 'layer' | 'heads' | 'maxTokens' | 'decodeKernel'>,
 ): AttentionDecodeShape | null {
   if (b.maxTokens !== 1 || b.decodeKernel === false) return null;
   const shape: AttentionDecodeShape = {
@@ -180,10 +174,6 @@ export function attentionDecodeShape(
     quant: layerQuantShape(b),
   };
   if (!attentionDecodeSupports(shape)) return null;
-  const { subgroupMinSize = 0 } = gpu.adapter;
-  if (b.decodeLanesPerKey && gpu.features.subgroups && attentionDecodeLanesPerKeyServes(shape, subgroupMinSize)) {
-    shape.lanesPerKey = true;
-  }
   return attentionDecodeWorkgroupBytes(shape) <= gpu.limits.maxComputeWorkgroupStorageSize ? shape : null;
 }
 
@@ -348,7 +338,7 @@ export function prepareAttention(
         : decode
           ? computePipeline(
               gpu,
-              `attention-decode-hd${headDim}-r${decode.rows}${decode.unrolled ? '' : '-loops'}${decode.lanesPerKey ? '-lanes' : ''}${formatsLabel(decode.quant)}`,
+              `attention-decode-hd${headDim}-r${decode.rows}${decode.unrolled ? '' : '-loops'}${formatsLabel(decode.quant)}`,
               sources.decode ?? attentionDecodeSource(decode),
             )
           : computePipeline(

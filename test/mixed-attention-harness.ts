@@ -57,8 +57,6 @@ export async function runMixed(
      * compare its codes and scales with int8Codes of what the pages hold (result `keysInt8`).
      */
     checkKeysInt8?: boolean;
-    /** Decode steps on the decode kernel's lanes-per-key build (PagedKvAttention's decodeLanesPerKey). */
-    decodeLanesPerKey?: boolean;
   } = {},
 ) {
   const tolerance = opts.tolerance ?? ATTENTION_F32_TOLERANCE;
@@ -78,7 +76,6 @@ export async function runMixed(
   const backend = new PagedKvAttention(gpu, pool, {
     heads,
     prefillProducts: opts.prefillProducts,
-    decodeLanesPerKey: opts.decodeLanesPerKey,
   });
   const f32 = (n: number) => gpu.allocator.createStorage('test', 'scratch', n * 4);
   const q = f32(maxTokens * heads * headDim);
@@ -92,9 +89,6 @@ export async function runMixed(
     }).flat();
   const prefill = graph(maxTokens);
   const decode = graph(1);
-  const decodeKernels = decode.filter((d) => d.pipeline.label.startsWith('attention-decode'));
-  const decodeLanes =
-    decodeKernels.length === layers && decodeKernels.every((d) => d.pipeline.label.includes('-lanes'));
   const keysInt8 = opts.checkKeysInt8
     ? Array.from({ length: layers }, (_, layer) => {
         const buffer = gpu.allocator.createStorage('test.keys_int8', 'scratch', poolKeysInt8Bytes(pool));
@@ -239,8 +233,6 @@ export async function runMixed(
     promotions,
     length: seq.length,
     keysInt8: keysChecked,
-    /** Whether every layer's decode graph ran the lanes-per-key build (its pipeline label says so). */
-    lanesPerKeyDecode: decodeLanes,
   };
 }
 

@@ -23,8 +23,6 @@ export interface PagedAttentionOptions {
   scale?: number;
   /** Most key splits of a decode graph (maxTokens = 1); default decodeSplitsFor(kvHeads). */
   decodeSplits?: number;
-  /** Decode graphs: the decode kernel's lanes-per-key build where it serves (kernels/attention.ts; an experiment). */
-  decodeLanesPerKey?: boolean;
   /**
    * Products of the prefill attention: 'f32' (default), 'int8' on 8-bit tensor cores or 'int8-dot' on dot4I8Packed
    * where the device runs them (kernels/attention.ts; Engine.load's prefillAttention).
@@ -177,7 +175,6 @@ export class PagedKvAttention {
       splits,
       minChunkKeys: decode ? DECODE_MIN_CHUNK_KEYS : PREFILL_MIN_CHUNK_KEYS,
       prefillProducts: options.prefillProducts,
-      decodeLanesPerKey: options.decodeLanesPerKey,
       partials,
       keysInt8,
       outputRotation: unrotateInMerge ? outputRotation : undefined,
