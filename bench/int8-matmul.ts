@@ -55,8 +55,8 @@ function arg(name: string): string | undefined {
 }
 
 /**
- * Where the 64x64 kernel's time goes, at Llama-3.2-1B's gate/up shape over 512 tokens: the kernel with one phase
- * cut down (outputs are wrong; timing only).
+ * Where the tensor-core kernels' time goes, at Llama-3.2-1B's gate/up shape over 512 tokens: the kernel with one
+ * phase cut down (outputs are wrong; timing only).
  */
 const ABLATIONS: [string, (code: string) => string][] = [
   ['full', (code) => code],
@@ -74,17 +74,74 @@ const ABLATIONS: [string, (code: string) => string][] = [
   ],
 ];
 
+/**
+ * The same for the dot4I8Packed kernel (the one the runtime runs over 512 tokens on large matrices), at Llama-3.2-1B's
+ * and Qwen3-4B's gate/up shapes: it ran at 40-54 TOPS on the H200 against the ~130 session 9's probe implies, and
+ * operand loads four words at a time did not speed it up (BENCH.md, session 17).
+ */
+const DOT4_ABLATIONS: [string, (code: string) => string][] = [
+  ['full', (code) => code],
+  // Each product replaced by an integer add of one operand: the products' own cost.
+  [
+    'no-products (an add instead)',
+    (code) => code.replaceAll(/\+= dot4I8Packed\(wv\[i\], xv\[j\]\);/g, '+= bitcast<i32>(wv[i]);'),
+  ],
+  // The per-block scale application: the integer sums' conversion, the scales' loads and the multiply-adds.
+  [
+    'no-apply (sums added as bits)',
+    (code) => code.replace(/acc\[i \* 4u \+ j\] \+= [^;]*;/, 'acc[i * 4u + j] += bitcast<f32>(sums[i * 4u + j]);'),
+  ],
+  // Only the integer-to-float conversion of the sums (NVIDIA runs it at a fraction of the multiply-add rate).
+  [
+    'no-convert (sums reinterpreted)',
+    (code) => code.replace('f32(sums[i * 4u + j])', 'bitcast<f32>(sums[i * 4u + j])'),
+  ],
+  // The weight codes read as raw words: no nibble decode (the loads stay).
+  ['no-weight-decode (raw words)', (code) => code.replace('= code_word(base, b, word);', '= w[base + b * 4u + word];')],
+  // No global loads of codes: staged values made from indices (the scales still load).
+  [
+    'no-code-loads',
+    (code) =>
+      code
+        .replace('= code_word(base, b, word);', '= base + b + word;')
+        .replace(/= codes\[\(t0 \+ r\) \* \(K \/ 4u\) \+ b \* 8u \+ word\];/, '= r + b;'),
+  ],
+  // Operands from registers instead of workgroup memory.
+  [
+    'no-operand-reads',
+    (code) =>
+      code
+        .replace('wv[i] = wcodes[(lid.x + 16u * i) * ROW_WORDS + k];', 'wv[i] = lid.x + i + k;')
+        .replace('xv[i] = xcodes[(lid.y + 16u * i) * ROW_WORDS + k];', 'xv[i] = lid.y + i + k;'),
+  ],
+  ['no-barriers', (code) => code.replaceAll('workgroupBarrier();', '')],
+];
+
 async function ablate(gpu: Awaited<ReturnType<typeof acquireGpu>>) {
-  const [K, N, tokens] = [2048, 8192, 512];
+  const tokens = 512;
   const random = seededRandom(5);
-  for (const type of [GgmlType.Q4_0, GgmlType.Q4_K]) {
+  const runs: [GgmlType, number, number, Int8MatmulVariant[]][] = [
+    ...[GgmlType.Q4_0, GgmlType.Q4_K].map((type): [GgmlType, number, number, Int8MatmulVariant[]] => [
+      type,
+      2048,
+      8192,
+      [...(Object.keys(INT8_MATMUL_TILES) as Int8MatmulVariant[]), 'dot4'],
+    ]),
+    ...[GgmlType.Q4_K, GgmlType.Q6_K].map((type): [GgmlType, number, number, Int8MatmulVariant[]] => [
+      type,
+      2560,
+      9728,
+      ['dot4'],
+    ]),
+  ];
+  for (const [type, K, N, variants] of runs) {
     const weight = uploadWeightFromBytes(gpu, 'w', type, [K, N], randomWeightBytes(type, K * N, random));
     const input = gpu.allocator.createStorage('x', 'scratch', randomFloats(random, tokens * K, 1));
     const output = gpu.allocator.createStorage('y', 'scratch', tokens * N * 4);
     const activations = createInt8Activations(gpu, 'int8', tokens, K);
     const quantize = prepareQuantizeActivations(gpu, 'quantize', { input, activations, tokens, K });
-    for (const variant of Object.keys(INT8_MATMUL_TILES) as Int8MatmulVariant[]) {
-      for (const [name, transform] of ABLATIONS) {
+    for (const variant of variants) {
+      for (const [name, transform] of variant === 'dot4' ? DOT4_ABLATIONS : ABLATIONS) {
         const int8 = prepareInt8Matmul(gpu, 'int8', { weight, activations, output, tokens }, variant, (code) => {
           const changed = transform(code);
           if (name !== 'full' && changed === code) throw new Error(`ablation '${name}' no longer matches the kernel`);
@@ -92,7 +149,7 @@ async function ablate(gpu: Awaited<ReturnType<typeof acquireGpu>>) {
         });
         const ms = await timeDispatches(gpu, int8, 20);
         console.log(
-          `ablation ${GGML_TYPE_INFO[type]?.name} ${variant} ${name}: ${(ms * 1000).toFixed(1)} µs (${((2 * N * K * tokens) / ms / 1e9).toFixed(1)} TF)`,
+          `ablation ${GGML_TYPE_INFO[type]?.name} ${K}x${N} ${variant} ${name}: ${(ms * 1000).toFixed(1)} µs (${((2 * N * K * tokens) / ms / 1e9).toFixed(1)} TF)`,
         );
         releaseDispatches(gpu, int8);
       }
