@@ -527,7 +527,12 @@ async function benchPrefillShape(
     submitDispatches(gpu, 'fill', fill.append);
     const keysSeen = tokens * position + (tokens * (tokens + 1)) / 2;
     const flops = 4 * heads * headDim * keysSeen;
-    const row: Record<string, unknown> = { shape: shape.name, kv: kv === 'f16' ? 'f16' : 'int2', context };
+    const row: Record<string, unknown> = {
+      shape: shape.name,
+      kv: kv === 'f16' ? 'f16' : 'int2',
+      context,
+      splits: splits ?? 'prefillSplitsFor',
+    };
     let expected: Float32Array | null = null;
     // The split kernel first, then the prefill kernels, checked against it: the f32 one to f32 rounding, the int8 ones
     // (where the device runs them) to INT8_ATTENTION_QUANTIZATION_BOUND, with their largest difference.
@@ -624,6 +629,7 @@ for (const count of prefillSplitCounts) {
   }
 }
 const onlyKernels = values.kernels?.split(',');
+if (onlyKernels && !values.prefill) throw new Error('--kernels picks prefill kernels: use it with --prefill');
 if (values.kv !== 'f16' && values.kv !== 'int2') throw new Error(`--kv f16|int2, got ${values.kv}`);
 const contexts = values.contexts.split(',').map(Number);
 const gpu = await acquireGpu({ gpu: await nodeGpu() });
@@ -686,7 +692,7 @@ for (const shape of SHAPES.filter((s) => values.shapes.split(',').includes(s.nam
         splits,
         onlyKernels,
       );
-      results.push(...rows.map((row) => ({ ...row, splits: splits ?? 'prefillSplitsFor' })));
+      results.push(...rows);
     }
   } else results.push(...(await (values.kv === 'int2' ? benchQuantShape : benchShape)(gpu, shape, contexts)));
 }

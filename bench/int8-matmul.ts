@@ -86,15 +86,25 @@ const DOT4_ABLATIONS: [string, (code: string) => string][] = [
     'no-products (an add instead)',
     (code) => code.replaceAll(/\+= dot4I8Packed\(wv\[i\], xv\[j\]\);/g, '+= bitcast<i32>(wv[i]);'),
   ],
-  // The per-block scale application: the integer sums' conversion, the scales' loads and the multiply-adds.
+  // The per-block scale application: the integer sums' conversion, the scales' loads and the multiply-adds. (Both
+  // halves' sums of a Q6_K block stay used, or the compiler could drop half the products.)
   [
     'no-apply (sums added as bits)',
-    (code) => code.replace(/acc\[i \* 4u \+ j\] \+= [^;]*;/, 'acc[i * 4u + j] += bitcast<f32>(sums[i * 4u + j]);'),
+    (code) =>
+      code.replace(
+        /acc\[i \* 4u \+ j\] \+= [^;]*;/,
+        code.includes('var high')
+          ? 'acc[i * 4u + j] += bitcast<f32>(sums[i * 4u + j] + high[i * 4u + j]);'
+          : 'acc[i * 4u + j] += bitcast<f32>(sums[i * 4u + j]);',
+      ),
   ],
   // Only the integer-to-float conversion of the sums (NVIDIA runs it at a fraction of the multiply-add rate).
   [
     'no-convert (sums reinterpreted)',
-    (code) => code.replace('f32(sums[i * 4u + j])', 'bitcast<f32>(sums[i * 4u + j])'),
+    (code) =>
+      code
+        .replace('f32(sums[i * 4u + j])', 'bitcast<f32>(sums[i * 4u + j])')
+        .replace('f32(high[i * 4u + j])', 'bitcast<f32>(high[i * 4u + j])'),
   ],
   // The weight codes read as raw words: no nibble decode (the loads stay).
   ['no-weight-decode (raw words)', (code) => code.replace('= code_word(base, b, word);', '= w[base + b * 4u + word];')],

@@ -109,8 +109,9 @@ export interface AttentionBinding {
    */
   keysInt8?: GPUBuffer;
   /**
-   * Multiply each head's output by Rᵀ in the merge pass (a rotated cache's un-rotation, as kernels/rotate.ts would do
-   * in a dispatch of its own). Needs a merge pass (splits > 1).
+   * Decode (maxTokens = 1): multiply each head's output by Rᵀ in the merge pass (a rotated cache's un-rotation, as
+   * kernels/rotate.ts would do in a dispatch of its own). Needs a merge pass (splits > 1). Prefill graphs un-rotate
+   * with the rotate kernel, whose prefill build reads each matrix once for a block of tokens.
    */
   outputRotation?: OutputRotation;
 }
@@ -353,8 +354,11 @@ export function prepareAttention(
     int8Keys: int8Prefill?.converted ? poolKeysInt8Capacity(pool) : 0,
   });
   const rotation = b.outputRotation;
-  if (rotation && splits === 1) {
-    throw new InvalidRequestError(`attention '${label}': an output rotation needs a merge pass (splits > 1)`);
+  if (rotation && (splits === 1 || maxTokens !== 1)) {
+    throw new InvalidRequestError(
+      `attention '${label}': an output rotation needs a decode graph with a merge pass (splits > 1, maxTokens 1); ` +
+        'un-rotate other outputs with prepareRotate',
+    );
   }
   // The converted int8 build: a pass that converts the step's keys into the int8 keys buffer, and the attention
   // reads that buffer instead of the page table and pages.
@@ -389,15 +393,10 @@ export function prepareAttention(
     b.partials,
     attentionPartialsBytes(maxTokens, heads, splits, headDim),
   );
-  // Prefill graphs merge a few splits for many queries: one invocation per output dim (attentionMergeRowsSource). An
-  // output rotation takes the decode graphs' merge (PagedKvAttention un-rotates prefill outputs in a dispatch of
-  // their own).
+  // Prefill graphs merge a few splits for many queries: one invocation per output dim (attentionMergeRowsSource).
   const rowsGrid = attentionMergeRowsWorkgroups(maxTokens, heads, headDim);
   const mergeRows =
-    maxTokens > 1 &&
-    !rotation &&
-    attentionMergeRowsSupports(headDim) &&
-    rowsGrid <= gpu.limits.maxComputeWorkgroupsPerDimension;
+    maxTokens > 1 && attentionMergeRowsSupports(headDim) && rowsGrid <= gpu.limits.maxComputeWorkgroupsPerDimension;
   const mergePipeline = computePipeline(
     gpu,
     `attention-merge${mergeRows ? '-rows' : ''}${rotation ? '-rotated' : ''}`,

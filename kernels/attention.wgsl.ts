@@ -405,9 +405,10 @@ export const ATTENTION_MAX_SPLITS = 256;
  * loads overlap the reductions. One head's merge took ~20 µs on an H200 when each step waited on the last
  * (serial loops over the splits' maxima and sums: ~11 µs of it).
  *
- * With `rotateOutput`, the merged row is multiplied by Rᵀ of its head's matrix before it is stored (the rotated
- * cache's un-rotation, kernels/rotate.wgsl.ts's product, one dispatch a layer fewer): out_j = Σ_i row_i · R[j][i],
- * R = rotation[(firstMatrix + h / headsPerMatrix) · d² ..] row-major, by the rotate kernel's rowProductWgsl.
+ * With `rotateOutput` (decode graphs), the merged row is multiplied by Rᵀ of its head's matrix before it is stored
+ * (the rotated cache's un-rotation, kernels/rotate.wgsl.ts's product, one dispatch a layer fewer):
+ * out_j = Σ_i row_i · R[j][i], R = rotation[(firstMatrix + h / headsPerMatrix) · d² ..] row-major, by the rotate
+ * kernel's rowProductWgsl.
  */
 export function attentionMergeSource(rotateOutput: boolean): string {
   const range = (n: number) => Array.from({ length: n }, (_, i) => i);
@@ -523,10 +524,18 @@ export function attentionMergeRowsWorkgroups(maxTokens: number, heads: number, h
 }
 
 /**
- * WGSL fn mergedValue(row, e): dim e of (token, head) row `row` = t · heads + h merged over the step's used splits by
- * one invocation, which walks them itself (16 at most in a prefill graph): no reductions or barriers.
+ * The merge pass of prefill graphs: the same merge as attentionMergeSource (its params, bindings and partials), with
+ * one invocation per output dim of 128 / headDim (token, head) rows a workgroup, which walks the step's used splits
+ * itself (16 at most in a prefill graph): no reductions or barriers. attentionMergeSource's
+ * workgroup of 256 per (head, query), built for the many splits of a decode step, took ~140 µs a layer for
+ * Llama-3.2-1B's 512-query prefill chunk on an H200, 9% of that chunk's attention.
  */
-const MERGED_VALUE_WGSL = `
+export function attentionMergeRowsSource(): string {
+  return /* wgsl */ `
+${mergeBindingsWgsl(false)}
+const WG: u32 = ${MERGE_ROWS_WG}u;
+
+// Dim e of (token, head) row \`row\` = t · heads + h, merged over the step's used splits.
 fn mergedValue(row: u32, e: u32) -> f32 {
   let chunk = splitChunk(step.length, params.splits, params.minChunk);
   let splits = (step.length + chunk - 1u) / chunk;
@@ -543,19 +552,7 @@ fn mergedValue(row: u32, e: u32) -> f32 {
     acc += w * partials[at + 2u + e];
   }
   return acc / total;
-}`;
-
-/**
- * The merge pass of prefill graphs: the same merge as attentionMergeSource (its params, bindings and partials), with
- * one invocation per output dim of 128 / headDim (token, head) rows a workgroup (mergedValue). attentionMergeSource's
- * workgroup of 256 per (head, query), built for the many splits of a decode step, took ~140 µs a layer for
- * Llama-3.2-1B's 512-query prefill chunk on an H200, 9% of that chunk's attention.
- */
-export function attentionMergeRowsSource(): string {
-  return /* wgsl */ `
-${mergeBindingsWgsl(false)}
-const WG: u32 = ${MERGE_ROWS_WG}u;
-${MERGED_VALUE_WGSL}
+}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {

@@ -5,7 +5,7 @@ import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts
 import { releaseDispatches, submitDispatches, uniformBuffer } from './dispatch.ts';
 import { rotateReference } from './reference/rotate.ts';
 import { prepareRotate, type RotateBuild } from './rotate.ts';
-import { rotateSource } from './rotate.wgsl.ts';
+import { ROTATE_BLOCK_TOKENS, rotateSource } from './rotate.wgsl.ts';
 
 const ctx = withTestGpu();
 
@@ -120,7 +120,7 @@ describe('per-head rotation kernel', () => {
 
   it("catches a broken blocks build: every block rotating the first block's tokens", async () => {
     const original = rotateSource(1, true);
-    const broken = original.replace('let token = wg.y * 16u;', 'let token = 0u;');
+    const broken = original.replace(`let token = wg.y * ${ROTATE_BLOCK_TOKENS}u;`, 'let token = 0u;');
     expect(broken).not.toBe(original);
     const { actual, expected } = await runRotate(21, 37, 4, 64, 2, true, { blocks: true, code: broken });
     expect(maxToleranceRatio(actual, expected, 1e-4, 1e-4)).toBeGreaterThan(1);

@@ -27,7 +27,7 @@ const LOADS = 16;
  * Their sums meet in `partial` (ROW_PRODUCT_PARTIALS f32 of workgroup memory); after a barrier `store(j, value)`
  * writes output j. Needs `lid` and `d` (a multiple of 8, <= 256) in scope, and the row as d workgroup f32; the
  * barriers need `transpose` uniform. Shared by the decode builds of the rotation kernel and of the attention merge
- * pass's un-rotation (the prefill build takes blockOutputsWgsl instead).
+ * pass's un-rotation (the rotation kernel's prefill build takes blockOutputsWgsl instead).
  */
 export function rowProductWgsl(o: {
   row: string;
@@ -86,15 +86,17 @@ ${loads((u) => `if (i + ${u}u < last) { a${u % 4} += ${o.row}[i + ${u}u] * ${o.m
 
 /**
  * Tokens a workgroup of the prefill build takes for one head: its rows share the head's matrix, which the workgroup
- * then reads once for all of them. With one row a workgroup, on an H200, Qwen3-4B's 512-token chunk at 16K keys spent
- * 6.1 ms rotating q, k and v over its 36 layers; 5.1 ms with blocks of 16 (Llama-3.2-1B: 0.82 and 0.85 ms).
+ * then reads once for all of them. The build before it took one row a workgroup, each invocation one output: on an
+ * H200, Qwen3-4B's 512-token chunk at 16K keys spent 6.1 ms rotating q, k and v over its 36 layers; 5.1 ms with
+ * blocks of 16 (Llama-3.2-1B: 0.82 and 0.85 ms).
  */
 export const ROTATE_BLOCK_TOKENS = 16;
 
 /**
  * WGSL of a block's row products for one output column: for r < ROTATE_BLOCK_TOKENS, `store(r, value)` gets
  * Σ_i block_r,i · M[i][j] (M[j][i] where the WGSL condition `transpose` holds), M row-major d×d from vec4 `base4` of
- * `matrix`, the block's rows in the workgroup array `block` of vec4s (row r at r · d / 4). Needs `d` in scope. The
+ * `matrix`, the block's rows in the workgroup array `block` of vec4s (row r at r · quads). Needs `d` and
+ * `quads` = d / 4 in scope. The
  * row values are the same for every invocation (broadcast reads); each invocation reads one column of M (or, with
  * `transpose`, one row as vec4s).
  */
@@ -111,7 +113,6 @@ function blockOutputsWgsl(o: {
     rows.map((r) => `acc[${r}] += dot(${o.block}[${r}u * quads + ${quad}], ${m});`).join('\n        ');
   const column = (at: string) => `${o.matrix}[${at}][${o.j} % 4u]`;
   return `{
-    let quads = d / 4u;
     // Initialized explicitly: in a loop over columns, a declaration without one was not zeroed again (lavapipe).
     var acc = array<f32, ${ROTATE_BLOCK_TOKENS}>();
     if (${o.transpose}) {
@@ -126,7 +127,7 @@ function blockOutputsWgsl(o: {
         ${accumulate('c', 'm')}
       }
     }
-    for (var r = 0u; r < ${ROTATE_BLOCK_TOKENS}u; r++) { ${o.store('r', 'acc[r]')} }
+    ${rows.map((r) => o.store(`${r}u`, `acc[${r}]`)).join('\n    ')}
   }`;
 }
 
@@ -161,9 +162,10 @@ function blockFunction(p: number): string {
   let d = params.headDim;
   let quads = d / 4u;
   let tokens = min(step.tokens - token0, ${ROTATE_BLOCK_TOKENS}u);
-  for (var at = lid; at < ${ROTATE_BLOCK_TOKENS}u * d; at += WG) {
+  // Rows past the step's tokens are not read (nor their outputs stored).
+  for (var at = lid; at < tokens * d; at += WG) {
     let r = at / d;
-    block[r * quads + (at % d) / 4u][at % 4u] = select(0.0, x${p}[((token0 + r) * part.x + head) * d + at % d], r < tokens);
+    block[r * quads + (at % d) / 4u][at % 4u] = x${p}[((token0 + r) * part.x + head) * d + at % d];
   }
   workgroupBarrier();
   let matrix4 = (part.w + (head / part.y) * d * d) / 4u;

@@ -1,7 +1,9 @@
 import { describe, expect, it } from 'vitest';
+import { prepareAttention } from '../../kernels/attention.ts';
 import { releaseDispatches, submitDispatches } from '../../kernels/dispatch.ts';
 import { withLimits, withTestGpu } from '../../test/gpu.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../../test/random.ts';
+import { InvalidRequestError } from '../errors.ts';
 import { readFloat32 } from '../gpu/readback.ts';
 import { PagedKvAttention } from './paged-attention.ts';
 import { KvPagePool } from './pool.ts';
@@ -15,13 +17,14 @@ const PREFILL_SPLIT_BYTES = 44352;
 
 describe('RotatedKvAttention', () => {
   it.each([
-    // The merge pass un-rotates decode graphs' output; prefill graphs un-rotate in a dispatch of their own.
-    ['in the merge pass of decode graphs', undefined],
-    // Storage bindings that hold one prefill split's partials: prefill graphs have no merge pass; decode graphs
-    // (5 splits) still merge.
-    ['in its own dispatch where a graph has no merge pass', PREFILL_SPLIT_BYTES + 100],
+    // Decode graphs un-rotate in their merge pass, prefill graphs in a rotate dispatch of their own: after the rows
+    // merge, or
+    ['after the rows merge', undefined],
+    // with storage bindings that hold one prefill split's partials, in a prefill graph without a merge pass (decode
+    // graphs, whose splits' partials are smaller, still merge).
+    ['without a merge pass', PREFILL_SPLIT_BYTES + 100],
   ] as const)(
-    'gives the same attention output as the unrotated cache (Hadamard and calibrated rotations; un-rotation %s)',
+    'gives the same attention output as the unrotated cache (Hadamard and calibrated rotations; prefill un-rotation %s)',
     async (_, bindingLimit) => {
       const { gpu } = ctx;
       const before = gpu.allocator.snapshot().totalBuffers;
@@ -102,4 +105,29 @@ describe('RotatedKvAttention', () => {
       expect(gpu.allocator.snapshot().totalBuffers).toBe(before);
     },
   );
+
+  it('refuses an output rotation in the merge pass of a prefill graph or of a graph without one', () => {
+    const { gpu } = ctx;
+    const [heads, headDim] = [4, 64];
+    const pool = new KvPagePool(gpu, { layers: 1, kvHeads: 2, headDim, budgetBytes: 1 << 20 });
+    const matrices = gpu.allocator.createStorage('r', 'kv', new Float32Array(2 * headDim * headDim));
+    const q = gpu.allocator.createStorage('q', 'scratch', 8 * heads * headDim * 4);
+    const output = gpu.allocator.createStorage('o', 'scratch', 8 * heads * headDim * 4);
+    const binding = { pool, layer: 0, q, output, heads, scale: 1, minChunkKeys: 2 };
+    const outputRotation = { matrices, firstMatrix: 0, headsPerMatrix: 2 };
+    // Prefill graphs un-rotate with the rotate kernel's blocks build; a single split has no merge pass.
+    for (const [maxTokens, splits] of [
+      [8, 4],
+      [1, 1],
+    ]) {
+      expect(() => prepareAttention(gpu, 'refused', { ...binding, maxTokens, splits, outputRotation })).toThrow(
+        InvalidRequestError,
+      );
+    }
+    const decode = prepareAttention(gpu, 'decode', { ...binding, maxTokens: 1, splits: 4, outputRotation });
+    expect(decode.some((d) => d.pipeline.label.endsWith('-rotated'))).toBe(true);
+    releaseDispatches(gpu, decode);
+    for (const b of [matrices, q, output]) gpu.allocator.release(b);
+    pool.destroy();
+  });
 });
