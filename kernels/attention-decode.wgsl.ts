@@ -114,16 +114,10 @@ export function attentionDecodeSource(shape: AttentionDecodeShape): string {
   const addDims = (d: string, to: string) =>
     groups(
       (g) =>
-        `${to}${g} += ${range(8)
-          .map((t) => `qt[(${t === 0 ? d : `${d} + ${t}u`}) * RG + ${g}u] * ${t < 4 ? 'k0' : 'k1'}.${'xyzw'[t % 4]}`)
-          .join(' + ')};`,
+        `${to}${g} += qt[(${d}) * RG + ${g}u] * k0.x + qt[(${d} + 1u) * RG + ${g}u] * k0.y + qt[(${d} + 2u) * RG + ${g}u] * k0.z + qt[(${d} + 3u) * RG + ${g}u] * k0.w +
+             qt[(${d} + 4u) * RG + ${g}u] * k1.x + qt[(${d} + 5u) * RG + ${g}u] * k1.y + qt[(${d} + 6u) * RG + ${g}u] * k1.z + qt[(${d} + 7u) * RG + ${g}u] * k1.w;`,
       '\n          ',
     );
-  // Codes c..c+7 of the word `codes` as floats k0, k1.
-  const codesAsFloats = `let k0 = vec4<f32>(f32((codes >> (c * K_BITS)) & K_MASK), f32((codes >> ((c + 1u) * K_BITS)) & K_MASK),
-                                 f32((codes >> ((c + 2u) * K_BITS)) & K_MASK), f32((codes >> ((c + 3u) * K_BITS)) & K_MASK));
-              let k1 = vec4<f32>(f32((codes >> ((c + 4u) * K_BITS)) & K_MASK), f32((codes >> ((c + 5u) * K_BITS)) & K_MASK),
-                                 f32((codes >> ((c + 6u) * K_BITS)) & K_MASK), f32((codes >> ((c + 7u) * K_BITS)) & K_MASK));`;
   const f16Score = `let base = (entry & 0xffffffu) * (params.pageWords / 4u) + (params.kOffset + headBase + inPage * PAIRS) / 4u;
         for (var c = 0u; c < (HD / 8u) * one; c++) {
           let w = slabQuad(slot, base + c);
@@ -155,7 +149,10 @@ ${groups((g) => `          var d${g} = vec4<f32>(0.0);`)}
             let codes = slabWord(slot, row + e0 / K_PER + wi);`
           }
             for (var c = 0u; c < K_PER * one; c += 8u) {
-              ${codesAsFloats}
+              let k0 = vec4<f32>(f32((codes >> (c * K_BITS)) & K_MASK), f32((codes >> ((c + 1u) * K_BITS)) & K_MASK),
+                                 f32((codes >> ((c + 2u) * K_BITS)) & K_MASK), f32((codes >> ((c + 3u) * K_BITS)) & K_MASK));
+              let k1 = vec4<f32>(f32((codes >> ((c + 4u) * K_BITS)) & K_MASK), f32((codes >> ((c + 5u) * K_BITS)) & K_MASK),
+                                 f32((codes >> ((c + 6u) * K_BITS)) & K_MASK), f32((codes >> ((c + 7u) * K_BITS)) & K_MASK));
               let dd = g * K_GE + wi * K_PER + c;
               ${addDims('dd', 'd')}
             }
@@ -193,20 +190,6 @@ ${groups((g) => `          s${g} += lohi.x * qsum[g * RG + ${g}u] + lohi.y * d${
       .flatMap((g) => range(DIMS).map((e) => f(g, e)))
       .join(sep);
 
-  const wholeKeysPhaseA = `    // A: scores of whole keys.
-    for (var j = lid; j < SUB; j += WG) {
-${groups((g) => `      var s${g} = vec4<f32>(NONE);`)}
-      if (j < n) {
-        let key = block + j;
-        let entry = pageTable[step.tableOffset + key / params.pageTokens];
-        entries[j] = entry;
-        let inPage = key % params.pageTokens;
-        let slot = (entry >> 24u) & 0xfu;
-${groups((g) => `        s${g} = vec4<f32>(0.0);`)}
-        ${quant ? `if ((entry >> 28u) == 1u) {\n        ${quantScore}\n        } else {\n        ${f16Score}\n        }` : f16Score}
-      }
-${groups((g) => `      sc[j * RG + ${g}u] = s${g};`)}
-    }`;
   return /* wgsl */ `
 ${attentionBindingsWgsl(quant !== null)}
 ${kvPagesReadableWgsl(5)}
@@ -294,7 +277,20 @@ ${groups((g) => `  var sum${g} = vec4<f32>(0.0);`)}
   ${dims((g, e) => `var acc${g}_${e} = vec4<f32>(0.0);`)}
   for (var block = start; block < end; block += SUB) {
     let n = min(SUB, end - block);
-${wholeKeysPhaseA}
+    // A: scores of whole keys.
+    for (var j = lid; j < SUB; j += WG) {
+${groups((g) => `      var s${g} = vec4<f32>(NONE);`)}
+      if (j < n) {
+        let key = block + j;
+        let entry = pageTable[step.tableOffset + key / params.pageTokens];
+        entries[j] = entry;
+        let inPage = key % params.pageTokens;
+        let slot = (entry >> 24u) & 0xfu;
+${groups((g) => `        s${g} = vec4<f32>(0.0);`)}
+        ${quant ? `if ((entry >> 28u) == 1u) {\n        ${quantScore}\n        } else {\n        ${f16Score}\n        }` : f16Score}
+      }
+${groups((g) => `      sc[j * RG + ${g}u] = s${g};`)}
+    }
     workgroupBarrier();
     // B: the pass's maxima, the running maxima, and p in place.
     if (lid < RS * RG) {

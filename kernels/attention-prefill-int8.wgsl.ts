@@ -53,8 +53,10 @@ const BK = INT8_ATTENTION_TILE_KEYS;
  * the softmax's reads (68 and 72 were no faster).
  */
 function int8TileLayout(headDim: number, converted: boolean) {
-  const KS = headDim / 4 + 4; // words between keys of the K code tile (and the V one, read from pages), and between rows of q's codes
-  const PS = BK / 4 + 4; // words between rows of the p codes, and between dims of the transposed V tile (converted)
+  // Words between keys of the K code tile (and of the V one staged from the pages), and between rows of q's codes.
+  const KS = headDim / 4 + 4;
+  // Words between rows of the p codes, and between dims of the transposed V tile (the converted build).
+  const PS = BK / 4 + 4;
   const SP = BK + 1; // words between rows of S
   // The sums hold S, then a round of P·V tiles (16 of 256 words); before the first tile, q's codes.
   const sumsWords = Math.max(INT8_ATTENTION_ROWS * SP, INT8_ATTENTION_ROWS * KS, 16 * 256);
@@ -227,8 +229,7 @@ const TILE_START_WGSL = `  let tileStart = select(start, start - start % BK, sta
  * dims: the tile fetch a tile ahead (Fetched, fetchTile: f16 words or quant code words), the opening of the loop
  * over tiles (`tileLoopHead`: tiles start on multiples of BK keys, so a split's first tile may hold keys before its
  * start, which `tileMask`'s `skip` masks), whose stages turn the fetched half-row into int8 codes
- * `kcodes`/`vcodes[r * KS + ..]`
- * (KS: the including shader's words between keys) and its scale `kscale`/`vscale[r]` (through `codeScaleWgsl`'s
+ * `kcodes`/`vcodes[r * KS + ..]` (KS: the including shader's words between keys) and its scale `kscale`/`vscale[r]` (through `codeScaleWgsl`'s
  * codeScale, the pair's max by subgroupShuffleXor), and `stageQuery(codes, stride)`, which does the same for row r
  * of q into `codes`. `stage(p, codesAt, storeScale)` is one such stage with its targets given (the conversion pass).
  */

@@ -95,10 +95,9 @@ export const ROTATE_BLOCK_TOKENS = 16;
 /**
  * WGSL of a block's row products for one output column: for r < ROTATE_BLOCK_TOKENS, `store(r, value)` gets
  * Σ_i block_r,i · M[i][j] (M[j][i] where the WGSL condition `transpose` holds), M row-major d×d from vec4 `base4` of
- * `matrix`, the block's rows in the workgroup array `block` of vec4s (row r at r · quads). Needs `d` and
- * `quads` = d / 4 in scope. The
- * row values are the same for every invocation (broadcast reads); each invocation reads one column of M (or, with
- * `transpose`, one row as vec4s).
+ * `matrix`, the block's rows in the workgroup array `block` of vec4s (row r at r · quads). Needs `d` and `quads` =
+ * d / 4 in scope. The row values are the same for every invocation (broadcast reads); each invocation reads one column
+ * of M (or, with `transpose`, one row as vec4s).
  */
 function blockOutputsWgsl(o: {
   block: string;

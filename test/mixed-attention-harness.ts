@@ -73,10 +73,7 @@ export async function runMixed(
     pool.destroy();
     throw new Error(`mixed attention: the ${opts.prefillProducts} prefill kernel does not serve this pool here`);
   }
-  const backend = new PagedKvAttention(gpu, pool, {
-    heads,
-    prefillProducts: opts.prefillProducts,
-  });
+  const backend = new PagedKvAttention(gpu, pool, { heads, prefillProducts: opts.prefillProducts });
   const f32 = (n: number) => gpu.allocator.createStorage('test', 'scratch', n * 4);
   const q = f32(maxTokens * heads * headDim);
   const k = Array.from({ length: layers }, () => f32(maxTokens * width));

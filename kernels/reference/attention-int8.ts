@@ -1,12 +1,14 @@
 /**
  * CPU reference for the int8 prefill attention (kernels/attention-prefill-int8.wgsl.ts on tensor cores and
- * attention-prefill-dot.wgsl.ts on dot4I8Packed): the same quantization, tiling and f32 steps, so the kernels are checked to the last few codes rather than against exact attention (attention.ts's reference, which it
- * matches only to its 8-bit error).
+ * attention-prefill-dot.wgsl.ts on dot4I8Packed): the same quantization, tiling and f32 steps, so the kernels are
+ * checked to the last few codes rather than against exact attention (attention.ts's reference, which it matches only
+ * to its 8-bit error).
  *
  * Per query row: q·scale as int8 codes over the head (d_q = max / 127). Per key: k and v (f16 as the pages hold them)
  * as int8 codes over the head (d_k, d_v). The keys of a split are walked in tiles of 64 that start on multiples of 64
- * (a split's first tile holds only its keys from the split's start); per tile: s = S·d_q·d_k (S the integer dot product), the running maximum, p = exp(s − max), w = p·d_v as codes on the
- * row's 127 steps of the tile (d_w = max w / 127), acc = acc·correction + d_w·Σ c(w)·c(v), l = l·correction + Σ p.
+ * (a split's first tile holds only its keys from the split's start); per tile: s = S·d_q·d_k (S the integer dot
+ * product), the running maximum, p = exp(s − max), w = p·d_v as codes on the row's 127 steps of the tile
+ * (d_w = max w / 127), acc = acc·correction + d_w·Σ c(w)·c(v), l = l·correction + Σ p.
  * Splits merge as the merge pass does: Σ e^(m_s − M)·acc_s / Σ e^(m_s − M)·l_s.
  */
 import { type AttentionReferenceInput, roundToF16 } from './attention.ts';
