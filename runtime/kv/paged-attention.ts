@@ -73,6 +73,8 @@ export class PagedKvAttention {
   private readonly options: PagedAttentionOptions;
   /** The prefill partials buffer of the graph being prepared (layer 0 allocates it and owns it), by maxTokens. */
   private readonly sharedPartials = new Map<number, GPUBuffer>();
+  /** prefillSplits by maxTokens: every layer of a graph asks, and the answer looks at every layer. */
+  private readonly prefillSplitCounts = new Map<number, number>();
   /** The int8 keys buffer of the converted int8 prefill attention, created with the first graph that runs it. */
   private keysInt8: GPUBuffer | null = null;
 
@@ -89,10 +91,15 @@ export class PagedKvAttention {
    */
   prefillSplits(maxTokens: number): number {
     const { gpu, pool, options } = this;
-    const served = Array.from({ length: pool.layers }, (_, layer) =>
-      attentionPrefillInt8ShapeFor(gpu, { pool, layer, maxTokens, prefillProducts: options.prefillProducts }),
-    ).every((shape) => shape !== null);
-    return prefillSplitsFor(served);
+    let splits = this.prefillSplitCounts.get(maxTokens);
+    if (splits === undefined) {
+      const served = Array.from({ length: pool.layers }, (_, layer) =>
+        attentionPrefillInt8ShapeFor(gpu, { pool, layer, maxTokens, prefillProducts: options.prefillProducts }),
+      ).every((shape) => shape !== null);
+      splits = prefillSplitsFor(served);
+      this.prefillSplitCounts.set(maxTokens, splits);
+    }
+    return splits;
   }
 
   /**
