@@ -540,7 +540,7 @@ async function benchPrefillShape(
       attentionPrefillInt8ShapeFor(gpu, { pool, layer: 0, maxTokens: tokens, prefillProducts: 'int8' }) !== null;
     const dot =
       attentionPrefillDotShapeFor(gpu, { pool, layer: 0, maxTokens: tokens, prefillProducts: 'int8-dot' }) !== null;
-    const kernels: [string, Partial<AttentionBinding>, AttentionSources?][] = [
+    const all: [string, Partial<AttentionBinding>, AttentionSources?][] = [
       ['split', { prefillKernel: false }],
       ['prefill', {}],
       // 'int8' converts the keys in a pass of its own where the buffer fits; 'int8-pages' converts each tile itself.
@@ -555,13 +555,14 @@ async function benchPrefillShape(
       ...(int8 && ablate ? int8Edits(gpu, pool, tokens, INT8_PREFILL_ABLATIONS) : []),
       ...(int8 && ablate ? int8Edits(gpu, pool, tokens, INT8_CONVERSION_ABLATIONS, 'conversion') : []),
     ];
-    if (only) {
-      const known = new Set(kernels.map(([name]) => name));
-      const unknown = only.filter((name) => !known.has(name));
-      if (unknown.length)
-        throw new Error(`--kernels: no kernel ${unknown.join(', ')} here; known: ${[...known].join(', ')}`);
-      kernels.splice(0, kernels.length, ...kernels.filter(([name], i) => i === 0 || only.includes(name)));
+    const unknown = only?.filter((name) => !all.some(([known]) => known === name)) ?? [];
+    if (unknown.length) {
+      throw new Error(
+        `--kernels: no kernel ${unknown.join(', ')} here; known: ${all.map(([name]) => name).join(', ')}`,
+      );
     }
+    // The split kernel (the first) is the others' reference: it always runs.
+    const kernels = only ? all.filter(([name], i) => i === 0 || only.includes(name)) : all;
     const ablations = new Set(
       [...INT8_PREFILL_ABLATIONS, ...INT8_CONVERSION_ABLATIONS].map(([name]) => `int8-${name}`),
     );

@@ -130,19 +130,13 @@ const DOT4_ABLATIONS: [string, (code: string) => string][] = [
 async function ablate(gpu: Awaited<ReturnType<typeof acquireGpu>>) {
   const tokens = 512;
   const random = seededRandom(5);
+  // [weights, K, N, kernels]: Llama-3.2-1B's gate/up for every kernel, Qwen3-4B's for dot4I8Packed.
+  const everyKernel: Int8MatmulVariant[] = [...(Object.keys(INT8_MATMUL_TILES) as Int8MatmulVariant[]), 'dot4'];
   const runs: [GgmlType, number, number, Int8MatmulVariant[]][] = [
-    ...[GgmlType.Q4_0, GgmlType.Q4_K].map((type): [GgmlType, number, number, Int8MatmulVariant[]] => [
-      type,
-      2048,
-      8192,
-      [...(Object.keys(INT8_MATMUL_TILES) as Int8MatmulVariant[]), 'dot4'],
-    ]),
-    ...[GgmlType.Q4_K, GgmlType.Q6_K].map((type): [GgmlType, number, number, Int8MatmulVariant[]] => [
-      type,
-      2560,
-      9728,
-      ['dot4'],
-    ]),
+    [GgmlType.Q4_0, 2048, 8192, everyKernel],
+    [GgmlType.Q4_K, 2048, 8192, everyKernel],
+    [GgmlType.Q4_K, 2560, 9728, ['dot4']],
+    [GgmlType.Q6_K, 2560, 9728, ['dot4']],
   ];
   for (const [type, K, N, variants] of runs) {
     const weight = uploadWeightFromBytes(gpu, 'w', type, [K, N], randomWeightBytes(type, K * N, random));
