@@ -72,7 +72,7 @@ const USAGE = `Usage: npm run bench -- [flags]   (or: node .gpu/bench.mjs [flags
   --prefill-limit-s s     auto fill: fast fill when one prefill is estimated to take longer (default 45)
   --row-budget-s s        per row: no further repeat past this (default 60)
   --budget-s s            whole run: later rows are skipped (default: none)
-  --prefill-chunk n       longtab tokens per prefill submit (default: the engine's, 128; 512 with int8 tensor cores)
+  --prefill-chunk n       longtab tokens per prefill submit (default: the engine's, 128; 1024 with int8 tensor cores)
   --prefill-matmul m      auto (int8 tensor cores where the GPU has them), f32 or int8-dot (dot4I8Packed; default auto)
   --prefill-attention m   auto (q·k and p·v on int8 tensor cores where the GPU has them), f32 or int8-dot
                           (the same on dot4I8Packed; default auto)

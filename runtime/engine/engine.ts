@@ -42,7 +42,7 @@ export interface LoadOptions extends KvCacheOptions {
    * background and switches with `switchToCalibratedRotations`).
    */
   missingCalibration?: 'error' | 'hadamard';
-  /** Tokens per prefill submit (default: defaultPrefillChunk, 128 or 512). */
+  /** Tokens per prefill submit (default: defaultPrefillChunk, 128, 512 or 1024). */
   prefillChunk?: number;
   /** Prefill projections: 'auto' (int8 tensor cores where the device has them), 'f32' or 'int8-dot' (TransformerOptions). */
   prefillMatmul?: TransformerOptions['prefillMatmul'];
@@ -52,14 +52,15 @@ export interface LoadOptions extends KvCacheOptions {
 }
 
 /**
- * Tokens per prefill submit: 128 (a tab's memory), or 512 where the prefill runs on the int8 tensor-core matmul: its
- * tiles fill a large GPU only at that size (1.5x faster matmuls than four chunks of 128 on the H200, BENCH.md session
- * 11), and such a GPU has the memory (about 150 MiB more for Llama-3.2-1B), as llama.cpp's 512-token batches assume.
- * Not when the KV budget's f16 share could not hold 512-token steps (a 2-bit cache on a small budget): prompts
- * that fit would shrink.
+ * Tokens per prefill submit: 128 (a tab's memory), or 1024 where the prefill runs on the int8 tensor-core matmul:
+ * its tiles fill a large GPU only at such sizes (BENCH.md: 512 made the matmuls 1.5x faster than four chunks of 128
+ * in session 11; 1024 made Qwen3-4B's 32K prefill 9% faster than 512 in session 18, 2048 only 2% more), and such a
+ * GPU has the memory (about 300 MiB more than 512 for Qwen3-4B). Not when the KV budget's f16 share could not hold
+ * such steps (a 2-bit cache on a small budget): prompts that fit would shrink; then 512 if it holds those.
  */
 export function defaultPrefillChunk(tensorCorePrefill: boolean, pool: KvPoolOptions): number {
-  return tensorCorePrefill && KvPagePool.holdsStep(pool, 512) ? 512 : 128;
+  if (!tensorCorePrefill) return 128;
+  return [1024, 512].find((tokens) => KvPagePool.holdsStep(pool, tokens)) ?? 128;
 }
 const DEFAULT_KV_BUDGET = 64 * 1024 * 1024;
 const DEFAULT_MAX_SEQUENCES = 16;

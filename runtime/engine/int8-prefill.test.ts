@@ -12,7 +12,8 @@ import { withTestGpu } from '../../test/gpu.ts';
 import { DEMO_MODEL_FILE } from '../cli/default-model.ts';
 import { logProbability } from '../eval/perplexity.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
-import { Engine, type LoadOptions } from './engine.ts';
+import { KvPagePool } from '../kv/pool.ts';
+import { defaultPrefillChunk, Engine, type LoadOptions } from './engine.ts';
 
 const ctx = withTestGpu();
 const demoPath = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'public', 'models', DEMO_MODEL_FILE);
@@ -107,5 +108,22 @@ describe('int8 prefill kernels in the forward pass (demo model, Q8_0)', () => {
     expect(f32.dotAttention).toBe(0);
     expect(int8.dotAttention).toBe(f32.layers);
     expectAgreement('int8-dot attention', f32, int8);
+  });
+});
+
+describe('defaultPrefillChunk: the largest prefill step the int8 tensor-core path takes that the KV budget holds', () => {
+  // Llama-3.2-1B's cache shape: an f16 page of 16 tokens is 512 KiB.
+  const llama = { layers: 16, kvHeads: 8, headDim: 64 } as const;
+
+  it('128 without tensor cores; with them 1024, or 512 or 128 when a 2-bit budget holds no larger step', () => {
+    const f16 = { ...llama, budgetBytes: 64 << 20, kv: 'f16' as const };
+    expect(defaultPrefillChunk(false, f16)).toBe(128);
+    expect(defaultPrefillChunk(true, f16)).toBe(1024);
+    expect(defaultPrefillChunk(true, { ...llama, budgetBytes: 1 << 30, kv: 'quant' })).toBe(1024);
+    // The f16 share of a 2-bit pool is capped at half the budget: 160 MiB holds 512-token steps, not 1024.
+    const quant = { ...llama, budgetBytes: 160 << 20, kv: 'quant' as const };
+    expect([KvPagePool.holdsStep(quant, 512), KvPagePool.holdsStep(quant, 1024)]).toEqual([true, false]);
+    expect(defaultPrefillChunk(true, quant)).toBe(512);
+    expect(defaultPrefillChunk(true, { ...llama, budgetBytes: 64 << 20, kv: 'quant' })).toBe(128);
   });
 });
