@@ -204,7 +204,9 @@ async function main(): Promise<void> {
     const kv = (flag('kv') ?? 'f16') as KvMode;
     const prefillMatmul = (flag('prefill-matmul') ?? 'auto') as PrefillMatmul;
     const prefillAttention = (flag('prefill-attention') ?? 'auto') as PrefillAttention;
-    const loaded = await runner.load(file, kv, context, undefined, { prefillMatmul, prefillAttention });
+    // A chunk of `tokens` needs graphs of that size: the engine then prefills in chunks of that many tokens.
+    const chunk = tokens > 1 ? tokens : undefined;
+    const loaded = await runner.load(file, kv, context, chunk, { prefillMatmul, prefillAttention });
     if (!loaded.available) throw new Error(`kv ${kv} is not available: ${loaded.reason}`);
     const p = await profileDecode(runner, context, reps, tokens, ablate);
     const total = p.roles.reduce((s, r) => s + r.ms, 0);
