@@ -32,7 +32,8 @@ export interface KvQuantPages {
 
 export interface KvMixedPageSource extends KvPageSource {
   readonly quant: KvQuantPages | null;
-  demotionsPerStep(tokens: number): number;
+  /** Most demotion jobs one step carries: the grid of every demotion dispatch. */
+  readonly maxStepDemotions: number;
 }
 
 /** Rank of the (1-q) and q quantiles in a sorted group of n, as quantileOfSorted rounds them. */
@@ -58,17 +59,17 @@ function requireQuant(pool: KvMixedPageSource): KvQuantPages {
 }
 
 /**
- * Prepares the demotion of `layer`'s rows for the jobs a step of up to `maxTokens` tokens carries (the pool's jobs
- * buffer says which pages and how many). Record it before the layer's attention; it reads f16 pages no step writes.
+ * Prepares the demotion of `layer`'s rows for the jobs a step carries (the pool's jobs buffer says which pages and
+ * how many): at most `maxJobs`, by default the pool's maxStepDemotions. Record it before the layer's attention; it reads f16 pages no step writes.
  */
 export function prepareKvDemote(
   gpu: GpuContext,
   label: string,
-  b: { pool: KvMixedPageSource; layer: number; maxTokens: number },
+  b: { pool: KvMixedPageSource; layer: number; maxJobs?: number },
 ): PreparedDispatch {
   const { pool } = b;
   const quant = requireQuant(pool);
-  const maxJobs = pool.demotionsPerStep(b.maxTokens);
+  const maxJobs = b.maxJobs ?? pool.maxStepDemotions;
   const params = uniformBuffer(
     gpu,
     `${label}.params`,

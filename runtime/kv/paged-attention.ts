@@ -209,7 +209,7 @@ export class PagedKvAttention {
       );
     }
     if (!pool.quant) return { append: [append], attention };
-    const demote = prepareKvDemote(gpu, `${label}.demote`, { pool, layer, maxTokens });
+    const demote = prepareKvDemote(gpu, `${label}.demote`, { pool, layer });
     // Pages leave the f16 window on one decode step in pageTokens: the other steps skip the dispatch. (Set on the
     // dispatch itself: its bind group is a getter that follows slab growth, which a copy would freeze.)
     demote.idle = () => pool.stepDemotions === 0;

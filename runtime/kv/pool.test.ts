@@ -269,6 +269,40 @@ describe('KvPagePool', () => {
     expect(after.bytes.kv).toBe(baseline.bytes.kv);
   });
 
+  it("quant mode: the first decode step after a prompt demotes all of its last chunk's pages that left the window", () => {
+    const f16PageBytes = 1 * 2 * 2 * 4 * 8 * 2;
+    // Pages of 4 tokens, sink 4, window 4, steps of up to 32 tokens: a step carries up to 32 / 4 + 1 = 9 demotions.
+    const pool = new KvPagePool(ctx.gpu, {
+      layers: 1,
+      kvHeads: 2,
+      headDim: 8,
+      pageTokens: 4,
+      kv: 'quant',
+      sink: 4,
+      window: 4,
+      keyFormat: { groupSize: 16 },
+      valueFormat: { groupSize: 16 },
+      f16BudgetBytes: 12 * f16PageBytes,
+      budgetBytes: 12 * f16PageBytes + 10 * QUANT_PAGE_BYTES,
+      maxStepTokens: 32,
+    });
+    try {
+      expect(pool.maxStepDemotions).toBe(9);
+      const seq = pool.createSequence();
+      pool.writeStep(seq, 0, 32);
+      expect(pool.stepDemotions).toBe(0);
+      // At position 32, pages 1..6 (positions 4..27) are older than the window: all demoted now, not 2 a step.
+      pool.writeStep(seq, 32, 1);
+      expect(pool.stepDemotions).toBe(6);
+      expect(seq.pages.map((e) => decodePageEntry(e).kind)).toEqual([0, 1, 1, 1, 1, 1, 1, 0, 0]);
+      pool.writeStep(seq, 33, 1);
+      expect(pool.stepDemotions).toBe(0);
+      expect(pool.audit()).toEqual([]);
+    } finally {
+      pool.destroy();
+    }
+  });
+
   it('quant mode: a long sequence ends up quantized but for sink and window, then overflows with a typed error', () => {
     const pool = quantPool(8, 10);
     try {

@@ -25,8 +25,8 @@
  * - positions [0, sinkPages*pageTokens) stay f16 (`sink` rounded up to whole pages), and so does every page that is
  *   not entirely older than `window` positions before the step's first position;
  * - `writeStep(seq, position, tokens)` demotes each full page i >= sinkPages with (i+1)*pageTokens <= position - window
- *   (oldest first, at most `demotionsPerStep(tokens)` = ceil(tokens/pageTokens) + 1 per step; the rest wait for the next
- *   step): a quant page is allocated, the job (f16 entry, quant entry) goes into the `demotions` storage buffer
+ *   (oldest first, at most `maxStepDemotions` = ceil(maxStepTokens/pageTokens) + 1 per step, decode steps too; the
+ *   rest wait for the next step): a quant page is allocated, the job (f16 entry, quant entry) goes into the `demotions` storage buffer
  *   (queue.writeBuffer), the page-table entry is switched and the f16 page is released. The demotion kernel
  *   (kernels/kv-demote.ts) is part of every layer's `append` dispatch list (PagedKvAttention prepends it), so it runs
  *   in the SAME submit as the step's forward, before that layer's attention, with no extra submit and no engine hook.
@@ -39,8 +39,10 @@
  * - Writing into a quant page (a rewrite after `truncate` into the quantized region) first PROMOTES it: a private f16
  *   page is filled with its dequantized values (one small submit) and replaces it, so history is never lost.
  * A long prompt prefilled chunk by chunk therefore ends up quantized except its sink and last window; peak f16 use of
- * a sequence is about sink + window + chunk + 2 pages. A step demotes at most ceil(tokens/pageTokens) + 1 pages, so
- * after one big chunk decode catches up two pages per token.
+ * a sequence is about sink + window + chunk + 2 pages. Pages of a prompt's last chunk leave the window only after it:
+ * the first decode step demotes them all, in one dispatch per layer. (At two pages a step, as a decode step's own
+ * size would allow, the 64 pages of a 1024-token chunk kept the first 32 decode steps paying for a demotion and for
+ * reading f16 pages: Qwen3-4B's 2-bit decode at 32K took 9.4 ms a token instead of 8.0, BENCH.md session 18.)
  * Measured (pool stats, bytesUsed / (tokens × layers × 2 × width)): Llama-3.2-1B shape (16 layers, 8 × 64, group 128,
  * sink 64, window 256, chunks of 128) 8.08 bits at 1K, 2.98 at 8K, 2.43 at 32K; quant rows alone are 2.25.
  * f16 pages are a separate share of the budget, so idle sequences each holding their sink and window can fill it
@@ -575,9 +577,13 @@ export class KvPagePool {
     return this.jobWords[0];
   }
 
-  /** Most demotions a step of `tokens` positions carries: the demotion grid of a graph prepared for `tokens`. */
-  demotionsPerStep(tokens: number): number {
-    return Math.min(MAX_DEMOTIONS_PER_STEP, Math.ceil(tokens / this.pageTokens) + 1);
+  /**
+   * Most demotions a step carries, whatever its size: as many as the largest step makes due (the demotion grid of
+   * every graph). A demotion dispatch whose step has no job is left out, so a decode graph pays for the size only when
+   * it demotes.
+   */
+  get maxStepDemotions(): number {
+    return Math.min(MAX_DEMOTIONS_PER_STEP, Math.ceil(this.maxStepTokens / this.pageTokens) + 1);
   }
 
   /** The most tokens one more sequence could hold now (free pages plus unallocated budget). */
@@ -754,10 +760,8 @@ export class KvPagePool {
         seq.pages[i] = target;
       }
       this.gpu.device.queue.writeBuffer(quant.jobs, 0, jobs);
-      // Grids sized for the batch: demotionsPerStep(t) = ceil(t / pageTokens) + 1 >= batch.length.
-      const maxTokens = Math.max(1, (batch.length - 1) * this.pageTokens);
       const dispatches = Array.from({ length: this.layers }, (_, layer) =>
-        prepareKvDemote(this.gpu, 'kv.flush', { pool: this, layer, maxTokens }),
+        prepareKvDemote(this.gpu, 'kv.flush', { pool: this, layer, maxJobs: batch.length }),
       );
       submitDispatches(this.gpu, 'kv.flush', dispatches);
       releaseDispatches(this.gpu, dispatches);
@@ -843,7 +847,7 @@ export class KvPagePool {
       if (this.q) throw this.overflow(seq, end);
       this.checkCapacity(seq, end, f16Needed, first);
     }
-    const demote = this.q ? this.planDemotions(seq, position, tokens) : [];
+    const demote = this.q ? this.planDemotions(seq, position) : [];
     if (rewrite) this.rewritePages(seq, first, Math.min(last, seq.pages.length));
     const start = seq.pages.length;
     while (seq.pages.length < last) seq.pages.push(this.allocatePage(this.f16));
@@ -1033,11 +1037,11 @@ export class KvPagePool {
   }
 
   /** Indices of `seq`'s f16 pages that leave the window at this step (oldest first, as many as the step carries). */
-  private planDemotions(seq: KvSequence, position: number, tokens: number): number[] {
+  private planDemotions(seq: KvSequence, position: number): number[] {
     const q = this.q as PageStore;
     const limit = Math.floor((position - this.window) / this.pageTokens);
     const out: number[] = [];
-    const max = Math.min(this.demotionsPerStep(tokens), q.available());
+    const max = Math.min(this.maxStepDemotions, q.available());
     for (let i = this.sinkPages; i < Math.min(limit, seq.pages.length) && out.length < max; i++) {
       if (this.storeOf(seq.pages[i]) === this.f16) out.push(i);
     }
