@@ -1,4 +1,12 @@
-/** out[i] = silu(gate[i]) * up[i] over `count` values: the SwiGLU feed-forward activation. */
+/**
+ * silu(g)·u, the SwiGLU feed-forward activation, for f32 or vecN<f32>: the one spelling every kernel that applies it
+ * uses (the elementwise pass, the fused decode matvec, the int8 prefill's activation quantizer), so they agree.
+ */
+export function swigluExpression(g: string, u: string): string {
+  return `${g} / (1.0 + exp(-${g})) * ${u}`;
+}
+
+/** out[i] = silu(gate[i]) * up[i] over `count` values. */
 export const swigluWgsl = /* wgsl */ `
 struct Params { count: u32, _p0: u32, _p1: u32, _p2: u32 }
 @group(0) @binding(0) var<storage, read> gate: array<f32>;
@@ -11,7 +19,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
   let i = gid.x + gid.y * 65535u * 64u;
   if (i >= params.count) { return; }
   let g = gate[i];
-  out[i] = g / (1.0 + exp(-g)) * up[i];
+  out[i] = ${swigluExpression('g', 'up[i]')};
 }
 `;
 

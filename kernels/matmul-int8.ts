@@ -110,12 +110,17 @@ export async function int8MatmulCompiles(
 export interface QuantizeActivationsBinding {
   /** f32 [tokens, K] */
   input: GPUBuffer;
+  /** f32 [tokens, K]: quantize silu(input)·up instead (input the gate; the SwiGLU fused into the quantizer). */
+  up?: GPUBuffer;
   activations: Int8Activations;
   tokens: number;
   K: number;
 }
 
-/** x -> int8 codes per 32-element block (kernels/matmul-int8.wgsl.ts); token rows past `tokens` get zeros. */
+/**
+ * x (or silu(x)·up) -> int8 codes per 32-element block (kernels/matmul-int8.wgsl.ts); token rows past `tokens` get
+ * zeros.
+ */
 export function prepareQuantizeActivations(
   gpu: GpuContext,
   label: string,
@@ -128,13 +133,16 @@ export function prepareQuantizeActivations(
     );
   }
   requireBytes(label, 'input', b.input, tokens * K * 4);
+  if (b.up) requireBytes(label, 'up', b.up, tokens * K * 4);
   const padded = paddedTokens(tokens);
-  const pipeline = computePipeline(gpu, 'quantize-activations', quantizeActivationsWgsl());
+  const swiglu = b.up !== undefined;
+  const pipeline = computePipeline(gpu, 'quantize-activations', quantizeActivationsWgsl(swiglu));
   const params = uniformBuffer(gpu, `${label}.params`, [K, tokens, padded, 0], 'uuuu');
+  const inputs = [b.input, a.codes, a.scales, params, ...(b.up ? [b.up] : [])];
   return {
     label,
     pipeline,
-    bindGroup: bindBuffers(gpu, label, pipeline, [b.input, a.codes, a.scales, params]),
+    bindGroup: bindBuffers(gpu, label, pipeline, inputs),
     workgroups: linearInvocationGrid((padded * K) / 32, QUANTIZE_ACTIVATIONS_WORKGROUP),
     owned: [params],
   };

@@ -10,8 +10,10 @@
  *   is 4 words of quants). Units per block: `matvecUnitsPerBlock`; dense types use one unit per word and may index x
  *   directly, quantized types read x only through `xv(i)` with i a multiple of 4 (see matvecInputWgsl).
  */
+
 import { UnsupportedModelError } from '../runtime/errors.ts';
 import { GGML_TYPE_INFO, GgmlType } from '../runtime/gguf/types.ts';
+import { swigluExpression } from './elementwise.wgsl.ts';
 
 const common = /* wgsl */ `
 fn bytes4(v: u32) -> vec4<f32> {
@@ -648,7 +650,7 @@ ${matvecEntryWgsl(
   )}
   if (li < ROWS && row0 + li < params.rows) {
     let g = gatePartialSum[li];
-    y[row0 + li] = g / (1.0 + exp(-g)) * upPartialSum[li];
+    y[row0 + li] = ${swigluExpression('g', 'upPartialSum[li]')};
   }`,
   build,
 )}`,

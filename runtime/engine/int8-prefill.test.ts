@@ -39,6 +39,7 @@ async function forcedLogits(kernels: Kernels) {
       layers: config.layers,
       logits: await engine.teacherForcedLogits(ids),
       quantizes: body.filter((d) => d.label.endsWith('.quantize')).length,
+      swiglus: body.filter((d) => d.label.endsWith('.swiglu')).length,
       dotAttention: body.filter((d) => d.pipeline.label.startsWith('attention-prefill-dot')).length,
     };
   } finally {
@@ -94,9 +95,11 @@ describe('int8 prefill kernels in the forward pass (demo model, Q8_0)', () => {
   it('teacher-forced logits with the projections on dot4I8Packed agree with the f32 projections', async () => {
     const f32 = await forcedLogits({ prefillMatmul: 'f32', prefillAttention: 'f32' });
     const int8 = await forcedLogits({ prefillMatmul: 'int8-dot', prefillAttention: 'f32' });
-    // The int8 graph quantizes each projection input (qkv, o, gate_up, down) of every layer; f32 none.
+    // The int8 graph quantizes each projection input (qkv, o, gate_up, down) of every layer; f32 none. The down
+    // projection's quantizer computes silu(gate)·up itself: no swiglu pass, where f32 has one a layer.
     expect(f32.quantizes).toBe(0);
     expect(int8.quantizes).toBe(4 * f32.layers);
+    expect([f32.swiglus, int8.swiglus]).toEqual([f32.layers, 0]);
     expect(f32.ids.length).toBeGreaterThan(60);
     expectAgreement('int8-dot matmuls', f32, int8);
   });
