@@ -19,8 +19,8 @@
  * on i8 subgroup matrices, attention-prefill-dot.wgsl.ts on dot4I8Packed), checked against the split kernel to
  * INT8_ATTENTION_QUANTIZATION_BOUND. `--check-int8` first runs the reference cases and broken kernels of
  * kernels/attention-prefill-int8.test.ts for both (CI's adapters skip the tensor-core ones). `--tokens` sets the
- * prefill chunk (128); `--kernels int8,int8-pages` times only those (the split kernel, their reference, checks them
- * untimed unless listed too).
+ * prefill chunk (128); `--kernels int8,int8-pages` times only those (the split kernel still runs as their reference,
+ * untimed unless listed).
  *
  *   npx tsx bench/attention-kernels.ts [--kv f16|int2] [--prefill [--splits N,M] [--kernels A,B]] [--tokens 128]
  *                                      [--check-int8] [--ablate-int8]

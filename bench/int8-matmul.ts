@@ -54,11 +54,13 @@ function arg(name: string): string | undefined {
   return i >= 0 ? process.argv[i + 1] : undefined;
 }
 
+/** An integer sum made a float by adding the bits of 1.5·2^23, valid for |sum| < 2^22, instead of a conversion. */
+const MAGIC_CONVERT = '(bitcast<f32>($1 + 0x4B400000i) - 12582912.0)';
+
 /**
  * Where the tensor-core kernels' time goes, at Llama-3.2-1B's gate/up shape over 512 tokens: the kernel with one
  * phase cut down (outputs are wrong; timing only).
  */
-const MAGIC_CONVERT = '(bitcast<f32>($1 + 0x4B400000i) - 12582912.0)';
 const ABLATIONS: [string, (code: string) => string][] = [
   ['full', (code) => code],
   [
@@ -115,7 +117,8 @@ const DOT4_ABLATIONS: [string, (code: string) => string][] = [
   ],
   // The weight codes read as raw words: no nibble decode (the loads stay).
   ['no-weight-decode (raw words)', (code) => code.replace('= code_word(base, b, word);', '= w[base + b * 4u + word];')],
-  // No global loads of codes: staged values made from indices (the scales still load).
+  // No global loads of codes: staged values made from indices (the scales still load; one word of the activation
+  // codes is still read, or the unused binding would leave the bind group invalid).
   [
     'no-code-loads',
     (code) =>

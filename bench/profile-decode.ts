@@ -8,7 +8,8 @@
  *
  *   npx tsx bench/profile-decode.ts --model qwen2.5-0.5b --weights q4_k_m --context 1024 [--kv int2] [--reps 5]
  *     [--tokens 128 [--prefill-matmul auto|f32] [--prefill-attention auto|f32]]   (the prefill chunk that ends a
- *     prompt of `context` tokens) [--ablate]   (each role's marginal cost: the step timed without its dispatches)
+ *     prompt of `context` tokens; the engine is loaded with that prefill chunk, so the fill and the pool's f16 share
+ *     follow it) [--ablate]   (each role's marginal cost: the step timed without its dispatches)
  *   npx tsx bench/profile-decode.ts --quick
  */
 
@@ -122,6 +123,9 @@ export async function profileDecode(
       pool.writeStep(seq, position, Math.min(chunk, first - position));
     }
     pool.writeStep(seq, first, tokens);
+    // A decode step right after the fill would demote the fill's last chunk's pages (the first decode step after a
+    // prompt does); a steady-state step demotes none, so plan the step again once those are demoted.
+    if (tokens === 1) pool.writeStep(seq, first, tokens);
     m.transformer.writeStep(new Array<number>(tokens).fill(1), first);
     m.sampler.setParams(GREEDY_SAMPLING, 0);
     const graph = m.transformer.graph(tokens);
@@ -204,7 +208,8 @@ async function main(): Promise<void> {
     const kv = (flag('kv') ?? 'f16') as KvMode;
     const prefillMatmul = (flag('prefill-matmul') ?? 'auto') as PrefillMatmul;
     const prefillAttention = (flag('prefill-attention') ?? 'auto') as PrefillAttention;
-    // A chunk of `tokens` needs graphs of that size: the engine then prefills in chunks of that many tokens.
+    // A chunk of `tokens` needs graphs of that size: the engine is loaded with that prefill chunk (any size, so a
+    // profile of 64 tokens also fills in chunks of 64).
     const chunk = tokens > 1 ? tokens : undefined;
     const loaded = await runner.load(file, kv, context, chunk, { prefillMatmul, prefillAttention });
     if (!loaded.available) throw new Error(`kv ${kv} is not available: ${loaded.reason}`);

@@ -3,7 +3,7 @@
  * uses (the elementwise pass, the fused decode matvec, the int8 prefill's activation quantizer), so they agree.
  */
 export function swigluExpression(g: string, u: string): string {
-  return `${g} / (1.0 + exp(-${g})) * ${u}`;
+  return `(${g}) / (1.0 + exp(-(${g}))) * (${u})`;
 }
 
 /** out[i] = silu(gate[i]) * up[i] over `count` values. */

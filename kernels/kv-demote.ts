@@ -60,7 +60,8 @@ function requireQuant(pool: KvMixedPageSource): KvQuantPages {
 
 /**
  * Prepares the demotion of `layer`'s rows for the jobs a step carries (the pool's jobs buffer says which pages and
- * how many): at most `maxJobs`, by default the pool's maxStepDemotions. Record it before the layer's attention; it reads f16 pages no step writes.
+ * how many): at most `maxJobs`, by default the pool's maxStepDemotions. Record it before the layer's attention; it
+ * reads f16 pages no step writes.
  */
 export function prepareKvDemote(
   gpu: GpuContext,

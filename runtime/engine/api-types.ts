@@ -66,7 +66,10 @@ export const PREFILL_CHOICES = ['auto', 'f32', 'int8-dot'] as const;
 export type PrefillAttention = (typeof PREFILL_CHOICES)[number];
 
 export interface EngineLoadOptions extends KvCacheOptions {
-  /** Tokens per prefill submit (default 128; 512 where the prefill runs on int8 tensor cores and the KV budget holds it). */
+  /**
+   * Tokens per prefill submit (default 128; 1024 where the prefill runs on int8 tensor cores and the KV budget holds
+   * such steps, else 512 or 128).
+   */
   prefillChunk?: number;
   /**
    * Prefill projections: 'auto' (default) runs them on int8 tensor cores where the GPU offers them (Dawn's

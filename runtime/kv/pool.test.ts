@@ -303,6 +303,32 @@ describe('KvPagePool', () => {
     }
   });
 
+  it('quant mode: steps of 2048 tokens demote all the pages each makes due (more than a flush batch of 64)', () => {
+    // Llama-3.2-1B's cache shape, the default sink (64) and window (256): 16-token pages.
+    const pool = new KvPagePool(ctx.gpu, {
+      layers: 16,
+      kvHeads: 8,
+      headDim: 64,
+      budgetBytes: 1 << 30,
+      kv: 'quant',
+      maxStepTokens: 2048,
+    });
+    try {
+      expect(pool.maxStepDemotions).toBe(129);
+      const seq = pool.createSequence();
+      const demoted: number[] = [];
+      for (let position = 0; position < 8192; position += 2048) {
+        pool.writeStep(seq, position, 2048);
+        demoted.push(pool.stepDemotions);
+      }
+      // Due at position p: pages 4 .. (p - 256) / 16 - 1. Each step after the second makes 128 more due.
+      expect(demoted).toEqual([0, 108, 128, 128]);
+      expect(pool.audit()).toEqual([]);
+    } finally {
+      pool.destroy();
+    }
+  });
+
   it('quant mode: a long sequence ends up quantized but for sink and window, then overflows with a typed error', () => {
     const pool = quantPool(8, 10);
     try {

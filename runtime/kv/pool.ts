@@ -25,9 +25,10 @@
  * - positions [0, sinkPages*pageTokens) stay f16 (`sink` rounded up to whole pages), and so does every page that is
  *   not entirely older than `window` positions before the step's first position;
  * - `writeStep(seq, position, tokens)` demotes each full page i >= sinkPages with (i+1)*pageTokens <= position - window
- *   (oldest first, at most `maxStepDemotions` = ceil(maxStepTokens/pageTokens) + 1 per step, decode steps too; the
- *   rest wait for the next step): a quant page is allocated, the job (f16 entry, quant entry) goes into the `demotions` storage buffer
- *   (queue.writeBuffer), the page-table entry is switched and the f16 page is released. The demotion kernel
+ *   (oldest first, at most `maxStepDemotions` = ceil(maxStepTokens/pageTokens) + 1 per step, decode steps too, so
+ *   no step leaves a backlog behind; the rest wait for the next step): a quant page is allocated, the job (f16 entry,
+ *   quant entry) goes into the jobs storage buffer (`quant.jobs`, by queue.writeBuffer), the page-table entry is
+ *   switched and the f16 page is released. The demotion kernel
  *   (kernels/kv-demote.ts) is part of every layer's `append` dispatch list (PagedKvAttention prepends it), so it runs
  *   in the SAME submit as the step's forward, before that layer's attention, with no extra submit and no engine hook.
  *   (Deviation from the first design, which had the engine call `encodePendingDemotions(encoder)`: the engine
@@ -42,7 +43,7 @@
  * a sequence is about sink + window + chunk + 2 pages. Pages of a prompt's last chunk leave the window only after it:
  * the first decode step demotes them all, in one dispatch per layer. (At two pages a step, as a decode step's own
  * size would allow, the 64 pages of a 1024-token chunk kept the first 32 decode steps paying for a demotion and for
- * reading f16 pages: Qwen3-4B's 2-bit decode at 32K took 9.4 ms a token instead of 8.0, BENCH.md session 18.)
+ * reading f16 pages: Qwen3-4B's 2-bit decode at 32K took 9.4 ms a token (median) instead of 8.2, BENCH.md session 18.)
  * Measured (pool stats, bytesUsed / (tokens × layers × 2 × width)): Llama-3.2-1B shape (16 layers, 8 × 64, group 128,
  * sink 64, window 256, chunks of 128) 8.08 bits at 1K, 2.98 at 8K, 2.43 at 32K; quant rows alone are 2.25.
  * f16 pages are a separate share of the budget, so idle sequences each holding their sink and window can fill it
@@ -104,8 +105,8 @@ import { codeWordsPerRow, type QuantRowFormat, rowWords, validateQuantRowFormat 
 
 export const MAX_KV_SLABS = 4;
 export const KV_STEP_BYTES = 16;
-/** Most demotion jobs one step can carry (the jobs buffer). */
-export const MAX_DEMOTIONS_PER_STEP = 64;
+/** Pages one `flush` submit demotes at most (its jobs go through the same buffer as a step's). */
+export const FLUSH_BATCH_PAGES = 64;
 
 /** Page kinds; the code goes into the top 4 bits of a page-table entry. */
 export const KV_PAGE_KIND = { f16: 0, quant: 1 } as const;
@@ -156,7 +157,10 @@ export interface KvPoolOptions {
   boostLayers?: readonly number[];
   /** quant: bytes of the budget for f16 pages (see the doc comment for the default). */
   f16BudgetBytes?: number;
-  /** quant: most positions one step writes (the prefill chunk); sizes the default f16 budget. */
+  /**
+   * quant: most positions one step writes (the prefill chunk); sizes the default f16 budget and the demotions every
+   * step may carry (maxStepDemotions).
+   */
   maxStepTokens?: number;
   /**
    * Rotation of what the cache stores (runtime/kv/rotation.ts; applied by `createKvAttention` around the pool):
@@ -375,7 +379,8 @@ export class KvPagePool {
   private readonly sequences = new Map<number, KvSequence>();
   private readonly freeSlots: number[] = [];
   private readonly stepWords = new Uint32Array(4);
-  private readonly jobWords = new Uint32Array(4 + 2 * MAX_DEMOTIONS_PER_STEP);
+  /** [count, 0, 0, 0, src0, dst0, ...]: the last planned step's demotion jobs (or a flush batch's). */
+  private readonly jobWords: Uint32Array<ArrayBuffer>;
   private jobsWritten = 0;
   private readonly bounce = new Map<number, GPUBuffer>();
   private readonly adopted: GPUBuffer[] = [];
@@ -409,6 +414,7 @@ export class KvPagePool {
     this.headDim = headDim;
     this.pageTokens = pageTokens;
     this.maxStepTokens = maxStepTokens;
+    this.jobWords = new Uint32Array(4 + 2 * Math.max(FLUSH_BATCH_PAGES, this.maxStepDemotions));
     this.pageWords = (layers * 2 * kvHeads * pageTokens * headDim) / 2;
     this.pageBytes = this.pageWords * 4;
     this.mode = options.kv ?? 'f16';
@@ -583,7 +589,7 @@ export class KvPagePool {
    * it demotes.
    */
   get maxStepDemotions(): number {
-    return Math.min(MAX_DEMOTIONS_PER_STEP, Math.ceil(this.maxStepTokens / this.pageTokens) + 1);
+    return Math.ceil(this.maxStepTokens / this.pageTokens) + 1;
   }
 
   /** The most tokens one more sequence could hold now (free pages plus unallocated budget). */
@@ -735,7 +741,7 @@ export class KvPagePool {
 
   /**
    * quant mode: demotes up to `maxPages` of an IDLE sequence's full f16 pages past its sink (oldest first: its recent
-   * window), now, in one submit per MAX_DEMOTIONS_PER_STEP pages, and frees them at once. The sink and a partly
+   * window), now, in one submit per FLUSH_BATCH_PAGES pages, and frees them at once. The sink and a partly
    * filled last page stay f16, and so do pages shared with another sequence (demoting them for one owner frees
    * nothing). The sequence keeps its contents, the window at 2 bits as if it had aged out; a later rewrite of a
    * flushed page promotes it, as after a rollback. Limited by the quant pages obtainable. Safe between any two calls
@@ -747,8 +753,8 @@ export class KvPagePool {
     const q = this.q;
     if (!quant || !q) return 0;
     const indices = this.flushCandidates(seq, Math.min(maxPages, q.available()));
-    for (let from = 0; from < indices.length; from += MAX_DEMOTIONS_PER_STEP) {
-      const batch = indices.slice(from, from + MAX_DEMOTIONS_PER_STEP);
+    for (let from = 0; from < indices.length; from += FLUSH_BATCH_PAGES) {
+      const batch = indices.slice(from, from + FLUSH_BATCH_PAGES);
       const jobs = new Uint32Array(4 + 2 * batch.length);
       jobs[0] = batch.length;
       const sources: number[] = [];

@@ -116,8 +116,12 @@ function projectionTypes(weights: ModelWeights): GgmlType[] {
 /** Which logits a forward call produces. */
 export type LogitsMode = 'none' | 'last' | 'all';
 
-/** The feed-forward's silu(gate)·up as a projection's input; `hidden` receives it where it is not fused. */
+/**
+ * The feed-forward's silu(gate)·up as a projection's input; where it is not fused, the pass `label` writes it to
+ * `hidden`.
+ */
 interface SwigluInput {
+  label: string;
   gate: GPUBuffer;
   up: GPUBuffer;
   hidden: GPUBuffer;
@@ -198,7 +202,8 @@ export class Transformer {
     const K = projections[0].weight.rowLength;
     const fuseSwiglu = 'gate' in input && projections.every((p) => onInt8(p.weight));
     if ('gate' in input && !fuseSwiglu) {
-      dispatches.push(prepareSwiglu(gpu, `${label}.swiglu`, { ...input, output: input.hidden, count: tokens * K }));
+      const { label: swigluLabel, gate, up, hidden } = input;
+      dispatches.push(prepareSwiglu(gpu, swigluLabel, { gate, up, output: hidden, count: tokens * K }));
     }
     const f32Input = 'gate' in input ? input.hidden : input;
     const first = projections.find((p) => onInt8(p.weight));
@@ -370,7 +375,12 @@ export class Transformer {
             { label: `${p}.gate`, weight: l.gate, output: b.gate },
             { label: `${p}.up`, weight: l.up, output: b.up },
           ]),
-          ...this.project(`${p}.down`, { gate: b.gate, up: b.up, hidden: b.hidden }, tokens, down),
+          ...this.project(
+            `${p}.down`,
+            { label: `${p}.swiglu`, gate: b.gate, up: b.up, hidden: b.hidden },
+            tokens,
+            down,
+          ),
         );
       }
     }
