@@ -40,6 +40,8 @@ async function forcedLogits(kernels: Kernels) {
       logits: await engine.teacherForcedLogits(ids),
       quantizes: body.filter((d) => d.label.endsWith('.quantize')).length,
       swiglus: body.filter((d) => d.label.endsWith('.swiglu')).length,
+      hiddenBytes: engine.loaded?.transformer.buffers.hidden.size,
+      ffnDim: config.ffnDim,
       dotAttention: body.filter((d) => d.pipeline.label.startsWith('attention-prefill-dot')).length,
     };
   } finally {
@@ -100,6 +102,8 @@ describe('int8 prefill kernels in the forward pass (demo model, Q8_0)', () => {
     expect(f32.quantizes).toBe(0);
     expect(int8.quantizes).toBe(4 * f32.layers);
     expect([f32.swiglus, int8.swiglus]).toEqual([f32.layers, 0]);
+    // So the hidden activations need room for a decode step's only (the f32 graph's 64-token chunks write them).
+    expect([f32.hiddenBytes, int8.hiddenBytes]).toEqual([64 * f32.ffnDim * 4, f32.ffnDim * 4]);
     expect(f32.ids.length).toBeGreaterThan(60);
     expectAgreement('int8-dot matmuls', f32, int8);
   });
