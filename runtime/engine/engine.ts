@@ -55,8 +55,9 @@ export interface LoadOptions extends KvCacheOptions {
  * Tokens per prefill submit: 128 (a tab's memory), or 1024 where the prefill runs on the int8 tensor-core matmul:
  * its tiles fill a large GPU only at such sizes (BENCH.md: 512 made the matmuls 1.5x faster than four chunks of 128
  * in session 11; 1024 made Qwen3-4B's 32K prefill 9% faster than 512 in session 18, 2048 only 2% more), and such a
- * GPU has the memory (223 MiB more than 512 for Qwen3-4B with an f16 cache, 367 with the 2-bit one). Not when the KV budget's f16 share could not hold
- * such steps (a 2-bit cache on a small budget): prompts that fit would shrink; then 512 if it holds those.
+ * GPU has the memory (223 MiB more than 512 for Qwen3-4B with an f16 cache, 367 with the 2-bit one, as measured in
+ * session 18). Not when the KV budget's f16 share could not hold such steps (a 2-bit cache on a small budget):
+ * prompts that fit would shrink; then 512 if it holds those.
  */
 export function defaultPrefillChunk(tensorCorePrefill: boolean, pool: KvPoolOptions): number {
   if (!tensorCorePrefill) return 128;
