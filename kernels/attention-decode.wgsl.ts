@@ -31,7 +31,7 @@ export interface AttentionDecodeShape {
 }
 
 /** Invocations of a decode workgroup (the runtime's build; bench/attention-kernels.ts also times 256). */
-export const DECODE_WORKGROUP = 128;
+const DECODE_WORKGROUP = 128;
 
 /** Invocations per row group that reduce a pass's scores to its maxima. */
 const REDUCERS = 32;

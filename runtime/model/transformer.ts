@@ -117,17 +117,6 @@ function projectionTypes(weights: ModelWeights): GgmlType[] {
 export type LogitsMode = 'none' | 'last' | 'all';
 
 /**
- * The feed-forward's silu(gate)·up as a projection's input; where it is not fused, the pass `label` writes it to
- * `hidden`.
- */
-interface SwigluInput {
-  label: string;
-  gate: GPUBuffer;
-  up: GPUBuffer;
-  hidden: GPUBuffer;
-}
-
-/**
  * The transformer forward pass, as one list of prepared dispatches per token count. It reads like the math:
  * x = embed(tokens); per layer x += o(attn(rope(q), rope(k), v)); x += down(silu(gate)·up); logits = out(norm(x)).
  * Decode steps (one token) fuse what shares an input: q/k/v in one dispatch, gate/up/SwiGLU in one.
@@ -143,6 +132,13 @@ export class Transformer {
   private readonly stepWords = new Uint32Array(4);
   /** The int8 prefill matmul's quantized activations (null: the f32 kernels run every projection). */
   private readonly int8: Int8Activations | null;
+  /**
+   * Whether prefill graphs compute the down projection's input, silu(gate)·up, inside its int8 quantizer instead of a
+   * swiglu pass (on the H200 the pass took 1.4% of Qwen3-4B's 1024-token chunk): where every down projection runs on
+   * int8 at every prefill size (defaultInt8Variant falls back to dot4I8Packed, which reads every type it serves).
+   * `hidden` then holds only a decode step's (40 MB less for Qwen3-4B's 1024-token chunks).
+   */
+  private readonly swigluInQuantizer: boolean;
   private readonly prefillMatmul: PrefillMatmul;
 
   constructor(
@@ -162,10 +158,7 @@ export class Transformer {
     const f32 = (label: string, count: number) => gpu.allocator.createStorage(label, 'scratch', count * 4);
     this.prefillMatmul = options.prefillMatmul ?? 'auto';
     const int8 = maxTokens > 1 && int8PrefillApplies(gpu, weights, this.prefillMatmul);
-    // Where every down projection runs on int8 at every prefill size (defaultInt8Variant falls back to dot4I8Packed,
-    // which reads every type it serves), its quantizer computes silu(gate)·up itself (project): `hidden` then holds
-    // only a decode step's (40 MB less for Qwen3-4B's 1024-token chunks).
-    const downOnInt8 = int8 && weights.layers.every((l) => int8MatmulAvailable(gpu, l.down.type, 'dot4'));
+    this.swigluInQuantizer = int8 && weights.layers.every((l) => int8MatmulAvailable(gpu, l.down.type, 'dot4'));
     this.buffers = {
       tokenIds: f32('tokenIds', maxTokens),
       x: f32('x', maxTokens * c.dim),
@@ -176,7 +169,7 @@ export class Transformer {
       attention: f32('attention', maxTokens * c.heads * c.headDim),
       gate: f32('gate', maxTokens * c.ffnDim),
       up: f32('up', maxTokens * c.ffnDim),
-      hidden: f32('hidden', (downOnInt8 ? 1 : maxTokens) * c.ffnDim),
+      hidden: f32('hidden', (this.swigluInQuantizer ? 1 : maxTokens) * c.ffnDim),
       lastHidden: f32('lastHidden', c.dim),
       logits: f32('logits', c.vocab),
       step: uniformBuffer(gpu, 'step', [0, 0, 0, 0], 'uuuu'),
@@ -187,34 +180,34 @@ export class Transformer {
 
   /**
    * Projections of one `input` over `tokens` tokens: on the int8 matmul where it applies (the input quantized once
-   * for all of them), prepareMatmul otherwise (the matvec for one token, the f32 tiled kernels). A SwiGLU input,
-   * silu(gate)·up, is computed inside the quantizer when every projection runs on int8 (on the H200 its own pass
-   * took 1.4% of Qwen3-4B's 1024-token prefill chunk); otherwise a swiglu pass writes it to `hidden` first.
+   * for all of them), prepareMatmul otherwise (the matvec for one token, the f32 tiled kernels). With `up`, `input`
+   * is the feed-forward's gate and the quantizer takes silu(gate)·up (swigluInQuantizer): every projection must run
+   * on int8.
    */
   private project(
     label: string,
-    input: GPUBuffer | SwigluInput,
+    input: GPUBuffer,
     tokens: number,
     projections: (Omit<MatmulBinding, 'input' | 'tokens'> & { label: string })[],
+    up?: GPUBuffer,
   ): PreparedDispatch[] {
     const { gpu, int8 } = this;
     const variant = (weight: MatmulBinding['weight']) =>
       this.prefillMatmul === 'int8-dot' ? 'dot4' : defaultInt8Variant(gpu, weight, tokens);
     const onInt8 = (weight: MatmulBinding['weight']) =>
       int8 !== null && tokens > 1 && int8MatmulAvailable(gpu, weight.type, variant(weight));
-    const dispatches: PreparedDispatch[] = [];
-    const K = projections[0].weight.rowLength;
-    const fuseSwiglu = 'gate' in input && projections.every((p) => onInt8(p.weight));
-    if ('gate' in input && !fuseSwiglu) {
-      const { label: swigluLabel, gate, up, hidden } = input;
-      dispatches.push(prepareSwiglu(gpu, swigluLabel, { gate, up, output: hidden, count: tokens * K }));
+    if (up && !projections.every((p) => onInt8(p.weight))) {
+      throw new Error(
+        `'${label}': silu(gate)·up is computed only by the int8 quantizer, and a projection is not on int8`,
+      );
     }
-    const f32Input = 'gate' in input ? input.hidden : input;
+    const dispatches: PreparedDispatch[] = [];
     const first = projections.find((p) => onInt8(p.weight));
     if (first && int8) {
       dispatches.push(
         prepareQuantizeActivations(gpu, `${label}.quantize`, {
-          ...(fuseSwiglu ? { input: input.gate, up: input.up } : { input: f32Input }),
+          input,
+          up,
           activations: int8,
           tokens,
           K: first.weight.rowLength,
@@ -225,7 +218,7 @@ export class Transformer {
       dispatches.push(
         ...(int8 && onInt8(p.weight)
           ? prepareInt8Matmul(gpu, name, { ...p, activations: int8, tokens }, variant(p.weight))
-          : prepareMatmul(gpu, name, { ...p, input: f32Input, tokens })),
+          : prepareMatmul(gpu, name, { ...p, input, tokens })),
       );
     }
     return dispatches;
@@ -369,7 +362,8 @@ export class Transformer {
       const gateUp =
         tokens === 1 &&
         prepareMatvecSwiglu(gpu, `${p}.gate_up`, { gate: l.gate, up: l.up, input: b.xNorm, output: b.hidden });
-      // The down projection reads silu(gate)·up: from `hidden` where the decode matvec wrote it, else from gate and up.
+      // The down projection reads silu(gate)·up: from `hidden` where the decode matvec or a swiglu pass wrote it, or
+      // from gate and up in its quantizer.
       const down = [{ label: `${p}.down`, weight: l.down, output: b.x, accumulate: true }];
       if (gateUp) {
         body.push(gateUp, ...this.project(`${p}.down`, b.hidden, tokens, down));
@@ -379,13 +373,15 @@ export class Transformer {
             { label: `${p}.gate`, weight: l.gate, output: b.gate },
             { label: `${p}.up`, weight: l.up, output: b.up },
           ]),
-          ...this.project(
-            `${p}.down`,
-            { label: `${p}.swiglu`, gate: b.gate, up: b.up, hidden: b.hidden },
-            tokens,
-            down,
-          ),
         );
+        if (tokens > 1 && this.swigluInQuantizer) {
+          body.push(...this.project(`${p}.down`, b.gate, tokens, down, b.up));
+        } else {
+          body.push(
+            prepareSwiglu(gpu, `${p}.swiglu`, { gate: b.gate, up: b.up, output: b.hidden, count: tokens * c.ffnDim }),
+            ...this.project(`${p}.down`, b.hidden, tokens, down),
+          );
+        }
       }
     }
     body.push(
