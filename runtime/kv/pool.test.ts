@@ -32,7 +32,10 @@ function smallPool(budgetPages: number, slabPages = 5, maxSequences = 4): KvPage
 // quant: kvHeads 2 x headDim 8 = rows of 16 values, 2-bit, group 16: 4 + 1 words; pages of 4 tokens.
 const QUANT_PAGE_BYTES = 1 * 4 * (5 + 5) * 4;
 
-function quantPool(f16Pages: number, quantPages: number): KvPagePool {
+// Llama-3.2-1B's cache shape: 16 layers, 8 KV heads x 64 (rows of 512); an f16 page of 16 tokens is 512 KiB.
+const LLAMA_CACHE = { layers: 16, kvHeads: 8, headDim: 64 } as const;
+
+function quantPool(f16Pages: number, quantPages: number, maxStepTokens?: number): KvPagePool {
   const f16PageBytes = 1 * 2 * 2 * 4 * 8 * 2;
   return new KvPagePool(ctx.gpu, {
     layers: 1,
@@ -48,6 +51,7 @@ function quantPool(f16Pages: number, quantPages: number): KvPagePool {
     budgetBytes: f16Pages * f16PageBytes + quantPages * QUANT_PAGE_BYTES,
     maxSlabBytes: 12 * f16PageBytes,
     maxSequences: 4,
+    maxStepTokens,
   });
 }
 
@@ -270,22 +274,8 @@ describe('KvPagePool', () => {
   });
 
   it("quant mode: the first decode step after a prompt demotes all of its last chunk's pages that left the window", () => {
-    const f16PageBytes = 1 * 2 * 2 * 4 * 8 * 2;
     // Pages of 4 tokens, sink 4, window 4, steps of up to 32 tokens: a step carries up to 32 / 4 + 1 = 9 demotions.
-    const pool = new KvPagePool(ctx.gpu, {
-      layers: 1,
-      kvHeads: 2,
-      headDim: 8,
-      pageTokens: 4,
-      kv: 'quant',
-      sink: 4,
-      window: 4,
-      keyFormat: { groupSize: 16 },
-      valueFormat: { groupSize: 16 },
-      f16BudgetBytes: 12 * f16PageBytes,
-      budgetBytes: 12 * f16PageBytes + 10 * QUANT_PAGE_BYTES,
-      maxStepTokens: 32,
-    });
+    const pool = quantPool(12, 10, 32);
     try {
       expect(pool.maxStepDemotions).toBe(9);
       const seq = pool.createSequence();
@@ -304,15 +294,8 @@ describe('KvPagePool', () => {
   });
 
   it('quant mode: steps of 2048 tokens demote all the pages each makes due (more than a flush batch of 64)', () => {
-    // Llama-3.2-1B's cache shape, the default sink (64) and window (256): 16-token pages.
-    const pool = new KvPagePool(ctx.gpu, {
-      layers: 16,
-      kvHeads: 8,
-      headDim: 64,
-      budgetBytes: 1 << 30,
-      kv: 'quant',
-      maxStepTokens: 2048,
-    });
+    // The default sink (64) and window (256), 16-token pages.
+    const pool = new KvPagePool(ctx.gpu, { ...LLAMA_CACHE, budgetBytes: 1 << 30, kv: 'quant', maxStepTokens: 2048 });
     try {
       expect(pool.maxStepDemotions).toBe(129);
       const seq = pool.createSequence();
@@ -373,13 +356,7 @@ describe('KvPagePool', () => {
 
   it('quant mode at a Llama-3.2-1B shape: effective bits per element from the pool stats', () => {
     // 16 layers, 8 KV heads x 64 (rows of 512), 2-bit, group 128, sink 64, window 256; prefill in chunks of 128.
-    const pool = new KvPagePool(ctx.gpu, {
-      layers: 16,
-      kvHeads: 8,
-      headDim: 64,
-      kv: 'quant',
-      budgetBytes: 200 << 20,
-    });
+    const pool = new KvPagePool(ctx.gpu, { ...LLAMA_CACHE, kv: 'quant', budgetBytes: 200 << 20 });
     try {
       const width = 8 * 64;
       const seq = pool.createSequence();
@@ -499,11 +476,8 @@ describe('KvPagePool', () => {
 });
 
 describe("KvPagePool.holdsStep: whether a 2-bit pool's default f16 share holds prefill steps of a size", () => {
-  // Llama-3.2-1B's cache shape: an f16 page of 16 tokens is 512 KiB.
-  const llama = { layers: 16, kvHeads: 8, headDim: 64 } as const;
-
   it('a 64 MiB 2-bit budget holds 128-token steps, not 512 (the f16 share is capped at half the budget)', () => {
-    const options = { ...llama, budgetBytes: 64 << 20, kv: 'quant' as const };
+    const options = { ...LLAMA_CACHE, budgetBytes: 64 << 20, kv: 'quant' as const };
     // Sink 4 + window 18 pages for 2 sequences, plus 2 steps and 2: 62 pages (31 MiB) at 128, 110 (55 MiB) at 512.
     expect(defaultQuantF16Bytes({ ...options, maxStepTokens: 128 })).toBe(62 * 512 * 1024);
     expect(KvPagePool.holdsStep(options, 128)).toBe(true);
@@ -518,10 +492,10 @@ describe("KvPagePool.holdsStep: whether a 2-bit pool's default f16 share holds p
   });
 
   it('a large 2-bit budget, an f16 pool or an explicit f16 share hold any step', () => {
-    expect(KvPagePool.holdsStep({ ...llama, budgetBytes: 1 << 30, kv: 'quant' }, 512)).toBe(true);
-    expect(KvPagePool.holdsStep({ ...llama, budgetBytes: 64 << 20, kv: 'f16' }, 512)).toBe(true);
-    expect(KvPagePool.holdsStep({ ...llama, budgetBytes: 64 << 20, kv: 'quant', f16BudgetBytes: 8 << 20 }, 512)).toBe(
-      true,
-    );
+    expect(KvPagePool.holdsStep({ ...LLAMA_CACHE, budgetBytes: 1 << 30, kv: 'quant' }, 512)).toBe(true);
+    expect(KvPagePool.holdsStep({ ...LLAMA_CACHE, budgetBytes: 64 << 20, kv: 'f16' }, 512)).toBe(true);
+    expect(
+      KvPagePool.holdsStep({ ...LLAMA_CACHE, budgetBytes: 64 << 20, kv: 'quant', f16BudgetBytes: 8 << 20 }, 512),
+    ).toBe(true);
   });
 });
