@@ -435,7 +435,7 @@ const INT8_PREFILL_ABLATIONS: [string, (code: string) => string][] = [
   // The scores' reads and exponentials (the rest of the softmax stays).
   ['no-score-reads-exp', (code) => code.replaceAll(/f32\(sums\[r \* SP \+ j\d+\]\)/g, '1.0').replaceAll('exp(s', '(s')],
   // The copies of each tile's codes into workgroup memory (and so their loads).
-  ['no-code-copies', (code) => code.replace(/if \(at < TILE_QUADS\) \{[^}]*\} else \{[^}]*\}/, '')],
+  ['no-code-copies', (code) => code.replaceAll(/[kv]codes\[word \+ \du\] = ahead\[\d+\]\[\d\];/g, '')],
   // The barriers of the tile loop (racy: timing only).
   [
     'no-tile-barriers',
@@ -453,6 +453,41 @@ const INT8_PREFILL_ABLATIONS: [string, (code: string) => string][] = [
         'for (var i = 0u; i < 8u; i++) {\n          let row',
         'for (var i = 0u; i < 1u; i++) {\n          let row',
       ),
+  ],
+  // Both products gone (their stores, so the compiler drops them): what the staging, softmax and apply cost alone.
+  [
+    'no-products',
+    (code) =>
+      code
+        .replace(/subgroupMatrixStore<row_major>\(&sums, sg \* 16u \* SP[^;]*;/, '')
+        .replaceAll(/subgroupMatrixStore<row_major>\(&sums, \(sg \* 4u[^;]*;/g, ''),
+  ],
+  // The whole softmax block (scores to codes) gone: the products, staging and apply alone.
+  [
+    'no-softmax',
+    (code) =>
+      code.replace(
+        /\n {4}\{\n {6}let dq = qscale\[r\];[\s\S]*?\n {4}\}\n {4}workgroupBarrier\(\);/,
+        '\n    workgroupBarrier();',
+      ),
+  ],
+  // Workgroup memory padded to the adapter's 48 KiB: at most 4 workgroups an SM instead of 5 (228 KiB an SM on the
+  // H200). As fast on the H200 (BENCH.md, session 19): workgroup memory does not bound the kernel's occupancy.
+  [
+    'pad-48k',
+    (code) => {
+      const declared = [...code.matchAll(/var<workgroup> \w+: array<(?:i32|f32), (\d+)>;/g)].reduce(
+        (words, m) => words + Number(m[1]),
+        0,
+      );
+      const pad = 49152 / 4 - declared;
+      return code
+        .replace('var<workgroup> kcodes', `var<workgroup> occupancyPad: array<i32, ${pad}>;\nvar<workgroup> kcodes`)
+        .replace(
+          'let half = lane % 2u;',
+          'let half = lane % 2u;\n  if (step.tokens == 0xffffffffu) { occupancyPad[li] = 1; }',
+        );
+    },
   ],
 ];
 
@@ -473,17 +508,8 @@ const INT8_CONVERSION_ABLATIONS: [string, (code: string) => string][] = [
  * split kernel like the kernels themselves, and timed next to them.
  */
 const INT8_PREFILL_VARIANTS: [string, (code: string) => string][] = [
-  // BENCH.md keeps the variants tried (e.g. P·V tiles stored 20 words apart, the sums made floats by adding 1.5·2^23),
-  // with their numbers.
-  // Each tile's codes loaded where they are copied instead of a tile ahead: fewer registers held across the tile
-  // (more workgroups an SM, if registers bound them), the loads' latency exposed.
-  [
-    'tile-loads-in-place',
-    (code) =>
-      code
-        .replace('let w = ahead[i];', 'let w = tileQuad(kvh, block, at);')
-        .replaceAll(/for \(var i = 0u; i < \d+u; i\+\+\) \{ ahead\[i\] = tileQuad\([^;]*\); \}/g, ''),
-  ],
+  // BENCH.md keeps the variants tried (e.g. P·V tiles stored 20 words apart, the sums made floats by adding 1.5·2^23,
+  // each tile's codes loaded where they are copied), with their numbers.
 ];
 
 /** The int8 build a binding takes, edited: ablations (timed only) and variants (checked too), named `int8-<name>`. */

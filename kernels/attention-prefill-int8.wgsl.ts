@@ -229,11 +229,12 @@ const TILE_START_WGSL = `  let tileStart = select(start, start - start % BK, sta
  * dims: the tile fetch a tile ahead (Fetched, fetchTile: f16 words or quant code words), the opening of the loop
  * over tiles (`tileLoopHead`: tiles start on multiples of BK keys, so a split's first tile may hold keys before its
  * start, which `tileMask`'s `skip` masks), whose stages turn the fetched half-row into int8 codes
- * `kcodes`/`vcodes[r * KS + ..]` (KS: the including shader's words between keys) and its scale `kscale`/`vscale[r]` (through `codeScaleWgsl`'s
- * codeScale, the pair's max by subgroupShuffleXor), and `stageQuery(codes, stride)`, which does the same for row r
- * of q into `codes`. `stage(p, codesAt, storeScale)` is one such stage with its targets given (the conversion pass).
+ * `kcodes`/`vcodes[r * KS + ..]` (KS: the including shader's words between keys) and its scale `kscale`/`vscale[r]`
+ * (arrays of f32, or with `scaleQuads` of vec4<f32>, four keys each; through `codeScaleWgsl`'s codeScale, the pair's
+ * max by subgroupShuffleXor), and `stageQuery(codes, stride)`, which does the same for row r of q into `codes`.
+ * `stage(p, codesAt, storeScale)` is one such stage with its targets given (the conversion pass).
  */
-export function int8AttentionStagingWgsl(HD: number, quant: DecodeQuantShape | null) {
+export function int8AttentionStagingWgsl(HD: number, quant: DecodeQuantShape | null, scaleQuads = false) {
   const HALF = HD / 2; // dims an invocation stages of a row or key
   // One invocation's half of a key's row: fetched into registers a tile ahead (fetchTile), then as f32 into
   // vals[0..HALF/4) and int8 codes (stage). Quant pages: code words and their groups' (lo, scale) words.
@@ -277,7 +278,7 @@ export function int8AttentionStagingWgsl(HD: number, quant: DecodeQuantShape | n
   const stage = (
     p: 'k' | 'v',
     codesAt = (i: string) => `${p}codes[r * KS + half * ${HALF / 4}u + ${i}]`,
-    storeScale = (d: string) => `${p}scale[r] = ${d};`,
+    storeScale = (d: string) => (scaleQuads ? `${p}scale[r / 4u][r % 4u] = ${d};` : `${p}scale[r] = ${d};`),
   ) => `
     {
       var vals: array<vec4<f32>, ${HALF / 4}>;
@@ -395,13 +396,48 @@ export function attentionPrefillInt8Source(shape: AttentionPrefillInt8Shape): st
   const KSTEPS = HD / 32; // 32-deep steps of q·k
   const DT = HD / 16; // dim tiles of a subgroup's output rows
   const ROUNDS = DT / 4; // rounds of 4 dim tiles through the sums buffer
-  const { fetchWgsl, codeScaleWgsl, stageQuery, tileLoopHead, tileMask } = int8AttentionStagingWgsl(HD, quant);
+  const { fetchWgsl, codeScaleWgsl, stageQuery, tileLoopHead, tileMask } = int8AttentionStagingWgsl(HD, quant, true);
   // V's codes of dim tile t (16 dims) and the tile's keys 32·half.. as the right operand of P·V: column-major from the
   // transposed tile (converted), row-major from the one staged from the pages.
   const vMatrix = (t: string, half: number) =>
     shape.converted
       ? `subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, col_major>(&vcodes, ${t} * 16u * PS + ${8 * half}u, PS)`
       : `subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, row_major>(&vcodes, ${32 * half}u * KS + ${t} * 4u, KS)`;
+  // The scores of the tile's keys 16t.. for the subgroup's rows: q·k over the head's dims, stored to the sums.
+  const scoresTile = (t: string) => `    {
+      var scores = subgroupMatrixMultiply<i32>(q0,
+        subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, col_major>(&kcodes, ${t} * 16u * KS, KS));
+${each(
+  KSTEPS - 1,
+  (k) => `      scores = subgroupMatrixMultiplyAccumulate(q${k + 1},
+        subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, col_major>(&kcodes, ${t} * 16u * KS + ${8 * (k + 1)}u, KS), scores);`,
+)}
+      subgroupMatrixStore<row_major>(&sums, sg * 16u * SP + ${t} * 16u, scores, SP);
+    }`;
+  // Round \`round\` of the P·V products (4 dim tiles) and their apply to the accumulators.
+  const valuesRound = (round: number) => {
+    const product = (
+      u: string,
+    ) => `        var o = subgroupMatrixMultiply<i32>(p0, ${vMatrix(`(${round * 4}u + ${u})`, 0)});
+        o = subgroupMatrixMultiplyAccumulate(p1, ${vMatrix(`(${round * 4}u + ${u})`, 1)}, o);
+        subgroupMatrixStore<row_major>(&sums, (sg * 4u + ${u}) * 256u, o, 16u);`;
+    const products = each(4, (u) => `      {\n${product(`${u}u`)}\n      }`);
+    // Row 2i + h's correction and scale (rowCorr, rowScale) were read once for the tile.
+    const apply = each(4, (u) =>
+      each(8, (i) => {
+        const a = (round * 4 + u) * 8 + i;
+        return `      acc[${a}] = acc[${a}] * rowCorr${i} + rowScale${i} * f32(sums[(sg * 4u + ${u}u) * 256u + ${2 * i}u * 16u + h * 16u + c]);`;
+      }),
+    );
+    return `    {
+${products}
+      workgroupBarrier();
+${apply}${round + 1 < ROUNDS ? '\n      workgroupBarrier();' : ''}
+    }`;
+  };
+  // Key j_i's scale in the softmax: keys 4a..4a+3 of the row's half are one vec4 of kscale/vscale.
+  const keyScale = (p: 'k' | 'v', i: number) =>
+    `${p}scale[8u * half + ((${Math.floor(i / 4)}u + 4u * half) & 7u)][${i % 4}]`;
   // The converted build: bindings 0, 1, 3, 4 as the others, the int8 keys buffer in place of the page table, no pages.
   const bindings = shape.converted
     ? `${attentionParamsWgsl(false)}
@@ -419,17 +455,29 @@ ${fetchWgsl}`;
   // trillion multiply-adds a second, one loaded from workgroup memory at 233 (bench/int8-dot-probe.ts).
   const TILE_QUADS = (BK * HD) / 16; // vec4s of a tile's K codes, and of its V codes
   const AHEAD = (2 * TILE_QUADS) / (2 * ROWS); // vec4s an invocation loads per tile
-  const tileQuadWgsl = `${KEYS_INT8_LAYOUT_WGSL}
-const TILE_QUADS: u32 = ${TILE_QUADS}u; // vec4s of a tile's K codes, and of its V codes
-/** vec4 \`at\` of the codes of KV head kvh's tile of keys from \`first\` in the int8 keys buffer: K's, then V's. */
-fn tileQuad(kvh: u32, first: u32, at: u32) -> vec4<i32> {
-  return keys8[keyCodesAt(select(1u, 0u, at < TILE_QUADS), kvh, first) / 4u + at % TILE_QUADS];
-}`;
+  // Invocation li's vec4 i of a tile, ahead[i], is vec4 li + ${2 * ROWS}·i of its K codes (i < K_AHEAD), else of its V
+  // codes. Every index is written out (as is the rest of the tile loop): loops over the private arrays ran 8% slower
+  // on Qwen3-4B's layer on the H200.
+  const K_AHEAD = TILE_QUADS / (2 * ROWS);
+  const quadOf = (i: number) => ({ kind: i < K_AHEAD ? 0 : 1, at: `li + ${(i % K_AHEAD) * 2 * ROWS}u` });
+  const loadQuad = (i: number, first: string) => {
+    const { kind, at } = quadOf(i);
+    return `ahead[${i}] = keys8[keyCodesAt(${kind}u, kvh, ${first}) / 4u + ${at}];`;
+  };
+  // K's vec4s go to key at / (HD / 16), V's (transposed tiles) to dim at / (BK / 16).
+  const copyQuad = (i: number) => {
+    const { kind, at } = quadOf(i);
+    const [codes, per, stride] = kind === 0 ? ['kcodes', HD / 16, 'KS'] : ['vcodes', BK / 16, 'PS'];
+    return `    {
+      let word = ((${at}) / ${per}u) * ${stride} + 4u * ((${at}) % ${per}u);
+      ${each(4, (e) => `${codes}[word + ${e}u] = ahead[${i}][${e}];`, ' ')}
+    }`;
+  };
   const convertedLoopHead = `${TILE_START_WGSL}
-  // Invocation li's vec4s of the next tile, ${2 * ROWS} invocations apart; first those of the first tile.
+  // Invocation li's vec4s of the next tile; first those of the first tile.
   var ahead: array<vec4<i32>, ${AHEAD}>;
   if (tileStart < end) {
-    for (var i = 0u; i < ${AHEAD}u; i++) { ahead[i] = tileQuad(kvh, tileStart, li + i * ${2 * ROWS}u); }
+${each(AHEAD, (i) => `    ${loadQuad(i, 'tileStart')}`)}
   }
   for (var block = tileStart; block < end; block += BK) {
     let n = min(BK, end - block);
@@ -441,23 +489,12 @@ fn tileQuad(kvh: u32, first: u32, at: u32) -> vec4<i32> {
       let j = i % BK;
       let at = keyScaleAt(i / BK, kvh, block + j);
       let scale = bitcast<f32>(keys8[at / 4u][at % 4u]);
-      if (i < BK) { kscale[j] = select(0.0, scale, j < n); } else { vscale[j] = select(0.0, scale, j < n); }
+      if (i < BK) { kscale[j / 4u][j % 4u] = select(0.0, scale, j < n); } else { vscale[j / 4u][j % 4u] = select(0.0, scale, j < n); }
     }
-    for (var i = 0u; i < ${AHEAD}u; i++) {
-      let at = li + i * ${2 * ROWS}u;
-      let w = ahead[i];
-      if (at < TILE_QUADS) {
-        let word = (at / ${HD / 16}u) * KS + 4u * (at % ${HD / 16}u); // key, then its dims
-        kcodes[word] = w.x; kcodes[word + 1u] = w.y; kcodes[word + 2u] = w.z; kcodes[word + 3u] = w.w;
-      } else {
-        let quad = at - TILE_QUADS;
-        let word = (quad / ${BK / 16}u) * PS + 4u * (quad % ${BK / 16}u); // dim, then its keys
-        vcodes[word] = w.x; vcodes[word + 1u] = w.y; vcodes[word + 2u] = w.z; vcodes[word + 3u] = w.w;
-      }
-    }
+${each(AHEAD, copyQuad)}
     workgroupBarrier();
     if (block + BK < end) {
-      for (var i = 0u; i < ${AHEAD}u; i++) { ahead[i] = tileQuad(kvh, block + BK, li + i * ${2 * ROWS}u); }
+${each(AHEAD, (i) => `      ${loadQuad(i, 'block + BK')}`)}
     }`;
 
   return /* wgsl */ `
@@ -479,7 +516,7 @@ const KS: u32 = ${KS}u;
 const PS: u32 = ${PS}u;
 const SP: u32 = ${SP}u;
 const NONE: f32 = -1e30;
-${shape.converted ? tileQuadWgsl : ''}
+${shape.converted ? KEYS_INT8_LAYOUT_WGSL : ''}
 
 var<workgroup> kcodes: array<i32, ${BK * KS}>;
 var<workgroup> vcodes: array<i32, ${vTileWords}>;
@@ -487,8 +524,10 @@ var<workgroup> vcodes: array<i32, ${vTileWords}>;
 var<workgroup> sums: array<i32, ${sumsWords}>;
 var<workgroup> pcodes: array<i32, ${ROWS * PS}>;
 var<workgroup> qscale: array<f32, ${ROWS}>;
-var<workgroup> kscale: array<f32, ${BK}>;
-var<workgroup> vscale: array<f32, ${BK}>;
+// The tile's K and V scales, four keys a vec4: the softmax reads them so (on the H200, 3% of Qwen3-4B's layer at 32K
+// keys against a load per key).
+var<workgroup> kscale: array<vec4<f32>, ${BK / 4}>;
+var<workgroup> vscale: array<vec4<f32>, ${BK / 4}>;
 var<workgroup> wscale: array<f32, ${ROWS}>; // the tile's d_w per row; at the end, the row sums
 var<workgroup> corr: array<f32, ${ROWS}>; // the tile's correction per row; at the end, the row maxima
 
@@ -520,16 +559,7 @@ ${each(
   var acc: array<f32, ${DT * 8}>;
 
 ${shape.converted ? convertedLoopHead : tileLoopHead}
-    for (var t = 0u; t < BK / 16u; t++) {
-      var scores = subgroupMatrixMultiply<i32>(q0,
-        subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, col_major>(&kcodes, t * 16u * KS, KS));
-${each(
-  KSTEPS - 1,
-  (k) => `      scores = subgroupMatrixMultiplyAccumulate(q${k + 1},
-        subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, col_major>(&kcodes, t * 16u * KS + ${8 * (k + 1)}u, KS), scores);`,
-)}
-      subgroupMatrixStore<row_major>(&sums, sg * 16u * SP + t * 16u, scores, SP);
-    }
+${each(BK / 16, (t) => scoresTile(`${t}u`))}
     workgroupBarrier();
     // Row r's keys half·32.., visited from key 16·half on: with rows SP = BK + 1 words apart, the 32 lanes of a
     // subgroup (16 rows, both halves) read 32 different banks. Written out key by key (s_i, w_i in registers, one read
@@ -540,7 +570,7 @@ ${tileMask('      ')}
 ${each(
   32,
   (i) => `      let j${i} = 32u * half + ((${i}u + 16u * half) & 31u);
-      let s${i} = select(NONE, f32(sums[r * SP + j${i}]) * dq * kscale[j${i}], j${i} >= skip && j${i} < visible);`,
+      let s${i} = select(NONE, f32(sums[r * SP + j${i}]) * dq * ${keyScale('k', i)}, j${i} >= skip && j${i} < visible);`,
 )}
       var tileMax = ${range(32).reduce((acc, i) => (acc ? `max(${acc}, s${i})` : `s${i}`), '')};
       tileMax = max(tileMax, subgroupShuffleXor(tileMax, 1u));
@@ -549,7 +579,7 @@ ${each(
 ${each(
   32,
   (i) => `      let p${i} = select(0.0, exp(s${i} - best), s${i} > NONE);
-      let w${i} = p${i} * vscale[j${i}];`,
+      let w${i} = p${i} * ${keyScale('v', i)};`,
 )}
       var pSum = ${range(32)
         .map((i) => `p${i}`)
@@ -576,24 +606,11 @@ ${each(
     let p0 = subgroupMatrixLoad<subgroup_matrix_left<i8, 32, 16>, row_major>(&pcodes, sg * 16u * PS, PS);
     let p1 = subgroupMatrixLoad<subgroup_matrix_left<i8, 32, 16>, row_major>(&pcodes, sg * 16u * PS + 8u, PS);
 ${each(
-  ROUNDS,
-  (round) => `    {
-      for (var u = 0u; u < 4u; u++) {
-        let t = ${round * 4}u + u;
-        var o = subgroupMatrixMultiply<i32>(p0, ${vMatrix('t', 0)});
-        o = subgroupMatrixMultiplyAccumulate(p1, ${vMatrix('t', 1)}, o);
-        subgroupMatrixStore<row_major>(&sums, (sg * 4u + u) * 256u, o, 16u);
-      }
-      workgroupBarrier();
-      for (var u = 0u; u < 4u; u++) {
-        for (var i = 0u; i < 8u; i++) {
-          let row = sg * 16u + 2u * i + h;
-          let a = (${round * 4}u + u) * 8u + i;
-          acc[a] = acc[a] * corr[row] + wscale[row] * f32(sums[(sg * 4u + u) * 256u + (2u * i + h) * 16u + c]);
-        }
-      }${round + 1 < ROUNDS ? '\n      workgroupBarrier();' : ''}
-    }`,
+  8,
+  (i) => `    let rowCorr${i} = corr[sg * 16u + ${2 * i}u + h];
+    let rowScale${i} = wscale[sg * 16u + ${2 * i}u + h];`,
 )}
+${each(ROUNDS, valuesRound)}
   }
 
   workgroupBarrier();

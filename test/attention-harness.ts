@@ -327,9 +327,9 @@ export const INT8_PREFILL_MUTATIONS: Record<
 > = {
   int8: [
     ['causal mask one key late', (code) => code.replace('min(n, limit - block)', 'min(n, limit + 1u - block)')],
-    ['no rescale between tiles', (code) => code.replace('acc[a] * corr[row]', 'acc[a]')],
-    ['one key scale for all keys', (code) => code.replaceAll(/dq \* kscale\[j\d+\]/g, 'dq * kscale[0]')],
-    ['values read from the keys', (code) => code.replace('select(1u, 0u, at < TILE_QUADS)', '0u')],
+    ['no rescale between tiles', (code) => code.replaceAll(/acc\[(\d+)\] \* rowCorr\d/g, 'acc[$1]')],
+    ['one key scale for all keys', (code) => code.replaceAll(/dq \* kscale\[[^\]]*\]\[\d\]/g, 'dq * kscale[0][0]')],
+    ['values read from the keys', (code) => code.replaceAll('keyCodesAt(1u, kvh, ', 'keyCodesAt(0u, kvh, ')],
     // The second case's splits start at keys 16 and 32, inside the first tile.
     ["keys before a split's start seen", (code) => code.replace('select(0u, start - block, start > block)', '0u'), 1],
   ],
