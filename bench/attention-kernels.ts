@@ -617,7 +617,8 @@ async function benchPrefillShape(
         heads,
         maxTokens: tokens,
         scale: 1 / Math.sqrt(headDim),
-        splits: splits ?? prefillSplitsFor(knobs.prefillProducts === 'int8'),
+        // --splits: that many for every step; else the runtime's settings (fewer splits for a long int8 step).
+        ...(splits !== undefined ? { splits, splitRows: 0 } : prefillSplitsFor(knobs.prefillProducts === 'int8')),
         minChunkKeys: PREFILL_MIN_CHUNK_KEYS,
         ...knobs,
       };

@@ -629,7 +629,7 @@ ${each(ROUNDS, valuesRound)}
         if (params.splits == 1u) {
           dst[(t * params.heads + head) * HD + dim] = acc[u * 8u + i] / wscale[row];
         } else {
-          let rec = ((t * params.heads + head) * params.splits + s) * (HD + 2u);
+          let rec = ((t * params.heads + head) * splits + s) * (HD + 2u);
           if (dim == 0u) {
             dst[rec] = corr[row];
             dst[rec + 1u] = wscale[row];

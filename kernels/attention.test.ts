@@ -3,7 +3,13 @@ import type { GpuContext } from '../runtime/gpu/device.ts';
 import { Harness, runSteps, type Shape } from '../test/attention-harness.ts';
 import { withLimits, withTestGpu } from '../test/gpu.ts';
 import { seededRandom } from '../test/random.ts';
-import { type AttentionSources, attentionDecodeShape, attentionPrefillShapeFor } from './attention.ts';
+import {
+  type AttentionSources,
+  attentionDecodeShape,
+  attentionPartialsBytes,
+  attentionPrefillShapeFor,
+  splitsOfStep,
+} from './attention.ts';
 import {
   ATTENTION_BLOCK_KEY_CHOICES,
   type AttentionBlockKeys,
@@ -339,7 +345,12 @@ describe('prefill kernel', () => {
   // Prefill graphs of these shapes run attention-prefill.wgsl.ts (each case checks that they do): query tiles that cut
   // a GQA group, partial key tiles, causal ends inside a tile, several pages per tile, splits with empty ones.
   const cases: Array<
-    [string, Shape, number[], { prefillSplits?: number; minChunkKeys?: number; prefillStorageBytes?: number }]
+    [
+      string,
+      Shape,
+      number[],
+      { prefillSplits?: number; prefillSplitRows?: number; minChunkKeys?: number; prefillStorageBytes?: number },
+    ]
   > = [
     [
       'hd 64, 4:1, pages of 16, one split',
@@ -366,6 +377,13 @@ describe('prefill kernel', () => {
       [41, 23, 1],
       { prefillSplits: 2, minChunkKeys: 8 },
     ],
+    // Steps of 70, 20 and 5 tokens of 8 heads take 1, 2 and 4 splits (splitRows 320): records as many apart.
+    [
+      'hd 64, 4:1, pages of 8, splits by step (1, 2, 4) of >= 16 keys',
+      { layers: 1, heads: 8, kvHeads: 2, headDim: 64, pageTokens: 8 },
+      [70, 20, 5, 1],
+      { prefillSplits: 4, prefillSplitRows: 320, minChunkKeys: 16 },
+    ],
   ];
   it.each(cases)('matches the CPU reference: %s', async (_name, shape, chunks, more) => {
     const pool = { headDim: shape.headDim, kvHeads: shape.kvHeads, quant: null } as never;
@@ -391,10 +409,27 @@ describe('prefill kernel', () => {
     expect(shape(64, 49152, { kBits: 2, kGroup: 48, vBits: 2, vGroup: 64 })).toBeNull();
   });
 
-  it('leaves the split kernel it replaces matching the reference on the same steps (prefillKernel: false)', async () => {
-    const [, shape, chunks, more] = cases[1];
-    const split = await runSteps(ctx.gpu, shape, chunks, 5, 4, { ...more, prefillKernel: false });
-    expect(Math.max(...split.ratios)).toBeLessThanOrEqual(1);
+  it.each([1, 4])(
+    'leaves the split kernel it replaces matching the reference on the same steps (prefillKernel: false): case %i',
+    async (at) => {
+      const [, shape, chunks, more] = cases[at];
+      const split = await runSteps(ctx.gpu, shape, chunks, 5, 4, { ...more, prefillKernel: false });
+      expect(Math.max(...split.ratios)).toBeLessThanOrEqual(1);
+    },
+  );
+
+  it('sizes the partials for the largest step of each split count (splitRows)', () => {
+    // 32 heads, up to 8 splits, 8192 split rows: a step of 256 tokens or more takes one split, 255 take two, 32 take
+    // all 8. The most records: 1024 tokens' one split each (255 tokens' two are fewer), not 8 splits' worth.
+    expect(splitsOfStep(8, 8192, 1024 * 32)).toBe(1);
+    expect(splitsOfStep(8, 8192, 256 * 32)).toBe(1);
+    expect(splitsOfStep(8, 8192, 255 * 32)).toBe(2);
+    expect(splitsOfStep(8, 8192, 32 * 32)).toBe(8);
+    expect(splitsOfStep(8, 0, 1024 * 32)).toBe(8);
+    const record = 130 * 4;
+    expect(attentionPartialsBytes(1024, 32, 8, 128)).toBe(1024 * 32 * 8 * record);
+    expect(attentionPartialsBytes(1024, 32, 8, 128, 8192)).toBe(1024 * 32 * record);
+    expect(attentionPartialsBytes(200, 32, 8, 128, 8192)).toBe(200 * 32 * 2 * record);
   });
 
   it.each<[string, (code: string) => string]>([

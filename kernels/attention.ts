@@ -66,6 +66,12 @@ export interface AttentionBinding {
    */
   minChunkKeys?: number;
   /**
+   * Prefill graphs (maxTokens > 1): with it, `splits` is a ceiling too, and a step of t tokens takes
+   * splitsOfStep(splits, splitRows, t·heads) splits: a long step walks its keys in fewer, longer splits (and merges
+   * fewer partials), a short one keeps enough workgroups. Default 0: every step takes `splits`.
+   */
+  splitRows?: number;
+  /**
    * Scratch for the split pass's partial results (splits > 1), at least `attentionPartialsBytes(...)`; default: a buffer
    * of its own, owned by the dispatch. Layers run one after another, so one graph's layers can share one.
    */
@@ -127,9 +133,27 @@ export interface OutputRotation {
 /** 'int8': on tensor cores (attention-prefill-int8.wgsl.ts); 'int8-dot': on dot4I8Packed (attention-prefill-dot.wgsl.ts). */
 export type AttentionProducts = 'f32' | 'int8' | 'int8-dot';
 
-/** Bytes of the split pass's partial results: (max, sum, Σ p·V) per query token, head and split. */
-export function attentionPartialsBytes(maxTokens: number, heads: number, splits: number, headDim: number): number {
-  return maxTokens * heads * splits * (headDim + 2) * 4;
+/** The splits a step of `rows` (token, head) rows takes (the kernels' splitsOfStep, SPLIT_CHUNK_WGSL). */
+export function splitsOfStep(splits: number, splitRows: number, rows: number): number {
+  return splitRows === 0 ? splits : Math.min(splits, Math.max(1, Math.ceil(splitRows / rows)));
+}
+
+/**
+ * Bytes of the split pass's partial results: (max, sum, Σ p·V) per query token, head and split of the largest step
+ * of up to maxTokens tokens (with splitRows, a longer step takes fewer splits).
+ */
+export function attentionPartialsBytes(
+  maxTokens: number,
+  heads: number,
+  splits: number,
+  headDim: number,
+  splitRows = 0,
+): number {
+  let records = 0;
+  for (let tokens = 1; tokens <= maxTokens; tokens++) {
+    records = Math.max(records, tokens * heads * splitsOfStep(splits, splitRows, tokens * heads));
+  }
+  return records * (headDim + 2) * 4;
 }
 
 /**
@@ -285,10 +309,15 @@ export function prepareAttention(
   const { pool, heads, maxTokens } = b;
   const { kvHeads, headDim } = pool;
   const splits = b.splits ?? (maxTokens === 1 ? 32 : 1);
+  const splitRows = b.splitRows ?? 0;
   if (heads % kvHeads !== 0 || headDim > 128 || headDim % 8 !== 0 || splits < 1 || splits > ATTENTION_MAX_SPLITS) {
     throw new InvalidRequestError(
       `attention: needs heads (${heads}) a multiple of kvHeads (${kvHeads}), a headDim <= 128 and a multiple of 8 (${headDim}) and 1 <= splits <= ${ATTENTION_MAX_SPLITS}`,
     );
+  }
+  // The decode kernel's partial records are always `splits` apart.
+  if (!Number.isInteger(splitRows) || splitRows < 0 || (splitRows > 0 && maxTokens === 1)) {
+    throw new InvalidRequestError(`attention: splitRows (${splitRows}) is a whole number, and 0 for decode graphs`);
   }
   // A workgroup serves `rows` (query token, head) pairs of one KV head: the GQA group in decode, plus several query
   // tokens in prefill, so each K/V block is read once for all of them.
@@ -391,7 +420,7 @@ export function prepareAttention(
     gpu,
     `${label}.partials`,
     b.partials,
-    attentionPartialsBytes(maxTokens, heads, splits, headDim),
+    attentionPartialsBytes(maxTokens, heads, splits, headDim, splitRows),
   );
   // Prefill graphs merge a few splits for many queries: one invocation per output dim (attentionMergeRowsSource).
   const rowsGrid = attentionMergeRowsWorkgroups(maxTokens, heads, headDim);
@@ -405,7 +434,16 @@ export function prepareAttention(
   const mergeParams = uniformBuffer(
     gpu,
     `${label}.merge.params`,
-    [heads, headDim, splits, b.minChunkKeys ?? 1, rotation?.firstMatrix ?? 0, rotation?.headsPerMatrix ?? 1, 0, 0],
+    [
+      heads,
+      headDim,
+      splits,
+      b.minChunkKeys ?? 1,
+      rotation?.firstMatrix ?? 0,
+      rotation?.headsPerMatrix ?? 1,
+      splitRows,
+      0,
+    ],
     'uuuuuuuu',
   );
   const mergeBuffers = [partials, b.output, pool.step, mergeParams, ...(rotation ? [rotation.matrices] : [])];
@@ -460,6 +498,7 @@ function attentionParams(
     fields.rows,
     b.minChunkKeys ?? 1,
     fields.int8Keys,
+    b.splitRows ?? 0,
   ];
   const quant = pool.quant ?? null;
   if (quant) {
@@ -480,7 +519,7 @@ function attentionParams(
       value.rowWords,
     );
   }
-  return uniformBuffer(gpu, `${label}.params`, words, 'uuuuuuuufuuu'.padEnd(words.length, 'u'));
+  return uniformBuffer(gpu, `${label}.params`, words, 'uuuuuuuufuuuu'.padEnd(words.length, 'u'));
 }
 
 /** Keys per KV head of a pool's int8 keys buffer (params.int8Keys). */

@@ -50,6 +50,15 @@ export function attentionWorkgroupBytes(shape: AttentionKernelShape): number {
 export const SPLIT_CHUNK_WGSL = /* wgsl */ `
 fn splitChunk(length: u32, splits: u32, minChunk: u32) -> u32 {
   return max(max(minChunk, 1u), (length + splits - 1u) / splits);
+}
+/**
+ * The splits a step of \`rows\` (token, head) rows takes (splitsOfStep in kernels/attention.ts): \`splits\`, or where
+ * splitRows > 0 as many as bring the step to splitRows rows of splits, at most \`splits\`. A row's partial records
+ * are this many apart.
+ */
+fn splitsOfStep(splits: u32, splitRows: u32, rows: u32) -> u32 {
+  if (splitRows == 0u) { return splits; }
+  return clamp((splitRows + rows - 1u) / rows, 1u, splits);
 }`;
 
 /**
@@ -65,9 +74,11 @@ export function splitTileWgsl(rows: string): string {
   let firstRow = wg.z * ${rows};
   if (firstRow / group >= step.tokens) { return; }
   let lastT = min(step.tokens - 1u, (firstRow + ${rows} - 1u) / group);
-  let chunk = splitChunk(step.length, params.splits, params.minChunk);
+  // The step's splits (its partial records per row): the grid's params.splits, or fewer for a step of many rows.
+  let splits = splitsOfStep(params.splits, params.splitRows, step.tokens * params.heads);
+  let chunk = splitChunk(step.length, splits, params.minChunk);
   let start = s * chunk;
-  // Splits past the keys have nothing to do: the merge pass reads only ceil(length / chunk) of them.
+  // Splits past the keys (or the step's splits) have nothing to do: the merge pass reads only ceil(length / chunk).
   if (start >= step.length && s > 0u) { return; }
   let end = min(start + chunk, step.position + lastT + 1u);`;
 }
@@ -83,7 +94,8 @@ export function attentionParamsWgsl(quant: boolean): string {
   return `struct Params {
   kOffset: u32, vOffset: u32, pageWords: u32, pageTokens: u32,
   heads: u32, kvHeads: u32, headDim: u32, splits: u32,
-  scale: f32, rows: u32, minChunk: u32, int8Keys: u32,${quant ? QUANT_PARAMS : ''}
+  scale: f32, rows: u32, minChunk: u32, int8Keys: u32,
+  splitRows: u32,${quant ? QUANT_PARAMS : ''}
 }`;
 }
 
@@ -363,7 +375,7 @@ ${quant ? '      }\n' : ''}      acc[k] = a;
       dst[o] = v.x;
       dst[o + 1u] = v.y;
     } else {
-      let rec = ((t * params.heads + h) * params.splits + s) * (params.headDim + 2u);
+      let rec = ((t * params.heads + h) * splits + s) * (params.headDim + 2u);
       if (pair == 0u) {
         dst[rec] = rowMax[k];
         dst[rec + 1u] = rowSum[k];
@@ -381,7 +393,7 @@ ${quant ? '      }\n' : ''}      acc[k] = a;
  * ones, so one uniform and bind group layout serve both).
  */
 function mergeBindingsWgsl(rotateOutput: boolean): string {
-  return `struct Params { heads: u32, headDim: u32, splits: u32, minChunk: u32, firstMatrix: u32, headsPerMatrix: u32, _p0: u32, _p1: u32 }
+  return `struct Params { heads: u32, headDim: u32, splits: u32, minChunk: u32, firstMatrix: u32, headsPerMatrix: u32, splitRows: u32, _p1: u32 }
 ${KV_STEP_WGSL}
 
 @group(0) @binding(0) var<storage, read> partials: array<f32>;
@@ -451,10 +463,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let h = wg.x;
   let t = wg.y;
   if (t >= step.tokens) { return; }
-  let splits = (step.length + splitChunk(step.length, params.splits, params.minChunk) - 1u) /
-    splitChunk(step.length, params.splits, params.minChunk);
+  let stepSplits = splitsOfStep(params.splits, params.splitRows, step.tokens * params.heads);
+  let chunk = splitChunk(step.length, stepSplits, params.minChunk);
+  let splits = (step.length + chunk - 1u) / chunk;
   let rec = params.headDim + 2u;
-  let base = (t * params.heads + h) * params.splits * rec;
+  let base = (t * params.heads + h) * stepSplits * rec;
   // Eighth g takes splits g, g + 8, ...; invocation (g, e) dims e, e + 32, e + 64, e + 96.
   let g = lid / 32u;
   let e = lid % 32u;
@@ -537,10 +550,11 @@ const WG: u32 = ${MERGE_ROWS_WG}u;
 
 // Dim e of (token, head) row \`row\` = t · heads + h, merged over the step's used splits.
 fn mergedValue(row: u32, e: u32) -> f32 {
-  let chunk = splitChunk(step.length, params.splits, params.minChunk);
+  let stepSplits = splitsOfStep(params.splits, params.splitRows, step.tokens * params.heads);
+  let chunk = splitChunk(step.length, stepSplits, params.minChunk);
   let splits = (step.length + chunk - 1u) / chunk;
   let rec = params.headDim + 2u;
-  let base = row * params.splits * rec;
+  let base = row * stepSplits * rec;
   var best = -1e30;
   for (var s = 0u; s < splits; s++) { best = max(best, partials[base + s * rec]); }
   var total = 0.0;

@@ -9,6 +9,7 @@ import {
   attentionPrefillDotShapeFor,
   attentionPrefillInt8ShapeFor,
   prepareAttention,
+  splitsOfStep,
 } from '../kernels/attention.ts';
 import type { AttentionBlockKeys } from '../kernels/attention.wgsl.ts';
 import { attentionPrefillDotSource } from '../kernels/attention-prefill-dot.wgsl.ts';
@@ -26,11 +27,22 @@ import { maxToleranceRatio, randomFloats, seededRandom } from './random.ts';
  * What a step's attention should output: an int8 prefill kernel's (`int8Split`: the split settings it ran with)
  * against the reference of its own arithmetic, everything else against exact attention.
  */
-export function expectedAttention(
-  input: AttentionReferenceInput,
-  int8Split: { splits: number; minChunkKeys: number } | null,
-): Float32Array {
-  return int8Split ? attentionInt8Reference({ ...input, ...int8Split }) : attentionReference(input);
+export function expectedAttention(input: AttentionReferenceInput, int8Split: Int8SplitSettings | null): Float32Array {
+  if (!int8Split) return attentionReference(input);
+  const { splits, splitRows, minChunkKeys } = int8Split;
+  // The splits this step took (AttentionBinding.splitRows): its tiles and their value scales follow them.
+  return attentionInt8Reference({
+    ...input,
+    splits: splitsOfStep(splits, splitRows, input.tokens * input.heads),
+    minChunkKeys,
+  });
+}
+
+/** The split settings an int8 prefill graph ran with (AttentionBinding's splits, splitRows, minChunkKeys). */
+export interface Int8SplitSettings {
+  splits: number;
+  splitRows: number;
+  minChunkKeys: number;
 }
 
 /** |actual - expected| <= atol + rtol·|expected| per output. */
@@ -69,7 +81,7 @@ export class Harness {
   readonly history = new Map<KvSequence, { k: number[][]; v: number[][] }>();
   readonly tolerance: AttentionTolerance;
   /** The int8 prefill kernel's split settings, where prefill steps run it (their reference: attentionInt8Reference). */
-  readonly int8Split: { splits: number; minChunkKeys: number } | null;
+  readonly int8Split: Int8SplitSettings | null;
 
   constructor(
     readonly gpu: GpuContext,
@@ -78,6 +90,8 @@ export class Harness {
     opts: {
       decodeSplits?: number;
       prefillSplits?: number;
+      /** AttentionBinding.splitRows of the prefill graphs. */
+      prefillSplitRows?: number;
       minChunkKeys?: number;
       blockKeys?: AttentionBlockKeys;
       sources?: AttentionSources;
@@ -92,7 +106,9 @@ export class Harness {
   ) {
     this.tolerance = opts.tolerance ?? ATTENTION_F32_TOLERANCE;
     const int8 = opts.prefillProducts === 'int8' || opts.prefillProducts === 'int8-dot';
-    this.int8Split = int8 ? { splits: opts.prefillSplits ?? 1, minChunkKeys: opts.minChunkKeys ?? 1 } : null;
+    this.int8Split = int8
+      ? { splits: opts.prefillSplits ?? 1, splitRows: opts.prefillSplitRows ?? 0, minChunkKeys: opts.minChunkKeys ?? 1 }
+      : null;
     const { layers, heads, kvHeads, headDim, pageTokens } = shape;
 
     const pageBytes = layers * 2 * kvHeads * pageTokens * headDim * 2;
@@ -142,6 +158,7 @@ export class Harness {
             ...common,
             maxTokens,
             splits: opts.prefillSplits,
+            splitRows: opts.prefillSplitRows,
             minChunkKeys: opts.minChunkKeys,
             prefillKernel: opts.prefillKernel,
             prefillStorageBytes: opts.prefillStorageBytes,
@@ -242,6 +259,7 @@ export async function runSteps(
   decodeSplits?: number,
   more: {
     prefillSplits?: number;
+    prefillSplitRows?: number;
     minChunkKeys?: number;
     blockKeys?: AttentionBlockKeys;
     prefillKernel?: boolean;
@@ -282,7 +300,9 @@ export const INT8_ATTENTION_TOLERANCE: AttentionTolerance = { atol: 1 / 127, rto
 export const INT8_ATTENTION_QUANTIZATION_BOUND: AttentionTolerance = { atol: 0.025, rtol: 0 };
 
 /** Steps that cover the int8 prefill kernel's cases: GQA groups cut by row tiles, partial and causal tiles, splits. */
-export const INT8_PREFILL_CASES: Array<[string, Shape, number[], { prefillSplits?: number; minChunkKeys?: number }]> = [
+export const INT8_PREFILL_CASES: Array<
+  [string, Shape, number[], { prefillSplits?: number; prefillSplitRows?: number; minChunkKeys?: number }]
+> = [
   [
     'hd 64, 4:1, pages of 16, one split',
     { layers: 1, heads: 8, kvHeads: 2, headDim: 64, pageTokens: 16 },
@@ -300,6 +320,13 @@ export const INT8_PREFILL_CASES: Array<[string, Shape, number[], { prefillSplits
     { layers: 2, heads: 8, kvHeads: 2, headDim: 128, pageTokens: 16 },
     [150, 97, 1],
     { prefillSplits: 2, minChunkKeys: 64 },
+  ],
+  // Steps of 70 and 20 tokens of 8 heads take 1 and 2 splits of up to 4 (splitRows 320), one of 5 all 4.
+  [
+    'hd 64, 4:1, pages of 8, splits by step (1, 2, 4) of >= 16 keys',
+    { layers: 1, heads: 8, kvHeads: 2, headDim: 64, pageTokens: 8 },
+    [70, 20, 5, 1],
+    { prefillSplits: 4, prefillSplitRows: 320, minChunkKeys: 16 },
   ],
 ];
 

@@ -206,7 +206,7 @@ export async function runMixed(
         stored: true,
       };
       // An int8 prefill step with the prefill graph's split settings (PagedKvAttention).
-      const split = { splits: backend.prefillSplits(maxTokens), minChunkKeys: PREFILL_MIN_CHUNK_KEYS };
+      const split = { ...backend.prefillSplits(maxTokens), minChunkKeys: PREFILL_MIN_CHUNK_KEYS };
       const expected = expectedAttention(input, int8 && tokens > 1 ? split : null);
       worst = Math.max(worst, maxToleranceRatio(actual, expected, tolerance.atol, tolerance.rtol));
     }

@@ -49,15 +49,23 @@ export function decodeSplitsFor(kvHeads: number): number {
  */
 export const PREFILL_SPLITS = 16;
 /**
- * Prefill splits where the tensor-core int8 attention serves the graph: it walks keys fast enough that fewer, longer
- * splits win. On the H200, one layer and 512 queries, 8 splits against 16 and 32: Llama-3.2-1B 790 / 924 / 1194 µs at
- * 8K keys, 2798 / 2899 / 3190 at 32K; Qwen3-4B 1354 / 1580 / 2077 and 4786 / 4983 / 5420.
+ * Prefill splits where the tensor-core int8 attention serves the graph: a step takes at most PREFILL_INT8_SPLITS, and
+ * as many as bring it to PREFILL_INT8_SPLIT_ROWS (token, head) rows of splits (AttentionBinding.splitRows): one split
+ * from 512 tokens of 32 heads on, two from 256, all 8 below 64. On the H200 (one layer, 1 / 2 / 4 / 8 / 16 splits,
+ * µs), Qwen3-4B over 1024 queries at 32K keys: 7793 / 7817 / 7936 / 8278 / 8814, at 8K 1912 / 2013 / 2103 / 2324 /
+ * 2814; over 256 queries at 32K 2107 / 2132 / 2130 / 2215 / 2385; Llama-3.2-1B likewise (1 split 5250 against 5288
+ * for 8 at 32K, 1237 against 1467 at 8K). A step of one split writes fewer partials for the merge. A short step (a
+ * chat turn's few tokens at a long context) needs the workgroups of more: 48 queries at 32K keys took 2171 µs in one
+ * split, 677 in 8.
  */
 export const PREFILL_INT8_SPLITS = 8;
+export const PREFILL_INT8_SPLIT_ROWS = 16384;
 
-/** A prefill graph's splits (before the partials' binding limit): PREFILL_INT8_SPLITS where int8 serves it. */
-export function prefillSplitsFor(int8Served: boolean): number {
-  return int8Served ? PREFILL_INT8_SPLITS : PREFILL_SPLITS;
+/** A prefill graph's split settings (before the partials' binding limit): fewer where int8 serves it. */
+export function prefillSplitsFor(int8Served: boolean): { splits: number; splitRows: number } {
+  return int8Served
+    ? { splits: PREFILL_INT8_SPLITS, splitRows: PREFILL_INT8_SPLIT_ROWS }
+    : { splits: PREFILL_SPLITS, splitRows: 0 };
 }
 export const PREFILL_MIN_CHUNK_KEYS = 256;
 
@@ -74,7 +82,7 @@ export class PagedKvAttention {
   /** The prefill partials buffer of the graph being prepared (layer 0 allocates it and owns it), by maxTokens. */
   private readonly sharedPartials = new Map<number, GPUBuffer>();
   /** prefillSplits by maxTokens: every layer of a graph asks, and the answer looks at every layer. */
-  private readonly prefillSplitCounts = new Map<number, number>();
+  private readonly prefillSplitSettings = new Map<number, { splits: number; splitRows: number }>();
   /** The int8 keys buffer of the converted int8 prefill attention, created with the first graph that runs it. */
   private keysInt8: GPUBuffer | null = null;
 
@@ -85,21 +93,21 @@ export class PagedKvAttention {
   }
 
   /**
-   * Key splits of a prefill graph of `maxTokens` queries (before the partials' binding limit): one count for all its
-   * layers, which share one partials buffer. PREFILL_INT8_SPLITS where the tensor-core int8 kernel serves every layer
-   * (a boosted layer's formats may not be served).
+   * Key split settings of a prefill graph of `maxTokens` queries (before the partials' binding limit): one for all its
+   * layers, which share one partials buffer. prefillSplitsFor's int8 settings where the tensor-core int8 kernel serves
+   * every layer (a boosted layer's formats may not be served).
    */
-  prefillSplits(maxTokens: number): number {
+  prefillSplits(maxTokens: number): { splits: number; splitRows: number } {
     const { gpu, pool, options } = this;
-    let splits = this.prefillSplitCounts.get(maxTokens);
-    if (splits === undefined) {
+    let settings = this.prefillSplitSettings.get(maxTokens);
+    if (settings === undefined) {
       const served = Array.from({ length: pool.layers }, (_, layer) =>
         attentionPrefillInt8ShapeFor(gpu, { pool, layer, maxTokens, prefillProducts: options.prefillProducts }),
       ).every((shape) => shape !== null);
-      splits = prefillSplitsFor(served);
-      this.prefillSplitCounts.set(maxTokens, splits);
+      settings = prefillSplitsFor(served);
+      this.prefillSplitSettings.set(maxTokens, settings);
     }
-    return splits;
+    return settings;
   }
 
   /**
@@ -128,16 +136,15 @@ export class PagedKvAttention {
       maxTokens,
       prefillProducts: options.prefillProducts,
     });
+    const { splitRows, ...wanted } = decode
+      ? { splits: options.decodeSplits ?? decodeSplitsFor(pool.kvHeads), splitRows: 0 }
+      : this.prefillSplits(maxTokens);
     // The partials (tokens × heads × splits records) must fit one storage binding: a 512-token Qwen3-4B prefill chunk
     // with 16 splits needs 136 MB, over the 128 MiB of CPU adapters. Fewer splits then; one split needs no partials.
-    const splitBytes = attentionPartialsBytes(maxTokens, options.heads, 1, pool.headDim);
-    const splits = Math.max(
-      1,
-      Math.min(
-        decode ? (options.decodeSplits ?? decodeSplitsFor(pool.kvHeads)) : this.prefillSplits(maxTokens),
-        Math.floor(gpu.limits.maxStorageBufferBindingSize / splitBytes),
-      ),
-    );
+    const partialsBytes = (splits: number) =>
+      attentionPartialsBytes(maxTokens, options.heads, splits, pool.headDim, splitRows);
+    let splits = wanted.splits;
+    while (splits > 1 && partialsBytes(splits) > gpu.limits.maxStorageBufferBindingSize) splits--;
     let partials: GPUBuffer | undefined;
     let ownPartials: GPUBuffer | undefined;
     if (!decode && splits > 1) {
@@ -147,7 +154,7 @@ export class PagedKvAttention {
         ownPartials = gpu.allocator.createBuffer({
           label: `kv.t${maxTokens}.attention.partials`,
           category: 'scratch',
-          size: attentionPartialsBytes(maxTokens, options.heads, splits, pool.headDim),
+          size: partialsBytes(splits),
           usage: GPUBufferUsage.STORAGE,
         });
         partials = ownPartials;
@@ -181,6 +188,7 @@ export class PagedKvAttention {
       maxTokens,
       scale: options.scale ?? 1 / Math.sqrt(pool.headDim),
       splits,
+      splitRows,
       minChunkKeys: decode ? DECODE_MIN_CHUNK_KEYS : PREFILL_MIN_CHUNK_KEYS,
       prefillProducts: options.prefillProducts,
       partials,
