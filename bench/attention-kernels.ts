@@ -444,22 +444,16 @@ const INT8_PREFILL_ABLATIONS: [string, (code: string) => string][] = [
       return code.slice(0, at) + code.slice(at).replaceAll('workgroupBarrier();', '');
     },
   ],
-  ['no-scores', (code) => code.replace(/subgroupMatrixStore<row_major>\(&sums, sg \* 16u \* SP[^;]*;/, '')],
+  ['no-scores', (code) => code.replaceAll(/subgroupMatrixStore<row_major>\(&sums, sg \* 16u \* SP[^;]*;/g, '')],
   ['no-values', (code) => code.replaceAll(/subgroupMatrixStore<row_major>\(&sums, \(sg \* 4u[^;]*;/g, '')],
-  [
-    'no-apply',
-    (code) =>
-      code.replaceAll(
-        'for (var i = 0u; i < 8u; i++) {\n          let row',
-        'for (var i = 0u; i < 1u; i++) {\n          let row',
-      ),
-  ],
+  // The apply of P·V to the accumulators of one row in 8.
+  ['no-apply', (code) => code.replaceAll(/\n\s*acc\[\d+\] = acc\[\d+\] \* rowCorr[1-7][^\n]*/g, '')],
   // Both products gone (their stores, so the compiler drops them): what the staging, softmax and apply cost alone.
   [
     'no-products',
     (code) =>
       code
-        .replace(/subgroupMatrixStore<row_major>\(&sums, sg \* 16u \* SP[^;]*;/, '')
+        .replaceAll(/subgroupMatrixStore<row_major>\(&sums, sg \* 16u \* SP[^;]*;/g, '')
         .replaceAll(/subgroupMatrixStore<row_major>\(&sums, \(sg \* 4u[^;]*;/g, ''),
   ],
   // The whole softmax block (scores to codes) gone: the products, staging and apply alone.
@@ -476,8 +470,8 @@ const INT8_PREFILL_ABLATIONS: [string, (code: string) => string][] = [
   [
     'pad-48k',
     (code) => {
-      const declared = [...code.matchAll(/var<workgroup> \w+: array<(?:i32|f32), (\d+)>;/g)].reduce(
-        (words, m) => words + Number(m[1]),
+      const declared = [...code.matchAll(/var<workgroup> \w+: array<(i32|f32|vec4<f32>), (\d+)>;/g)].reduce(
+        (words, m) => words + Number(m[2]) * (m[1] === 'vec4<f32>' ? 4 : 1),
         0,
       );
       const pad = 49152 / 4 - declared;
@@ -488,6 +482,33 @@ const INT8_PREFILL_ABLATIONS: [string, (code: string) => string][] = [
           'let half = lane % 2u;\n  if (step.tokens == 0xffffffffu) { occupancyPad[li] = 1; }',
         );
     },
+  ],
+  // Not an ablation of time but a probe of occupancy: the output's first words count the workgroups running at once
+  // (atomics; the outputs are not written), word 1 the most seen: on an SM's share, its resident workgroups.
+  [
+    'probe-resident',
+    (code) =>
+      code
+        .replace('var<storage, read_write> dst: array<f32>;', 'var<storage, read_write> dst: array<atomic<u32>>;')
+        .replaceAll(/\n\s*dst\[[^\n]*/g, '')
+        .replace(
+          'let half = lane % 2u;',
+          'let half = lane % 2u;\n  if (li == 0u) { let now = atomicAdd(&dst[0], 1u) + 1u; atomicMax(&dst[1], now); }',
+        )
+        .replace(
+          '\n  workgroupBarrier();\n  if (half == 0u) {\n    wscale[r] = l;',
+          '\n  if (li == 0u) { atomicSub(&dst[0], 1u); }\n  workgroupBarrier();\n  if (half == 0u) {\n    wscale[r] = l;',
+        ),
+  ],
+  // Every workgroup array shrunk to a quarter (out-of-range indices are clamped, so results are wrong but the work the
+  // same): whether more workgroups an SM (less workgroup memory each) make the kernel faster.
+  [
+    'smem-quarter',
+    (code) =>
+      code.replaceAll(
+        /var<workgroup> (\w+): array<(i32|f32|vec4<f32>), (\d+)>;/g,
+        (_m, name, type, words) => `var<workgroup> ${name}: array<${type}, ${Math.ceil(Number(words) / 4)}>;`,
+      ),
   ],
 ];
 
@@ -509,7 +530,8 @@ const INT8_CONVERSION_ABLATIONS: [string, (code: string) => string][] = [
  */
 const INT8_PREFILL_VARIANTS: [string, (code: string) => string][] = [
   // BENCH.md keeps the variants tried (e.g. P·V tiles stored 20 words apart, the sums made floats by adding 1.5·2^23,
-  // each tile's codes loaded where they are copied), with their numbers.
+  // each tile's codes loaded where they are copied, rows of S 68 words apart, 8 subgroups a workgroup), with their
+  // numbers.
 ];
 
 /** The int8 build a binding takes, edited: ablations (timed only) and variants (checked too), named `int8-<name>`. */
@@ -623,9 +645,13 @@ async function benchPrefillShape(
         ...knobs,
       };
       const dispatches = prepareAttention(gpu, name, binding, sources);
+      // The occupancy probe's counters start at 0.
+      if (name.startsWith('int8-probe')) gpu.device.queue.writeBuffer(binding.output, 0, new Uint32Array(2));
       submitDispatches(gpu, 'check', dispatches);
       const actual = await readFloat32(gpu, binding.output, tokens * heads * headDim);
-      if (ablations.has(name)) {
+      if (name.startsWith('int8-probe')) {
+        row[`${name}Count`] = new Uint32Array(actual.buffer, actual.byteOffset, 2)[1];
+      } else if (ablations.has(name)) {
         // Timed only.
       } else if (!expected) expected = actual;
       else if (name.startsWith('int8')) {

@@ -8,6 +8,7 @@
  *   .gpu/profile.mjs       bench/profile-decode.ts the same way (per-kernel decode timings)
  *   .gpu/attention-kernels.mjs  bench/attention-kernels.ts (decode or prefill attention kernels side by side, one layer)
  *   .gpu/int8-dot-probe.mjs     bench/int8-dot-probe.ts (peak f32 fma against dot4I8Packed)
+ *   .gpu/occupancy-probe.mjs    bench/occupancy-probe.ts (resident workgroups by workgroup memory and size)
  *   .gpu/int8-matmul.mjs   bench/int8-matmul.ts (the tensor-core int8 matmul: its randomized checks, then its speed
  *                          against the f32 kernels)
  *   .gpu/longtab.mjs       the longtab CLI (tools/gpu-kit/longtab-cli.ts): evaluations on the GPU host
@@ -88,6 +89,7 @@ try {
   await benchBuild('profile-decode.ts', 'profile.mjs');
   await benchBuild('attention-kernels.ts', 'attention-kernels.mjs');
   await benchBuild('int8-dot-probe.ts', 'int8-dot-probe.mjs');
+  await benchBuild('occupancy-probe.ts', 'occupancy-probe.mjs');
   await benchBuild('int8-matmul.ts', 'int8-matmul.mjs');
   await benchBuild('tools/gpu-kit/longtab-cli.ts', 'longtab.mjs');
 } catch {
