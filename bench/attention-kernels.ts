@@ -101,8 +101,8 @@ type Variant = {
   ablation?: boolean;
 };
 /** The decode build of the shape: as the runtime builds it (attentionDecodeShape: loops), or unrolled. */
-const decodeSource = (s: LayerShape, quant: DecodeQuantShape | null, unrolled = false, workgroup?: 128 | 256) =>
-  attentionDecodeSource({ headDim: s.headDim, rows: s.heads / s.kvHeads, quant, unrolled }, workgroup);
+const decodeSource = (s: LayerShape, quant: DecodeQuantShape | null, unrolled = false) =>
+  attentionDecodeSource({ headDim: s.headDim, rows: s.heads / s.kvHeads, quant, unrolled });
 /** `edit` applied to `code`, which it must change: an edit that no longer matches would time the real kernel. */
 function edited(code: string, edit: (code: string) => string, what = 'ablation edit'): string {
   const result = edit(code);
@@ -136,23 +136,10 @@ const DECODE_UNROLLED: Variant = {
   decodeKernel: true,
   sources: (s, quant) => ({ decode: decodeSource(s, quant, true) }),
 };
-/**
- * 256 invocations a workgroup instead of 128: one key per invocation in phase A, twice the key slices in phase C (each
- * walks half the keys one dependent load after another), twice the combine rounds. The 2-bit decode at head size 128
- * is latency-bound (BENCH.md sessions 16-17), with 512 workgroups of 4 warps on 132 SMs.
- */
-const decodeWide = (splits?: number): Variant => ({
-  name: `decode-wg256${splits ? `-${splits}splits` : ''}`,
-  decodeKernel: true,
-  splits,
-  sources: (s, quant) => ({ decode: decodeSource(s, quant, false, 256) }),
-});
 const VARIANTS: Variant[] = [
   { name: 'split', decodeKernel: false },
   { name: 'decode', decodeKernel: true },
   DECODE_UNROLLED,
-  decodeWide(),
-  decodeWide(96),
   { name: 'decode-128splits', decodeKernel: true, splits: 128 },
   { name: 'decode-96splits', decodeKernel: true, splits: 96 },
   DECODE_SUB128,
@@ -215,8 +202,6 @@ const QUANT_VARIANTS: Variant[] = [
   { name: 'decode', decodeKernel: true },
   { name: 'decode-128splits', decodeKernel: true, splits: 128 },
   { name: 'decode-96splits', decodeKernel: true, splits: 96 },
-  decodeWide(),
-  decodeWide(96),
   DECODE_SUB128,
   DECODE_UNROLLED,
   // Other numbers of keys per value batch (registers held across the loads): same results, checked like the build.

@@ -30,8 +30,7 @@ export interface AttentionDecodeShape {
   unrolled: boolean;
 }
 
-/** Invocations of a decode workgroup (the runtime's build; bench/attention-kernels.ts also times 256). */
-const DECODE_WORKGROUP = 128;
+const WG = 128;
 
 /** Invocations per row group that reduce a pass's scores to its maxima. */
 const REDUCERS = 32;
@@ -86,7 +85,7 @@ export function quantGroupsFitHeads(headDim: number, quant: DecodeQuantShape | n
  * splits = 1 the normalized rows, else (max, sum, Σ p·V) per (head, split) for the merge pass. Params and bindings
  * are the split kernel's, so one uniform buffer and bind group layout serve both.
  */
-export function attentionDecodeSource(shape: AttentionDecodeShape, WG: 128 | 256 = DECODE_WORKGROUP): string {
+export function attentionDecodeSource(shape: AttentionDecodeShape): string {
   if (!attentionDecodeSupports(shape)) throw new Error(`attention-decode: unsupported shape ${JSON.stringify(shape)}`);
   const { headDim: HD, rows: ROWS, quant } = shape;
   const RG = Math.ceil(ROWS / 4);
