@@ -181,7 +181,7 @@ ${tileMask('    ')}
       let o = (rowT * params.heads + head) * HD + dim0;
       for (var e = 0u; e < ${HALF}u; e++) { dst[o + e] = acc[e] / l; }
     } else {
-      let rec = ((rowT * params.heads + head) * splits + s) * (HD + 2u);
+      let rec = ((rowT * params.heads + head) * stepSplits + s) * (HD + 2u);
       if (half == 0u) {
         dst[rec] = m;
         dst[rec + 1u] = l;

@@ -18,6 +18,7 @@ import {
   poolKeysInt8Bytes,
   poolKeysInt8Capacity,
   prepareKeysInt8,
+  splitsOfStep,
 } from './attention.ts';
 import { attentionPrefillDotShape, attentionPrefillDotWorkgroupBytes } from './attention-prefill-dot.wgsl.ts';
 import {
@@ -124,7 +125,7 @@ describe('int8 prefill attention', () => {
       const exact = attentionReference(input);
       const int8 = attentionInt8Reference({
         ...input,
-        splits: more.prefillSplits ?? 1,
+        splits: splitsOfStep(more.prefillSplits ?? 1, more.prefillSplitRows ?? 0, length * heads),
         minChunkKeys: more.minChunkKeys ?? 1,
       });
       const { atol } = INT8_ATTENTION_QUANTIZATION_BOUND;

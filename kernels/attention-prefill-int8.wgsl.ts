@@ -455,10 +455,12 @@ ${fetchWgsl}`;
   // trillion multiply-adds a second, one loaded from workgroup memory at 233 (bench/int8-dot-probe.ts).
   const TILE_QUADS = (BK * HD) / 16; // vec4s of a tile's K codes, and of its V codes
   const AHEAD = (2 * TILE_QUADS) / (2 * ROWS); // vec4s an invocation loads per tile
-  // Invocation li's vec4 i of a tile, ahead[i], is vec4 li + ${2 * ROWS}·i of its K codes (i < K_AHEAD), else of its V
-  // codes. Every index is written out (as is the rest of the tile loop): loops over the private arrays ran 8% slower
-  // on Qwen3-4B's layer on the H200.
+  // Invocation li's vec4 i of a tile, ahead[i], is vec4 li + 128·i of its K codes (i < K_AHEAD), else of its V codes
+  // (128 invocations: 2·ROWS). Every index is written out (as is the rest of the tile loop): loops over the private
+  // arrays ran 8% slower on Qwen3-4B's layer on the H200.
   const K_AHEAD = TILE_QUADS / (2 * ROWS);
+  if (!Number.isInteger(K_AHEAD))
+    throw new Error(`int8 attention: a tile's ${TILE_QUADS} vec4s of K do not split evenly`);
   const quadOf = (i: number) => ({ kind: i < K_AHEAD ? 0 : 1, at: `li + ${(i % K_AHEAD) * 2 * ROWS}u` });
   const loadQuad = (i: number, first: string) => {
     const { kind, at } = quadOf(i);
@@ -629,7 +631,7 @@ ${each(ROUNDS, valuesRound)}
         if (params.splits == 1u) {
           dst[(t * params.heads + head) * HD + dim] = acc[u * 8u + i] / wscale[row];
         } else {
-          let rec = ((t * params.heads + head) * splits + s) * (HD + 2u);
+          let rec = ((t * params.heads + head) * stepSplits + s) * (HD + 2u);
           if (dim == 0u) {
             dst[rec] = corr[row];
             dst[rec + 1u] = wscale[row];

@@ -280,7 +280,7 @@ ${each(
         let o = (t${r} * params.heads + h) * HD;
 ${each(VQ, (v) => `        store4(o + 4u * (tc + ${TC * v}u), acc${r}_${v} / total);`)}
       } else {
-        let rec = ((t${r} * params.heads + h) * splits + s) * (HD + 2u);
+        let rec = ((t${r} * params.heads + h) * stepSplits + s) * (HD + 2u);
         if (tc == 0u) {
           dst[rec] = m${r};
           dst[rec + 1u] = total;

@@ -180,7 +180,7 @@ describe('paged attention', () => {
 
   // Prefill graphs merge with attentionMergeRowsSource where a workgroup holds whole rows and the grid fits; else
   // with the decode graphs' merge.
-  it.each<[string, Shape, Partial<GpuContext['limits']>, string]>([
+  it.each<[string, Shape, Partial<GpuContext['limits']>, string, number?]>([
     [
       'hd 64: the rows merge',
       { layers: 1, heads: 4, kvHeads: 2, headDim: 64, pageTokens: 4 },
@@ -199,15 +199,36 @@ describe('paged attention', () => {
       { maxComputeWorkgroupsPerDimension: 8 },
       'attention-merge',
     ],
-  ])('merges prefill splits: %s', async (_name, shape, limits, mergeLabel) => {
+    // splitRows 20: the 6-token step (24 rows) takes 1 split, the 5-token one (20 rows) 1, the 2-token one (8) 3.
+    [
+      'hd 64, a grid over the workgroup limit, splits by step: the decode merge',
+      { layers: 1, heads: 4, kvHeads: 2, headDim: 64, pageTokens: 4 },
+      { maxComputeWorkgroupsPerDimension: 8 },
+      'attention-merge',
+      20,
+    ],
+    [
+      'hd 64, splits by step: the rows merge',
+      { layers: 1, heads: 4, kvHeads: 2, headDim: 64, pageTokens: 4 },
+      {},
+      'attention-merge-rows',
+      20,
+    ],
+  ])('merges prefill splits: %s', async (_name, shape, limits, mergeLabel, prefillSplitRows = 0) => {
     const gpu = withLimits(ctx.gpu, limits);
-    const harness = new Harness(gpu, shape, 6, { prefillSplits: 3, minChunkKeys: 2, decodeSplits: 1 });
+    const harness = new Harness(gpu, shape, 6, {
+      prefillSplits: 3,
+      prefillSplitRows,
+      minChunkKeys: 2,
+      decodeSplits: 1,
+    });
     expect(harness.prefill.filter((d) => d.label.endsWith('.merge')).map((d) => d.pipeline.label)).toEqual([
       mergeLabel,
     ]);
     const random = seededRandom(8);
     const seq = harness.sequence();
-    const ratios = [await harness.step(seq, 6, random), await harness.step(seq, 5, random)];
+    const ratios = [];
+    for (const tokens of [6, 5, 2]) ratios.push(await harness.step(seq, tokens, random));
     harness.release();
     expect(Math.max(...ratios)).toBeLessThanOrEqual(1);
   });

@@ -66,9 +66,10 @@ export interface AttentionBinding {
    */
   minChunkKeys?: number;
   /**
-   * Prefill graphs (maxTokens > 1): with it, `splits` is a ceiling too, and a step of t tokens takes
+   * Prefill graphs (maxTokens > 1) only: with it, `splits` is a ceiling too, and a step of t tokens takes
    * splitsOfStep(splits, splitRows, t·heads) splits: a long step walks its keys in fewer, longer splits (and merges
-   * fewer partials), a short one keeps enough workgroups. Default 0: every step takes `splits`.
+   * fewer partials), a short one keeps enough workgroups. Default 0: every step takes `splits`. Decode graphs must
+   * leave it 0: the decode kernel writes its partials `splits` apart.
    */
   splitRows?: number;
   /**

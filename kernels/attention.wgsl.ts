@@ -75,8 +75,8 @@ export function splitTileWgsl(rows: string): string {
   if (firstRow / group >= step.tokens) { return; }
   let lastT = min(step.tokens - 1u, (firstRow + ${rows} - 1u) / group);
   // The step's splits (its partial records per row): the grid's params.splits, or fewer for a step of many rows.
-  let splits = splitsOfStep(params.splits, params.splitRows, step.tokens * params.heads);
-  let chunk = splitChunk(step.length, splits, params.minChunk);
+  let stepSplits = splitsOfStep(params.splits, params.splitRows, step.tokens * params.heads);
+  let chunk = splitChunk(step.length, stepSplits, params.minChunk);
   let start = s * chunk;
   // Splits past the keys (or the step's splits) have nothing to do: the merge pass reads only ceil(length / chunk).
   if (start >= step.length && s > 0u) { return; }
@@ -375,7 +375,7 @@ ${quant ? '      }\n' : ''}      acc[k] = a;
       dst[o] = v.x;
       dst[o + 1u] = v.y;
     } else {
-      let rec = ((t * params.heads + h) * splits + s) * (params.headDim + 2u);
+      let rec = ((t * params.heads + h) * stepSplits + s) * (params.headDim + 2u);
       if (pair == 0u) {
         dst[rec] = rowMax[k];
         dst[rec + 1u] = rowSum[k];

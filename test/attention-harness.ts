@@ -20,6 +20,7 @@ import { type AttentionReferenceInput, attentionReference } from '../kernels/ref
 import { attentionInt8Reference } from '../kernels/reference/attention-int8.ts';
 import type { GpuContext } from '../runtime/gpu/device.ts';
 import { readFloat32 } from '../runtime/gpu/readback.ts';
+import type { SplitSettings } from '../runtime/kv/paged-attention.ts';
 import { KvPagePool, type KvSequence } from '../runtime/kv/pool.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from './random.ts';
 
@@ -39,9 +40,7 @@ export function expectedAttention(input: AttentionReferenceInput, int8Split: Int
 }
 
 /** The split settings an int8 prefill graph ran with (AttentionBinding's splits, splitRows, minChunkKeys). */
-export interface Int8SplitSettings {
-  splits: number;
-  splitRows: number;
+export interface Int8SplitSettings extends SplitSettings {
   minChunkKeys: number;
 }
 

@@ -56,7 +56,8 @@ export interface LoadOptions extends KvCacheOptions {
  * its tiles fill a large GPU only at such sizes (BENCH.md: 512 made the matmuls 1.5x faster than four chunks of 128
  * in session 11; 1024 made Qwen3-4B's 32K prefill 9% faster than 512 in session 18, 2048 only 2% more), and such a
  * GPU has the memory (223 MiB more than 512 for Qwen3-4B with an f16 cache, 367 with the 2-bit one, as measured in
- * session 18). Not when the KV budget's f16 share could not hold such steps (a 2-bit cache on a small budget):
+ * session 18, when the attention's partials took 8 splits' worth: 136 MB at 1024 tokens, 17 MB since session 19).
+ * Not when the KV budget's f16 share could not hold such steps (a 2-bit cache on a small budget):
  * prompts that fit would shrink; then 512 if it holds those.
  */
 export function defaultPrefillChunk(tensorCorePrefill: boolean, pool: KvPoolOptions): number {

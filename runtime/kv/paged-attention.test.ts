@@ -4,7 +4,7 @@ import { attentionReference } from '../../kernels/reference/attention.ts';
 import { withLimits, withTestGpu } from '../../test/gpu.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../../test/random.ts';
 import { readFloat32 } from '../gpu/readback.ts';
-import { PagedKvAttention } from './paged-attention.ts';
+import { PagedKvAttention, prefillSplitsFor, splitsWithinBinding } from './paged-attention.ts';
 import { KvPagePool } from './pool.ts';
 
 const ctx = withTestGpu();
@@ -13,6 +13,16 @@ const ctx = withTestGpu();
 const SPLIT_BYTES = 1920;
 
 describe('PagedKvAttention', () => {
+  it("fits a graph's splits to the storage binding, counting the records of its largest step", () => {
+    const graph = { maxTokens: 1024, heads: 32, headDim: 128 };
+    const oneSplitBytes = 1024 * 32 * 130 * 4; // a record of every token and head
+    // Int8 graphs: a 1024-token step takes one split, a 73-token one all 8 (fewer records): one split's worth holds 8.
+    expect(splitsWithinBinding(prefillSplitsFor(true), graph, oneSplitBytes)).toBe(8);
+    expect(splitsWithinBinding(prefillSplitsFor(true), graph, oneSplitBytes - 1)).toBe(1);
+    // Every step takes all of its splits: the binding holds 3 of 16.
+    expect(splitsWithinBinding(prefillSplitsFor(false), graph, 3 * oneSplitBytes + 100)).toBe(3);
+  });
+
   it.each([
     ['all 16 prefill splits', undefined, 2, 16],
     // A device whose storage bindings hold only 3 splits' partials: 3 splits, still merged.

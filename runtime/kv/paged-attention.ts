@@ -51,7 +51,7 @@ export const PREFILL_SPLITS = 16;
 /**
  * Prefill splits where the tensor-core int8 attention serves the graph: a step takes at most PREFILL_INT8_SPLITS, and
  * as many as bring it to PREFILL_INT8_SPLIT_ROWS (token, head) rows of splits (AttentionBinding.splitRows): one split
- * from 512 tokens of 32 heads on, two from 256, all 8 below 64. On the H200 (one layer, 1 / 2 / 4 / 8 / 16 splits,
+ * from 512 tokens of 32 heads on, two from 256, all 8 up to 73. On the H200 (one layer, 1 / 2 / 4 / 8 / 16 splits,
  * µs), Qwen3-4B over 1024 queries at 32K keys: 7793 / 7817 / 7936 / 8278 / 8814, at 8K 1912 / 2013 / 2103 / 2324 /
  * 2814; over 256 queries at 32K 2107 / 2132 / 2130 / 2215 / 2385; Llama-3.2-1B likewise (1 split 5250 against 5288
  * for 8 at 32K, 1237 against 1467 at 8K). A step of one split writes fewer partials for the merge. A short step (a
@@ -61,11 +61,37 @@ export const PREFILL_SPLITS = 16;
 export const PREFILL_INT8_SPLITS = 8;
 export const PREFILL_INT8_SPLIT_ROWS = 16384;
 
+/** A graph's key splits: the most a step takes, and AttentionBinding.splitRows (0: every step takes them all). */
+export interface SplitSettings {
+  splits: number;
+  splitRows: number;
+}
+
 /** A prefill graph's split settings (before the partials' binding limit): fewer where int8 serves it. */
-export function prefillSplitsFor(int8Served: boolean): { splits: number; splitRows: number } {
+export function prefillSplitsFor(int8Served: boolean): SplitSettings {
   return int8Served
     ? { splits: PREFILL_INT8_SPLITS, splitRows: PREFILL_INT8_SPLIT_ROWS }
     : { splits: PREFILL_SPLITS, splitRows: 0 };
+}
+
+/**
+ * The most of `wanted.splits` whose partials (attentionPartialsBytes: the largest step's records) fit one storage
+ * binding of `bindingBytes`: a 512-token Qwen3-4B prefill chunk with 16 splits needs 136 MB, over the 128 MiB of CPU
+ * adapters. Fewer splits then; one split needs no partials.
+ */
+export function splitsWithinBinding(
+  wanted: SplitSettings,
+  graph: { maxTokens: number; heads: number; headDim: number },
+  bindingBytes: number,
+): number {
+  let splits = wanted.splits;
+  while (
+    splits > 1 &&
+    attentionPartialsBytes(graph.maxTokens, graph.heads, splits, graph.headDim, wanted.splitRows) > bindingBytes
+  ) {
+    splits--;
+  }
+  return splits;
 }
 export const PREFILL_MIN_CHUNK_KEYS = 256;
 
@@ -82,7 +108,7 @@ export class PagedKvAttention {
   /** The prefill partials buffer of the graph being prepared (layer 0 allocates it and owns it), by maxTokens. */
   private readonly sharedPartials = new Map<number, GPUBuffer>();
   /** prefillSplits by maxTokens: every layer of a graph asks, and the answer looks at every layer. */
-  private readonly prefillSplitSettings = new Map<number, { splits: number; splitRows: number }>();
+  private readonly prefillSplitSettings = new Map<number, SplitSettings>();
   /** The int8 keys buffer of the converted int8 prefill attention, created with the first graph that runs it. */
   private keysInt8: GPUBuffer | null = null;
 
@@ -97,7 +123,7 @@ export class PagedKvAttention {
    * layers, which share one partials buffer. prefillSplitsFor's int8 settings where the tensor-core int8 kernel serves
    * every layer (a boosted layer's formats may not be served).
    */
-  prefillSplits(maxTokens: number): { splits: number; splitRows: number } {
+  prefillSplits(maxTokens: number): SplitSettings {
     const { gpu, pool, options } = this;
     let settings = this.prefillSplitSettings.get(maxTokens);
     if (settings === undefined) {
@@ -136,15 +162,12 @@ export class PagedKvAttention {
       maxTokens,
       prefillProducts: options.prefillProducts,
     });
-    const { splitRows, ...wanted } = decode
+    const wanted: SplitSettings = decode
       ? { splits: options.decodeSplits ?? decodeSplitsFor(pool.kvHeads), splitRows: 0 }
       : this.prefillSplits(maxTokens);
-    // The partials (tokens × heads × splits records) must fit one storage binding: a 512-token Qwen3-4B prefill chunk
-    // with 16 splits needs 136 MB, over the 128 MiB of CPU adapters. Fewer splits then; one split needs no partials.
-    const partialsBytes = (splits: number) =>
-      attentionPartialsBytes(maxTokens, options.heads, splits, pool.headDim, splitRows);
-    let splits = wanted.splits;
-    while (splits > 1 && partialsBytes(splits) > gpu.limits.maxStorageBufferBindingSize) splits--;
+    const { splitRows } = wanted;
+    const graph = { maxTokens, heads: options.heads, headDim: pool.headDim };
+    const splits = splitsWithinBinding(wanted, graph, gpu.limits.maxStorageBufferBindingSize);
     let partials: GPUBuffer | undefined;
     let ownPartials: GPUBuffer | undefined;
     if (!decode && splits > 1) {
@@ -154,7 +177,7 @@ export class PagedKvAttention {
         ownPartials = gpu.allocator.createBuffer({
           label: `kv.t${maxTokens}.attention.partials`,
           category: 'scratch',
-          size: partialsBytes(splits),
+          size: attentionPartialsBytes(maxTokens, options.heads, splits, pool.headDim, splitRows),
           usage: GPUBufferUsage.STORAGE,
         });
         partials = ownPartials;
