@@ -42,6 +42,7 @@ import { attentionMergeSource } from '../kernels/attention.wgsl.ts';
 import { attentionDecodeSource, type DecodeQuantShape } from '../kernels/attention-decode.wgsl.ts';
 import { attentionPrefillDotShape } from '../kernels/attention-prefill-dot.wgsl.ts';
 import {
+  type AttentionPrefillInt8Shape,
   attentionKeysInt8Source,
   attentionPrefillInt8Shape,
   attentionPrefillInt8Source,
@@ -513,10 +514,15 @@ const INT8_CONVERSION_ABLATIONS: [string, (code: string) => string][] = [
  * Candidate changes to the int8 prefill kernel, as edits of its source: same results, so they are checked against the
  * split kernel like the kernels themselves, and timed next to them.
  */
-const INT8_PREFILL_VARIANTS: [string, (code: string) => string][] = [
+const INT8_PREFILL_VARIANTS: [string, (code: string, shape: AttentionPrefillInt8Shape) => string][] = [
   // BENCH.md keeps the variants tried (e.g. P·V tiles stored 20 words apart, the sums made floats by adding 1.5·2^23,
   // each tile's codes loaded where they are copied, rows of S 68 words apart, 8 subgroups a workgroup), with their
   // numbers.
+  // Tiles of 32 keys: 24 KiB of workgroup memory at head size 128, so the H200 keeps two workgroups an SM, whose
+  // phases (copies, products, softmax, apply) can overlap; the one workgroup of 64-key tiles runs them in turn. Not
+  // an edit: the build of the same shape with TileKeys 32. Its value weights are quantized per 32 keys, so it is
+  // checked against the split kernel to the quantization bound only.
+  ['tile32', (_code, shape) => attentionPrefillInt8Source(shape, 32)],
 ];
 
 /** The int8 build a binding takes, edited: ablations (timed only) and variants (checked too), named `int8-<name>`. */
@@ -524,7 +530,7 @@ function int8Edits(
   gpu: GpuContext,
   pool: KvPagePool,
   tokens: number,
-  edits: [string, (code: string) => string][],
+  edits: [string, (code: string, shape: AttentionPrefillInt8Shape) => string][],
   of: 'attention' | 'conversion' = 'attention',
 ): [string, Partial<AttentionBinding>, AttentionSources][] {
   const built = attentionPrefillInt8ShapeFor(gpu, { pool, layer: 0, maxTokens: tokens, prefillProducts: 'int8' });
@@ -532,7 +538,7 @@ function int8Edits(
   const code =
     of === 'attention' ? attentionPrefillInt8Source(built) : attentionKeysInt8Source(built.headDim, built.quant);
   return edits.map(([name, edit]) => {
-    const source = edited(code, edit, `int8 edit '${name}'`);
+    const source = edited(code, (c) => edit(c, built), `int8 edit '${name}'`);
     return [
       `int8-${name}`,
       { prefillProducts: 'int8' },

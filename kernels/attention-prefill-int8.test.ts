@@ -23,6 +23,7 @@ import {
 import { attentionPrefillDotShape, attentionPrefillDotWorkgroupBytes } from './attention-prefill-dot.wgsl.ts';
 import {
   attentionPrefillInt8Shape,
+  attentionPrefillInt8Source,
   attentionPrefillInt8WorkgroupBytes,
   keysInt8ByteAt,
   keysInt8Bytes,
@@ -157,6 +158,10 @@ describe('int8 prefill attention', () => {
     expect(attentionPrefillInt8WorkgroupBytes(128, false)).toBe(41472);
     // The transposed V tile: 128 dims 20 words apart against 64 keys 36 apart.
     expect(attentionPrefillInt8WorkgroupBytes(128, true)).toBe(42496);
+    // Tiles of 32 keys fit 24 KiB (two workgroups an SM on the H200); only the converted build takes them.
+    expect(attentionPrefillInt8WorkgroupBytes(128, true, 32)).toBe(24064);
+    expect(attentionPrefillInt8WorkgroupBytes(64, true, 32)).toBe(18176);
+    expect(() => attentionPrefillInt8Source({ headDim: 64, quant: null, converted: false }, 32)).toThrow(/converted/);
     expect(attentionPrefillInt8Shape(128, null, 49152)).toEqual({
       headDim: 128,
       quant: null,

@@ -44,7 +44,7 @@ export interface AttentionPrefillInt8Shape {
 export const INT8_ATTENTION_ROWS = 64;
 /** Keys per tile. */
 export const INT8_ATTENTION_TILE_KEYS = 64;
-const BK = INT8_ATTENTION_TILE_KEYS;
+const BK = 64;
 
 /**
  * Words between rows of a build's workgroup arrays, and the sums' size. Rows of codes are padded by a vec4: the
@@ -52,24 +52,36 @@ const BK = INT8_ATTENTION_TILE_KEYS;
  * 5.9 instead of 8.3 ms on Qwen3-4B and 3.5 instead of 4.4 on Llama-3.2-1B). Rows of S are BK + 1 words apart, for
  * the softmax's reads (68 and 72 were no faster).
  */
-function int8TileLayout(headDim: number, converted: boolean) {
+function int8TileLayout(headDim: number, converted: boolean, tileKeys: TileKeys = BK) {
   // Words between keys of the K code tile (and of the V one staged from the pages), and between rows of q's codes.
   const KS = headDim / 4 + 4;
   // Words between rows of the p codes, and between dims of the transposed V tile (the converted build).
-  const PS = BK / 4 + 4;
-  const SP = BK + 1; // words between rows of S
-  // The sums hold S, then a round of P·V tiles (16 of 256 words); before the first tile, q's codes.
-  const sumsWords = Math.max(INT8_ATTENTION_ROWS * SP, INT8_ATTENTION_ROWS * KS, 16 * 256);
+  const PS = tileKeys / 4 + 4;
+  const SP = tileKeys + 1; // words between rows of S
+  // P·V tiles a subgroup stores per round (of 256 words each).
+  const roundTiles = tileKeys === 64 ? 4 : 2;
+  // The sums hold S, then a round of P·V tiles; before the first tile, q's codes.
+  const sumsWords = Math.max(INT8_ATTENTION_ROWS * SP, INT8_ATTENTION_ROWS * KS, 4 * roundTiles * 256);
   // V's tile: [key][dim] as staged from the pages, or [dim][key] as the conversion pass wrote it.
-  const vTileWords = converted ? headDim * PS : BK * KS;
-  return { KS, PS, SP, sumsWords, vTileWords };
+  const vTileWords = converted ? headDim * PS : tileKeys * KS;
+  return { KS, PS, SP, roundTiles, sumsWords, vTileWords };
 }
 
+/**
+ * Keys per tile of a build: 64 (the runtime's), or 32, whose workgroup memory (24 KiB at head size 128, against
+ * 42.5) lets the H200 keep two workgroups an SM (bench/occupancy-probe.ts): an experiment for the converted build.
+ */
+export type TileKeys = 32 | 64;
+
 /** Workgroup storage of a build: the K and V code tiles, the sums, the p codes, five per-row or per-key scales. */
-export function attentionPrefillInt8WorkgroupBytes(headDim: number, converted: boolean): number {
+export function attentionPrefillInt8WorkgroupBytes(
+  headDim: number,
+  converted: boolean,
+  tileKeys: TileKeys = BK,
+): number {
   const rows = INT8_ATTENTION_ROWS;
-  const { KS, PS, sumsWords, vTileWords } = int8TileLayout(headDim, converted);
-  return 4 * (BK * KS + vTileWords + sumsWords + rows * PS + 3 * rows + 2 * BK);
+  const { KS, PS, sumsWords, vTileWords } = int8TileLayout(headDim, converted, tileKeys);
+  return 4 * (tileKeys * KS + vTileWords + sumsWords + rows * PS + 3 * rows + 2 * tileKeys);
 }
 
 /** The build for a head size and page formats, or null where the kernel does not serve them. */
@@ -387,18 +399,30 @@ ${indent}let skip = select(0u, start - block, start > block); // keys 0..skip-1 
   };
 }
 
-export function attentionPrefillInt8Source(shape: AttentionPrefillInt8Shape): string {
+export function attentionPrefillInt8Source(shape: AttentionPrefillInt8Shape, tileKeys: TileKeys = BK): string {
   const { headDim: HD, quant } = shape;
+  if (tileKeys !== BK && !shape.converted) {
+    throw new Error(`int8 attention: tiles of ${tileKeys} keys need the converted build`);
+  }
+  const TK = tileKeys;
   const ROWS = INT8_ATTENTION_ROWS;
-  const { KS, PS, SP, sumsWords, vTileWords } = int8TileLayout(HD, shape.converted);
+  const { KS, PS, SP, roundTiles, sumsWords, vTileWords } = int8TileLayout(HD, shape.converted, TK);
   const range = (n: number) => Array.from({ length: n }, (_, i) => i);
   const each = (n: number, f: (i: number) => string, sep = '\n') => range(n).map(f).join(sep);
   const KSTEPS = HD / 32; // 32-deep steps of q·k
   const DT = HD / 16; // dim tiles of a subgroup's output rows
-  const ROUNDS = DT / 4; // rounds of 4 dim tiles through the sums buffer
+  const ROUNDS = DT / roundTiles; // rounds of P·V tiles through the sums buffer
+  const PM = TK / 32; // 32-key left operands of P·V a tile: its w codes
+  // Softmax lane (row r, half)'s keys of a tile: LK of them, from LK·half, visited from ROT·half on (64-key tiles:
+  // rows of S 65 words apart put both halves' first keys in one bank otherwise); a vec4 of scales or a word of w
+  // codes holds 4 of them.
+  const LK = TK / 2;
+  const ROT = TK === 64 ? 16 : 0;
+  const keyOf = (i: number) => `${LK}u * half + ((${i}u + ${ROT}u * half) & ${LK - 1}u)`;
+  const quadOf4 = (a: number) => `${LK / 4}u * half + ((${a}u + ${ROT / 4}u * half) & ${LK / 4 - 1}u)`;
   const { fetchWgsl, codeScaleWgsl, stageQuery, tileLoopHead, tileMask } = int8AttentionStagingWgsl(HD, quant, true);
   // V's codes of dim tile t (16 dims) and the tile's keys 32·half.. as the right operand of P·V: column-major from the
-  // transposed tile (converted), row-major from the one staged from the pages.
+  // transposed tile (converted), row-major from the one staged from the pages (64-key tiles only).
   const vMatrix = (t: string, half: number) =>
     shape.converted
       ? `subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, col_major>(&vcodes, ${t} * 16u * PS + ${8 * half}u, PS)`
@@ -414,19 +438,21 @@ ${each(
 )}
       subgroupMatrixStore<row_major>(&sums, sg * 16u * SP + ${t} * 16u, scores, SP);
     }`;
-  // Round \`round\` of the P·V products (4 dim tiles) and their apply to the accumulators.
+  // Round \`round\` of the P·V products (roundTiles dim tiles) and their apply to the accumulators.
   const valuesRound = (round: number) => {
-    const product = (
-      u: string,
-    ) => `        var o = subgroupMatrixMultiply<i32>(p0, ${vMatrix(`(${round * 4}u + ${u})`, 0)});
-        o = subgroupMatrixMultiplyAccumulate(p1, ${vMatrix(`(${round * 4}u + ${u})`, 1)}, o);
-        subgroupMatrixStore<row_major>(&sums, (sg * 4u + ${u}) * 256u, o, 16u);`;
-    const products = each(4, (u) => `      {\n${product(`${u}u`)}\n      }`);
+    const RT = roundTiles;
+    const product = (u: string) => {
+      const t = `(${round * RT}u + ${u})`;
+      return `        var o = subgroupMatrixMultiply<i32>(p0, ${vMatrix(t, 0)});
+${each(PM - 1, (k) => `        o = subgroupMatrixMultiplyAccumulate(p${k + 1}, ${vMatrix(t, k + 1)}, o);`)}
+        subgroupMatrixStore<row_major>(&sums, (sg * ${RT}u + ${u}) * 256u, o, 16u);`;
+    };
+    const products = each(RT, (u) => `      {\n${product(`${u}u`)}\n      }`);
     // Row 2i + h's correction and scale (rowCorr, rowScale) were read once for the tile.
-    const apply = each(4, (u) =>
+    const apply = each(RT, (u) =>
       each(8, (i) => {
-        const a = (round * 4 + u) * 8 + i;
-        return `      acc[${a}] = acc[${a}] * rowCorr${i} + rowScale${i} * f32(sums[(sg * 4u + ${u}u) * 256u + ${2 * i}u * 16u + h * 16u + c]);`;
+        const a = (round * RT + u) * 8 + i;
+        return `      acc[${a}] = acc[${a}] * rowCorr${i} + rowScale${i} * f32(sums[(sg * ${RT}u + ${u}u) * 256u + ${2 * i}u * 16u + h * 16u + c]);`;
       }),
     );
     return `    {
@@ -435,9 +461,8 @@ ${products}
 ${apply}${round + 1 < ROUNDS ? '\n      workgroupBarrier();' : ''}
     }`;
   };
-  // Key j_i's scale in the softmax: keys 4a..4a+3 of the row's half are one vec4 of kscale/vscale.
-  const keyScale = (p: 'k' | 'v', i: number) =>
-    `${p}scale[8u * half + ((${Math.floor(i / 4)}u + 4u * half) & 7u)][${i % 4}]`;
+  // Key j_i's scale in the softmax: keys 4a..4a+3 of the lane's are one vec4 of kscale/vscale.
+  const keyScale = (p: 'k' | 'v', i: number) => `${p}scale[${quadOf4(Math.floor(i / 4))}][${i % 4}]`;
   // The converted build: bindings 0, 1, 3, 4 as the others, the int8 keys buffer in place of the page table, no pages.
   const bindings = shape.converted
     ? `${attentionParamsWgsl(false)}
@@ -453,7 +478,7 @@ ${fetchWgsl}`;
   // Converted builds copy each tile's codes from the int8 keys buffer into workgroup memory, as vec4s loaded a tile
   // ahead into registers: on the H200, a subgroup matrix loaded from a storage buffer fed the tensor cores at 52
   // trillion multiply-adds a second, one loaded from workgroup memory at 233 (bench/int8-dot-probe.ts).
-  const TILE_QUADS = (BK * HD) / 16; // vec4s of a tile's K codes, and of its V codes
+  const TILE_QUADS = (TK * HD) / 16; // vec4s of a tile's K codes, and of its V codes
   const AHEAD = (2 * TILE_QUADS) / (2 * ROWS); // vec4s an invocation loads per tile
   // Invocation li's vec4 i of a tile, ahead[i], is vec4 li + 128·i of its K codes (i < K_AHEAD), else of its V codes
   // (128 invocations: 2·ROWS). Every index is written out (as is the rest of the tile loop): loops over the private
@@ -462,14 +487,18 @@ ${fetchWgsl}`;
   if (!Number.isInteger(K_AHEAD))
     throw new Error(`int8 attention: a tile's ${TILE_QUADS} vec4s of K do not split evenly`);
   const quadOf = (i: number) => ({ kind: i < K_AHEAD ? 0 : 1, at: `li + ${(i % K_AHEAD) * 2 * ROWS}u` });
+  // V's vec4s come from the conversion pass's transposed tiles of 64 keys (KEYS_INT8_LAYOUT_WGSL): a 32-key tile is
+  // half of each dim's 4 vec4s.
   const loadQuad = (i: number, first: string) => {
     const { kind, at } = quadOf(i);
-    return `ahead[${i}] = keys8[keyCodesAt(${kind}u, kvh, ${first}) / 4u + ${at}];`;
+    if (kind === 0 || TK === BK) return `ahead[${i}] = keys8[keyCodesAt(${kind}u, kvh, ${first}) / 4u + ${at}];`;
+    const [dim, part, key] = [`(${at}) / ${TK / 16}u`, `(${at}) % ${TK / 16}u`, `(${first})`];
+    return `ahead[${i}] = keys8[keyCodesAt(1u, kvh, ${key} - ${key} % ${BK}u) / 4u + ${dim} * ${BK / 16}u + (${key} % ${BK}u) / 16u + ${part}];`;
   };
-  // K's vec4s go to key at / (HD / 16), V's (transposed tiles) to dim at / (BK / 16).
+  // K's vec4s go to key at / (HD / 16), V's (transposed tiles) to dim at / (TK / 16).
   const copyQuad = (i: number) => {
     const { kind, at } = quadOf(i);
-    const [codes, per, stride] = kind === 0 ? ['kcodes', HD / 16, 'KS'] : ['vcodes', BK / 16, 'PS'];
+    const [codes, per, stride] = kind === 0 ? ['kcodes', HD / 16, 'KS'] : ['vcodes', TK / 16, 'PS'];
     return `    {
       let word = ((${at}) / ${per}u) * ${stride} + 4u * ((${at}) % ${per}u);
       ${each(4, (e) => `${codes}[word + ${e}u] = ahead[${i}][${e}];`, ' ')}
@@ -510,7 +539,7 @@ ${codeScaleWgsl}
 const HD: u32 = ${HD}u;
 const HW: u32 = ${HD / 4}u; // words of a row's or key's codes
 const ROWS: u32 = ${ROWS}u;
-const BK: u32 = ${BK}u;
+const BK: u32 = ${TK}u;
 // Words between rows: of the key tiles' codes and of q's (a vec4 of padding: a matrix load's rows of 16 bytes fall in
 // different banks), of the p codes (and of the dims of a transposed V tile), and of S in the sums (row r's key j in
 // bank (r + j) % 32).
@@ -520,7 +549,7 @@ const SP: u32 = ${SP}u;
 const NONE: f32 = -1e30;
 ${shape.converted ? KEYS_INT8_LAYOUT_WGSL : ''}
 
-var<workgroup> kcodes: array<i32, ${BK * KS}>;
+var<workgroup> kcodes: array<i32, ${TK * KS}>;
 var<workgroup> vcodes: array<i32, ${vTileWords}>;
 // q's codes (rows KS apart) until the subgroups hold them; then S of a tile [row][key], then a round of P·V tiles.
 var<workgroup> sums: array<i32, ${sumsWords}>;
@@ -528,8 +557,8 @@ var<workgroup> pcodes: array<i32, ${ROWS * PS}>;
 var<workgroup> qscale: array<f32, ${ROWS}>;
 // The tile's K and V scales, four keys a vec4: the softmax reads them so (on the H200, 3% of Qwen3-4B's layer at 32K
 // keys against a load per key).
-var<workgroup> kscale: array<vec4<f32>, ${BK / 4}>;
-var<workgroup> vscale: array<vec4<f32>, ${BK / 4}>;
+var<workgroup> kscale: array<vec4<f32>, ${TK / 4}>;
+var<workgroup> vscale: array<vec4<f32>, ${TK / 4}>;
 var<workgroup> wscale: array<f32, ${ROWS}>; // the tile's d_w per row; at the end, the row sums
 var<workgroup> corr: array<f32, ${ROWS}>; // the tile's correction per row; at the end, the row maxima
 
@@ -561,41 +590,41 @@ ${each(
   var acc: array<f32, ${DT * 8}>;
 
 ${shape.converted ? convertedLoopHead : tileLoopHead}
-${each(BK / 16, (t) => scoresTile(`${t}u`))}
+${each(TK / 16, (t) => scoresTile(`${t}u`))}
     workgroupBarrier();
-    // Row r's keys half·32.., visited from key 16·half on: with rows SP = BK + 1 words apart, the 32 lanes of a
-    // subgroup (16 rows, both halves) read 32 different banks. Written out key by key (s_i, w_i in registers, one read
-    // of the sums): as loops with the sums read twice and w written back, this phase took half the kernel's time.
+    // Row r's keys half·LK.. (keyOf): with rows SP = BK + 1 words apart, the 32 lanes of a subgroup (16 rows, both
+    // halves) read 32 different banks. Written out key by key (s_i, w_i in registers, one read of the sums): as loops
+    // with the sums read twice and w written back, this phase took half the kernel's time.
     {
       let dq = qscale[r];
 ${tileMask('      ')}
 ${each(
-  32,
-  (i) => `      let j${i} = 32u * half + ((${i}u + 16u * half) & 31u);
+  LK,
+  (i) => `      let j${i} = ${keyOf(i)};
       let s${i} = select(NONE, f32(sums[r * SP + j${i}]) * dq * ${keyScale('k', i)}, j${i} >= skip && j${i} < visible);`,
 )}
-      var tileMax = ${range(32).reduce((acc, i) => (acc ? `max(${acc}, s${i})` : `s${i}`), '')};
+      var tileMax = ${range(LK).reduce((acc, i) => (acc ? `max(${acc}, s${i})` : `s${i}`), '')};
       tileMax = max(tileMax, subgroupShuffleXor(tileMax, 1u));
       let best = max(m, tileMax);
       let correction = select(1.0, exp(m - best), m > NONE);
 ${each(
-  32,
+  LK,
   (i) => `      let p${i} = select(0.0, exp(s${i} - best), s${i} > NONE);
       let w${i} = p${i} * ${keyScale('v', i)};`,
 )}
-      var pSum = ${range(32)
+      var pSum = ${range(LK)
         .map((i) => `p${i}`)
         .join(' + ')};
-      var wMax = ${range(32).reduce((acc, i) => (acc ? `max(${acc}, w${i})` : `w${i}`), '')};
+      var wMax = ${range(LK).reduce((acc, i) => (acc ? `max(${acc}, w${i})` : `w${i}`), '')};
       pSum += subgroupShuffleXor(pSum, 1u);
       wMax = max(wMax, subgroupShuffleXor(wMax, 1u));
       l = l * correction + pSum;
       m = best;
       let inverse = select(0.0, 127.0 / wMax, wMax > 1e-30);
-      // w_4a..w_4a+3 are keys 4·((a + 4·half) % 8).. of the half: one word of codes.
+      // w_4a..w_4a+3 are 4 consecutive keys (keyOf): one word of codes.
 ${each(
-  8,
-  (a) => `      pcodes[r * PS + 8u * half + ((${a}u + 4u * half) & 7u)] =
+  LK / 4,
+  (a) => `      pcodes[r * PS + ${quadOf4(a)}] =
         bitcast<i32>(pack4xI8(vec4<i32>(round(vec4<f32>(w${4 * a}, w${4 * a + 1}, w${4 * a + 2}, w${4 * a + 3}) * inverse))));`,
 )}
       if (half == 0u) {
@@ -604,9 +633,12 @@ ${each(
       }
     }
     workgroupBarrier();
-    // The subgroup's rows of the tile's w codes, keys 0..31 and 32..63.
-    let p0 = subgroupMatrixLoad<subgroup_matrix_left<i8, 32, 16>, row_major>(&pcodes, sg * 16u * PS, PS);
-    let p1 = subgroupMatrixLoad<subgroup_matrix_left<i8, 32, 16>, row_major>(&pcodes, sg * 16u * PS + 8u, PS);
+    // The subgroup's rows of the tile's w codes, 32 keys each.
+${each(
+  PM,
+  (k) =>
+    `    let p${k} = subgroupMatrixLoad<subgroup_matrix_left<i8, 32, 16>, row_major>(&pcodes, sg * 16u * PS + ${8 * k}u, PS);`,
+)}
 ${each(
   8,
   (i) => `    let rowCorr${i} = corr[sg * 16u + ${2 * i}u + h];
