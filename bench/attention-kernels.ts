@@ -733,6 +733,22 @@ if (values['check-int8']) {
         report(`${name}${convertKeys ? '' : ', tiles from the pages'}`, Math.max(...ratios), Math.max(...ratios) <= 1);
       }
     }
+    // The experimental build of 32-key tiles (TileKeys), against the reference of the same tiles.
+    if (products === 'int8') {
+      for (const [name, shape, chunks, more] of INT8_PREFILL_CASES) {
+        if (!served(shape.headDim)) continue;
+        const headDim = shape.headDim as 64 | 128;
+        const tile32 = attentionPrefillInt8Source({ headDim, quant: null, converted: true }, 32);
+        const { ratios } = await runSteps(gpu, shape, chunks, 57 + shape.headDim, 4, {
+          ...more,
+          prefillProducts: products,
+          int8TileKeys: 32,
+          sources: { prefillInt8: tile32 },
+          tolerance: INT8_ATTENTION_TOLERANCE,
+        });
+        report(`${name}, tiles of 32 keys`, Math.max(...ratios), Math.max(...ratios) <= 1);
+      }
+    }
     for (const [name, c] of INT8_MIXED_CASES) {
       if (!served(c.headDim)) continue;
       const r = await runMixed(gpu, c, 4242, { prefillProducts: products, tolerance: INT8_ATTENTION_TOLERANCE });

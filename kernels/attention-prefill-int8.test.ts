@@ -107,34 +107,38 @@ describe.each(['int8', 'int8-dot'] as const)('%s prefill attention', (products) 
 });
 
 describe('int8 prefill attention', () => {
-  it('its CPU reference quantizes: within the 8-bit bound of exact attention, not equal to it', () => {
-    for (const [, shape, chunks, more] of INT8_PREFILL_CASES) {
-      const random = seededRandom(71 + shape.headDim);
-      const { heads, kvHeads, headDim } = shape;
-      const length = chunks[0];
-      const input = {
-        q: randomFloats(random, length * heads * headDim, 2),
-        k: randomFloats(random, length * kvHeads * headDim, 2),
-        v: randomFloats(random, length * kvHeads * headDim, 1),
-        position: 0,
-        tokens: length,
-        heads,
-        kvHeads,
-        headDim,
-        scale: 1 / Math.sqrt(headDim),
-      };
-      const exact = attentionReference(input);
-      const int8 = attentionInt8Reference({
-        ...input,
-        splits: splitsOfStep(more.prefillSplits ?? 1, more.prefillSplitRows ?? 0, length * heads),
-        minChunkKeys: more.minChunkKeys ?? 1,
-      });
-      const { atol } = INT8_ATTENTION_QUANTIZATION_BOUND;
-      const ratio = maxToleranceRatio(int8, exact, atol, 0);
-      expect(ratio).toBeLessThanOrEqual(1);
-      expect(ratio * atol).toBeGreaterThan(1e-3);
-    }
-  });
+  it.each([64, 32])(
+    'its CPU reference quantizes: within the 8-bit bound of exact attention, not equal to it (tiles of %i keys)',
+    (tileKeys) => {
+      for (const [, shape, chunks, more] of INT8_PREFILL_CASES) {
+        const random = seededRandom(71 + shape.headDim);
+        const { heads, kvHeads, headDim } = shape;
+        const length = chunks[0];
+        const input = {
+          q: randomFloats(random, length * heads * headDim, 2),
+          k: randomFloats(random, length * kvHeads * headDim, 2),
+          v: randomFloats(random, length * kvHeads * headDim, 1),
+          position: 0,
+          tokens: length,
+          heads,
+          kvHeads,
+          headDim,
+          scale: 1 / Math.sqrt(headDim),
+        };
+        const exact = attentionReference(input);
+        const int8 = attentionInt8Reference({
+          ...input,
+          splits: splitsOfStep(more.prefillSplits ?? 1, more.prefillSplitRows ?? 0, length * heads),
+          minChunkKeys: more.minChunkKeys ?? 1,
+          tileKeys,
+        });
+        const { atol } = INT8_ATTENTION_QUANTIZATION_BOUND;
+        const ratio = maxToleranceRatio(int8, exact, atol, 0);
+        expect(ratio).toBeLessThanOrEqual(1);
+        expect(ratio * atol).toBeGreaterThan(1e-3);
+      }
+    },
+  );
 
   it('the dot4I8Packed build keeps q in registers: headDim 128 fits 32 KiB of workgroup storage', () => {
     expect(attentionPrefillDotWorkgroupBytes(64)).toBe(12800);
