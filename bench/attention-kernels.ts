@@ -537,7 +537,9 @@ function int8Edits(
   if (!built || (of === 'conversion' && !built.converted)) return [];
   const code =
     of === 'attention' ? attentionPrefillInt8Source(built) : attentionKeysInt8Source(built.headDim, built.quant);
-  return edits.map(([name, edit]) => {
+  // The 32-key build reads the conversion pass's buffer: none where it would not fit a binding.
+  const usable = built.converted ? edits : edits.filter(([name]) => name !== 'tile32');
+  return usable.map(([name, edit]) => {
     const source = edited(code, (c) => edit(c, built), `int8 edit '${name}'`);
     return [
       `int8-${name}`,
@@ -748,6 +750,23 @@ if (values['check-int8']) {
         });
         report(`${name}, tiles of 32 keys`, Math.max(...ratios), Math.max(...ratios) <= 1);
       }
+      // A broken 32-key build must fail: V always from the first half of the 64-key transposed tile.
+      let worst = 0;
+      for (const [, shape, chunks, more] of INT8_PREFILL_CASES) {
+        if (!served(shape.headDim)) continue;
+        const headDim = shape.headDim as 64 | 128;
+        const tile32 = attentionPrefillInt8Source({ headDim, quant: null, converted: true }, 32);
+        const broken = edited(tile32, (c) => c.replaceAll('% 64u) / 16u', '% 64u) / 64u'), 'tile32 mutation');
+        const { ratios } = await runSteps(gpu, shape, chunks, 57 + shape.headDim, 4, {
+          ...more,
+          prefillProducts: products,
+          int8TileKeys: 32,
+          sources: { prefillInt8: broken },
+          tolerance: INT8_ATTENTION_TOLERANCE,
+        });
+        worst = Math.max(worst, ...ratios);
+      }
+      report("mutation 'values from the first half tile' caught, tiles of 32 keys", worst, worst > 1);
     }
     for (const [name, c] of INT8_MIXED_CASES) {
       if (!served(c.headDim)) continue;

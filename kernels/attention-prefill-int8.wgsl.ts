@@ -13,14 +13,15 @@
  *
  * Workgroup (split s, kv head, row tile): 4 subgroups of 32 invocations and 64 query rows (the (token, head of the
  * GQA group) pairs, as the other attention kernels order them); subgroup g owns rows 16g..16g+15 of both products,
- * and its lanes 2m, 2m + 1 own row (or key) 16g + m when staging and in the softmax. Per tile of 64 keys:
+ * and its lanes 2m, 2m + 1 own row (or key) 16g + m when staging and in the softmax. Per tile of 64 keys (or 32:
+ * TileKeys):
  *   1. stage the keys' K and V as int8 codes and scales in workgroup memory: the converted build (the default)
  *      copies them from the int8 keys buffer a conversion pass filled for the whole step (attentionKeysInt8Source),
  *      the other converts them from the pages (f16 words, or quant codes as lo + code·scale);
  *   2. S = Q·Kᵀ into workgroup memory (16x16 tiles, the head's dims 32 at a time);
  *   3. the row's maxima, correction, p, l, and the codes of w into workgroup memory;
- *   4. P·V through workgroup memory, 4 dim tiles per subgroup per round, each lane adding its 8 outputs per tile
- *      to f32 accumulators (rescaled by the correction).
+ *   4. P·V through workgroup memory, 4 dim tiles per subgroup per round (2 with 32-key tiles), each lane adding its
+ *      8 outputs per tile to f32 accumulators (rescaled by the correction).
  * Output as the split kernel (attentionPartialSource): splits = 1 the normalized rows, else (max, sum, Σ p·V) per
  * (t, h, s) for the merge pass. Bindings as the split kernel's, except that the converted build binds the int8 keys
  * buffer in place of the page table, and no pages.
@@ -44,7 +45,7 @@ export interface AttentionPrefillInt8Shape {
 export const INT8_ATTENTION_ROWS = 64;
 /** Keys per tile. */
 export const INT8_ATTENTION_TILE_KEYS = 64;
-const BK = 64;
+const BK = INT8_ATTENTION_TILE_KEYS;
 
 /**
  * Words between rows of a build's workgroup arrays, and the sums' size. Rows of codes are padded by a vec4: the
@@ -231,8 +232,9 @@ export function transposeTileWgsl(
 }
 
 /**
- * The first key of the int8 kernels' first tile: tiles of BK keys start on multiples of BK (the conversion pass
- * transposes V's codes per such tile), so a split that starts inside one masks that tile's keys before its start.
+ * The first key of the int8 kernels' first tile: tiles of BK keys start on multiples of BK, which divides the 64-key
+ * tiles the conversion pass transposes V's codes in, so a split that starts inside one masks that tile's keys before
+ * its start.
  */
 const TILE_START_WGSL = `  let tileStart = select(start, start - start % BK, start < end);`;
 
@@ -444,8 +446,7 @@ ${each(
     const product = (u: string) => {
       const t = `(${round * RT}u + ${u})`;
       return `        var o = subgroupMatrixMultiply<i32>(p0, ${vMatrix(t, 0)});
-${each(PM - 1, (k) => `        o = subgroupMatrixMultiplyAccumulate(p${k + 1}, ${vMatrix(t, k + 1)}, o);`)}
-        subgroupMatrixStore<row_major>(&sums, (sg * ${RT}u + ${u}) * 256u, o, 16u);`;
+${each(PM - 1, (k) => `        o = subgroupMatrixMultiplyAccumulate(p${k + 1}, ${vMatrix(t, k + 1)}, o);\n`, '')}        subgroupMatrixStore<row_major>(&sums, (sg * ${RT}u + ${u}) * 256u, o, 16u);`;
     };
     const products = each(RT, (u) => `      {\n${product(`${u}u`)}\n      }`);
     // Row 2i + h's correction and scale (rowCorr, rowScale) were read once for the tile.
