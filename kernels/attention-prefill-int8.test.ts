@@ -2,6 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { readUint32 } from '../runtime/gpu/readback.ts';
 import { KvPagePool } from '../runtime/kv/pool.ts';
 import {
+  expectedAttention,
   INT8_ATTENTION_QUANTIZATION_BOUND,
   INT8_ATTENTION_TOLERANCE,
   INT8_PREFILL_CASES,
@@ -18,7 +19,6 @@ import {
   poolKeysInt8Bytes,
   poolKeysInt8Capacity,
   prepareKeysInt8,
-  splitsOfStep,
 } from './attention.ts';
 import { attentionPrefillDotShape, attentionPrefillDotWorkgroupBytes } from './attention-prefill-dot.wgsl.ts';
 import {
@@ -32,7 +32,6 @@ import {
 import { releaseDispatches, submitDispatches } from './dispatch.ts';
 import { prepareKvAppend } from './kv-append.ts';
 import { attentionReference, roundToF16 } from './reference/attention.ts';
-import { attentionInt8Reference } from './reference/attention-int8.ts';
 
 const ctx = withTestGpu();
 
@@ -126,9 +125,9 @@ describe('int8 prefill attention', () => {
           scale: 1 / Math.sqrt(headDim),
         };
         const exact = attentionReference(input);
-        const int8 = attentionInt8Reference({
-          ...input,
-          splits: splitsOfStep(more.prefillSplits ?? 1, more.prefillSplitRows ?? 0, length * heads),
+        const int8 = expectedAttention(input, {
+          splits: more.prefillSplits ?? 1,
+          splitRows: more.prefillSplitRows ?? 0,
           minChunkKeys: more.minChunkKeys ?? 1,
           tileKeys,
         });

@@ -480,13 +480,13 @@ ${fetchWgsl}`;
   // ahead into registers: on the H200, a subgroup matrix loaded from a storage buffer fed the tensor cores at 52
   // trillion multiply-adds a second, one loaded from workgroup memory at 233 (bench/int8-dot-probe.ts).
   const TILE_QUADS = (TK * HD) / 16; // vec4s of a tile's K codes, and of its V codes
-  const AHEAD = (2 * TILE_QUADS) / (2 * ROWS); // vec4s an invocation loads per tile
   // Invocation li's vec4 i of a tile, ahead[i], is vec4 li + 128·i of its K codes (i < K_AHEAD), else of its V codes
   // (128 invocations: 2·ROWS). Every index is written out (as is the rest of the tile loop): loops over the private
   // arrays ran 8% slower on Qwen3-4B's layer on the H200.
   const K_AHEAD = TILE_QUADS / (2 * ROWS);
   if (!Number.isInteger(K_AHEAD))
     throw new Error(`int8 attention: a tile's ${TILE_QUADS} vec4s of K do not split evenly`);
+  const AHEAD = 2 * K_AHEAD; // vec4s an invocation loads per tile, K's then V's
   const quadOf = (i: number) => ({ kind: i < K_AHEAD ? 0 : 1, at: `li + ${(i % K_AHEAD) * 2 * ROWS}u` });
   // V's vec4s come from the conversion pass's transposed tiles of 64 keys (KEYS_INT8_LAYOUT_WGSL): a 32-key tile is
   // half of each dim's 4 vec4s.

@@ -59,6 +59,10 @@ fn splitChunk(length: u32, splits: u32, minChunk: u32) -> u32 {
 fn splitsOfStep(splits: u32, splitRows: u32, rows: u32) -> u32 {
   if (splitRows == 0u) { return splits; }
   return clamp((splitRows + rows - 1u) / rows, 1u, splits);
+}
+/** The current step's splits (the including shader's params and step: the split and merge passes read the same). */
+fn currentStepSplits() -> u32 {
+  return splitsOfStep(params.splits, params.splitRows, step.tokens * params.heads);
 }`;
 
 /**
@@ -75,7 +79,7 @@ export function splitTileWgsl(rows: string): string {
   if (firstRow / group >= step.tokens) { return; }
   let lastT = min(step.tokens - 1u, (firstRow + ${rows} - 1u) / group);
   // The step's splits (its partial records per row): the grid's params.splits, or fewer for a step of many rows.
-  let stepSplits = splitsOfStep(params.splits, params.splitRows, step.tokens * params.heads);
+  let stepSplits = currentStepSplits();
   let chunk = splitChunk(step.length, stepSplits, params.minChunk);
   let start = s * chunk;
   // Splits past the keys (or the step's splits) have nothing to do: the merge pass reads only ceil(length / chunk).
@@ -463,7 +467,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let h = wg.x;
   let t = wg.y;
   if (t >= step.tokens) { return; }
-  let stepSplits = splitsOfStep(params.splits, params.splitRows, step.tokens * params.heads);
+  let stepSplits = currentStepSplits();
   let chunk = splitChunk(step.length, stepSplits, params.minChunk);
   let splits = (step.length + chunk - 1u) / chunk;
   let rec = params.headDim + 2u;
@@ -550,7 +554,7 @@ const WG: u32 = ${MERGE_ROWS_WG}u;
 
 // Dim e of (token, head) row \`row\` = t · heads + h, merged over the step's used splits.
 fn mergedValue(row: u32, e: u32) -> f32 {
-  let stepSplits = splitsOfStep(params.splits, params.splitRows, step.tokens * params.heads);
+  let stepSplits = currentStepSplits();
   let chunk = splitChunk(step.length, stepSplits, params.minChunk);
   let splits = (step.length + chunk - 1u) / chunk;
   let rec = params.headDim + 2u;
