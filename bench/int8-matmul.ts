@@ -5,7 +5,7 @@
  *    variant), the quantization of the activations included: µs per matmul and TFLOPS (2·N·K·T / time).
  *
  *   node bench/int8-matmul.ts [--out results.json] [--tokens 128,512] [--types Q4_K,Q4_0,Q6_K] [--skip-check]
- *                             [--skip-timing] [--ablate]
+ *                             [--skip-timing] [--ablate] [--schedules]
  *
  * Timing: bench/gpu-timing.ts (the dispatches recorded n and 5n times into one pass: per-run time without the
  * submit's round trip). Exit code 1 when a check fails.
@@ -20,7 +20,13 @@ import {
   prepareQuantizeActivations,
   releaseInt8Activations,
 } from '../kernels/matmul-int8.ts';
-import { INT8_MATMUL_TILES, type Int8MatmulVariant, int8MatmulSupportsType } from '../kernels/matmul-int8.wgsl.ts';
+import {
+  type Dot4Schedule,
+  INT8_MATMUL_TILES,
+  type Int8MatmulVariant,
+  int8DotMatmulWgsl,
+  int8MatmulSupportsType,
+} from '../kernels/matmul-int8.wgsl.ts';
 import { randomWeightBytes } from '../kernels/reference/dequantize.ts';
 import { releaseWeight, uploadWeightFromBytes } from '../kernels/weights.ts';
 import { GGML_TYPE_INFO, GgmlType } from '../runtime/gguf/types.ts';
@@ -96,8 +102,8 @@ const DOT4_ABLATIONS: [string, (code: string) => string][] = [
   [
     'no-apply (sums added as bits)',
     (code) =>
-      code.replace(
-        /acc\[i \* 4u \+ j\] \+= [^;]*;/,
+      code.replaceAll(
+        /acc\[i \* 4u \+ j\] \+= [^;]*;/g,
         code.includes('var high')
           ? 'acc[i * 4u + j] += bitcast<f32>(sums[i * 4u + j] + high[i * 4u + j]);'
           : 'acc[i * 4u + j] += bitcast<f32>(sums[i * 4u + j]);',
@@ -108,34 +114,105 @@ const DOT4_ABLATIONS: [string, (code: string) => string][] = [
     'no-convert (sums reinterpreted)',
     (code) =>
       code
-        .replace('f32(sums[i * 4u + j])', 'bitcast<f32>(sums[i * 4u + j])')
-        .replace('f32(high[i * 4u + j])', 'bitcast<f32>(high[i * 4u + j])'),
+        .replaceAll('f32(sums[i * 4u + j])', 'bitcast<f32>(sums[i * 4u + j])')
+        .replaceAll('f32(high[i * 4u + j])', 'bitcast<f32>(high[i * 4u + j])'),
   ],
   [
     'magic-convert',
-    (code) => code.replace(/f32\((sums\[[^\]]*\])\)/, MAGIC_CONVERT).replace(/f32\((high\[[^\]]*\])\)/, MAGIC_CONVERT),
+    (code) =>
+      code.replaceAll(/f32\((sums\[[^\]]*\])\)/g, MAGIC_CONVERT).replaceAll(/f32\((high\[[^\]]*\])\)/g, MAGIC_CONVERT),
   ],
   // The weight codes read as raw words: no nibble decode (the loads stay).
-  ['no-weight-decode (raw words)', (code) => code.replace('= code_word(base, b, word);', '= w[base + b * 4u + word];')],
+  [
+    'no-weight-decode (raw words)',
+    (code) =>
+      code.replace(
+        '= code_word(min(n0 + r, params.rows - 1u) * params.rowWords, blk, word);',
+        '= w[min(n0 + r, params.rows - 1u) * params.rowWords + blk * 4u + word];',
+      ),
+  ],
   // No global loads of codes: staged values made from indices (the scales still load; one word of the activation
   // codes is still read, or the unused binding would leave the bind group invalid).
   [
     'no-code-loads',
     (code) =>
       code
-        .replace('= code_word(base, b, word);', '= base + b + word;')
-        .replace(/= codes\[\(t0 \+ r\) \* \(K \/ 4u\) \+ b \* 8u \+ word\];/, '= r + b + codes[0];'),
+        .replace('= code_word(min(n0 + r, params.rows - 1u) * params.rowWords, blk, word);', '= n0 + r + blk + word;')
+        .replace('= codes[(t0 + r) * (K / 4u) + blk * 8u + word];', '= r + blk + codes[0];'),
   ],
   // Operands from registers instead of workgroup memory.
   [
     'no-operand-reads',
     (code) =>
       code
-        .replace('wv[i] = wcodes[(lid.x + 16u * i) * ROW_WORDS + k];', 'wv[i] = lid.x + i + k;')
-        .replace('xv[i] = xcodes[(lid.y + 16u * i) * ROW_WORDS + k];', 'xv[i] = lid.y + i + k;'),
+        .replaceAll('wv[i] = wcodes[(lid.x + 16u * i) * ROW_WORDS + k];', 'wv[i] = lid.x + i + k;')
+        .replaceAll('xv[i] = xcodes[(lid.y + 16u * i) * ROW_WORDS + k];', 'xv[i] = lid.y + i + k;'),
   ],
   ['no-barriers', (code) => code.replaceAll('workgroupBarrier();', '')],
 ];
+
+/** Schedules of the dot4I8Packed kernel compared by `--schedules` (the first is the runtime's). */
+const DOT4_SCHEDULES: [string, Dot4Schedule][] = [
+  ['1 block', { blocksPerStage: 1 }],
+  ['2 blocks', { blocksPerStage: 2 }],
+];
+
+/**
+ * Each schedule of DOT4_SCHEDULES through the dot4I8Packed cases of kernels/matmul-int8.test.ts, then timed at
+ * Qwen3-4B's and Llama-3.2-1B's gate/up and down shapes over 1024 tokens (the runtime's prefill chunk there).
+ */
+async function compareSchedules(gpu: Awaited<ReturnType<typeof acquireGpu>>): Promise<number> {
+  let failed = 0;
+  const build = (type: GgmlType, schedule: Dot4Schedule) => (code: string) =>
+    int8DotMatmulWgsl(type, code.includes('var<storage, read> bias'), code.includes('y[at] = y[at] +'), schedule);
+  for (const [name, schedule] of DOT4_SCHEDULES) {
+    for (const [typeName, type, K] of INT8_MATMUL_TYPES) {
+      for (const c of int8MatmulCasesFor(type).filter((c) => c.variant === 'dot4')) {
+        const r = await runInt8MatmulCase(gpu, type, K, c, build(type, schedule));
+        const pass = r.error <= 1 && r.codeDistance <= 1;
+        if (!pass) failed++;
+        console.log(
+          `${pass ? 'ok  ' : 'FAIL'} schedule '${name}' ${typeName} K=${K} N=${c.rows} T=${c.tokens}: error ${r.error.toFixed(3)}`,
+        );
+      }
+    }
+  }
+  const tokens = 1024;
+  const random = seededRandom(11);
+  const shapes: [GgmlType, number, number][] = [
+    [GgmlType.Q4_K, 2560, 9728],
+    [GgmlType.Q4_K, 9728, 2560],
+    [GgmlType.Q6_K, 9728, 2560],
+    [GgmlType.Q4_0, 2048, 8192],
+    [GgmlType.Q4_K, 2560, 4096],
+  ];
+  for (const [type, K, N] of shapes) {
+    const weight = uploadWeightFromBytes(gpu, 'w', type, [K, N], randomWeightBytes(type, K * N, random));
+    const input = gpu.allocator.createStorage('x', 'scratch', randomFloats(random, tokens * K, 1));
+    const output = gpu.allocator.createStorage('y', 'scratch', tokens * N * 4);
+    const activations = createInt8Activations(gpu, 'int8', tokens, K);
+    let line = `schedules ${GGML_TYPE_INFO[type]?.name} ${K}x${N} T=${tokens}:`;
+    for (const [name, schedule] of DOT4_SCHEDULES) {
+      const int8 = prepareInt8Matmul(
+        gpu,
+        'int8',
+        { weight, activations, output, tokens },
+        'dot4',
+        build(type, schedule),
+      );
+      const ms = await timeDispatches(gpu, int8, 20);
+      line += ` '${name}' ${(ms * 1000).toFixed(1)} µs (${((2 * N * K * tokens) / ms / 1e9).toFixed(1)} TOPS);`;
+      releaseDispatches(gpu, int8);
+    }
+    gpu.throwIfErrors();
+    console.log(line);
+    releaseInt8Activations(gpu, activations);
+    gpu.allocator.release(input);
+    gpu.allocator.release(output);
+    releaseWeight(gpu, weight);
+  }
+  return failed;
+}
 
 async function ablate(gpu: Awaited<ReturnType<typeof acquireGpu>>) {
   const tokens = 512;
@@ -214,6 +291,7 @@ async function main() {
     console.log(`${checks.length - failed}/${checks.length} checks pass`);
   }
   if (process.argv.includes('--ablate')) await ablate(gpu);
+  if (process.argv.includes('--schedules')) failed += await compareSchedules(gpu);
   if (process.argv.includes('--skip-timing')) {
     if (failed) process.exitCode = 1;
     return;

@@ -403,38 +403,76 @@ export function int8VariantWgsl(
 }
 
 /**
- * The same int8 matmul without tensor cores, on core WGSL's `dot4I8Packed` (four 8-bit products and their sum in one
- * instruction): every adapter runs it. Per 32-deep block, the workgroup stages its 64 rows' weight codes and its 64
- * tokens' activation codes (8 words each, rows padded to 9 words so 16 consecutive rows fall in different banks) with
- * both blocks' scale pairs; invocation (tx, ty) takes rows tx + 16·i and tokens ty + 16·j, sums 8 dot4I8Packed per
- * output into an integer and adds s·d·C + m·(d·Σq) to its f32 accumulator.
+ * How the dot4I8Packed kernel walks K: 32-deep blocks staged `blocksPerStage` at a time between a barrier pair.
+ * Measured on the H200 over 1024 tokens (bench/int8-matmul.ts --schedules, BENCH.md session 20): 2 blocks took 2-8%
+ * less time than 1 at every shape of Qwen3-4B and Llama-3.2-1B; 4 blocks (twice the workgroup memory again), 128-token
+ * tiles (8 tokens an invocation) and the next stage's loads issued before the products were slower.
  */
-export function int8DotMatmulWgsl(type: GgmlType, hasBias: boolean, accumulate = false): string {
+export interface Dot4Schedule {
+  blocksPerStage: 1 | 2;
+}
+
+export const DOT4_SCHEDULE: Dot4Schedule = { blocksPerStage: 2 };
+
+/**
+ * The same int8 matmul without tensor cores, on core WGSL's `dot4I8Packed` (four 8-bit products and their sum in one
+ * instruction): every adapter runs it. Per stage of 32-deep blocks (Dot4Schedule), the workgroup stages its 64 rows'
+ * weight codes and its 64 tokens' activation codes (8 words a block each, rows padded by a word so 16 consecutive
+ * rows fall in different banks) with the blocks' scale pairs; invocation (tx, ty) takes rows tx + 16·i and tokens
+ * ty + 16·j, sums 8 dot4I8Packed per output and block into an integer and adds s·d·C + m·(d·Σq) to its f32
+ * accumulator.
+ */
+export function int8DotMatmulWgsl(
+  type: GgmlType,
+  hasBias: boolean,
+  accumulate = false,
+  schedule: Dot4Schedule = DOT4_SCHEDULE,
+): string {
   const withMin = !WITHOUT_MIN.has(type);
   const halves = HALF_BLOCK_SCALES.has(type);
-  // The products of words k0..k1 (elements 4·k0..4·k1 - 1 of the block) into the integer sums `into`.
-  const products = (into: string, k0: number, k1: number) => `
-    for (var k = ${k0}u; k < ${k1}u; k++) {
-      var wv: array<u32, 4>;
-      var xv: array<u32, 4>;
-      for (var i = 0u; i < 4u; i++) {
-        wv[i] = wcodes[(lid.x + 16u * i) * ROW_WORDS + k];
-        xv[i] = xcodes[(lid.y + 16u * i) * ROW_WORDS + k];
-      }
-      for (var i = 0u; i < 4u; i++) {
-        for (var j = 0u; j < 4u; j++) { ${into}[i * 4u + j] += dot4I8Packed(wv[i], xv[j]); }
-      }
-    }`;
+  const B = schedule.blocksPerStage;
+  const STAGE_WORDS = 8 * B; // code words of a row (or token) per stage
+  const PER_INVOCATION = (64 * STAGE_WORDS) / 256; // words of each operand an invocation stages
+  // The products of words k0..k1 of the stage's block `blk` into the integer sums `into`.
+  const products = (into: string, blk: number, k0: number, k1: number) => `
+      for (var k = ${8 * blk + k0}u; k < ${8 * blk + k1}u; k++) {
+        var wv: array<u32, 4>;
+        var xv: array<u32, 4>;
+        for (var i = 0u; i < 4u; i++) {
+          wv[i] = wcodes[(lid.x + 16u * i) * ROW_WORDS + k];
+          xv[i] = xcodes[(lid.y + 16u * i) * ROW_WORDS + k];
+        }
+        for (var i = 0u; i < 4u; i++) {
+          for (var j = 0u; j < 4u; j++) { ${into}[i * 4u + j] += dot4I8Packed(wv[i], xv[j]); }
+        }
+      }`;
   // Half-block scales (ws = (s of elements 0..15, s of 16..31)): d·(s0·C0 + s1·C1), no min.
   const term = halves
     ? 's.x * (ws.x * f32(sums[i * 4u + j]) + ws.y * f32(high[i * 4u + j]))'
     : scaledSumWgsl('sums[i * 4u + j]', 'ws', 's', withMin);
+  const block = (blk: number) => `
+    if (b0 + ${blk}u < blocks) {
+      // Initialized explicitly: a declaration without one was not zeroed again on each iteration (lavapipe).
+      var sums = array<i32, 16>();${
+        halves
+          ? `
+      var high = array<i32, 16>();${products('sums', blk, 0, 4)}${products('high', blk, 4, 8)}`
+          : products('sums', blk, 0, 8)
+      }
+      for (var i = 0u; i < 4u; i++) {
+        let ws = wscales[${64 * blk}u + lid.x + 16u * i];
+        for (var j = 0u; j < 4u; j++) {
+          let s = xscales[${64 * blk}u + lid.y + 16u * j];
+          acc[i * 4u + j] += ${term};
+        }
+      }
+    }`;
   return /* wgsl */ `${int8MatmulHeaderWgsl(type, hasBias, 'u32')}
-const ROW_WORDS: u32 = 9u;  // 8 words of codes per row or token, padded
-var<workgroup> wcodes: array<u32, ${64 * 9}>;
-var<workgroup> xcodes: array<u32, ${64 * 9}>;
-var<workgroup> wscales: array<vec2<f32>, 64>;
-var<workgroup> xscales: array<vec2<f32>, 64>;
+const ROW_WORDS: u32 = ${STAGE_WORDS + 1}u;  // ${STAGE_WORDS} words of codes per row or token, padded
+var<workgroup> wcodes: array<u32, ${64 * (STAGE_WORDS + 1)}>;
+var<workgroup> xcodes: array<u32, ${64 * (STAGE_WORDS + 1)}>;
+var<workgroup> wscales: array<vec2<f32>, ${64 * B}>;  // [block][row]
+var<workgroup> xscales: array<vec2<f32>, ${64 * B}>;  // [block][token]
 
 @compute @workgroup_size(16, 16)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -445,35 +483,28 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
   let K = params.K;
   let blocks = K / 32u;
   var acc: array<f32, 16>;  // [i][j]: row tx + 16i, token ty + 16j
-  for (var b = 0u; b < blocks; b++) {
-    // 512 words of each operand, 2 per invocation: row or token li / 8 and li / 8 + 32, word li % 8.
-    for (var u = 0u; u < 2u; u++) {
-      let r = li / 8u + 32u * u;
-      let word = li % 8u;
-      let base = min(n0 + r, params.rows - 1u) * params.rowWords;
-      wcodes[r * ROW_WORDS + word] = code_word(base, b, word);
-      xcodes[r * ROW_WORDS + word] = codes[(t0 + r) * (K / 4u) + b * 8u + word];
+  for (var b0 = 0u; b0 < blocks; b0 += ${B}u) {
+    // Word li + 256·u of each operand's 64 rows of STAGE_WORDS, and scale pair li % 64B of the weights (li < 64B)
+    // or of the activations (li < 128B). Blocks past K (an odd count in stages of 2) read the last block again; their
+    // products are skipped.
+    for (var u = 0u; u < ${PER_INVOCATION}u; u++) {
+      let q = li + 256u * u;
+      let r = q / ${STAGE_WORDS}u;
+      let blk = min(b0 + (q % ${STAGE_WORDS}u) / 8u, blocks - 1u);
+      let word = q % 8u;
+      wcodes[r * ROW_WORDS + q % ${STAGE_WORDS}u] = code_word(min(n0 + r, params.rows - 1u) * params.rowWords, blk, word);
+      xcodes[r * ROW_WORDS + q % ${STAGE_WORDS}u] = codes[(t0 + r) * (K / 4u) + blk * 8u + word];
     }
-    if (li < 64u) {
-      wscales[li] = code_scale(min(n0 + li, params.rows - 1u) * params.rowWords, b);
-    } else if (li < 128u) {
-      xscales[li - 64u] = scales[(t0 + li - 64u) * blocks + b];
-    }
-    workgroupBarrier();
-    // Initialized explicitly: a declaration without one was not zeroed again on each iteration (lavapipe).
-    var sums = array<i32, 16>();${
-      halves
-        ? `
-    var high = array<i32, 16>();${products('sums', 0, 4)}${products('high', 4, 8)}`
-        : products('sums', 0, 8)
-    }
-    for (var i = 0u; i < 4u; i++) {
-      let ws = wscales[lid.x + 16u * i];
-      for (var j = 0u; j < 4u; j++) {
-        let s = xscales[lid.y + 16u * j];
-        acc[i * 4u + j] += ${term};
+    {
+      let slot = li % ${64 * B}u;
+      let blk = min(b0 + slot / 64u, blocks - 1u);
+      if (li < ${64 * B}u) {
+        wscales[slot] = code_scale(min(n0 + slot % 64u, params.rows - 1u) * params.rowWords, blk);
+      } else if (li < ${128 * B}u) {
+        xscales[slot] = scales[(t0 + slot % 64u) * blocks + blk];
       }
     }
+    workgroupBarrier();${Array.from({ length: B }, (_, blk) => block(blk)).join('')}
     workgroupBarrier();
   }
   for (var i = 0u; i < 4u; i++) {
