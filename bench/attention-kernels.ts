@@ -518,11 +518,6 @@ const INT8_PREFILL_VARIANTS: [string, (code: string, shape: AttentionPrefillInt8
   // BENCH.md keeps the variants tried (e.g. P·V tiles stored 20 words apart, the sums made floats by adding 1.5·2^23,
   // each tile's codes loaded where they are copied, rows of S 68 words apart, 8 subgroups a workgroup), with their
   // numbers.
-  // Tiles of 32 keys: 24 KiB of workgroup memory at head size 128, so the H200 keeps two workgroups an SM, whose
-  // phases (copies, products, softmax, apply) can overlap; the one workgroup of 64-key tiles runs them in turn. Not
-  // an edit: the build of the same shape with TileKeys 32. Its value weights are quantized per 32 keys, so it is
-  // checked against the split kernel to the quantization bound only.
-  ['tile32', (_code, shape) => attentionPrefillInt8Source(shape, 32)],
 ];
 
 /** The int8 build a binding takes, edited: ablations (timed only) and variants (checked too), named `int8-<name>`. */
@@ -537,9 +532,7 @@ function int8Edits(
   if (!built || (of === 'conversion' && !built.converted)) return [];
   const code =
     of === 'attention' ? attentionPrefillInt8Source(built) : attentionKeysInt8Source(built.headDim, built.quant);
-  // The 32-key build reads the conversion pass's buffer: none where it would not fit a binding.
-  const usable = built.converted ? edits : edits.filter(([name]) => name !== 'tile32');
-  return usable.map(([name, edit]) => {
+  return edits.map(([name, edit]) => {
     const source = edited(code, (c) => edit(c, built), `int8 edit '${name}'`);
     return [
       `int8-${name}`,
@@ -735,30 +728,22 @@ if (values['check-int8']) {
         report(`${name}${convertKeys ? '' : ', tiles from the pages'}`, Math.max(...ratios), Math.max(...ratios) <= 1);
       }
     }
-    // The experimental build of 32-key tiles (TileKeys), against the reference of the same tiles; then a broken one
-    // (V always from the first half of the 64-key transposed tile), which the cases must catch.
-    if (products === 'int8') {
-      let worstBroken = 0;
-      for (const [name, shape, chunks, more] of INT8_PREFILL_CASES) {
-        if (!served(shape.headDim)) continue;
-        const headDim = shape.headDim as 64 | 128;
-        const tile32 = attentionPrefillInt8Source({ headDim, quant: null, converted: true }, 32);
-        const broken = edited(tile32, (c) => c.replaceAll('% 64u) / 16u', '% 64u) / 64u'), 'tile32 mutation');
-        const worstRatio = async (source: string) => {
-          const { ratios } = await runSteps(gpu, shape, chunks, 57 + headDim, 4, {
-            ...more,
-            prefillProducts: products,
-            int8TileKeys: 32,
-            sources: { prefillInt8: source },
-            tolerance: INT8_ATTENTION_TOLERANCE,
-          });
-          return Math.max(...ratios);
-        };
-        const ratio = await worstRatio(tile32);
-        report(`${name}, tiles of 32 keys`, ratio, ratio <= 1);
-        worstBroken = Math.max(worstBroken, await worstRatio(broken));
-      }
-      report("mutation 'values from the first half tile' caught, tiles of 32 keys", worstBroken, worstBroken > 1);
+    // A broken converted build at head size 128 (the second half of V's dims staged past its tile: its P·V rounds
+    // read the first half again), which the head size 128 case must catch: the mutations below take head size 64,
+    // which stages V whole.
+    if (products === 'int8' && served(128)) {
+      const at = INT8_PREFILL_CASES.findIndex(([, shape]) => shape.headDim === 128);
+      const [, shape, chunks, more] = INT8_PREFILL_CASES[at];
+      const source = attentionPrefillInt8Source({ headDim: 128, quant: null, converted: true });
+      const broken = edited(source, (c) => c.replaceAll('% 64u) * PS', ') * PS'), 'split V mutation');
+      const { ratios } = await runSteps(gpu, shape, chunks, 57 + 128, 4, {
+        ...more,
+        prefillProducts: products,
+        sources: { prefillInt8: broken },
+        tolerance: INT8_ATTENTION_TOLERANCE,
+      });
+      const ratio = Math.max(...ratios);
+      report("mutation 'second half of V's dims not staged' caught (head size 128)", ratio, ratio > 1);
     }
     for (const [name, c] of INT8_MIXED_CASES) {
       if (!served(c.headDim)) continue;

@@ -13,15 +13,20 @@
  *
  * Workgroup (split s, kv head, row tile): 4 subgroups of 32 invocations and 64 query rows (the (token, head of the
  * GQA group) pairs, as the other attention kernels order them); subgroup g owns rows 16g..16g+15 of both products,
- * and its lanes 2m, 2m + 1 own row (or key) 16g + m when staging and in the softmax. Per tile of 64 keys (or 32:
- * TileKeys):
+ * and its lanes 2m, 2m + 1 own row (or key) 16g + m when staging and in the softmax. Per tile of 64 keys:
  *   1. stage the keys' K and V as int8 codes and scales in workgroup memory: the converted build (the default)
  *      copies them from the int8 keys buffer a conversion pass filled for the whole step (attentionKeysInt8Source),
  *      the other converts them from the pages (f16 words, or quant codes as lo + code·scale);
- *   2. S = Q·Kᵀ into workgroup memory (16x16 tiles, the head's dims 32 at a time);
+ *   2. S = Q·Kᵀ into workgroup memory (16x16 tiles, the head's dims 32 at a time; the converted build 32 keys at a
+ *      time, each half's scores read into registers before the next);
  *   3. the row's maxima, correction, p, l, and the codes of w into workgroup memory;
- *   4. P·V through workgroup memory, 4 dim tiles per subgroup per round (2 with 32-key tiles), each lane adding its
+ *   4. P·V through workgroup memory, 4 dim tiles per subgroup per round (the converted build 2), each lane adding its
  *      8 outputs per tile to f32 accumulators (rescaled by the correction).
+ * The converted build is compact: S in halves, q's and then p's codes in the K tile's words (free once S is made), and
+ * at head size 128 V's tile in two halves of its dims (splitValues). It takes 24 KiB of workgroup memory at head size
+ * 128 and 20 at 64, against 42.5 and 33 for the other layout: on the H200, where WebGPU gets about 48 KiB of
+ * workgroup memory an SM, two workgroups an SM instead of one (bench/occupancy-probe.ts), and a third less time for
+ * Qwen3-4B's layer at 32K keys (BENCH.md, session 20).
  * Output as the split kernel (attentionPartialSource): splits = 1 the normalized rows, else (max, sum, Σ p·V) per
  * (t, h, s) for the merge pass. Bindings as the split kernel's, except that the converted build binds the int8 keys
  * buffer in place of the page table, and no pages.
@@ -53,36 +58,40 @@ const BK = INT8_ATTENTION_TILE_KEYS;
  * 5.9 instead of 8.3 ms on Qwen3-4B and 3.5 instead of 4.4 on Llama-3.2-1B). Rows of S are BK + 1 words apart, for
  * the softmax's reads (68 and 72 were no faster).
  */
-function int8TileLayout(headDim: number, converted: boolean, tileKeys: TileKeys = BK) {
+function int8TileLayout(headDim: number, converted: boolean) {
   // Words between keys of the K code tile (and of the V one staged from the pages), and between rows of q's codes.
   const KS = headDim / 4 + 4;
   // Words between rows of the p codes, and between dims of the transposed V tile (the converted build).
-  const PS = tileKeys / 4 + 4;
-  const SP = tileKeys + 1; // words between rows of S
+  const PS = BK / 4 + 4;
+  // Words between rows of S (converted: of half of S's keys at a time).
+  const SP = (converted ? BK / 2 : BK) + 1;
   // P·V tiles a subgroup stores per round (of 256 words each).
-  const roundTiles = tileKeys === 64 ? 4 : 2;
-  // The sums hold S, then a round of P·V tiles; before the first tile, q's codes.
-  const sumsWords = Math.max(INT8_ATTENTION_ROWS * SP, INT8_ATTENTION_ROWS * KS, 4 * roundTiles * 256);
-  // V's tile: [key][dim] as staged from the pages, or [dim][key] as the conversion pass wrote it.
-  const vTileWords = converted ? headDim * PS : tileKeys * KS;
+  const roundTiles = converted ? 2 : 4;
+  // The sums hold S, then a round of P·V tiles; before the first tile, q's codes (converted: the K tile holds those).
+  const sumsWords = Math.max(INT8_ATTENTION_ROWS * SP, converted ? 0 : INT8_ATTENTION_ROWS * KS, 4 * roundTiles * 256);
+  // V's tile: [key][dim] as staged from the pages, or [dim][key] as the conversion pass wrote it, at head size 128
+  // half its dims at a time (splitValues).
+  const vTileWords = converted ? (splitValues(headDim, converted) ? headDim / 2 : headDim) * PS : BK * KS;
   return { KS, PS, SP, roundTiles, sumsWords, vTileWords };
 }
 
 /**
- * Keys per tile of a build: 64 (the runtime's), or 32, whose workgroup memory (24 KiB at head size 128, against
- * 42.5) lets the H200 keep two workgroups an SM (bench/occupancy-probe.ts): an experiment for the converted build.
+ * Whether the converted build stages V's tile in two halves of its dims, the second after the P·V rounds of the
+ * first: at head size 128 that takes its workgroup memory from 29 to 24 KiB, under what the H200 needs to keep two
+ * workgroups an SM (bench/occupancy-probe.ts; at 29 KiB it kept one).
  */
-export type TileKeys = 32 | 64;
+function splitValues(headDim: number, converted: boolean): boolean {
+  return converted && headDim === 128;
+}
 
-/** Workgroup storage of a build: the K and V code tiles, the sums, the p codes, five per-row or per-key scales. */
-export function attentionPrefillInt8WorkgroupBytes(
-  headDim: number,
-  converted: boolean,
-  tileKeys: TileKeys = BK,
-): number {
+/**
+ * Workgroup storage of a build: the K and V code tiles, the sums, the p codes (the converted build: in the K tile's
+ * words), five per-row or per-key scales.
+ */
+export function attentionPrefillInt8WorkgroupBytes(headDim: number, converted: boolean): number {
   const rows = INT8_ATTENTION_ROWS;
-  const { KS, PS, sumsWords, vTileWords } = int8TileLayout(headDim, converted, tileKeys);
-  return 4 * (tileKeys * KS + vTileWords + sumsWords + rows * PS + 3 * rows + 2 * tileKeys);
+  const { KS, PS, sumsWords, vTileWords } = int8TileLayout(headDim, converted);
+  return 4 * (BK * KS + vTileWords + sumsWords + (converted ? 0 : rows * PS) + 3 * rows + 2 * BK);
 }
 
 /** The build for a head size and page formats, or null where the kernel does not serve them. */
@@ -401,30 +410,40 @@ ${indent}let skip = select(0u, start - block, start > block); // keys 0..skip-1 
   };
 }
 
-export function attentionPrefillInt8Source(shape: AttentionPrefillInt8Shape, tileKeys: TileKeys = BK): string {
+export function attentionPrefillInt8Source(shape: AttentionPrefillInt8Shape): string {
   const { headDim: HD, quant } = shape;
-  if (tileKeys !== BK && !shape.converted) {
-    throw new Error(`int8 attention: tiles of ${tileKeys} keys need the converted build`);
-  }
-  const TK = tileKeys;
+  // The converted build is the compact one (the file's comment).
+  const compact = shape.converted;
+  const TK = BK;
   const ROWS = INT8_ATTENTION_ROWS;
-  const { KS, PS, SP, roundTiles, sumsWords, vTileWords } = int8TileLayout(HD, shape.converted, TK);
+  const { KS, PS, SP, roundTiles, sumsWords, vTileWords } = int8TileLayout(HD, compact);
+  const P_CODES = compact ? 'kcodes' : 'pcodes';
+  const splitV = splitValues(HD, compact);
   const range = (n: number) => Array.from({ length: n }, (_, i) => i);
   const each = (n: number, f: (i: number) => string, sep = '\n') => range(n).map(f).join(sep);
   const KSTEPS = HD / 32; // 32-deep steps of q·k
   const DT = HD / 16; // dim tiles of a subgroup's output rows
   const ROUNDS = DT / roundTiles; // rounds of P·V tiles through the sums buffer
   const PM = TK / 32; // 32-key left operands of P·V a tile: its w codes
-  // Softmax lane (row r, half)'s keys of a tile: LK of them, from LK·half, visited from ROT·half on (64-key tiles:
-  // rows of S 65 words apart put both halves' first keys in one bank otherwise); a vec4 of scales or a word of w
-  // codes holds 4 of them.
+  // Softmax lane (row r, half)'s keys of a tile: LK of them, from LK·half, visited from ROT·half on (rows of S 65
+  // words apart put both halves' first keys in one bank otherwise); a vec4 of scales or a word of w codes holds 4 of
+  // them. Compact: the lane's keys are 16·half.. of each half of S, i = 0..15 from the first, 16..31 from the second
+  // (rows 33 words apart: the 32 lanes' reads meet 32 banks).
   const LK = TK / 2;
-  const ROT = TK === 64 ? 16 : 0;
-  const keyOf = (i: number) => `${LK}u * half + ((${i}u + ${ROT}u * half) & ${LK - 1}u)`;
-  const quadOf4 = (a: number) => `${LK / 4}u * half + ((${a}u + ${ROT / 4}u * half) & ${LK / 4 - 1}u)`;
+  const ROT = 16;
+  const keyOf = (i: number) =>
+    compact
+      ? `${i < 16 ? 0 : 32}u + 16u * half + ${i % 16}u`
+      : `${LK}u * half + ((${i}u + ${ROT}u * half) & ${LK - 1}u)`;
+  const quadOf4 = (a: number) =>
+    compact
+      ? `${a < 4 ? a : a + 4}u + 4u * half`
+      : `${LK / 4}u * half + ((${a}u + ${ROT / 4}u * half) & ${LK / 4 - 1}u)`;
+  // Where lane key i's score is in the sums: column keyOf(i), or compact, its column in its half of S.
+  const scoreColumn = (i: number) => (compact ? `16u * half + ${i % 16}u` : `j${i}`);
   const { fetchWgsl, codeScaleWgsl, stageQuery, tileLoopHead, tileMask } = int8AttentionStagingWgsl(HD, quant, true);
   // V's codes of dim tile t (16 dims) and the tile's keys 32·half.. as the right operand of P·V: column-major from the
-  // transposed tile (converted), row-major from the one staged from the pages (64-key tiles only).
+  // transposed tile (converted), row-major from the one staged from the pages.
   const vMatrix = (t: string, half: number) =>
     shape.converted
       ? `subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, col_major>(&vcodes, ${t} * 16u * PS + ${8 * half}u, PS)`
@@ -438,13 +457,14 @@ ${each(
   (k) => `      scores = subgroupMatrixMultiplyAccumulate(q${k + 1},
         subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, col_major>(&kcodes, ${t} * 16u * KS + ${8 * (k + 1)}u, KS), scores);`,
 )}
-      subgroupMatrixStore<row_major>(&sums, sg * 16u * SP + ${t} * 16u, scores, SP);
+      subgroupMatrixStore<row_major>(&sums, sg * 16u * SP + ${compact ? `(${t} % 2u)` : t} * 16u, scores, SP);
     }`;
   // Round \`round\` of the P·V products (roundTiles dim tiles) and their apply to the accumulators.
   const valuesRound = (round: number) => {
     const RT = roundTiles;
     const product = (u: string) => {
-      const t = `(${round * RT}u + ${u})`;
+      // The dim tile in the staged V tile (split: in its half of the dims).
+      const t = `(${splitV ? (round * RT) % (DT / 2) : round * RT}u + ${u})`;
       return `        var o = subgroupMatrixMultiply<i32>(p0, ${vMatrix(t, 0)});
 ${each(PM - 1, (k) => `        o = subgroupMatrixMultiplyAccumulate(p${k + 1}, ${vMatrix(t, k + 1)}, o);\n`, '')}        subgroupMatrixStore<row_major>(&sums, (sg * ${RT}u + ${u}) * 256u, o, 16u);`;
     };
@@ -456,14 +476,40 @@ ${each(PM - 1, (k) => `        o = subgroupMatrixMultiplyAccumulate(p${k + 1}, $
         return `      acc[${a}] = acc[${a}] * rowCorr${i} + rowScale${i} * f32(sums[(sg * ${RT}u + ${u}u) * 256u + ${2 * i}u * 16u + h * 16u + c]);`;
       }),
     );
+    // Split V: once the first half's products are done, its second half is staged (the barrier closing this round
+    // orders it before the next round's products) and the next tile's words of it are fetched.
+    const secondHalf =
+      splitV && round === ROUNDS / 2 - 1
+        ? `${range(AHEAD).filter(deferred).map(copyQuad).join('\n')}
+      if (block + BK < end) {
+${range(AHEAD)
+  .filter(deferred)
+  .map((i) => `        ${loadQuad(i, 'block + BK')}`)
+  .join('\n')}
+      }
+`
+        : '';
     return `    {
 ${products}
       workgroupBarrier();
-${apply}${round + 1 < ROUNDS ? '\n      workgroupBarrier();' : ''}
+${secondHalf}${apply}${round + 1 < ROUNDS ? '\n      workgroupBarrier();' : ''}
     }`;
   };
   // Key j_i's scale in the softmax: keys 4a..4a+3 of the lane's are one vec4 of kscale/vscale.
   const keyScale = (p: 'k' | 'v', i: number) => `${p}scale[${quadOf4(Math.floor(i / 4))}][${i % 4}]`;
+  // The lane's score of its key i, read from the sums.
+  const scoreHead = `      let dq = qscale[r];\n${tileMask('      ')}`;
+  const scoreOf = (i: number) => `      let j${i} = ${keyOf(i)};
+      let s${i} = select(NONE, f32(sums[r * SP + ${scoreColumn(i)}]) * dq * ${keyScale('k', i)}, j${i} >= skip && j${i} < visible);`;
+  // Compact: S's first 32 keys, their scores read (into registers), then its other 32 into the same sums.
+  const compactScores = `${each(2, (t) => scoresTile(`${t}u`))}
+    workgroupBarrier();
+${scoreHead.replaceAll('      ', '    ')}
+${each(16, (i) => scoreOf(i).replaceAll('      ', '    '))}
+    workgroupBarrier();
+${each(2, (t) => scoresTile(`${t + 2}u`))}
+    workgroupBarrier();
+${each(16, (i) => scoreOf(i + 16).replaceAll('      ', '    '))}`;
   // The converted build: bindings 0, 1, 3, 4 as the others, the int8 keys buffer in place of the page table, no pages.
   const bindings = shape.converted
     ? `${attentionParamsWgsl(false)}
@@ -488,20 +534,21 @@ ${fetchWgsl}`;
     throw new Error(`int8 attention: a tile's ${TILE_QUADS} vec4s of K do not split evenly`);
   const AHEAD = 2 * K_AHEAD; // vec4s an invocation loads per tile, K's then V's
   const quadOf = (i: number) => ({ kind: i < K_AHEAD ? 0 : 1, at: `li + ${(i % K_AHEAD) * 2 * ROWS}u` });
-  // V's vec4s come from the conversion pass's transposed tiles of 64 keys (KEYS_INT8_LAYOUT_WGSL): a 32-key tile is
-  // half of each dim's 4 vec4s.
+  // V's vec4s come from the conversion pass's transposed tiles (KEYS_INT8_LAYOUT_WGSL).
   const loadQuad = (i: number, first: string) => {
     const { kind, at } = quadOf(i);
-    if (kind === 0 || TK === BK) return `ahead[${i}] = keys8[keyCodesAt(${kind}u, kvh, ${first}) / 4u + ${at}];`;
-    const [dim, part, key] = [`(${at}) / ${TK / 16}u`, `(${at}) % ${TK / 16}u`, `(${first})`];
-    return `ahead[${i}] = keys8[keyCodesAt(1u, kvh, ${key} - ${key} % ${BK}u) / 4u + ${dim} * ${BK / 16}u + (${key} % ${BK}u) / 16u + ${part}];`;
+    return `ahead[${i}] = keys8[keyCodesAt(${kind}u, kvh, ${first}) / 4u + ${at}];`;
   };
-  // K's vec4s go to key at / (HD / 16), V's (transposed tiles) to dim at / (TK / 16).
+  // Split V: the vec4s of its second half of dims (its last half of vec4s), staged mid-tile.
+  const deferred = (i: number) => splitV && i >= K_AHEAD + (AHEAD - K_AHEAD) / 2;
+  const staged = range(AHEAD).filter((i) => !deferred(i)); // the vec4s staged at the top of a tile
+  // K's vec4s go to key at / (HD / 16), V's (transposed tiles) to dim at / (TK / 16) (split: in its half of the dims).
   const copyQuad = (i: number) => {
     const { kind, at } = quadOf(i);
     const [codes, per, stride] = kind === 0 ? ['kcodes', HD / 16, 'KS'] : ['vcodes', TK / 16, 'PS'];
+    const row = kind === 1 && splitV ? `(((${at}) / ${per}u) % ${HD / 2}u)` : `((${at}) / ${per}u)`;
     return `    {
-      let word = ((${at}) / ${per}u) * ${stride} + 4u * ((${at}) % ${per}u);
+      let word = ${row} * ${stride} + 4u * ((${at}) % ${per}u);
       ${each(4, (e) => `${codes}[word + ${e}u] = ahead[${i}][${e}];`, ' ')}
     }`;
   };
@@ -523,10 +570,10 @@ ${each(AHEAD, (i) => `    ${loadQuad(i, 'tileStart')}`)}
       let scale = bitcast<f32>(keys8[at / 4u][at % 4u]);
       if (i < BK) { kscale[j / 4u][j % 4u] = select(0.0, scale, j < n); } else { vscale[j / 4u][j % 4u] = select(0.0, scale, j < n); }
     }
-${each(AHEAD, copyQuad)}
+${staged.map(copyQuad).join('\n')}
     workgroupBarrier();
     if (block + BK < end) {
-${each(AHEAD, (i) => `      ${loadQuad(i, 'block + BK')}`)}
+${staged.map((i) => `      ${loadQuad(i, 'block + BK')}`).join('\n')}
     }`;
 
   return /* wgsl */ `
@@ -554,8 +601,7 @@ var<workgroup> kcodes: array<i32, ${TK * KS}>;
 var<workgroup> vcodes: array<i32, ${vTileWords}>;
 // q's codes (rows KS apart) until the subgroups hold them; then S of a tile [row][key], then a round of P·V tiles.
 var<workgroup> sums: array<i32, ${sumsWords}>;
-var<workgroup> pcodes: array<i32, ${ROWS * PS}>;
-var<workgroup> qscale: array<f32, ${ROWS}>;
+${compact ? '' : `var<workgroup> pcodes: array<i32, ${ROWS * PS}>;\n`}var<workgroup> qscale: array<f32, ${ROWS}>;
 // The tile's K and V scales, four keys a vec4: the softmax reads them so (on the H200, 3% of Qwen3-4B's layer at 32K
 // keys against a load per key).
 var<workgroup> kscale: array<vec4<f32>, ${TK / 4}>;
@@ -575,13 +621,13 @@ ${splitTileWgsl('ROWS')}
   let half = lane % 2u;
   let rowT = (firstRow + r) / group;
   let limit = select(0u, step.position + rowT + 1u, rowT < step.tokens); // keys visible to row r (causal)
-${stageQuery('sums', 'KS')}
+${stageQuery(compact ? 'kcodes' : 'sums', 'KS')}
   workgroupBarrier();
   // The subgroup's q rows, 32 dims per matrix, for every tile.
 ${each(
   KSTEPS,
   (k) =>
-    `  let q${k} = subgroupMatrixLoad<subgroup_matrix_left<i8, 32, 16>, row_major>(&sums, sg * 16u * KS + ${8 * k}u, KS);`,
+    `  let q${k} = subgroupMatrixLoad<subgroup_matrix_left<i8, 32, 16>, row_major>(&${compact ? 'kcodes' : 'sums'}, sg * 16u * KS + ${8 * k}u, KS);`,
 )}
   var m = NONE;
   var l = 0.0;
@@ -591,19 +637,17 @@ ${each(
   var acc: array<f32, ${DT * 8}>;
 
 ${shape.converted ? convertedLoopHead : tileLoopHead}
-${each(TK / 16, (t) => scoresTile(`${t}u`))}
-    workgroupBarrier();
+${
+  compact
+    ? compactScores
+    : `${each(TK / 16, (t) => scoresTile(`${t}u`))}
+    workgroupBarrier();`
+}
     // Row r's keys half·LK.. (keyOf): with rows SP = BK + 1 words apart, the 32 lanes of a subgroup (16 rows, both
     // halves) read 32 different banks. Written out key by key (s_i, w_i in registers, one read of the sums): as loops
     // with the sums read twice and w written back, this phase took half the kernel's time.
     {
-      let dq = qscale[r];
-${tileMask('      ')}
-${each(
-  LK,
-  (i) => `      let j${i} = ${keyOf(i)};
-      let s${i} = select(NONE, f32(sums[r * SP + j${i}]) * dq * ${keyScale('k', i)}, j${i} >= skip && j${i} < visible);`,
-)}
+${compact ? '' : `${scoreHead}\n${each(LK, scoreOf)}`}
       var tileMax = ${range(LK).reduce((acc, i) => (acc ? `max(${acc}, s${i})` : `s${i}`), '')};
       tileMax = max(tileMax, subgroupShuffleXor(tileMax, 1u));
       let best = max(m, tileMax);
@@ -625,7 +669,7 @@ ${each(
       // w_4a..w_4a+3 are 4 consecutive keys (keyOf): one word of codes.
 ${each(
   LK / 4,
-  (a) => `      pcodes[r * PS + ${quadOf4(a)}] =
+  (a) => `      ${P_CODES}[r * PS + ${quadOf4(a)}] =
         bitcast<i32>(pack4xI8(vec4<i32>(round(vec4<f32>(w${4 * a}, w${4 * a + 1}, w${4 * a + 2}, w${4 * a + 3}) * inverse))));`,
 )}
       if (half == 0u) {
@@ -638,7 +682,7 @@ ${each(
 ${each(
   PM,
   (k) =>
-    `    let p${k} = subgroupMatrixLoad<subgroup_matrix_left<i8, 32, 16>, row_major>(&pcodes, sg * 16u * PS + ${8 * k}u, PS);`,
+    `    let p${k} = subgroupMatrixLoad<subgroup_matrix_left<i8, 32, 16>, row_major>(&${P_CODES}, sg * 16u * PS + ${8 * k}u, PS);`,
 )}
 ${each(
   8,

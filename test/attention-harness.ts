@@ -30,21 +30,18 @@ import { maxToleranceRatio, randomFloats, seededRandom } from './random.ts';
  */
 export function expectedAttention(input: AttentionReferenceInput, int8Split: Int8SplitSettings | null): Float32Array {
   if (!int8Split) return attentionReference(input);
-  const { splits, splitRows, minChunkKeys, tileKeys } = int8Split;
+  const { splits, splitRows, minChunkKeys } = int8Split;
   // The splits this step took (AttentionBinding.splitRows): its tiles and their value scales follow them.
   return attentionInt8Reference({
     ...input,
     splits: splitsOfStep(splits, splitRows, input.tokens * input.heads),
     minChunkKeys,
-    tileKeys,
   });
 }
 
 /** The split settings an int8 prefill graph ran with (AttentionBinding's splits, splitRows, minChunkKeys). */
 export interface Int8SplitSettings extends SplitSettings {
   minChunkKeys: number;
-  /** Keys per tile of the kernel's build (default 64). */
-  tileKeys?: number;
 }
 
 /** |actual - expected| <= atol + rtol·|expected| per output. */
@@ -94,8 +91,6 @@ export class Harness {
       prefillSplits?: number;
       /** AttentionBinding.splitRows of the prefill graphs. */
       prefillSplitRows?: number;
-      /** Keys per tile of the int8 build `sources` gives (its reference quantizes per tile; default 64). */
-      int8TileKeys?: number;
       minChunkKeys?: number;
       blockKeys?: AttentionBlockKeys;
       sources?: AttentionSources;
@@ -115,7 +110,6 @@ export class Harness {
           splits: opts.prefillSplits ?? 1,
           splitRows: opts.prefillSplitRows ?? 0,
           minChunkKeys: opts.minChunkKeys ?? 1,
-          tileKeys: opts.int8TileKeys,
         }
       : null;
     const { layers, heads, kvHeads, headDim, pageTokens } = shape;
@@ -269,7 +263,6 @@ export async function runSteps(
   more: {
     prefillSplits?: number;
     prefillSplitRows?: number;
-    int8TileKeys?: number;
     minChunkKeys?: number;
     blockKeys?: AttentionBlockKeys;
     prefillKernel?: boolean;

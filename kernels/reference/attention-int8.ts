@@ -5,7 +5,7 @@
  * to its 8-bit error).
  *
  * Per query row: q·scale as int8 codes over the head (d_q = max / 127). Per key: k and v (f16 as the pages hold them)
- * as int8 codes over the head (d_k, d_v). The keys of a split are walked in tiles of 64 (or tileKeys) that start on
+ * as int8 codes over the head (d_k, d_v). The keys of a split are walked in tiles of 64 that start on
  * multiples of the tile (a split's first tile holds only its keys from the split's start); per tile: s = S·d_q·d_k
  * (S the integer dot product), the running maximum, p = exp(s − max), w = p·d_v as codes on the row's 127 steps of
  * the tile (d_w = max w / 127), acc = acc·correction + d_w·Σ c(w)·c(v), l = l·correction + Σ p.
@@ -36,14 +36,11 @@ export interface AttentionInt8ReferenceInput extends AttentionReferenceInput {
   /** The split pass's settings (kernels/attention.ts: splits, minChunkKeys). */
   splits: number;
   minChunkKeys: number;
-  /** Keys per tile (default 64; the tensor-core kernel's experimental build takes 32: TileKeys). */
-  tileKeys?: number;
 }
 
 export function attentionInt8Reference(input: AttentionInt8ReferenceInput): Float32Array {
   const { q, k, v, position, tokens, heads, kvHeads, headDim, scale } = input;
   const group = heads / kvHeads;
-  const tileKeys = input.tileKeys ?? TILE_KEYS;
   const length = position + tokens;
   const kvStride = kvHeads * headDim;
   const stored = (x: number) => (input.stored ? x : roundToF16(x));
@@ -72,9 +69,9 @@ export function attentionInt8Reference(input: AttentionInt8ReferenceInput): Floa
         let l = 0;
         const acc = new Float64Array(headDim);
         const end = Math.min(start + chunk, visible);
-        for (let tile = start - (start % tileKeys); tile < end; tile += tileKeys) {
+        for (let tile = start - (start % TILE_KEYS); tile < end; tile += TILE_KEYS) {
           const block = Math.max(tile, start);
-          const n = Math.min(tile + tileKeys, end) - block;
+          const n = Math.min(tile + TILE_KEYS, end) - block;
           const s = new Float64Array(n);
           let tileMax = Number.NEGATIVE_INFINITY;
           for (let j = 0; j < n; j++) {
