@@ -5,7 +5,7 @@ import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts
 import { releaseDispatches, submitDispatches, uniformBuffer } from './dispatch.ts';
 import { rotateReference } from './reference/rotate.ts';
 import { prepareRotate, type RotateBuild } from './rotate.ts';
-import { ROTATE_BLOCK_TOKENS, rotateSource } from './rotate.wgsl.ts';
+import { rotateBlockTokens, rotateSource } from './rotate.wgsl.ts';
 
 const ctx = withTestGpu();
 
@@ -60,15 +60,19 @@ describe('per-head rotation kernel', () => {
     [1, 1, 2, 256, 1, false],
     [1, 1, 2, 256, 2, true],
     // More tokens than a block of the prefill build: whole blocks, and a last block the step's tokens end inside.
-    [21, 37, 4, 64, 2, true],
+    [100, 130, 4, 64, 2, true],
     [32, 32, 2, 128, 1, false],
+    [40, 48, 8, 128, 4, true],
+    // Widths whose quads do not divide the prefill build's 64 invocations: some sit idle, some rows are spare.
+    [17, 20, 2, 24, 1, false],
+    [17, 20, 2, 40, 2, true],
   ] as const)(
     'matches the reference (%i of %i tokens, %i heads, head_dim %i, %i heads per matrix, transpose %s)',
     async (tokens, maxTokens, heads, headDim, hpm, transpose) => {
       // Both builds, whichever maxTokens picks: the decode one (a row a workgroup, partial sums) and the prefill one
       // (blocks of tokens a workgroup).
       for (const blocks of [false, true]) {
-        const build = { blocks, code: rotateSource(1, blocks) };
+        const build = { blocks, code: rotateSource(1, blocks, headDim) };
         const { actual, expected } = await runRotate(tokens, maxTokens, heads, headDim, hpm, transpose, build);
         expect(maxToleranceRatio(actual, expected, 1e-4, 1e-4)).toBeLessThanOrEqual(1);
       }
@@ -119,17 +123,17 @@ describe('per-head rotation kernel', () => {
   });
 
   it("catches a broken blocks build: every block rotating the first block's tokens", async () => {
-    const original = rotateSource(1, true);
-    const broken = original.replace(`let token = wg.y * ${ROTATE_BLOCK_TOKENS}u;`, 'let token = 0u;');
+    const original = rotateSource(1, true, 64);
+    const broken = original.replace(`let token = wg.y * ${rotateBlockTokens(64)}u;`, 'let token = 0u;');
     expect(broken).not.toBe(original);
-    const { actual, expected } = await runRotate(21, 37, 4, 64, 2, true, { blocks: true, code: broken });
+    const { actual, expected } = await runRotate(100, 130, 4, 64, 2, true, { blocks: true, code: broken });
     expect(maxToleranceRatio(actual, expected, 1e-4, 1e-4)).toBeGreaterThan(1);
   });
 
   it.each([false, true])(
     'catches a broken kernel (wrong matrix for grouped heads; blocks build %s)',
     async (blocks) => {
-      const original = rotateSource(1, blocks);
+      const original = rotateSource(1, blocks, 64);
       const broken = original.replace('(head / part.y)', 'head');
       expect(broken).not.toBe(original);
       const { actual, expected } = await runRotate(2, 2, 8, 64, 4, false, { blocks, code: broken });

@@ -1,6 +1,6 @@
 import type { GpuContext } from '../runtime/gpu/device.ts';
 import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from './dispatch.ts';
-import { ROTATE_BLOCK_TOKENS, rotateSource } from './rotate.wgsl.ts';
+import { rotateBlockTokens, rotateSource } from './rotate.wgsl.ts';
 
 /** One tensor a rotate dispatch rotates in place. */
 export interface RotatePart {
@@ -45,7 +45,7 @@ export function prepareRotate(gpu: GpuContext, label: string, b: RotateBinding, 
   const pipeline = computePipeline(
     gpu,
     `rotate${count}${blocks ? '-blocks' : ''}`,
-    build?.code ?? rotateSource(count as 1 | 2 | 3, blocks),
+    build?.code ?? rotateSource(count as 1 | 2 | 3, blocks, b.headDim),
   );
   const words = [b.headDim, 0, 0, 0];
   for (const part of b.parts) {
@@ -62,7 +62,7 @@ export function prepareRotate(gpu: GpuContext, label: string, b: RotateBinding, 
       params,
       b.step,
     ]),
-    workgroups: [heads, blocks ? Math.ceil(b.maxTokens / ROTATE_BLOCK_TOKENS) : b.maxTokens, 1],
+    workgroups: [heads, blocks ? Math.ceil(b.maxTokens / rotateBlockTokens(b.headDim)) : b.maxTokens, 1],
     owned: [params],
   };
 }

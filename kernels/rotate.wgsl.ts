@@ -27,7 +27,7 @@ const LOADS = 16;
  * Their sums meet in `partial` (ROW_PRODUCT_PARTIALS f32 of workgroup memory); after a barrier `store(j, value)`
  * writes output j. Needs `lid` and `d` (a multiple of 8, <= 256) in scope, and the row as d workgroup f32; the
  * barriers need `transpose` uniform. Shared by the decode builds of the rotation kernel and of the attention merge
- * pass's un-rotation (the rotation kernel's prefill build takes blockOutputsWgsl instead).
+ * pass's un-rotation (the rotation kernel's prefill build takes blockFunction's register tiles instead).
  */
 export function rowProductWgsl(o: {
   row: string;
@@ -84,50 +84,17 @@ ${loads((u) => `if (i + ${u}u < last) { a${u % 4} += ${o.row}[i + ${u}u] * ${o.m
 }`;
 }
 
-/**
- * Tokens a workgroup of the prefill build takes for one head: its rows share the head's matrix, which the workgroup
- * then reads once for all of them. The build before it took one row a workgroup, each invocation one output: on an
- * H200, Qwen3-4B's 512-token chunk at 16K keys spent 6.1 ms rotating q, k and v over its 36 layers; 5.1 ms with
- * blocks of 16 (Llama-3.2-1B: 0.82 and 0.85 ms).
- */
-export const ROTATE_BLOCK_TOKENS = 16;
+/** Workgroup floats of the prefill build's block of rows. */
+const ROTATE_BLOCK_FLOATS = 4096;
 
 /**
- * WGSL of a block's row products for one output column: for r < ROTATE_BLOCK_TOKENS, `store(r, value)` gets
- * Σ_i block_r,i · M[i][j] (M[j][i] where the WGSL condition `transpose` holds), M row-major d×d from vec4 `base4` of
- * `matrix`, the block's rows in the workgroup array `block` of vec4s (row r at r · quads). Needs `d` and `quads` =
- * d / 4 in scope. The row values are the same for every invocation (broadcast reads); each invocation reads one column
- * of M (or, with `transpose`, one row as vec4s).
+ * Tokens a workgroup of the prefill build takes for one head: its rows share the head's matrix, which the workgroup
+ * then reads once for all of them; as many as 16 KiB of rows hold (at most 64). A block of 16 rows a workgroup read
+ * Qwen3-4B's 64 KiB matrices 64 times per 1024-token chunk and head; on an H200 its q, k and v took 6.1 ms a chunk
+ * (1024 tokens at 16K keys, 36 layers) with blocks of 16, and <TBD> with blocks of 32.
  */
-function blockOutputsWgsl(o: {
-  block: string;
-  matrix: string;
-  base4: string;
-  j: string;
-  transpose: string;
-  store: (r: string, value: string) => string;
-}): string {
-  const rows = Array.from({ length: ROTATE_BLOCK_TOKENS }, (_, r) => r);
-  const accumulate = (quad: string, m: string) =>
-    rows.map((r) => `acc[${r}] += dot(${o.block}[${r}u * quads + ${quad}], ${m});`).join('\n        ');
-  const column = (at: string) => `${o.matrix}[${at}][${o.j} % 4u]`;
-  return `{
-    // Initialized explicitly: in a loop over columns, a declaration without one was not zeroed again (lavapipe).
-    var acc = array<f32, ${ROTATE_BLOCK_TOKENS}>();
-    if (${o.transpose}) {
-      for (var c = 0u; c < quads; c++) {
-        let m = ${o.matrix}[${o.base4} + ${o.j} * quads + c];
-        ${accumulate('c', 'm')}
-      }
-    } else {
-      for (var c = 0u; c < quads; c++) {
-        let at = ${o.base4} + 4u * c * quads + ${o.j} / 4u;
-        let m = vec4<f32>(${column('at')}, ${column('at + quads')}, ${column('at + 2u * quads')}, ${column('at + 3u * quads')});
-        ${accumulate('c', 'm')}
-      }
-    }
-    ${rows.map((r) => o.store(`${r}u`, `acc[${r}]`)).join('\n    ')}
-  }`;
+export function rotateBlockTokens(headDim: number): number {
+  return Math.min(64, Math.floor(ROTATE_BLOCK_FLOATS / headDim));
 }
 
 /**
@@ -153,39 +120,92 @@ function rowFunction(p: number): string {
 }
 
 /**
- * The prefill build's rows of part p: ROTATE_BLOCK_TOKENS tokens from `token0` of one head, staged in workgroup
- * memory (the update is in place), then invocation j's outputs j, j + WG, ... of every row (blockOutputsWgsl).
+ * The prefill build's rows of part p: rotateBlockTokens tokens from `token0` of one head, staged in workgroup
+ * memory (the update is in place); then invocation (quad, group) takes outputs 4·quad..4·quad + 3 of the group's
+ * rows, RPI of them: per 4 input dims, 4 vec4 loads of the matrix and one vec4 read of each row feed 16·RPI
+ * multiply-adds. (The build before it had each invocation take one output column of all 16 rows, its matrix reads a
+ * vec4 per element used and a row read per 4 multiply-adds: on an H200, Qwen3-4B's 1024-token chunk at 16K keys
+ * spent 9.0 ms of its 273 rotating q, k and v and 6.3 ms un-rotating the attention's output, with a 2-bit cache.)
+ * `headDim` is the build's: the register tile is sized by it.
  */
-function blockFunction(p: number): string {
+function blockFunction(p: number, headDim: number): string {
+  const QUADS = headDim / 4;
+  const BT = rotateBlockTokens(headDim);
+  const GROUPS = Math.min(BT, Math.floor(64 / QUADS)); // row groups of the 64 invocations
+  const RPI = Math.ceil(BT / GROUPS); // rows per invocation
+  const rows = Array.from({ length: RPI }, (_, k) => k);
+  const quadsOf = (m: string) => [0, 1, 2, 3].map((e) => `${m}${e}`);
   return `fn rotateBlock${p}(part: vec4<u32>, head: u32, token0: u32, lid: u32) {
-  let d = params.headDim;
-  let quads = d / 4u;
-  let tokens = min(step.tokens - token0, ${ROTATE_BLOCK_TOKENS}u);
+  let d = ${headDim}u;
+  let quads = ${QUADS}u;
+  let tokens = min(step.tokens - token0, ${BT}u);
   // Rows past the step's tokens are not read (nor their outputs stored).
   for (var at = lid; at < tokens * d; at += WG) {
     let r = at / d;
     block[r * quads + (at % d) / 4u][at % 4u] = x${p}[((token0 + r) * part.x + head) * d + at % d];
   }
   workgroupBarrier();
+  let quad = lid % quads;
+  let group = lid / quads;
+  if (group >= ${GROUPS}u) { return; }
+  let first = group * ${RPI}u;
   let matrix4 = (part.w + (head / part.y) * d * d) / 4u;
-  for (var j = lid; j < d; j += WG) ${blockOutputsWgsl({
-    block: 'block',
-    matrix: `rotation${p}`,
-    base4: 'matrix4',
-    j: 'j',
-    transpose: 'part.z == 1u',
-    store: (r, value) => `if (${r} < tokens) { x${p}[((token0 + ${r}) * part.x + head) * d + j] = ${value}; }`,
-  })}
+  var acc = array<vec4<f32>, ${RPI}>();
+  if (part.z == 1u) {
+    // Outputs j = 4·quad + e take row j of the matrix: its vec4 c against the rows' vec4 c.
+    for (var c = 0u; c < quads; c++) {
+${quadsOf('m')
+  .map((m, e) => `      let ${m} = rotation${p}[matrix4 + (4u * quad + ${e}u) * quads + c];`)
+  .join('\n')}
+${rows
+  .map(
+    (k) => `      {
+        let x = block[min(first + ${k}u, ${BT - 1}u) * quads + c];
+        acc[${k}] += vec4<f32>(dot(x, m0), dot(x, m1), dot(x, m2), dot(x, m3));
+      }`,
+  )
+  .join('\n')}
+    }
+  } else {
+    // Outputs 4·quad.. take vec4 quad of rows 4c..4c + 3 of the matrix, times the rows' dims 4c..4c + 3.
+    for (var c = 0u; c < quads; c++) {
+${quadsOf('m')
+  .map((m, e) => `      let ${m} = rotation${p}[matrix4 + (4u * c + ${e}u) * quads + quad];`)
+  .join('\n')}
+${rows
+  .map(
+    (k) => `      {
+        let x = block[min(first + ${k}u, ${BT - 1}u) * quads + c];
+        acc[${k}] += x.x * m0 + x.y * m1 + x.z * m2 + x.w * m3;
+      }`,
+  )
+  .join('\n')}
+    }
+  }
+${rows
+  .map(
+    (k) => `  if (first + ${k}u < tokens) {
+    let at = ((token0 + first + ${k}u) * part.x + head) * d + 4u * quad;
+    x${p}[at] = acc[${k}].x;
+    x${p}[at + 1u] = acc[${k}].y;
+    x${p}[at + 2u] = acc[${k}].z;
+    x${p}[at + 3u] = acc[${k}].w;
+  }`,
+  )
+  .join('\n')}
 }`;
 }
 
 /**
  * The rotate kernel for `parts` tensors. `blocks` builds it for prefill graphs: a workgroup of 64 takes
- * ROTATE_BLOCK_TOKENS tokens of a head (grid y: token blocks), each invocation storing whole outputs, instead of 256
+ * rotateBlockTokens(headDim) tokens of a head (grid y: token blocks), each invocation storing whole outputs, instead of 256
  * invocations a row whose partial sums meet in workgroup memory (rowProductWgsl, built for the one row of a decode
  * step; grid y: tokens). Same bindings and params.
  */
-export function rotateSource(parts: 1 | 2 | 3, blocks = false): string {
+export function rotateSource(parts: 1 | 2 | 3, blocks = false, headDim = 0): string {
+  if (blocks && (headDim % 8 !== 0 || headDim < 8 || headDim > 256)) {
+    throw new RangeError(`rotate: the blocks build needs headDim a multiple of 8 up to 256, got ${headDim}`);
+  }
   const ids = [...Array(parts).keys()];
   const xs = ids.map((p) => `@group(0) @binding(${p}) var<storage, read_write> x${p}: array<f32>;`).join('\n');
   const rs = ids
@@ -202,19 +222,19 @@ ${rs}
 @group(0) @binding(${2 * parts}) var<uniform> params: Params;
 @group(0) @binding(${2 * parts + 1}) var<uniform> step: Step;
 
-${ids.map((p) => (blocks ? blockFunction(p) : rowFunction(p))).join('\n')}
+${ids.map((p) => (blocks ? blockFunction(p, headDim) : rowFunction(p))).join('\n')}
 
 const WG: u32 = ${blocks ? 64 : 256}u;
 ${
   blocks
-    ? `var<workgroup> block: array<vec4<f32>, ${(ROTATE_BLOCK_TOKENS * 256) / 4}>; // [token][headDim / 4], headDim <= 256`
+    ? `var<workgroup> block: array<vec4<f32>, ${ROTATE_BLOCK_FLOATS / 4}>; // [token][headDim / 4]`
     : `var<workgroup> row: array<f32, 256>;
 var<workgroup> partial: array<f32, ${ROW_PRODUCT_PARTIALS}>;`
 }
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-  let token = wg.y${blocks ? ` * ${ROTATE_BLOCK_TOKENS}u` : ''};
+  let token = wg.y${blocks ? ` * ${rotateBlockTokens(headDim)}u` : ''};
   if (token >= step.tokens) { return; }
   // The grid's x runs over the heads of part 0, then part 1, ...
   var head = wg.x;
