@@ -6,6 +6,9 @@ import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
+import { defaultPrefillChunk } from '../runtime/engine/engine.ts';
+import { benchKvBudgetBytes } from './engine-runner.ts';
+import { BENCH_MODELS } from './models.ts';
 import { renderMarkdown, validateReport } from './report.ts';
 import { parseBenchArgs, runBench } from './run.ts';
 
@@ -29,7 +32,13 @@ describe('npm run bench -- --quick', () => {
     expect(report.finished).toBe(true);
     expect(report.quick).toBe(true);
 
-    const rows = report.rows as Array<{ runtime: string; kv: string; context: number; status: string }>;
+    const rows = report.rows as Array<{
+      runtime: string;
+      kv: string;
+      context: number;
+      status: string;
+      prefillChunk?: number;
+    }>;
     const longtabF16 = rows.filter((r) => r.runtime === 'longtab' && r.kv === 'f16');
     expect(longtabF16.map((r) => [r.context, r.status])).toEqual([
       [64, 'ok'],
@@ -39,6 +48,12 @@ describe('npm run bench -- --quick', () => {
     const int2 = rows.filter((r) => r.runtime === 'longtab' && r.kv === 'int2');
     expect(int2).toHaveLength(2);
     for (const r of int2) expect(['ok', 'not available']).toContain(r.status);
+    // Each longtab row records its prefill chunk, and the int2 load's budget gives it the chunk the f16 load takes
+    // (a budget too small for it once left the 2-bit rows of short contexts on smaller chunks).
+    for (const r of [...longtabF16, ...int2].filter((r) => r.status === 'ok')) {
+      expect(r.prefillChunk).toBe(longtabF16[0].prefillChunk);
+      expect(r.prefillChunk).toBeGreaterThan(0);
+    }
     // llama.cpp rows exist for both KV types (CPU build here).
     for (const kv of ['f16', 'q4_0']) {
       expect(rows.filter((r) => r.runtime === 'llama.cpp' && r.kv === kv)).toHaveLength(2);
@@ -67,5 +82,24 @@ describe('npm run bench -- --quick', () => {
 
   it('rejects a report that lost a field', () => {
     expect(validateReport({ schema: 'longtab-bench/1' }).length).toBeGreaterThan(0);
+  });
+
+  it("gives a 2-bit load's short contexts the prefill chunk long ones take (1024 tokens on tensor cores)", () => {
+    // As the engine builds the pool for a bench load (kvPoolOptions: sink 64, window 256, two sequences).
+    for (const shape of BENCH_MODELS) {
+      for (const context of [1024, 8192, 32768]) {
+        const pool = {
+          layers: shape.layers,
+          kvHeads: shape.kvHeads,
+          headDim: shape.headDim,
+          budgetBytes: benchKvBudgetBytes(shape, 'int2', context),
+          kv: 'quant' as const,
+          sink: 64,
+          window: 256,
+          maxSequences: 2,
+        };
+        expect(defaultPrefillChunk(true, pool), `${shape.id} at ${context}`).toBe(1024);
+      }
+    }
   });
 });

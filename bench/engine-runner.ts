@@ -11,6 +11,7 @@ import { sourceFromPath } from '../runtime/gguf/node-source.ts';
 import type { ByteSource } from '../runtime/gguf/types.ts';
 import type { MemorySnapshot } from '../runtime/gpu/allocator.ts';
 import type { GpuContext } from '../runtime/gpu/device.ts';
+import { defaultQuantF16Bytes } from '../runtime/kv/pool.ts';
 import type { PrefillMatmul } from '../runtime/model/transformer.ts';
 import type { BenchModelFile } from './models.ts';
 import { type RowTiming, summarize, type TimedRepeat } from './stats.ts';
@@ -77,6 +78,35 @@ function countQueueCalls(queue: GPUQueue) {
   };
 }
 
+/**
+ * The KV budget a bench load takes: room for the largest context plus page rounding. int2: the pool gives at most half
+ * the budget to f16 pages and takes the largest prefill chunk whose f16 pages (sink + window + the chunk, for two
+ * sequences) that half holds (defaultPrefillChunk); twice those pages for 1024-token chunks keeps short contexts on the
+ * chunk long ones take. (4096 f16 tokens' worth, the earlier margin, left every model's 1K rows on 512-token chunks:
+ * Qwen3-4B's 410 MB of f16 pages against a 382 MB half.) Quant pages are smaller, so the rest is plenty.
+ */
+export function benchKvBudgetBytes(
+  shape: { layers: number; kvHeads: number; headDim: number },
+  kv: KvMode,
+  maxContext: number,
+): number {
+  const { layers, kvHeads, headDim } = shape;
+  const f16BytesPerToken = 2 * layers * kvHeads * headDim * 2;
+  const f16Pages =
+    kv === 'int2'
+      ? defaultQuantF16Bytes({
+          layers,
+          kvHeads,
+          headDim,
+          budgetBytes: 0,
+          kv: 'quant',
+          maxSequences: 2,
+          maxStepTokens: 1024,
+        })
+      : 0;
+  return f16BytesPerToken * (maxContext + 64) + 2 * f16Pages;
+}
+
 export class EngineRunner {
   readonly engine: Engine;
   private source: ByteSource | null = null;
@@ -100,16 +130,12 @@ export class EngineRunner {
   ): Promise<EngineLoadResult> {
     await this.unload();
     const s = file.shape;
-    const f16BytesPerToken = 2 * s.layers * s.kvHeads * s.headDim * 2;
     const started = performance.now();
     this.source = await sourceFromPath(file.path);
     try {
       await this.engine.load(this.source, {
         kv,
-        // Room for the largest context plus page rounding. int2: the pool gives at most half the budget to f16 pages
-        // (sink + window + a prefill chunk, for two sequences), so 4096 more f16 tokens' worth keeps a short context's
-        // prompt, which is all f16 window, within that half; quant pages are smaller, so the rest is plenty.
-        kvBudgetBytes: f16BytesPerToken * (maxContext + 64 + (kv === 'int2' ? 4096 : 0)),
+        kvBudgetBytes: benchKvBudgetBytes(s, kv, maxContext),
         maxSequences: 2,
         ...(prefillChunk ? { prefillChunk } : {}),
         ...kernels,

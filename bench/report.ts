@@ -26,6 +26,8 @@ export interface BenchRow {
   promptTokens?: number;
   decodeSteps?: number;
   fill?: FillMode;
+  /** longtab: the prefill chunk the engine ran with (its default for the load's KV budget, or --prefill-chunk). */
+  prefillChunk?: number;
   repeats?: number;
   repeatsRequested?: number;
   prefillTokensPerSecond?: number | null;

@@ -568,6 +568,7 @@ async function runEngineRows(
           promptTokens: prompt,
           decodeSteps: options.decodeSteps,
           fill,
+          prefillChunk: engine.prefillChunk,
           repeats: t.repeats,
           repeatsRequested: t.repeatsRequested,
           prefillTokensPerSecond: t.prefillTokensPerSecond?.median ?? null,
