@@ -11,7 +11,7 @@
  * submit's round trip). Exit code 1 when a check fails.
  */
 import { writeFileSync } from 'node:fs';
-import { releaseDispatches } from '../kernels/dispatch.ts';
+import { releaseDispatches, submitDispatches } from '../kernels/dispatch.ts';
 import { defaultMatmulVariant, prepareMatmul } from '../kernels/matmul.ts';
 import {
   createInt8Activations,
@@ -151,7 +151,7 @@ const DOT4_ABLATIONS: [string, (code: string) => string][] = [
   ['no-barriers', (code) => code.replaceAll('workgroupBarrier();', '')],
 ];
 
-/** Schedules of the dot4I8Packed kernel compared by `--schedules` (the first is the runtime's). */
+/** Schedules of the dot4I8Packed kernel compared by `--schedules` (DOT4_SCHEDULE, the runtime's, is 2 blocks). */
 const DOT4_SCHEDULES: [string, Dot4Schedule][] = [
   ['1 block', { blocksPerStage: 1 }],
   ['2 blocks', { blocksPerStage: 2 }],
@@ -191,6 +191,10 @@ async function compareSchedules(gpu: Awaited<ReturnType<typeof acquireGpu>>): Pr
     const input = gpu.allocator.createStorage('x', 'scratch', randomFloats(random, tokens * K, 1));
     const output = gpu.allocator.createStorage('y', 'scratch', tokens * N * 4);
     const activations = createInt8Activations(gpu, 'int8', tokens, K);
+    // Real activation codes (the matmul's time does not depend on them, but its outputs stay finite).
+    const quantize = prepareQuantizeActivations(gpu, 'quantize', { input, activations, tokens, K });
+    submitDispatches(gpu, 'quantize', [quantize]);
+    releaseDispatches(gpu, [quantize]);
     let line = `schedules ${GGML_TYPE_INFO[type]?.name} ${K}x${N} T=${tokens}:`;
     for (const [name, schedule] of DOT4_SCHEDULES) {
       const int8 = prepareInt8Matmul(

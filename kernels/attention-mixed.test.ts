@@ -47,6 +47,18 @@ describe('attention over mixed f16 / quant pages', () => {
       },
     ],
     ['hd 64, 2:1, a prefill chunk over 320 keys (2 splits)', MIXED_TWO_SPLIT_PREFILL],
+    // Rows wider than the demotion's 256 invocations, which rank up to 4 values each in one pass: 832 values.
+    [
+      'hd 64, 1:1, 13 KV heads: rows of 832, groups of 64',
+      {
+        layers: 1,
+        heads: 13,
+        kvHeads: 13,
+        headDim: 64,
+        pool: { pageTokens: 8, sink: 8, window: 8, keyFormat: { groupSize: 64 }, valueFormat: { groupSize: 64 } },
+        chunks: [24, 1, 1, 9, 1],
+      },
+    ],
     // Long enough for decode to use several splits of >= 64 keys, each over f16 and quant pages.
     [
       'hd 8, 2:1, stories260K-like, several decode splits',

@@ -23,10 +23,10 @@
  *   4. P·V through workgroup memory, 4 dim tiles per subgroup per round (the converted build 2), each lane adding its
  *      8 outputs per tile to f32 accumulators (rescaled by the correction).
  * The converted build is compact: S in halves, q's and then p's codes in the K tile's words (free once S is made), and
- * at head size 128 V's tile in two halves of its dims (splitValues). It takes 24 KiB of workgroup memory at head size
- * 128 and 20 at 64, against 42.5 and 33 for the other layout: on the H200, where WebGPU gets about 48 KiB of
- * workgroup memory an SM, two workgroups an SM instead of one (bench/occupancy-probe.ts), and a third less time for
- * Qwen3-4B's layer at 32K keys (BENCH.md, session 20).
+ * at head size 128 V's tile in two halves of its dims (splitValues). It takes 24,064 bytes of workgroup memory at head
+ * size 128 and 19,968 at 64, against 41,472 and 33,280 for the other layout (and 42,496 for the converted build's
+ * earlier one): on the H200, where WebGPU gets about 48 KiB of workgroup memory an SM, two workgroups an SM instead of
+ * one (bench/occupancy-probe.ts), and a third less time for Qwen3-4B's layer at 32K keys (BENCH.md, session 20).
  * Output as the split kernel (attentionPartialSource): splits = 1 the normalized rows, else (max, sum, Σ p·V) per
  * (t, h, s) for the merge pass. Bindings as the split kernel's, except that the converted build binds the int8 keys
  * buffer in place of the page table, and no pages.
@@ -55,10 +55,14 @@ const BK = INT8_ATTENTION_TILE_KEYS;
 /**
  * Words between rows of a build's workgroup arrays, and the sums' size. Rows of codes are padded by a vec4: the
  * 16-byte rows a matrix load reads together then fall in different banks (on the H200, one layer at 32K keys took
- * 5.9 instead of 8.3 ms on Qwen3-4B and 3.5 instead of 4.4 on Llama-3.2-1B). Rows of S are BK + 1 words apart, for
- * the softmax's reads (68 and 72 were no faster).
+ * 5.9 instead of 8.3 ms on Qwen3-4B and 3.5 instead of 4.4 on Llama-3.2-1B). Rows of S are BK + 1 words apart (the
+ * converted build's halves BK / 2 + 1), for the softmax's reads (68 and 72 were no faster).
  */
 function int8TileLayout(headDim: number, converted: boolean) {
+  // The converted build keeps q's codes (ROWS rows) and p's (rows PS words) in the K tile (BK keys, KS words apart).
+  if (converted && (INT8_ATTENTION_ROWS > BK || BK / 4 + 4 > headDim / 4 + 4)) {
+    throw new Error('int8 attention: q and p codes do not fit the K tile of the converted build');
+  }
   // Words between keys of the K code tile (and of the V one staged from the pages), and between rows of q's codes.
   const KS = headDim / 4 + 4;
   // Words between rows of the p codes, and between dims of the transposed V tile (the converted build).
@@ -77,8 +81,8 @@ function int8TileLayout(headDim: number, converted: boolean) {
 
 /**
  * Whether the converted build stages V's tile in two halves of its dims, the second after the P·V rounds of the
- * first: at head size 128 that takes its workgroup memory from 29 to 24 KiB, under what the H200 needs to keep two
- * workgroups an SM (bench/occupancy-probe.ts; at 29 KiB it kept one).
+ * first: at head size 128 that takes its workgroup memory from 29,184 to 24,064 bytes, under what the H200 needs to
+ * keep two workgroups an SM (bench/occupancy-probe.ts; at 29,184 it kept one).
  */
 function splitValues(headDim: number, converted: boolean): boolean {
   return converted && headDim === 128;
@@ -597,10 +601,20 @@ const SP: u32 = ${SP}u;
 const NONE: f32 = -1e30;
 ${shape.converted ? KEYS_INT8_LAYOUT_WGSL : ''}
 
+${
+  compact
+    ? `// The K tile; before the first tile, q's codes (rows KS apart) until the subgroups hold them; after each tile's S,
+// its p codes (rows PS apart).
 var<workgroup> kcodes: array<i32, ${TK * KS}>;
+// V's tile, [dim][key]${splitV ? ', half its dims at a time' : ''}.
+var<workgroup> vcodes: array<i32, ${vTileWords}>;
+// Half of a tile's S [row][key] at a time, then a round of P·V tiles.
+var<workgroup> sums: array<i32, ${sumsWords}>;`
+    : `var<workgroup> kcodes: array<i32, ${TK * KS}>;
 var<workgroup> vcodes: array<i32, ${vTileWords}>;
 // q's codes (rows KS apart) until the subgroups hold them; then S of a tile [row][key], then a round of P·V tiles.
-var<workgroup> sums: array<i32, ${sumsWords}>;
+var<workgroup> sums: array<i32, ${sumsWords}>;`
+}
 ${compact ? '' : `var<workgroup> pcodes: array<i32, ${ROWS * PS}>;\n`}var<workgroup> qscale: array<f32, ${ROWS}>;
 // The tile's K and V scales, four keys a vec4: the softmax reads them so (on the H200, 3% of Qwen3-4B's layer at 32K
 // keys against a load per key).
@@ -643,12 +657,16 @@ ${
     : `${each(TK / 16, (t) => scoresTile(`${t}u`))}
     workgroupBarrier();`
 }
-    // Row r's keys half·LK.. (keyOf): with rows SP = BK + 1 words apart, the 32 lanes of a subgroup (16 rows, both
-    // halves) read 32 different banks. Written out key by key (s_i, w_i in registers, one read of the sums): as loops
-    // with the sums read twice and w written back, this phase took half the kernel's time.
+${
+  compact
+    ? ''
+    : `    // Row r's keys half·LK.. (keyOf): with rows SP = BK + 1 words apart, the 32 lanes of a subgroup (16 rows, both
+    // halves) read 32 different banks.
+`
+}    // Written out key by key (s_i, w_i in registers, one read of the sums): as loops with the sums read twice and w
+    // written back, this phase took half the kernel's time.
     {
-${compact ? '' : `${scoreHead}\n${each(LK, scoreOf)}`}
-      var tileMax = ${range(LK).reduce((acc, i) => (acc ? `max(${acc}, s${i})` : `s${i}`), '')};
+${compact ? '' : `${scoreHead}\n${each(LK, scoreOf)}\n`}      var tileMax = ${range(LK).reduce((acc, i) => (acc ? `max(${acc}, s${i})` : `s${i}`), '')};
       tileMax = max(tileMax, subgroupShuffleXor(tileMax, 1u));
       let best = max(m, tileMax);
       let correction = select(1.0, exp(m - best), m > NONE);

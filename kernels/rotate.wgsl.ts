@@ -89,12 +89,18 @@ const ROTATE_BLOCK_FLOATS = 4096;
 
 /**
  * Tokens a workgroup of the prefill build takes for one head: its rows share the head's matrix, which the workgroup
- * then reads once for all of them; as many as 16 KiB of rows hold (at most 64). A block of 16 rows a workgroup read
- * Qwen3-4B's 64 KiB matrices 64 times per 1024-token chunk and head; on an H200 its q, k and v took 6.1 ms a chunk
- * (1024 tokens at 16K keys, 36 layers) with blocks of 16, and <TBD> with blocks of 32.
+ * then reads once for all of them; as many as 16 KiB of rows hold, at most 64, and at most 16 an invocation (the
+ * build's register tile: blockFunction). Blocks of 16 rows read Qwen3-4B's 64 KiB matrices 64 times per 1024-token
+ * chunk and head; on an H200 its q, k and v took 6.1 ms a chunk (1024 tokens at 16K keys, 36 layers) with blocks of
+ * 16 and 5.4 with blocks of 32.
  */
 export function rotateBlockTokens(headDim: number): number {
-  return Math.min(64, Math.floor(ROTATE_BLOCK_FLOATS / headDim));
+  return Math.min(64, Math.floor(ROTATE_BLOCK_FLOATS / headDim), 16 * rowGroups(headDim));
+}
+
+/** Row groups of the prefill build's 64 invocations: each group's invocations take a vec4 of outputs each. */
+function rowGroups(headDim: number): number {
+  return Math.max(1, Math.floor(64 / (headDim / 4)));
 }
 
 /**
@@ -131,8 +137,8 @@ function rowFunction(p: number): string {
 function blockFunction(p: number, headDim: number): string {
   const QUADS = headDim / 4;
   const BT = rotateBlockTokens(headDim);
-  const GROUPS = Math.min(BT, Math.floor(64 / QUADS)); // row groups of the 64 invocations
-  const RPI = Math.ceil(BT / GROUPS); // rows per invocation
+  const GROUPS = Math.min(BT, rowGroups(headDim));
+  const RPI = Math.ceil(BT / GROUPS); // rows per invocation, at most 16
   const rows = Array.from({ length: RPI }, (_, k) => k);
   const quadsOf = (m: string) => [0, 1, 2, 3].map((e) => `${m}${e}`);
   return `fn rotateBlock${p}(part: vec4<u32>, head: u32, token0: u32, lid: u32) {
