@@ -418,7 +418,6 @@ export function attentionPrefillInt8Source(shape: AttentionPrefillInt8Shape): st
   const { headDim: HD, quant } = shape;
   // The converted build is the compact one (the file's comment).
   const compact = shape.converted;
-  const TK = BK;
   const ROWS = INT8_ATTENTION_ROWS;
   const { KS, PS, SP, roundTiles, sumsWords, vTileWords } = int8TileLayout(HD, compact);
   const P_CODES = compact ? 'kcodes' : 'pcodes';
@@ -428,12 +427,12 @@ export function attentionPrefillInt8Source(shape: AttentionPrefillInt8Shape): st
   const KSTEPS = HD / 32; // 32-deep steps of q·k
   const DT = HD / 16; // dim tiles of a subgroup's output rows
   const ROUNDS = DT / roundTiles; // rounds of P·V tiles through the sums buffer
-  const PM = TK / 32; // 32-key left operands of P·V a tile: its w codes
+  const PM = BK / 32; // 32-key left operands of P·V a tile: its w codes
   // Softmax lane (row r, half)'s keys of a tile: LK of them, from LK·half, visited from ROT·half on (rows of S 65
   // words apart put both halves' first keys in one bank otherwise); a vec4 of scales or a word of w codes holds 4 of
   // them. Compact: the lane's keys are 16·half.. of each half of S, i = 0..15 from the first, 16..31 from the second
   // (rows 33 words apart: the 32 lanes' reads meet 32 banks).
-  const LK = TK / 2;
+  const LK = BK / 2;
   const ROT = 16;
   const keyOf = (i: number) =>
     compact
@@ -502,18 +501,18 @@ ${secondHalf}${apply}${round + 1 < ROUNDS ? '\n      workgroupBarrier();' : ''}
   // Key j_i's scale in the softmax: keys 4a..4a+3 of the lane's are one vec4 of kscale/vscale.
   const keyScale = (p: 'k' | 'v', i: number) => `${p}scale[${quadOf4(Math.floor(i / 4))}][${i % 4}]`;
   // The lane's score of its key i, read from the sums.
-  const scoreHead = `      let dq = qscale[r];\n${tileMask('      ')}`;
-  const scoreOf = (i: number) => `      let j${i} = ${keyOf(i)};
-      let s${i} = select(NONE, f32(sums[r * SP + ${scoreColumn(i)}]) * dq * ${keyScale('k', i)}, j${i} >= skip && j${i} < visible);`;
+  const scoreHead = (indent: string) => `${indent}let dq = qscale[r];\n${tileMask(indent)}`;
+  const scoreOf = (i: number, indent = '      ') => `${indent}let j${i} = ${keyOf(i)};
+${indent}let s${i} = select(NONE, f32(sums[r * SP + ${scoreColumn(i)}]) * dq * ${keyScale('k', i)}, j${i} >= skip && j${i} < visible);`;
   // Compact: S's first 32 keys, their scores read (into registers), then its other 32 into the same sums.
   const compactScores = `${each(2, (t) => scoresTile(`${t}u`))}
     workgroupBarrier();
-${scoreHead.replaceAll('      ', '    ')}
-${each(16, (i) => scoreOf(i).replaceAll('      ', '    '))}
+${scoreHead('    ')}
+${each(16, (i) => scoreOf(i, '    '))}
     workgroupBarrier();
 ${each(2, (t) => scoresTile(`${t + 2}u`))}
     workgroupBarrier();
-${each(16, (i) => scoreOf(i + 16).replaceAll('      ', '    '))}`;
+${each(16, (i) => scoreOf(i + 16, '    '))}`;
   // The converted build: bindings 0, 1, 3, 4 as the others, the int8 keys buffer in place of the page table, no pages.
   const bindings = shape.converted
     ? `${attentionParamsWgsl(false)}
@@ -529,7 +528,7 @@ ${fetchWgsl}`;
   // Converted builds copy each tile's codes from the int8 keys buffer into workgroup memory, as vec4s loaded a tile
   // ahead into registers: on the H200, a subgroup matrix loaded from a storage buffer fed the tensor cores at 52
   // trillion multiply-adds a second, one loaded from workgroup memory at 233 (bench/int8-dot-probe.ts).
-  const TILE_QUADS = (TK * HD) / 16; // vec4s of a tile's K codes, and of its V codes
+  const TILE_QUADS = (BK * HD) / 16; // vec4s of a tile's K codes, and of its V codes
   // Invocation li's vec4 i of a tile, ahead[i], is vec4 li + 128·i of its K codes (i < K_AHEAD), else of its V codes
   // (128 invocations: 2·ROWS). Every index is written out (as is the rest of the tile loop): loops over the private
   // arrays ran 8% slower on Qwen3-4B's layer on the H200.
@@ -546,10 +545,10 @@ ${fetchWgsl}`;
   // Split V: the vec4s of its second half of dims (its last half of vec4s), staged mid-tile.
   const deferred = (i: number) => splitV && i >= K_AHEAD + (AHEAD - K_AHEAD) / 2;
   const staged = range(AHEAD).filter((i) => !deferred(i)); // the vec4s staged at the top of a tile
-  // K's vec4s go to key at / (HD / 16), V's (transposed tiles) to dim at / (TK / 16) (split: in its half of the dims).
+  // K's vec4s go to key at / (HD / 16), V's (transposed tiles) to dim at / (BK / 16) (split: in its half of the dims).
   const copyQuad = (i: number) => {
     const { kind, at } = quadOf(i);
-    const [codes, per, stride] = kind === 0 ? ['kcodes', HD / 16, 'KS'] : ['vcodes', TK / 16, 'PS'];
+    const [codes, per, stride] = kind === 0 ? ['kcodes', HD / 16, 'KS'] : ['vcodes', BK / 16, 'PS'];
     const row = kind === 1 && splitV ? `(((${at}) / ${per}u) % ${HD / 2}u)` : `((${at}) / ${per}u)`;
     return `    {
       let word = ${row} * ${stride} + 4u * ((${at}) % ${per}u);
@@ -591,7 +590,7 @@ ${codeScaleWgsl}
 const HD: u32 = ${HD}u;
 const HW: u32 = ${HD / 4}u; // words of a row's or key's codes
 const ROWS: u32 = ${ROWS}u;
-const BK: u32 = ${TK}u;
+const BK: u32 = ${BK}u;
 // Words between rows: of the key tiles' codes and of q's (a vec4 of padding: a matrix load's rows of 16 bytes fall in
 // different banks), of the p codes (and of the dims of a transposed V tile), and of S in the sums (row r's key j in
 // bank (r + j) % 32).
@@ -605,12 +604,12 @@ ${
   compact
     ? `// The K tile; before the first tile, q's codes (rows KS apart) until the subgroups hold them; after each tile's S,
 // its p codes (rows PS apart).
-var<workgroup> kcodes: array<i32, ${TK * KS}>;
+var<workgroup> kcodes: array<i32, ${BK * KS}>;
 // V's tile, [dim][key]${splitV ? ', half its dims at a time' : ''}.
 var<workgroup> vcodes: array<i32, ${vTileWords}>;
 // Half of a tile's S [row][key] at a time, then a round of P·V tiles.
 var<workgroup> sums: array<i32, ${sumsWords}>;`
-    : `var<workgroup> kcodes: array<i32, ${TK * KS}>;
+    : `var<workgroup> kcodes: array<i32, ${BK * KS}>;
 var<workgroup> vcodes: array<i32, ${vTileWords}>;
 // q's codes (rows KS apart) until the subgroups hold them; then S of a tile [row][key], then a round of P·V tiles.
 var<workgroup> sums: array<i32, ${sumsWords}>;`
@@ -618,8 +617,8 @@ var<workgroup> sums: array<i32, ${sumsWords}>;`
 ${compact ? '' : `var<workgroup> pcodes: array<i32, ${ROWS * PS}>;\n`}var<workgroup> qscale: array<f32, ${ROWS}>;
 // The tile's K and V scales, four keys a vec4: the softmax reads them so (on the H200, 3% of Qwen3-4B's layer at 32K
 // keys against a load per key).
-var<workgroup> kscale: array<vec4<f32>, ${TK / 4}>;
-var<workgroup> vscale: array<vec4<f32>, ${TK / 4}>;
+var<workgroup> kscale: array<vec4<f32>, ${BK / 4}>;
+var<workgroup> vscale: array<vec4<f32>, ${BK / 4}>;
 var<workgroup> wscale: array<f32, ${ROWS}>; // the tile's d_w per row; at the end, the row sums
 var<workgroup> corr: array<f32, ${ROWS}>; // the tile's correction per row; at the end, the row maxima
 
@@ -654,7 +653,7 @@ ${shape.converted ? convertedLoopHead : tileLoopHead}
 ${
   compact
     ? compactScores
-    : `${each(TK / 16, (t) => scoresTile(`${t}u`))}
+    : `${each(BK / 16, (t) => scoresTile(`${t}u`))}
     workgroupBarrier();`
 }
 ${
@@ -666,7 +665,7 @@ ${
 }    // Written out key by key (s_i, w_i in registers, one read of the sums): as loops with the sums read twice and w
     // written back, this phase took half the kernel's time.
     {
-${compact ? '' : `${scoreHead}\n${each(LK, scoreOf)}\n`}      var tileMax = ${range(LK).reduce((acc, i) => (acc ? `max(${acc}, s${i})` : `s${i}`), '')};
+${compact ? '' : `${scoreHead('      ')}\n${each(LK, (i) => scoreOf(i))}\n`}      var tileMax = ${range(LK).reduce((acc, i) => (acc ? `max(${acc}, s${i})` : `s${i}`), '')};
       tileMax = max(tileMax, subgroupShuffleXor(tileMax, 1u));
       let best = max(m, tileMax);
       let correction = select(1.0, exp(m - best), m > NONE);

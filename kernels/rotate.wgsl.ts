@@ -140,7 +140,20 @@ function blockFunction(p: number, headDim: number): string {
   const GROUPS = Math.min(BT, rowGroups(headDim));
   const RPI = Math.ceil(BT / GROUPS); // rows per invocation, at most 16
   const rows = Array.from({ length: RPI }, (_, k) => k);
-  const quadsOf = (m: string) => [0, 1, 2, 3].map((e) => `${m}${e}`);
+  // The loop over the input's vec4s c: the matrix's vec4s m0..m3 (at matrix4 + `at(e)`) against each row's vec4 c,
+  // x, whose product `product` adds to the row's outputs.
+  const inputLoop = (why: string, at: (e: number) => string, product: string) => `    // ${why}
+    for (var c = 0u; c < quads; c++) {
+${[0, 1, 2, 3].map((e) => `      let m${e} = rotation${p}[matrix4 + ${at(e)}];`).join('\n')}
+${rows
+  .map(
+    (k) => `      {
+        let x = block[min(first + ${k}u, ${BT - 1}u) * quads + c];
+        acc[${k}] += ${product};
+      }`,
+  )
+  .join('\n')}
+    }`;
   return `fn rotateBlock${p}(part: vec4<u32>, head: u32, token0: u32, lid: u32) {
   let d = ${headDim}u;
   let quads = ${QUADS}u;
@@ -158,35 +171,17 @@ function blockFunction(p: number, headDim: number): string {
   let matrix4 = (part.w + (head / part.y) * d * d) / 4u;
   var acc = array<vec4<f32>, ${RPI}>();
   if (part.z == 1u) {
-    // Outputs j = 4·quad + e take row j of the matrix: its vec4 c against the rows' vec4 c.
-    for (var c = 0u; c < quads; c++) {
-${quadsOf('m')
-  .map((m, e) => `      let ${m} = rotation${p}[matrix4 + (4u * quad + ${e}u) * quads + c];`)
-  .join('\n')}
-${rows
-  .map(
-    (k) => `      {
-        let x = block[min(first + ${k}u, ${BT - 1}u) * quads + c];
-        acc[${k}] += vec4<f32>(dot(x, m0), dot(x, m1), dot(x, m2), dot(x, m3));
-      }`,
-  )
-  .join('\n')}
-    }
+${inputLoop(
+  "Outputs j = 4·quad + e take row j of the matrix: its vec4 c against the rows' vec4 c.",
+  (e) => `(4u * quad + ${e}u) * quads + c`,
+  'vec4<f32>(dot(x, m0), dot(x, m1), dot(x, m2), dot(x, m3))',
+)}
   } else {
-    // Outputs 4·quad.. take vec4 quad of rows 4c..4c + 3 of the matrix, times the rows' dims 4c..4c + 3.
-    for (var c = 0u; c < quads; c++) {
-${quadsOf('m')
-  .map((m, e) => `      let ${m} = rotation${p}[matrix4 + (4u * c + ${e}u) * quads + quad];`)
-  .join('\n')}
-${rows
-  .map(
-    (k) => `      {
-        let x = block[min(first + ${k}u, ${BT - 1}u) * quads + c];
-        acc[${k}] += x.x * m0 + x.y * m1 + x.z * m2 + x.w * m3;
-      }`,
-  )
-  .join('\n')}
-    }
+${inputLoop(
+  "Outputs 4·quad.. take vec4 quad of rows 4c..4c + 3 of the matrix, times the rows' dims 4c..4c + 3.",
+  (e) => `(4u * c + ${e}u) * quads + quad`,
+  'x.x * m0 + x.y * m1 + x.z * m2 + x.w * m3',
+)}
   }
 ${rows
   .map(
