@@ -131,6 +131,14 @@ const DECODE_SUB128: Variant = {
       ? decodeEdit((c) => c.replace('const SUB: u32 = 256u;', 'const SUB: u32 = 128u;'))(s, quant)
       : null,
 };
+/** DECODE_SUB128 at more splits: smaller workgroups (less workgroup memory) and more of them resident an SM. */
+const decodeSub128Splits = (splits: number): Variant => ({
+  ...DECODE_SUB128,
+  name: `decode-sub128-${splits}splits`,
+  splits,
+});
+/** Split counts tried with the 128-key pass (session 21). */
+const SUB128_SPLITS: Variant[] = [96, 128, 192, 256].map(decodeSub128Splits);
 /** The decode build with its loops over a key's dims unrolled (the runtime keeps them as loops). */
 const DECODE_UNROLLED: Variant = {
   name: 'decode-unrolled',
@@ -143,7 +151,9 @@ const VARIANTS: Variant[] = [
   DECODE_UNROLLED,
   { name: 'decode-128splits', decodeKernel: true, splits: 128 },
   { name: 'decode-96splits', decodeKernel: true, splits: 96 },
+  { name: 'decode-192splits', decodeKernel: true, splits: 192 },
   DECODE_SUB128,
+  ...SUB128_SPLITS,
   // Ablations: the value loads replaced by a constant; the key loads replaced by a constant; one slab bound.
   decodeAblation('abl-noV', (c) => c.replace(/let q4 = slabQuad\(slot, [^;]*\);/, 'let q4 = vec4<u32>(key);')),
   decodeAblation('abl-noK', (c) => c.replace('let w = slabQuad(slot, base + c);', 'let w = vec4<u32>(base + c);')),
@@ -203,7 +213,9 @@ const QUANT_VARIANTS: Variant[] = [
   { name: 'decode', decodeKernel: true },
   { name: 'decode-128splits', decodeKernel: true, splits: 128 },
   { name: 'decode-96splits', decodeKernel: true, splits: 96 },
+  { name: 'decode-192splits', decodeKernel: true, splits: 192 },
   DECODE_SUB128,
+  ...SUB128_SPLITS,
   DECODE_UNROLLED,
   // Other numbers of keys per value batch (registers held across the loads): same results, checked like the build.
   // A build whose own batch is that size (Qwen2.5-0.5B's two row groups take 4) skips it.
