@@ -71,6 +71,7 @@ import {
 import { INT8_MIXED_CASES, runMixed } from '../test/mixed-attention-harness.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
 import { timeDispatches } from './gpu-timing.ts';
+import { edited } from './wgsl-edit.ts';
 
 interface LayerShape {
   name: string;
@@ -104,12 +105,6 @@ type Variant = {
 /** The decode build of the shape: as the runtime builds it (attentionDecodeShape: loops), or unrolled. */
 const decodeSource = (s: LayerShape, quant: DecodeQuantShape | null, unrolled = false) =>
   attentionDecodeSource({ headDim: s.headDim, rows: s.heads / s.kvHeads, quant, unrolled });
-/** `edit` applied to `code`, which it must change: an edit that no longer matches would time the real kernel. */
-function edited(code: string, edit: (code: string) => string, what = 'ablation edit'): string {
-  const result = edit(code);
-  if (result === code) throw new Error(`${what} did not apply`);
-  return result;
-}
 /** The decode build of the shape with `edit` applied: an ablation. */
 const decodeEdit = (edit: (code: string) => string) => (s: LayerShape, quant: DecodeQuantShape | null) => ({
   decode: edited(decodeSource(s, quant), edit),
