@@ -66,7 +66,13 @@ function requireQuant(pool: KvMixedPageSource): KvQuantPages {
 export function prepareKvDemote(
   gpu: GpuContext,
   label: string,
-  b: { pool: KvMixedPageSource; layer: number; maxJobs?: number },
+  b: {
+    pool: KvMixedPageSource;
+    layer: number;
+    maxJobs?: number;
+    /** The kernel's WGSL, default kvDemoteWgsl: bench/demote-kernel.ts times edited builds with the same bindings. */
+    source?: string;
+  },
 ): PreparedDispatch {
   const { pool } = b;
   const quant = requireQuant(pool);
@@ -95,7 +101,7 @@ export function prepareKvDemote(
   return kvPoolDispatch(
     gpu,
     label,
-    computePipeline(gpu, 'kv-demote', kvDemoteWgsl),
+    computePipeline(gpu, 'kv-demote', b.source ?? kvDemoteWgsl),
     pool,
     [quant.jobs, params],
     workgroupGrid(gpu, maxJobs * 2 * pool.pageTokens),
