@@ -71,20 +71,9 @@ import {
 import { INT8_MIXED_CASES, runMixed } from '../test/mixed-attention-harness.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
 import { timeDispatches } from './gpu-timing.ts';
+import { LAYER_SHAPES, type LayerShape } from './models.ts';
 import { edited } from './wgsl-edit.ts';
 
-interface LayerShape {
-  name: string;
-  heads: number;
-  kvHeads: number;
-  headDim: number;
-}
-
-const SHAPES: LayerShape[] = [
-  { name: 'llama-3.2-1b', heads: 32, kvHeads: 8, headDim: 64 },
-  { name: 'qwen2.5-0.5b', heads: 14, kvHeads: 2, headDim: 64 },
-  { name: 'qwen3-4b', heads: 32, kvHeads: 8, headDim: 128 },
-];
 /** The decode graph's fewest keys per split (runtime/kv/paged-attention.ts; its splits: decodeSplitsFor). */
 const MIN_CHUNK = 64;
 const FILL_CHUNK = 512;
@@ -132,7 +121,7 @@ const decodeSub128Splits = (splits: number): Variant => ({
   name: `decode-sub128-${splits}splits`,
   splits,
 });
-/** Split counts tried with the 128-key pass (session 21). */
+/** Split counts tried with the 128-key pass: more, smaller workgroups resident an SM (BENCH.md: no gain on the H200). */
 const SUB128_SPLITS: Variant[] = [96, 128, 192, 256].map(decodeSub128Splits);
 /** The decode build with its loops over a key's dims unrolled (the runtime keeps them as loops). */
 const DECODE_UNROLLED: Variant = {
@@ -688,7 +677,7 @@ const { values } = parseArgs({
     contexts: { type: 'string', default: '1024,8192,32768' },
     kv: { type: 'string', default: 'f16' },
     prefill: { type: 'boolean', default: false },
-    shapes: { type: 'string', default: SHAPES.map((s) => s.name).join(',') },
+    shapes: { type: 'string', default: LAYER_SHAPES.map((s) => s.name).join(',') },
     out: { type: 'string' },
     tokens: { type: 'string', default: '128' },
     'check-int8': { type: 'boolean', default: false },
@@ -777,7 +766,7 @@ if (values['check-int8']) {
     }
   }
 }
-for (const shape of SHAPES.filter((s) => values.shapes.split(',').includes(s.name))) {
+for (const shape of LAYER_SHAPES.filter((s) => values.shapes.split(',').includes(s.name))) {
   if (values.prefill) {
     for (const splits of prefillSplitCounts) {
       const rows = await benchPrefillShape(

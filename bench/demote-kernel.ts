@@ -4,11 +4,15 @@
  * that model's 2-bit prefill at 8K lacks for 0.5× llama.cpp; by instruction count its rank loop explains a fraction.
  *
  * For each layer shape: a one-layer quant pool, two steps of `--tokens` appended, then a third planned, so the pool's
- * jobs buffer holds a long prefill's demotions (every page of the second step).
+ * jobs buffer holds a long prefill step's demotions (the `--tokens` / 16 pages that left the window since).
+ * The K and V values lie on a grid of 1/4 with zeros of both signs, and in two rows of three every group's minimum or
+ * maximum is a zero: a min/max build's choice among equal values shows in the bits there (−0 against +0), which
+ * random floats would never exercise.
  * Every build runs on the same slabs, restored before each run: as built (its output is the reference), the variants
- * (checked word for word against it: a demotion must write exactly what quantizeRow computes; exit code 1 if one
- * differs), then the ablations (wrong by design, timed; their differing words are recorded, which shows the check
- * can fail). Timing as bench/attention-kernels.ts: the one dispatch recorded n and 5n times.
+ * (checked word for word against it: a demotion must write exactly what quantizeRow computes), mutations (which must
+ * differ: the check can fail), then the ablations (wrong by design, timed; their differing words are recorded). Exit
+ * code 1 if a variant differs or a mutation does not. Timing as bench/attention-kernels.ts: the one dispatch recorded
+ * n and 5n times.
  *
  *   npx tsx bench/demote-kernel.ts [--shapes qwen3-4b,llama-3.2-1b,qwen2.5-0.5b] [--tokens 1024] [--clip 1]
  *                                  [--out FILE.json]
@@ -28,22 +32,10 @@ import { PagedKvAttention } from '../runtime/kv/paged-attention.ts';
 import { KvPagePool } from '../runtime/kv/pool.ts';
 import { randomFloats, seededRandom } from '../test/random.ts';
 import { timeDispatches } from './gpu-timing.ts';
+import { LAYER_SHAPES, type LayerShape } from './models.ts';
 import { edited } from './wgsl-edit.ts';
 
-interface LayerShape {
-  name: string;
-  heads: number;
-  kvHeads: number;
-  headDim: number;
-}
-
-const SHAPES: LayerShape[] = [
-  { name: 'qwen3-4b', heads: 32, kvHeads: 8, headDim: 128 },
-  { name: 'llama-3.2-1b', heads: 32, kvHeads: 8, headDim: 64 },
-  { name: 'qwen2.5-0.5b', heads: 14, kvHeads: 2, headDim: 64 },
-];
-
-/** The rank loop of the kernel as built: from its first line to the barrier after it. */
+/** The rank loop of the kernel as built: from its comment to its closing brace (the barrier after it stays). */
 const RANK_LOOP =
   /\n {2}\/\/ Values i, i \+ WG[\s\S]*?\n {2}for \(var i0 = lid;[\s\S]*?\n {2}\}\n(?= {2}workgroupBarrier\(\);\n {2}let maxCode)/;
 
@@ -103,7 +95,7 @@ function minMaxScan(code: string): string {
       groupLo[lid] = lo;
       groupHi[lid] = hi;
     }
-  } else {${rankLoop.replaceAll('\n', '\n  ')}
+  } else {${rankLoop.trimEnd().replaceAll('\n', '\n  ')}
   }
 `,
       ),
@@ -114,13 +106,25 @@ function minMaxScan(code: string): string {
 interface Build {
   name: string;
   source: string;
-  /** Wrong by design: timed, not checked. */
-  ablation?: boolean;
+  /**
+   * 'variant' (default): must write the reference's words; 'mutation': a deliberate error the check must see (not
+   * timed); 'ablation': wrong by design, timed, its differing words recorded.
+   */
+  kind?: 'variant' | 'mutation' | 'ablation';
 }
 
 const BUILDS: Build[] = [
   { name: 'built', source: kvDemoteWgsl },
   { name: 'minmax-scan', source: minMaxScan(kvDemoteWgsl) },
+  // The scan's minimum taking the last of equal values instead of the first, in the spans and in their merge:
+  // differs only between −0 and +0.
+  {
+    name: 'mut-minmax-lastMin',
+    source: edited(minMaxScan(kvDemoteWgsl), (c) =>
+      c.replaceAll('if (u < lo) { lo = u; }', 'if (u <= lo) { lo = u; }'),
+    ),
+    kind: 'mutation',
+  },
   // Ablations: no ranks (groupLo/groupHi keep whatever they held); no coding (no code words written); the f16 rows
   // not read (values from their index); every workgroup returning after its job check (the dispatch's floor).
   {
@@ -128,14 +132,14 @@ const BUILDS: Build[] = [
     source: edited(kvDemoteWgsl, (c) =>
       c.replace('for (var j = 0u; j < size; j++) {', 'for (var j = 0u; j < 0u; j++) {'),
     ),
-    ablation: true,
+    kind: 'ablation',
   },
   {
     name: 'abl-noCode',
     source: edited(kvDemoteWgsl, (c) =>
       c.replace('for (var w = lid; w < f.codeWords; w += WG) {', 'for (var w = lid; w < 0u; w += WG) {'),
     ),
-    ablation: true,
+    kind: 'ablation',
   },
   {
     name: 'abl-noLoad',
@@ -145,7 +149,7 @@ const BUILDS: Build[] = [
         'vals[i] = f32((i * 37u + t) % 255u) * 0.01; if (word == 0xfffffffeu && h == 999u) { vals[i] = 1.0; }',
       ),
     ),
-    ablation: true,
+    kind: 'ablation',
   },
   {
     name: 'abl-exit',
@@ -155,7 +159,7 @@ const BUILDS: Build[] = [
         'if (job >= jobs[0] || job >= params.maxJobs || params.width > 0u) { return; }',
       ),
     ),
-    ablation: true,
+    kind: 'ablation',
   },
 ];
 
@@ -181,6 +185,7 @@ async function benchShape(
   clipQuantile: number,
 ): Promise<Record<string, unknown>> {
   const { heads, kvHeads, headDim } = shape;
+  const f16Bytes = (3 * tokens + 512) * kvHeads * headDim * 4;
   const pool = new KvPagePool(gpu, {
     layers: 1,
     kvHeads,
@@ -190,7 +195,10 @@ async function benchShape(
     keyFormat: { clipQuantile },
     valueFormat: { clipQuantile },
     maxStepTokens: tokens,
-    budgetBytes: 3 * tokens * kvHeads * headDim * 4 + (16 << 20),
+    // f16 pages for all three steps (K and V, 2 bytes a value): the default share, at most half the budget, holds
+    // only one step past the sink and window.
+    f16BudgetBytes: f16Bytes,
+    budgetBytes: 2 * f16Bytes + (16 << 20),
     maxSequences: 1,
   });
   const buffer = (floats: number) => gpu.allocator.createStorage('bench', 'scratch', floats * 4);
@@ -204,12 +212,22 @@ async function benchShape(
     [v, 1],
   ] as const) {
     const data = randomFloats(random, tokens * kvHeads * headDim, scale);
+    for (let i = 0; i < data.length; i++) {
+      const token = Math.floor(i / (kvHeads * headDim));
+      let x = Math.round(4 * data[i]) / 4;
+      // A third of the rows have no negative value (each group's minimum is a zero), a third no positive one.
+      if (token % 3 === 1) x = Math.abs(x);
+      if (token % 3 === 2) x = -Math.abs(x);
+      // Zeros of both signs.
+      if (x === 0) x = i % 2 === 1 ? -0 : 0;
+      data[i] = x;
+    }
     gpu.device.queue.writeBuffer(target, 0, data.buffer, data.byteOffset, data.byteLength);
   }
   const layer = new PagedKvAttention(gpu, pool, { heads }).prepareLayer(0, { q, k, v, output }, tokens);
   const seq = pool.createSequence();
-  // Two steps run (the second demotes the first's pages past the sink), the third is only planned: its demotions,
-  // all of the second step's pages once the window has moved past them, are in the jobs buffer, as in a long prefill.
+  // Two steps run (the second demotes the first's pages past the sink and window), the third is only planned: its
+  // demotions, the pages that left the window since, are in the jobs buffer, as in a long prefill.
   for (const position of [0, tokens]) {
     pool.writeStep(seq, position, tokens);
     submitDispatches(gpu, 'step', layer.append);
@@ -227,15 +245,16 @@ async function benchShape(
     rows: jobs * 2 * pool.pageTokens,
   };
   let reference: Uint32Array<ArrayBuffer>[] | null = null;
+  const differing = (a: Uint32Array<ArrayBuffer>[], b: Uint32Array<ArrayBuffer>[]) =>
+    a.reduce((n, slab, s) => n + slab.reduce((m, word, i) => m + (word === b[s][i] ? 0 : 1), 0), 0);
   for (const build of BUILDS) {
+    const kind = build.kind ?? 'variant';
+    // The mutation edits the min/max scan, which only clip quantile 1 takes.
+    if (kind === 'mutation' && clipQuantile !== 1) continue;
     const dispatch = prepareKvDemote(gpu, build.name, { pool, layer: 0, source: build.source });
-    // Every build runs on the restored slabs; the ablations' mismatches are recorded too (they should have some:
-    // the check can fail).
     writeSlabs(gpu, pool, before);
     submitDispatches(gpu, 'check', [dispatch]);
     const after = await readSlabs(gpu, pool);
-    const differing = (a: Uint32Array<ArrayBuffer>[], b: Uint32Array<ArrayBuffer>[]) =>
-      a.reduce((n, slab, s) => n + slab.reduce((m, word, i) => m + (word === b[s][i] ? 0 : 1), 0), 0);
     if (reference === null) {
       reference = after;
       row.wordsWritten = differing(after, before);
@@ -243,10 +262,12 @@ async function benchShape(
     } else {
       const mismatched = differing(after, reference);
       row[`${build.name}Mismatched`] = mismatched;
-      if (mismatched > 0 && !build.ablation) process.exitCode = 1;
+      if ((kind === 'variant' && mismatched > 0) || (kind === 'mutation' && mismatched === 0)) process.exitCode = 1;
     }
-    const ms = await timeDispatches(gpu, [dispatch], 20);
-    row[`${build.name}Us`] = Math.round(ms * 10000) / 10;
+    if (kind !== 'mutation') {
+      const ms = await timeDispatches(gpu, [dispatch], 20);
+      row[`${build.name}Us`] = Math.round(ms * 10000) / 10;
+    }
     releaseDispatches(gpu, [dispatch]);
   }
   releaseDispatches(gpu, [...layer.append, ...layer.attention]);
@@ -258,7 +279,7 @@ async function benchShape(
 
 const { values } = parseArgs({
   options: {
-    shapes: { type: 'string', default: SHAPES.map((s) => s.name).join(',') },
+    shapes: { type: 'string', default: LAYER_SHAPES.map((s) => s.name).join(',') },
     tokens: { type: 'string', default: '1024' },
     clip: { type: 'string', default: '1' },
     out: { type: 'string' },
@@ -271,7 +292,7 @@ const clipQuantile = Number(values.clip);
 const gpu = await acquireGpu({ gpu: await nodeGpu() });
 console.log(JSON.stringify({ adapter: gpu.adapter }));
 const results: Record<string, unknown>[] = [];
-for (const shape of SHAPES.filter((s) => values.shapes.split(',').includes(s.name))) {
+for (const shape of LAYER_SHAPES.filter((s) => values.shapes.split(',').includes(s.name))) {
   const row = await benchShape(gpu, shape, tokens, clipQuantile);
   console.log(JSON.stringify(row));
   results.push(row);

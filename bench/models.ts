@@ -100,6 +100,22 @@ export const BENCH_MODELS: readonly BenchModelShape[] = [
   },
 ];
 
+/** One attention layer of a bench model: what the kernel harnesses (attention-kernels, demote-kernel) time. */
+export interface LayerShape {
+  /** The model's id (BenchModelShape.id). */
+  name: string;
+  heads: number;
+  kvHeads: number;
+  headDim: number;
+}
+
+export const LAYER_SHAPES: readonly LayerShape[] = BENCH_MODELS.map(({ id, heads, kvHeads, headDim }) => ({
+  name: id,
+  heads,
+  kvHeads,
+  headDim,
+}));
+
 /** `--quick`: 2 layers, a small vocabulary; runs in seconds on a CPU Vulkan driver. */
 export const QUICK_MODEL: BenchModelShape = {
   id: 'quick-tiny',
