@@ -115,6 +115,12 @@ const DECODE_SUB128: Variant = {
       ? decodeEdit((c) => c.replace('const SUB: u32 = 256u;', 'const SUB: u32 = 128u;'))(s, quant)
       : null,
 };
+/** The decode build at other split counts than the runtime's (decodeSplitsFor). */
+const SPLIT_VARIANTS: Variant[] = [128, 96, 192].map((splits) => ({
+  name: `decode-${splits}splits`,
+  decodeKernel: true,
+  splits,
+}));
 /** DECODE_SUB128 at more splits: smaller workgroups (less workgroup memory) and more of them resident an SM. */
 const decodeSub128Splits = (splits: number): Variant => ({
   ...DECODE_SUB128,
@@ -133,9 +139,7 @@ const VARIANTS: Variant[] = [
   { name: 'split', decodeKernel: false },
   { name: 'decode', decodeKernel: true },
   DECODE_UNROLLED,
-  { name: 'decode-128splits', decodeKernel: true, splits: 128 },
-  { name: 'decode-96splits', decodeKernel: true, splits: 96 },
-  { name: 'decode-192splits', decodeKernel: true, splits: 192 },
+  ...SPLIT_VARIANTS,
   DECODE_SUB128,
   ...SUB128_SPLITS,
   // Ablations: the value loads replaced by a constant; the key loads replaced by a constant; one slab bound.
@@ -195,9 +199,7 @@ const PHASE_ABLATIONS: Variant[] = [
 const QUANT_VARIANTS: Variant[] = [
   { name: 'split', decodeKernel: false },
   { name: 'decode', decodeKernel: true },
-  { name: 'decode-128splits', decodeKernel: true, splits: 128 },
-  { name: 'decode-96splits', decodeKernel: true, splits: 96 },
-  { name: 'decode-192splits', decodeKernel: true, splits: 192 },
+  ...SPLIT_VARIANTS,
   DECODE_SUB128,
   ...SUB128_SPLITS,
   DECODE_UNROLLED,

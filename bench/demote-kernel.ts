@@ -103,6 +103,8 @@ function minMaxScan(code: string): string {
   );
 }
 
+const MINMAX_SCAN = minMaxScan(kvDemoteWgsl);
+
 interface Build {
   name: string;
   source: string;
@@ -115,14 +117,12 @@ interface Build {
 
 const BUILDS: Build[] = [
   { name: 'built', source: kvDemoteWgsl },
-  { name: 'minmax-scan', source: minMaxScan(kvDemoteWgsl) },
+  { name: 'minmax-scan', source: MINMAX_SCAN },
   // The scan's minimum taking the last of equal values instead of the first, in the spans and in their merge:
   // differs only between −0 and +0.
   {
     name: 'mut-minmax-lastMin',
-    source: edited(minMaxScan(kvDemoteWgsl), (c) =>
-      c.replaceAll('if (u < lo) { lo = u; }', 'if (u <= lo) { lo = u; }'),
-    ),
+    source: edited(MINMAX_SCAN, (c) => c.replaceAll('if (u < lo) { lo = u; }', 'if (u <= lo) { lo = u; }')),
     kind: 'mutation',
   },
   // Ablations: no ranks (groupLo/groupHi keep whatever they held); no coding (no code words written); the f16 rows
