@@ -1,7 +1,8 @@
 /**
  * Where the KV demotion's time goes (kernels/kv-demote.wgsl.ts). On the H200 it took 7.4 ms of a 1024-token prefill
  * chunk of Qwen3-4B with the 2-bit cache (207 µs a layer for ~2,000 rows of 1,024 values: session 21), about what
- * that model's 2-bit prefill at 8K lacks for 0.5× llama.cpp; by instruction count its rank loop explains a fraction.
+ * that model's 2-bit prefill at 8K lacks for 0.5× llama.cpp. That was its rank loop; since session 22 the kernel
+ * finds plain min/max (clip quantile 1) by scans, and the rank loop is a variant here.
  *
  * For each layer shape: a one-layer quant pool, two steps of `--tokens` appended, then a third planned, so the pool's
  * jobs buffer holds a long prefill step's demotions (the `--tokens` / 16 pages that left the window since).
@@ -16,8 +17,8 @@
  *
  *   npx tsx bench/demote-kernel.ts [--shapes qwen3-4b,llama-3.2-1b,qwen2.5-0.5b] [--tokens 1024] [--clip 1]
  *                                  [--out FILE.json]
- * (--clip: the formats' clipQuantile; the runtime's default 1 is plain min/max, which the minmax-scan build serves;
- * below 1 it keeps the rank loop.)
+ * (--clip: the formats' clipQuantile; the runtime's default 1 is plain min/max, which the kernel finds by scans,
+ * checked word for word against its rank loop; below 1 it takes the rank loop, and the mutation is skipped.)
  * On the GPU host: bundled by `npm run bench:bundle` (.gpu/demote-kernel.mjs).
  */
 import { writeFileSync } from 'node:fs';
@@ -35,75 +36,8 @@ import { timeDispatches } from './gpu-timing.ts';
 import { LAYER_SHAPES, type LayerShape } from './models.ts';
 import { edited } from './wgsl-edit.ts';
 
-/** The rank loop of the kernel as built: from its comment to its closing brace (the barrier after it stays). */
-const RANK_LOOP =
-  /\n {2}\/\/ Values i, i \+ WG[\s\S]*?\n {2}for \(var i0 = lid;[\s\S]*?\n {2}\}\n(?= {2}workgroupBarrier\(\);\n {2}let maxCode)/;
-
-/**
- * Plain min/max (clipQuantile 1: ranks 0 and n − 1) by scans instead of ranks: each group's values split into spans,
- * one span an invocation, then one invocation a group merges its spans in order. Bit-identical to the ranks: rank 0
- * is the first occurrence of the minimum (strict <, spans in order), rank n − 1 the last occurrence of the maximum
- * (>=), which matters only for −0 against +0. Other quantiles keep the rank loop.
- */
-function minMaxScan(code: string): string {
-  const withArrays = edited(
-    code,
-    (c) =>
-      c.replace(
-        'var<workgroup> groupParam:',
-        'var<workgroup> spanLo: array<f32, 256>;\nvar<workgroup> spanHi: array<f32, 256>;\nvar<workgroup> groupParam:',
-      ),
-    'min/max arrays',
-  );
-  return edited(
-    withArrays,
-    (c) =>
-      c.replace(
-        RANK_LOOP,
-        (rankLoop) => `
-  let groupCount = params.width / size;
-  if (f.loRank == 0u && f.hiRank == size - 1u) {
-    // Spans of ceil(size / spans) values; the last ones of a group may be empty.
-    let spans = min(max(1u, WG / groupCount), size);
-    let spanSize = (size + spans - 1u) / spans;
-    let g = lid / spans;
-    if (g < groupCount) {
-      let first = g * size + (lid % spans) * spanSize;
-      let end = min(first + spanSize, (g + 1u) * size);
-      if (first < end) {
-        var lo = vals[first];
-        var hi = lo;
-        for (var j = first + 1u; j < end; j++) {
-          let u = vals[j];
-          if (u < lo) { lo = u; }
-          if (u >= hi) { hi = u; }
-        }
-        spanLo[lid] = lo;
-        spanHi[lid] = hi;
-      }
-    }
-    workgroupBarrier();
-    if (lid < groupCount) {
-      var lo = spanLo[lid * spans];
-      var hi = spanHi[lid * spans];
-      for (var s = 1u; s < spans && s * spanSize < size; s++) {
-        let u = spanLo[lid * spans + s];
-        let w = spanHi[lid * spans + s];
-        if (u < lo) { lo = u; }
-        if (w >= hi) { hi = w; }
-      }
-      groupLo[lid] = lo;
-      groupHi[lid] = hi;
-    }
-  } else {${rankLoop.trimEnd().replaceAll('\n', '\n  ')}
-  }
-`,
-      ),
-    'min/max scan',
-  );
-}
-
-const MINMAX_SCAN = minMaxScan(kvDemoteWgsl);
+/** The kernel's test for plain min/max, which takes the scans instead of the rank loop. */
+const SCAN_CONDITION = 'if (f.loRank == 0u && f.hiRank == size - 1u) {';
 
 interface Build {
   name: string;
@@ -117,20 +51,26 @@ interface Build {
 
 const BUILDS: Build[] = [
   { name: 'built', source: kvDemoteWgsl },
-  { name: 'minmax-scan', source: MINMAX_SCAN },
-  // The scan's minimum taking the last of equal values instead of the first, in the spans and in their merge:
+  // The rank loop at every clip quantile (the kernel before session 22): must write what the scans write.
+  { name: 'rank-loop', source: edited(kvDemoteWgsl, (c) => c.replace(SCAN_CONDITION, 'if (false) {'), 'rank loop') },
+  // The scans' minimum taking the last of equal values instead of the first, in the spans and in their merge:
   // differs only between −0 and +0.
   {
-    name: 'mut-minmax-lastMin',
-    source: edited(MINMAX_SCAN, (c) => c.replaceAll('if (u < lo) { lo = u; }', 'if (u <= lo) { lo = u; }')),
+    name: 'mut-lastMin',
+    source: edited(kvDemoteWgsl, (c) =>
+      c.replaceAll('if (u < lo) { lo = u; loAt = j; }', 'if (u <= lo) { lo = u; loAt = j; }'),
+    ),
     kind: 'mutation',
   },
-  // Ablations: no ranks (groupLo/groupHi keep whatever they held); no coding (no code words written); the f16 rows
-  // not read (values from their index); every workgroup returning after its job check (the dispatch's floor).
+  // Ablations: no min/max (groupLo/groupHi keep whatever they held: the scans, or the rank loop below clip quantile
+  // 1); no coding (no code words written); the f16 rows not read (values from their index); every workgroup
+  // returning after its job check (the dispatch's floor).
   {
-    name: 'abl-noRank',
+    name: 'abl-noMinMax',
     source: edited(kvDemoteWgsl, (c) =>
-      c.replace('for (var j = 0u; j < size; j++) {', 'for (var j = 0u; j < 0u; j++) {'),
+      c
+        .replace(SCAN_CONDITION, 'if (true) {} else if (false) {')
+        .replace('for (var j = 0u; j < size; j++) {', 'for (var j = 0u; j < 0u; j++) {'),
     ),
     kind: 'ablation',
   },
@@ -249,7 +189,7 @@ async function benchShape(
     a.reduce((n, slab, s) => n + slab.reduce((m, word, i) => m + (word === b[s][i] ? 0 : 1), 0), 0);
   for (const build of BUILDS) {
     const kind = build.kind ?? 'variant';
-    // The mutation edits the min/max scan, which only clip quantile 1 takes.
+    // The mutation edits the min/max scans, which only clip quantile 1 takes.
     if (kind === 'mutation' && clipQuantile !== 1) continue;
     const dispatch = prepareKvDemote(gpu, build.name, { pool, layer: 0, source: build.source });
     writeSlabs(gpu, pool, before);

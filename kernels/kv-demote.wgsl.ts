@@ -40,7 +40,8 @@ fn slabStore(slot: u32, index: u32, value: u32) {
  * being the pair (f16 entry, quant entry) at jobs[4 + 2j]; jobs[0] is this step's job count (the grid is sized for
  * the most a step can carry; surplus workgroups exit at once). Per group, exactly as quantizeRow: lo and hi are the
  * values of ranks loRank and hiRank (= round((1-q)(n-1)) and round(q(n-1)), computed on the CPU) in the group's
- * stable sort, found by counting (O(groupSize) per value, no sort); lo and scale = (hi - lo) / levels are rounded
+ * stable sort: for ranks 0 and n - 1 (clip quantile 1) by min/max scans, for others by counting (O(groupSize) per
+ * value, no sort); lo and scale = (hi - lo) / levels are rounded
  * to f16 before coding; code = Math.round((x - lo) / scale) clamped, found by comparing x - lo with the exact
  * products (k - 1/2)·scale.
  */
@@ -57,14 +58,17 @@ struct Params {
 @group(0) @binding(1) var<uniform> params: Params;
 ${slabAccessWgsl(2)}
 
-// 256 invocations: a layer demotes only 2·pageTokens rows a step (32 workgroups), and each value's rank takes a pass
-// over its group, so the rows' invocations are the parallelism there is (64 made a demoting step of Qwen3-4B cost
-// 4.5 ms of GPU time on the H200).
+// 256 invocations: a decode step demotes only 2·pageTokens rows a layer (32 workgroups), so the rows' invocations are
+// the parallelism there is (64 made a demoting step of Qwen3-4B cost 4.5 ms of GPU time on the H200, with the rank
+// loop). A row has at most 256 groups (width <= 2048, groups of at least 8 values: 32 / bits, bits <= 4), one an
+// invocation where groups are merged.
 const WG: u32 = 256u;
 var<workgroup> vals: array<f32, ${KV_DEMOTE_MAX_WIDTH}>;
 var<workgroup> groupLo: array<f32, ${KV_DEMOTE_MAX_WIDTH / 8}>;
 var<workgroup> groupHi: array<f32, ${KV_DEMOTE_MAX_WIDTH / 8}>;
 var<workgroup> groupScale: array<f32, ${KV_DEMOTE_MAX_WIDTH / 8}>;
+var<workgroup> spanLo: array<u32, 256>; // positions in vals
+var<workgroup> spanHi: array<u32, 256>;
 var<workgroup> groupParam: array<u32, ${KV_DEMOTE_MAX_WIDTH / 8}>;
 
 @compute @workgroup_size(WG)
@@ -99,30 +103,79 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: v
   }
   workgroupBarrier();
   let size = f.groupSize;
-  // Values i, i + WG, i + 2·WG, i + 3·WG ranked in one pass over j: four independent chains of loads and compares (one
-  // value a pass made a prefill chunk of Qwen3-4B spend 7.7 ms of 270 demoting on the H200; past the row, a value is
-  // the row's last again and its rank unused).
-  for (var i0 = lid; i0 < params.width; i0 += 4u * WG) {
-    var at: array<u32, 4>;
-    var x: array<f32, 4>;
-    var base: array<u32, 4>;
-    var rank = array<u32, 4>();
-    for (var k = 0u; k < 4u; k++) {
-      at[k] = min(i0 + k * WG, params.width - 1u);
-      x[k] = vals[at[k]];
-      base[k] = (at[k] / size) * size;
-    }
-    for (var j = 0u; j < size; j++) {
-      for (var k = 0u; k < 4u; k++) {
-        let u = vals[base[k] + j];
-        if (u < x[k] || (u == x[k] && base[k] + j < at[k])) { rank[k]++; }
+  let groupCount = params.width / size;
+  if (f.loRank == 0u && f.hiRank == size - 1u) {
+    // Plain min/max (clip quantile 1, the default) by scans: each group's values split into spans, one an invocation,
+    // then one invocation a group merges its spans in order. The values of ranks 0 and n - 1 exactly: the first
+    // occurrence of the minimum (strict <, spans in order) and the last of the maximum (>=), which differ from other
+    // choices only for -0 against +0. The scans keep positions and the value is read at the end: the H200's compiler
+    // turns a kept value into min/max instructions, which pick among -0 and +0 their own way. (The rank loop below
+    // took 207 µs a layer of a 1024-token Qwen3-4B chunk on the H200, 7.4 ms of its 220; the scans 1.7 ms.)
+    // Spans of about 8 values (at least 8 in a group): the one-invocation merge is as long as a span's scan.
+    let spans = min(WG / groupCount, size / 8u);
+    let spanSize = (size + spans - 1u) / spans;
+    let g = lid / spans;
+    // The last spans of a group may be empty.
+    if (g < groupCount) {
+      let first = g * size + (lid % spans) * spanSize;
+      let end = min(first + spanSize, (g + 1u) * size);
+      if (first < end) {
+        var lo = vals[first];
+        var hi = lo;
+        var loAt = first;
+        var hiAt = first;
+        for (var j = first + 1u; j < end; j++) {
+          let u = vals[j];
+          if (u < lo) { lo = u; loAt = j; }
+          if (u >= hi) { hi = u; hiAt = j; }
+        }
+        spanLo[lid] = loAt;
+        spanHi[lid] = hiAt;
       }
     }
-    for (var k = 0u; k < 4u; k++) {
-      if (i0 + k * WG < params.width) {
-        let g = at[k] / size;
-        if (rank[k] == f.loRank) { groupLo[g] = x[k]; }
-        if (rank[k] == f.hiRank) { groupHi[g] = x[k]; }
+    workgroupBarrier();
+    if (lid < groupCount) {
+      var loAt = spanLo[lid * spans];
+      var hiAt = spanHi[lid * spans];
+      var lo = vals[loAt];
+      var hi = vals[hiAt];
+      for (var s = 1u; s < spans && s * spanSize < size; s++) {
+        var j = spanLo[lid * spans + s];
+        var u = vals[j];
+        if (u < lo) { lo = u; loAt = j; }
+        j = spanHi[lid * spans + s];
+        u = vals[j];
+        if (u >= hi) { hi = u; hiAt = j; }
+      }
+      groupLo[lid] = vals[loAt];
+      groupHi[lid] = vals[hiAt];
+    }
+  } else {
+    // Values i, i + WG, i + 2·WG, i + 3·WG ranked in one pass over j: four independent chains of loads and compares
+    // (one value a pass made a prefill chunk of Qwen3-4B spend 7.7 ms of 270 demoting on the H200; past the row, a
+    // value is the row's last again and its rank unused).
+    for (var i0 = lid; i0 < params.width; i0 += 4u * WG) {
+      var at: array<u32, 4>;
+      var x: array<f32, 4>;
+      var base: array<u32, 4>;
+      var rank = array<u32, 4>();
+      for (var k = 0u; k < 4u; k++) {
+        at[k] = min(i0 + k * WG, params.width - 1u);
+        x[k] = vals[at[k]];
+        base[k] = (at[k] / size) * size;
+      }
+      for (var j = 0u; j < size; j++) {
+        for (var k = 0u; k < 4u; k++) {
+          let u = vals[base[k] + j];
+          if (u < x[k] || (u == x[k] && base[k] + j < at[k])) { rank[k]++; }
+        }
+      }
+      for (var k = 0u; k < 4u; k++) {
+        if (i0 + k * WG < params.width) {
+          let g = at[k] / size;
+          if (rank[k] == f.loRank) { groupLo[g] = x[k]; }
+          if (rank[k] == f.hiRank) { groupHi[g] = x[k]; }
+        }
       }
     }
   }
