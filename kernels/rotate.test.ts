@@ -5,7 +5,15 @@ import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts
 import { releaseDispatches, submitDispatches, uniformBuffer } from './dispatch.ts';
 import { rotateReference } from './reference/rotate.ts';
 import { prepareRotate, type RotateBuild } from './rotate.ts';
-import { rotateBlockTokens, rotateSource } from './rotate.wgsl.ts';
+import {
+  ROTATE_PREFILL_LAYOUT,
+  type RotateBlockLayout,
+  rotateBlockTokens,
+  rotateSource,
+  STAGED_LAYOUT,
+} from './rotate.wgsl.ts';
+
+const DIRECT_64X16: RotateBlockLayout = { kind: 'direct', invocations: 64, rowsPerInvocation: 16 };
 
 const ctx = withTestGpu();
 
@@ -69,12 +77,20 @@ describe('per-head rotation kernel', () => {
   ] as const)(
     'matches the reference (%i of %i tokens, %i heads, head_dim %i, %i heads per matrix, transpose %s)',
     async (tokens, maxTokens, heads, headDim, hpm, transpose) => {
-      // Both builds, whichever maxTokens picks: the decode one (a row a workgroup, partial sums) and the prefill one
-      // (blocks of tokens a workgroup).
-      for (const blocks of [false, true]) {
-        const build = { blocks, code: rotateSource(1, blocks, headDim) };
+      // Every build, whichever maxTokens picks: the decode one (a row a workgroup, partial sums) and the prefill
+      // ones (blocks of tokens a workgroup): rows staged in workgroup memory, or read directly (the runtime's layout
+      // and one of 64 invocations, 16 rows each).
+      const builds: RotateBuild[] = [
+        { blocks: false, code: rotateSource(1, false, headDim) },
+        ...[STAGED_LAYOUT, ROTATE_PREFILL_LAYOUT, DIRECT_64X16].map((layout) => ({
+          blocks: true,
+          layout,
+          code: rotateSource(1, true, headDim, layout),
+        })),
+      ];
+      for (const build of builds) {
         const { actual, expected } = await runRotate(tokens, maxTokens, heads, headDim, hpm, transpose, build);
-        expect(maxToleranceRatio(actual, expected, 1e-4, 1e-4)).toBeLessThanOrEqual(1);
+        expect(maxToleranceRatio(actual, expected, 1e-4, 1e-4), JSON.stringify(build.layout)).toBeLessThanOrEqual(1);
       }
     },
   );
@@ -122,13 +138,16 @@ describe('per-head rotation kernel', () => {
     for (const b of [...xb, ...rb, step]) gpu.allocator.release(b);
   });
 
-  it("catches a broken blocks build: every block rotating the first block's tokens", async () => {
-    const original = rotateSource(1, true, 64);
-    const broken = original.replace(`let token = wg.y * ${rotateBlockTokens(64)}u;`, 'let token = 0u;');
-    expect(broken).not.toBe(original);
-    const { actual, expected } = await runRotate(100, 130, 4, 64, 2, true, { blocks: true, code: broken });
-    expect(maxToleranceRatio(actual, expected, 1e-4, 1e-4)).toBeGreaterThan(1);
-  });
+  it.each([STAGED_LAYOUT, ROTATE_PREFILL_LAYOUT])(
+    "catches a broken blocks build: every block rotating the first block's tokens (%o)",
+    async (layout) => {
+      const original = rotateSource(1, true, 64, layout);
+      const broken = original.replace(`let token = wg.y * ${rotateBlockTokens(64, layout)}u;`, 'let token = 0u;');
+      expect(broken).not.toBe(original);
+      const { actual, expected } = await runRotate(100, 130, 4, 64, 2, true, { blocks: true, layout, code: broken });
+      expect(maxToleranceRatio(actual, expected, 1e-4, 1e-4)).toBeGreaterThan(1);
+    },
+  );
 
   it.each([false, true])(
     'catches a broken kernel (wrong matrix for grouped heads; blocks build %s)',

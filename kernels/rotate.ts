@@ -1,6 +1,6 @@
 import type { GpuContext } from '../runtime/gpu/device.ts';
 import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from './dispatch.ts';
-import { rotateBlockTokens, rotateSource } from './rotate.wgsl.ts';
+import { ROTATE_PREFILL_LAYOUT, type RotateBlockLayout, rotateBlockTokens, rotateSource } from './rotate.wgsl.ts';
 
 /** One tensor a rotate dispatch rotates in place. */
 export interface RotatePart {
@@ -26,10 +26,14 @@ export interface RotateBinding {
   headDim: number;
 }
 
-/** A build of the rotate kernel in place of the one `maxTokens` picks (tests): its WGSL, and whether it is the blocks build. */
+/**
+ * A build of the rotate kernel in place of the one `maxTokens` picks (tests, benches): its WGSL, whether it is the
+ * blocks build, and that build's layout (default the runtime's, which sizes the grid).
+ */
 export interface RotateBuild {
   blocks: boolean;
   code: string;
+  layout?: RotateBlockLayout;
 }
 
 export function prepareRotate(gpu: GpuContext, label: string, b: RotateBinding, build?: RotateBuild): PreparedDispatch {
@@ -42,10 +46,11 @@ export function prepareRotate(gpu: GpuContext, label: string, b: RotateBinding, 
   // 256 invocations a row summing partials took ~130 µs a layer for q, k and v of Llama-3.2-1B's 512-token prefill
   // chunk).
   const blocks = build?.blocks ?? b.maxTokens > 1;
+  const layout = build?.layout ?? ROTATE_PREFILL_LAYOUT;
   const pipeline = computePipeline(
     gpu,
     `rotate${count}${blocks ? '-blocks' : ''}`,
-    build?.code ?? rotateSource(count as 1 | 2 | 3, blocks, b.headDim),
+    build?.code ?? rotateSource(count as 1 | 2 | 3, blocks, b.headDim, layout),
   );
   const words = [b.headDim, 0, 0, 0];
   for (const part of b.parts) {
@@ -62,7 +67,7 @@ export function prepareRotate(gpu: GpuContext, label: string, b: RotateBinding, 
       params,
       b.step,
     ]),
-    workgroups: [heads, blocks ? Math.ceil(b.maxTokens / rotateBlockTokens(b.headDim)) : b.maxTokens, 1],
+    workgroups: [heads, blocks ? Math.ceil(b.maxTokens / rotateBlockTokens(b.headDim, layout)) : b.maxTokens, 1],
     owned: [params],
   };
 }

@@ -88,19 +88,46 @@ ${loads((u) => `if (i + ${u}u < last) { a${u % 4} += ${o.row}[i + ${u}u] * ${o.m
 const ROTATE_BLOCK_FLOATS = 4096;
 
 /**
- * Tokens a workgroup of the prefill build takes for one head: its rows share the head's matrix, which the workgroup
- * then reads once for all of them; as many as 16 KiB of rows hold, at most 64, and at most 16 an invocation (the
- * build's register tile: blockFunction). Blocks of 16 rows read Qwen3-4B's 64 KiB matrices 64 times per 1024-token
- * chunk and head; on an H200 its q, k and v took 6.1 ms a chunk (1024 tokens at 16K keys, 36 layers) with blocks of
- * 16 and 5.4 with blocks of 32.
+ * How the prefill build lays out a workgroup. `staged`: 64 invocations, the block's rows staged in workgroup memory
+ * (16 KiB at most); otherwise (`direct`) `invocations` invocations read the rows from memory themselves and store
+ * their outputs after a barrier. Either way a row group of headDim / 4 invocations takes `rowsPerInvocation` rows,
+ * each invocation a vec4 of outputs of each.
  */
-export function rotateBlockTokens(headDim: number): number {
-  return Math.min(64, Math.floor(ROTATE_BLOCK_FLOATS / headDim), 16 * rowGroups(headDim));
+export type RotateBlockLayout =
+  | { kind: 'staged' }
+  | { kind: 'direct'; invocations: 64 | 128 | 256; rowsPerInvocation: number };
+
+export const STAGED_LAYOUT: RotateBlockLayout = { kind: 'staged' };
+
+/**
+ * The layout prefill graphs take: direct, 128 invocations, 8 rows each. On an H200 (`bench/rotate-kernel.ts`, 1024
+ * tokens, session 22) it rotated Qwen3-4B's q, k and v in 76 µs a layer against the staged layout's 142 (Llama-3.2-1B
+ * 23 against 56, Qwen2.5-0.5B 15 against 28), within 4% of the best direct layout at each shape: the staged rows'
+ * 16 KiB of workgroup memory left few warps an SM.
+ */
+export const ROTATE_PREFILL_LAYOUT: RotateBlockLayout = { kind: 'direct', invocations: 128, rowsPerInvocation: 8 };
+
+/** Invocations of a prefill build's workgroup. */
+function blockInvocations(layout: RotateBlockLayout): number {
+  return layout.kind === 'staged' ? 64 : layout.invocations;
 }
 
-/** Row groups of the prefill build's 64 invocations: each group's invocations take a vec4 of outputs each. */
-function rowGroups(headDim: number): number {
-  return Math.max(1, Math.floor(64 / (headDim / 4)));
+/**
+ * Tokens a workgroup of the prefill build takes for one head: its rows share the head's matrix, which the workgroup
+ * then reads once for all of them. Staged: as many as 16 KiB of rows hold, at most 64, and at most 16 an invocation
+ * (the build's register tile: blockFunction). Blocks of 16 rows read Qwen3-4B's 64 KiB matrices 64 times per
+ * 1024-token chunk and head; on an H200 its q, k and v took 6.1 ms a chunk (1024 tokens at 16K keys, 36 layers) with
+ * blocks of 16 and 5.4 with blocks of 32. Direct: row groups × rowsPerInvocation.
+ */
+export function rotateBlockTokens(headDim: number, layout: RotateBlockLayout = STAGED_LAYOUT): number {
+  const groups = rowGroups(headDim, blockInvocations(layout));
+  if (layout.kind === 'direct') return groups * layout.rowsPerInvocation;
+  return Math.min(64, Math.floor(ROTATE_BLOCK_FLOATS / headDim), 16 * groups);
+}
+
+/** Row groups of a prefill build's invocations: each group's invocations take a vec4 of outputs each. */
+function rowGroups(headDim: number, invocations: number): number {
+  return Math.max(1, Math.floor(invocations / (headDim / 4)));
 }
 
 /**
@@ -134,12 +161,16 @@ function rowFunction(p: number): string {
  * spent 9.0 ms of its 273 rotating q, k and v and 6.3 ms un-rotating the attention's output, with a 2-bit cache.)
  * `headDim` is the build's: the register tile is sized by it.
  */
-function blockFunction(p: number, headDim: number): string {
+function blockFunction(p: number, headDim: number, layout: RotateBlockLayout): string {
   const QUADS = headDim / 4;
-  const BT = rotateBlockTokens(headDim);
-  const GROUPS = Math.min(BT, rowGroups(headDim));
-  const RPI = Math.ceil(BT / GROUPS); // rows per invocation, at most 16
+  const BT = rotateBlockTokens(headDim, layout);
+  const GROUPS = Math.min(BT, rowGroups(headDim, blockInvocations(layout)));
+  const RPI = Math.ceil(BT / GROUPS); // rows per invocation, at most 16 staged
+  const direct = layout.kind === 'direct';
   const rows = Array.from({ length: RPI }, (_, k) => k);
+  // Row k's vec4 c: from workgroup memory (staged) or from the tensor, bound as vec4s (direct; rows past the step's
+  // last read it again).
+  const rowVec4 = (k: number) => (direct ? `x${p}[row${k} + c]` : `block[min(first + ${k}u, ${BT - 1}u) * quads + c]`);
   // The loop over the input's vec4s c: the matrix's vec4s m0..m3 (at matrix4 + `at(e)`) against each row's vec4 c,
   // x, whose product `product` adds to the row's outputs.
   const inputLoop = (why: string, at: (e: number) => string, product: string) => `    // ${why}
@@ -148,16 +179,49 @@ ${[0, 1, 2, 3].map((e) => `      let m${e} = rotation${p}[matrix4 + ${at(e)}];`)
 ${rows
   .map(
     (k) => `      {
-        let x = block[min(first + ${k}u, ${BT - 1}u) * quads + c];
+        let x = ${rowVec4(k)};
         acc[${k}] += ${product};
       }`,
   )
   .join('\n')}
     }`;
-  return `fn rotateBlock${p}(part: vec4<u32>, head: u32, token0: u32, lid: u32) {
+  const products = `  if (part.z == 1u) {
+${inputLoop(
+  "Outputs j = 4·quad + e take row j of the matrix: its vec4 c against the rows' vec4 c.",
+  (e) => `(4u * quad + ${e}u) * quads + c`,
+  'vec4<f32>(dot(x, m0), dot(x, m1), dot(x, m2), dot(x, m3))',
+)}
+  } else {
+${inputLoop(
+  "Outputs 4·quad.. take vec4 quad of rows 4c..4c + 3 of the matrix, times the rows' dims 4c..4c + 3.",
+  (e) => `(4u * c + ${e}u) * quads + quad`,
+  'x.x * m0 + x.y * m1 + x.z * m2 + x.w * m3',
+)}
+  }`;
+  const head = `fn rotateBlock${p}(part: vec4<u32>, head: u32, token0: u32, lid: u32) {
   let d = ${headDim}u;
   let quads = ${QUADS}u;
-  let tokens = min(step.tokens - token0, ${BT}u);
+  let tokens = min(step.tokens - token0, ${BT}u);`;
+  if (direct) {
+    return `${head}
+  let quad = lid % quads;
+  let group = lid / quads;
+  let first = group * ${RPI}u;
+  let matrix4 = (part.w + (head / part.y) * d * d) / 4u;
+${rows.map((k) => `  let row${k} = ((token0 + min(first + ${k}u, tokens - 1u)) * part.x + head) * quads;`).join('\n')}
+  var acc = array<vec4<f32>, ${RPI}>();
+  // Invocations past the row groups (where quads do not divide the workgroup) only meet the barrier.
+  if (group < ${GROUPS}u) {
+${products.replaceAll('\n', '\n  ').replace(/^/, '  ')}
+  }
+  // In place: every row is read whole by its group before any of its outputs is stored.
+  storageBarrier();
+  if (group < ${GROUPS}u) {
+${rows.map((k) => `    if (first + ${k}u < tokens) { x${p}[row${k} + quad] = acc[${k}]; }`).join('\n')}
+  }
+}`;
+  }
+  return `${head}
   // Rows past the step's tokens are not read (nor their outputs stored).
   for (var at = lid; at < tokens * d; at += WG) {
     let r = at / d;
@@ -170,19 +234,7 @@ ${rows
   let first = group * ${RPI}u;
   let matrix4 = (part.w + (head / part.y) * d * d) / 4u;
   var acc = array<vec4<f32>, ${RPI}>();
-  if (part.z == 1u) {
-${inputLoop(
-  "Outputs j = 4·quad + e take row j of the matrix: its vec4 c against the rows' vec4 c.",
-  (e) => `(4u * quad + ${e}u) * quads + c`,
-  'vec4<f32>(dot(x, m0), dot(x, m1), dot(x, m2), dot(x, m3))',
-)}
-  } else {
-${inputLoop(
-  "Outputs 4·quad.. take vec4 quad of rows 4c..4c + 3 of the matrix, times the rows' dims 4c..4c + 3.",
-  (e) => `(4u * c + ${e}u) * quads + quad`,
-  'x.x * m0 + x.y * m1 + x.z * m2 + x.w * m3',
-)}
-  }
+${products}
 ${rows
   .map(
     (k) => `  if (first + ${k}u < tokens) {
@@ -203,12 +255,18 @@ ${rows
  * invocations a row whose partial sums meet in workgroup memory (rowProductWgsl, built for the one row of a decode
  * step; grid y: tokens). Same bindings and params.
  */
-export function rotateSource(parts: 1 | 2 | 3, blocks = false, headDim = 0): string {
+export function rotateSource(
+  parts: 1 | 2 | 3,
+  blocks = false,
+  headDim = 0,
+  layout: RotateBlockLayout = STAGED_LAYOUT,
+): string {
   if (blocks && (headDim % 8 !== 0 || headDim < 8 || headDim > 256)) {
     throw new RangeError(`rotate: the blocks build needs headDim a multiple of 8 up to 256, got ${headDim}`);
   }
   const ids = [...Array(parts).keys()];
-  const xs = ids.map((p) => `@group(0) @binding(${p}) var<storage, read_write> x${p}: array<f32>;`).join('\n');
+  const element = blocks && layout.kind === 'direct' ? 'vec4<f32>' : 'f32';
+  const xs = ids.map((p) => `@group(0) @binding(${p}) var<storage, read_write> x${p}: array<${element}>;`).join('\n');
   const rs = ids
     .map((p) => `@group(0) @binding(${parts + p}) var<storage, read> rotation${p}: array<vec4<f32>>;`)
     .join('\n');
@@ -223,19 +281,21 @@ ${rs}
 @group(0) @binding(${2 * parts}) var<uniform> params: Params;
 @group(0) @binding(${2 * parts + 1}) var<uniform> step: Step;
 
-${ids.map((p) => (blocks ? blockFunction(p, headDim) : rowFunction(p))).join('\n')}
+${ids.map((p) => (blocks ? blockFunction(p, headDim, layout) : rowFunction(p))).join('\n')}
 
-const WG: u32 = ${blocks ? 64 : 256}u;
+const WG: u32 = ${blocks ? blockInvocations(layout) : 256}u;
 ${
   blocks
-    ? `var<workgroup> block: array<vec4<f32>, ${ROTATE_BLOCK_FLOATS / 4}>; // [token][headDim / 4]`
+    ? layout.kind === 'direct'
+      ? ''
+      : `var<workgroup> block: array<vec4<f32>, ${ROTATE_BLOCK_FLOATS / 4}>; // [token][headDim / 4]`
     : `var<workgroup> row: array<f32, 256>;
 var<workgroup> partial: array<f32, ${ROW_PRODUCT_PARTIALS}>;`
 }
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-  let token = wg.y${blocks ? ` * ${rotateBlockTokens(headDim)}u` : ''};
+  let token = wg.y${blocks ? ` * ${rotateBlockTokens(headDim, layout)}u` : ''};
   if (token >= step.tokens) { return; }
   // The grid's x runs over the heads of part 0, then part 1, ...
   var head = wg.x;

@@ -14,7 +14,7 @@ import type { GpuContext } from '../gpu/device.ts';
 import type { KvAttentionBackend } from '../model/transformer.ts';
 import type { KvPagePool } from './pool.ts';
 import { RotatedKvAttention } from './rotated-attention.ts';
-import { rotationSet } from './rotation.ts';
+import { rotationSet, transposedMatrices } from './rotation.ts';
 
 export interface PagedAttentionOptions {
   /** Query heads (a multiple of the pool's kvHeads). */
@@ -220,17 +220,17 @@ export class PagedKvAttention {
     });
     if (ownPartials) attention[0]!.owned.push(ownPartials);
     if (outputRotation && !unrotateInMerge) {
-      const { matrices, firstMatrix, headsPerMatrix } = outputRotation;
+      const { matrices, transposed, firstMatrix, headsPerMatrix } = outputRotation;
       attention.push(
         prepareRotate(gpu, `${label}.unrotate_out`, {
           parts: [
             {
               x: buffers.output,
-              rotation: matrices,
+              rotation: transposed ?? matrices,
               firstMatrix,
               heads: options.heads,
               headsPerMatrix,
-              transpose: true,
+              transpose: transposed === undefined,
             },
           ],
           step: pool.step,
@@ -253,8 +253,8 @@ export class PagedKvAttention {
 
 /**
  * The KV backend the forward pass uses for `pool`: PagedKvAttention, wrapped in RotatedKvAttention when the pool
- * stores rotated K/V (`pool.rotation`). The rotation matrices (one per layer and KV head, the same for K and V) are
- * uploaded once, category 'kv', and live as long as the pool.
+ * stores rotated K/V (`pool.rotation`). The rotation matrices (one per layer and KV head, the same for K and V unless
+ * calibrated), and the value matrices transposed, are uploaded once, category 'kv', and live as long as the pool.
  */
 export function createKvAttention(
   gpu: GpuContext,
@@ -276,11 +276,15 @@ export function createKvAttention(
     return buffer;
   };
   const calibrated = pool.rotation === 'calibrated' ? pool.calibratedRotations : null;
-  const rotations = calibrated
-    ? { key: upload('calibrated.key', calibrated.key), value: upload('calibrated.value', calibrated.value) }
-    : (() => {
-        const shared = upload(pool.rotation, rotationSet(pool.rotation as 'hadamard', layers, kvHeads, headDim));
-        return { key: shared, value: shared };
-      })();
+  const value = calibrated?.value ?? rotationSet(pool.rotation as 'hadamard', layers, kvHeads, headDim);
+  const valueBuffer = upload(calibrated ? 'calibrated.value' : pool.rotation, value);
+  const rotations = {
+    key: calibrated ? upload('calibrated.key', calibrated.key) : valueBuffer,
+    value: valueBuffer,
+    valueTransposed: upload(
+      `${calibrated ? 'calibrated.value' : pool.rotation}.transposed`,
+      transposedMatrices(value, headDim),
+    ),
+  };
   return new RotatedKvAttention(gpu, paged, rotations, { heads: options.heads, kvHeads, headDim }, pool.step);
 }

@@ -8,7 +8,7 @@ import { readFloat32 } from '../gpu/readback.ts';
 import { PagedKvAttention } from './paged-attention.ts';
 import { KvPagePool } from './pool.ts';
 import { RotatedKvAttention } from './rotated-attention.ts';
-import { covarianceRotation, multiply, rotationSet, transpose } from './rotation.ts';
+import { covarianceRotation, multiply, rotationSet, transpose, transposedMatrices } from './rotation.ts';
 
 const ctx = withTestGpu();
 
@@ -28,7 +28,7 @@ describe('RotatedKvAttention', () => {
     async (_, bindingLimit) => {
       const { gpu } = ctx;
       const before = gpu.allocator.snapshot().totalBuffers;
-      // Prefill steps of 21 and 19 tokens: the prefill builds' blocks of 16 tokens, whole and cut short.
+      // Prefill steps of 21 and 19 tokens: the prefill build's blocks cut short.
       const [layers, heads, kvHeads, headDim, maxTokens] = [2, 8, 2, 64, 21];
       const random = seededRandom(42);
       // Layer 0: Hadamard; layer 1: a calibrated rotation per KV head, for K and for V (not symmetric, unlike the
@@ -46,6 +46,7 @@ describe('RotatedKvAttention', () => {
       const rotations = {
         key: gpu.allocator.createStorage('rk', 'kv', keyRotations),
         value: gpu.allocator.createStorage('rv', 'kv', valueRotations),
+        valueTransposed: gpu.allocator.createStorage('rvt', 'kv', transposedMatrices(valueRotations, headDim)),
       };
       const f32 = (n: number) => gpu.allocator.createStorage('test', 'scratch', n * 4);
       const run = async (rotated: boolean) => {
@@ -102,6 +103,7 @@ describe('RotatedKvAttention', () => {
       }
       gpu.allocator.release(rotations.key);
       gpu.allocator.release(rotations.value);
+      gpu.allocator.release(rotations.valueTransposed);
       expect(gpu.allocator.snapshot().totalBuffers).toBe(before);
     },
   );

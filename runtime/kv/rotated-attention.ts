@@ -8,6 +8,8 @@ export interface KvRotations {
   key: GPUBuffer;
   /** f32 [layers × kvHeads × headDim × headDim]: applied to v before storage; Rᵀ undoes it on the output. */
   value: GPUBuffer;
+  /** `value` with each matrix transposed: the prefill graphs' un-rotation reads Rᵀ row-wise from it. */
+  valueTransposed: GPUBuffer;
 }
 
 /**
@@ -40,6 +42,7 @@ export class RotatedKvAttention implements KvAttentionBackend {
     const { key, value } = this.rotations;
     const inner = this.inner.prepareLayer(layer, b, maxTokens, {
       matrices: value,
+      transposed: this.rotations.valueTransposed,
       firstMatrix,
       headsPerMatrix: heads / kvHeads,
     });

@@ -141,3 +141,12 @@ export function rotationSet(kind: RotationKind, layers: number, kvHeads: number,
   for (let m = 0; m < layers * kvHeads; m++) out.set(one, m * headDim * headDim);
   return out;
 }
+
+/** Each n×n matrix of a set (f32, row-major, back to back) transposed. */
+export function transposedMatrices(set: Float32Array, n: number): Float32Array {
+  const out = new Float32Array(set.length);
+  for (let at = 0; at < set.length; at += n * n) {
+    for (let i = 0; i < n; i++) for (let j = 0; j < n; j++) out[at + j * n + i] = set[at + i * n + j];
+  }
+  return out;
+}

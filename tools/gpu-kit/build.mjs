@@ -10,6 +10,7 @@
  *   .gpu/int8-dot-probe.mjs     bench/int8-dot-probe.ts (peak f32 fma against dot4I8Packed)
  *   .gpu/occupancy-probe.mjs    bench/occupancy-probe.ts (resident workgroups by workgroup memory and size)
  *   .gpu/demote-kernel.mjs      bench/demote-kernel.ts (the KV demotion kernel: builds checked word for word, ablations)
+ *   .gpu/rotate-kernel.mjs      bench/rotate-kernel.ts (the prefill rotation by workgroup layout, checked against each other)
  *   .gpu/int8-matmul.mjs   bench/int8-matmul.ts (the tensor-core int8 matmul: its randomized checks, then its speed
  *                          against the f32 kernels)
  *   .gpu/longtab.mjs       the longtab CLI (tools/gpu-kit/longtab-cli.ts): evaluations on the GPU host
@@ -92,6 +93,7 @@ try {
   await benchBuild('int8-dot-probe.ts', 'int8-dot-probe.mjs');
   await benchBuild('occupancy-probe.ts', 'occupancy-probe.mjs');
   await benchBuild('demote-kernel.ts', 'demote-kernel.mjs');
+  await benchBuild('rotate-kernel.ts', 'rotate-kernel.mjs');
   await benchBuild('int8-matmul.ts', 'int8-matmul.mjs');
   await benchBuild('tools/gpu-kit/longtab-cli.ts', 'longtab.mjs');
 } catch {

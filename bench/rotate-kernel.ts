@@ -1,0 +1,184 @@
+/**
+ * The prefill rotation of the 2-bit cache (kernels/rotate.wgsl.ts, blocks build) timed by layout, for one layer of
+ * each model shape: q, k and v rotated in one dispatch (`rotate_qkv`) and the attention's output un-rotated
+ * (`unrotate_out`, the transposed product), over `--tokens` rows. On the H200 they took 5.4 and 4.3 ms of a
+ * 1024-token Qwen3-4B chunk (220 ms, 36 layers; session 21), about 10 TFLOPS of f32 multiply-adds: the staged build
+ * keeps 16 KiB of rows in workgroup memory for 64 invocations, so few warps share an SM.
+ *
+ * Builds: the runtime's layout (its output is the reference), the staged layout and direct layouts of several
+ * workgroup sizes and rows per invocation (variants: the same products in the same order, so they must write the
+ * same words; their differing words and tolerance ratio are recorded, and a variant off by more than 1e-5 fails the
+ * run), and, for the un-rotation, the direct products over a transposed copy of the matrices (what storing Rᵀ would
+ * give: a different order of the same products, checked to 1e-5), and a mutation the check must catch (`mut-`, not
+ * timed). Inputs are restored before each check; timing as bench/attention-kernels.ts (the dispatch recorded n and 5n
+ * times). Exit code 1 if a build is off or the mutation is not.
+ *
+ *   npx tsx bench/rotate-kernel.ts [--shapes qwen3-4b,llama-3.2-1b,qwen2.5-0.5b] [--tokens 1024] [--out FILE.json]
+ * On the GPU host: bundled by `npm run bench:bundle` (.gpu/rotate-kernel.mjs).
+ */
+import { writeFileSync } from 'node:fs';
+import { parseArgs } from 'node:util';
+import { releaseDispatches, submitDispatches, uniformBuffer } from '../kernels/dispatch.ts';
+import { prepareRotate, type RotateBuild, type RotatePart } from '../kernels/rotate.ts';
+import { ROTATE_PREFILL_LAYOUT, type RotateBlockLayout, rotateSource, STAGED_LAYOUT } from '../kernels/rotate.wgsl.ts';
+import { acquireGpu, type GpuContext } from '../runtime/gpu/device.ts';
+import { nodeGpu } from '../runtime/gpu/node.ts';
+import { readFloat32 } from '../runtime/gpu/readback.ts';
+import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
+import { timeDispatches } from './gpu-timing.ts';
+import { LAYER_SHAPES, type LayerShape } from './models.ts';
+import { edited } from './wgsl-edit.ts';
+
+const LAYOUTS: { name: string; layout: RotateBlockLayout }[] = [
+  { name: 'staged', layout: STAGED_LAYOUT },
+  ...([64, 128, 256] as const).flatMap((invocations) =>
+    [4, 8, 16].map((rowsPerInvocation) => ({
+      name: `direct-${invocations}x${rowsPerInvocation}`,
+      layout: { kind: 'direct', invocations, rowsPerInvocation } as RotateBlockLayout,
+    })),
+  ),
+];
+
+/** Tolerance of a build against the reference build: the same products, so at most rounding of a changed order. */
+const TOLERANCE = 1e-5;
+
+interface Case {
+  name: string;
+  /** Per part: heads, matrix set (0: keys', 1: values'), transpose. */
+  parts: { heads: number; matrices: 0 | 1; transpose: boolean }[];
+}
+
+async function benchShape(gpu: GpuContext, shape: LayerShape, tokens: number): Promise<Record<string, unknown>[]> {
+  const { heads, kvHeads, headDim } = shape;
+  const random = seededRandom(11);
+  // Entries of about 1/√d: products keep the rows' scale, so repeated in-place runs stay finite.
+  const matrixScale = Math.sqrt(3 / headDim);
+  const matrices = [0, 1].map(() => randomFloats(random, kvHeads * headDim * headDim, matrixScale));
+  const transposed = matrices.map((m) => {
+    const t = new Float32Array(m.length);
+    for (let h = 0; h < kvHeads; h++) {
+      const at = h * headDim * headDim;
+      for (let i = 0; i < headDim; i++)
+        for (let j = 0; j < headDim; j++) t[at + j * headDim + i] = m[at + i * headDim + j];
+    }
+    return t;
+  });
+  const matrixBuffers = matrices.map((m) => gpu.allocator.createStorage('bench', 'scratch', m));
+  const transposedBuffers = transposed.map((m) => gpu.allocator.createStorage('bench', 'scratch', m));
+  const step = uniformBuffer(gpu, 'step', [0, tokens, 0, 0], 'uuuu');
+  const cases: Case[] = [
+    {
+      name: 'rotate_qkv',
+      parts: [
+        { heads, matrices: 0, transpose: false },
+        { heads: kvHeads, matrices: 0, transpose: false },
+        { heads: kvHeads, matrices: 1, transpose: false },
+      ],
+    },
+    { name: 'unrotate_out', parts: [{ heads, matrices: 1, transpose: true }] },
+  ];
+  const rows: Record<string, unknown>[] = [];
+  for (const c of cases) {
+    const inputs = c.parts.map((p) => randomFloats(random, tokens * p.heads * headDim, 2));
+    const xs = inputs.map((x) => gpu.allocator.createStorage('bench', 'scratch', x));
+    const parts = (transposedCopy: boolean): RotatePart[] =>
+      c.parts.map((p, i) => ({
+        x: xs[i],
+        rotation: (transposedCopy ? transposedBuffers : matrixBuffers)[p.matrices],
+        firstMatrix: 0,
+        heads: p.heads,
+        headsPerMatrix: p.heads / kvHeads,
+        transpose: p.transpose && !transposedCopy,
+      }));
+    const builds: { name: string; build: RotateBuild; transposedCopy: boolean }[] = LAYOUTS.map(({ name, layout }) => ({
+      name,
+      build: { blocks: true, layout, code: rotateSource(c.parts.length as 1 | 2 | 3, true, headDim, layout) },
+      transposedCopy: false,
+    }));
+    // A mutation the check must catch (not timed): the direct build's first row of each group read from the next.
+    const mutated = LAYOUTS.find((l) => l.name === 'direct-128x8')!.layout;
+    const mutatedCode = rotateSource(c.parts.length as 1 | 2 | 3, true, headDim, mutated);
+    builds.push({
+      name: 'mut-direct-128x8-row',
+      build: {
+        blocks: true,
+        layout: mutated,
+        code: edited(mutatedCode, (code) =>
+          code.replaceAll('min(first + 0u, tokens - 1u)', 'min(first + 1u, tokens - 1u)'),
+        ),
+      },
+      transposedCopy: false,
+    });
+    if (c.parts.some((p) => p.transpose)) {
+      for (const name of ['staged', 'direct-128x8', 'direct-256x8']) {
+        const { build } = builds.find((b) => b.name === name)!;
+        builds.push({ name: `${name}-transposedCopy`, build, transposedCopy: true });
+      }
+    }
+    const runtime = LAYOUTS.find((l) => l.layout === ROTATE_PREFILL_LAYOUT)!.name;
+    builds.sort((a, b) => Number(b.name === runtime) - Number(a.name === runtime));
+    const row: Record<string, unknown> = { shape: shape.name, case: c.name, tokens, runtime };
+    let reference: Float32Array[] | null = null;
+    for (const { name, build, transposedCopy } of builds) {
+      const dispatch = prepareRotate(
+        gpu,
+        name,
+        { parts: parts(transposedCopy), step, maxTokens: tokens, headDim },
+        build,
+      );
+      xs.forEach((x, i) => {
+        gpu.device.queue.writeBuffer(x, 0, inputs[i]);
+      });
+      submitDispatches(gpu, 'check', [dispatch]);
+      const out = await Promise.all(xs.map((x, i) => readFloat32(gpu, x, inputs[i].length)));
+      if (reference === null) {
+        reference = out;
+      } else {
+        let differing = 0;
+        let ratio = 0;
+        out.forEach((o, i) => {
+          const words = new Uint32Array(o.buffer, o.byteOffset, o.length);
+          const ref = reference![i];
+          const refWords = new Uint32Array(ref.buffer, ref.byteOffset, ref.length);
+          for (let k = 0; k < words.length; k++) if (words[k] !== refWords[k]) differing++;
+          ratio = Math.max(ratio, maxToleranceRatio(o, ref, TOLERANCE, TOLERANCE));
+        });
+        row[`${name}Differing`] = differing;
+        row[`${name}Ratio`] = Math.round(ratio * 1000) / 1000;
+        const mutation = name.startsWith('mut-');
+        if (mutation ? ratio <= 1 : !(ratio <= 1)) process.exitCode = 1;
+        if (mutation) {
+          releaseDispatches(gpu, [dispatch]);
+          continue;
+        }
+      }
+      const ms = await timeDispatches(gpu, [dispatch], 20);
+      row[`${name}Us`] = Math.round(ms * 10000) / 10;
+      releaseDispatches(gpu, [dispatch]);
+    }
+    for (const x of xs) gpu.allocator.release(x);
+    console.log(JSON.stringify(row));
+    rows.push(row);
+  }
+  for (const b of [...matrixBuffers, ...transposedBuffers, step]) gpu.allocator.release(b);
+  gpu.throwIfErrors();
+  return rows;
+}
+
+const { values } = parseArgs({
+  options: {
+    shapes: { type: 'string', default: LAYER_SHAPES.map((s) => s.name).join(',') },
+    tokens: { type: 'string', default: '1024' },
+    out: { type: 'string' },
+  },
+});
+const tokens = Number(values.tokens);
+if (!(Number.isInteger(tokens) && tokens >= 1)) throw new Error(`--tokens: a whole number, got ${values.tokens}`);
+const gpu = await acquireGpu({ gpu: await nodeGpu() });
+console.log(JSON.stringify({ adapter: gpu.adapter }));
+const results: Record<string, unknown>[] = [];
+for (const shape of LAYER_SHAPES.filter((s) => values.shapes.split(',').includes(s.name))) {
+  results.push(...(await benchShape(gpu, shape, tokens)));
+}
+if (values.out) writeFileSync(values.out, `${JSON.stringify({ adapter: gpu.adapter, tokens, results }, null, 1)}\n`);
+gpu.device.destroy();
