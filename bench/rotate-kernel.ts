@@ -8,10 +8,11 @@
  * Builds: the runtime's layout (its output is the reference), the staged layout and direct layouts of several
  * workgroup sizes and rows per invocation (variants: the same products in the same order, so they must write the
  * same words; their differing words and tolerance ratio are recorded, and a variant off by more than 1e-5 fails the
- * run), and, for the un-rotation, the direct products over a transposed copy of the matrices (what storing Rᵀ would
- * give: a different order of the same products, checked to 1e-5), and a mutation the check must catch (`mut-`, not
- * timed). Inputs are restored before each check; timing as bench/attention-kernels.ts (the dispatch recorded n and 5n
- * times). Exit code 1 if a build is off or the mutation is not.
+ * run); for the un-rotation also the products over a transposed copy of the matrices (`-transposedCopy`, what the
+ * runtime's un-rotation reads since session 22: the same products in another order, checked to 1e-5); and a
+ * mutation the check must catch (`mut-`, not timed). Inputs are restored before each check; timing as
+ * bench/attention-kernels.ts (the dispatch recorded n and 5n times). Exit code 1 if a build is off or the mutation
+ * is not.
  *
  *   npx tsx bench/rotate-kernel.ts [--shapes qwen3-4b,llama-3.2-1b,qwen2.5-0.5b] [--tokens 1024] [--out FILE.json]
  * On the GPU host: bundled by `npm run bench:bundle` (.gpu/rotate-kernel.mjs).
@@ -115,7 +116,10 @@ async function benchShape(gpu: GpuContext, shape: LayerShape, tokens: number): P
         builds.push({ name: `${name}-transposedCopy`, build, transposedCopy: true });
       }
     }
-    const runtime = LAYOUTS.find((l) => l.layout === ROTATE_PREFILL_LAYOUT)!.name;
+    // The runtime's layout by value (its constant is not one of LAYOUTS' objects).
+    const runtimeLayout = JSON.stringify(ROTATE_PREFILL_LAYOUT);
+    const runtime = LAYOUTS.find((l) => JSON.stringify(l.layout) === runtimeLayout)?.name;
+    if (runtime === undefined) throw new Error(`the runtime's layout ${runtimeLayout} is not among the layouts timed`);
     builds.sort((a, b) => Number(b.name === runtime) - Number(a.name === runtime));
     const row: Record<string, unknown> = { shape: shape.name, case: c.name, tokens, runtime };
     let reference: Float32Array[] | null = null;
