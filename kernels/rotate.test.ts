@@ -7,10 +7,10 @@ import { rotateReference } from './reference/rotate.ts';
 import { prepareRotate, type RotateBuild } from './rotate.ts';
 import {
   ROTATE_PREFILL_LAYOUT,
+  ROTATE_STAGED_LAYOUT,
   type RotateBlockLayout,
   rotateBlockTokens,
   rotateSource,
-  STAGED_LAYOUT,
 } from './rotate.wgsl.ts';
 
 const DIRECT_64X16: RotateBlockLayout = { kind: 'direct', invocations: 64, rowsPerInvocation: 16 };
@@ -71,7 +71,8 @@ describe('per-head rotation kernel', () => {
     [100, 130, 4, 64, 2, true],
     [32, 32, 2, 128, 1, false],
     [40, 48, 8, 128, 4, true],
-    // Widths whose quads do not divide the prefill build's 64 invocations: some sit idle, some rows are spare.
+    // Widths whose quads do not divide the prefill builds' invocations (64 staged, 128 the runtime's direct layout):
+    // some sit idle, some rows are spare.
     [17, 20, 2, 24, 1, false],
     [17, 20, 2, 40, 2, true],
   ] as const)(
@@ -82,7 +83,7 @@ describe('per-head rotation kernel', () => {
       // and one of 64 invocations, 16 rows each).
       const builds: RotateBuild[] = [
         { blocks: false, code: rotateSource(1, false, headDim) },
-        ...[STAGED_LAYOUT, ROTATE_PREFILL_LAYOUT, DIRECT_64X16].map((layout) => ({
+        ...[ROTATE_STAGED_LAYOUT, ROTATE_PREFILL_LAYOUT, DIRECT_64X16].map((layout) => ({
           blocks: true,
           layout,
           code: rotateSource(1, true, headDim, layout),
@@ -138,7 +139,7 @@ describe('per-head rotation kernel', () => {
     for (const b of [...xb, ...rb, step]) gpu.allocator.release(b);
   });
 
-  it.each([STAGED_LAYOUT, ROTATE_PREFILL_LAYOUT])(
+  it.each([ROTATE_STAGED_LAYOUT, ROTATE_PREFILL_LAYOUT])(
     "catches a broken blocks build: every block rotating the first block's tokens (%o)",
     async (layout) => {
       const original = rotateSource(1, true, 64, layout);
@@ -149,14 +150,15 @@ describe('per-head rotation kernel', () => {
     },
   );
 
-  it.each([false, true])(
-    'catches a broken kernel (wrong matrix for grouped heads; blocks build %s)',
-    async (blocks) => {
-      const original = rotateSource(1, blocks, 64);
-      const broken = original.replace('(head / part.y)', 'head');
-      expect(broken).not.toBe(original);
-      const { actual, expected } = await runRotate(2, 2, 8, 64, 4, false, { blocks, code: broken });
-      expect(maxToleranceRatio(actual, expected, 1e-4, 1e-4)).toBeGreaterThan(1);
-    },
-  );
+  it.each([
+    ['the decode build', { blocks: false, layout: undefined }],
+    ['the staged blocks build', { blocks: true, layout: ROTATE_STAGED_LAYOUT }],
+    ["the runtime's blocks build", { blocks: true, layout: ROTATE_PREFILL_LAYOUT }],
+  ] as const)('catches a broken kernel (wrong matrix for grouped heads; %s)', async (_, { blocks, layout }) => {
+    const original = rotateSource(1, blocks, 64, layout);
+    const broken = original.replace('(head / part.y)', 'head');
+    expect(broken).not.toBe(original);
+    const { actual, expected } = await runRotate(2, 2, 8, 64, 4, false, { blocks, layout, code: broken });
+    expect(maxToleranceRatio(actual, expected, 1e-4, 1e-4)).toBeGreaterThan(1);
+  });
 });

@@ -5,7 +5,8 @@
  * dispatch for the three: each dependent dispatch costs a few µs on a GPU), and undoes the rotation on the attention
  * output of prefill graphs and of graphs without a merge pass (decode graphs' merge pass does it otherwise:
  * kernels/attention.wgsl.ts). Decode builds take one workgroup per (token, head of any part), prefill builds one per
- * block of tokens of a head; the rows are staged in workgroup memory so the update can be in place.
+ * block of tokens of a head; either way a workgroup reads its rows whole (into workgroup memory, or before a barrier)
+ * before it stores any output, so the update can be in place.
  * Params.part[p] = (heads, headsPerMatrix, transpose, first matrix's word offset).
  */
 
@@ -88,16 +89,17 @@ ${loads((u) => `if (i + ${u}u < last) { a${u % 4} += ${o.row}[i + ${u}u] * ${o.m
 const ROTATE_BLOCK_FLOATS = 4096;
 
 /**
- * How the prefill build lays out a workgroup. `staged`: 64 invocations, the block's rows staged in workgroup memory
- * (16 KiB at most); otherwise (`direct`) `invocations` invocations read the rows from memory themselves and store
- * their outputs after a barrier. Either way a row group of headDim / 4 invocations takes `rowsPerInvocation` rows,
- * each invocation a vec4 of outputs of each.
+ * How the prefill build lays out a workgroup. Either way a row group of headDim / 4 invocations takes a share of the
+ * block's rows, each invocation a vec4 of outputs of each. `staged`: 64 invocations, the block's rows staged in
+ * workgroup memory (16 KiB at most; rows per invocation follow from rotateBlockTokens); `direct`: `invocations`
+ * invocations, `rowsPerInvocation` rows each, which read the rows from memory themselves and store their outputs
+ * after a barrier.
  */
 export type RotateBlockLayout =
   | { kind: 'staged' }
   | { kind: 'direct'; invocations: 64 | 128 | 256; rowsPerInvocation: number };
 
-export const STAGED_LAYOUT: RotateBlockLayout = { kind: 'staged' };
+export const ROTATE_STAGED_LAYOUT: RotateBlockLayout = { kind: 'staged' };
 
 /**
  * The layout prefill graphs take: direct, 128 invocations, 8 rows each. On an H200 (`bench/rotate-kernel.ts`, 1024
@@ -119,7 +121,7 @@ function blockInvocations(layout: RotateBlockLayout): number {
  * 1024-token chunk and head; on an H200 its q, k and v took 6.1 ms a chunk (1024 tokens at 16K keys, 36 layers) with
  * blocks of 16 and 5.4 with blocks of 32. Direct: row groups × rowsPerInvocation.
  */
-export function rotateBlockTokens(headDim: number, layout: RotateBlockLayout = STAGED_LAYOUT): number {
+export function rotateBlockTokens(headDim: number, layout: RotateBlockLayout = ROTATE_PREFILL_LAYOUT): number {
   const groups = rowGroups(headDim, blockInvocations(layout));
   if (layout.kind === 'direct') return groups * layout.rowsPerInvocation;
   return Math.min(64, Math.floor(ROTATE_BLOCK_FLOATS / headDim), 16 * groups);
@@ -154,8 +156,8 @@ function rowFunction(p: number): string {
 
 /**
  * The prefill build's rows of part p: rotateBlockTokens tokens from `token0` of one head, staged in workgroup
- * memory (the update is in place); then invocation (quad, group) takes outputs 4·quad..4·quad + 3 of the group's
- * rows, RPI of them: per 4 input dims, 4 vec4 loads of the matrix and one vec4 read of each row feed 16·RPI
+ * memory (staged layout) or read by the invocations themselves (direct: stored after a barrier, the update being in
+ * place); invocation (quad, group) takes outputs 4·quad..4·quad + 3 of the group's rows, RPI of them: per 4 input dims, 4 vec4 loads of the matrix and one vec4 read of each row feed 16·RPI
  * multiply-adds. (The build before it had each invocation take one output column of all 16 rows, its matrix reads a
  * vec4 per element used and a row read per 4 multiply-adds: on an H200, Qwen3-4B's 1024-token chunk at 16K keys
  * spent 9.0 ms of its 273 rotating q, k and v and 6.3 ms un-rotating the attention's output, with a 2-bit cache.)
@@ -250,19 +252,26 @@ ${rows
 }
 
 /**
- * The rotate kernel for `parts` tensors. `blocks` builds it for prefill graphs: a workgroup of 64 takes
- * rotateBlockTokens(headDim) tokens of a head (grid y: token blocks), each invocation storing whole outputs, instead of 256
- * invocations a row whose partial sums meet in workgroup memory (rowProductWgsl, built for the one row of a decode
- * step; grid y: tokens). Same bindings and params.
+ * The rotate kernel for `parts` tensors. `blocks` builds it for prefill graphs: a workgroup (laid out by `layout`)
+ * takes rotateBlockTokens(headDim, layout) tokens of a head (grid y: token blocks), each invocation storing whole
+ * outputs, instead of 256 invocations a row whose partial sums meet in workgroup memory (rowProductWgsl, built for
+ * the one row of a decode step; grid y: tokens). Same bindings and params, but a direct build binds the rotated
+ * tensors as vec4s.
  */
 export function rotateSource(
   parts: 1 | 2 | 3,
   blocks = false,
   headDim = 0,
-  layout: RotateBlockLayout = STAGED_LAYOUT,
+  layout: RotateBlockLayout = ROTATE_PREFILL_LAYOUT,
 ): string {
   if (blocks && (headDim % 8 !== 0 || headDim < 8 || headDim > 256)) {
     throw new RangeError(`rotate: the blocks build needs headDim a multiple of 8 up to 256, got ${headDim}`);
+  }
+  if (
+    layout.kind === 'direct' &&
+    !(Number.isInteger(layout.rowsPerInvocation) && layout.rowsPerInvocation >= 1 && layout.rowsPerInvocation <= 16)
+  ) {
+    throw new RangeError(`rotate: a direct layout takes 1 to 16 rows an invocation, got ${layout.rowsPerInvocation}`);
   }
   const ids = [...Array(parts).keys()];
   const element = blocks && layout.kind === 'direct' ? 'vec4<f32>' : 'f32';
