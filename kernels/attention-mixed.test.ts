@@ -90,4 +90,37 @@ describe('attention over mixed f16 / quant pages', () => {
     expect(r.mismatchedCodes).toBe(0);
     expect(r.worst).toBeLessThanOrEqual(1);
   });
+
+  // Values with ties and zeros of both signs (runMixed's `ties`): the demotion's min/max scans must pick the first
+  // minimum and the last maximum, as quantizeRow's stable ranks do, and its rank loop (clip quantiles below 1) the
+  // same ranks.
+  it.each<[string, MixedCase]>([
+    ['hd 64, 4:1, 2-bit groups of 128 spanning both heads', MIXED_HD64_GQA],
+    ['hd 64, 1:1, 1-bit keys', MIXED_ONE_BIT_KEYS],
+    ['hd 128, 4:1, clipped (the rank loop), V 4-bit', MIXED_HD128_K2_V4],
+    [
+      'hd 128, 1:1, rows of 2048 in 256 4-bit groups of 8',
+      {
+        layers: 1,
+        heads: 16,
+        kvHeads: 16,
+        headDim: 128,
+        pool: {
+          pageTokens: 4,
+          sink: 4,
+          window: 4,
+          keyFormat: { bits: 4, groupSize: 8 },
+          valueFormat: { bits: 4, groupSize: 8 },
+        },
+        chunks: [12, 1, 1, 5, 1],
+      },
+    ],
+  ])('ties and signed zeros: %s', async (_, c) => {
+    const r = await runMixed(ctx.gpu, c, 77, { ties: true });
+    expect(r.demotions).toBeGreaterThan(1);
+    expect(r.values).toBeGreaterThan(0);
+    expect(r.mismatchedParams).toBe(0);
+    expect(r.mismatchedCodes).toBe(0);
+    expect(r.worst).toBeLessThanOrEqual(1);
+  });
 });

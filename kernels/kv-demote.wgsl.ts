@@ -41,9 +41,8 @@ fn slabStore(slot: u32, index: u32, value: u32) {
  * the most a step can carry; surplus workgroups exit at once). Per group, exactly as quantizeRow: lo and hi are the
  * values of ranks loRank and hiRank (= round((1-q)(n-1)) and round(q(n-1)), computed on the CPU) in the group's
  * stable sort: for ranks 0 and n - 1 (clip quantile 1) by min/max scans, for others by counting (O(groupSize) per
- * value, no sort); lo and scale = (hi - lo) / levels are rounded
- * to f16 before coding; code = Math.round((x - lo) / scale) clamped, found by comparing x - lo with the exact
- * products (k - 1/2)·scale.
+ * value, no sort); lo and scale = (hi - lo) / levels are rounded to f16 before coding; code = Math.round((x - lo) /
+ * scale) clamped, found by comparing x - lo with the exact products (k - 1/2)·scale.
  */
 export const kvDemoteWgsl = /* wgsl */ `
 ${formatStruct}
@@ -67,8 +66,9 @@ var<workgroup> vals: array<f32, ${KV_DEMOTE_MAX_WIDTH}>;
 var<workgroup> groupLo: array<f32, ${KV_DEMOTE_MAX_WIDTH / 8}>;
 var<workgroup> groupHi: array<f32, ${KV_DEMOTE_MAX_WIDTH / 8}>;
 var<workgroup> groupScale: array<f32, ${KV_DEMOTE_MAX_WIDTH / 8}>;
-var<workgroup> spanLo: array<u32, 256>; // positions in vals
-var<workgroup> spanHi: array<u32, 256>;
+// Where each span of 8 values has its minimum and its maximum (positions in vals).
+var<workgroup> spanMinAt: array<u32, ${KV_DEMOTE_MAX_WIDTH / 8}>;
+var<workgroup> spanMaxAt: array<u32, ${KV_DEMOTE_MAX_WIDTH / 8}>;
 var<workgroup> groupParam: array<u32, ${KV_DEMOTE_MAX_WIDTH / 8}>;
 
 @compute @workgroup_size(WG)
@@ -111,11 +111,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: v
     // choices only for -0 against +0. The scans keep positions and the value is read at the end: the H200's compiler
     // turns a kept value into min/max instructions, which pick among -0 and +0 their own way. (The rank loop below
     // took 207 µs a layer of a 1024-token Qwen3-4B chunk on the H200, 7.4 ms of its 220; the scans 1.7 ms.)
-    // Spans of about 8 values (at least 8 in a group): the one-invocation merge is as long as a span's scan.
+    // Spans of 8 values: groups are multiples of 8 (32 / bits) and rows at most 2048 = 8·WG values wide, so every
+    // span has an invocation (were those bounds to change, WG / groupCount would make spans longer, never leave one
+    // without an invocation). The one-invocation merge of a group's spans is then about as long as a span's scan.
     let spans = min(WG / groupCount, size / 8u);
     let spanSize = (size + spans - 1u) / spans;
     let g = lid / spans;
-    // The last spans of a group may be empty.
     if (g < groupCount) {
       let first = g * size + (lid % spans) * spanSize;
       let end = min(first + spanSize, (g + 1u) * size);
@@ -129,21 +130,21 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: v
           if (u < lo) { lo = u; loAt = j; }
           if (u >= hi) { hi = u; hiAt = j; }
         }
-        spanLo[lid] = loAt;
-        spanHi[lid] = hiAt;
+        spanMinAt[lid] = loAt;
+        spanMaxAt[lid] = hiAt;
       }
     }
     workgroupBarrier();
     if (lid < groupCount) {
-      var loAt = spanLo[lid * spans];
-      var hiAt = spanHi[lid * spans];
+      var loAt = spanMinAt[lid * spans];
+      var hiAt = spanMaxAt[lid * spans];
       var lo = vals[loAt];
       var hi = vals[hiAt];
       for (var s = 1u; s < spans && s * spanSize < size; s++) {
-        var j = spanLo[lid * spans + s];
+        var j = spanMinAt[lid * spans + s];
         var u = vals[j];
         if (u < lo) { lo = u; loAt = j; }
-        j = spanHi[lid * spans + s];
+        j = spanMaxAt[lid * spans + s];
         u = vals[j];
         if (u >= hi) { hi = u; hiAt = j; }
       }

@@ -39,6 +39,18 @@ function upload(gpu: GpuContext, buffer: GPUBuffer, data: Float32Array): void {
   gpu.device.queue.writeBuffer(buffer, 0, data.buffer as ArrayBuffer, data.byteOffset, data.byteLength);
 }
 
+/** runMixed's `ties` data, in place: rows of `width` values. */
+function withTies(rows: Float32Array, width: number): void {
+  for (let i = 0; i < rows.length; i++) {
+    const row = Math.floor(i / width);
+    let x = Math.round(4 * rows[i]) / 4;
+    if (row % 3 === 1) x = Math.abs(x);
+    if (row % 3 === 2) x = -Math.abs(x);
+    if (x === 0) x = i % 2 === 1 ? -0 : 0;
+    rows[i] = x;
+  }
+}
+
 /**
  * Runs `chunks` through a quant-mode pool (prefill graph for chunks > 1, decode graph for 1) and checks, after each
  * step: every quant row the demotion kernel wrote equals quantizeRow of the f16 row it came from, bit for bit, and
@@ -57,6 +69,13 @@ export async function runMixed(
      * compare its codes and scales with int8Codes of what the pages hold (result `keysInt8`).
      */
     checkKeysInt8?: boolean;
+    /**
+     * K and V on a grid of 1/4 with zeros of both signs, a third of the rows without negative values and a third
+     * without positive ones: groups whose minimum or maximum is a zero, several times and of either sign, so the
+     * demotion's choice among equal extremes (the first minimum, the last maximum of quantizeRow's stable ranks)
+     * shows in the bits of its f16 parameters.
+     */
+    ties?: boolean;
   } = {},
 ) {
   const tolerance = opts.tolerance ?? ATTENTION_F32_TOLERANCE;
@@ -133,6 +152,7 @@ export async function runMixed(
     for (let l = 0; l < layers; l++) {
       const ks = randomFloats(random, tokens * width, 2);
       const vs = randomFloats(random, tokens * width, 1);
+      if (opts.ties) for (const rows of [ks, vs]) withTies(rows, width);
       upload(gpu, k[l], ks);
       upload(gpu, v[l], vs);
       history.k[l].push(...ks);
