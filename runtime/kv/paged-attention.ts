@@ -253,8 +253,9 @@ export class PagedKvAttention {
 
 /**
  * The KV backend the forward pass uses for `pool`: PagedKvAttention, wrapped in RotatedKvAttention when the pool
- * stores rotated K/V (`pool.rotation`). The rotation matrices (one per layer and KV head, the same for K and V unless
- * calibrated), and the value matrices transposed, are uploaded once, category 'kv', and live as long as the pool.
+ * stores rotated K/V (`pool.rotation`). The rotation matrices (one per layer and KV head; calibrated ones differ for
+ * K and V and come with the value matrices transposed too) are uploaded once, category 'kv', and live as long as the
+ * pool.
  */
 export function createKvAttention(
   gpu: GpuContext,
@@ -276,15 +277,21 @@ export function createKvAttention(
     return buffer;
   };
   const calibrated = pool.rotation === 'calibrated' ? pool.calibratedRotations : null;
-  const value = calibrated?.value ?? rotationSet(pool.rotation as 'hadamard', layers, kvHeads, headDim);
-  const valueBuffer = upload(calibrated ? 'calibrated.value' : pool.rotation, value);
+  if (!calibrated) {
+    // Sylvester's Hadamard matrix is symmetric: it is its own transpose.
+    const shared = upload(pool.rotation, rotationSet(pool.rotation as 'hadamard', layers, kvHeads, headDim));
+    return new RotatedKvAttention(
+      gpu,
+      paged,
+      { key: shared, value: shared, valueTransposed: shared },
+      { heads: options.heads, kvHeads, headDim },
+      pool.step,
+    );
+  }
   const rotations = {
-    key: calibrated ? upload('calibrated.key', calibrated.key) : valueBuffer,
-    value: valueBuffer,
-    valueTransposed: upload(
-      `${calibrated ? 'calibrated.value' : pool.rotation}.transposed`,
-      transposedMatrices(value, headDim),
-    ),
+    key: upload('calibrated.key', calibrated.key),
+    value: upload('calibrated.value', calibrated.value),
+    valueTransposed: upload('calibrated.value.transposed', transposedMatrices(calibrated.value, headDim)),
   };
   return new RotatedKvAttention(gpu, paged, rotations, { heads: options.heads, kvHeads, headDim }, pool.step);
 }

@@ -8,7 +8,10 @@ export interface KvRotations {
   key: GPUBuffer;
   /** f32 [layers × kvHeads × headDim × headDim]: applied to v before storage; Rᵀ undoes it on the output. */
   value: GPUBuffer;
-  /** `value` with each matrix transposed: the prefill graphs' un-rotation reads Rᵀ row-wise from it. */
+  /**
+   * `value` with each matrix transposed (or `value` itself where its matrices are symmetric): the un-rotation
+   * dispatch of prefill graphs reads Rᵀ row-wise from it.
+   */
   valueTransposed: GPUBuffer;
 }
 
