@@ -9,10 +9,10 @@
  * workgroup sizes and rows per invocation (variants: the same products in the same order, so they must write the
  * same words; their differing words and tolerance ratio are recorded, and a variant off by more than 1e-5 fails the
  * run); for the un-rotation also the products over a transposed copy of the matrices (`-transposedCopy`, what the
- * runtime's un-rotation reads since session 22: the same products in another order, checked to 1e-5); and a
- * mutation the check must catch (`mut-`, not timed). Inputs are restored before each check; timing as
- * bench/attention-kernels.ts (the dispatch recorded n and 5n times). Exit code 1 if a build is off or the mutation
- * is not.
+ * runtime's un-rotation reads since session 22: the same products in another order, checked to 1e-5); and
+ * mutations the check must catch (`mut-`, not timed). Inputs are restored before each check; timing as
+ * bench/attention-kernels.ts (the dispatch recorded n and 5n times). Exit code 1 if a build is off or a mutation is
+ * not.
  *
  *   npx tsx bench/rotate-kernel.ts [--shapes qwen3-4b,llama-3.2-1b,qwen2.5-0.5b] [--tokens 1024] [--out FILE.json]
  * On the GPU host: bundled by `npm run bench:bundle` (.gpu/rotate-kernel.mjs).
@@ -21,17 +21,23 @@ import { writeFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import { releaseDispatches, submitDispatches, uniformBuffer } from '../kernels/dispatch.ts';
 import { prepareRotate, type RotateBuild, type RotatePart } from '../kernels/rotate.ts';
-import { ROTATE_PREFILL_LAYOUT, type RotateBlockLayout, rotateSource, STAGED_LAYOUT } from '../kernels/rotate.wgsl.ts';
+import {
+  ROTATE_PREFILL_LAYOUT,
+  ROTATE_STAGED_LAYOUT,
+  type RotateBlockLayout,
+  rotateSource,
+} from '../kernels/rotate.wgsl.ts';
 import { acquireGpu, type GpuContext } from '../runtime/gpu/device.ts';
 import { nodeGpu } from '../runtime/gpu/node.ts';
 import { readFloat32 } from '../runtime/gpu/readback.ts';
+import { transposedMatrices } from '../runtime/kv/rotation.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
 import { timeDispatches } from './gpu-timing.ts';
 import { LAYER_SHAPES, type LayerShape } from './models.ts';
 import { edited } from './wgsl-edit.ts';
 
 const LAYOUTS: { name: string; layout: RotateBlockLayout }[] = [
-  { name: 'staged', layout: STAGED_LAYOUT },
+  { name: 'staged', layout: ROTATE_STAGED_LAYOUT },
   ...([64, 128, 256] as const).flatMap((invocations) =>
     [4, 8, 16].map((rowsPerInvocation) => ({
       name: `direct-${invocations}x${rowsPerInvocation}`,
@@ -55,15 +61,7 @@ async function benchShape(gpu: GpuContext, shape: LayerShape, tokens: number): P
   // Entries of about 1/√d: products keep the rows' scale, so repeated in-place runs stay finite.
   const matrixScale = Math.sqrt(3 / headDim);
   const matrices = [0, 1].map(() => randomFloats(random, kvHeads * headDim * headDim, matrixScale));
-  const transposed = matrices.map((m) => {
-    const t = new Float32Array(m.length);
-    for (let h = 0; h < kvHeads; h++) {
-      const at = h * headDim * headDim;
-      for (let i = 0; i < headDim; i++)
-        for (let j = 0; j < headDim; j++) t[at + j * headDim + i] = m[at + i * headDim + j];
-    }
-    return t;
-  });
+  const transposed = matrices.map((m) => transposedMatrices(m, headDim));
   const matrixBuffers = matrices.map((m) => gpu.allocator.createStorage('bench', 'scratch', m));
   const transposedBuffers = transposed.map((m) => gpu.allocator.createStorage('bench', 'scratch', m));
   const step = uniformBuffer(gpu, 'step', [0, tokens, 0, 0], 'uuuu');
@@ -82,21 +80,25 @@ async function benchShape(gpu: GpuContext, shape: LayerShape, tokens: number): P
   for (const c of cases) {
     const inputs = c.parts.map((p) => randomFloats(random, tokens * p.heads * headDim, 2));
     const xs = inputs.map((x) => gpu.allocator.createStorage('bench', 'scratch', x));
-    const parts = (transposedCopy: boolean): RotatePart[] =>
+    // Transposed products read R column-wise ('original'), or a transposed copy row-wise ('transposedCopy'; the
+    // mutation 'originalAsCopy' reads R row-wise as if it were the copy).
+    type Matrices = 'original' | 'transposedCopy' | 'originalAsCopy';
+    const parts = (matrices: Matrices): RotatePart[] =>
       c.parts.map((p, i) => ({
         x: xs[i],
-        rotation: (transposedCopy ? transposedBuffers : matrixBuffers)[p.matrices],
+        rotation: (p.transpose && matrices === 'transposedCopy' ? transposedBuffers : matrixBuffers)[p.matrices],
         firstMatrix: 0,
         heads: p.heads,
         headsPerMatrix: p.heads / kvHeads,
-        transpose: p.transpose && !transposedCopy,
+        transpose: p.transpose && matrices === 'original',
       }));
-    const builds: { name: string; build: RotateBuild; transposedCopy: boolean }[] = LAYOUTS.map(({ name, layout }) => ({
+    const builds: { name: string; build: RotateBuild; matrices: Matrices }[] = LAYOUTS.map(({ name, layout }) => ({
       name,
       build: { blocks: true, layout, code: rotateSource(c.parts.length as 1 | 2 | 3, true, headDim, layout) },
-      transposedCopy: false,
+      matrices: 'original',
     }));
-    // A mutation the check must catch (not timed): the direct build's first row of each group read from the next.
+    // Mutations the check must catch (not timed): the direct build's first row of each group read and stored at
+    // the next; for the un-rotation, R read as if it were the transposed copy.
     const mutated = LAYOUTS.find((l) => l.name === 'direct-128x8')!.layout;
     const mutatedCode = rotateSource(c.parts.length as 1 | 2 | 3, true, headDim, mutated);
     builds.push({
@@ -108,28 +110,33 @@ async function benchShape(gpu: GpuContext, shape: LayerShape, tokens: number): P
           code.replaceAll('min(first + 0u, tokens - 1u)', 'min(first + 1u, tokens - 1u)'),
         ),
       },
-      transposedCopy: false,
+      matrices: 'original',
     });
-    if (c.parts.some((p) => p.transpose)) {
+    const transposing = c.parts.some((p) => p.transpose);
+    if (transposing) {
       for (const name of ['staged', 'direct-128x8', 'direct-256x8']) {
         const { build } = builds.find((b) => b.name === name)!;
-        builds.push({ name: `${name}-transposedCopy`, build, transposedCopy: true });
+        builds.push({ name: `${name}-transposedCopy`, build, matrices: 'transposedCopy' });
       }
+      const { build } = builds.find((b) => b.name === 'direct-128x8')!;
+      builds.push({ name: 'mut-direct-128x8-originalAsCopy', build, matrices: 'originalAsCopy' });
     }
     // The runtime's layout by value (its constant is not one of LAYOUTS' objects).
     const runtimeLayout = JSON.stringify(ROTATE_PREFILL_LAYOUT);
     const runtime = LAYOUTS.find((l) => JSON.stringify(l.layout) === runtimeLayout)?.name;
     if (runtime === undefined) throw new Error(`the runtime's layout ${runtimeLayout} is not among the layouts timed`);
     builds.sort((a, b) => Number(b.name === runtime) - Number(a.name === runtime));
-    const row: Record<string, unknown> = { shape: shape.name, case: c.name, tokens, runtime };
+    // The reference is the runtime's layout as such; the runtime's un-rotation reads the transposed copy with it.
+    const row: Record<string, unknown> = {
+      shape: shape.name,
+      case: c.name,
+      tokens,
+      reference: runtime,
+      runtime: transposing ? `${runtime}-transposedCopy` : runtime,
+    };
     let reference: Float32Array[] | null = null;
-    for (const { name, build, transposedCopy } of builds) {
-      const dispatch = prepareRotate(
-        gpu,
-        name,
-        { parts: parts(transposedCopy), step, maxTokens: tokens, headDim },
-        build,
-      );
+    for (const { name, build, matrices } of builds) {
+      const dispatch = prepareRotate(gpu, name, { parts: parts(matrices), step, maxTokens: tokens, headDim }, build);
       xs.forEach((x, i) => {
         gpu.device.queue.writeBuffer(x, 0, inputs[i]);
       });
