@@ -157,8 +157,8 @@ function rowFunction(p: number): string {
 /**
  * The prefill build's rows of part p: rotateBlockTokens tokens from `token0` of one head, staged in workgroup
  * memory (staged layout) or read by the invocations themselves (direct: stored after a barrier, the update being in
- * place); invocation (quad, group) takes outputs 4·quad..4·quad + 3 of the group's rows, RPI of them: per 4 input dims, 4 vec4 loads of the matrix and one vec4 read of each row feed 16·RPI
- * multiply-adds. (The build before it had each invocation take one output column of all 16 rows, its matrix reads a
+ * place); invocation (quad, group) takes outputs 4·quad..4·quad + 3 of the group's rows, RPI of them: per 4 input
+ * dims, 4 vec4 loads of the matrix and one vec4 read of each row feed 16·RPI multiply-adds. (The build before it had each invocation take one output column of all 16 rows, its matrix reads a
  * vec4 per element used and a row read per 4 multiply-adds: on an H200, Qwen3-4B's 1024-token chunk at 16K keys
  * spent 9.0 ms of its 273 rotating q, k and v and 6.3 ms un-rotating the attention's output, with a 2-bit cache.)
  * `headDim` is the build's: the register tile is sized by it.
