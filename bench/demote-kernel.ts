@@ -6,9 +6,8 @@
  *
  * For each layer shape: a one-layer quant pool, two steps of `--tokens` appended, then a third planned, so the pool's
  * jobs buffer holds a long prefill step's demotions (the `--tokens` / 16 pages that left the window since).
- * The K and V values lie on a grid of 1/4 with zeros of both signs, and in two rows of three every group's minimum or
- * maximum is a zero: a min/max build's choice among equal values shows in the bits there (−0 against +0), which
- * random floats would never exercise.
+ * The K and V values have ties (test/random.ts withTies): a min/max build's choice among equal values shows in the
+ * bits (−0 against +0).
  * Every build runs on the same slabs, restored before each run: as built (its output is the reference), the variants
  * (checked word for word against it: a demotion must write exactly what quantizeRow computes), mutations (which must
  * differ: the check can fail), then the ablations (wrong by design, timed; their differing words are recorded). Exit
@@ -31,9 +30,9 @@ import { nodeGpu } from '../runtime/gpu/node.ts';
 import { readBuffer } from '../runtime/gpu/readback.ts';
 import { PagedKvAttention } from '../runtime/kv/paged-attention.ts';
 import { KvPagePool } from '../runtime/kv/pool.ts';
-import { randomFloats, seededRandom } from '../test/random.ts';
+import { randomFloats, seededRandom, withTies } from '../test/random.ts';
 import { timeDispatches } from './gpu-timing.ts';
-import { LAYER_SHAPES, type LayerShape } from './models.ts';
+import { type LayerShape, layerShapesNamed, SHAPES_OPTION } from './models.ts';
 import { edited } from './wgsl-edit.ts';
 
 /** The kernel's test for plain min/max, which takes the scans instead of the rank loop. */
@@ -149,16 +148,7 @@ async function benchShape(
     [v, 1],
   ] as const) {
     const data = randomFloats(random, tokens * kvHeads * headDim, scale);
-    for (let i = 0; i < data.length; i++) {
-      const token = Math.floor(i / (kvHeads * headDim));
-      let x = Math.round(4 * data[i]) / 4;
-      // A third of the rows have no negative value (each group's minimum is a zero), a third no positive one.
-      if (token % 3 === 1) x = Math.abs(x);
-      if (token % 3 === 2) x = -Math.abs(x);
-      // Zeros of both signs.
-      if (x === 0) x = i % 2 === 1 ? -0 : 0;
-      data[i] = x;
-    }
+    withTies(data, kvHeads * headDim);
     gpu.device.queue.writeBuffer(target, 0, data.buffer, data.byteOffset, data.byteLength);
   }
   const layer = new PagedKvAttention(gpu, pool, { heads }).prepareLayer(0, { q, k, v, output }, tokens);
@@ -216,7 +206,7 @@ async function benchShape(
 
 const { values } = parseArgs({
   options: {
-    shapes: { type: 'string', default: LAYER_SHAPES.map((s) => s.name).join(',') },
+    shapes: SHAPES_OPTION,
     tokens: { type: 'string', default: '1024' },
     clip: { type: 'string', default: '1' },
     out: { type: 'string' },
@@ -229,7 +219,7 @@ const clipQuantile = Number(values.clip);
 const gpu = await acquireGpu({ gpu: await nodeGpu() });
 console.log(JSON.stringify({ adapter: gpu.adapter }));
 const results: Record<string, unknown>[] = [];
-for (const shape of LAYER_SHAPES.filter((s) => values.shapes.split(',').includes(s.name))) {
+for (const shape of layerShapesNamed(values.shapes)) {
   const row = await benchShape(gpu, shape, tokens, clipQuantile);
   console.log(JSON.stringify(row));
   results.push(row);

@@ -24,7 +24,7 @@ import {
   expectedAttention,
   int8PrefillServes,
 } from './attention-harness.ts';
-import { maxToleranceRatio, randomFloats, seededRandom } from './random.ts';
+import { maxToleranceRatio, randomFloats, seededRandom, withTies } from './random.ts';
 
 export interface MixedCase {
   layers: number;
@@ -37,18 +37,6 @@ export interface MixedCase {
 
 function upload(gpu: GpuContext, buffer: GPUBuffer, data: Float32Array): void {
   gpu.device.queue.writeBuffer(buffer, 0, data.buffer as ArrayBuffer, data.byteOffset, data.byteLength);
-}
-
-/** runMixed's `ties` data, in place: rows of `width` values. */
-function withTies(rows: Float32Array, width: number): void {
-  for (let i = 0; i < rows.length; i++) {
-    const row = Math.floor(i / width);
-    let x = Math.round(4 * rows[i]) / 4;
-    if (row % 3 === 1) x = Math.abs(x);
-    if (row % 3 === 2) x = -Math.abs(x);
-    if (x === 0) x = i % 2 === 1 ? -0 : 0;
-    rows[i] = x;
-  }
 }
 
 /**
@@ -70,10 +58,8 @@ export async function runMixed(
      */
     checkKeysInt8?: boolean;
     /**
-     * K and V on a grid of 1/4 with zeros of both signs, a third of the rows without negative values and a third
-     * without positive ones: groups whose minimum or maximum is a zero, several times and of either sign, so the
-     * demotion's choice among equal extremes (the first minimum, the last maximum of quantizeRow's stable ranks)
-     * shows in the bits of its f16 parameters.
+     * K and V with ties (withTies): the demotion's choice among equal extremes (the first minimum, the last maximum
+     * of quantizeRow's stable ranks) shows in the bits of its f16 parameters.
      */
     ties?: boolean;
   } = {},

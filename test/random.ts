@@ -32,3 +32,20 @@ export function maxToleranceRatio(
   }
   return worst;
 }
+
+/**
+ * `values` (rows of `width`) made into data with ties, in place: rounded to a grid of 1/4, a third of the rows
+ * without negative values and a third without positive ones (every group's minimum, or maximum, is a zero), zeros
+ * of both signs. A demotion's choice among equal extremes (−0 against +0) then shows in its f16 parameters, which
+ * random floats never exercise.
+ */
+export function withTies(values: Float32Array, width: number): void {
+  for (let i = 0; i < values.length; i++) {
+    const row = Math.floor(i / width);
+    let x = Math.round(4 * values[i]) / 4;
+    if (row % 3 === 1) x = Math.abs(x);
+    if (row % 3 === 2) x = -Math.abs(x);
+    if (x === 0) x = i % 2 === 1 ? -0 : 0;
+    values[i] = x;
+  }
+}
