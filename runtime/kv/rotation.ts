@@ -59,9 +59,7 @@ export function multiply(a: Float64Array, b: Float64Array, n: number): Float64Ar
 }
 
 export function transpose(a: Float64Array, n: number): Float64Array {
-  const t = new Float64Array(n * n);
-  for (let i = 0; i < n; i++) for (let j = 0; j < n; j++) t[j * n + i] = a[i * n + j];
-  return t;
+  return transposedMatrices(a, n);
 }
 
 /**
@@ -142,9 +140,11 @@ export function rotationSet(kind: RotationKind, layers: number, kvHeads: number,
   return out;
 }
 
-/** Each n×n matrix of a set (f32, row-major, back to back) transposed. */
-export function transposedMatrices(set: Float32Array, n: number): Float32Array {
-  const out = new Float32Array(set.length);
+/** Each n×n matrix of a set (row-major, back to back) transposed. */
+export function transposedMatrices(set: Float32Array, n: number): Float32Array;
+export function transposedMatrices(set: Float64Array, n: number): Float64Array;
+export function transposedMatrices(set: Float32Array | Float64Array, n: number): Float32Array | Float64Array {
+  const out = set.slice();
   for (let at = 0; at < set.length; at += n * n) {
     for (let i = 0; i < n; i++) for (let j = 0; j < n; j++) out[at + j * n + i] = set[at + i * n + j];
   }
