@@ -127,13 +127,6 @@ export interface AttentionBinding {
 export interface OutputRotation {
   /** f32 [matrices × headDim × headDim], row-major. */
   matrices: GPUBuffer;
-  /**
-   * The same matrices transposed (the same buffer where they are symmetric), for the un-rotation dispatch of graphs
-   * without a merge pass (PagedKvAttention.prepareLayer; the merge pass here reads `matrices`): a product with Rᵀ
-   * read row-wise from them is a plain product, whose matrix loads coalesce (on an H200, Qwen3-4B's un-rotation of a
-   * 1024-token chunk took 56 µs a layer this way, against 128 µs reading R column-wise: `bench/rotate-kernel.ts`).
-   */
-  transposed?: GPUBuffer;
   firstMatrix: number;
   headsPerMatrix: number;
 }

@@ -95,6 +95,17 @@ export function splitsWithinBinding(
 }
 export const PREFILL_MIN_CHUNK_KEYS = 256;
 
+/** A layer's output rotation: the merge pass's, and the same matrices transposed for graphs without one. */
+export interface LayerOutputRotation extends OutputRotation {
+  /**
+   * The matrices transposed (the same buffer where they are symmetric), for the un-rotation dispatch of graphs
+   * without a merge pass: a product with Rᵀ read row-wise from them is a plain product, whose matrix loads coalesce
+   * (on an H200, Qwen3-4B's un-rotation of a 1024-token chunk took 56 µs a layer this way, against 128 µs reading R
+   * column-wise: `bench/rotate-kernel.ts`).
+   */
+  transposed: GPUBuffer;
+}
+
 /**
  * The paged cache as the forward pass sees it: per layer, the append of this step's k/v (preceded, in quant mode, by
  * the demotion of the pages that left the window) and the attention of its queries over f16 and quant pages. Every
@@ -144,7 +155,7 @@ export class PagedKvAttention {
     layer: number,
     buffers: { q: GPUBuffer; k: GPUBuffer; v: GPUBuffer; output: GPUBuffer },
     maxTokens: number,
-    outputRotation?: OutputRotation,
+    outputRotation?: LayerOutputRotation,
   ): { append: PreparedDispatch[]; attention: PreparedDispatch[] } {
     const { gpu, pool, options } = this;
     const label = `kv.layer${layer}.t${maxTokens}`;
@@ -220,17 +231,17 @@ export class PagedKvAttention {
     });
     if (ownPartials) attention[0]!.owned.push(ownPartials);
     if (outputRotation && !unrotateInMerge) {
-      const { matrices, transposed, firstMatrix, headsPerMatrix } = outputRotation;
+      const { transposed, firstMatrix, headsPerMatrix } = outputRotation;
       attention.push(
         prepareRotate(gpu, `${label}.unrotate_out`, {
           parts: [
             {
               x: buffers.output,
-              rotation: transposed ?? matrices,
+              rotation: transposed,
               firstMatrix,
               heads: options.heads,
               headsPerMatrix,
-              transpose: transposed === undefined,
+              transpose: false,
             },
           ],
           step: pool.step,
@@ -277,21 +288,16 @@ export function createKvAttention(
     return buffer;
   };
   const calibrated = pool.rotation === 'calibrated' ? pool.calibratedRotations : null;
-  if (!calibrated) {
-    // Sylvester's Hadamard matrix is symmetric: it is its own transpose.
-    const shared = upload(pool.rotation, rotationSet(pool.rotation as 'hadamard', layers, kvHeads, headDim));
-    return new RotatedKvAttention(
-      gpu,
-      paged,
-      { key: shared, value: shared, valueTransposed: shared },
-      { heads: options.heads, kvHeads, headDim },
-      pool.step,
-    );
-  }
-  const rotations = {
-    key: upload('calibrated.key', calibrated.key),
-    value: upload('calibrated.value', calibrated.value),
-    valueTransposed: upload('calibrated.value.transposed', transposedMatrices(calibrated.value, headDim)),
-  };
+  const rotations = calibrated
+    ? {
+        key: upload('calibrated.key', calibrated.key),
+        value: upload('calibrated.value', calibrated.value),
+        valueTransposed: upload('calibrated.value.transposed', transposedMatrices(calibrated.value, headDim)),
+      }
+    : (() => {
+        // Sylvester's Hadamard matrix is symmetric: it is its own transpose.
+        const shared = upload(pool.rotation, rotationSet(pool.rotation as 'hadamard', layers, kvHeads, headDim));
+        return { key: shared, value: shared, valueTransposed: shared };
+      })();
   return new RotatedKvAttention(gpu, paged, rotations, { heads: options.heads, kvHeads, headDim }, pool.step);
 }
