@@ -71,7 +71,7 @@ import {
 import { INT8_MIXED_CASES, runMixed } from '../test/mixed-attention-harness.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
 import { timeDispatches } from './gpu-timing.ts';
-import { LAYER_SHAPES, type LayerShape } from './models.ts';
+import { type LayerShape, layerShapesNamed, SHAPES_OPTION } from './models.ts';
 import { edited } from './wgsl-edit.ts';
 
 /** The decode graph's fewest keys per split (runtime/kv/paged-attention.ts; its splits: decodeSplitsFor). */
@@ -679,7 +679,7 @@ const { values } = parseArgs({
     contexts: { type: 'string', default: '1024,8192,32768' },
     kv: { type: 'string', default: 'f16' },
     prefill: { type: 'boolean', default: false },
-    shapes: { type: 'string', default: LAYER_SHAPES.map((s) => s.name).join(',') },
+    shapes: SHAPES_OPTION,
     out: { type: 'string' },
     tokens: { type: 'string', default: '128' },
     'check-int8': { type: 'boolean', default: false },
@@ -768,7 +768,7 @@ if (values['check-int8']) {
     }
   }
 }
-for (const shape of LAYER_SHAPES.filter((s) => values.shapes.split(',').includes(s.name))) {
+for (const shape of layerShapesNamed(values.shapes)) {
   if (values.prefill) {
     for (const splits of prefillSplitCounts) {
       const rows = await benchPrefillShape(

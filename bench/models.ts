@@ -116,6 +116,15 @@ export const LAYER_SHAPES: readonly LayerShape[] = BENCH_MODELS.map(({ id, heads
   headDim,
 }));
 
+/** The kernel harnesses' `--shapes` option: every layer shape by default, or those named (comma-separated). */
+export const SHAPES_OPTION = { type: 'string', default: LAYER_SHAPES.map((s) => s.name).join(',') } as const;
+
+/** The layer shapes a `--shapes` value names, in LAYER_SHAPES' order. */
+export function layerShapesNamed(names: string): LayerShape[] {
+  const wanted = names.split(',');
+  return LAYER_SHAPES.filter((s) => wanted.includes(s.name));
+}
+
 /** `--quick`: 2 layers, a small vocabulary; runs in seconds on a CPU Vulkan driver. */
 export const QUICK_MODEL: BenchModelShape = {
   id: 'quick-tiny',

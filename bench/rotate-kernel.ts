@@ -33,7 +33,7 @@ import { readFloat32 } from '../runtime/gpu/readback.ts';
 import { transposedMatrices } from '../runtime/kv/rotation.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
 import { timeDispatches } from './gpu-timing.ts';
-import { LAYER_SHAPES, type LayerShape } from './models.ts';
+import { type LayerShape, layerShapesNamed, SHAPES_OPTION } from './models.ts';
 import { edited } from './wgsl-edit.ts';
 
 const LAYOUTS: { name: string; layout: RotateBlockLayout }[] = [
@@ -178,7 +178,7 @@ async function benchShape(gpu: GpuContext, shape: LayerShape, tokens: number): P
 
 const { values } = parseArgs({
   options: {
-    shapes: { type: 'string', default: LAYER_SHAPES.map((s) => s.name).join(',') },
+    shapes: SHAPES_OPTION,
     tokens: { type: 'string', default: '1024' },
     out: { type: 'string' },
   },
@@ -188,7 +188,7 @@ if (!(Number.isInteger(tokens) && tokens >= 1)) throw new Error(`--tokens: a who
 const gpu = await acquireGpu({ gpu: await nodeGpu() });
 console.log(JSON.stringify({ adapter: gpu.adapter }));
 const results: Record<string, unknown>[] = [];
-for (const shape of LAYER_SHAPES.filter((s) => values.shapes.split(',').includes(s.name))) {
+for (const shape of layerShapesNamed(values.shapes)) {
   results.push(...(await benchShape(gpu, shape, tokens)));
 }
 if (values.out) writeFileSync(values.out, `${JSON.stringify({ adapter: gpu.adapter, tokens, results }, null, 1)}\n`);
