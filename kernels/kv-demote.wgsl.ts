@@ -105,42 +105,35 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: v
   let size = f.groupSize;
   let groupCount = params.width / size;
   if (f.loRank == 0u && f.hiRank == size - 1u) {
-    // Plain min/max (clip quantile 1, the default) by scans: each group's values split into spans, one an invocation,
-    // then one invocation a group merges its spans in order. The values of ranks 0 and n - 1 exactly: the first
-    // occurrence of the minimum (strict <, spans in order) and the last of the maximum (>=), which differ from other
-    // choices only for -0 against +0. The scans keep positions and the value is read at the end: the H200's compiler
-    // turns a kept value into min/max instructions, which pick among -0 and +0 their own way. (The rank loop below
-    // took 207 µs a layer of a 1024-token Qwen3-4B chunk on the H200, 7.4 ms of its 220; the scans 1.7 ms.)
-    // Spans of 8 values: groups are multiples of 8 (32 / bits) and rows at most 2048 = 8·WG values wide, so every
-    // span has an invocation (were those bounds to change, WG / groupCount would make spans longer, never leave one
-    // without an invocation). The one-invocation merge of a group's spans is then about as long as a span's scan.
-    let spans = min(WG / groupCount, size / 8u);
-    let spanSize = (size + spans - 1u) / spans;
-    let g = lid / spans;
-    if (g < groupCount) {
-      let first = g * size + (lid % spans) * spanSize;
-      let end = min(first + spanSize, (g + 1u) * size);
-      if (first < end) {
-        var lo = vals[first];
-        var hi = lo;
-        var loAt = first;
-        var hiAt = first;
-        for (var j = first + 1u; j < end; j++) {
-          let u = vals[j];
-          if (u < lo) { lo = u; loAt = j; }
-          if (u >= hi) { hi = u; hiAt = j; }
-        }
-        spanMinAt[lid] = loAt;
-        spanMaxAt[lid] = hiAt;
+    // Plain min/max (clip quantile 1, the default) by scans: spans of 8 values, one an invocation (a group is whole
+    // spans: 32 / bits divides it; a row of at most 2048 = 8·WG values has at most WG spans), then one invocation a
+    // group merges its spans in order. The values of ranks 0 and n - 1 exactly: the first occurrence of the minimum
+    // (strict <, spans in order) and the last of the maximum (>=), which differ from other choices only for -0
+    // against +0. The scans keep positions and the value is read at the end: the H200's compiler turns a kept value
+    // into min/max instructions, which pick among -0 and +0 their own way. (The rank loop below took 207 µs a layer
+    // of a 1024-token Qwen3-4B chunk on the H200, 7.4 ms of its 220; the scans 1.7 ms.)
+    let first = 8u * lid;
+    if (first < params.width) {
+      var lo = vals[first];
+      var hi = lo;
+      var loAt = first;
+      var hiAt = first;
+      for (var j = first + 1u; j < first + 8u; j++) {
+        let u = vals[j];
+        if (u < lo) { lo = u; loAt = j; }
+        if (u >= hi) { hi = u; hiAt = j; }
       }
+      spanMinAt[lid] = loAt;
+      spanMaxAt[lid] = hiAt;
     }
     workgroupBarrier();
     if (lid < groupCount) {
+      let spans = size / 8u;
       var loAt = spanMinAt[lid * spans];
       var hiAt = spanMaxAt[lid * spans];
       var lo = vals[loAt];
       var hi = vals[hiAt];
-      for (var s = 1u; s < spans && s * spanSize < size; s++) {
+      for (var s = 1u; s < spans; s++) {
         var j = spanMinAt[lid * spans + s];
         var u = vals[j];
         if (u < lo) { lo = u; loAt = j; }
