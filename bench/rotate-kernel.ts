@@ -2,11 +2,12 @@
  * The prefill rotation of the 2-bit cache (kernels/rotate.wgsl.ts, blocks build) timed by layout, for one layer of
  * each model shape: q, k and v rotated in one dispatch (`rotate_qkv`) and the attention's output un-rotated
  * (`unrotate_out`, the transposed product), over `--tokens` rows. On the H200 they took 5.4 and 4.3 ms of a
- * 1024-token Qwen3-4B chunk (220 ms, 36 layers; session 21), about 10 TFLOPS of f32 multiply-adds: the staged build
- * keeps 16 KiB of rows in workgroup memory for 64 invocations, so few warps share an SM.
+ * 1024-token Qwen3-4B chunk (220 ms, 36 layers; session 21), about 10 TFLOPS of f32 multiply-adds: that build staged
+ * 16 KiB of rows in workgroup memory for 64 invocations, so few warps shared an SM (session 22 timed it here as
+ * `staged`: bench/results/2026-12-01-nvidia-h200-session22-rotate-kernel*.json; removed since).
  *
- * Builds: the runtime's layout (its output is the reference), the staged layout and direct layouts of several
- * workgroup sizes and rows per invocation (variants: the same products in the same order, so they must write the
+ * Builds (named `direct-<invocations>x<rows per invocation>`): the runtime's layout (its output is the reference)
+ * and layouts of other workgroup sizes and rows per invocation (variants: the same products in the same order, so they must write the
  * same words; their differing words and tolerance ratio are recorded, and a variant off by more than 1e-5 fails the
  * run); for the un-rotation also the products over a transposed copy of the matrices (`-transposedCopy`, what the
  * runtime's un-rotation reads since session 22: the same products in another order, checked to 1e-5); and
@@ -21,12 +22,7 @@ import { writeFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import { releaseDispatches, submitDispatches, uniformBuffer } from '../kernels/dispatch.ts';
 import { prepareRotate, type RotateBuild, type RotatePart } from '../kernels/rotate.ts';
-import {
-  ROTATE_PREFILL_LAYOUT,
-  ROTATE_STAGED_LAYOUT,
-  type RotateBlockLayout,
-  rotateSource,
-} from '../kernels/rotate.wgsl.ts';
+import { ROTATE_PREFILL_LAYOUT, type RotateBlockLayout, rotateSource } from '../kernels/rotate.wgsl.ts';
 import { acquireGpu, type GpuContext } from '../runtime/gpu/device.ts';
 import { nodeGpu } from '../runtime/gpu/node.ts';
 import { readFloat32 } from '../runtime/gpu/readback.ts';
@@ -36,15 +32,12 @@ import { timeDispatches } from './gpu-timing.ts';
 import { type LayerShape, layerShapesNamed, SHAPES_OPTION } from './models.ts';
 import { edited } from './wgsl-edit.ts';
 
-const LAYOUTS: { name: string; layout: RotateBlockLayout }[] = [
-  { name: 'staged', layout: ROTATE_STAGED_LAYOUT },
-  ...([64, 128, 256] as const).flatMap((invocations) =>
-    [4, 8, 16].map((rowsPerInvocation) => ({
-      name: `direct-${invocations}x${rowsPerInvocation}`,
-      layout: { kind: 'direct', invocations, rowsPerInvocation } as RotateBlockLayout,
-    })),
-  ),
-];
+const LAYOUTS: { name: string; layout: RotateBlockLayout }[] = ([64, 128, 256] as const).flatMap((invocations) =>
+  [4, 8, 16].map((rowsPerInvocation) => ({
+    name: `direct-${invocations}x${rowsPerInvocation}`,
+    layout: { invocations, rowsPerInvocation },
+  })),
+);
 
 /** Tolerance of a build against the reference build: the same products, so at most rounding of a changed order. */
 const TOLERANCE = 1e-5;
@@ -97,7 +90,7 @@ async function benchShape(gpu: GpuContext, shape: LayerShape, tokens: number): P
       build: { blocks: true, layout, code: rotateSource(c.parts.length as 1 | 2 | 3, true, headDim, layout) },
       matrices: 'original',
     }));
-    // Mutations the check must catch (not timed): the direct build's first row of each group read and stored at
+    // Mutations the check must catch (not timed): the build's first row of each group read and stored at
     // the next; for the un-rotation, R read as if it were the transposed copy.
     const mutated = LAYOUTS.find((l) => l.name === 'direct-128x8')!.layout;
     const mutatedCode = rotateSource(c.parts.length as 1 | 2 | 3, true, headDim, mutated);
@@ -114,7 +107,7 @@ async function benchShape(gpu: GpuContext, shape: LayerShape, tokens: number): P
     });
     const transposing = c.parts.some((p) => p.transpose);
     if (transposing) {
-      for (const name of ['staged', 'direct-128x8', 'direct-256x8']) {
+      for (const name of ['direct-128x8', 'direct-256x8']) {
         const { build } = builds.find((b) => b.name === name)!;
         builds.push({ name: `${name}-transposedCopy`, build, matrices: 'transposedCopy' });
       }

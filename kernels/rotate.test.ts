@@ -5,15 +5,13 @@ import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts
 import { releaseDispatches, submitDispatches, uniformBuffer } from './dispatch.ts';
 import { rotateReference } from './reference/rotate.ts';
 import { prepareRotate, type RotateBuild } from './rotate.ts';
-import {
-  ROTATE_PREFILL_LAYOUT,
-  ROTATE_STAGED_LAYOUT,
-  type RotateBlockLayout,
-  rotateBlockTokens,
-  rotateSource,
-} from './rotate.wgsl.ts';
+import { ROTATE_PREFILL_LAYOUT, type RotateBlockLayout, rotateBlockTokens, rotateSource } from './rotate.wgsl.ts';
 
-const DIRECT_64X16: RotateBlockLayout = { kind: 'direct', invocations: 64, rowsPerInvocation: 16 };
+/** Layouts other than the runtime's: fewer invocations with more rows each, and more with fewer. */
+const OTHER_LAYOUTS: RotateBlockLayout[] = [
+  { invocations: 64, rowsPerInvocation: 16 },
+  { invocations: 256, rowsPerInvocation: 4 },
+];
 
 const ctx = withTestGpu();
 
@@ -71,19 +69,17 @@ describe('per-head rotation kernel', () => {
     [100, 130, 4, 64, 2, true],
     [32, 32, 2, 128, 1, false],
     [40, 48, 8, 128, 4, true],
-    // Widths whose quads do not divide the prefill builds' invocations (64 staged, 128 the runtime's direct layout):
-    // some sit idle, some rows are spare.
+    // Widths whose quads do not divide the prefill builds' invocations: some sit idle, some rows are spare.
     [17, 20, 2, 24, 1, false],
     [17, 20, 2, 40, 2, true],
   ] as const)(
     'matches the reference (%i of %i tokens, %i heads, head_dim %i, %i heads per matrix, transpose %s)',
     async (tokens, maxTokens, heads, headDim, hpm, transpose) => {
       // Every build, whichever maxTokens picks: the decode one (a row a workgroup, partial sums) and the prefill
-      // ones (blocks of tokens a workgroup): rows staged in workgroup memory, or read directly (the runtime's layout
-      // and one of 64 invocations, 16 rows each).
+      // ones (blocks of tokens a workgroup) in the runtime's layout and others.
       const builds: RotateBuild[] = [
         { blocks: false, code: rotateSource(1, false, headDim) },
-        ...[ROTATE_STAGED_LAYOUT, ROTATE_PREFILL_LAYOUT, DIRECT_64X16].map((layout) => ({
+        ...[ROTATE_PREFILL_LAYOUT, ...OTHER_LAYOUTS].map((layout) => ({
           blocks: true,
           layout,
           code: rotateSource(1, true, headDim, layout),
@@ -139,7 +135,7 @@ describe('per-head rotation kernel', () => {
     for (const b of [...xb, ...rb, step]) gpu.allocator.release(b);
   });
 
-  it.each([ROTATE_STAGED_LAYOUT, ROTATE_PREFILL_LAYOUT])(
+  it.each([ROTATE_PREFILL_LAYOUT, ...OTHER_LAYOUTS])(
     "catches a broken blocks build: every block rotating the first block's tokens (%o)",
     async (layout) => {
       const original = rotateSource(1, true, 64, layout);
@@ -152,7 +148,6 @@ describe('per-head rotation kernel', () => {
 
   it.each([
     ['the decode build', { blocks: false, layout: undefined }],
-    ['the staged blocks build', { blocks: true, layout: ROTATE_STAGED_LAYOUT }],
     ["the runtime's blocks build", { blocks: true, layout: ROTATE_PREFILL_LAYOUT }],
   ] as const)('catches a broken kernel (wrong matrix for grouped heads; %s)', async (_, { blocks, layout }) => {
     const original = rotateSource(1, blocks, 64, layout);

@@ -85,46 +85,30 @@ ${loads((u) => `if (i + ${u}u < last) { a${u % 4} += ${o.row}[i + ${u}u] * ${o.m
 }`;
 }
 
-/** Workgroup floats of the prefill build's block of rows. */
-const ROTATE_BLOCK_FLOATS = 4096;
-
 /**
- * How the prefill build lays out a workgroup. Either way a row group of headDim / 4 invocations takes a share of the
- * block's rows, each invocation a vec4 of outputs of each. `staged`: 64 invocations, the block's rows staged in
- * workgroup memory (16 KiB at most; rows per invocation follow from rotateBlockTokens); `direct`: `invocations`
- * invocations, `rowsPerInvocation` rows each, which read the rows from memory themselves and store their outputs
- * after a barrier.
+ * How the prefill build lays out a workgroup: `invocations` invocations in row groups of headDim / 4, each group
+ * taking `rowsPerInvocation` rows of the block, each invocation a vec4 of outputs of each. The invocations read the
+ * rows from memory themselves and store their outputs after a barrier (the update is in place).
  */
-export type RotateBlockLayout =
-  | { kind: 'staged' }
-  | { kind: 'direct'; invocations: 64 | 128 | 256; rowsPerInvocation: number };
-
-export const ROTATE_STAGED_LAYOUT: RotateBlockLayout = { kind: 'staged' };
-
-/**
- * The layout prefill graphs take: direct, 128 invocations, 8 rows each. On an H200 (`bench/rotate-kernel.ts`, 1024
- * tokens, session 22) it rotated Qwen3-4B's q, k and v in 76 µs a layer against the staged layout's 142 (Llama-3.2-1B
- * 23 against 56, Qwen2.5-0.5B 15 against 28), within 4% of the best direct layout at each shape: the staged rows'
- * 16 KiB of workgroup memory left few warps an SM.
- */
-export const ROTATE_PREFILL_LAYOUT: RotateBlockLayout = { kind: 'direct', invocations: 128, rowsPerInvocation: 8 };
-
-/** Invocations of a prefill build's workgroup. */
-function blockInvocations(layout: RotateBlockLayout): number {
-  return layout.kind === 'staged' ? 64 : layout.invocations;
+export interface RotateBlockLayout {
+  invocations: 64 | 128 | 256;
+  rowsPerInvocation: number;
 }
 
 /**
+ * The layout prefill graphs take: 128 invocations, 8 rows each. On an H200 (`bench/rotate-kernel.ts`, 1024 tokens,
+ * session 22) it rotated Qwen3-4B's q, k and v in 76 µs a layer, within 4% of the best layout at each shape. The
+ * build before it staged each block's rows in 16 KiB of workgroup memory for 64 invocations, which left few warps an
+ * SM: 142 µs (Llama-3.2-1B 56 against 23 now, Qwen2.5-0.5B 28 against 15).
+ */
+export const ROTATE_PREFILL_LAYOUT: RotateBlockLayout = { invocations: 128, rowsPerInvocation: 8 };
+
+/**
  * Tokens a workgroup of the prefill build takes for one head: its rows share the head's matrix, which the workgroup
- * then reads once for all of them. Staged: as many as 16 KiB of rows hold, at most 64, and at most 16 an invocation
- * (the build's register tile: blockFunction). Blocks of 16 rows read Qwen3-4B's 64 KiB matrices 64 times per
- * 1024-token chunk and head; on an H200 its q, k and v took 6.1 ms a chunk (1024 tokens at 16K keys, 36 layers) with
- * blocks of 16 and 5.4 with blocks of 32. Direct: row groups × rowsPerInvocation.
+ * then reads once for all of them (row groups × rowsPerInvocation).
  */
 export function rotateBlockTokens(headDim: number, layout: RotateBlockLayout = ROTATE_PREFILL_LAYOUT): number {
-  const groups = rowGroups(headDim, blockInvocations(layout));
-  if (layout.kind === 'direct') return groups * layout.rowsPerInvocation;
-  return Math.min(64, Math.floor(ROTATE_BLOCK_FLOATS / headDim), 16 * groups);
+  return rowGroups(headDim, layout.invocations) * layout.rowsPerInvocation;
 }
 
 /** Row groups of a prefill build's invocations: each group's invocations take a vec4 of outputs each. */
@@ -155,57 +139,39 @@ function rowFunction(p: number): string {
 }
 
 /**
- * The prefill build's rows of part p: rotateBlockTokens tokens from `token0` of one head, staged in workgroup
- * memory (staged layout) or read by the invocations themselves (direct: stored after a barrier, the update being in
- * place); invocation (quad, group) takes outputs 4·quad..4·quad + 3 of the group's rows, RPI of them: per 4 input
- * dims, 4 vec4 loads of the matrix and one vec4 read of each row feed 16·RPI multiply-adds. (The build before it had each invocation take one output column of all 16 rows, its matrix reads a
- * vec4 per element used and a row read per 4 multiply-adds: on an H200, Qwen3-4B's 1024-token chunk at 16K keys
- * spent 9.0 ms of its 273 rotating q, k and v and 6.3 ms un-rotating the attention's output, with a 2-bit cache.)
- * `headDim` is the build's: the register tile is sized by it.
+ * The prefill build's rows of part p: rotateBlockTokens tokens from `token0` of one head, read by the invocations
+ * themselves and stored after a barrier (the update is in place); invocation (quad, group) takes outputs
+ * 4·quad..4·quad + 3 of the group's rows, RPI of them: per 4 input dims, 4 vec4 loads of the matrix and one vec4 read
+ * of each row feed 16·RPI multiply-adds. (A build with each invocation taking one output column of 16 rows, its
+ * matrix reads a vec4 per element used and a row read per 4 multiply-adds, made Qwen3-4B's 1024-token chunk at 16K
+ * keys spend 9.0 ms of its 273 rotating q, k and v and 6.3 ms un-rotating the attention's output on an H200, with a
+ * 2-bit cache.) `headDim` is the build's: the register tile is sized by it.
  */
 function blockFunction(p: number, headDim: number, layout: RotateBlockLayout): string {
   const QUADS = headDim / 4;
   const BT = rotateBlockTokens(headDim, layout);
-  const GROUPS = Math.min(BT, rowGroups(headDim, blockInvocations(layout)));
-  const RPI = Math.ceil(BT / GROUPS); // rows per invocation, at most 16 staged
-  const direct = layout.kind === 'direct';
+  const GROUPS = rowGroups(headDim, layout.invocations);
+  const RPI = layout.rowsPerInvocation;
   const rows = Array.from({ length: RPI }, (_, k) => k);
-  // Row k's vec4 c: from workgroup memory (staged) or from the tensor, bound as vec4s (direct; rows past the step's
-  // last read it again).
-  const rowVec4 = (k: number) => (direct ? `x${p}[row${k} + c]` : `block[min(first + ${k}u, ${BT - 1}u) * quads + c]`);
   // The loop over the input's vec4s c: the matrix's vec4s m0..m3 (at matrix4 + `at(e)`) against each row's vec4 c,
-  // x, whose product `product` adds to the row's outputs.
-  const inputLoop = (why: string, at: (e: number) => string, product: string) => `    // ${why}
-    for (var c = 0u; c < quads; c++) {
-${[0, 1, 2, 3].map((e) => `      let m${e} = rotation${p}[matrix4 + ${at(e)}];`).join('\n')}
+  // x (from the tensor, bound as vec4s; rows past the step's last read it again), whose product `product` adds to
+  // the row's outputs.
+  const inputLoop = (why: string, at: (e: number) => string, product: string) => `      // ${why}
+      for (var c = 0u; c < quads; c++) {
+${[0, 1, 2, 3].map((e) => `        let m${e} = rotation${p}[matrix4 + ${at(e)}];`).join('\n')}
 ${rows
   .map(
-    (k) => `      {
-        let x = ${rowVec4(k)};
-        acc[${k}] += ${product};
-      }`,
+    (k) => `        {
+          let x = x${p}[row${k} + c];
+          acc[${k}] += ${product};
+        }`,
   )
   .join('\n')}
-    }`;
-  const products = `  if (part.z == 1u) {
-${inputLoop(
-  "Outputs j = 4·quad + e take row j of the matrix: its vec4 c against the rows' vec4 c.",
-  (e) => `(4u * quad + ${e}u) * quads + c`,
-  'vec4<f32>(dot(x, m0), dot(x, m1), dot(x, m2), dot(x, m3))',
-)}
-  } else {
-${inputLoop(
-  "Outputs 4·quad.. take vec4 quad of rows 4c..4c + 3 of the matrix, times the rows' dims 4c..4c + 3.",
-  (e) => `(4u * c + ${e}u) * quads + quad`,
-  'x.x * m0 + x.y * m1 + x.z * m2 + x.w * m3',
-)}
-  }`;
-  const head = `fn rotateBlock${p}(part: vec4<u32>, head: u32, token0: u32, lid: u32) {
+      }`;
+  return `fn rotateBlock${p}(part: vec4<u32>, head: u32, token0: u32, lid: u32) {
   let d = ${headDim}u;
   let quads = ${QUADS}u;
-  let tokens = min(step.tokens - token0, ${BT}u);`;
-  if (direct) {
-    return `${head}
+  let tokens = min(step.tokens - token0, ${BT}u);
   let quad = lid % quads;
   let group = lid / quads;
   let first = group * ${RPI}u;
@@ -214,7 +180,19 @@ ${rows.map((k) => `  let row${k} = ((token0 + min(first + ${k}u, tokens - 1u)) *
   var acc = array<vec4<f32>, ${RPI}>();
   // Invocations past the row groups (where quads do not divide the workgroup) only meet the barrier.
   if (group < ${GROUPS}u) {
-${products.replaceAll('\n', '\n  ').replace(/^/, '  ')}
+    if (part.z == 1u) {
+${inputLoop(
+  "Outputs j = 4·quad + e take row j of the matrix: its vec4 c against the rows' vec4 c.",
+  (e) => `(4u * quad + ${e}u) * quads + c`,
+  'vec4<f32>(dot(x, m0), dot(x, m1), dot(x, m2), dot(x, m3))',
+)}
+    } else {
+${inputLoop(
+  "Outputs 4·quad.. take vec4 quad of rows 4c..4c + 3 of the matrix, times the rows' dims 4c..4c + 3.",
+  (e) => `(4u * c + ${e}u) * quads + quad`,
+  'x.x * m0 + x.y * m1 + x.z * m2 + x.w * m3',
+)}
+    }
   }
   // In place: every row is read whole by its group before any of its outputs is stored.
   storageBarrier();
@@ -222,40 +200,13 @@ ${products.replaceAll('\n', '\n  ').replace(/^/, '  ')}
 ${rows.map((k) => `    if (first + ${k}u < tokens) { x${p}[row${k} + quad] = acc[${k}]; }`).join('\n')}
   }
 }`;
-  }
-  return `${head}
-  // Rows past the step's tokens are not read (nor their outputs stored).
-  for (var at = lid; at < tokens * d; at += WG) {
-    let r = at / d;
-    block[r * quads + (at % d) / 4u][at % 4u] = x${p}[((token0 + r) * part.x + head) * d + at % d];
-  }
-  workgroupBarrier();
-  let quad = lid % quads;
-  let group = lid / quads;
-  if (group >= ${GROUPS}u) { return; }
-  let first = group * ${RPI}u;
-  let matrix4 = (part.w + (head / part.y) * d * d) / 4u;
-  var acc = array<vec4<f32>, ${RPI}>();
-${products}
-${rows
-  .map(
-    (k) => `  if (first + ${k}u < tokens) {
-    let at = ((token0 + first + ${k}u) * part.x + head) * d + 4u * quad;
-    x${p}[at] = acc[${k}].x;
-    x${p}[at + 1u] = acc[${k}].y;
-    x${p}[at + 2u] = acc[${k}].z;
-    x${p}[at + 3u] = acc[${k}].w;
-  }`,
-  )
-  .join('\n')}
-}`;
 }
 
 /**
  * The rotate kernel for `parts` tensors. `blocks` builds it for prefill graphs: a workgroup (laid out by `layout`)
  * takes rotateBlockTokens(headDim, layout) tokens of a head (grid y: token blocks), each invocation storing whole
  * outputs, instead of 256 invocations a row whose partial sums meet in workgroup memory (rowProductWgsl, built for
- * the one row of a decode step; grid y: tokens). Same bindings and params, but a direct build binds the rotated
+ * the one row of a decode step; grid y: tokens). Same bindings and params, but the blocks build binds the rotated
  * tensors as vec4s.
  */
 export function rotateSource(
@@ -268,13 +219,12 @@ export function rotateSource(
     throw new RangeError(`rotate: the blocks build needs headDim a multiple of 8 up to 256, got ${headDim}`);
   }
   if (
-    layout.kind === 'direct' &&
     !(Number.isInteger(layout.rowsPerInvocation) && layout.rowsPerInvocation >= 1 && layout.rowsPerInvocation <= 16)
   ) {
-    throw new RangeError(`rotate: a direct layout takes 1 to 16 rows an invocation, got ${layout.rowsPerInvocation}`);
+    throw new RangeError(`rotate: a block layout takes 1 to 16 rows an invocation, got ${layout.rowsPerInvocation}`);
   }
   const ids = [...Array(parts).keys()];
-  const element = blocks && layout.kind === 'direct' ? 'vec4<f32>' : 'f32';
+  const element = blocks ? 'vec4<f32>' : 'f32';
   const xs = ids.map((p) => `@group(0) @binding(${p}) var<storage, read_write> x${p}: array<${element}>;`).join('\n');
   const rs = ids
     .map((p) => `@group(0) @binding(${parts + p}) var<storage, read> rotation${p}: array<vec4<f32>>;`)
@@ -292,12 +242,10 @@ ${rs}
 
 ${ids.map((p) => (blocks ? blockFunction(p, headDim, layout) : rowFunction(p))).join('\n')}
 
-const WG: u32 = ${blocks ? blockInvocations(layout) : 256}u;
+const WG: u32 = ${blocks ? layout.invocations : 256}u;
 ${
   blocks
-    ? layout.kind === 'direct'
-      ? ''
-      : `var<workgroup> block: array<vec4<f32>, ${ROTATE_BLOCK_FLOATS / 4}>; // [token][headDim / 4]`
+    ? ''
     : `var<workgroup> row: array<f32, 256>;
 var<workgroup> partial: array<f32, ${ROW_PRODUCT_PARTIALS}>;`
 }
