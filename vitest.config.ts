@@ -2,7 +2,7 @@ import { defineConfig } from 'vitest/config';
 
 export default defineConfig({
   test: {
-    include: ['{app,runtime,kernels,workers,tools,bench,test}/**/*.test.ts'],
+    include: ['{app,core,runtime,kernels,workers,tools,bench,test}/**/*.test.ts'],
     pool: 'forks',
     testTimeout: 120_000,
     hookTimeout: 120_000,

@@ -30,6 +30,10 @@
  */
 import { writeFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
+import { acquireGpu, type GpuContext } from '../core/gpu/device.ts';
+import { type PreparedDispatch, releaseDispatches, submitDispatches } from '../core/gpu/dispatch.ts';
+import { nodeGpu } from '../core/gpu/node.ts';
+import { readFloat32 } from '../core/gpu/readback.ts';
 import {
   type AttentionBinding,
   type AttentionSources,
@@ -47,12 +51,8 @@ import {
   attentionPrefillInt8Shape,
   attentionPrefillInt8Source,
 } from '../kernels/attention-prefill-int8.wgsl.ts';
-import { type PreparedDispatch, releaseDispatches, submitDispatches } from '../kernels/dispatch.ts';
 import { prepareKvAppend } from '../kernels/kv-append.ts';
 import { attentionReference } from '../kernels/reference/attention.ts';
-import { acquireGpu, type GpuContext } from '../runtime/gpu/device.ts';
-import { nodeGpu } from '../runtime/gpu/node.ts';
-import { readFloat32 } from '../runtime/gpu/readback.ts';
 import {
   decodeSplitsFor,
   PagedKvAttention,

@@ -22,12 +22,12 @@
  */
 import { writeFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
-import { releaseDispatches, submitDispatches } from '../kernels/dispatch.ts';
+import { acquireGpu, type GpuContext } from '../core/gpu/device.ts';
+import { releaseDispatches, submitDispatches } from '../core/gpu/dispatch.ts';
+import { nodeGpu } from '../core/gpu/node.ts';
+import { readBuffer } from '../core/gpu/readback.ts';
 import { prepareKvDemote } from '../kernels/kv-demote.ts';
 import { kvDemoteWgsl } from '../kernels/kv-demote.wgsl.ts';
-import { acquireGpu, type GpuContext } from '../runtime/gpu/device.ts';
-import { nodeGpu } from '../runtime/gpu/node.ts';
-import { readBuffer } from '../runtime/gpu/readback.ts';
 import { PagedKvAttention } from '../runtime/kv/paged-attention.ts';
 import { KvPagePool } from '../runtime/kv/pool.ts';
 import { randomFloats, seededRandom, withTies } from '../test/random.ts';

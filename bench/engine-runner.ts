@@ -4,13 +4,13 @@
  * own path (one submit and one 4-byte readback per token), timed on the host between consecutive tokens.
  */
 
+import { InvalidRequestError } from '../core/errors.ts';
+import type { ByteSource } from '../core/gguf-types.ts';
+import type { MemorySnapshot } from '../core/gpu/allocator.ts';
+import type { GpuContext } from '../core/gpu/device.ts';
 import type { PrefillAttention } from '../runtime/engine/api-types.ts';
 import { Engine, type KvMode } from '../runtime/engine/engine.ts';
-import { InvalidRequestError } from '../runtime/errors.ts';
 import { sourceFromPath } from '../runtime/gguf/node-source.ts';
-import type { ByteSource } from '../runtime/gguf/types.ts';
-import type { MemorySnapshot } from '../runtime/gpu/allocator.ts';
-import type { GpuContext } from '../runtime/gpu/device.ts';
 import { defaultQuantF16Bytes } from '../runtime/kv/pool.ts';
 import type { PrefillMatmul } from '../runtime/model/transformer.ts';
 import type { BenchModelFile } from './models.ts';

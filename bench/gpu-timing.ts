@@ -1,5 +1,5 @@
-import { encodeDispatches, type PreparedDispatch } from '../kernels/dispatch.ts';
-import type { GpuContext } from '../runtime/gpu/device.ts';
+import type { GpuContext } from '../core/gpu/device.ts';
+import { encodeDispatches, type PreparedDispatch } from '../core/gpu/dispatch.ts';
 
 /** Least time a timing keeps the GPU busy before it measures. */
 const WARM_UP_MS = 200;

@@ -11,7 +11,10 @@
  * submit's round trip). Exit code 1 when a check fails.
  */
 import { writeFileSync } from 'node:fs';
-import { releaseDispatches, submitDispatches } from '../kernels/dispatch.ts';
+import { GGML_TYPE_INFO, GgmlType } from '../core/gguf-types.ts';
+import { acquireGpu } from '../core/gpu/device.ts';
+import { releaseDispatches, submitDispatches } from '../core/gpu/dispatch.ts';
+import { nodeGpu, releaseNodeGpu } from '../core/gpu/node.ts';
 import { defaultMatmulVariant, prepareMatmul } from '../kernels/matmul.ts';
 import {
   createInt8Activations,
@@ -29,9 +32,6 @@ import {
 } from '../kernels/matmul-int8.wgsl.ts';
 import { randomWeightBytes } from '../kernels/reference/dequantize.ts';
 import { releaseWeight, uploadWeightFromBytes } from '../kernels/weights.ts';
-import { GGML_TYPE_INFO, GgmlType } from '../runtime/gguf/types.ts';
-import { acquireGpu } from '../runtime/gpu/device.ts';
-import { nodeGpu, releaseNodeGpu } from '../runtime/gpu/node.ts';
 import {
   INT8_MATMUL_TYPES,
   INT8_MATMUL_VARIANTS,

@@ -28,7 +28,11 @@
 import { execFileSync } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
 import { cpus } from 'node:os';
-import { encodeDispatches, type PreparedDispatch, releaseDispatches } from '../kernels/dispatch.ts';
+import { GGML_TYPE_INFO, GgmlType } from '../core/gguf-types.ts';
+import { acquireGpu, type GpuContext } from '../core/gpu/device.ts';
+import { encodeDispatches, type PreparedDispatch, releaseDispatches } from '../core/gpu/dispatch.ts';
+import { nodeGpu, releaseNodeGpu } from '../core/gpu/node.ts';
+import { readFloat32 } from '../core/gpu/readback.ts';
 import { matvecThreadsFor, prepareMatmul } from '../kernels/matmul.ts';
 import {
   MATMUL_TILES,
@@ -41,10 +45,6 @@ import {
 } from '../kernels/matmul.wgsl.ts';
 import { dequantize, randomWeightBytes } from '../kernels/reference/dequantize.ts';
 import { rawRowBytes, releaseWeight, uploadWeightFromBytes } from '../kernels/weights.ts';
-import { GGML_TYPE_INFO, GgmlType } from '../runtime/gguf/types.ts';
-import { acquireGpu, type GpuContext } from '../runtime/gpu/device.ts';
-import { nodeGpu, releaseNodeGpu } from '../runtime/gpu/node.ts';
-import { readFloat32 } from '../runtime/gpu/readback.ts';
 import { randomFloats, seededRandom } from '../test/random.ts';
 
 const RTOL = 1e-4;

@@ -8,10 +8,10 @@
  */
 import { writeFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
-import { bindBuffers, computePipeline, uniformBuffer } from '../kernels/dispatch.ts';
-import { acquireGpu } from '../runtime/gpu/device.ts';
-import { nodeGpu } from '../runtime/gpu/node.ts';
-import { readUint32 } from '../runtime/gpu/readback.ts';
+import { acquireGpu } from '../core/gpu/device.ts';
+import { bindBuffers, computePipeline, uniformBuffer } from '../core/gpu/dispatch.ts';
+import { nodeGpu } from '../core/gpu/node.ts';
+import { readUint32 } from '../core/gpu/readback.ts';
 
 interface ProbeShape {
   /** i32 words of workgroup memory. */

@@ -16,13 +16,13 @@
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
-import type { PreparedDispatch } from '../kernels/dispatch.ts';
-import { encodeDispatches } from '../kernels/dispatch.ts';
+import type { GpuContext } from '../core/gpu/device.ts';
+import { acquireGpu } from '../core/gpu/device.ts';
+import type { PreparedDispatch } from '../core/gpu/dispatch.ts';
+import { encodeDispatches } from '../core/gpu/dispatch.ts';
+import { nodeGpu, releaseNodeGpu } from '../core/gpu/node.ts';
 import type { PrefillAttention } from '../runtime/engine/api-types.ts';
 import type { KvMode } from '../runtime/engine/engine.ts';
-import type { GpuContext } from '../runtime/gpu/device.ts';
-import { acquireGpu } from '../runtime/gpu/device.ts';
-import { nodeGpu, releaseNodeGpu } from '../runtime/gpu/node.ts';
 import type { PrefillMatmul } from '../runtime/model/transformer.ts';
 import { GREEDY_SAMPLING } from '../runtime/sampling/params.ts';
 import { EngineRunner } from './engine-runner.ts';

@@ -2,8 +2,9 @@
  * The benchmark's result file (`bench/results/<date>-<adapter>.json`), its markdown table, and a schema check the
  * test suite runs on the quick bench's output. One row = one runtime × model × weight mix × KV type × context.
  */
+
+import type { MemorySnapshot } from '../core/gpu/allocator.ts';
 import type { PrefillAttention } from '../runtime/engine/api-types.ts';
-import type { MemorySnapshot } from '../runtime/gpu/allocator.ts';
 import type { PrefillMatmul } from '../runtime/model/transformer.ts';
 import type { DecodeGraphCounts, FillMode } from './engine-runner.ts';
 import type { LlamaInfo } from './llama-cpp.ts';

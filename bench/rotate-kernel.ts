@@ -20,12 +20,12 @@
  */
 import { writeFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
-import { releaseDispatches, submitDispatches, uniformBuffer } from '../kernels/dispatch.ts';
+import { acquireGpu, type GpuContext } from '../core/gpu/device.ts';
+import { releaseDispatches, submitDispatches, uniformBuffer } from '../core/gpu/dispatch.ts';
+import { nodeGpu } from '../core/gpu/node.ts';
+import { readFloat32 } from '../core/gpu/readback.ts';
 import { prepareRotate, type RotateBuild, type RotatePart } from '../kernels/rotate.ts';
 import { ROTATE_PREFILL_LAYOUT, type RotateBlockLayout, rotateSource } from '../kernels/rotate.wgsl.ts';
-import { acquireGpu, type GpuContext } from '../runtime/gpu/device.ts';
-import { nodeGpu } from '../runtime/gpu/node.ts';
-import { readFloat32 } from '../runtime/gpu/readback.ts';
 import { transposedMatrices } from '../runtime/kv/rotation.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
 import { timeDispatches } from './gpu-timing.ts';

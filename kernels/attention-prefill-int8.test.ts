@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { readUint32 } from '../runtime/gpu/readback.ts';
+import { releaseDispatches, submitDispatches } from '../core/gpu/dispatch.ts';
+import { readUint32 } from '../core/gpu/readback.ts';
 import { KvPagePool } from '../runtime/kv/pool.ts';
 import {
   expectedAttention,
@@ -28,7 +29,6 @@ import {
   keysInt8Bytes,
   keysInt8Capacity,
 } from './attention-prefill-int8.wgsl.ts';
-import { releaseDispatches, submitDispatches } from './dispatch.ts';
 import { prepareKvAppend } from './kv-append.ts';
 import { attentionReference, roundToF16 } from './reference/attention.ts';
 

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import type { GpuContext } from '../runtime/gpu/device.ts';
+import type { GpuContext } from '../core/gpu/device.ts';
 import { Harness, runSteps, type Shape } from '../test/attention-harness.ts';
 import { withLimits, withTestGpu } from '../test/gpu.ts';
 import { seededRandom } from '../test/random.ts';

@@ -1,5 +1,6 @@
-import { InvalidRequestError } from '../runtime/errors.ts';
-import type { GpuContext } from '../runtime/gpu/device.ts';
+import { InvalidRequestError } from '../core/errors.ts';
+import type { GpuContext } from '../core/gpu/device.ts';
+import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from '../core/gpu/dispatch.ts';
 import {
   ATTENTION_MAX_ROW_PAIRS,
   ATTENTION_MAX_ROWS,
@@ -37,7 +38,6 @@ import {
   keysInt8Bytes,
   keysInt8Capacity,
 } from './attention-prefill-int8.wgsl.ts';
-import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from './dispatch.ts';
 import { type KvPageSource, kvPoolDispatch } from './kv-append.ts';
 import type { KvQuantPages } from './kv-demote.ts';
 import { pipelineCompiles } from './matmul-int8.ts';

@@ -1,10 +1,10 @@
 import { describe, expect, it } from 'vitest';
-import { readFloat32 } from '../runtime/gpu/readback.ts';
+import { releaseDispatches, submitDispatches, uniformBuffer } from '../core/gpu/dispatch.ts';
+import { readFloat32 } from '../core/gpu/readback.ts';
 import { withTestGpu } from '../test/gpu.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
 import { prepareCovariance, prepareKeyEnergy } from './covariance.ts';
 import { covarianceWgsl } from './covariance.wgsl.ts';
-import { releaseDispatches, submitDispatches, uniformBuffer } from './dispatch.ts';
 import { covarianceReference, keyEnergyReference } from './reference/covariance.ts';
 
 const ctx = withTestGpu();

@@ -1,6 +1,6 @@
-import type { GpuContext } from '../runtime/gpu/device.ts';
+import type { GpuContext } from '../core/gpu/device.ts';
+import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from '../core/gpu/dispatch.ts';
 import { covarianceWgsl, keyEnergyWgsl } from './covariance.wgsl.ts';
-import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from './dispatch.ts';
 
 export interface CovarianceBinding {
   /** f32 [tokens, heads, headDim]. */

@@ -1,8 +1,8 @@
 import { describe, expect, it } from 'vitest';
-import { readFloat32 } from '../runtime/gpu/readback.ts';
+import { releaseDispatches, submitDispatches } from '../core/gpu/dispatch.ts';
+import { readFloat32 } from '../core/gpu/readback.ts';
 import { withTestGpu } from '../test/gpu.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
-import { releaseDispatches, submitDispatches } from './dispatch.ts';
 import { prepareAddInPlace, prepareSwiglu } from './elementwise.ts';
 import { addReference, swigluReference } from './reference/elementwise.ts';
 

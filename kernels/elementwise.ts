@@ -1,11 +1,11 @@
-import type { GpuContext } from '../runtime/gpu/device.ts';
+import type { GpuContext } from '../core/gpu/device.ts';
 import {
   bindBuffers,
   computePipeline,
   linearInvocationGrid,
   type PreparedDispatch,
   uniformBuffer,
-} from './dispatch.ts';
+} from '../core/gpu/dispatch.ts';
 import { addInPlaceWgsl, swigluWgsl } from './elementwise.wgsl.ts';
 
 /** out = silu(gate) * up over `count` f32 values. */

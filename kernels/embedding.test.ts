@@ -1,9 +1,9 @@
 import { describe, expect, it } from 'vitest';
-import { GgmlType } from '../runtime/gguf/types.ts';
-import { readFloat32 } from '../runtime/gpu/readback.ts';
+import { GgmlType } from '../core/gguf-types.ts';
+import { releaseDispatches, submitDispatches } from '../core/gpu/dispatch.ts';
+import { readFloat32 } from '../core/gpu/readback.ts';
 import { withTestGpu } from '../test/gpu.ts';
 import { maxToleranceRatio, seededRandom } from '../test/random.ts';
-import { releaseDispatches, submitDispatches } from './dispatch.ts';
 import { prepareEmbedding } from './embedding.ts';
 import { dequantize, randomWeightBytes } from './reference/dequantize.ts';
 import { releaseWeight, uploadWeightFromBytes } from './weights.ts';

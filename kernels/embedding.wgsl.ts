@@ -1,4 +1,4 @@
-import type { GgmlType } from '../runtime/gguf/types.ts';
+import type { GgmlType } from '../core/gguf-types.ts';
 import { dequantWgsl } from './matmul.wgsl.ts';
 
 /**

@@ -1,10 +1,10 @@
 import { describe, expect, it } from 'vitest';
-import type { GpuContext } from '../runtime/gpu/device.ts';
-import { readUint32 } from '../runtime/gpu/readback.ts';
+import type { GpuContext } from '../core/gpu/device.ts';
+import { releaseDispatches, submitDispatches } from '../core/gpu/dispatch.ts';
+import { readUint32 } from '../core/gpu/readback.ts';
 import { decodePageEntry, KvPagePool } from '../runtime/kv/pool.ts';
 import { withTestGpu } from '../test/gpu.ts';
 import { randomFloats, seededRandom } from '../test/random.ts';
-import { releaseDispatches, submitDispatches } from './dispatch.ts';
 import { prepareKvAppend } from './kv-append.ts';
 import { kvAppendWgsl } from './kv-append.wgsl.ts';
 import { f16Bits } from './reference/attention.ts';

@@ -1,5 +1,5 @@
-import type { GpuContext } from '../runtime/gpu/device.ts';
-import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from './dispatch.ts';
+import type { GpuContext } from '../core/gpu/device.ts';
+import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from '../core/gpu/dispatch.ts';
 import { kvAppendWgsl } from './kv-append.wgsl.ts';
 
 /**

@@ -1,6 +1,6 @@
-import { InvalidRequestError } from '../runtime/errors.ts';
-import type { GpuContext } from '../runtime/gpu/device.ts';
-import { computePipeline, type PreparedDispatch, uniformBuffer } from './dispatch.ts';
+import { InvalidRequestError } from '../core/errors.ts';
+import type { GpuContext } from '../core/gpu/device.ts';
+import { computePipeline, type PreparedDispatch, uniformBuffer } from '../core/gpu/dispatch.ts';
 import { type KvPageSource, kvPoolDispatch, workgroupGrid } from './kv-append.ts';
 import { KV_DEMOTE_MAX_WIDTH, kvDemoteWgsl, kvPromoteWgsl } from './kv-demote.wgsl.ts';
 

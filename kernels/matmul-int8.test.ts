@@ -1,10 +1,10 @@
 import { describe, expect, it } from 'vitest';
-import { GgmlType } from '../runtime/gguf/types.ts';
-import { readBuffer, readFloat32 } from '../runtime/gpu/readback.ts';
+import { GgmlType } from '../core/gguf-types.ts';
+import { releaseDispatches, submitDispatches } from '../core/gpu/dispatch.ts';
+import { readBuffer, readFloat32 } from '../core/gpu/readback.ts';
 import { withTestGpu } from '../test/gpu.ts';
 import { INT8_MATMUL_TYPES, int8MatmulCasesFor, runInt8MatmulCase } from '../test/int8-matmul-case.ts';
 import { randomFloats, seededRandom } from '../test/random.ts';
-import { releaseDispatches, submitDispatches } from './dispatch.ts';
 import { prepareSwiglu } from './elementwise.ts';
 import {
   createInt8Activations,

@@ -1,13 +1,13 @@
-import { InvalidRequestError } from '../runtime/errors.ts';
-import type { GgmlType } from '../runtime/gguf/types.ts';
-import type { GpuContext } from '../runtime/gpu/device.ts';
+import { InvalidRequestError } from '../core/errors.ts';
+import type { GgmlType } from '../core/gguf-types.ts';
+import type { GpuContext } from '../core/gpu/device.ts';
 import {
   bindBuffers,
   computePipeline,
   linearInvocationGrid,
   type PreparedDispatch,
   uniformBuffer,
-} from './dispatch.ts';
+} from '../core/gpu/dispatch.ts';
 import { foldWorkgroups, requireBytes } from './matmul.ts';
 import {
   INT8_MATMUL_TILES,

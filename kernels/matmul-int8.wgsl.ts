@@ -15,7 +15,7 @@
  *   dot4I8Packed kernel only), each subgroup multiplies 16x32 code tiles by 32x16 activation tiles into 16x16 integer sums C,
  *   stores them to workgroup memory, and each output adds s·d·C + m·(d·Σq).
  */
-import { GGML_TYPE_INFO, GgmlType } from '../runtime/gguf/types.ts';
+import { GGML_TYPE_INFO, GgmlType } from '../core/gguf-types.ts';
 import { swigluExpression } from './elementwise.wgsl.ts';
 import { storeWgsl, weightDecodeWgsl } from './matmul.wgsl.ts';
 

@@ -1,10 +1,10 @@
 import { describe, expect, it } from 'vitest';
-import { GgmlType } from '../runtime/gguf/types.ts';
-import type { GpuContext } from '../runtime/gpu/device.ts';
-import { readFloat32 } from '../runtime/gpu/readback.ts';
+import { GgmlType } from '../core/gguf-types.ts';
+import type { GpuContext } from '../core/gpu/device.ts';
+import { releaseDispatches, submitDispatches } from '../core/gpu/dispatch.ts';
+import { readFloat32 } from '../core/gpu/readback.ts';
 import { withFeatures, withLimits, withTestGpu } from '../test/gpu.ts';
 import { randomFloats, seededRandom } from '../test/random.ts';
-import { releaseDispatches, submitDispatches } from './dispatch.ts';
 import { defaultMatmulVariant, prepareMatmul } from './matmul.ts';
 import {
   MATMUL_TILES,

@@ -1,7 +1,7 @@
-import { InvalidRequestError } from '../runtime/errors.ts';
-import type { GgmlType } from '../runtime/gguf/types.ts';
-import type { GpuContext } from '../runtime/gpu/device.ts';
-import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from './dispatch.ts';
+import { InvalidRequestError } from '../core/errors.ts';
+import type { GgmlType } from '../core/gguf-types.ts';
+import type { GpuContext } from '../core/gpu/device.ts';
+import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from '../core/gpu/dispatch.ts';
 import {
   DEFAULT_MATMUL_VARIANT,
   isDenseMatvecType,

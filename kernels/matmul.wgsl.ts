@@ -10,8 +10,8 @@
  *   is 4 words of quants). Units per block: `matvecUnitsPerBlock`; dense types use one unit per word and may index x
  *   directly, quantized types read x only through `xv(i)` with i a multiple of 4 (see matvecInputWgsl).
  */
-import { UnsupportedModelError } from '../runtime/errors.ts';
-import { GGML_TYPE_INFO, GgmlType } from '../runtime/gguf/types.ts';
+import { UnsupportedModelError } from '../core/errors.ts';
+import { GGML_TYPE_INFO, GgmlType } from '../core/gguf-types.ts';
 import { swigluExpression } from './elementwise.wgsl.ts';
 
 const common = /* wgsl */ `

@@ -1,9 +1,9 @@
 import { describe, expect, it } from 'vitest';
-import { GgmlType } from '../runtime/gguf/types.ts';
-import { readFloat32 } from '../runtime/gpu/readback.ts';
+import { GgmlType } from '../core/gguf-types.ts';
+import { type PreparedDispatch, releaseDispatches, submitDispatches } from '../core/gpu/dispatch.ts';
+import { readFloat32 } from '../core/gpu/readback.ts';
 import { withFeatures, withLimits, withTestGpu } from '../test/gpu.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
-import { type PreparedDispatch, releaseDispatches, submitDispatches } from './dispatch.ts';
 import { prepareSwiglu } from './elementwise.ts';
 import { matvecThreadsFor, prepareMatmul, prepareMatvecGroup, prepareMatvecSwiglu } from './matmul.ts';
 import { dequantize, randomWeightBytes } from './reference/dequantize.ts';

@@ -1,9 +1,9 @@
 import { describe, expect, it } from 'vitest';
-import type { GpuContext } from '../runtime/gpu/device.ts';
-import { readFloat32 } from '../runtime/gpu/readback.ts';
+import type { GpuContext } from '../core/gpu/device.ts';
+import { releaseDispatches, submitDispatches } from '../core/gpu/dispatch.ts';
+import { readFloat32 } from '../core/gpu/readback.ts';
 import { withTestGpu } from '../test/gpu.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
-import { releaseDispatches, submitDispatches } from './dispatch.ts';
 import { rmsnormReference } from './reference/rmsnorm.ts';
 import { prepareRmsNorm } from './rmsnorm.ts';
 import { rmsnormWgsl } from './rmsnorm.wgsl.ts';

@@ -1,6 +1,6 @@
-import { InvalidRequestError } from '../runtime/errors.ts';
-import type { GpuContext } from '../runtime/gpu/device.ts';
-import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from './dispatch.ts';
+import { InvalidRequestError } from '../core/errors.ts';
+import type { GpuContext } from '../core/gpu/device.ts';
+import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from '../core/gpu/dispatch.ts';
 import { rmsnormWgsl } from './rmsnorm.wgsl.ts';
 
 export interface RmsNormBinding {

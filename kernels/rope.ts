@@ -1,12 +1,12 @@
-import { UnsupportedModelError } from '../runtime/errors.ts';
-import type { GpuContext } from '../runtime/gpu/device.ts';
+import { UnsupportedModelError } from '../core/errors.ts';
+import type { GpuContext } from '../core/gpu/device.ts';
 import {
   bindBuffers,
   computePipeline,
   linearInvocationGrid,
   type PreparedDispatch,
   uniformBuffer,
-} from './dispatch.ts';
+} from '../core/gpu/dispatch.ts';
 import { ROPE_HEAD_NORM_MAX_DIM, ropeHeadNormWgsl, ropeWgsl } from './rope.wgsl.ts';
 
 export type RopeLayout = 'normal' | 'neox';

@@ -1,8 +1,8 @@
 import { describe, expect, it } from 'vitest';
-import { readFloat32 } from '../runtime/gpu/readback.ts';
+import { releaseDispatches, submitDispatches, uniformBuffer } from '../core/gpu/dispatch.ts';
+import { readFloat32 } from '../core/gpu/readback.ts';
 import { withTestGpu } from '../test/gpu.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
-import { releaseDispatches, submitDispatches, uniformBuffer } from './dispatch.ts';
 import { rotateReference } from './reference/rotate.ts';
 import { prepareRotate, type RotateBuild } from './rotate.ts';
 import { ROTATE_PREFILL_LAYOUT, type RotateBlockLayout, rotateBlockTokens, rotateSource } from './rotate.wgsl.ts';

@@ -1,9 +1,9 @@
 import { describe, expect, it } from 'vitest';
-import type { GpuContext } from '../runtime/gpu/device.ts';
-import { readUint32 } from '../runtime/gpu/readback.ts';
+import type { GpuContext } from '../core/gpu/device.ts';
+import { encodeDispatches } from '../core/gpu/dispatch.ts';
+import { readUint32 } from '../core/gpu/readback.ts';
 import { withTestGpu } from '../test/gpu.ts';
 import { randomFloats, seededRandom } from '../test/random.ts';
-import { encodeDispatches } from './dispatch.ts';
 import { argmaxReference, sampleReference } from './reference/sample.ts';
 import { prepareSampler, type SamplerParams, samplingUniform } from './sample.ts';
 import { type SampleShaders, sampleWgsl } from './sample.wgsl.ts';

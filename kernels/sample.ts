@@ -1,6 +1,12 @@
-import { InvalidRequestError } from '../runtime/errors.ts';
-import type { GpuContext } from '../runtime/gpu/device.ts';
-import { bindBuffers, computePipeline, type PreparedDispatch, releaseDispatches, uniformBuffer } from './dispatch.ts';
+import { InvalidRequestError } from '../core/errors.ts';
+import type { GpuContext } from '../core/gpu/device.ts';
+import {
+  bindBuffers,
+  computePipeline,
+  type PreparedDispatch,
+  releaseDispatches,
+  uniformBuffer,
+} from '../core/gpu/dispatch.ts';
 import { SAMPLE_SPAN, type SampleShaders, sampleWgsl } from './sample.wgsl.ts';
 
 /**

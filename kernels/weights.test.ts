@@ -3,10 +3,10 @@ import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'no
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { UnsupportedModelError } from '../runtime/errors.ts';
-import { type ByteSource, GGML_TYPE_INFO, GgmlType, type GgufTensorInfo } from '../runtime/gguf/types.ts';
-import type { GpuContext } from '../runtime/gpu/device.ts';
-import { readUint32 } from '../runtime/gpu/readback.ts';
+import { UnsupportedModelError } from '../core/errors.ts';
+import { type ByteSource, GGML_TYPE_INFO, GgmlType, type GgufTensorInfo } from '../core/gguf-types.ts';
+import type { GpuContext } from '../core/gpu/device.ts';
+import { readUint32 } from '../core/gpu/readback.ts';
 import { withLimits, withTestGpu } from '../test/gpu.ts';
 import { maxToleranceRatio, seededRandom } from '../test/random.ts';
 import { dequantize, f16ToF32, f32ToF16Bits, randomWeightBytes } from './reference/dequantize.ts';

@@ -20,9 +20,9 @@
  * | Q5_K | 44    | w0 = d | dmin << 16 · w1..3 = scales[12] · w4..11 = qh[32] · w12..43 = qs[128] (unchanged)   |
  * | Q6_K | 53    | w0..31 = ql[128] · w32..47 = qh[64] · w48..51 = scales[16] (int8) · w52 = d (pad above)   |
  */
-import { GpuOutOfMemoryError, UnsupportedModelError } from '../runtime/errors.ts';
-import { type ByteSource, GGML_TYPE_INFO, GgmlType, type GgufTensorInfo } from '../runtime/gguf/types.ts';
-import type { GpuContext } from '../runtime/gpu/device.ts';
+import { GpuOutOfMemoryError, UnsupportedModelError } from '../core/errors.ts';
+import { type ByteSource, GGML_TYPE_INFO, GgmlType, type GgufTensorInfo } from '../core/gguf-types.ts';
+import type { GpuContext } from '../core/gpu/device.ts';
 
 export interface WeightLayout {
   /** Elements per ggml block (1 for F32/F16/BF16). */

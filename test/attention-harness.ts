@@ -3,6 +3,10 @@
  * prepared prefill and decode steps of every layer, and a CPU copy of the K/V rows, so each step's outputs are
  * compared with kernels/reference/attention.ts.
  */
+
+import type { GpuContext } from '../core/gpu/device.ts';
+import { type PreparedDispatch, releaseDispatches, submitDispatches } from '../core/gpu/dispatch.ts';
+import { readFloat32 } from '../core/gpu/readback.ts';
 import {
   type AttentionProducts,
   type AttentionSources,
@@ -14,12 +18,9 @@ import {
 import type { AttentionBlockKeys } from '../kernels/attention.wgsl.ts';
 import { attentionPrefillDotSource } from '../kernels/attention-prefill-dot.wgsl.ts';
 import { attentionPrefillInt8Source } from '../kernels/attention-prefill-int8.wgsl.ts';
-import { type PreparedDispatch, releaseDispatches, submitDispatches } from '../kernels/dispatch.ts';
 import { prepareKvAppend } from '../kernels/kv-append.ts';
 import { type AttentionReferenceInput, attentionReference } from '../kernels/reference/attention.ts';
 import { attentionInt8Reference } from '../kernels/reference/attention-int8.ts';
-import type { GpuContext } from '../runtime/gpu/device.ts';
-import { readFloat32 } from '../runtime/gpu/readback.ts';
 import type { SplitSettings } from '../runtime/kv/paged-attention.ts';
 import { KvPagePool, type KvSequence } from '../runtime/kv/pool.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from './random.ts';

@@ -3,8 +3,9 @@
  * it happened in.
  */
 import { afterAll, afterEach, beforeAll, expect } from 'vitest';
-import { acquireGpu, type GpuContext, type GpuFeatures, type GpuLimits } from '../runtime/gpu/device.ts';
-import { nodeGpu } from '../runtime/gpu/node.ts';
+import { acquireGpu, type GpuContext, type GpuFeatures } from '../core/gpu/device.ts';
+import type { GpuLimits } from '../core/gpu/limits.ts';
+import { nodeGpu } from '../core/gpu/node.ts';
 
 export function withTestGpu(): { readonly gpu: GpuContext } {
   const holder = {} as { gpu: GpuContext };

@@ -7,7 +7,10 @@
  * (f32 accumulation: 1e-4 of Σ|w·x̂| per output, as kernels/matmul.test.ts).
  */
 
-import { releaseDispatches, submitDispatches } from '../kernels/dispatch.ts';
+import { GgmlType } from '../core/gguf-types.ts';
+import type { GpuContext } from '../core/gpu/device.ts';
+import { releaseDispatches, submitDispatches } from '../core/gpu/dispatch.ts';
+import { readBuffer, readFloat32 } from '../core/gpu/readback.ts';
 import {
   createInt8Activations,
   prepareInt8Matmul,
@@ -19,9 +22,6 @@ import { dequantize, randomWeightBytes } from '../kernels/reference/dequantize.t
 import { matmulReference, maxErrorRelativeToMagnitude } from '../kernels/reference/matmul.ts';
 import { dequantizeActivations, quantizeActivationsReference } from '../kernels/reference/matmul-int8.ts';
 import { releaseWeight, uploadWeightFromBytes } from '../kernels/weights.ts';
-import { GgmlType } from '../runtime/gguf/types.ts';
-import type { GpuContext } from '../runtime/gpu/device.ts';
-import { readBuffer, readFloat32 } from '../runtime/gpu/readback.ts';
 import { randomFloats, seededRandom } from './random.ts';
 
 export interface Int8MatmulCase {

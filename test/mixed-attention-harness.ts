@@ -4,6 +4,10 @@
  * the runtime's own append, demotion and attention, checking the demoted rows bit for bit and every output against
  * the reference over what the pages hold.
  */
+
+import type { GpuContext } from '../core/gpu/device.ts';
+import { type PreparedDispatch, releaseDispatches, submitDispatches } from '../core/gpu/dispatch.ts';
+import { readFloat32, readUint32 } from '../core/gpu/readback.ts';
 import {
   type AttentionProducts,
   poolKeysInt8Bytes,
@@ -11,10 +15,7 @@ import {
   prepareKeysInt8,
 } from '../kernels/attention.ts';
 import { keysInt8ByteAt } from '../kernels/attention-prefill-int8.wgsl.ts';
-import { type PreparedDispatch, releaseDispatches, submitDispatches } from '../kernels/dispatch.ts';
 import { int8Codes } from '../kernels/reference/attention-int8.ts';
-import type { GpuContext } from '../runtime/gpu/device.ts';
-import { readFloat32, readUint32 } from '../runtime/gpu/readback.ts';
 import { PagedKvAttention, PREFILL_MIN_CHUNK_KEYS } from '../runtime/kv/paged-attention.ts';
 import { decodePageEntry, KV_PAGE_KIND, KvPagePool, type KvPoolOptions, type KvSequence } from '../runtime/kv/pool.ts';
 import { dequantizeRow, quantizeRow, roundToF16 } from '../runtime/kv/quant-format.ts';

@@ -10,10 +10,10 @@
  * - attention (no flash attention) multiplies f16 K by q rounded to f16, and f16 V by the softmax rounded to f16.
  */
 import { readFile } from 'node:fs/promises';
+import { GgmlType } from '../core/gguf-types.ts';
 import { bf16ToF32, dequantize, f16ToF32, f32ToF16Bits } from '../kernels/reference/dequantize.ts';
 import { sourceFromPath } from '../runtime/gguf/node-source.ts';
 import { parseGguf } from '../runtime/gguf/parse.ts';
-import { GgmlType } from '../runtime/gguf/types.ts';
 import { dequantizeRow, quantizeRow } from '../runtime/kv/quant-format.ts';
 
 interface Matrix {

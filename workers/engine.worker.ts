@@ -5,6 +5,8 @@
  */
 
 import { type Endpoint, expose } from 'comlink';
+import { InvalidRequestError } from '../core/errors.ts';
+import { acquireGpu, type GpuContext } from '../core/gpu/device.ts';
 import { LongtabEngine } from '../runtime/engine/api.ts';
 import type {
   ChatCompletionChunk,
@@ -14,8 +16,6 @@ import type {
   LoadProgress,
 } from '../runtime/engine/api-types.ts';
 import { toWireError } from '../runtime/engine/wire-errors.ts';
-import { InvalidRequestError } from '../runtime/errors.ts';
-import { acquireGpu, type GpuContext } from '../runtime/gpu/device.ts';
 import { indexedDbRotationCache } from '../runtime/kv/rotation-cache-idb.ts';
 import {
   DEBUG_ACTIONS,

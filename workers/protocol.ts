@@ -3,6 +3,7 @@
  * passes before comlink sees it (only calls of these methods, with plain values or callback proxies as arguments).
  */
 import type { Endpoint } from 'comlink';
+import { InvalidRequestError } from '../core/errors.ts';
 import type {
   ChatCompletion,
   ChatCompletionChunk,
@@ -15,7 +16,6 @@ import type {
   ModelInfo,
 } from '../runtime/engine/api-types.ts';
 import { toWireError } from '../runtime/engine/wire-errors.ts';
-import { InvalidRequestError } from '../runtime/errors.ts';
 
 /** A stream stays in the worker; the client pulls its chunks one `next` call at a time. */
 export interface StreamHandle {

@@ -4,12 +4,13 @@
  * data, reads the result back and returns it with the CPU reference. Release every buffer you create: the harness
  * fails a check that leaves buffers behind.
  */
-import { releaseDispatches, submitDispatches } from '../../kernels/dispatch.ts';
+
+import type { GpuContext } from '../../core/gpu/device.ts';
+import { releaseDispatches, submitDispatches } from '../../core/gpu/dispatch.ts';
+import { readFloat32 } from '../../core/gpu/readback.ts';
 import { rmsnormReference } from '../../kernels/reference/rmsnorm.ts';
 import { prepareRmsNorm } from '../../kernels/rmsnorm.ts';
 import { rmsnormWgsl } from '../../kernels/rmsnorm.wgsl.ts';
-import type { GpuContext } from '../../runtime/gpu/device.ts';
-import { readFloat32 } from '../../runtime/gpu/readback.ts';
 import { randomFloats, seededRandom } from '../../test/random.ts';
 import type { KernelExpectation } from './kernel-report.ts';
 

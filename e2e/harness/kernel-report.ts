@@ -1,6 +1,7 @@
 /** What the kernel worker sends back to the harness page (and the page exposes to the Playwright spec). */
-import type { MemorySnapshot } from '../../runtime/gpu/allocator.ts';
-import type { AdapterSummary, GpuFeatures, GpuLimits } from '../../runtime/gpu/device.ts';
+import type { MemorySnapshot } from '../../core/gpu/allocator.ts';
+import type { AdapterSummary, GpuFeatures } from '../../core/gpu/device.ts';
+import type { GpuLimits } from '../../core/gpu/limits.ts';
 
 /** `match`: the kernel must agree with its CPU reference. `mismatch`: a deliberately broken kernel the check must catch. */
 export type KernelExpectation = 'match' | 'mismatch';

@@ -2,7 +2,7 @@
  * Dedicated module worker for the kernel harness: acquires the GPU the way the engine worker will, runs every
  * check in `kernelChecks` against its CPU reference and posts one `KernelReport` back.
  */
-import { acquireGpu, type GpuContext } from '../../runtime/gpu/device.ts';
+import { acquireGpu, type GpuContext } from '../../core/gpu/device.ts';
 import { maxToleranceRatio } from '../../test/random.ts';
 import { type KernelCheck, kernelChecks } from './kernel-checks.ts';
 import type { KernelCheckOutcome, KernelReport, KernelRunRequest } from './kernel-report.ts';

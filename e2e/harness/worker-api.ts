@@ -1,5 +1,5 @@
 /** Harness page for e2e/worker-api.spec.ts: the library's public surface, reachable from `page.evaluate`. */
-import * as errors from '../../runtime/errors.ts';
+import * as errors from '../../core/errors.ts';
 import { createEngine } from '../../workers/client.ts';
 
 export interface WorkerApiHarness {

@@ -2,7 +2,7 @@
  * CPU dequantization of GGUF weight bytes (the ggml block layouts), the reference the weight kernels are tested
  * against. Written from the format description; element order within each block is spelled out per type.
  */
-import { GGML_TYPE_INFO, GgmlType } from '../../runtime/gguf/types.ts';
+import { GGML_TYPE_INFO, GgmlType } from '../../core/gguf-types.ts';
 
 const f16Scratch = new DataView(new ArrayBuffer(4));
 

@@ -1,4 +1,4 @@
-import { InvalidRequestError } from '../errors.ts';
+import { InvalidRequestError } from '../../core/errors.ts';
 
 export interface ParsedArgs {
   command: string;

@@ -1,9 +1,9 @@
 import { open, readFile, writeFile } from 'node:fs/promises';
+import { InvalidRequestError } from '../../core/errors.ts';
+import type { GpuContext } from '../../core/gpu/device.ts';
 import { Engine } from '../engine/engine.ts';
-import { InvalidRequestError } from '../errors.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
 import { metadataEntriesOf, planGguf } from '../gguf/writer.ts';
-import type { GpuContext } from '../gpu/device.ts';
 import { calibrateKvRotations } from '../kv/calibration.ts';
 import { nodeRotationCache } from '../kv/rotation-cache-node.ts';
 import { encodeRotations, modelDigest, rotationMetadataEntries, type StoredRotations } from '../kv/rotation-store.ts';

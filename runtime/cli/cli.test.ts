@@ -4,8 +4,8 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
+import { InvalidRequestError } from '../../core/errors.ts';
 import { STORIES260K, STORIES260K_GOLDEN, sharedPath } from '../../test/shared.ts';
-import { InvalidRequestError } from '../errors.ts';
 import { pairedPerplexityRatioInterval } from '../eval/perplexity.ts';
 import { checkModesFitModel, kvOptionsFor } from './eval.ts';
 

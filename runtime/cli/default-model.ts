@@ -1,7 +1,7 @@
 import { existsSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { InvalidRequestError } from '../errors.ts';
+import { InvalidRequestError } from '../../core/errors.ts';
 
 /** The embedded demo model under public/models/, the CLI's default. */
 export const DEMO_MODEL_FILE = 'longtab-demo.gguf';

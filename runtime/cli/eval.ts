@@ -1,6 +1,7 @@
 import { readFileSync } from 'node:fs';
+import { InvalidRequestError } from '../../core/errors.ts';
+import type { GpuContext } from '../../core/gpu/device.ts';
 import { Engine, type LoadOptions } from '../engine/engine.ts';
-import { InvalidRequestError } from '../errors.ts';
 import { pairedPerplexityRatioInterval, perplexity, topOneAgreement } from '../eval/perplexity.ts';
 import {
   analyticChance,
@@ -16,7 +17,6 @@ import {
 } from '../eval/retrieval.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
 import { parseGguf } from '../gguf/parse.ts';
-import type { GpuContext } from '../gpu/device.ts';
 import { nodeRotationCache } from '../kv/rotation-cache-node.ts';
 import { readModelConfig } from '../model/config.ts';
 import { numberFlag, type ParsedArgs, stringFlag } from './args.ts';

@@ -1,6 +1,8 @@
 import { readFileSync } from 'node:fs';
+import { InvalidRequestError } from '../../core/errors.ts';
+import type { ByteSource, GgufFile } from '../../core/gguf-types.ts';
+import type { GpuContext } from '../../core/gpu/device.ts';
 import { Engine } from '../engine/engine.ts';
-import { InvalidRequestError } from '../errors.ts';
 import {
   accumulateLayerFidelity,
   type CalibratedKv,
@@ -17,8 +19,6 @@ import {
 } from '../eval/fidelity.ts';
 import { captureAttentionInputs } from '../eval/fidelity-capture.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
-import type { ByteSource, GgufFile } from '../gguf/types.ts';
-import type { GpuContext } from '../gpu/device.ts';
 import { calibrateKvRotations } from '../kv/calibration.ts';
 import { nodeRotationCache } from '../kv/rotation-cache-node.ts';
 import { decodeRotations, modelDigest, rotationsFromMetadata } from '../kv/rotation-store.ts';

@@ -1,7 +1,7 @@
+import { InvalidRequestError } from '../../core/errors.ts';
+import type { GpuContext } from '../../core/gpu/device.ts';
 import { Engine } from '../engine/engine.ts';
-import { InvalidRequestError } from '../errors.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
-import type { GpuContext } from '../gpu/device.ts';
 import { chatTemplateFromMetadata, renderChatTemplate } from '../tokenizer/chat-template.ts';
 import { numberFlag, type ParsedArgs, stringFlag } from './args.ts';
 import { defaultModelPath } from './default-model.ts';

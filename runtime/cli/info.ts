@@ -1,7 +1,7 @@
-import { InvalidRequestError } from '../errors.ts';
+import { InvalidRequestError } from '../../core/errors.ts';
+import { GGML_TYPE_INFO } from '../../core/gguf-types.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
 import { parseGguf } from '../gguf/parse.ts';
-import { GGML_TYPE_INFO } from '../gguf/types.ts';
 import { readModelConfig } from '../model/config.ts';
 import type { ParsedArgs } from './args.ts';
 

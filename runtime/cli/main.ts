@@ -2,9 +2,9 @@
  * `longtab` — the Node CLI on the same engine as the browser (WebGPU through Dawn; any Vulkan driver, CPU ones too).
  */
 
-import { LongtabError } from '../errors.ts';
-import { acquireGpu } from '../gpu/device.ts';
-import { nodeGpu, releaseNodeGpu } from '../gpu/node.ts';
+import { LongtabError } from '../../core/errors.ts';
+import { acquireGpu } from '../../core/gpu/device.ts';
+import { nodeGpu, releaseNodeGpu } from '../../core/gpu/node.ts';
 import { numberFlag, type ParsedArgs, parseArgs, stringFlag } from './args.ts';
 import { runCalibrate } from './calibrate.ts';
 import { runCapacity } from './capacity.ts';

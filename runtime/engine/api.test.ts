@@ -4,9 +4,9 @@
  */
 import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
+import { ContextOverflowError, InvalidRequestError, ModelNotLoadedError } from '../../core/errors.ts';
 import { withTestGpu } from '../../test/gpu.ts';
 import { STORIES260K, STORIES260K_GOLDEN, sharedPath } from '../../test/shared.ts';
-import { ContextOverflowError, InvalidRequestError, ModelNotLoadedError } from '../errors.ts';
 import type {
   ChatCompletion,
   ChatCompletionChunk,

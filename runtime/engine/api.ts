@@ -7,10 +7,10 @@
  * only the rest.
  */
 
-import { ContextOverflowError, InvalidRequestError, ModelNotLoadedError } from '../errors.ts';
+import { ContextOverflowError, InvalidRequestError, ModelNotLoadedError } from '../../core/errors.ts';
+import type { ByteSource } from '../../core/gguf-types.ts';
+import { acquireGpu, type GpuContext } from '../../core/gpu/device.ts';
 import { sourceFromBlob, sourceFromUrl } from '../gguf/sources.ts';
-import type { ByteSource } from '../gguf/types.ts';
-import { acquireGpu, type GpuContext } from '../gpu/device.ts';
 import type { RotationCache, StoredRotations } from '../kv/rotation-store.ts';
 import { resolveSamplingParams } from '../sampling/params.ts';
 import { type ChatMessage, chatTemplateFromMetadata, renderChatTemplate } from '../tokenizer/chat-template.ts';

@@ -9,9 +9,9 @@
  */
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
+import { ContextOverflowError } from '../../core/errors.ts';
 import { withTestGpu } from '../../test/gpu.ts';
 import { seededRandom } from '../../test/random.ts';
-import { ContextOverflowError } from '../errors.ts';
 import { KvPagePool, type KvPoolOptions, type KvSequence } from '../kv/pool.ts';
 import { ConversationCache, commonPrefixLength } from './conversations.ts';
 import type { Engine } from './engine.ts';

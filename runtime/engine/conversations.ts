@@ -11,7 +11,7 @@
  * least recently used sequence is evicted; its conversation is re-prefilled when it comes back. Once every
  * conversation is deleted, the cached system prefixes go too and the pool returns its slabs.
  */
-import { InvalidRequestError } from '../errors.ts';
+import { InvalidRequestError } from '../../core/errors.ts';
 import type { KvPagePool, KvSequence } from '../kv/pool.ts';
 import type { Engine } from './engine.ts';
 

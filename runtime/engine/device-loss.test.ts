@@ -6,13 +6,13 @@
  */
 import { readFileSync } from 'node:fs';
 import { afterAll, describe, expect, it } from 'vitest';
+import { DeviceLostError } from '../../core/errors.ts';
+import { acquireGpu, type GpuContext } from '../../core/gpu/device.ts';
+import { nodeGpu } from '../../core/gpu/node.ts';
 import { withTestGpu } from '../../test/gpu.ts';
 import { describeError, faultLog } from '../../test/regressions/fault-log.ts';
 import { STORIES260K, STORIES260K_GOLDEN, sharedPath } from '../../test/shared.ts';
-import { DeviceLostError } from '../errors.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
-import { acquireGpu, type GpuContext } from '../gpu/device.ts';
-import { nodeGpu } from '../gpu/node.ts';
 import type { ChatCompletionChunk, ChatMessageParam } from './api.ts';
 import { Engine, type LoadProgress } from './engine.ts';
 import { createNodeEngine } from './node.ts';

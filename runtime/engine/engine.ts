@@ -1,12 +1,12 @@
+import { ContextOverflowError, InvalidRequestError, LongtabError, ModelNotLoadedError } from '../../core/errors.ts';
+import type { ByteSource, GgufFile } from '../../core/gguf-types.ts';
+import type { MemorySnapshot } from '../../core/gpu/allocator.ts';
+import type { GpuContext } from '../../core/gpu/device.ts';
+import { encodeDispatches, type PreparedDispatch } from '../../core/gpu/dispatch.ts';
+import { readFloat32 } from '../../core/gpu/readback.ts';
 import { type AttentionProducts, int8PrefillAttentionCompiles } from '../../kernels/attention.ts';
-import { encodeDispatches, type PreparedDispatch } from '../../kernels/dispatch.ts';
 import { prepareSampler, type Sampler } from '../../kernels/sample.ts';
-import { ContextOverflowError, InvalidRequestError, LongtabError, ModelNotLoadedError } from '../errors.ts';
 import { parseGguf } from '../gguf/parse.ts';
-import type { ByteSource, GgufFile } from '../gguf/types.ts';
-import type { MemorySnapshot } from '../gpu/allocator.ts';
-import type { GpuContext } from '../gpu/device.ts';
-import { readFloat32 } from '../gpu/readback.ts';
 import { createKvAttention } from '../kv/paged-attention.ts';
 import { KvPagePool, type KvPoolOptions, type KvSequence } from '../kv/pool.ts';
 import {

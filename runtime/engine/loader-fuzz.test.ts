@@ -11,6 +11,8 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
+import { LongtabError } from '../../core/errors.ts';
+import type { ByteSource } from '../../core/gguf-types.ts';
 import { withTestGpu } from '../../test/gpu.ts';
 import { describeError, FAULTS_DIR, faultLog } from '../../test/regressions/fault-log.ts';
 import {
@@ -25,10 +27,8 @@ import {
   u64Hex,
 } from '../../test/regressions/mutations.ts';
 import { STORIES260K, STORIES260K_GOLDEN, sharedPath } from '../../test/shared.ts';
-import { LongtabError } from '../errors.ts';
 import { parseGguf } from '../gguf/parse.ts';
 import { sourceFromBytes } from '../gguf/sources.ts';
-import type { ByteSource } from '../gguf/types.ts';
 import { Engine } from './engine.ts';
 
 const ctx = withTestGpu();

@@ -8,12 +8,12 @@
  * it was before. The decode-speed drift (first vs last 20 generations) is printed as a report line, never asserted.
  */
 import { describe, expect, it } from 'vitest';
+import { InvalidRequestError } from '../../core/errors.ts';
+import type { MemorySnapshot } from '../../core/gpu/allocator.ts';
 import { withTestGpu } from '../../test/gpu.ts';
 import { seededRandom } from '../../test/random.ts';
 import { type FaultRecord, faultLog } from '../../test/regressions/fault-log.ts';
 import { STORIES260K, sharedPath } from '../../test/shared.ts';
-import { InvalidRequestError } from '../errors.ts';
-import type { MemorySnapshot } from '../gpu/allocator.ts';
 import type { ChatMessageParam, CompletionUsage, LongtabEngine } from './api.ts';
 import { createNodeEngine } from './node.ts';
 

@@ -2,9 +2,10 @@
  * The API engine for Node (CLI, tests, scripts): Dawn's WebGPU and file paths as model sources. Browser bundles
  * never import this module (it pulls in `node:fs` and `webgpu`).
  */
+
+import { acquireGpu, type GpuContext } from '../../core/gpu/device.ts';
+import { nodeGpu } from '../../core/gpu/node.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
-import { acquireGpu, type GpuContext } from '../gpu/device.ts';
-import { nodeGpu } from '../gpu/node.ts';
 import { nodeRotationCache } from '../kv/rotation-cache-node.ts';
 import { LongtabEngine } from './api.ts';
 

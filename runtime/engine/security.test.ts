@@ -7,10 +7,10 @@
  * - the worker accepts only method calls of its API (the full suite: workers/protocol.test.ts).
  */
 import { describe, expect, it } from 'vitest';
+import { InvalidRequestError, LongtabError } from '../../core/errors.ts';
 import { withTestGpu } from '../../test/gpu.ts';
 import { describeError, faultLog } from '../../test/regressions/fault-log.ts';
 import { checkWorkerMessage } from '../../workers/protocol.ts';
-import { InvalidRequestError, LongtabError } from '../errors.ts';
 import { renderChatTemplate } from '../tokenizer/chat-template.ts';
 import { LongtabEngine } from './api.ts';
 import { createNodeEngine } from './node.ts';

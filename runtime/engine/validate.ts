@@ -2,7 +2,7 @@
  * Validation of everything a caller hands the API (in-process, and again in the worker for every message): types,
  * ranges and unknown fields, each failure an InvalidRequestError that names the field and what it accepts.
  */
-import { InvalidRequestError } from '../errors.ts';
+import { InvalidRequestError } from '../../core/errors.ts';
 import type { SamplingParams } from '../sampling/params.ts';
 import {
   type ChatMessageParam,

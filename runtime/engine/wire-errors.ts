@@ -16,7 +16,7 @@ import {
   ModelNotLoadedError,
   UnsupportedModelError,
   WebGpuUnavailableError,
-} from '../errors.ts';
+} from '../../core/errors.ts';
 
 export interface WireError {
   longtabError: true;

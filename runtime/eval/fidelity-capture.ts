@@ -4,9 +4,10 @@
  * capture) copies the activations into per-layer capture buffers inside each prefill submit, so the Transformer and
  * the decode path are untouched. For runtime/eval/fidelity.ts.
  */
-import type { PreparedDispatch } from '../../kernels/dispatch.ts';
+
+import type { GpuContext } from '../../core/gpu/device.ts';
+import type { PreparedDispatch } from '../../core/gpu/dispatch.ts';
 import { prepareAddInPlace } from '../../kernels/elementwise.ts';
-import type { GpuContext } from '../gpu/device.ts';
 import { createKvAttention } from '../kv/paged-attention.ts';
 import { KvPagePool, type KvPoolOptions } from '../kv/pool.ts';
 import type { ModelConfig } from '../model/config.ts';

@@ -17,7 +17,7 @@
  * Every step is f16/f32-exact emulation of the kernels except the accumulation order, so the 'f16' variant gives
  * exactly zero and the others match what the GPU computes (fidelity.test.ts checks both against the GPU).
  */
-import { InvalidRequestError } from '../errors.ts';
+import { InvalidRequestError } from '../../core/errors.ts';
 import { dequantizeRow, type QuantRowFormat, quantizeRow, roundToF16 } from '../kv/quant-format.ts';
 import { rotationSet } from '../kv/rotation.ts';
 

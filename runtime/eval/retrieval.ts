@@ -16,7 +16,7 @@
  * teacher-forced: one prefill per trial, the answer tokens are fed, and each is compared with the argmax of the row
  * before it.
  */
-import { InvalidRequestError } from '../errors.ts';
+import { InvalidRequestError } from '../../core/errors.ts';
 import type { WindowScorer } from './perplexity.ts';
 
 export const RETRIEVAL_TASKS = ['passkey', 'copy', 'recall'] as const;

@@ -8,7 +8,7 @@ import {
   type GgufMetadataType,
   type GgufScalarTypeName,
   GgufValueType,
-} from './types.ts';
+} from '../../core/gguf-types.ts';
 
 /** "GGUF" read as a little-endian u32. */
 export const GGUF_MAGIC = 0x46554747;

@@ -1,10 +1,10 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
+import { CorruptModelFileError, LongtabError, UnsupportedModelError } from '../../core/errors.ts';
+import { type ByteSource, GgmlType, GgufValueType } from '../../core/gguf-types.ts';
 import { metadataForEveryValueType, randomBytes } from '../../test/gguf-fixtures.ts';
-import { CorruptModelFileError, LongtabError, UnsupportedModelError } from '../errors.ts';
 import { parseGguf } from './parse.ts';
 import { sourceFromBytes } from './sources.ts';
-import { type ByteSource, GgmlType, GgufValueType } from './types.ts';
 import { writeGguf } from './writer.ts';
 
 /*

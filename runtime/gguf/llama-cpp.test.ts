@@ -8,12 +8,12 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { getLlama, type Llama, LlamaLogLevel } from 'node-llama-cpp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { GgmlType } from '../../core/gguf-types.ts';
 import { seededRandom } from '../../test/random.ts';
 import { STORIES260K, sharedPath } from '../../test/shared.ts';
 import { sentencePieceVocabularyMetadata } from '../../tools/fixtures/vocabulary.ts';
 import { sourceFromPath } from './node-source.ts';
 import { parseGguf } from './parse.ts';
-import { GgmlType } from './types.ts';
 import { type GgufMetadataEntry, type GgufTensorInput, metadataEntriesOf, writeGguf } from './writer.ts';
 
 const EMBED = 32;

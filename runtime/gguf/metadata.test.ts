@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { CorruptModelFileError, UnsupportedModelError } from '../errors.ts';
+import { CorruptModelFileError, UnsupportedModelError } from '../../core/errors.ts';
 import {
   metaArchitecture,
   metaArray,

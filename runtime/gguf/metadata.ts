@@ -2,8 +2,8 @@
  * Typed reads of GGUF metadata. A model that lacks a key the runtime needs, or stores it with the wrong type, fails
  * here with the key's name instead of as a NaN somewhere in the model code.
  */
-import { CorruptModelFileError, UnsupportedModelError } from '../errors.ts';
-import type { GgufMetadata, GgufValue } from './types.ts';
+import { CorruptModelFileError, UnsupportedModelError } from '../../core/errors.ts';
+import type { GgufMetadata, GgufValue } from '../../core/gguf-types.ts';
 
 function describeValue(value: GgufValue): string {
   if (Array.isArray(value)) return `an array of ${value.length}`;

@@ -4,9 +4,9 @@
  */
 import { type FileHandle, open } from 'node:fs/promises';
 import { basename } from 'node:path';
-import { CorruptModelFileError, InvalidRequestError } from '../errors.ts';
+import { CorruptModelFileError, InvalidRequestError } from '../../core/errors.ts';
+import type { ByteSource } from '../../core/gguf-types.ts';
 import { checkReadRange } from './sources.ts';
-import type { ByteSource } from './types.ts';
 
 /** Opens `path` for positioned reads; call `close()` when done with it. */
 export async function sourceFromPath(path: string): Promise<ByteSource> {

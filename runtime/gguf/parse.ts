@@ -3,7 +3,18 @@
  * never touches tensor data. Files come from anywhere, so every count and length is checked against the bytes left
  * in the file before anything is allocated for it.
  */
-import { CorruptModelFileError, UnsupportedModelError } from '../errors.ts';
+import { CorruptModelFileError, UnsupportedModelError } from '../../core/errors.ts';
+import {
+  type ByteSource,
+  GGML_TYPE_INFO,
+  type GgmlType,
+  type GgufFile,
+  type GgufMetadata,
+  type GgufMetadataType,
+  type GgufTensorInfo,
+  type GgufValue,
+  GgufValueType,
+} from '../../core/gguf-types.ts';
 import {
   alignUp,
   arrayTypeOf,
@@ -17,17 +28,6 @@ import {
   tensorByteLength,
   tensorLayoutProblem,
 } from './format.ts';
-import {
-  type ByteSource,
-  GGML_TYPE_INFO,
-  type GgmlType,
-  type GgufFile,
-  type GgufMetadata,
-  type GgufMetadataType,
-  type GgufTensorInfo,
-  type GgufValue,
-  GgufValueType,
-} from './types.ts';
 
 export interface ParseGgufOptions {
   /** Bytes fetched per header read; 1 MiB keeps URL sources to a few requests for typical vocabularies. */

@@ -1,6 +1,6 @@
 /** Streams one tensor's bytes out of a ByteSource in bounded chunks, for uploads and repacking. */
-import { InvalidRequestError, UnsupportedModelError } from '../errors.ts';
-import { type ByteSource, GGML_TYPE_INFO, type GgufTensorInfo } from './types.ts';
+import { InvalidRequestError, UnsupportedModelError } from '../../core/errors.ts';
+import { type ByteSource, GGML_TYPE_INFO, type GgufTensorInfo } from '../../core/gguf-types.ts';
 
 export const DEFAULT_TENSOR_CHUNK_BYTES = 8 * 1024 * 1024;
 

@@ -2,13 +2,13 @@ import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
+import { AbortedError, CorruptModelFileError, DownloadFailedError, InvalidRequestError } from '../../core/errors.ts';
+import { GGML_TYPE_INFO, GgmlType, type GgufMetadataType } from '../../core/gguf-types.ts';
 import { metadataForEveryValueType, randomBytes } from '../../test/gguf-fixtures.ts';
-import { AbortedError, CorruptModelFileError, DownloadFailedError, InvalidRequestError } from '../errors.ts';
 import { sourceFromPath } from './node-source.ts';
 import { parseGguf } from './parse.ts';
 import { streamTensorBytes } from './read-tensor.ts';
 import { sourceFromBlob, sourceFromBytes, sourceFromUrl } from './sources.ts';
-import { GGML_TYPE_INFO, GgmlType, type GgufMetadataType } from './types.ts';
 import { type GgufTensorInput, metadataEntriesOf, planGguf, writeGguf } from './writer.ts';
 
 /** One tensor per layout family: plain floats, 16-bit, 32-element blocks, 256-element super-blocks, integers. */

@@ -3,8 +3,8 @@
  * already in memory. Each read fetches only the range asked for, so a multi-gigabyte model is never held whole.
  * The Node file source lives in node-source.ts so browser bundles never see `node:fs`.
  */
-import { AbortedError, CorruptModelFileError, DownloadFailedError, InvalidRequestError } from '../errors.ts';
-import type { ByteSource } from './types.ts';
+import { AbortedError, CorruptModelFileError, DownloadFailedError, InvalidRequestError } from '../../core/errors.ts';
+import type { ByteSource } from '../../core/gguf-types.ts';
 
 /**
  * Rejects reads outside [0, size). Callers (the parser, streamTensorBytes) check bounds against the file size first,

@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { CorruptModelFileError } from '../../core/errors.ts';
+import { type ByteSource, GgmlType, type GgufFile } from '../../core/gguf-types.ts';
 import { STORIES260K, sharedPath } from '../../test/shared.ts';
-import { CorruptModelFileError } from '../errors.ts';
 import {
   metaArchitecture,
   metaCount,
@@ -13,7 +14,6 @@ import {
 import { sourceFromPath } from './node-source.ts';
 import { parseGguf } from './parse.ts';
 import { streamTensorBytes } from './read-tensor.ts';
-import { type ByteSource, GgmlType, type GgufFile } from './types.ts';
 
 const modelPath = sharedPath(STORIES260K);
 

@@ -3,7 +3,16 @@
  * llama.cpp checks metadata types exactly (a u32 key stored as i32 fails to load), so numbers carry an explicit type;
  * only strings, bools and string arrays are inferred.
  */
-import { InvalidRequestError } from '../errors.ts';
+import { InvalidRequestError } from '../../core/errors.ts';
+import {
+  GGML_TYPE_INFO,
+  type GgmlType,
+  type GgufFile,
+  type GgufMetadataType,
+  type GgufScalarTypeName,
+  type GgufValue,
+  GgufValueType,
+} from '../../core/gguf-types.ts';
 import {
   alignUp,
   arrayItemType,
@@ -18,15 +27,6 @@ import {
   tensorByteLength,
   tensorLayoutProblem,
 } from './format.ts';
-import {
-  GGML_TYPE_INFO,
-  type GgmlType,
-  type GgufFile,
-  type GgufMetadataType,
-  type GgufScalarTypeName,
-  type GgufValue,
-  GgufValueType,
-} from './types.ts';
 
 export interface GgufMetadataEntry {
   key: string;

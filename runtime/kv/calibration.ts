@@ -13,12 +13,12 @@
  * calibration (runtime/engine/background-calibration.ts) can pause while requests run and abort by throwing there.
  */
 
+import type { GpuContext } from '../../core/gpu/device.ts';
+import { encodeDispatches, type PreparedDispatch } from '../../core/gpu/dispatch.ts';
+import { readFloat32 } from '../../core/gpu/readback.ts';
 import { prepareCovariance, prepareKeyEnergy } from '../../kernels/covariance.ts';
-import { encodeDispatches, type PreparedDispatch } from '../../kernels/dispatch.ts';
 import { prepareAddInPlace } from '../../kernels/elementwise.ts';
 import { prepareSampler } from '../../kernels/sample.ts';
-import type { GpuContext } from '../gpu/device.ts';
-import { readFloat32 } from '../gpu/readback.ts';
 import type { ModelConfig } from '../model/config.ts';
 import { type KvAttentionBackend, Transformer } from '../model/transformer.ts';
 import type { ModelWeights } from '../model/weights.ts';

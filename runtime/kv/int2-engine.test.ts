@@ -1,9 +1,9 @@
 import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
+import { ContextOverflowError, InvalidRequestError } from '../../core/errors.ts';
 import { withTestGpu } from '../../test/gpu.ts';
 import { STORIES260K, STORIES260K_GOLDEN, sharedPath } from '../../test/shared.ts';
 import { Engine, type LoadOptions } from '../engine/engine.ts';
-import { ContextOverflowError, InvalidRequestError } from '../errors.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
 
 const ctx = withTestGpu();

@@ -1,9 +1,9 @@
 import { describe, expect, it } from 'vitest';
-import { releaseDispatches, submitDispatches } from '../../kernels/dispatch.ts';
+import { releaseDispatches, submitDispatches } from '../../core/gpu/dispatch.ts';
+import { readFloat32 } from '../../core/gpu/readback.ts';
 import { attentionReference } from '../../kernels/reference/attention.ts';
 import { withLimits, withTestGpu } from '../../test/gpu.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../../test/random.ts';
-import { readFloat32 } from '../gpu/readback.ts';
 import { PagedKvAttention, prefillSplitsFor, splitsWithinBinding } from './paged-attention.ts';
 import { KvPagePool } from './pool.ts';
 

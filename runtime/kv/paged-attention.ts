@@ -1,19 +1,18 @@
+import type { GpuContext } from '../../core/gpu/device.ts';
+import type { PreparedDispatch } from '../../core/gpu/dispatch.ts';
 import {
   type AttentionProducts,
   attentionPartialsBytes,
   attentionPrefillInt8ShapeFor,
-  type OutputRotation,
   poolKeysInt8Bytes,
   prepareAttention,
 } from '../../kernels/attention.ts';
-import type { PreparedDispatch } from '../../kernels/dispatch.ts';
 import { prepareKvAppend } from '../../kernels/kv-append.ts';
 import { prepareKvDemote } from '../../kernels/kv-demote.ts';
 import { prepareRotate } from '../../kernels/rotate.ts';
-import type { GpuContext } from '../gpu/device.ts';
 import type { KvAttentionBackend } from '../model/transformer.ts';
 import type { KvPagePool } from './pool.ts';
-import { RotatedKvAttention } from './rotated-attention.ts';
+import { type LayerOutputRotation, RotatedKvAttention } from './rotated-attention.ts';
 import { rotationSet, transposedMatrices } from './rotation.ts';
 
 export interface PagedAttentionOptions {
@@ -94,17 +93,6 @@ export function splitsWithinBinding(
   return splits;
 }
 export const PREFILL_MIN_CHUNK_KEYS = 256;
-
-/** A layer's output rotation: the merge pass's, and the same matrices transposed for graphs without one. */
-export interface LayerOutputRotation extends OutputRotation {
-  /**
-   * The matrices transposed (the same buffer where they are symmetric), for the un-rotation dispatch of graphs
-   * without a merge pass: a product with Rᵀ read row-wise from them is a plain product, whose matrix loads coalesce
-   * (on an H200, Qwen3-4B's un-rotation of a 1024-token chunk took 56 µs a layer this way, against 128 µs reading R
-   * column-wise: `bench/rotate-kernel.ts`).
-   */
-  transposed: GPUBuffer;
-}
 
 /**
  * The paged cache as the forward pass sees it: per layer, the append of this step's k/v (preceded, in quant mode, by

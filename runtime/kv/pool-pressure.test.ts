@@ -5,10 +5,10 @@
  */
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
+import { ContextOverflowError } from '../../core/errors.ts';
+import { readUint32 } from '../../core/gpu/readback.ts';
 import { withTestGpu } from '../../test/gpu.ts';
 import { seededRandom } from '../../test/random.ts';
-import { ContextOverflowError } from '../errors.ts';
-import { readUint32 } from '../gpu/readback.ts';
 import { decodePageEntry, KV_PAGE_KIND, KvPagePool, type KvPoolOptions, type KvSequence } from './pool.ts';
 import { f16Bits, f16BitsToNumber, quantizeRow } from './quant-format.ts';
 

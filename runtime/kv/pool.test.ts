@@ -1,8 +1,8 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
+import { ContextOverflowError, InvalidRequestError } from '../../core/errors.ts';
+import { readUint32 } from '../../core/gpu/readback.ts';
 import { withTestGpu } from '../../test/gpu.ts';
-import { ContextOverflowError, InvalidRequestError } from '../errors.ts';
-import { readUint32 } from '../gpu/readback.ts';
 import {
   decodePageEntry,
   defaultQuantF16Bytes,

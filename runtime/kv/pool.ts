@@ -97,10 +97,10 @@
  *     pool.fork(seq) / pool.truncate(seq, n) / pool.free(seq)     // branches share full pages copy-on-write
  */
 
-import { releaseDispatches, submitDispatches } from '../../kernels/dispatch.ts';
+import { ContextOverflowError, InvalidRequestError } from '../../core/errors.ts';
+import type { GpuContext } from '../../core/gpu/device.ts';
+import { releaseDispatches, submitDispatches } from '../../core/gpu/dispatch.ts';
 import { prepareKvDemote, prepareKvPromote } from '../../kernels/kv-demote.ts';
-import { ContextOverflowError, InvalidRequestError } from '../errors.ts';
-import type { GpuContext } from '../gpu/device.ts';
 import { codeWordsPerRow, type QuantRowFormat, rowWords, validateQuantRowFormat } from './quant-format.ts';
 
 export const MAX_KV_SLABS = 4;

@@ -1,10 +1,10 @@
 import { describe, expect, it } from 'vitest';
+import { InvalidRequestError } from '../../core/errors.ts';
+import { releaseDispatches, submitDispatches } from '../../core/gpu/dispatch.ts';
+import { readFloat32 } from '../../core/gpu/readback.ts';
 import { prepareAttention } from '../../kernels/attention.ts';
-import { releaseDispatches, submitDispatches } from '../../kernels/dispatch.ts';
 import { withLimits, withTestGpu } from '../../test/gpu.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../../test/random.ts';
-import { InvalidRequestError } from '../errors.ts';
-import { readFloat32 } from '../gpu/readback.ts';
 import { PagedKvAttention } from './paged-attention.ts';
 import { KvPagePool } from './pool.ts';
 import { RotatedKvAttention } from './rotated-attention.ts';

@@ -1,7 +1,28 @@
+import type { GpuContext } from '../../core/gpu/device.ts';
+import type { OutputRotation } from '../../kernels/attention.ts';
 import { prepareRotate, type RotatePart } from '../../kernels/rotate.ts';
-import type { GpuContext } from '../gpu/device.ts';
 import type { KvAttentionBackend } from '../model/transformer.ts';
-import type { PagedKvAttention } from './paged-attention.ts';
+
+/** A layer's output rotation: the merge pass's, and the same matrices transposed for graphs without one. */
+export interface LayerOutputRotation extends OutputRotation {
+  /**
+   * The matrices transposed (the same buffer where they are symmetric), for the un-rotation dispatch of graphs
+   * without a merge pass: a product with Rᵀ read row-wise from them is a plain product, whose matrix loads coalesce
+   * (on an H200, Qwen3-4B's un-rotation of a 1024-token chunk took 56 µs a layer this way, against 128 µs reading R
+   * column-wise: `bench/rotate-kernel.ts`).
+   */
+  transposed: GPUBuffer;
+}
+
+/** The paged attention as the rotation sees it: a backend whose output it can ask to be un-rotated. */
+export interface UnrotatingKvAttention {
+  prepareLayer(
+    layer: number,
+    buffers: { q: GPUBuffer; k: GPUBuffer; v: GPUBuffer; output: GPUBuffer },
+    maxTokens: number,
+    outputRotation?: LayerOutputRotation,
+  ): ReturnType<KvAttentionBackend['prepareLayer']>;
+}
 
 export interface KvRotations {
   /** f32 [layers × kvHeads × headDim × headDim]: applied to q and k after RoPE (q·k unchanged). */
@@ -24,7 +45,7 @@ export interface KvRotations {
 export class RotatedKvAttention implements KvAttentionBackend {
   constructor(
     private readonly gpu: GpuContext,
-    private readonly inner: PagedKvAttention,
+    private readonly inner: UnrotatingKvAttention,
     private readonly rotations: KvRotations,
     private readonly shape: { heads: number; kvHeads: number; headDim: number },
     /** A uniform whose second word is this step's token count (the pool's KvStep). */

@@ -3,8 +3,8 @@
  * own), in a file cache (Node) or IndexedDB (browser). Metadata keys, not tensors: llama.cpp refuses files with
  * tensors it does not expect but ignores unknown metadata, so a file with rotations still runs in llama.cpp.
  */
-import { CorruptModelFileError } from '../errors.ts';
-import type { ByteSource, GgufFile, GgufMetadata } from '../gguf/types.ts';
+import { CorruptModelFileError } from '../../core/errors.ts';
+import type { ByteSource, GgufFile, GgufMetadata } from '../../core/gguf-types.ts';
 import type { ModelConfig } from '../model/config.ts';
 import type { KvPoolOptions } from './pool.ts';
 

@@ -4,7 +4,7 @@
  * rotated by the same R after RoPE (q·k is unchanged); V is rotated before it is stored and the attention output is
  * rotated back by Rᵀ (applied at run time for every weight format: see docs/kv-cache.md).
  */
-import { InvalidRequestError } from '../errors.ts';
+import { InvalidRequestError } from '../../core/errors.ts';
 
 export type RotationKind = 'calibrated' | 'hadamard' | 'none';
 

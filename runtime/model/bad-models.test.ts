@@ -1,12 +1,12 @@
 import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
+import { CorruptModelFileError, UnsupportedModelError } from '../../core/errors.ts';
+import { GgmlType, type GgufFile } from '../../core/gguf-types.ts';
 import { withTestGpu } from '../../test/gpu.ts';
 import { STORIES260K, STORIES260K_GOLDEN, sharedPath } from '../../test/shared.ts';
 import { Engine } from '../engine/engine.ts';
-import { CorruptModelFileError, UnsupportedModelError } from '../errors.ts';
 import { parseGguf } from '../gguf/parse.ts';
 import { sourceFromBytes } from '../gguf/sources.ts';
-import { GgmlType, type GgufFile } from '../gguf/types.ts';
 import { type GgufMetadataEntry, metadataEntriesOf, writeGguf } from '../gguf/writer.ts';
 
 const ctx = withTestGpu();

@@ -1,7 +1,7 @@
+import { CorruptModelFileError, UnsupportedModelError } from '../../core/errors.ts';
+import type { GgufFile, GgufTensorInfo } from '../../core/gguf-types.ts';
 import type { RopeLayout } from '../../kernels/rope.ts';
-import { CorruptModelFileError, UnsupportedModelError } from '../errors.ts';
 import { metaNumber, metaOptionalNumber, metaString } from '../gguf/metadata.ts';
-import type { GgufFile, GgufTensorInfo } from '../gguf/types.ts';
 
 export type Architecture = 'llama' | 'qwen2' | 'qwen3';
 export const SUPPORTED_ARCHITECTURES: readonly Architecture[] = ['llama', 'qwen2', 'qwen3'];

@@ -7,6 +7,8 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { InvalidRequestError } from '../../core/errors.ts';
+import { GGML_TYPE_INFO, GgmlType } from '../../core/gguf-types.ts';
 import { dequantize } from '../../kernels/reference/dequantize.ts';
 import { withTestGpu } from '../../test/gpu.ts';
 import { referenceLogProbs } from '../../test/model-reference.ts';
@@ -20,9 +22,7 @@ import {
   writeModelFixture,
 } from '../../tools/fixtures/model-fixtures.ts';
 import { Engine } from '../engine/engine.ts';
-import { InvalidRequestError } from '../errors.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
-import { GGML_TYPE_INFO, GgmlType } from '../gguf/types.ts';
 
 /**
  * Three comparisons per fixture, each the max |Δ log p| over every token of every position.

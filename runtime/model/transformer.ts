@@ -1,4 +1,6 @@
-import { encodeDispatches, type PreparedDispatch, releaseDispatches, uniformBuffer } from '../../kernels/dispatch.ts';
+import type { GgmlType } from '../../core/gguf-types.ts';
+import type { GpuContext } from '../../core/gpu/device.ts';
+import { encodeDispatches, type PreparedDispatch, releaseDispatches, uniformBuffer } from '../../core/gpu/dispatch.ts';
 import { prepareSwiglu } from '../../kernels/elementwise.ts';
 import { prepareEmbedding } from '../../kernels/embedding.ts';
 import { type MatmulBinding, prepareMatmul, prepareMatvecGroup, prepareMatvecSwiglu } from '../../kernels/matmul.ts';
@@ -14,8 +16,6 @@ import {
 } from '../../kernels/matmul-int8.ts';
 import { prepareRmsNorm } from '../../kernels/rmsnorm.ts';
 import { prepareRope } from '../../kernels/rope.ts';
-import type { GgmlType } from '../gguf/types.ts';
-import type { GpuContext } from '../gpu/device.ts';
 import type { ModelConfig } from './config.ts';
 import type { ModelWeights } from './weights.ts';
 

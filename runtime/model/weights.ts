@@ -1,6 +1,4 @@
-import { type GpuWeight, releaseWeight, uploadWeight } from '../../kernels/weights.ts';
-import { CorruptModelFileError, UnsupportedModelError } from '../errors.ts';
-import { streamTensorBytes } from '../gguf/read-tensor.ts';
+import { CorruptModelFileError, UnsupportedModelError } from '../../core/errors.ts';
 import {
   type ByteSource,
   GGML_TYPE_INFO,
@@ -8,8 +6,10 @@ import {
   type GgufFile,
   type GgufTensorInfo,
   SUPPORTED_WEIGHT_TYPES,
-} from '../gguf/types.ts';
-import type { GpuContext } from '../gpu/device.ts';
+} from '../../core/gguf-types.ts';
+import type { GpuContext } from '../../core/gpu/device.ts';
+import { type GpuWeight, releaseWeight, uploadWeight } from '../../kernels/weights.ts';
+import { streamTensorBytes } from '../gguf/read-tensor.ts';
 import type { ModelConfig } from './config.ts';
 
 export interface LayerWeights {

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { InvalidRequestError } from '../errors.ts';
+import { InvalidRequestError } from '../../core/errors.ts';
 import { GREEDY_SAMPLING, resolveSamplingParams, type SamplingParams, validateSamplingParams } from './params.ts';
 
 describe('sampling parameters', () => {

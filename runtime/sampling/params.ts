@@ -1,4 +1,4 @@
-import { InvalidRequestError } from '../errors.ts';
+import { InvalidRequestError } from '../../core/errors.ts';
 
 /**
  * Per-request sampling parameters. The GPU sampler (kernels/sample.ts) applies them in llama.cpp's common-sampler

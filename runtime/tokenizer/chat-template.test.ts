@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
+import { InvalidRequestError, UnsupportedModelError } from '../../core/errors.ts';
+import type { GgufMetadata } from '../../core/gguf-types.ts';
 import { bpeTokenizerMetadata } from '../../tools/fixtures/tokenizer-fixtures.ts';
-import { InvalidRequestError, UnsupportedModelError } from '../errors.ts';
-import type { GgufMetadata } from '../gguf/types.ts';
 import {
   type ChatMessage,
   chatTemplateFromMetadata,

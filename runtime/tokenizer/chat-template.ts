@@ -5,8 +5,8 @@
  * `messages.__proto__` are undefined), there are no globals, and the only callables are its built-ins.
  */
 import { Template } from '@huggingface/jinja';
-import { InvalidRequestError, UnsupportedModelError } from '../errors.ts';
-import type { GgufMetadata } from '../gguf/types.ts';
+import { InvalidRequestError, UnsupportedModelError } from '../../core/errors.ts';
+import type { GgufMetadata } from '../../core/gguf-types.ts';
 
 export interface ChatMessage {
   role: 'system' | 'user' | 'assistant' | 'tool' | (string & {});

@@ -6,7 +6,7 @@
  * with character classes and `\s` is llama.cpp's whitespace set (it includes U+0085 and excludes U+FEFF, unlike
  * JavaScript's `\s`).
  */
-import { UnsupportedModelError } from '../errors.ts';
+import { UnsupportedModelError } from '../../core/errors.ts';
 import { LLAMA3_PRE } from './vocab.ts';
 
 const WS = '\\t\\n\\v\\f\\r \\x85\\xA0\\u1680\\u2000-\\u200A\\u2028\\u2029\\u202F\\u205F\\u3000';

@@ -11,8 +11,8 @@
  * always, control and unknown tokens only with `parseSpecial`.
  */
 import { BPE } from '@huggingface/tokenizers';
-import { InvalidRequestError } from '../errors.ts';
-import type { GgufMetadata } from '../gguf/types.ts';
+import { InvalidRequestError } from '../../core/errors.ts';
+import type { GgufMetadata } from '../../core/gguf-types.ts';
 import { BytePreTokenizer, CHAR_TO_BYTE } from './pretokenizer.ts';
 import { type SentencePieceVocab, sentencePieceEncode } from './sentencepiece.ts';
 import { type GgufVocab, readVocab, TokenType } from './vocab.ts';

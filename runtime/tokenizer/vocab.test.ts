@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { CorruptModelFileError, InvalidRequestError, UnsupportedModelError } from '../errors.ts';
-import type { GgufMetadata } from '../gguf/types.ts';
+import { CorruptModelFileError, InvalidRequestError, UnsupportedModelError } from '../../core/errors.ts';
+import type { GgufMetadata } from '../../core/gguf-types.ts';
 import { GgufTokenizer } from './tokenizer.ts';
 
 /** A tiny SentencePiece vocabulary: control tokens, byte fallback for 'a'/'b'/'\n', and a few scored pieces. */

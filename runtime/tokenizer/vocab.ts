@@ -2,8 +2,8 @@
  * The tokenizer half of a GGUF file (`tokenizer.ggml.*`), read once into plain arrays, with the defaults llama.cpp
  * applies (llama-vocab.cpp, `llama_vocab::impl::load`) so our tokenization matches it.
  */
-import { CorruptModelFileError, UnsupportedModelError } from '../errors.ts';
-import type { GgufMetadata, GgufValue } from '../gguf/types.ts';
+import { CorruptModelFileError, UnsupportedModelError } from '../../core/errors.ts';
+import type { GgufMetadata, GgufValue } from '../../core/gguf-types.ts';
 
 /** `tokenizer.ggml.token_type` values (llama.cpp `llama_token_type`). */
 export enum TokenType {

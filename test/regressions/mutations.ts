@@ -5,7 +5,7 @@
 import { readdirSync, readFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import type { GgufFile } from '../../runtime/gguf/types.ts';
+import type { GgufFile } from '../../core/gguf-types.ts';
 
 export interface BytePatch {
   offset: number;

@@ -11,9 +11,9 @@
  */
 import { readFileSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
+import { InvalidRequestError } from '../../core/errors.ts';
+import { GgmlType } from '../../core/gguf-types.ts';
 import { f32ToF16Bits } from '../../kernels/reference/dequantize.ts';
-import { InvalidRequestError } from '../../runtime/errors.ts';
-import { GgmlType } from '../../runtime/gguf/types.ts';
 import { type GgufMetadataEntry, type GgufTensorInput, writeGguf } from '../../runtime/gguf/writer.ts';
 
 interface ManifestTensor {

@@ -1,27 +1,10 @@
 import { DeviceLostError, GpuValidationError, WebGpuUnavailableError } from '../errors.ts';
 import { GpuAllocator } from './allocator.ts';
-
-/** The adapter limits longtab asks for: always the adapter's real values, never the spec defaults. */
-const REQUESTED_LIMITS = [
-  'maxBufferSize',
-  'maxStorageBufferBindingSize',
-  'maxComputeWorkgroupStorageSize',
-  'maxStorageBuffersPerShaderStage',
-  'maxComputeInvocationsPerWorkgroup',
-  'maxComputeWorkgroupSizeX',
-  'maxComputeWorkgroupSizeY',
-  'maxComputeWorkgroupSizeZ',
-  'maxComputeWorkgroupsPerDimension',
-  'maxUniformBufferBindingSize',
-  'maxBindGroups',
-] as const;
-
-type RequestedLimit = (typeof REQUESTED_LIMITS)[number];
-export type GpuLimits = Record<RequestedLimit, number>;
+import { type GpuLimits, REQUESTED_LIMITS } from './limits.ts';
 
 /**
  * Optional features used as fast paths; nothing requires them. Subgroup matrices (tensor cores) are Dawn's
- * experimental feature: offered only with `allow_unsafe_apis` (Node: runtime/gpu/node.ts; Chrome:
+ * experimental feature: offered only with `allow_unsafe_apis` (Node: core/gpu/node.ts; Chrome:
  * --enable-unsafe-webgpu).
  */
 const SUBGROUP_MATRIX = 'chromium-experimental-subgroup-matrix';

@@ -25,7 +25,7 @@ type DawnModule = { create: (flags: string[]) => GPU; globals: Record<string, un
  * Dawn rounds timestamp queries to ~65 µs by default (a browser's guard against timing attacks). A Node process is
  * not a web page, and the bench's per-kernel profile needs real kernel times of a few µs. `allow_unsafe_apis`
  * offers Dawn's experimental features, among them the subgroup matrices (tensor cores) the int8 prefill matmul runs
- * on where the GPU has them (runtime/gpu/device.ts requests only what it uses).
+ * on where the GPU has them (core/gpu/device.ts requests only what it uses).
  */
 const DAWN_FLAGS = ['disable-dawn-features=timestamp_quantization', 'enable-dawn-features=allow_unsafe_apis'];
 

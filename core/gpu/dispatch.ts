@@ -1,4 +1,4 @@
-import type { GpuContext } from '../runtime/gpu/device.ts';
+import type { GpuContext } from './device.ts';
 
 /** A dispatch with everything bound: recorded into a compute pass without any allocation. */
 export interface PreparedDispatch {

@@ -1,5 +1,5 @@
 import { GpuOutOfMemoryError } from '../errors.ts';
-import type { GpuLimits } from './device.ts';
+import type { GpuLimits } from './limits.ts';
 
 /** What a buffer holds; the memory panel, the API stats and the tests read these counts. */
 export type MemoryCategory = 'weights' | 'kv' | 'scratch' | 'staging';
