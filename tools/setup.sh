@@ -4,7 +4,7 @@
 #   libvulkan1                 the Vulkan loader Dawn (npm 'webgpu') uses for GPU tests in Node
 #   mesa-vulkan-drivers        lavapipe, a CPU Vulkan driver, from bookworm-backports: Dawn rejects Debian 12's own
 #                              Mesa 22 lavapipe, and Mesa 25 is ~3x faster than SwiftShader with f16 support
-# Run as root (sudo bash tools/setup.sh). The README's two commands and .ci/run all install through this file.
+# Run it as root or as a user with sudo (bash tools/setup.sh). The README's two commands and .ci/run all install through this file.
 set -euo pipefail
 
 BACKPORTS_SUITE=bookworm-backports
@@ -14,8 +14,10 @@ MIN_MESA_VERSION=25
 
 log() { printf '[setup] %s\n' "$*"; }
 
+# As root it installs directly (a bare Debian has no sudo); as a user it asks sudo for root.
 if [[ $(id -u) -ne 0 ]]; then
-  echo "tools/setup.sh installs Debian packages: run it as root (sudo bash tools/setup.sh)." >&2
+  if command -v sudo >/dev/null 2>&1; then exec sudo bash "$0" "$@"; fi
+  echo "tools/setup.sh installs Debian packages: run it as root (su -c 'bash tools/setup.sh'), or install sudo." >&2
   exit 1
 fi
 if ! grep -qs '^VERSION_CODENAME=bookworm$' /etc/os-release; then
