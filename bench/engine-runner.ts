@@ -171,7 +171,7 @@ export class EngineRunner {
     if (!m) throw new Error('load first');
     const g = m.transformer.graph(1);
     const body = g.body.filter((d) => !d.idle).length;
-    const samplerDispatches = m.sampler.dispatches.length;
+    const samplerDispatches = m.runner.samplerDispatches;
     return {
       dispatches: body + g.logits.length + samplerDispatches,
       forwardDispatches: body,

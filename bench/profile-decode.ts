@@ -122,19 +122,18 @@ export async function profileDecode(
     for (let position = 0; position < first; position += chunk) {
       pool.writeStep(seq, position, Math.min(chunk, first - position));
     }
-    pool.writeStep(seq, first, tokens);
+    const step = {
+      seq,
+      position: first,
+      ids: new Array<number>(tokens).fill(1),
+      sample: { params: GREEDY_SAMPLING, step: 0 },
+    };
+    m.runner.write(step);
     // A decode step right after the fill would demote the fill's last chunk's pages (the first decode step after a
     // prompt does); a steady-state step demotes none, so plan the step again once those are demoted.
-    if (tokens === 1) pool.writeStep(seq, first, tokens);
-    m.transformer.writeStep(new Array<number>(tokens).fill(1), first);
-    m.sampler.setParams(GREEDY_SAMPLING, 0);
-    const graph = m.transformer.graph(tokens);
-    // What encodeDispatches records for this step (a demotion dispatch is left out when the step demotes nothing).
-    const all: PreparedDispatch[] = [
-      ...graph.body,
-      ...graph.logits,
-      ...(m.sampler.dispatches as PreparedDispatch[]),
-    ].filter((d) => !d.idle?.());
+    if (tokens === 1) m.runner.write(step);
+    // What the step's submit records (a demotion dispatch is left out when the step demotes nothing).
+    const all: PreparedDispatch[] = m.runner.dispatches(tokens, true).filter((d) => !d.idle?.());
 
     await warmUp(() => timePasses(gpu, [all]));
     const whole: number[] = [];

@@ -19,7 +19,7 @@ import {
 } from '../eval/fidelity.ts';
 import { captureAttentionInputs } from '../eval/fidelity-capture.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
-import { calibrateKvRotations } from '../kv/calibration.ts';
+import { calibrateKvRotations } from '../calibration/calibrate.ts';
 import { nodeRotationCache } from '../kv/rotation-cache-node.ts';
 import { decodeRotations, modelDigest, rotationsFromMetadata } from '../kv/rotation-store.ts';
 import type { ModelConfig } from '../model/config.ts';

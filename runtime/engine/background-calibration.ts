@@ -2,7 +2,7 @@
  * OSCAR calibration in the background, after a load with `rotation: 'calibrated'` found no fitted rotations. The
  * engine starts with the Hadamard rotation, usable at once; meanwhile, whenever no request runs or waits:
  *   1. the model writes its own calibration text (sampled from BOS, f16 cache, `tokens` tokens),
- *   2. the two moment passes and the clip fit run (runtime/kv/calibration.ts),
+ *   2. the two moment passes and the clip fit run (runtime/calibration/calibrate.ts),
  *   3. the result is cached under the model's digest (IndexedDB in the worker, a file in Node),
  *   4. the host switches the engine to it between two requests (LongtabEngine: conversations' KV is dropped, since
  *      their pages were written with the Hadamard rotation, and re-prefilled on their next turn).
@@ -11,7 +11,7 @@
  * prefill chunk, one eigendecomposition or one layer of the clip fit), never by a whole calibration.
  */
 
-import { calibrateKvRotations, generateCalibrationText } from '../kv/calibration.ts';
+import { calibrateKvRotations, generateCalibrationText } from '../calibration/calibrate.ts';
 import type { RotationCache, StoredRotations } from '../kv/rotation-store.ts';
 import { encodeRotations } from '../kv/rotation-store.ts';
 import type { ModelConfig } from '../model/config.ts';

@@ -1,11 +1,9 @@
-import { ContextOverflowError, InvalidRequestError, LongtabError, ModelNotLoadedError } from '../../core/errors.ts';
+import { ContextOverflowError, InvalidRequestError, ModelNotLoadedError } from '../../core/errors.ts';
 import type { ByteSource, GgufFile } from '../../core/gguf-types.ts';
 import type { MemorySnapshot } from '../../core/gpu/allocator.ts';
 import type { GpuContext } from '../../core/gpu/device.ts';
-import { encodeDispatches, type PreparedDispatch } from '../../core/gpu/dispatch.ts';
 import { readFloat32 } from '../../core/gpu/readback.ts';
 import { type AttentionProducts, int8PrefillAttentionCompiles } from '../../kernels/attention.ts';
-import { prepareSampler, type Sampler } from '../../kernels/sample.ts';
 import { parseGguf } from '../gguf/parse.ts';
 import { createKvAttention } from '../kv/paged-attention.ts';
 import { KvPagePool, type KvPoolOptions, type KvSequence } from '../kv/pool.ts';
@@ -21,6 +19,7 @@ import { type ModelConfig, readModelConfig } from '../model/config.ts';
 import { int8PrefillReady, type PrefillMatmul, Transformer, type TransformerOptions } from '../model/transformer.ts';
 import { loadModelWeights, type ModelWeights, releaseModelWeights } from '../model/weights.ts';
 import { GREEDY_SAMPLING, resolveSamplingParams, type SamplingParams } from '../sampling/params.ts';
+import { StepRunner } from '../step/step-runner.ts';
 import { GgufTokenizer } from '../tokenizer/tokenizer.ts';
 import {
   type FinishReason,
@@ -187,10 +186,10 @@ interface LoadedModel {
   config: ModelConfig;
   tokenizer: GgufTokenizer;
   weights: ModelWeights;
-  /** The KV state below is replaced as a whole by `switchToCalibratedRotations`. */
+  /** The KV state (pool, forward pass over it, step runner) is replaced as a whole by `switchToCalibratedRotations`. */
   pool: KvPagePool;
   transformer: Transformer;
-  sampler: Sampler;
+  runner: StepRunner;
   kv: {
     /** What the pool was made with (rotation 'calibrated' here means fitted rotations are in use). */
     options: KvPoolOptions;
@@ -199,10 +198,6 @@ interface LoadedModel {
     /** 'calibrated' was asked for but none exist yet: the pool uses Hadamard until rotations are fitted. */
     calibrationNeeded: boolean;
   };
-  /** u32 the sampler writes; copied to a readback buffer after each step, and read by the next decode step. */
-  sampledId: GPUBuffer;
-  /** Two, used in turn: a decode step copies its id into one while the previous step's id is being mapped. */
-  readbacks: [GPUBuffer, GPUBuffer];
 }
 
 /**
@@ -307,22 +302,7 @@ export class Engine {
       const tensorCores = int8 && prefillMatmul === 'auto';
       const prefillChunk = options.prefillChunk ?? defaultPrefillChunk(tensorCores, poolOptions);
       poolOptions = { ...poolOptions, maxStepTokens: prefillChunk };
-      const sampledId = gpu.allocator.createStorage('sampledId', 'scratch', 16);
-      created.push({ release: () => gpu.allocator.release(sampledId) });
-      const readback = (slot: number) =>
-        gpu.allocator.createBuffer({
-          label: `sampledId.readback${slot}`,
-          category: 'staging',
-          size: 16,
-          usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
-        });
-      const readbacks: [GPUBuffer, GPUBuffer] = [readback(0), readback(1)];
-      created.push({
-        release: () => {
-          for (const b of readbacks) gpu.allocator.release(b);
-        },
-      });
-      const kv = this.createKvState(config, weights, poolOptions, prefillChunk, sampledId);
+      const kv = this.createKvState(config, weights, poolOptions, prefillChunk);
       created.push(kv);
       const model: LoadedModel = {
         file,
@@ -331,8 +311,6 @@ export class Engine {
         weights,
         ...kv.state,
         kv: { options: poolOptions, digest, calibrationNeeded },
-        sampledId,
-        readbacks,
       };
       // Calibrate: one warm-up token through the whole pipeline (first submits compile lazily on some drivers).
       progress({ phase: 'calibrate', bytesDone: 0, bytesTotal: 1 });
@@ -346,14 +324,13 @@ export class Engine {
     }
   }
 
-  /** The pool, the forward pass over it and the sampler, for `poolOptions`; `release()` undoes a failed build. */
+  /** The pool, the forward pass over it and the step runner, for `poolOptions`; `release()` undoes a failed build. */
   private createKvState(
     config: ModelConfig,
     weights: ModelWeights,
     poolOptions: KvPoolOptions,
     prefillChunk: number,
-    sampledId: GPUBuffer,
-  ): { state: Pick<LoadedModel, 'pool' | 'transformer' | 'sampler'>; release(): void } {
+  ): { state: Pick<LoadedModel, 'pool' | 'transformer' | 'runner'>; release(): void } {
     const gpu = this.gpu;
     const created: Array<() => void> = [];
     const release = () => {
@@ -372,13 +349,9 @@ export class Engine {
         { prefillMatmul: this.prefillMatmul },
       );
       created.push(() => transformer.release());
-      const sampler = prepareSampler(gpu, 'sampler', {
-        logits: transformer.buffers.logits,
-        vocab: config.vocab,
-        output: sampledId,
-      });
-      created.push(() => sampler.release());
-      return { state: { pool, transformer, sampler }, release };
+      const runner = new StepRunner(gpu, { pool, transformer, sampling: { label: 'generation' } });
+      created.push(() => runner.release());
+      return { state: { pool, transformer, runner }, release };
     } catch (error) {
       release();
       throw error;
@@ -389,10 +362,11 @@ export class Engine {
     const warmup = model.pool.createSequence();
     try {
       model.pool.reserve(warmup, 1);
-      await this.submitStep(model, warmup, [model.tokenizer.bosId ?? 0], 0, {
-        params: GREEDY_SAMPLING,
-        step: 0,
-        readback: 0,
+      await model.runner.submit({
+        seq: warmup,
+        position: 0,
+        ids: [model.tokenizer.bosId ?? 0],
+        sample: { params: GREEDY_SAMPLING, step: 0 },
       });
     } finally {
       model.pool.free(warmup);
@@ -402,7 +376,7 @@ export class Engine {
   }
 
   /**
-   * Switches the KV cache to calibrated rotations (and their clip quantiles): a new pool, forward pass and sampler
+   * Switches the KV cache to calibrated rotations (and their clip quantiles): a new pool, forward pass and runner
    * replace the old ones, which are released. Every sequence of the old pool is gone: their pages were written with
    * the old rotation, so callers drop them first (LongtabEngine re-prefills those conversations on their next turn).
    * Not while a request runs.
@@ -411,17 +385,17 @@ export class Engine {
     const m = this.require();
     await this.exclusive(async () => {
       const options = withStoredRotations(m.kv.options, rotations);
-      const next = this.createKvState(m.config, m.weights, options, m.transformer.maxTokens, m.sampledId);
+      const next = this.createKvState(m.config, m.weights, options, m.transformer.maxTokens);
       try {
         await this.warmUp({ ...m, ...next.state });
       } catch (error) {
         next.release();
         throw error;
       }
-      const old = { pool: m.pool, transformer: m.transformer, sampler: m.sampler };
+      const old = { pool: m.pool, transformer: m.transformer, runner: m.runner };
       Object.assign(m, next.state);
       m.kv = { options, digest: m.kv.digest, calibrationNeeded: false };
-      old.sampler.release();
+      old.runner.release();
       old.transformer.release();
       old.pool.destroy();
     });
@@ -431,11 +405,9 @@ export class Engine {
     const m = this.model;
     if (!m) return;
     this.model = null;
-    m.sampler.release();
+    m.runner.release();
     m.transformer.release();
     m.pool.destroy();
-    this.gpu.allocator.release(m.sampledId);
-    for (const b of m.readbacks) this.gpu.allocator.release(b);
     releaseModelWeights(this.gpu, m.weights);
   }
 
@@ -482,7 +454,7 @@ export class Engine {
       m.pool.reserve(seq, ids.length);
       const chunk = m.transformer.maxTokens;
       for (let position = from; position < ids.length; position += chunk) {
-        this.submitStep(m, seq, ids.slice(position, position + chunk), position, null);
+        m.runner.submit({ seq, position, ids: ids.slice(position, position + chunk) });
       }
       await this.gpu.device.queue.onSubmittedWorkDone();
       this.gpu.throwIfErrors();
@@ -526,7 +498,7 @@ export class Engine {
       if (!(error instanceof ContextOverflowError)) throw error;
       m.pool.reserve(seq, prompt.length + 1);
     }
-    m.sampler.resetHistory(prompt);
+    m.runner.resetSamplerHistory(prompt);
     const chunk = m.transformer.maxTokens;
     let step = 0;
     const usage = (generated: number, firstTokenAt: number, end: number): GenerationUsage => {
@@ -550,7 +522,7 @@ export class Engine {
       }
       const ids = prompt.slice(position, position + chunk);
       const last = position + ids.length === prompt.length;
-      pending = this.submitStep(m, seq, ids, position, last ? { params, step: step++, readback: 0 } : null);
+      pending = m.runner.submit({ seq, position, ids, sample: last ? { params, step: step++ } : undefined });
     }
     // Decode keeps one step queued ahead of the host: the step that feeds token k (its id copied on the GPU from the
     // sampler's output) is submitted before token k is read back, so the GPU never idles through the readback, the
@@ -566,9 +538,7 @@ export class Engine {
         const position = prompt.length + generated.length;
         if (generated.length + 1 < request.maxTokens && !request.signal?.aborted) {
           try {
-            // The pending token's id is in readback slot generated.length % 2 (the prefill used slot 0).
-            const readback = (generated.length + 1) % 2;
-            ahead = this.submitStep(m, seq, null, position, { params, step: step++, readback });
+            ahead = m.runner.submit({ seq, position, ids: null, sample: { params, step: step++ } });
             aheadPosition = position;
           } catch (error) {
             // The pool is full (other sequences hold the rest): the reply ends after the pending token, as at the
@@ -608,49 +578,6 @@ export class Engine {
   }
 
   /**
-   * One submit: forward over `ids` at `position` (`ids` null: one decode token whose id the previous step's sampler
-   * left in `sampledId`, copied on the GPU); with `sample`, also the logits, the sampler, and the copy of the chosen
-   * id into readback buffer `sample.readback`. Returns the promise of that id (the only readback of a decode step).
-   */
-  private submitStep(
-    m: LoadedModel,
-    seq: KvSequence,
-    ids: number[] | null,
-    position: number,
-    sample: { params: SamplingParams; step: number; readback: number } | null,
-  ): Promise<number> | null {
-    const { device } = this.gpu;
-    const tokens = ids?.length ?? 1;
-    m.pool.writeStep(seq, position, tokens);
-    m.transformer.writeStep(ids, position, tokens);
-    if (sample) m.sampler.setParams(sample.params, sample.step);
-    const encoder = device.createCommandEncoder({ label: sample ? 'decode' : 'prefill' });
-    if (!ids) encoder.copyBufferToBuffer(m.sampledId, 0, m.transformer.buffers.tokenIds, 0, 4);
-    m.transformer.encode(encoder, tokens, sample ? 'last' : 'none');
-    const readback = sample ? m.readbacks[sample.readback] : null;
-    if (readback) {
-      const pass = encoder.beginComputePass({ label: 'sample' });
-      encodeDispatches(pass, m.sampler.dispatches as PreparedDispatch[]);
-      pass.end();
-      encoder.copyBufferToBuffer(m.sampledId, 0, readback, 0, 4);
-    }
-    device.queue.submit([encoder.finish()]);
-    return readback ? this.readId(readback) : null;
-  }
-
-  private async readId(readback: GPUBuffer): Promise<number> {
-    try {
-      await readback.mapAsync(GPUMapMode.READ, 0, 4);
-    } catch (error) {
-      throw await this.lostOr(error);
-    }
-    const id = new Uint32Array(readback.getMappedRange(0, 4))[0];
-    readback.unmap();
-    this.gpu.throwIfErrors();
-    return id;
-  }
-
-  /**
    * Teacher forcing: the logits after each prefix of `ids` ([ids.length × vocab], row t follows ids[0..t]).
    * For evaluation and oracle tests; reads back every row (with `rows`, every prefill chunk holding a row it
    * accepts; the other chunks' rows stay zero), so it is not a generation path.
@@ -668,13 +595,9 @@ export class Engine {
       const chunk = m.transformer.maxTokens;
       for (let position = 0; position < ids.length; position += chunk) {
         const part = ids.slice(position, position + chunk);
-        m.pool.writeStep(seq, position, part.length);
-        m.transformer.writeStep(part, position);
         // A chunk with no row the caller needs still fills the cache, but computes no logits and is not waited on.
         const needed = !rows || part.some((_, i) => rows(position + i));
-        const encoder = this.gpu.device.createCommandEncoder({ label: 'teacher-forced' });
-        m.transformer.encode(encoder, part.length, needed ? 'all' : 'none');
-        this.gpu.device.queue.submit([encoder.finish()]);
+        m.runner.submit({ label: 'teacher-forced', seq, position, ids: part, logits: needed ? 'all' : 'none' });
         if (needed)
           out.set(await readFloat32(this.gpu, m.transformer.allLogitsBuffer(), part.length * vocab), position * vocab);
         this.gpu.throwIfErrors();
@@ -684,23 +607,6 @@ export class Engine {
       m.pool.free(seq);
       this.busy = false;
     }
-  }
-
-  /**
-   * A readback that fails because the device was lost rejects with a bare AbortError; the context's DeviceLostError
-   * (typed, says to reload) is what callers get instead. `lost` resolves shortly after, so wait for it briefly.
-   */
-  private async lostOr(error: unknown): Promise<unknown> {
-    if (error instanceof LongtabError) return error;
-    let timer: ReturnType<typeof setTimeout> | undefined;
-    const lost = await Promise.race([
-      this.gpu.lost,
-      new Promise<null>((resolve) => {
-        timer = setTimeout(() => resolve(null), 1000);
-      }),
-    ]);
-    clearTimeout(timer);
-    return lost ?? error;
   }
 
   private validatePrompt(m: LoadedModel, ids: number[]): void {

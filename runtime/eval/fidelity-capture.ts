@@ -13,6 +13,7 @@ import { KvPagePool, type KvPoolOptions } from '../kv/pool.ts';
 import type { ModelConfig } from '../model/config.ts';
 import { type KvAttentionBackend, Transformer } from '../model/transformer.ts';
 import type { ModelWeights } from '../model/weights.ts';
+import { StepRunner } from '../step/step-runner.ts';
 import type { LayerActivations } from './fidelity.ts';
 
 type Kind = 'q' | 'k' | 'v' | 'output';
@@ -121,27 +122,34 @@ export async function captureAttentionInputs(
   const backend = new AttentionCapture(gpu, createKvAttention(gpu, pool, { heads: c.heads }), buffers, widths);
   // f32 projections: the captured reference K/V and queries do not depend on the device's int8 tensor cores.
   const transformer = new Transformer(gpu, c, weights, backend, chunk, { prefillMatmul: 'f32' });
+  const runner = new StepRunner(gpu, { pool, transformer });
   const seq = pool.createSequence();
   try {
     for (let position = 0; position < n; position += chunk) {
       const ids = tokens.slice(position, position + chunk);
       const count = ids.length;
-      pool.writeStep(seq, position, count);
-      transformer.writeStep(ids, position);
-      const encoder = gpu.device.createCommandEncoder({ label: 'fidelity.capture' });
-      for (const b of created) if (b !== staging) encoder.clearBuffer(b);
-      transformer.encode(encoder, count, 'none');
       const offsets: Array<{ layer: number; kind: Kind; byteOffset: number }> = [];
       let byteOffset = 0;
       for (let l = 0; l < c.layers; l++) {
         for (const kind of kinds) {
-          const bytes = count * widths[kind] * 4;
-          encoder.copyBufferToBuffer(buffers[l][kind] as GPUBuffer, 0, staging, byteOffset, bytes);
           offsets.push({ layer: l, kind, byteOffset });
-          byteOffset += bytes;
+          byteOffset += count * widths[kind] * 4;
         }
       }
-      gpu.device.queue.submit([encoder.finish()]);
+      runner.submit({
+        label: 'fidelity.capture',
+        seq,
+        position,
+        ids,
+        before: (encoder) => {
+          for (const b of created) if (b !== staging) encoder.clearBuffer(b);
+        },
+        after: (encoder) => {
+          for (const { layer, kind, byteOffset: at } of offsets) {
+            encoder.copyBufferToBuffer(buffers[layer][kind] as GPUBuffer, 0, staging, at, count * widths[kind] * 4);
+          }
+        },
+      });
       await staging.mapAsync(GPUMapMode.READ, 0, byteOffset);
       const data = new Float32Array(staging.getMappedRange(0, byteOffset).slice(0));
       staging.unmap();
@@ -155,6 +163,7 @@ export async function captureAttentionInputs(
     return out;
   } finally {
     pool.free(seq);
+    runner.release();
     transformer.release();
     for (const b of created) gpu.allocator.release(b);
     pool.destroy();

@@ -167,7 +167,7 @@ export interface KvPoolOptions {
    * 'hadamard', 'calibrated' (with `calibratedRotations`) or 'none' (default).
    */
   rotation?: 'hadamard' | 'calibrated' | 'none';
-  /** f32 [layers × kvHeads × headDim × headDim] each (runtime/kv/calibration.ts); required with 'calibrated'. */
+  /** f32 [layers × kvHeads × headDim × headDim] each (runtime/calibration/calibrate.ts); required with 'calibrated'. */
   calibratedRotations?: { key: Float32Array; value: Float32Array };
 }
 

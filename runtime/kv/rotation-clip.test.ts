@@ -5,7 +5,7 @@
 import { describe, expect, it } from 'vitest';
 import { seededRandom } from '../../test/random.ts';
 import type { ModelConfig } from '../model/config.ts';
-import { CLIP_QUANTILE_GRID, fitClipQuantiles } from './calibration.ts';
+import { CLIP_QUANTILE_GRID, fitClipQuantiles } from './clip-fit.ts';
 import { identityMatrix } from './rotation.ts';
 import {
   decodeRotations,

@@ -16,7 +16,7 @@ export const CLIP_KEY_METADATA = 'longtab.kv.clip_key';
 export const CLIP_VALUE_METADATA = 'longtab.kv.clip_value';
 
 /**
- * The clip quantiles fitted with the rotations (runtime/kv/calibration.ts `fitClipQuantiles`): the `clipQuantile` of
+ * The clip quantiles fitted with the rotations (runtime/kv/clip-fit.ts `fitClipQuantiles`): the `clipQuantile` of
  * the K and V row formats (runtime/kv/quant-format.ts), in (0.5, 1]; 1 = plain min/max.
  */
 export interface ClipQuantiles {

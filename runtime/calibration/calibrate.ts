@@ -6,7 +6,7 @@
  * then R_K = rotation(S_Q), R_V = rotation(S_V) per (layer, KV head) (runtime/kv/rotation.ts). Both passes are
  * prefill-only forwards with an f16 cache over the calibration tokens; besides the moments, pass 2 reads back the
  * keys and values of its last chunk, on which the clip quantiles of the K and V row formats are fitted
- * (`fitClipQuantiles`).
+ * (`fitClipQuantiles`, runtime/kv/clip-fit.ts). Every forward runs through the step runner (runtime/step).
  *
  * No dataset ships: `generateCalibrationText` samples the calibration text from the model itself with an f16 cache.
  * Every step takes an optional `between` hook, awaited before each GPU submit and between CPU steps, so a background
@@ -14,41 +14,19 @@
  */
 
 import type { GpuContext } from '../../core/gpu/device.ts';
-import { encodeDispatches, type PreparedDispatch } from '../../core/gpu/dispatch.ts';
+import type { PreparedDispatch } from '../../core/gpu/dispatch.ts';
 import { readFloat32 } from '../../core/gpu/readback.ts';
 import { prepareCovariance, prepareKeyEnergy } from '../../kernels/covariance.ts';
 import { prepareAddInPlace } from '../../kernels/elementwise.ts';
-import { prepareSampler } from '../../kernels/sample.ts';
+import { type ClipFitFormat, type FittedClip, fitClipQuantiles, resolveClipFormat } from '../kv/clip-fit.ts';
+import { PagedKvAttention } from '../kv/paged-attention.ts';
+import { KvPagePool } from '../kv/pool.ts';
+import { covarianceRotation } from '../kv/rotation.ts';
 import type { ModelConfig } from '../model/config.ts';
 import { type KvAttentionBackend, Transformer } from '../model/transformer.ts';
 import type { ModelWeights } from '../model/weights.ts';
 import { resolveSamplingParams } from '../sampling/params.ts';
-import { PagedKvAttention } from './paged-attention.ts';
-import { KvPagePool } from './pool.ts';
-import { dequantizeRow, type QuantRowFormat, quantizeRow, roundToF16 } from './quant-format.ts';
-import { covarianceRotation } from './rotation.ts';
-
-/**
- * Clip quantiles tried for K and for V (the `clipQuantile` of runtime/kv/quant-format.ts; 1 = plain min/max). OSCAR
- * fits a clip ratio of the range (e.g. 0.96 for K, 0.92 for V); longtab's row format clips at a quantile of each
- * group instead, so the same idea is fitted on that parameter. 1 comes first: it is the reference of each layer.
- */
-export const CLIP_QUANTILE_GRID: readonly number[] = [1, 0.98, 0.96, 0.94, 0.92, 0.9];
-
-/** The row format the clip quantiles are fitted for (the pool's defaults: 2 bits, groups of min(128, width)). */
-export interface ClipFitFormat {
-  bits?: 1 | 2 | 4;
-  groupSize?: number;
-}
-
-export interface FittedClip {
-  key: number;
-  value: number;
-  grid: readonly number[];
-  /** Per grid entry: the error summed over layers, each layer's relative to its error at clip 1. */
-  keyError: number[];
-  valueError: number[];
-}
+import { StepRunner } from '../step/step-runner.ts';
 
 export interface CalibratedRotations {
   /** f32 [layers × kvHeads × headDim × headDim], row-major, applied as x · R. */
@@ -183,22 +161,9 @@ export async function generateCalibrationText(
       1,
     );
     owned.push(() => transformer.release());
-    const sampled = gpu.allocator.createStorage('calibration.sampledId', 'scratch', 16);
-    owned.push(() => gpu.allocator.release(sampled));
-    const readback = gpu.allocator.createBuffer({
-      label: 'calibration.sampledId.readback',
-      category: 'staging',
-      size: 16,
-      usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
-    });
-    owned.push(() => gpu.allocator.release(readback));
-    const sampler = prepareSampler(gpu, 'calibration.sampler', {
-      logits: transformer.buffers.logits,
-      vocab: config.vocab,
-      output: sampled,
-    });
-    owned.push(() => sampler.release());
-    sampler.resetHistory(prompt);
+    const runner = new StepRunner(gpu, { pool, transformer, sampling: { label: 'calibration' } });
+    owned.push(() => runner.release());
+    runner.resetSamplerHistory(prompt);
     const seq = pool.createSequence();
     const ids = prompt.slice(0, count);
     let step = 0;
@@ -206,23 +171,15 @@ export async function generateCalibrationText(
     for (let position = 0; ids.length < count; position++) {
       await options.between?.();
       const sample = position === ids.length - 1;
-      pool.writeStep(seq, position, 1);
-      transformer.writeStep([ids[position]], position);
-      const encoder = gpu.device.createCommandEncoder({ label: 'calibration.generate' });
-      transformer.encode(encoder, 1, sample ? 'last' : 'none');
-      if (sample) {
-        sampler.setParams(params, step++);
-        const pass = encoder.beginComputePass({ label: 'calibration.sample' });
-        encodeDispatches(pass, sampler.dispatches);
-        pass.end();
-        encoder.copyBufferToBuffer(sampled, 0, readback, 0, 4);
-      }
-      gpu.device.queue.submit([encoder.finish()]);
-      if (sample) {
-        await readback.mapAsync(GPUMapMode.READ, 0, 4);
-        ids.push(new Uint32Array(readback.getMappedRange(0, 4))[0]);
-        readback.unmap();
-      } else await gpu.device.queue.onSubmittedWorkDone();
+      const next = runner.submit({
+        label: 'calibration.generate',
+        seq,
+        position,
+        ids: [ids[position]],
+        sample: sample ? { params, step: step++ } : undefined,
+      });
+      if (next) ids.push(await next);
+      else await gpu.device.queue.onSubmittedWorkDone();
       gpu.throwIfErrors();
       options.onProgress?.(ids.length, count);
     }
@@ -298,22 +255,27 @@ export async function calibrateKvRotations(
       );
       // f32 projections: the fitted rotations do not depend on whether this device has int8 tensor cores.
       const transformer = new Transformer(gpu, c, weights, backend, chunk, { prefillMatmul: 'f32' });
+      const runner = new StepRunner(gpu, { pool, transformer });
       const seq = pool.createSequence();
       try {
         for (let position = 0; position < tokens.length; position += chunk) {
           await options.between?.();
           const ids = tokens.slice(position, position + chunk);
-          pool.writeStep(seq, position, ids.length);
-          transformer.writeStep(ids, position);
-          const encoder = gpu.device.createCommandEncoder({ label: `calibration.${pass}` });
           const last = position + chunk >= tokens.length;
-          if (capture && pass === 'value' && last) {
-            // The clip fit's sample: the last chunk's rows (the capture adds into these buffers).
-            for (const b of [...capture.k, ...capture.v]) encoder.clearBuffer(b);
-            sampleTokens = ids.length;
-          }
-          transformer.encode(encoder, ids.length, 'none');
-          gpu.device.queue.submit([encoder.finish()]);
+          // The clip fit's sample: the last chunk's rows (the capture adds into these buffers, cleared first).
+          const sampled = capture && pass === 'value' && last ? capture : null;
+          if (sampled) sampleTokens = ids.length;
+          runner.submit({
+            label: `calibration.${pass}`,
+            seq,
+            position,
+            ids,
+            before: sampled
+              ? (encoder) => {
+                  for (const b of [...sampled.k, ...sampled.v]) encoder.clearBuffer(b);
+                }
+              : undefined,
+          });
           await gpu.device.queue.onSubmittedWorkDone();
           gpu.throwIfErrors();
           done += ids.length;
@@ -321,6 +283,7 @@ export async function calibrateKvRotations(
         }
       } finally {
         pool.free(seq);
+        runner.release();
         transformer.release();
       }
     }
@@ -364,136 +327,4 @@ export async function calibrateKvRotations(
   } finally {
     releaseAll();
   }
-}
-
-function resolveClipFormat(width: number, f: ClipFitFormat): Omit<QuantRowFormat, 'clipQuantile'> {
-  return { width, bits: f.bits ?? 2, groupSize: f.groupSize ?? Math.min(128, width) };
-}
-
-/**
- * Picks, from `grid`, the clip quantile of the K rows and of the V rows that quantize the sampled activations with
- * the least attention error, after rotation and with the exact quantizer the cache uses (quantizeRow, bit-exact
- * with the demotion kernel):
- *   K: a key error e (rotated space) moves the logits by q·(e·Rᵀ): its expected square is e · (Rᵀ S_Q R) · eᵀ;
- *   V: a value error moves the output in proportion to its attention weight: w_t · |e|², with w_t = k_t·S_Q·k_tᵀ
- *      (the key energy pass 2 weights S_V with).
- * Each layer's error is taken relative to its error at clip 1 (so every layer counts alike), summed over layers;
- * ties keep the earlier (less clipped) grid entry.
- */
-export async function fitClipQuantiles(
-  shape: { layers: number; kvHeads: number; headDim: number },
-  sample: { tokens: number; keys: Float32Array[]; values: Float32Array[] },
-  fitted: { key: Float32Array; value: Float32Array; query: Float32Array },
-  format: Omit<QuantRowFormat, 'clipQuantile'>,
-  options: CalibrationHooks & { grid?: readonly number[]; onLayer?: (layer: number) => void } = {},
-): Promise<FittedClip> {
-  const grid = options.grid ?? CLIP_QUANTILE_GRID;
-  const { layers, kvHeads, headDim: d } = shape;
-  const width = kvHeads * d;
-  const n = sample.tokens;
-  const keyError = grid.map(() => 0);
-  const valueError = grid.map(() => 0);
-  for (let l = 0; l < layers; l++) {
-    await options.between?.();
-    const keys = sample.keys[l];
-    const values = sample.values[l];
-    const rk = rotateRows(keys, fitted.key, l, n, kvHeads, d);
-    const rv = rotateRows(values, fitted.value, l, n, kvHeads, d);
-    // M_h = R_Kᵀ S_Q R_K: the logit-error metric in the rotated space; w[t, h] = k S_Q kᵀ (unrotated).
-    const metric: Float64Array[] = [];
-    const energy = new Float64Array(n * kvHeads);
-    for (let h = 0; h < kvHeads; h++) {
-      const base = (l * kvHeads + h) * d * d;
-      const s = fitted.query.subarray(base, base + d * d);
-      const r = fitted.key.subarray(base, base + d * d);
-      metric.push(congruence(r, s, d));
-      for (let t = 0; t < n; t++) energy[t * kvHeads + h] = quadratic(keys, (t * kvHeads + h) * d, s, d);
-    }
-    const layerKey = grid.map(() => 0);
-    const layerValue = grid.map(() => 0);
-    for (const [g, clipQuantile] of grid.entries()) {
-      const f: QuantRowFormat = { ...format, clipQuantile };
-      for (let t = 0; t < n; t++) {
-        const kRow = rk.subarray(t * width, (t + 1) * width);
-        const kErr = difference(dequantizeRow(quantizeRow(kRow, f), f), kRow);
-        const vRow = rv.subarray(t * width, (t + 1) * width);
-        const vErr = difference(dequantizeRow(quantizeRow(vRow, f), f), vRow);
-        for (let h = 0; h < kvHeads; h++) {
-          layerKey[g] += quadratic(kErr, h * d, metric[h], d);
-          let norm = 0;
-          for (let i = h * d; i < (h + 1) * d; i++) norm += vErr[i] * vErr[i];
-          layerValue[g] += energy[t * kvHeads + h] * norm;
-        }
-      }
-    }
-    for (let g = 0; g < grid.length; g++) {
-      keyError[g] += layerKey[0] > 0 ? layerKey[g] / layerKey[0] : 1;
-      valueError[g] += layerValue[0] > 0 ? layerValue[g] / layerValue[0] : 1;
-    }
-    options.onLayer?.(l);
-  }
-  const best = (errors: number[]) => {
-    let b = 0;
-    for (let g = 1; g < errors.length; g++) if (errors[g] < errors[b] * (1 - 1e-9)) b = g;
-    return grid[b];
-  };
-  return { key: best(keyError), value: best(valueError), grid, keyError, valueError };
-}
-
-/**
- * x[t, h, :] · R[layer, h] for every token and head of one layer's rows, rounded to f16 as the f16 pages hold them
- * before they are quantized.
- */
-function rotateRows(x: Float32Array, rotations: Float32Array, layer: number, n: number, kvHeads: number, d: number) {
-  const out = new Float64Array(n * kvHeads * d);
-  for (let h = 0; h < kvHeads; h++) {
-    const base = (layer * kvHeads + h) * d * d;
-    for (let t = 0; t < n; t++) {
-      const row = (t * kvHeads + h) * d;
-      for (let i = 0; i < d; i++) {
-        const xi = x[row + i];
-        if (xi === 0) continue;
-        const r = base + i * d;
-        for (let j = 0; j < d; j++) out[row + j] += xi * rotations[r + j];
-      }
-    }
-  }
-  for (let i = 0; i < out.length; i++) out[i] = roundToF16(out[i]);
-  return out;
-}
-
-/** Rᵀ S R (d × d). */
-function congruence(r: Float32Array, s: Float32Array, d: number): Float64Array {
-  const sr = new Float64Array(d * d);
-  for (let i = 0; i < d; i++)
-    for (let k = 0; k < d; k++) {
-      const sik = s[i * d + k];
-      for (let j = 0; j < d; j++) sr[i * d + j] += sik * r[k * d + j];
-    }
-  const out = new Float64Array(d * d);
-  for (let k = 0; k < d; k++)
-    for (let i = 0; i < d; i++) {
-      const rki = r[k * d + i];
-      for (let j = 0; j < d; j++) out[i * d + j] += rki * sr[k * d + j];
-    }
-  return out;
-}
-
-/** x[offset..offset+d) · M · x[offset..offset+d)ᵀ. */
-function quadratic(x: ArrayLike<number>, offset: number, m: ArrayLike<number>, d: number): number {
-  let sum = 0;
-  for (let i = 0; i < d; i++) {
-    const xi = x[offset + i];
-    if (xi === 0) continue;
-    let row = 0;
-    for (let j = 0; j < d; j++) row += m[i * d + j] * x[offset + j];
-    sum += xi * row;
-  }
-  return sum;
-}
-
-function difference(a: ArrayLike<number>, b: ArrayLike<number>): Float64Array {
-  const out = new Float64Array(b.length);
-  for (let i = 0; i < b.length; i++) out[i] = a[i] - b[i];
-  return out;
 }

@@ -3,8 +3,8 @@ import { withTestGpu } from '../../test/gpu.ts';
 import { STORIES260K, sharedPath } from '../../test/shared.ts';
 import { Engine } from '../engine/engine.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
-import { calibrateKvRotations } from './calibration.ts';
-import { multiply, transpose } from './rotation.ts';
+import { multiply, transpose } from '../kv/rotation.ts';
+import { calibrateKvRotations } from './calibrate.ts';
 
 const ctx = withTestGpu();
 const modelPath = sharedPath(STORIES260K);
