@@ -27,20 +27,20 @@ import { releaseDispatches, submitDispatches } from '../core/gpu/dispatch.ts';
 import { nodeGpu } from '../core/gpu/node.ts';
 import { readBuffer } from '../core/gpu/readback.ts';
 import { prepareKvDemote } from '../kernels/kv-demote.ts';
-import { kvDemoteWgsl } from '../kernels/kv-demote.wgsl.ts';
 import { PagedKvAttention } from '../runtime/kv/paged-attention.ts';
 import { KvPagePool } from '../runtime/kv/pool.ts';
 import { randomFloats, seededRandom, withTies } from '../test/random.ts';
+import { mutateShaders } from '../test/shader-mutation.ts';
 import { timeDispatches } from './gpu-timing.ts';
 import { type LayerShape, layerShapesNamed, SHAPES_OPTION } from './models.ts';
-import { edited } from './wgsl-edit.ts';
 
 /** The kernel's test for plain min/max, which takes the scans instead of the rank loop. */
 const SCAN_CONDITION = 'if (f.loRank == 0u && f.hiRank == size - 1u) {';
 
 interface Build {
   name: string;
-  source: string;
+  /** The edit of the kernel's WGSL (kv-demote.wgsl.ts) this build compiles; none for the kernel as built. */
+  edit?: (code: string) => string;
   /**
    * 'variant' (default): must write the reference's words; 'mutation': a deliberate error the check must see (not
    * timed); 'ablation': wrong by design, timed, its differing words recorded.
@@ -49,17 +49,15 @@ interface Build {
 }
 
 const BUILDS: Build[] = [
-  { name: 'built', source: kvDemoteWgsl },
+  { name: 'built' },
   // The rank loop at every clip quantile (the kernel before session 22): must write what the scans write.
-  { name: 'rank-loop', source: edited(kvDemoteWgsl, (c) => c.replace(SCAN_CONDITION, 'if (false) {'), 'rank loop') },
+  { name: 'rank-loop', edit: (c) => c.replace(SCAN_CONDITION, 'if (false) {') },
   // The scans' minimum taking the last of equal values instead of the first, in the spans and in their merge:
   // differs only between −0 and +0. (The maximum's choice shows only through hi − lo, the same for −0 and +0
   // unless the whole group is zeros, which this data does not have: no such mutation could fail the check.)
   {
     name: 'mut-lastMin',
-    source: edited(kvDemoteWgsl, (c) =>
-      c.replaceAll('if (u < lo) { lo = u; loAt = j; }', 'if (u <= lo) { lo = u; loAt = j; }'),
-    ),
+    edit: (c) => c.replaceAll('if (u < lo) { lo = u; loAt = j; }', 'if (u <= lo) { lo = u; loAt = j; }'),
     kind: 'mutation',
   },
   // Ablations: no min/max (groupLo/groupHi keep whatever they held); no coding (no code words written); the f16 rows
@@ -67,34 +65,30 @@ const BUILDS: Build[] = [
   {
     name: 'abl-noMinMax',
     // Neither the scans nor the rank loop run: they sit in branches never taken.
-    source: edited(kvDemoteWgsl, (c) => c.replace(SCAN_CONDITION, 'if (true) {} else if (false) {')),
+    edit: (c) => c.replace(SCAN_CONDITION, 'if (true) {} else if (false) {'),
     kind: 'ablation',
   },
   {
     name: 'abl-noCode',
-    source: edited(kvDemoteWgsl, (c) =>
-      c.replace('for (var w = lid; w < f.codeWords; w += WG) {', 'for (var w = lid; w < 0u; w += WG) {'),
-    ),
+    edit: (c) => c.replace('for (var w = lid; w < f.codeWords; w += WG) {', 'for (var w = lid; w < 0u; w += WG) {'),
     kind: 'ablation',
   },
   {
     name: 'abl-noLoad',
-    source: edited(kvDemoteWgsl, (c) =>
+    edit: (c) =>
       c.replace(
         'vals[i] = unpack2x16float(word)[d % 2u];',
         'vals[i] = f32((i * 37u + t) % 255u) * 0.01; if (word == 0xfffffffeu && h == 999u) { vals[i] = 1.0; }',
       ),
-    ),
     kind: 'ablation',
   },
   {
     name: 'abl-exit',
-    source: edited(kvDemoteWgsl, (c) =>
+    edit: (c) =>
       c.replace(
         'if (job >= jobs[0] || job >= params.maxJobs) { return; }',
         'if (job >= jobs[0] || job >= params.maxJobs || params.width > 0u) { return; }',
       ),
-    ),
     kind: 'ablation',
   },
 ];
@@ -178,7 +172,11 @@ async function benchShape(
     const kind = build.kind ?? 'variant';
     // The mutation edits the min/max scans, which only clip quantile 1 takes.
     if (kind === 'mutation' && clipQuantile !== 1) continue;
-    const dispatch = prepareKvDemote(gpu, build.name, { pool, layer: 0, source: build.source });
+    // An edited build compiles on a view of the device whose kv-demote module is the edited code (mutateShaders
+    // throws where an edit no longer changes the kernel).
+    const view = build.edit ? mutateShaders(gpu, { label: 'kv-demote', edit: build.edit }) : null;
+    const dispatch = prepareKvDemote(view?.gpu ?? gpu, build.name, { pool, layer: 0 });
+    if (view && view.mutated.length !== 1) throw new Error(`${build.name}: the edited kernel was not what compiled`);
     writeSlabs(gpu, pool, before);
     submitDispatches(gpu, 'check', [dispatch]);
     const after = await readSlabs(gpu, pool);

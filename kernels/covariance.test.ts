@@ -1,10 +1,11 @@
 import { describe, expect, it } from 'vitest';
+import type { GpuContext } from '../core/gpu/device.ts';
 import { releaseDispatches, submitDispatches, uniformBuffer } from '../core/gpu/dispatch.ts';
 import { readFloat32 } from '../core/gpu/readback.ts';
 import { withTestGpu } from '../test/gpu.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
+import { mutateShaders } from '../test/shader-mutation.ts';
 import { prepareCovariance, prepareKeyEnergy } from './covariance.ts';
-import { covarianceWgsl } from './covariance.wgsl.ts';
 import { covarianceReference, keyEnergyReference } from './reference/covariance.ts';
 
 const ctx = withTestGpu();
@@ -15,9 +16,8 @@ async function runCovariance(
   headDim: number,
   matrices: number,
   weighted: boolean,
-  source = covarianceWgsl,
+  gpu: GpuContext = ctx.gpu,
 ) {
-  const { gpu } = ctx;
   const random = seededRandom(tokens + heads * 3 + headDim + (weighted ? 7 : 0));
   const x = randomFloats(random, tokens * heads * headDim, 2);
   const w = weighted ? Float32Array.from({ length: tokens * matrices }, () => random() * 3) : undefined;
@@ -26,12 +26,16 @@ async function runCovariance(
   const wb = w ? gpu.allocator.createStorage('w', 'scratch', w) : null;
   const cb = gpu.allocator.createStorage('cov', 'scratch', initial);
   const step = uniformBuffer(gpu, 'step', [0, tokens, 0, 0], 'uuuu');
-  const d = prepareCovariance(
-    gpu,
-    'cov',
-    { x: xb, weights: wb, covariance: cb, firstMatrix: 0, matrices, heads, headDim, step },
-    source,
-  );
+  const d = prepareCovariance(gpu, 'cov', {
+    x: xb,
+    weights: wb,
+    covariance: cb,
+    firstMatrix: 0,
+    matrices,
+    heads,
+    headDim,
+    step,
+  });
   submitDispatches(gpu, 'cov', [d]);
   const actual = await readFloat32(gpu, cb, initial.length);
   releaseDispatches(gpu, [d]);
@@ -55,9 +59,12 @@ describe('calibration moment kernels', () => {
   );
 
   it('catches a broken kernel (one head of each group skipped)', async () => {
-    const broken = covarianceWgsl.replace('g < params.headsPerMatrix', 'g + 1u < params.headsPerMatrix');
-    expect(broken).not.toBe(covarianceWgsl);
-    const { actual, expected } = await runCovariance(5, 4, 8, 2, false, broken);
+    const broken = mutateShaders(ctx.gpu, {
+      label: 'covariance',
+      edit: (code) => code.replace('g < params.headsPerMatrix', 'g + 1u < params.headsPerMatrix'),
+    });
+    const { actual, expected } = await runCovariance(5, 4, 8, 2, false, broken.gpu);
+    expect(broken.mutated).toEqual(['covariance']);
     expect(maxToleranceRatio(actual, expected, 1e-3, 1e-4)).toBeGreaterThan(1);
   });
 

@@ -17,13 +17,8 @@ export interface CovarianceBinding {
   step: GPUBuffer;
 }
 
-export function prepareCovariance(
-  gpu: GpuContext,
-  label: string,
-  b: CovarianceBinding,
-  source = covarianceWgsl,
-): PreparedDispatch {
-  const pipeline = computePipeline(gpu, 'covariance', source);
+export function prepareCovariance(gpu: GpuContext, label: string, b: CovarianceBinding): PreparedDispatch {
+  const pipeline = computePipeline(gpu, 'covariance', covarianceWgsl);
   const params = uniformBuffer(
     gpu,
     `${label}.params`,

@@ -5,8 +5,8 @@ import { readUint32 } from '../core/gpu/readback.ts';
 import { decodePageEntry, KvPagePool } from '../runtime/kv/pool.ts';
 import { withTestGpu } from '../test/gpu.ts';
 import { randomFloats, seededRandom } from '../test/random.ts';
+import { mutateShaders } from '../test/shader-mutation.ts';
 import { prepareKvAppend } from './kv-append.ts';
-import { kvAppendWgsl } from './kv-append.wgsl.ts';
 import { f16Bits } from './reference/attention.ts';
 
 const ctx = withTestGpu();
@@ -15,7 +15,7 @@ const ctx = withTestGpu();
  * Appends random K/V rows in steps of `chunks` tokens to two layers and returns how many packed f16 words in the
  * pages differ from the CPU packing (page layout from runtime/kv/pool.ts).
  */
-async function mismatchedWords(gpu: GpuContext, chunks: number[], source = kvAppendWgsl): Promise<number> {
+async function mismatchedWords(gpu: GpuContext, chunks: number[]): Promise<number> {
   const before = gpu.allocator.snapshot().totalBuffers;
   const layers = 2;
   const kvHeads = 3;
@@ -38,7 +38,7 @@ async function mismatchedWords(gpu: GpuContext, chunks: number[], source = kvApp
     const k = gpu.allocator.createStorage(`k${layer}`, 'scratch', maxTokens * row * 4);
     const v = gpu.allocator.createStorage(`v${layer}`, 'scratch', maxTokens * row * 4);
     inputs.push(k, v);
-    dispatches.push(prepareKvAppend(gpu, `append${layer}`, { pool, layer, k, v, tokens: maxTokens }, source));
+    dispatches.push(prepareKvAppend(gpu, `append${layer}`, { pool, layer, k, v, tokens: maxTokens }));
   }
   const random = seededRandom(chunks.length);
   const seq = pool.createSequence();
@@ -89,8 +89,11 @@ describe('kv-append kernel', () => {
   });
 
   it('catches a broken kernel: K and V swapped', async () => {
-    const broken = kvAppendWgsl.replace('params.kOffset + within', 'params.vOffset + within');
-    expect(broken).not.toBe(kvAppendWgsl);
-    expect(await mismatchedWords(ctx.gpu, [7, 6], broken)).toBeGreaterThan(0);
+    const broken = mutateShaders(ctx.gpu, {
+      label: 'kv-append',
+      edit: (code) => code.replace('params.kOffset + within', 'params.vOffset + within'),
+    });
+    expect(await mismatchedWords(broken.gpu, [7, 6])).toBeGreaterThan(0);
+    expect(broken.mutated).toEqual(['kv-append']);
   });
 });

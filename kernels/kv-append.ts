@@ -71,14 +71,9 @@ export interface KvAppendBinding {
 }
 
 /** Prepares the write of one layer's K/V rows into the pages at positions step.position..+step.tokens. */
-export function prepareKvAppend(
-  gpu: GpuContext,
-  label: string,
-  b: KvAppendBinding,
-  source = kvAppendWgsl,
-): PreparedDispatch {
+export function prepareKvAppend(gpu: GpuContext, label: string, b: KvAppendBinding): PreparedDispatch {
   const { pool } = b;
-  const pipeline = computePipeline(gpu, 'kv-append', source);
+  const pipeline = computePipeline(gpu, 'kv-append', kvAppendWgsl);
   const headPairs = pool.headDim / 2;
   const params = uniformBuffer(
     gpu,

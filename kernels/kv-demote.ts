@@ -70,8 +70,6 @@ export function prepareKvDemote(
     pool: KvMixedPageSource;
     layer: number;
     maxJobs?: number;
-    /** The kernel's WGSL, default kvDemoteWgsl: bench/demote-kernel.ts times edited builds with the same bindings. */
-    source?: string;
   },
 ): PreparedDispatch {
   const { pool } = b;
@@ -101,7 +99,7 @@ export function prepareKvDemote(
   return kvPoolDispatch(
     gpu,
     label,
-    computePipeline(gpu, 'kv-demote', b.source ?? kvDemoteWgsl),
+    computePipeline(gpu, 'kv-demote', kvDemoteWgsl),
     pool,
     [quant.jobs, params],
     workgroupGrid(gpu, maxJobs * 2 * pool.pageTokens),

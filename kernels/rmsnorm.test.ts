@@ -4,13 +4,13 @@ import { releaseDispatches, submitDispatches } from '../core/gpu/dispatch.ts';
 import { readFloat32 } from '../core/gpu/readback.ts';
 import { withTestGpu } from '../test/gpu.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
+import { mutateShaders } from '../test/shader-mutation.ts';
 import { rmsnormReference } from './reference/rmsnorm.ts';
 import { prepareRmsNorm } from './rmsnorm.ts';
-import { rmsnormWgsl } from './rmsnorm.wgsl.ts';
 
 const ctx = withTestGpu();
 
-async function runRmsNorm(gpu: GpuContext, rows: number, dim: number, source = rmsnormWgsl) {
+async function runRmsNorm(gpu: GpuContext, rows: number, dim: number) {
   const random = seededRandom(rows * 1000 + dim);
   const x = randomFloats(random, rows * dim, 3);
   const w = randomFloats(random, dim, 1.5);
@@ -19,7 +19,7 @@ async function runRmsNorm(gpu: GpuContext, rows: number, dim: number, source = r
   const input = gpu.allocator.createStorage('x', 'scratch', x);
   const weight = gpu.allocator.createStorage('w', 'weights', w);
   const output = gpu.allocator.createStorage('y', 'scratch', rows * dim * 4);
-  const dispatch = prepareRmsNorm(gpu, 'rmsnorm-test', { input, weight, output, rows, dim, eps }, source);
+  const dispatch = prepareRmsNorm(gpu, 'rmsnorm-test', { input, weight, output, rows, dim, eps });
   submitDispatches(gpu, 'rmsnorm-test', [dispatch]);
   const actual = await readFloat32(gpu, output, rows * dim);
   releaseDispatches(gpu, [dispatch]);
@@ -45,20 +45,26 @@ describe('rmsnorm kernel', () => {
   });
 
   it('catches a broken kernel: an off-by-one in the mean fails the comparison', async () => {
-    const { gpu } = ctx;
-    const broken = rmsnormWgsl.replace('f32(params.dim)', 'f32(params.dim - 1u)');
-    expect(broken).not.toBe(rmsnormWgsl);
-    const { actual, expected } = await runRmsNorm(gpu, 2, 96, broken);
+    const broken = mutateShaders(ctx.gpu, {
+      label: 'rmsnorm',
+      edit: (code) => code.replace('f32(params.dim)', 'f32(params.dim - 1u)'),
+    });
+    const { actual, expected } = await runRmsNorm(broken.gpu, 2, 96);
+    expect(broken.mutated).toEqual(['rmsnorm']);
     expect(maxToleranceRatio(actual, expected, 1e-5, 1e-4)).toBeGreaterThan(1);
   });
 
   it('catches a broken kernel: a row wider than the held values without its tail in the mean', async () => {
-    const broken = rmsnormWgsl.replace(
-      'for (var i = lid.x + WG * HELD; i < params.dim; i += WG) {\n    let v',
-      'for (var i = lid.x + WG * HELD + WG; i < params.dim; i += WG) {\n    let v',
-    );
-    expect(broken).not.toBe(rmsnormWgsl);
-    const { actual, expected } = await runRmsNorm(ctx.gpu, 1, 5000, broken);
+    const broken = mutateShaders(ctx.gpu, {
+      label: 'rmsnorm',
+      edit: (code) =>
+        code.replace(
+          'for (var i = lid.x + WG * HELD; i < params.dim; i += WG) {\n    let v',
+          'for (var i = lid.x + WG * HELD + WG; i < params.dim; i += WG) {\n    let v',
+        ),
+    });
+    const { actual, expected } = await runRmsNorm(broken.gpu, 1, 5000);
+    expect(broken.mutated).toEqual(['rmsnorm']);
     expect(maxToleranceRatio(actual, expected, 1e-5, 1e-4)).toBeGreaterThan(1);
   });
 });

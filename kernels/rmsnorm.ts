@@ -16,11 +16,11 @@ export interface RmsNormBinding {
  * Prepares an RMSNorm dispatch over `rows` rows of `dim` f32 values into `output` (not `input`: Qwen3's per-head
  * q/k norm, the one in-place use, is done by the RoPE dispatch, kernels/rope.ts).
  */
-export function prepareRmsNorm(gpu: GpuContext, label: string, b: RmsNormBinding, source?: string): PreparedDispatch {
+export function prepareRmsNorm(gpu: GpuContext, label: string, b: RmsNormBinding): PreparedDispatch {
   if (b.input === b.output) {
     throw new InvalidRequestError(`RMSNorm '${label}' cannot write its input in place; give it another output buffer.`);
   }
-  const pipeline = computePipeline(gpu, 'rmsnorm', source ?? rmsnormWgsl);
+  const pipeline = computePipeline(gpu, 'rmsnorm', rmsnormWgsl);
   const params = uniformBuffer(gpu, `${label}.params`, [b.rows, b.dim, b.eps, 0], 'uufu');
   return {
     label,

@@ -1,12 +1,13 @@
 import { describe, expect, it } from 'vitest';
+import type { GpuContext } from '../core/gpu/device.ts';
 import { releaseDispatches, submitDispatches, uniformBuffer } from '../core/gpu/dispatch.ts';
 import { readFloat32 } from '../core/gpu/readback.ts';
 import { withTestGpu } from '../test/gpu.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
+import { mutateShaders } from '../test/shader-mutation.ts';
 import { rmsnormReference } from './reference/rmsnorm.ts';
 import { ropeReference } from './reference/rope.ts';
 import { prepareRope, type RopeLayout } from './rope.ts';
-import { ropeHeadNormWgsl, ropeWgsl } from './rope.wgsl.ts';
 
 const ctx = withTestGpu();
 
@@ -18,10 +19,9 @@ async function runRope(
   ropeDim: number,
   position: number,
   withFactors: boolean,
-  source?: string,
+  gpu: GpuContext = ctx.gpu,
   headNorm = false,
 ) {
-  const { gpu } = ctx;
   const random = seededRandom(tokens * 31 + heads * 7 + headDim + position);
   // k has fewer heads than q (GQA), as in every model that uses it.
   const kvHeads = Math.max(1, heads >> 1);
@@ -45,25 +45,20 @@ async function runRope(
         gpu.allocator.createStorage('k_norm', 'weights', kWeight),
       ]
     : [];
-  const dispatch = prepareRope(
-    gpu,
-    'rope-test',
-    {
-      q: qBuffer,
-      k: kBuffer,
-      freqFactors: factorBuffer,
-      step,
-      tokens,
-      heads,
-      kvHeads,
-      headDim,
-      ropeDim,
-      base,
-      layout,
-      headNorm: headNorm ? { q: norms[0], k: norms[1], eps } : undefined,
-    },
-    source,
-  );
+  const dispatch = prepareRope(gpu, 'rope-test', {
+    q: qBuffer,
+    k: kBuffer,
+    freqFactors: factorBuffer,
+    step,
+    tokens,
+    heads,
+    kvHeads,
+    headDim,
+    ropeDim,
+    base,
+    layout,
+    headNorm: headNorm ? { q: norms[0], k: norms[1], eps } : undefined,
+  });
   submitDispatches(gpu, 'rope-test', [dispatch]);
   const actual = [...(await readFloat32(gpu, qBuffer, q.length)), ...(await readFloat32(gpu, kBuffer, k.length))];
   releaseDispatches(gpu, [dispatch]);
@@ -118,31 +113,35 @@ describe('rope kernel', () => {
     },
   );
 
+  /** A view of the test device whose `label` pipeline compiles from `code.replace(from, to)`. */
+  const broken = (label: string, from: string, to: string) =>
+    mutateShaders(ctx.gpu, { label, edit: (code) => code.replace(from, to) });
+
   it("catches a broken head-norm kernel (k's norm weights read in reverse)", async () => {
-    const broken = ropeHeadNormWgsl.replace('w = kNorm[i];', 'w = kNorm[d - 1u - i];');
-    expect(broken).not.toBe(ropeHeadNormWgsl);
-    const { actual, expected } = await runRope('neox', 2, 4, 64, 64, 9, false, broken, true);
+    const mutant = broken('rope-head-norm', 'w = kNorm[i];', 'w = kNorm[d - 1u - i];');
+    const { actual, expected } = await runRope('neox', 2, 4, 64, 64, 9, false, mutant.gpu, true);
+    expect(mutant.mutated).toEqual(['rope-head-norm']);
     expect(maxToleranceRatio(actual, expected, 2e-3, 1e-3)).toBeGreaterThan(1);
   });
 
   it('catches a broken head-norm kernel (dims past ropeDim left unnormalized)', async () => {
-    const broken = ropeHeadNormWgsl.replace('{ q[base + i] = row[i]; } else { k[base + i] = row[i]; }', '{}');
-    expect(broken).not.toBe(ropeHeadNormWgsl);
-    const { actual, expected } = await runRope('neox', 2, 2, 64, 32, 5, false, broken, true);
+    const mutant = broken('rope-head-norm', '{ q[base + i] = row[i]; } else { k[base + i] = row[i]; }', '{}');
+    const { actual, expected } = await runRope('neox', 2, 2, 64, 32, 5, false, mutant.gpu, true);
+    expect(mutant.mutated).toEqual(['rope-head-norm']);
     expect(maxToleranceRatio(actual, expected, 2e-3, 1e-3)).toBeGreaterThan(1);
   });
 
   it('catches a broken kernel (pairs swapped to the other layout)', async () => {
-    const broken = ropeWgsl.replace('if (params.neox == 1u)', 'if (params.neox == 0u)');
-    expect(broken).not.toBe(ropeWgsl);
-    const { actual, expected } = await runRope('normal', 2, 2, 64, 64, 9, false, broken);
+    const mutant = broken('rope', 'if (params.neox == 1u)', 'if (params.neox == 0u)');
+    const { actual, expected } = await runRope('normal', 2, 2, 64, 64, 9, false, mutant.gpu);
+    expect(mutant.mutated).toEqual(['rope']);
     expect(maxToleranceRatio(actual, expected, 2e-3, 1e-3)).toBeGreaterThan(1);
   });
 
   it("catches a broken kernel (k rotated with q's head count)", async () => {
-    const broken = ropeWgsl.replace('select(params.kvHeads, params.heads, inQ)', 'params.heads');
-    expect(broken).not.toBe(ropeWgsl);
-    const { actual, expected } = await runRope('normal', 3, 4, 64, 64, 9, false, broken);
+    const mutant = broken('rope', 'select(params.kvHeads, params.heads, inQ)', 'params.heads');
+    const { actual, expected } = await runRope('normal', 3, 4, 64, 64, 9, false, mutant.gpu);
+    expect(mutant.mutated).toEqual(['rope']);
     expect(maxToleranceRatio(actual, expected, 2e-3, 1e-3)).toBeGreaterThan(1);
   });
 });

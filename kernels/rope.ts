@@ -35,18 +35,16 @@ export interface RopeBinding {
 }
 
 /** RoPE on a step's q and k (in place) as one dispatch, after their per-head RMSNorm when `headNorm` is given. */
-export function prepareRope(gpu: GpuContext, label: string, b: RopeBinding, source?: string): PreparedDispatch {
+export function prepareRope(gpu: GpuContext, label: string, b: RopeBinding): PreparedDispatch {
   const norm = b.headNorm;
   if (norm && b.headDim > ROPE_HEAD_NORM_MAX_DIM) {
     throw new UnsupportedModelError(
       `RoPE '${label}' normalizes heads of at most ${ROPE_HEAD_NORM_MAX_DIM} dims, got ${b.headDim}.`,
     );
   }
-  const pipeline = computePipeline(
-    gpu,
-    norm ? 'rope-head-norm' : 'rope',
-    source ?? (norm ? ropeHeadNormWgsl : ropeWgsl),
-  );
+  const pipeline = norm
+    ? computePipeline(gpu, 'rope-head-norm', ropeHeadNormWgsl)
+    : computePipeline(gpu, 'rope', ropeWgsl);
   const params = uniformBuffer(
     gpu,
     `${label}.params`,

@@ -4,9 +4,10 @@ import { encodeDispatches } from '../core/gpu/dispatch.ts';
 import { readUint32 } from '../core/gpu/readback.ts';
 import { withTestGpu } from '../test/gpu.ts';
 import { randomFloats, seededRandom } from '../test/random.ts';
+import { mutateShaders } from '../test/shader-mutation.ts';
 import { argmaxReference, sampleReference } from './reference/sample.ts';
 import { prepareSampler, type SamplerParams, samplingUniform } from './sample.ts';
-import { type SampleShaders, sampleWgsl } from './sample.wgsl.ts';
+import type { sampleWgsl } from './sample.wgsl.ts';
 
 const ctx = withTestGpu();
 
@@ -19,7 +20,6 @@ interface Run {
   /** One draw per step, in order; the history ring carries over between them as in decode. */
   steps: number[];
   historyCapacity?: number;
-  shaders?: SampleShaders;
 }
 
 /** Runs the sampler once per step (one submit each, as decode does) and returns the sampled ids. */
@@ -32,12 +32,12 @@ async function sampleOnGpu(
   const logits = gpu.allocator.createStorage('logits', 'scratch', run.logits);
   const output = gpu.allocator.createStorage('sampled', 'scratch', 4);
   const results = gpu.allocator.createStorage('sampled-all', 'scratch', run.steps.length * 4);
-  const sampler = prepareSampler(
-    gpu,
-    'sample-test',
-    { logits, vocab, output, historyCapacity: run.historyCapacity ?? 64 },
-    run.shaders,
-  );
+  const sampler = prepareSampler(gpu, 'sample-test', {
+    logits,
+    vocab,
+    output,
+    historyCapacity: run.historyCapacity ?? 64,
+  });
   sampler.resetHistory(run.history ?? []);
   run.steps.forEach((step, i) => {
     sampler.setParams(run.params, step);
@@ -292,7 +292,7 @@ describe('sampler: broken kernels are caught', () => {
   const filtered: Partial<SamplerParams> = { temperature: 0.4, topK: 30, topP: 0.95, repetitionPenalty: 1.8 };
   // Top-p alone over all 512 ids: bins hold more than one top weight of mass, so the 32.32 carries matter.
   const broad: Partial<SamplerParams> = { temperature: 1, topK: 0, topP: 0.3, repetitionPenalty: 1 };
-  it.each<[string, keyof SampleShaders, string, string, Partial<SamplerParams>]>([
+  it.each<[string, keyof typeof sampleWgsl, string, string, Partial<SamplerParams>]>([
     ['the draw ignores the temperature', 'draw', 'exp((x - maxLogit) / temperature)', 'exp(x - maxLogit)', filtered],
     [
       'the select stops one bin early',
@@ -310,8 +310,7 @@ describe('sampler: broken kernels are caught', () => {
       broad,
     ],
   ])('%s', async (_, shader, from, to, change) => {
-    const broken = { ...sampleWgsl, [shader]: sampleWgsl[shader].replace(from, to) };
-    expect(broken[shader]).not.toBe(sampleWgsl[shader]);
+    const broken = mutateShaders(ctx.gpu, { label: `sample.${shader}`, edit: (code) => code.replace(from, to) });
     const random = seededRandom(404);
     let mismatches = 0;
     for (let c = 0; c < 12; c++) {
@@ -321,9 +320,11 @@ describe('sampler: broken kernels are caught', () => {
       const history = Array.from(logits.keys())
         .sort((a, b) => logits[b] - logits[a])
         .slice(0, 30);
-      const { ids } = await sampleOnGpu(ctx.gpu, { logits, params, history, steps: [c], shaders: broken });
+      const { ids } = await sampleOnGpu(broken.gpu, { logits, params, history, steps: [c] });
       if (ids[0] !== sampleReference(logits, params, history, samplingUniform(c, c)).choice) mismatches++;
     }
+    // One module compiled from the edit, on the first run (the view caches it for the others).
+    expect(broken.mutated).toEqual([`sample.${shader}`]);
     expect(mismatches).toBeGreaterThan(3);
   });
 });

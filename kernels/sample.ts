@@ -7,7 +7,7 @@ import {
   releaseDispatches,
   uniformBuffer,
 } from '../core/gpu/dispatch.ts';
-import { SAMPLE_SPAN, type SampleShaders, sampleWgsl } from './sample.wgsl.ts';
+import { SAMPLE_SPAN, sampleWgsl } from './sample.wgsl.ts';
 
 /**
  * The values the sampler's uniform holds, already validated (runtime/sampling/params.ts validates requests;
@@ -100,12 +100,7 @@ const GREEDY: SamplerParams = { temperature: 0, topK: 0, topP: 1, minP: 0, repet
  * allocated or read back per token: `setParams` rewrites a uniform, the history ring lives on the GPU and the
  * draw appends to it.
  */
-export function prepareSampler(
-  gpu: GpuContext,
-  label: string,
-  b: SamplerBinding,
-  shaders: SampleShaders = sampleWgsl,
-): Sampler {
+export function prepareSampler(gpu: GpuContext, label: string, b: SamplerBinding): Sampler {
   const vocab = b.vocab;
   const capacity = b.historyCapacity ?? DEFAULT_HISTORY_CAPACITY;
   if (!Number.isInteger(vocab) || vocab < 1 || vocab > 0x7fffffff) {
@@ -127,8 +122,8 @@ export function prepareSampler(
   const owned: GPUBuffer[] = [work, scratch, state, history, params];
 
   const dispatches: PreparedDispatch[] = [];
-  const add = (name: keyof SampleShaders, buffers: GPUBuffer[], workgroups: number, extra: GPUBuffer[] = []) => {
-    const pipeline = computePipeline(gpu, `sample.${name}`, shaders[name]);
+  const add = (name: keyof typeof sampleWgsl, buffers: GPUBuffer[], workgroups: number, extra: GPUBuffer[] = []) => {
+    const pipeline = computePipeline(gpu, `sample.${name}`, sampleWgsl[name]);
     const dispatchLabel = `${label}.${name}`;
     dispatches.push({
       label: dispatchLabel,

@@ -493,7 +493,5 @@ export const sampleWgsl = {
   draw: drawWgsl,
 } as const;
 
-export type SampleShaders = { readonly [K in keyof typeof sampleWgsl]: string };
-
 /** Logits per workgroup in the multi-workgroup passes (WG x TILES above). */
 export const SAMPLE_SPAN = 4096;

@@ -10,8 +10,8 @@ import { releaseDispatches, submitDispatches } from '../../core/gpu/dispatch.ts'
 import { readFloat32 } from '../../core/gpu/readback.ts';
 import { rmsnormReference } from '../../kernels/reference/rmsnorm.ts';
 import { prepareRmsNorm } from '../../kernels/rmsnorm.ts';
-import { rmsnormWgsl } from '../../kernels/rmsnorm.wgsl.ts';
 import { randomFloats, seededRandom } from '../../test/random.ts';
+import { mutateShaders } from '../../test/shader-mutation.ts';
 import type { KernelExpectation } from './kernel-report.ts';
 
 export interface KernelComparison {
@@ -27,7 +27,7 @@ export interface KernelCheck {
   run(gpu: GpuContext): Promise<KernelComparison>;
 }
 
-async function runRmsNorm(gpu: GpuContext, rows: number, dim: number, source: string): Promise<KernelComparison> {
+async function runRmsNorm(gpu: GpuContext, rows: number, dim: number): Promise<KernelComparison> {
   const random = seededRandom(rows * 1000 + dim);
   const x = randomFloats(random, rows * dim, 3);
   const w = randomFloats(random, dim, 1.5);
@@ -35,7 +35,7 @@ async function runRmsNorm(gpu: GpuContext, rows: number, dim: number, source: st
   const input = gpu.allocator.createStorage('x', 'scratch', x);
   const weight = gpu.allocator.createStorage('w', 'weights', w);
   const output = gpu.allocator.createStorage('y', 'scratch', rows * dim * 4);
-  const dispatch = prepareRmsNorm(gpu, 'rmsnorm-e2e', { input, weight, output, rows, dim, eps }, source);
+  const dispatch = prepareRmsNorm(gpu, 'rmsnorm-e2e', { input, weight, output, rows, dim, eps });
   try {
     submitDispatches(gpu, 'rmsnorm-e2e', [dispatch]);
     const actual = await readFloat32(gpu, output, rows * dim);
@@ -46,10 +46,16 @@ async function runRmsNorm(gpu: GpuContext, rows: number, dim: number, source: st
   }
 }
 
-// Same tolerance and mutation as kernels/rmsnorm.test.ts.
-const brokenRmsnormWgsl = rmsnormWgsl.replace('f32(params.dim)', 'f32(params.dim - 1u)');
-if (brokenRmsnormWgsl === rmsnormWgsl)
-  throw new Error('the rmsnorm mutation no longer applies: update kernel-checks.ts');
+/** Same tolerance and mutation as kernels/rmsnorm.test.ts (mutateShaders throws if the edit no longer applies). */
+async function runBrokenRmsNorm(gpu: GpuContext, rows: number, dim: number): Promise<KernelComparison> {
+  const broken = mutateShaders(gpu, {
+    label: 'rmsnorm',
+    edit: (code) => code.replace('f32(params.dim)', 'f32(params.dim - 1u)'),
+  });
+  const result = await runRmsNorm(broken.gpu, rows, dim);
+  if (broken.mutated.length !== 1) throw new Error(`the broken rmsnorm compiled ${broken.mutated.length} times`);
+  return result;
+}
 
 export const kernelChecks: readonly KernelCheck[] = [
   // Dims around the workgroup size (256) cover both the strided loop and the tree reduction.
@@ -66,7 +72,7 @@ export const kernelChecks: readonly KernelCheck[] = [
       expect: 'match',
       atol: 1e-5,
       rtol: 1e-4,
-      run: (gpu) => runRmsNorm(gpu, rows, dim, rmsnormWgsl),
+      run: (gpu) => runRmsNorm(gpu, rows, dim),
     }),
   ),
   {
@@ -74,6 +80,6 @@ export const kernelChecks: readonly KernelCheck[] = [
     expect: 'mismatch',
     atol: 1e-5,
     rtol: 1e-4,
-    run: (gpu) => runRmsNorm(gpu, 2, 96, brokenRmsnormWgsl),
+    run: (gpu) => runBrokenRmsNorm(gpu, 2, 96),
   },
 ];
