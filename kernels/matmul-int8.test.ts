@@ -101,8 +101,9 @@ describe('int8 activation quantizer', () => {
   });
 });
 
-// The tensor-core tiles need i8 subgroup matrices: CI's lavapipe has none, so their cases skip there and run on the
-// H200 through bench/int8-matmul.ts, which executes the same list. The dot4I8Packed kernel's cases run everywhere.
+// The tensor-core tiles need i8 subgroup matrices: CI's lavapipe has none, so their cases skip there and run on a GPU
+// that has them through bench/int8-matmul.ts (BENCH.md), which executes the same list. The dot4I8Packed kernel's
+// cases run everywhere.
 describe.each(INT8_MATMUL_TYPES)('int8 matmul over %s weights', (name, type, K) => {
   it.for(int8MatmulCasesFor(type))(
     `${name}: K=${K}, N=$rows, tokens=$tokens, bias=$bias, $variant`,

@@ -62,11 +62,11 @@ export function int8MatmulAvailable(gpu: GpuContext, type: GgmlType, variant: In
 }
 
 /**
- * The int8 kernel for a weight over `tokens` tokens on a device with tensor cores, from the H200's measurements
- * (bench/int8-matmul.ts, BENCH.md session 12): dot4I8Packed's 64x64 tiles once their grid has 256 workgroups (up to
- * 1.27x faster than the best tensor-core tile there: its sums need no trip through workgroup memory), the 32x32
- * tensor-core tile below that; and dot4I8Packed for the types no tensor-core tile reads (Q6_K). The 64x64
- * tensor-core tile was fastest at 3 of 36 shapes, by at most 7%.
+ * The int8 kernel for a weight over `tokens` tokens on a device with tensor cores: dot4I8Packed's 64x64 tiles once
+ * their grid has 256 workgroups (its sums need no trip through workgroup memory), the 32x32 tensor-core tile below
+ * that, and dot4I8Packed for the types no tensor-core tile reads (Q6_K). The 64x64 tensor-core tile is never the
+ * pick: it was rarely the fastest, and then only by little (bench/int8-matmul.ts;
+ * bench/results/2026-12-01-nvidia-h200-session12-int8-matmul-dot4.json, bench/journal.md, session 12).
  */
 export function defaultInt8Variant(gpu: GpuContext, weight: GpuWeight, tokens: number): Int8MatmulVariant {
   const grid = Math.ceil(weight.rows / 64) * Math.ceil(tokens / 64);

@@ -319,7 +319,7 @@ describe('matmul kernels catch broken code', () => {
 });
 
 describe('defaultMatmulVariant', () => {
-  it('takes the 64x64 tile only where its grid fills an H200 (>= 256 workgroups)', () => {
+  it('takes the 64x64 tile only where its grid has >= 256 workgroups', () => {
     expect(defaultMatmulVariant(2048, 128)).toBe('32x32'); // 32 x 2 = 64 workgroups
     expect(defaultMatmulVariant(2048, 512)).toBe('64x64'); // 32 x 8 = 256
     expect(defaultMatmulVariant(8192, 128)).toBe('64x64'); // 128 x 2

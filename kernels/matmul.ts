@@ -68,10 +68,9 @@ export function matvecThreadsFor(type: GgmlType, rowLength: number): number {
 }
 
 /**
- * The tiled kernel for a matmul of `rows` weight rows over `tokens` tokens. Measured on an H200
- * (bench/results/2026-11-29-nvidia-h200-matmul-micro.md): 64x64 is 1.6-1.7x faster than 32x32 once its grid has
- * ~256 workgroups or more, and 0.8x on smaller grids (2048 rows x 128 tokens: 64 workgroups for 132 SMs), where
- * 32x32's four times as many workgroups win.
+ * The tiled kernel for a matmul of `rows` weight rows over `tokens` tokens: 64x64 once its grid has 256 workgroups or
+ * more, where it measured faster; below that a large GPU's SMs outnumber its workgroups and 32x32's four times as many
+ * win (bench/results/2026-11-29-nvidia-h200-matmul-micro.md).
  */
 export function defaultMatmulVariant(rows: number, tokens: number): MatmulVariant {
   return Math.ceil(rows / 64) * Math.ceil(tokens / 64) >= 256 ? '64x64' : DEFAULT_MATMUL_VARIANT;
@@ -150,9 +149,9 @@ export interface MatvecGroupEntry {
 
 /**
  * Several matvecs over one input x (tokens = 1) as one dispatch, e.g. a decode step's q, k and v: two dependent
- * dispatches fewer per layer, each ~3.5 us of launch gap on the H200. The same floats as one prepareMatmul per
- * weight. Null when it cannot be one dispatch (a weight split into parts, row lengths that differ, more storage
- * bindings than the device allows): the caller then prepares them one by one.
+ * dispatches fewer per layer, each a launch gap the GPU idles through (bench/journal.md, session 5). The same floats
+ * as one prepareMatmul per weight. Null when it cannot be one dispatch (a weight split into parts, row lengths that
+ * differ, more storage bindings than the device allows): the caller then prepares them one by one.
  */
 export function prepareMatvecGroup(
   gpu: GpuContext,

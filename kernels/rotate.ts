@@ -42,9 +42,8 @@ export function prepareRotate(gpu: GpuContext, label: string, b: RotateBinding, 
   if (b.headDim % 8 !== 0 || b.headDim > 256) {
     throw new RangeError(`rotate: headDim must be a multiple of 8 and at most 256, got ${b.headDim}`);
   }
-  // Prefill graphs rotate many rows: blocks of tokens per workgroup, which read their head's matrix once (on an H200,
-  // 256 invocations a row summing partials took ~130 µs a layer for q, k and v of Llama-3.2-1B's 512-token prefill
-  // chunk).
+  // Prefill graphs rotate many rows: blocks of tokens per workgroup, which read their head's matrix once, not once a
+  // row (measured faster on a large GPU: bench/journal.md, sessions 17 and 20; bench/rotate-kernel.ts times layouts).
   const blocks = build?.blocks ?? b.maxTokens > 1;
   const layout = build?.layout ?? ROTATE_PREFILL_LAYOUT;
   const pipeline = computePipeline(

@@ -22,10 +22,10 @@ let cached: GPU | null = null;
 type DawnModule = { create: (flags: string[]) => GPU; globals: Record<string, unknown> };
 
 /**
- * Dawn rounds timestamp queries to ~65 µs by default (a browser's guard against timing attacks). A Node process is
- * not a web page, and the bench's per-kernel profile needs real kernel times of a few µs. `allow_unsafe_apis`
- * offers Dawn's experimental features, among them the subgroup matrices (tensor cores) the int8 prefill matmul runs
- * on where the GPU has them (core/gpu/device.ts requests only what it uses).
+ * Dawn quantizes timestamp queries by default (a browser's guard against timing attacks), more coarsely than most
+ * kernels take. A Node process is not a web page, and the bench's per-kernel profile needs real kernel times.
+ * `allow_unsafe_apis` offers Dawn's experimental features, among them the subgroup matrices (tensor cores) the int8
+ * prefill matmul runs on where the GPU has them (core/gpu/device.ts requests only what it uses).
  */
 const DAWN_FLAGS = ['disable-dawn-features=timestamp_quantization', 'enable-dawn-features=allow_unsafe_apis'];
 
