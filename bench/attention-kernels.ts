@@ -127,7 +127,10 @@ const decodeSub128Splits = (splits: number): Variant => ({
   name: `decode-sub128-${splits}splits`,
   splits,
 });
-/** Split counts tried with the 128-key pass: more, smaller workgroups resident an SM (BENCH.md: no gain on the H200). */
+/**
+ * Split counts tried with the 128-key pass: more, smaller workgroups resident an SM (no gain on the H200:
+ * bench/journal.md, session 21).
+ */
 const SUB128_SPLITS: Variant[] = [96, 128, 192, 256].map(decodeSub128Splits);
 /** The decode build with its loops over a key's dims unrolled (the runtime keeps them as loops). */
 const DECODE_UNROLLED: Variant = {
@@ -518,9 +521,9 @@ const INT8_CONVERSION_ABLATIONS: [string, (code: string) => string][] = [
  * split kernel like the kernels themselves, and timed next to them.
  */
 const INT8_PREFILL_VARIANTS: [string, (code: string, shape: AttentionPrefillInt8Shape) => string][] = [
-  // BENCH.md keeps the variants tried (e.g. P·V tiles stored 20 words apart, the sums made floats by adding 1.5·2^23,
-  // each tile's codes loaded where they are copied, rows of S 68 words apart, 8 subgroups a workgroup), with their
-  // numbers.
+  // bench/journal.md keeps the variants tried (e.g. P·V tiles stored 20 words apart, the sums made floats by adding
+  // 1.5·2^23, each tile's codes loaded where they are copied, rows of S 68 words apart, 8 subgroups a workgroup), with
+  // their numbers.
 ];
 
 /** The int8 build a binding takes, edited: ablations (timed only) and variants (checked too), named `int8-<name>`. */

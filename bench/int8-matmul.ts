@@ -88,7 +88,7 @@ const ABLATIONS: [string, (code: string) => string][] = [
 /**
  * The same for the dot4I8Packed kernel (the one the runtime runs over 512 tokens on large matrices), at Llama-3.2-1B's
  * and Qwen3-4B's gate/up shapes: it ran at 40-54 TOPS on the H200 against the ~130 session 9's probe implies, and
- * operand loads four words at a time did not speed it up (BENCH.md, session 17).
+ * operand loads four words at a time did not speed it up (bench/journal.md, session 17).
  */
 const DOT4_ABLATIONS: [string, (code: string) => string][] = [
   ['full', (code) => code],

@@ -291,9 +291,9 @@ export async function runSteps(
  * The int8 prefill kernel (attention-prefill-int8.wgsl.ts) against attentionInt8Reference, its arithmetic on the CPU.
  * They can differ where the GPU's exp, division or summation order moves a weight across a rounding boundary: one
  * code of a row's tile, at most 1/127 of an output in [-1, 1] (a row whose weight sits on one key), far less where
- * it spreads. Against exact attention the kernel is 0.010-0.020 off on these inputs (H200, BENCH.md session 12).
- * Not yet run on a GPU against this reference: the H200 runs of session 12 checked the kernel against exact attention
- * (INT8_ATTENTION_QUANTIZATION_BOUND).
+ * it spreads. Against exact attention the kernel is 0.010-0.020 off on these inputs (H200: bench/journal.md,
+ * session 12). Not yet run on a GPU against this reference: the H200 runs of session 12 checked the kernel against
+ * exact attention (INT8_ATTENTION_QUANTIZATION_BOUND).
  */
 export const INT8_ATTENTION_TOLERANCE: AttentionTolerance = { atol: 1 / 127, rtol: 0 };
 
