@@ -10,6 +10,7 @@ import type { MemorySnapshot } from '../core/gpu/allocator.ts';
 import type { GpuContext } from '../core/gpu/device.ts';
 import type { PrefillAttention } from '../runtime/engine/api-types.ts';
 import { Engine, type KvMode } from '../runtime/engine/engine.ts';
+import { parseLoadOptions } from '../runtime/engine/load-options.ts';
 import { sourceFromPath } from '../runtime/gguf/node-source.ts';
 import { defaultQuantF16Bytes } from '../runtime/kv/pool.ts';
 import type { PrefillMatmul } from '../runtime/model/transformer.ts';
@@ -133,16 +134,19 @@ export class EngineRunner {
     const started = performance.now();
     this.source = await sourceFromPath(file.path);
     try {
-      await this.engine.load(this.source, {
-        kv,
-        kvBudgetBytes: benchKvBudgetBytes(s, kv, maxContext),
-        maxSequences: 2,
-        ...(prefillChunk ? { prefillChunk } : {}),
-        ...kernels,
-      });
+      await this.engine.load(
+        this.source,
+        parseLoadOptions({
+          kv,
+          kvBudgetBytes: benchKvBudgetBytes(s, kv, maxContext),
+          maxSequences: 2,
+          ...(prefillChunk ? { prefillChunk } : {}),
+          experimental: kernels,
+        }),
+      );
     } catch (error) {
       await this.unload();
-      if (error instanceof InvalidRequestError && error.details.option === 'kv') {
+      if (error instanceof InvalidRequestError && error.details.field === 'kv') {
         return { available: false, reason: error.message };
       }
       throw error;

@@ -48,12 +48,9 @@ function serveModel(): Promise<string> {
 /** stories260K: rows of 32 values; a small sink and window so 2-bit pages are read; a very short calibration text. */
 const LOAD = {
   kv: 'int2',
-  sink: 16,
-  window: 16,
-  groupSize: 32,
   kvBudgetBytes: 1 << 20,
   rotation: 'calibrated',
-  calibrationTokens: 24,
+  experimental: { sink: 16, window: 16, groupSize: 32, calibrationTokens: 24 },
 } as const;
 
 /** The keys and value sizes of longtab's rotation store in this origin's IndexedDB (as idb-keyval lays it out). */

@@ -15,6 +15,7 @@ import type {
   EngineStats,
   LoadProgress,
 } from '../runtime/engine/api-types.ts';
+import { isPlainObject } from '../runtime/engine/validate.ts';
 import { toWireError } from '../runtime/engine/wire-errors.ts';
 import { indexedDbRotationCache } from '../runtime/kv/rotation-cache-idb.ts';
 import {
@@ -73,15 +74,15 @@ const api: WorkerEngineApi = {
     if (onProgress !== undefined && typeof onProgress !== 'function') {
       throw new InvalidRequestError('load: onProgress must be a callback (Comlink.proxy).');
     }
-    if (options !== undefined && (typeof options !== 'object' || options === null || 'onProgress' in options)) {
-      throw new InvalidRequestError('load: options must be a plain object without onProgress (passed separately).');
-    }
-    // Progress calls are messages on their own port: wait for the last one so none lands after load resolves.
+    // The options are checked once, by engine.load (parseLoadOptions); here only the callback, which crosses as its
+    // own argument, joins them. Progress calls are messages on their own port: wait for the last one so none lands
+    // after load resolves.
     let delivered: unknown = Promise.resolve();
-    const info = await engine.load(source, {
-      ...options,
-      ...(onProgress ? { onProgress: (p: LoadProgress) => (delivered = onProgress(p)) } : {}),
-    });
+    const progress = onProgress && ((p: LoadProgress) => (delivered = onProgress(p)));
+    const info = await engine.load(
+      source,
+      progress && (options === undefined || isPlainObject(options)) ? { ...options, onProgress: progress } : options,
+    );
     await delivered;
     return info;
   },

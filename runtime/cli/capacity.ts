@@ -4,7 +4,7 @@ import { Engine } from '../engine/engine.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
 import { numberFlag, type ParsedArgs, stringFlag } from './args.ts';
 import { defaultModelPath } from './default-model.ts';
-import { checkModesFitModel, evalModes, kvOptionsFor } from './eval.ts';
+import { checkModesFitModel, cliLoadOptions, evalModes, kvOptionsFor } from './eval.ts';
 
 /** Positions per fill step (and prefill chunk) during a capacity run. */
 const CAPACITY_STEP_TOKENS = 32;
@@ -93,13 +93,16 @@ export async function runCapacity(args: ParsedArgs, gpu: GpuContext): Promise<nu
     for (const mode of modes) {
       // One sequence and short steps: the f16 share of an int2 pool is sized for what one sequence's sink, window and
       // step need, so the rest of the budget holds 2-bit pages (a decode-only workload; prompts prefill the same way).
-      await engine.load(source, {
-        ...mode.options,
-        kvBudgetBytes: budget,
-        maxSequences: 1,
-        maxContextTokens: 1 << 24,
-        prefillChunk: CAPACITY_STEP_TOKENS,
-      });
+      await engine.load(
+        source,
+        cliLoadOptions({
+          ...mode.options,
+          kvBudgetBytes: budget,
+          maxSequences: 1,
+          maxContextTokens: 1 << 24,
+          prefillChunk: CAPACITY_STEP_TOKENS,
+        }),
+      );
       rows.push({ kv: mode.name, ...(await measureCapacity(engine, { decodeSteps })) });
       engine.unload();
     }

@@ -7,7 +7,8 @@ import { describe, expect, it } from 'vitest';
 import { InvalidRequestError } from '../../core/errors.ts';
 import { STORIES260K, STORIES260K_GOLDEN, sharedPath } from '../../test/shared.ts';
 import { pairedPerplexityRatioInterval } from '../eval/perplexity.ts';
-import { checkModesFitModel, kvOptionsFor } from './eval.ts';
+import { parseArgs } from './args.ts';
+import { checkModesFitModel, evalLoadOptions, kvOptionsFor } from './eval.ts';
 
 const run = promisify(execFile);
 const bin = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'bin', 'longtab.mjs');
@@ -24,12 +25,51 @@ async function longtab(...args: string[]) {
 
 describe('eval KV modes', () => {
   it('MODE+L5.6 boosts those layers of an int2 mode; other suffixes and f16 are refused with a typed error', () => {
-    expect(kvOptionsFor('int2-none+L5')).toEqual({ kv: 'int2', rotation: 'none', boostLayers: [5] });
-    expect(kvOptionsFor('int2-hadamard+L0.12')).toEqual({ kv: 'int2', rotation: 'hadamard', boostLayers: [0, 12] });
-    expect(kvOptionsFor('int2-calibrated+L5')).toMatchObject({ kv: 'int2', rotation: 'calibrated', boostLayers: [5] });
+    const boosted = (rotation: string, boostLayers: number[]) => ({
+      kv: 'int2',
+      rotation,
+      experimental: { boostLayers },
+    });
+    expect(kvOptionsFor('int2-none+L5')).toEqual(boosted('none', [5]));
+    expect(kvOptionsFor('int2-hadamard+L0.12')).toEqual(boosted('hadamard', [0, 12]));
+    expect(kvOptionsFor('int2-calibrated+L5')).toEqual(boosted('calibrated', [5]));
+    expect(kvOptionsFor('int1-none+L5')).toEqual({
+      kv: 'int2',
+      rotation: 'none',
+      experimental: { codeBits: 1, boostLayers: [5] },
+    });
     expect(() => kvOptionsFor('f16+L5')).toThrow(InvalidRequestError);
     expect(() => kvOptionsFor('int2+Lx')).toThrow(/\+L5/);
     expect(() => kvOptionsFor('int2+L5+L6')).toThrow(InvalidRequestError);
+  });
+
+  it('load options from flags go through parseLoadOptions: defaults, the experimental knobs, typed errors', () => {
+    const flags = (...argv: string[]) => parseArgs(['eval', ...argv]);
+    expect(evalLoadOptions(flags(), 'f16')).toMatchObject({ kv: 'f16', prefillChunk: 64, sink: 64, window: 256 });
+    const options = evalLoadOptions(
+      flags('--sink', '16', '--window', '32', '--group-size', '32', '--prefill-matmul', 'f32', '--kv-budget', '4096'),
+      'int1-none',
+    );
+    expect(options).toMatchObject({
+      kv: 'int2',
+      rotation: 'none',
+      codeBits: 1,
+      sink: 16,
+      window: 32,
+      groupSize: 32,
+      prefillMatmul: 'f32',
+      prefillAttention: 'auto',
+      kvBudgetBytes: 4096,
+    });
+    expect(options.rotationCache).toBeUndefined();
+    expect(evalLoadOptions(flags(), 'int2-calibrated').rotationCache).toBeDefined();
+    expect(() => evalLoadOptions(flags('--prefill-attention', 'int4'), 'f16')).toThrow(
+      /experimental\.prefillAttention = "int4" is invalid/,
+    );
+    expect(() => evalLoadOptions(flags('--sink', '-1'), 'int2')).toThrow(InvalidRequestError);
+    expect(() => evalLoadOptions(flags('--chunk', '0'), 'int2')).toThrow(/prefillChunk = 0 is invalid/);
+    // The 1-bit control cannot boost layers (they are a tier of the 2-bit cache).
+    expect(() => evalLoadOptions(flags(), 'int1-none+L5')).toThrow(/2-bit codes/);
   });
 });
 

@@ -1,7 +1,9 @@
 import { readFileSync } from 'node:fs';
 import { InvalidRequestError } from '../../core/errors.ts';
 import type { GpuContext } from '../../core/gpu/device.ts';
+import type { EngineLoadOptions, PrefillAttention } from '../engine/api-types.ts';
 import { Engine, type LoadOptions } from '../engine/engine.ts';
+import { parseLoadOptions } from '../engine/load-options.ts';
 import { pairedPerplexityRatioInterval, perplexity, topOneAgreement } from '../eval/perplexity.ts';
 import {
   analyticChance,
@@ -22,14 +24,14 @@ import { readModelConfig } from '../model/config.ts';
 import { numberFlag, type ParsedArgs, stringFlag } from './args.ts';
 import { defaultModelPath } from './default-model.ts';
 
-/** The KV configurations an evaluation compares, by name. */
-export function kvOptionsFor(name: string): LoadOptions {
+/** The KV configurations an evaluation compares, by name (as `load` takes them; cliLoadOptions checks them). */
+export function kvOptionsFor(name: string): EngineLoadOptions {
   // MODE+L5 or MODE+L5.6: an int2 mode with those layers boosted to 4 bits (the `boostLayers` load option).
   const boosted = /^([^+]+)\+L(\d+(?:\.\d+)*)$/.exec(name);
   if (boosted) {
     const base = kvOptionsFor(boosted[1]);
     if (base.kv !== 'int2') throw new InvalidRequestError(`'${name}': only an int2 mode can boost layers.`);
-    return { ...base, boostLayers: boosted[2].split('.').map(Number) };
+    return { ...base, experimental: { ...base.experimental, boostLayers: boosted[2].split('.').map(Number) } };
   }
   switch (name) {
     case 'f16':
@@ -41,15 +43,24 @@ export function kvOptionsFor(name: string): LoadOptions {
       // The weak control: naive INT2, no rotation, no clipping.
       return { kv: 'int2', rotation: 'none' };
     case 'int2-calibrated':
-      return { kv: 'int2', rotation: 'calibrated', rotationCache: nodeRotationCache() };
+      return { kv: 'int2', rotation: 'calibrated' };
     case 'int1-none':
       // The weakest control: 1-bit codes, no rotation.
-      return { kv: 'int2', rotation: 'none', codeBits: 1 };
+      return { kv: 'int2', rotation: 'none', experimental: { codeBits: 1 } };
     default:
       throw new InvalidRequestError(
         `Unknown KV configuration '${name}': use f16, int2 (= int2-hadamard), int2-calibrated, int2-none or int1-none; an int2 mode may end in +L5 (layer 5 at 4 bits) or +L5.6.`,
       );
   }
+}
+
+/**
+ * What a command hands Engine.load: `options` checked by parseLoadOptions (flags are user input like any other),
+ * with the rotation cache where calibrated rotations are asked for.
+ */
+export function cliLoadOptions(options: EngineLoadOptions): LoadOptions {
+  const parsed = parseLoadOptions(options);
+  return parsed.rotation === 'calibrated' ? { ...parsed, rotationCache: nodeRotationCache() } : parsed;
 }
 
 /**
@@ -68,7 +79,7 @@ export function evalModes(args: ParsedArgs, fallback = 'f16', withF16 = args.fla
  * last mode of a long evaluation fails before the first one runs.
  */
 export async function checkModesFitModel(modes: readonly string[], modelPath: string): Promise<void> {
-  const wanted = modes.map((mode) => ({ mode, layers: kvOptionsFor(mode).boostLayers ?? [] }));
+  const wanted = modes.map((mode) => ({ mode, layers: kvOptionsFor(mode).experimental?.boostLayers ?? [] }));
   if (wanted.every((w) => w.layers.length === 0)) return;
   const source = await sourceFromPath(modelPath);
   try {
@@ -85,20 +96,21 @@ export async function checkModesFitModel(modes: readonly string[], modelPath: st
 
 /** Load options of one mode. Small prefill chunks: see runEval. */
 export function evalLoadOptions(args: ParsedArgs, mode: string): LoadOptions {
-  return {
-    ...kvOptionsFor(mode),
+  const base = kvOptionsFor(mode);
+  const flag = <T>(name: string, value: () => T) => (args.flags.has(name) ? value() : undefined);
+  return cliLoadOptions({
+    ...base,
     prefillChunk: numberFlag(args, 'chunk', 64),
-    ...(args.flags.has('sink') ? { sink: numberFlag(args, 'sink', 64) } : {}),
-    ...(args.flags.has('window') ? { window: numberFlag(args, 'window', 256) } : {}),
-    ...(args.flags.has('group-size') ? { groupSize: numberFlag(args, 'group-size', 128) } : {}),
-    ...(args.flags.has('kv-budget') ? { kvBudgetBytes: numberFlag(args, 'kv-budget', 0) } : {}),
-    ...(args.flags.has('prefill-matmul')
-      ? { prefillMatmul: stringFlag(args, 'prefill-matmul') as LoadOptions['prefillMatmul'] }
-      : {}),
-    ...(args.flags.has('prefill-attention')
-      ? { prefillAttention: stringFlag(args, 'prefill-attention') as LoadOptions['prefillAttention'] }
-      : {}),
-  };
+    kvBudgetBytes: flag('kv-budget', () => numberFlag(args, 'kv-budget', 0)),
+    experimental: {
+      ...base.experimental,
+      sink: flag('sink', () => numberFlag(args, 'sink', 64)),
+      window: flag('window', () => numberFlag(args, 'window', 256)),
+      groupSize: flag('group-size', () => numberFlag(args, 'group-size', 128)),
+      prefillMatmul: flag('prefill-matmul', () => stringFlag(args, 'prefill-matmul') as PrefillAttention),
+      prefillAttention: flag('prefill-attention', () => stringFlag(args, 'prefill-attention') as PrefillAttention),
+    },
+  });
 }
 
 /**

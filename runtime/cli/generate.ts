@@ -1,6 +1,7 @@
 import { InvalidRequestError } from '../../core/errors.ts';
 import type { GpuContext } from '../../core/gpu/device.ts';
 import { Engine } from '../engine/engine.ts';
+import { parseLoadOptions } from '../engine/load-options.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
 import { chatTemplateFromMetadata, renderChatTemplate } from '../tokenizer/chat-template.ts';
 import { numberFlag, type ParsedArgs, stringFlag } from './args.ts';
@@ -14,7 +15,7 @@ export async function runGenerate(args: ParsedArgs, gpu: GpuContext): Promise<nu
   const engine = new Engine(gpu);
   const source = await sourceFromPath(modelPath);
   try {
-    await engine.load(source, { kv: (stringFlag(args, 'kv') as 'f16' | undefined) ?? 'f16' });
+    await engine.load(source, parseLoadOptions({ kv: stringFlag(args, 'kv') }));
     const tokenizer = engine.tokenizer;
     let promptIds: number[];
     if (args.flags.has('chat')) {

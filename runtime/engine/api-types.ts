@@ -5,40 +5,8 @@
  */
 export type KvMode = 'f16' | 'int2';
 
-/** How the KV cache is built. All of it reaches the pool through `kvPoolOptions`, the one place that reads it. */
-export interface KvCacheOptions {
-  /** Page format: 'f16' today; 'int2' (2-bit pages with an f16 sink and window) once the pool has that kind. */
-  kv?: KvMode;
-  /** Bytes of GPU memory the KV pool may grow to (default 64 MiB, capped by the model's context length). */
-  kvBudgetBytes?: number;
-  /** int2: the first `sink` positions of each sequence stay f16 (attention sinks). */
-  sink?: number;
-  /** int2: the most recent `window` positions stay f16 until they are quantized. */
-  window?: number;
-  /** int2: values per quantization group (one scale and offset each). */
-  groupSize?: number;
-  /**
-   * int2 pages' code bits (default 2). 1 exists only as the weak control of `longtab eval`; the public API does not
-   * accept this field.
-   */
-  codeBits?: 1 | 2;
-  /**
-   * int2: layers whose K and V stay at 4 bits without clipping (KITTY's boosted precision, by layer). Each costs
-   * about 2 more bits per element in that layer; it pays where one layer carries the model's reading of its distant
-   * history (docs/kv-cache.md, "Boosted layers"). Default none.
-   */
-  boostLayers?: number[];
-  /**
-   * Rotation of each head's K/V before storage (spreads outliers over the quantization group): 'hadamard' (default
-   * for int2), 'none' (default for f16), 'calibrated' (OSCAR rotations fitted to the model, from its metadata or the
-   * rotation cache; without them the engine starts with 'hadamard' and calibrates in the background, see `calibrate`).
-   */
-  rotation?: 'calibrated' | 'hadamard' | 'none';
-  /** Live KV sequences at once (conversations plus shared system prompts; default 16). */
-  maxSequences?: number;
-  /** Longest sequence in tokens (default: the model's context length; the budget caps it too). */
-  maxContextTokens?: number;
-}
+/** How K/V are rotated before storage (spreads outliers over the quantization group). */
+export type KvRotation = 'calibrated' | 'hadamard' | 'none';
 
 /**
  * Load phases, always in this order: `download` (URL sources: the size probe; Range reads then stream during the
@@ -59,18 +27,65 @@ export type FinishReason = 'stop' | 'length' | 'abort';
  */
 export type ModelSource = string | URL | Blob;
 
-/** What the prefill load options accept (EngineLoadOptions.prefillMatmul and prefillAttention). */
+/** What the prefill kernel options accept (ExperimentalLoadOptions.prefillMatmul and prefillAttention). */
 export const PREFILL_CHOICES = ['auto', 'f32', 'int8-dot'] as const;
 
-/** Prefill attention products (EngineLoadOptions.prefillAttention). */
+/** Prefill attention products (ExperimentalLoadOptions.prefillAttention). */
 export type PrefillAttention = (typeof PREFILL_CHOICES)[number];
 
-export interface EngineLoadOptions extends KvCacheOptions {
+/**
+ * What `load` accepts. Each field is checked, with the defaults below applied, by `parseLoadOptions`
+ * (runtime/engine/load-options.ts) before anything loads; an unknown field is an InvalidRequestError.
+ */
+export interface EngineLoadOptions {
+  /** KV cache format: 'f16' (default), or 'int2': 2-bit pages, with the first and most recent tokens kept f16. */
+  kv?: KvMode;
+  /** Bytes of GPU memory the KV cache may grow to (default 64 MiB). */
+  kvBudgetBytes?: number;
+  /** Live KV sequences at once, 1..256 (conversations plus shared system prompts; default 16). */
+  maxSequences?: number;
+  /** Longest sequence in tokens (default: the model's context length; the budget caps it too). */
+  maxContextTokens?: number;
   /**
-   * Tokens per prefill submit (default 128; 1024 where the prefill runs on int8 tensor cores and the KV budget holds
-   * such steps, else 512 or 128).
+   * Tokens per prefill submit, 1..4096 (default 128; 1024 where the prefill runs on int8 tensor cores and the KV
+   * budget holds such steps, else 512 or 128).
    */
   prefillChunk?: number;
+  /**
+   * Rotation of each head's K/V before storage: 'hadamard' (default for int2), 'none' (default for f16),
+   * 'calibrated' (OSCAR rotations fitted to the model, from its metadata or the rotation cache; without them the
+   * engine starts with 'hadamard' and calibrates in the background, see `calibrate`).
+   */
+  rotation?: KvRotation;
+  /**
+   * rotation 'calibrated' on a model without fitted rotations: 'background' (default) loads with 'hadamard' and,
+   * between requests, fits rotations and clip quantiles on text the model writes itself, caches them under the
+   * model's digest and switches to them (conversations cached until then are re-prefilled on their next turn);
+   * 'off' rejects the load. `stats().kv.rotation` shows the progress.
+   */
+  calibrate?: 'background' | 'off';
+  /** Called in phase order download → parse → upload → calibrate (through the worker the client proxies it). */
+  onProgress?: (progress: LoadProgress) => void;
+  /** Research knobs (evaluations, benchmarks): they may change or go between versions. */
+  experimental?: ExperimentalLoadOptions;
+}
+
+/** The research knobs of `load`: `longtab eval`, the benchmarks and the e2e tests set them; the defaults are tuned. */
+export interface ExperimentalLoadOptions {
+  /** int2: the first `sink` positions of each sequence stay f16 (attention sinks; default 64). */
+  sink?: number;
+  /** int2: the most recent `window` positions stay f16 until they are quantized (default 256). */
+  window?: number;
+  /** int2: values per quantization group, one scale and offset each, 1..65536 (default min(128, kvHeads × headDim)). */
+  groupSize?: number;
+  /** int2 pages' code bits (default 2); 1 exists as the weak control of `longtab eval` (mode int1-none). */
+  codeBits?: 1 | 2;
+  /**
+   * int2 with 2-bit codes: layers whose K and V stay at 4 bits without clipping (KITTY's boosted precision, by
+   * layer). Each costs about 2 more bits per element in that layer; it pays where one layer carries the model's
+   * reading of its distant history (docs/kv-cache.md, "Boosted layers"). Default none.
+   */
+  boostLayers?: number[];
   /**
    * Prefill projections: 'auto' (default) runs them on int8 tensor cores where the GPU offers them (Dawn's
    * experimental subgroup matrices: Chrome with --enable-unsafe-webgpu; activations quantized per 32 elements, as
@@ -86,17 +101,8 @@ export interface EngineLoadOptions extends KvCacheOptions {
    * (not yet measured against f32 on a GPU, so 'auto' does not pick it). Decode steps always use the f32 decode kernel.
    */
   prefillAttention?: PrefillAttention;
-  /**
-   * rotation 'calibrated' on a model without fitted rotations: 'background' (default) loads with 'hadamard' and,
-   * between requests, fits rotations and clip quantiles on text the model writes itself, caches them under the
-   * model's digest and switches to them (conversations cached until then are re-prefilled on their next turn);
-   * 'off' rejects the load as before. `stats().kv.rotation` shows the progress.
-   */
-  calibrate?: 'background' | 'off';
-  /** Tokens of self-generated calibration text (16..4096; default 64 × head_dim within 128..4096). */
+  /** Tokens of self-generated text for the background calibration, 16..4096 (default 64 × head_dim within 128..4096). */
   calibrationTokens?: number;
-  /** Called in phase order download → parse → upload → calibrate (through the worker the client proxies it). */
-  onProgress?: (progress: LoadProgress) => void;
 }
 
 export interface ModelInfo {

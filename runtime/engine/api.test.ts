@@ -12,6 +12,7 @@ import type {
   ChatCompletionChunk,
   ChatCompletionRequest,
   ChatMessageParam,
+  EngineLoadOptions,
   EngineStats,
   LoadProgress,
   LongtabEngine,
@@ -315,7 +316,7 @@ describe.skipIf(!modelPath || !goldenPath)('LongtabEngine API on stories260K', (
   });
 
   it('int2 KV: the same API over 2-bit pages (layer 3 boosted to 4 bits), conversations included', async () => {
-    const engine = await loaded({ kv: 'int2', boostLayers: [3] });
+    const engine = await loaded({ kv: 'int2', experimental: { boostLayers: [3] } });
     const turn1: ChatMessageParam[] = [SYSTEM, { role: 'user', content: 'Where is the ball?' }];
     const first = await chat(engine, { messages: turn1, conversation_id: 'q' });
     expect(first.choices[0].message.content.length).toBeGreaterThan(0);
@@ -385,18 +386,28 @@ describe.skipIf(!modelPath || !goldenPath)('LongtabEngine API on stories260K', (
     await expect(engine.load(modelPath!, { kv: 'int4' as 'int2' })).rejects.toThrow(/kv = "int4" is invalid/);
     await expect(engine.load(modelPath!, { rotation: 'diagonal' as 'none' })).rejects.toThrow(/rotation/);
     await expect(engine.load(modelPath!, { kvBudgetBytes: -1 })).rejects.toThrow(/kvBudgetBytes/);
-    await expect(engine.load(modelPath!, { prefillMatmul: 'int4' as 'f32' })).rejects.toThrow(
-      /prefillMatmul = "int4" is invalid: use 'auto', 'f32' or 'int8-dot'/,
+    await expect(engine.load(modelPath!, { experimental: { prefillMatmul: 'int4' as 'f32' } })).rejects.toThrow(
+      /experimental.prefillMatmul = "int4" is invalid: use 'auto', 'f32' or 'int8-dot'/,
     );
-    await expect(engine.load(modelPath!, { prefillAttention: 'int8' as 'f32' })).rejects.toThrow(
-      /prefillAttention = "int8" is invalid: use 'auto', 'f32' or 'int8-dot'/,
+    await expect(engine.load(modelPath!, { experimental: { prefillAttention: 'int8' as 'f32' } })).rejects.toThrow(
+      /experimental.prefillAttention = "int8" is invalid: use 'auto', 'f32' or 'int8-dot'/,
     );
-    await expect(engine.load(modelPath!, { kv: 'int2', boostLayers: '3' as unknown as number[] })).rejects.toThrow(
-      /boostLayers/,
+    const boost = (boostLayers: unknown) => ({
+      kv: 'int2' as const,
+      experimental: { boostLayers: boostLayers as number[] },
+    });
+    await expect(engine.load(modelPath!, boost('3'))).rejects.toThrow(/boostLayers/);
+    // A research knob outside `experimental` is an unknown field whose message says where it goes.
+    await expect(engine.load(modelPath!, { sink: 16 } as EngineLoadOptions)).rejects.toThrow(
+      /unknown field 'sink'. It is experimental: pass it as experimental: \{ sink \}/,
     );
-    await expect(engine.load(modelPath!, { kv: 'int2', boostLayers: [7] })).rejects.toThrow(/names 7, not a layer/);
+    // What only the model can tell is the pool's check, still an InvalidRequestError.
+    await expect(engine.load(modelPath!, boost([7]))).rejects.toThrow(/names 7, not a layer/);
     // A Blob (a File in the browser) loads like a path.
     await engine.load(new Blob([readFileSync(modelPath!)]), { kvBudgetBytes: 4 << 20 });
+    expect((await engine.stats()).model?.layers).toBe(5);
+    // Options are checked before the load queues: a bad one leaves the loaded model in place.
+    await expect(engine.load(modelPath!, { kvBudgetBytes: 0 })).rejects.toThrow(/kvBudgetBytes = 0 is invalid/);
     expect((await engine.stats()).model?.layers).toBe(5);
     const bad: Array<[unknown, RegExp]> = [
       [{ messages: [] }, /non-empty array/],

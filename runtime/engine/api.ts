@@ -34,13 +34,13 @@ import type {
 import { BackgroundCalibration, defaultCalibrationTokens } from './background-calibration.ts';
 import { type CachedSequence, ConversationCache, commonPrefixLength } from './conversations.ts';
 import { Engine, type FinishReason, type GenerateResult, type LoadProgress } from './engine.ts';
+import { parseLoadOptions } from './load-options.ts';
 import {
   type ValidatedChatRequest,
   type ValidatedSampling,
   validateChatRequest,
   validateCompletionRequest,
   validateId,
-  validateLoadOptions,
 } from './validate.ts';
 
 export * from './api-types.ts';
@@ -198,8 +198,9 @@ export class LongtabEngine implements LongtabEngineApi {
   }
 
   async load(source: ModelSource, options: EngineLoadOptions = {}): Promise<ModelInfo> {
-    const validated = validateLoadOptions(options);
-    const onProgress = validated.onProgress ?? (() => {});
+    // Checked before the queue: a bad option fails the call and leaves the loaded model as it was.
+    const parsed = parseLoadOptions(options);
+    const onProgress = parsed.onProgress ?? (() => {});
     return this.enqueue(async () => {
       await this.stopCalibration();
       this.unloadNow();
@@ -208,10 +209,10 @@ export class LongtabEngine implements LongtabEngineApi {
       const bytes = await this.openSource(source, onProgress);
       try {
         await engine.load(bytes, {
-          ...validated,
+          ...parsed,
           onProgress,
           rotationCache: this.options.rotationCache,
-          missingCalibration: validated.calibrate === 'off' ? 'error' : 'hadamard',
+          missingCalibration: parsed.calibrate === 'off' ? 'error' : 'hadamard',
         });
       } finally {
         await bytes.close?.();
@@ -227,14 +228,14 @@ export class LongtabEngine implements LongtabEngineApi {
         vocab: loaded.config.vocab,
         contextLength: loaded.config.contextLength,
         contextCapacity: this.capacity(),
-        kv: validated.kv ?? 'f16',
+        kv: parsed.kv,
         hasChatTemplate: typeof meta === 'string' && meta.trim().length > 0,
       };
       if (loaded.kv.calibrationNeeded && loaded.kv.digest) {
         this.startCalibration(
           engine,
           loaded.kv.digest,
-          validated.calibrationTokens ?? defaultCalibrationTokens(loaded.config),
+          parsed.calibrationTokens ?? defaultCalibrationTokens(loaded.config),
         );
       }
       this.notify();

@@ -19,9 +19,18 @@ import { type EngineLoadOptions, type EngineStats, LongtabEngine } from './api.t
 const ctx = withTestGpu();
 const modelPath = sharedPath(STORIES260K);
 
-/** stories260K: 5 layers, 4 KV heads × 8 dims (rows of 32 values); sink and window small so 2-bit pages are read. */
-const INT2: EngineLoadOptions = { kv: 'int2', sink: 16, window: 16, groupSize: 32, kvBudgetBytes: 1 << 20 };
 const CALIBRATION_TOKENS = 256;
+/** stories260K: 5 layers, 4 KV heads × 8 dims (rows of 32 values); sink and window small so 2-bit pages are read. */
+const INT2 = {
+  kv: 'int2',
+  kvBudgetBytes: 1 << 20,
+  experimental: { sink: 16, window: 16, groupSize: 32 },
+} as const satisfies EngineLoadOptions;
+const CALIBRATED: EngineLoadOptions = {
+  ...INT2,
+  rotation: 'calibrated',
+  experimental: { ...INT2.experimental, calibrationTokens: CALIBRATION_TOKENS },
+};
 const REQUEST = { prompt: 'Once upon a time', max_tokens: 64, temperature: 0 } as const;
 
 function engineWithCache(dir: string): LongtabEngine {
@@ -56,7 +65,7 @@ describe.skipIf(!modelPath)('background KV calibration (stories260K, int2)', () 
       const phase = s.kv.calibration?.phase;
       if (phase && phases.at(-1) !== phase) phases.push(phase);
     });
-    await engine.load(modelPath!, { ...INT2, rotation: 'calibrated', calibrationTokens: CALIBRATION_TOKENS });
+    await engine.load(modelPath!, CALIBRATED);
     const first = await engine.stats();
     expect(first.kv.rotation).toMatch(/^calibrating \d+%$/);
     expect(first.kv.clip).toEqual({ key: 1, value: 1 });
@@ -113,7 +122,7 @@ describe.skipIf(!modelPath)('background KV calibration (stories260K, int2)', () 
 
     // A second load finds the rotations in the cache: calibrated at once, no calibration, same replies.
     const again = engineWithCache(dir);
-    await again.load(modelPath!, { ...INT2, rotation: 'calibrated', calibrationTokens: CALIBRATION_TOKENS });
+    await again.load(modelPath!, CALIBRATED);
     const loaded = await again.stats();
     expect(loaded.kv.rotation).toBe('calibrated');
     expect(loaded.kv.calibration).toBeNull();
@@ -127,7 +136,7 @@ describe.skipIf(!modelPath)('background KV calibration (stories260K, int2)', () 
     const dir = mkdtempSync(join(tmpdir(), 'longtab-bgcal-'));
     const baseline = ctx.gpu.allocator.snapshot().totalBuffers;
     const engine = engineWithCache(dir);
-    await engine.load(modelPath!, { ...INT2, rotation: 'calibrated', calibrationTokens: CALIBRATION_TOKENS });
+    await engine.load(modelPath!, CALIBRATED);
     await until(engine, (s) => (s.kv.calibration?.progress ?? 0) > 0.05, 'calibration progress');
     await engine.unload();
     expect((await engine.stats()).memory.total).toBe(0);

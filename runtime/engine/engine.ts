@@ -16,23 +16,21 @@ import {
   withStoredRotations,
 } from '../kv/rotation-store.ts';
 import { type ModelConfig, readModelConfig } from '../model/config.ts';
-import { int8PrefillReady, type PrefillMatmul, Transformer, type TransformerOptions } from '../model/transformer.ts';
+import { int8PrefillReady, type PrefillMatmul, Transformer } from '../model/transformer.ts';
 import { loadModelWeights, type ModelWeights, releaseModelWeights } from '../model/weights.ts';
 import { GREEDY_SAMPLING, resolveSamplingParams, type SamplingParams } from '../sampling/params.ts';
 import { StepRunner } from '../step/step-runner.ts';
 import { GgufTokenizer } from '../tokenizer/tokenizer.ts';
-import {
-  type FinishReason,
-  type KvCacheOptions,
-  type LoadProgress,
-  PREFILL_CHOICES,
-  type PrefillAttention,
-} from './api-types.ts';
-import { choiceList } from './validate.ts';
+import type { FinishReason } from './api-types.ts';
+import { defaultRotation, LOAD_DEFAULTS, type ParsedLoadOptions } from './load-options.ts';
 
-export type { FinishReason, KvCacheOptions, KvMode, LoadProgress } from './api-types.ts';
+export type { FinishReason, KvMode, LoadProgress } from './api-types.ts';
 
-export interface LoadOptions extends KvCacheOptions {
+/**
+ * What `load` reads: parseLoadOptions' result (LongtabEngine, the CLI and the bench pass it), or, from tests, any part
+ * of one (the rest takes LOAD_DEFAULTS). Nothing here is checked again: user input is checked by parseLoadOptions.
+ */
+export interface LoadOptions extends Partial<ParsedLoadOptions> {
   /** Where calibrated KV rotations are cached (Node: nodeRotationCache(); browser: indexedDbRotationCache()). */
   rotationCache?: RotationCache;
   /**
@@ -41,13 +39,8 @@ export interface LoadOptions extends KvCacheOptions {
    * background and switches with `switchToCalibratedRotations`).
    */
   missingCalibration?: 'error' | 'hadamard';
-  /** Tokens per prefill submit (default: defaultPrefillChunk, 128, 512 or 1024). */
-  prefillChunk?: number;
-  /** Prefill projections: 'auto' (int8 tensor cores where the device has them), 'f32' or 'int8-dot' (TransformerOptions). */
-  prefillMatmul?: TransformerOptions['prefillMatmul'];
-  /** Prefill attention: 'auto' (int8 tensor cores where the device has them), 'f32' or 'int8-dot' (EngineLoadOptions). */
-  prefillAttention?: PrefillAttention;
-  onProgress?: (progress: LoadProgress) => void;
+  /** The public shape's group (EngineLoadOptions), never read here: such options go through parseLoadOptions. */
+  experimental?: never;
 }
 
 /**
@@ -63,66 +56,33 @@ export function defaultPrefillChunk(tensorCorePrefill: boolean, pool: KvPoolOpti
   if (!tensorCorePrefill) return 128;
   return [1024, 512].find((tokens) => KvPagePool.holdsStep(pool, tokens)) ?? 128;
 }
-const DEFAULT_KV_BUDGET = 64 * 1024 * 1024;
-const DEFAULT_MAX_SEQUENCES = 16;
 
-function checkInteger(name: string, value: unknown, min: number, max = Number.MAX_SAFE_INTEGER): void {
-  if (value === undefined) return;
-  if (typeof value !== 'number' || !Number.isInteger(value) || value < min || value > max) {
-    throw new InvalidRequestError(`Load option ${name} = ${String(value)} must be an integer in ${min}..${max}.`, {
-      option: name,
-      value,
-    });
-  }
-}
-
-/** The one place KV options become pool options: validates them (calibrated rotations are found by `load`). */
-export function kvPoolOptions(config: ModelConfig, options: KvCacheOptions): KvPoolOptions {
-  const kv = options.kv ?? 'f16';
-  if (kv !== 'f16' && kv !== 'int2') {
-    throw new InvalidRequestError(`Load option kv = ${String(kv)} must be 'f16' or 'int2'.`, { option: 'kv' });
-  }
-  checkInteger('kvBudgetBytes', options.kvBudgetBytes, 1);
-  checkInteger('sink', options.sink, 0);
-  checkInteger('window', options.window, 0);
-  checkInteger('groupSize', options.groupSize, 1, 1 << 16);
-  checkInteger('maxSequences', options.maxSequences, 1, 256);
-  checkInteger('maxContextTokens', options.maxContextTokens, 1);
-  if (options.codeBits !== undefined && options.codeBits !== 1 && options.codeBits !== 2) {
-    throw new InvalidRequestError(`Load option codeBits = ${String(options.codeBits)} must be 1 or 2.`, {
-      option: 'codeBits',
-    });
-  }
-  // Boosted layers are a tier of the 2-bit cache; which layers exist is the pool's check (its message names them).
+/**
+ * The one place load options become pool options (calibrated rotations are found by `load`). It checks nothing a
+ * user passed (parseLoadOptions did) but one invariant: boosted layers exist only in the 2-bit cache, and an f16 or
+ * 1-bit pool would drop them without a word.
+ */
+export function kvPoolOptions(config: ModelConfig, options: Partial<ParsedLoadOptions>): KvPoolOptions {
+  const kv = options.kv ?? LOAD_DEFAULTS.kv;
+  const codeBits = options.codeBits ?? LOAD_DEFAULTS.codeBits;
+  // Which layers exist is the pool's check (its message names them).
   const boostLayers = options.boostLayers ?? [];
-  if (!Array.isArray(boostLayers)) {
-    throw new InvalidRequestError('Load option boostLayers must be an array of layer indices.', {
-      option: 'boostLayers',
-    });
-  }
-  if (boostLayers.length > 0 && (kv !== 'int2' || (options.codeBits ?? 2) !== 2)) {
-    throw new InvalidRequestError("Load option boostLayers needs kv: 'int2' with 2-bit codes; set kv or drop it.", {
-      option: 'boostLayers',
-    });
-  }
-  // --- KV pool owner's block (int2 mode and rotation; runtime/kv/pool.ts documents the options) ---
-  const rotation = options.rotation ?? (kv === 'int2' ? 'hadamard' : 'none');
-  if (rotation !== 'hadamard' && rotation !== 'none' && rotation !== 'calibrated') {
+  if (boostLayers.length > 0 && (kv !== 'int2' || codeBits !== 2)) {
     throw new InvalidRequestError(
-      `Load option rotation = ${String(rotation)}: use 'hadamard', 'none' or 'calibrated'.`,
-      {
-        option: 'rotation',
-      },
+      `kvPoolOptions: boostLayers need kv 'int2' with 2-bit codes, not kv '${kv}' with ${codeBits}-bit codes.`,
+      { field: 'boostLayers' },
     );
   }
+  // --- KV pool owner's block (int2 mode and rotation; runtime/kv/pool.ts documents the options) ---
+  const rotation = options.rotation ?? defaultRotation(kv);
   const quant =
     kv === 'int2'
       ? {
           kv: 'quant' as const,
-          sink: options.sink ?? 64,
-          window: options.window ?? 256,
-          keyFormat: { bits: options.codeBits ?? 2, groupSize: options.groupSize },
-          valueFormat: { bits: options.codeBits ?? 2, groupSize: options.groupSize },
+          sink: options.sink ?? LOAD_DEFAULTS.sink,
+          window: options.window ?? LOAD_DEFAULTS.window,
+          keyFormat: { bits: codeBits, groupSize: options.groupSize },
+          valueFormat: { bits: codeBits, groupSize: options.groupSize },
           ...(boostLayers.length > 0 ? { boostLayers } : {}),
         }
       : {};
@@ -133,8 +93,8 @@ export function kvPoolOptions(config: ModelConfig, options: KvCacheOptions): KvP
     layers: config.layers,
     kvHeads: config.kvHeads,
     headDim: config.headDim,
-    budgetBytes: options.kvBudgetBytes ?? DEFAULT_KV_BUDGET,
-    maxSequences: options.maxSequences ?? DEFAULT_MAX_SEQUENCES,
+    budgetBytes: options.kvBudgetBytes ?? LOAD_DEFAULTS.kvBudgetBytes,
+    maxSequences: options.maxSequences ?? LOAD_DEFAULTS.maxSequences,
     maxSequenceTokens: options.maxContextTokens ?? config.contextLength,
   };
 }
@@ -247,20 +207,8 @@ export class Engine {
   }
 
   async load(source: ByteSource, options: LoadOptions = {}): Promise<ModelConfig> {
-    checkInteger('prefillChunk', options.prefillChunk, 1, 4096);
-    const prefillMatmul = options.prefillMatmul ?? 'auto';
-    const prefillAttention = options.prefillAttention ?? 'auto';
-    for (const [option, value] of [
-      ['prefillMatmul', prefillMatmul],
-      ['prefillAttention', prefillAttention],
-    ] as const) {
-      if (!PREFILL_CHOICES.includes(value)) {
-        throw new InvalidRequestError(`Load option ${option} = ${String(value)}: use ${choiceList(PREFILL_CHOICES)}.`, {
-          option,
-          value,
-        });
-      }
-    }
+    const prefillMatmul = options.prefillMatmul ?? LOAD_DEFAULTS.prefillMatmul;
+    const prefillAttention = options.prefillAttention ?? LOAD_DEFAULTS.prefillAttention;
     this.unload();
     this.prefillMatmul = prefillMatmul;
     const gpu = this.gpu;

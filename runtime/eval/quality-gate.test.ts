@@ -20,7 +20,7 @@ import { withTestGpu } from '../../test/gpu.ts';
 import { referenceLogProbs } from '../../test/model-reference.ts';
 import { sharedPath } from '../../test/shared.ts';
 import { defaultModelPath } from '../cli/default-model.ts';
-import { kvOptionsFor } from '../cli/eval.ts';
+import { cliLoadOptions, kvOptionsFor } from '../cli/eval.ts';
 import { Engine } from '../engine/engine.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
 import { rotationsFromMetadata } from '../kv/rotation-store.ts';
@@ -74,14 +74,18 @@ describe.skipIf(!textPath)('KV cache quality gate: demo model, 256 held-out toke
     const modelPath = defaultModelPath();
     const engine = new Engine(gpu);
     const source = await sourceFromPath(modelPath);
-    const load = (mode: string) =>
-      engine.load(source, {
-        ...kvOptionsFor(mode),
-        sink: SINK,
-        window: WINDOW,
-        prefillChunk: PREFILL_CHUNK,
-        maxSequences: 1,
-      });
+    const load = (mode: string) => {
+      const base = kvOptionsFor(mode);
+      return engine.load(
+        source,
+        cliLoadOptions({
+          ...base,
+          prefillChunk: PREFILL_CHUNK,
+          maxSequences: 1,
+          experimental: { ...base.experimental, sink: SINK, window: WINDOW },
+        }),
+      );
+    };
     try {
       const config = await load('f16');
       const heldOut = validationSplit(readFileSync(textPath as string, 'utf8'));

@@ -1,0 +1,171 @@
+/**
+ * The one check of load options. `parseLoadOptions` turns what a caller passes to `load` (EngineLoadOptions: the
+ * public shape, research knobs under `experimental`) into ParsedLoadOptions: each field checked for its type, its
+ * range and the combinations it needs, the defaults applied. Defaults that depend on the model or the device stay
+ * undefined (Engine.load resolves them). Nothing below checks user input again: Engine.load, kvPoolOptions and the KV
+ * pool read the typed object. The pool keeps its invariants and what only the model can tell (which layers exist,
+ * which group sizes divide a row, whether a page fits the budget). Pure: no GPU, no model.
+ */
+import { InvalidRequestError } from '../../core/errors.ts';
+import {
+  type EngineLoadOptions,
+  type ExperimentalLoadOptions,
+  type KvMode,
+  type KvRotation,
+  type LoadProgress,
+  PREFILL_CHOICES,
+  type PrefillAttention,
+} from './api-types.ts';
+import { checkObject, choiceList, failField } from './validate.ts';
+
+/** Load options, checked and with their defaults: the one shape every consumer below the API reads. */
+export interface ParsedLoadOptions {
+  kv: KvMode;
+  kvBudgetBytes: number;
+  maxSequences: number;
+  /** undefined: the model's context length. */
+  maxContextTokens: number | undefined;
+  /** undefined: defaultPrefillChunk (it depends on the device and the KV budget). */
+  prefillChunk: number | undefined;
+  rotation: KvRotation;
+  calibrate: 'background' | 'off';
+  onProgress: ((progress: LoadProgress) => void) | undefined;
+  // ExperimentalLoadOptions, flat: only the public shape sets them apart.
+  sink: number;
+  window: number;
+  /** undefined: min(128, kvHeads × headDim), the pool's default. */
+  groupSize: number | undefined;
+  codeBits: 1 | 2;
+  boostLayers: number[];
+  prefillMatmul: PrefillAttention;
+  prefillAttention: PrefillAttention;
+  /** undefined: defaultCalibrationTokens(config). */
+  calibrationTokens: number | undefined;
+}
+
+/** The defaults that depend on nothing (rotation's depends on kv: defaultRotation). */
+export const LOAD_DEFAULTS = {
+  kv: 'f16',
+  kvBudgetBytes: 64 * 1024 * 1024,
+  maxSequences: 16,
+  calibrate: 'background',
+  sink: 64,
+  window: 256,
+  codeBits: 2,
+  prefillMatmul: 'auto',
+  prefillAttention: 'auto',
+} as const satisfies Partial<ParsedLoadOptions>;
+
+export function defaultRotation(kv: KvMode): KvRotation {
+  return kv === 'int2' ? 'hadamard' : 'none';
+}
+
+// Built from records over the types' keys, so a field added to a type without its check does not compile.
+const PUBLIC_FIELDS = Object.keys({
+  kv: true,
+  kvBudgetBytes: true,
+  maxSequences: true,
+  maxContextTokens: true,
+  prefillChunk: true,
+  rotation: true,
+  calibrate: true,
+  onProgress: true,
+  experimental: true,
+} satisfies Record<keyof EngineLoadOptions, true>);
+
+const EXPERIMENTAL_FIELDS = Object.keys({
+  sink: true,
+  window: true,
+  groupSize: true,
+  codeBits: true,
+  boostLayers: true,
+  prefillMatmul: true,
+  prefillAttention: true,
+  calibrationTokens: true,
+} satisfies Record<keyof ExperimentalLoadOptions, true>);
+
+const ROTATIONS: readonly KvRotation[] = ['hadamard', 'none', 'calibrated'];
+
+function choice<T extends string>(field: string, value: unknown, choices: readonly T[], fallback: T): T {
+  if (value === undefined) return fallback;
+  if (!choices.includes(value as T)) failField(field, value, `use ${choiceList(choices)}`);
+  return value as T;
+}
+
+function integer(field: string, value: unknown, min: number, max = Number.MAX_SAFE_INTEGER): number | undefined {
+  if (value === undefined) return undefined;
+  if (typeof value !== 'number' || !Number.isInteger(value) || value < min || value > max) {
+    failField(
+      field,
+      value,
+      max === Number.MAX_SAFE_INTEGER ? `use an integer >= ${min}` : `use an integer in ${min}..${max}`,
+    );
+  }
+  return value;
+}
+
+function layerList(field: string, value: unknown): number[] {
+  if (value === undefined) return [];
+  // Array.from: the holes of a sparse array become undefined, and fail.
+  const layers = Array.isArray(value) ? Array.from(value as unknown[]) : null;
+  if (!layers?.every((l): l is number => typeof l === 'number' && Number.isSafeInteger(l) && l >= 0)) {
+    failField(field, value, 'use an array of layer indices (integers >= 0)');
+  }
+  const twice = layers.find((l, i) => layers.indexOf(l) !== i);
+  if (twice !== undefined) failField(field, layers, `layer ${twice} is listed twice`);
+  return layers;
+}
+
+/**
+ * Checks `input` (what a caller passed to `load`; undefined or null for the defaults) and resolves it. Throws an
+ * InvalidRequestError naming the option (`details.field`, e.g. 'kv' or 'experimental.sink') and what it accepts; an
+ * unknown field is one too, with the list of known ones.
+ */
+export function parseLoadOptions(input: unknown): ParsedLoadOptions {
+  const o =
+    input === undefined || input === null
+      ? {}
+      : checkObject('load options', input, PUBLIC_FIELDS, (key) =>
+          EXPERIMENTAL_FIELDS.includes(key) ? ` It is experimental: pass it as experimental: { ${key} }.` : '',
+        );
+  const x =
+    o.experimental === undefined ? {} : checkObject('load options experimental', o.experimental, EXPERIMENTAL_FIELDS);
+  const kv = choice('kv', o.kv, ['f16', 'int2'], LOAD_DEFAULTS.kv);
+  if (x.codeBits !== undefined && x.codeBits !== 1 && x.codeBits !== 2) {
+    failField('experimental.codeBits', x.codeBits, 'use 1 or 2');
+  }
+  if (o.onProgress !== undefined && typeof o.onProgress !== 'function') {
+    failField('onProgress', o.onProgress, 'use a function');
+  }
+  const parsed: ParsedLoadOptions = {
+    kv,
+    kvBudgetBytes: integer('kvBudgetBytes', o.kvBudgetBytes, 1) ?? LOAD_DEFAULTS.kvBudgetBytes,
+    maxSequences: integer('maxSequences', o.maxSequences, 1, 256) ?? LOAD_DEFAULTS.maxSequences,
+    maxContextTokens: integer('maxContextTokens', o.maxContextTokens, 1),
+    prefillChunk: integer('prefillChunk', o.prefillChunk, 1, 4096),
+    rotation: choice('rotation', o.rotation, ROTATIONS, defaultRotation(kv)),
+    calibrate: choice('calibrate', o.calibrate, ['background', 'off'], LOAD_DEFAULTS.calibrate),
+    onProgress: o.onProgress as ParsedLoadOptions['onProgress'],
+    sink: integer('experimental.sink', x.sink, 0) ?? LOAD_DEFAULTS.sink,
+    window: integer('experimental.window', x.window, 0) ?? LOAD_DEFAULTS.window,
+    groupSize: integer('experimental.groupSize', x.groupSize, 1, 1 << 16),
+    codeBits: (x.codeBits as 1 | 2 | undefined) ?? LOAD_DEFAULTS.codeBits,
+    boostLayers: layerList('experimental.boostLayers', x.boostLayers),
+    prefillMatmul: choice('experimental.prefillMatmul', x.prefillMatmul, PREFILL_CHOICES, LOAD_DEFAULTS.prefillMatmul),
+    prefillAttention: choice(
+      'experimental.prefillAttention',
+      x.prefillAttention,
+      PREFILL_CHOICES,
+      LOAD_DEFAULTS.prefillAttention,
+    ),
+    calibrationTokens: integer('experimental.calibrationTokens', x.calibrationTokens, 16, 4096),
+  };
+  // Boosted layers are a tier of the 2-bit cache (which layers exist is the pool's check: only the model knows).
+  if (parsed.boostLayers.length > 0 && (parsed.kv !== 'int2' || parsed.codeBits !== 2)) {
+    throw new InvalidRequestError(
+      `experimental.boostLayers needs kv: 'int2' with 2-bit codes (here kv: '${parsed.kv}', codeBits: ${parsed.codeBits}); set kv: 'int2' or drop boostLayers.`,
+      { field: 'experimental.boostLayers' },
+    );
+  }
+  return parsed;
+}
