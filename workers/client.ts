@@ -21,10 +21,10 @@ import type {
 import { fromWireError, isWireError } from '../runtime/engine/wire-errors.ts';
 import {
   DEBUG_WORKER_NAME,
+  type EngineWorkerApi,
   type StreamHandle,
   WORKER_NAME,
   type WorkerDebugAction,
-  type WorkerEngineApi,
 } from './protocol.ts';
 
 export interface CreateEngineOptions {
@@ -81,12 +81,12 @@ function isStream(value: unknown): value is StreamHandle {
 }
 
 class RemoteStream<T> implements CompletionStream<T> {
-  private readonly remote: Remote<WorkerEngineApi>;
+  private readonly remote: Remote<EngineWorkerApi>;
   private readonly worker: Worker;
   private readonly id: number;
   private finished = false;
 
-  constructor(remote: Remote<WorkerEngineApi>, worker: Worker, id: number) {
+  constructor(remote: Remote<EngineWorkerApi>, worker: Worker, id: number) {
     this.remote = remote;
     this.worker = worker;
     this.id = id;
@@ -118,16 +118,16 @@ class RemoteStream<T> implements CompletionStream<T> {
   }
 }
 
-class WorkerEngineClient implements EngineClient {
+class EngineWorkerClient implements EngineClient {
   readonly worker: Worker;
   readonly chat: LongtabEngineApi['chat'];
   readonly completions: LongtabEngineApi['completions'];
-  private readonly remote: Remote<WorkerEngineApi>;
+  private readonly remote: Remote<EngineWorkerApi>;
 
   constructor(worker: Worker) {
     this.worker = worker;
     watchWorker(worker);
-    this.remote = wrap<WorkerEngineApi>(worker);
+    this.remote = wrap<EngineWorkerApi>(worker);
     this.chat = {
       completions: {
         create: (async (request: ChatCompletionRequest) => {
@@ -194,5 +194,5 @@ export function createEngine(options: CreateEngineOptions = {}): EngineClient {
       type: 'module',
       name: options.debug ? DEBUG_WORKER_NAME : WORKER_NAME,
     });
-  return new WorkerEngineClient(worker);
+  return new EngineWorkerClient(worker);
 }

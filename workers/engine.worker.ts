@@ -21,9 +21,9 @@ import { indexedDbRotationCache } from '../runtime/kv/rotation-cache-idb.ts';
 import {
   DEBUG_ACTIONS,
   DEBUG_WORKER_NAME,
+  type EngineWorkerApi,
   guardedEndpoint,
   type StreamHandle,
-  type WorkerEngineApi,
 } from './protocol.ts';
 
 /** Debug calls (fault injection for tests) only in a worker started as such: its name is fixed at creation. */
@@ -66,7 +66,7 @@ function stream(id: unknown) {
   return entry;
 }
 
-const api: WorkerEngineApi = {
+const api: EngineWorkerApi = {
   async load(source, options, onProgress) {
     if (typeof source !== 'string' && !(source instanceof Blob)) {
       throw new InvalidRequestError('load(source): pass an http(s) URL string, a File or a Blob.');

@@ -41,7 +41,7 @@ export interface WorkerCheckOptions {
 }
 
 /** What the worker exposes. Every method validates its arguments; errors arrive as WireError objects. */
-export interface WorkerEngineApi {
+export interface EngineWorkerApi {
   load(
     source: WorkerLoadSource,
     options: Omit<EngineLoadOptions, 'onProgress'> | undefined,
@@ -65,7 +65,7 @@ export interface WorkerEngineApi {
 }
 
 /** Each method's most arguments, and which of them may be a callback (a Comlink.proxy). */
-const SIGNATURES: Record<keyof WorkerEngineApi, { args: number; callbacks: number[] }> = {
+const SIGNATURES: Record<keyof EngineWorkerApi, { args: number; callbacks: number[] }> = {
   load: { args: 3, callbacks: [2] },
   chat: { args: 1, callbacks: [] },
   completion: { args: 1, callbacks: [] },
@@ -81,7 +81,7 @@ const SIGNATURES: Record<keyof WorkerEngineApi, { args: number; callbacks: numbe
   debug: { args: 1, callbacks: [] },
 };
 
-export const WORKER_METHODS = Object.keys(SIGNATURES) as (keyof WorkerEngineApi)[];
+export const WORKER_METHODS = Object.keys(SIGNATURES) as (keyof EngineWorkerApi)[];
 
 /** Why a message is not a call this worker accepts, or null when it is. */
 export function checkWorkerMessage(data: unknown, options: WorkerCheckOptions = {}): string | null {
@@ -93,7 +93,7 @@ export function checkWorkerMessage(data: unknown, options: WorkerCheckOptions = 
   const method = Array.isArray(m.path) && m.path.length === 1 ? m.path[0] : undefined;
   if (typeof method !== 'string' || !Object.hasOwn(SIGNATURES, method))
     return `unknown method ${JSON.stringify(m.path)}`;
-  const signature = SIGNATURES[method as keyof WorkerEngineApi];
+  const signature = SIGNATURES[method as keyof EngineWorkerApi];
   const args = m.argumentList;
   if (!Array.isArray(args) || args.length > signature.args)
     return `${method} takes at most ${signature.args} argument(s)`;

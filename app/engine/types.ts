@@ -27,11 +27,12 @@ export type {
 
 export type ChatRequest = ChatCompletionRequest & { stream: true };
 
-export type LoadOptions = Pick<EngineLoadOptions, 'kv' | 'kvBudgetBytes' | 'onProgress'>;
+/** The load options the page sets (its KV settings); the rest keep their defaults. */
+export type ChatLoadOptions = Pick<EngineLoadOptions, 'kv' | 'kvBudgetBytes' | 'onProgress'>;
 
 /** What the chat page needs from an engine. */
 export interface ChatEngine {
-  load(source: string | Blob, options: LoadOptions): Promise<ModelInfo>;
+  load(source: string | Blob, options: ChatLoadOptions): Promise<ModelInfo>;
   chat: { completions: { create(request: ChatRequest): Promise<CompletionStream<ChatCompletionChunk>> } };
   stats(): Promise<EngineStats>;
   subscribeStats(listener: (stats: EngineStats) => void): Promise<() => void>;

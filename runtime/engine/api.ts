@@ -1,6 +1,6 @@
 /**
- * LongtabEngine: the OpenAI-shaped API over one Engine (one model on one device). The same class runs in-process
- * (Node CLI, tests) and inside the engine worker (workers/engine.worker.ts), which wraps it for comlink.
+ * LongtabEngine: the OpenAI-shaped API over one model runner (`Engine`: one model on one device). The same class runs
+ * in-process (Node, tests) and inside the engine worker (workers/engine.worker.ts), which wraps it for comlink.
  *
  * Requests queue and run one at a time. Each chat request renders the conversation with the model's chat template,
  * reuses whatever prefix of its tokens the conversation's KV sequence already holds (conversations.ts) and prefills
@@ -163,7 +163,7 @@ interface PreparedPrompt {
 export class LongtabEngine implements LongtabEngineApi {
   private readonly options: LongtabEngineOptions;
   private gpuContext: GpuContext | null = null;
-  private engine: Engine | null = null;
+  private modelRunner: Engine | null = null;
   private cache: ConversationCache | null = null;
   private modelInfo: ModelInfo | null = null;
   private template = '';
@@ -192,9 +192,9 @@ export class LongtabEngine implements LongtabEngineApi {
     this.completions = { create: ((request: CompletionRequest) => this.createCompletion(request)) as never };
   }
 
-  /** The low-level engine (tests and the CLI use its tokenizer and pool); null before the first load. */
-  get core(): Engine | null {
-    return this.engine;
+  /** The model runner below the API (tests use its tokenizer and pool); null before the first load. */
+  get runner(): Engine | null {
+    return this.modelRunner;
   }
 
   async load(source: ModelSource, options: EngineLoadOptions = {}): Promise<ModelInfo> {
@@ -205,10 +205,10 @@ export class LongtabEngine implements LongtabEngineApi {
       await this.stopCalibration();
       this.unloadNow();
       const gpu = await this.gpu();
-      const engine = (this.engine ??= new Engine(gpu));
+      const runner = (this.modelRunner ??= new Engine(gpu));
       const bytes = await this.openSource(source, onProgress);
       try {
-        await engine.load(bytes, {
+        await runner.load(bytes, {
           ...parsed,
           onProgress,
           rotationCache: this.options.rotationCache,
@@ -217,8 +217,8 @@ export class LongtabEngine implements LongtabEngineApi {
       } finally {
         await bytes.close?.();
       }
-      const loaded = engine.loaded!;
-      this.cache = new ConversationCache(engine);
+      const loaded = runner.loaded!;
+      this.cache = new ConversationCache(runner);
       this.template = chatTemplateFromMetadata(loaded.file.metadata);
       const meta = loaded.file.metadata['tokenizer.chat_template'];
       this.modelInfo = {
@@ -233,7 +233,7 @@ export class LongtabEngine implements LongtabEngineApi {
       };
       if (loaded.kv.calibrationNeeded && loaded.kv.digest) {
         this.startCalibration(
-          engine,
+          runner,
           loaded.kv.digest,
           parsed.calibrationTokens ?? defaultCalibrationTokens(loaded.config),
         );
@@ -285,7 +285,7 @@ export class LongtabEngine implements LongtabEngineApi {
     this.listeners.clear();
     if (this.gpuContext && typeof this.options.gpu !== 'object') this.gpuContext.destroy();
     this.gpuContext = null;
-    this.engine = null;
+    this.modelRunner = null;
   }
 
   // ---------------------------------------------------------------------------------------------------------------
@@ -428,7 +428,7 @@ export class LongtabEngine implements LongtabEngineApi {
     controller: AbortController,
     onText: (text: string) => void,
   ): Promise<RunOutcome> {
-    const engine = this.requireEngine();
+    const runner = this.requireRunner();
     const cache = this.cache!;
     const maxTokens = r.maxTokens ?? DEFAULT_MAX_TOKENS;
     const prompt = this.prepareChat(r);
@@ -437,7 +437,7 @@ export class LongtabEngine implements LongtabEngineApi {
     const entry = r.conversationId ? cache.conversation(r.conversationId) : cache.temporary();
     try {
       const systemPrefilled = await cache.attach(entry, prompt.systemIds);
-      return await this.generate(engine, entry, prompt, {
+      return await this.generate(runner, entry, prompt, {
         maxTokens,
         request: r,
         signal: controller.signal,
@@ -460,10 +460,10 @@ export class LongtabEngine implements LongtabEngineApi {
     controller: AbortController,
     onText: (text: string) => void,
   ): Promise<RunOutcome> {
-    const engine = this.requireEngine();
+    const runner = this.requireRunner();
     const cache = this.cache!;
     const maxTokens = r.maxTokens ?? DEFAULT_MAX_TOKENS;
-    const ids = engine.tokenizer.encode(r.prompt, { addSpecial: true });
+    const ids = runner.tokenizer.encode(r.prompt, { addSpecial: true });
     if (ids.length === 0) throw new InvalidRequestError('The prompt is empty and this model has no BOS token.');
     this.checkFits(ids.length);
     if (controller.signal.aborted) return this.aborted(ids.length, 0);
@@ -471,7 +471,7 @@ export class LongtabEngine implements LongtabEngineApi {
     try {
       await cache.attach(entry, null);
       const prompt = { ids, systemIds: null, droppedMessages: 0 };
-      return await this.generate(engine, entry, prompt, {
+      return await this.generate(runner, entry, prompt, {
         maxTokens,
         request: r,
         signal: controller.signal,
@@ -487,7 +487,7 @@ export class LongtabEngine implements LongtabEngineApi {
 
   /** Runs one prepared prompt in `entry`'s sequence, reusing the prefix it holds, and records what it holds after. */
   private async generate(
-    engine: Engine,
+    runner: Engine,
     entry: CachedSequence,
     prompt: PreparedPrompt,
     run: GenerationRun,
@@ -499,7 +499,7 @@ export class LongtabEngine implements LongtabEngineApi {
     const maxTokens = Math.max(0, Math.min(requestedMaxTokens, this.capacity() - ids.length + 1));
     const reuse = Math.min(commonPrefixLength(entry.ids, ids), ids.length - 1);
     cache.makeRoom([entry], entry.seq, reuse, ids.length + maxTokens);
-    const decoder = engine.tokenizer.createStreamDecoder({ skipSpecial: true });
+    const decoder = runner.tokenizer.createStreamDecoder({ skipSpecial: true });
     const stops = new StopStringMatcher(r.stop);
     let text = '';
     let sinceStats = 0;
@@ -508,7 +508,7 @@ export class LongtabEngine implements LongtabEngineApi {
       text += piece;
       onText(piece);
     };
-    const result: GenerateResult = await engine.generateInSequence(entry.seq!, {
+    const result: GenerateResult = await runner.generateInSequence(entry.seq!, {
       promptIds: ids,
       reuseTokens: reuse,
       maxTokens,
@@ -521,7 +521,7 @@ export class LongtabEngine implements LongtabEngineApi {
           startsText &&
           text.length === 0 &&
           piece.startsWith(' ') &&
-          engine.tokenizer.decode([id]) === piece.slice(1)
+          runner.tokenizer.decode([id]) === piece.slice(1)
         )
           piece = piece.slice(1);
         const out = stops.push(piece);
@@ -605,7 +605,7 @@ export class LongtabEngine implements LongtabEngineApi {
   }
 
   private encodeChat(messages: ChatMessageParam[], addGenerationPrompt: boolean): number[] {
-    const tokenizer = this.requireEngine().tokenizer;
+    const tokenizer = this.requireRunner().tokenizer;
     const bos = tokenizer.bosId !== undefined ? tokenizer.tokenText(tokenizer.bosId) : '';
     const text = renderChatTemplate(this.template, {
       messages: messages as ChatMessage[],
@@ -631,7 +631,7 @@ export class LongtabEngine implements LongtabEngineApi {
 
   /** Tokens one sequence can hold. */
   private capacity(): number {
-    const pool = this.requireEngine().pool;
+    const pool = this.requireRunner().pool;
     return pool.maxPagesPerSequence * pool.pageTokens;
   }
 
@@ -693,10 +693,10 @@ export class LongtabEngine implements LongtabEngineApi {
    * then switches at a safe point in the queue. Conversations cached until then lose their KV (written with the
    * Hadamard rotation) and are re-prefilled on their next turn; a request already queued runs before the switch.
    */
-  private startCalibration(engine: Engine, digest: string, tokens: number): void {
-    const loaded = engine.loaded;
+  private startCalibration(runner: Engine, digest: string, tokens: number): void {
+    const loaded = runner.loaded;
     const calibration: BackgroundCalibration = new BackgroundCalibration({
-      engine,
+      runner,
       digest,
       tokens,
       cache: this.options.rotationCache,
@@ -705,8 +705,8 @@ export class LongtabEngine implements LongtabEngineApi {
       apply: (rotations: StoredRotations) =>
         this.enqueue(async () => {
           // A load, unload or destroy since then: that model (and this calibration) is gone.
-          if (this.calibration !== calibration || engine.loaded !== loaded || !this.cache) return false;
-          await engine.switchToCalibratedRotations(rotations);
+          if (this.calibration !== calibration || runner.loaded !== loaded || !this.cache) return false;
+          await runner.switchToCalibratedRotations(rotations);
           const evictions = this.cache.evictions;
           this.cache.clear();
           this.cache.evictions = evictions;
@@ -725,7 +725,7 @@ export class LongtabEngine implements LongtabEngineApi {
   }
 
   private rotationState(): KvRotationState {
-    const pool = this.engine?.loaded?.pool;
+    const pool = this.modelRunner?.loaded?.pool;
     const calibration = this.calibration?.status;
     if (
       calibration &&
@@ -740,20 +740,20 @@ export class LongtabEngine implements LongtabEngineApi {
   private unloadNow(): void {
     this.cache?.clear();
     this.cache = null;
-    this.engine?.unload();
+    this.modelRunner?.unload();
     this.modelInfo = null;
     this.template = '';
   }
 
-  private requireEngine(): Engine {
-    if (!this.engine?.loaded || !this.cache) throw new ModelNotLoadedError();
-    return this.engine;
+  private requireRunner(): Engine {
+    if (!this.modelRunner?.loaded || !this.cache) throw new ModelNotLoadedError();
+    return this.modelRunner;
   }
 
   private snapshot(): EngineStats {
     const gpu = this.gpuContext;
     const memory = gpu?.allocator.snapshot();
-    const loaded = this.engine?.loaded ?? null;
+    const loaded = this.modelRunner?.loaded ?? null;
     const pool = loaded?.pool.stats();
     const config = loaded?.config;
     const f16BytesPerToken = config ? 2 * config.layers * config.kvHeads * config.headDim * 2 : 0;

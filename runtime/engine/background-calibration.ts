@@ -41,7 +41,7 @@ export interface CalibrationStatus {
 }
 
 export interface BackgroundCalibrationHost {
-  engine: Engine;
+  runner: Engine;
   /** The model's digest: the cache key. */
   digest: string;
   cache?: RotationCache;
@@ -51,7 +51,7 @@ export interface BackgroundCalibrationHost {
   /** Resolves the next time the request queue becomes empty. */
   whenIdle(): Promise<void>;
   /**
-   * Switches the engine to the rotations between two requests (in the request queue); false when the model was
+   * Switches the model runner to the rotations between two requests (in the request queue); false when the model was
    * unloaded or replaced meanwhile.
    */
   apply(rotations: StoredRotations): Promise<boolean>;
@@ -121,11 +121,11 @@ export class BackgroundCalibration {
   }
 
   private async fit(): Promise<StoredRotations | null> {
-    const { engine, tokens: count } = this.host;
-    const loaded = engine.loaded;
+    const { runner, tokens: count } = this.host;
+    const loaded = runner.loaded;
     if (!loaded) throw new Stopped();
     const { config, weights, tokenizer } = loaded;
-    const gpu = engine.gpu;
+    const gpu = runner.gpu;
     const between = () => this.between();
     this.working = 'generating';
     await between();
@@ -165,9 +165,9 @@ export class BackgroundCalibration {
     return rotations;
   }
 
-  /** The row format the clip quantiles are fitted for: the engine's own. */
+  /** The row format the clip quantiles are fitted for: the runner's own. */
   private clipFormat() {
-    const quant = this.host.engine.loaded?.pool.quant;
+    const quant = this.host.runner.loaded?.pool.quant;
     return quant ? { bits: quant.key.bits, groupSize: quant.key.groupSize } : {};
   }
 

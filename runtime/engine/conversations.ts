@@ -32,7 +32,7 @@ export function commonPrefixLength(a: readonly number[], b: readonly number[]): 
 }
 
 export class ConversationCache {
-  private readonly engine: Engine;
+  private readonly runner: Engine;
   private readonly conversations = new Map<string, CachedSequence>();
   private readonly systems = new Map<string, CachedSequence>();
   private clock = 0;
@@ -40,8 +40,8 @@ export class ConversationCache {
   /** Pages of idle sequences demoted to make room (int2 pools). */
   flushes = 0;
 
-  constructor(engine: Engine) {
-    this.engine = engine;
+  constructor(runner: Engine) {
+    this.runner = runner;
   }
 
   get size(): number {
@@ -75,7 +75,7 @@ export class ConversationCache {
    */
   async attach(entry: CachedSequence, systemIds: number[] | null): Promise<number> {
     if (entry.seq) return 0;
-    const pool = this.engine.pool;
+    const pool = this.runner.pool;
     if (!systemIds || systemIds.length === 0) {
       this.ensureSlot([entry]);
       entry.seq = pool.createSequence();
@@ -92,7 +92,7 @@ export class ConversationCache {
       system.seq = pool.createSequence();
       this.systems.set(key, system);
       try {
-        await this.engine.prefillSequence(system.seq, systemIds);
+        await this.runner.prefillSequence(system.seq, systemIds);
       } catch (error) {
         this.evict(system);
         throw error;
@@ -116,7 +116,7 @@ export class ConversationCache {
    * then throws ContextOverflowError: the request alone does not fit).
    */
   makeRoom(keep: CachedSequence[], seq: KvSequence | null, position: number, length: number): void {
-    const pool = this.engine.pool;
+    const pool = this.runner.pool;
     for (;;) {
       const need = pool.pagesNeeded(seq, position, length);
       const free = pool.pagesObtainable();
@@ -146,7 +146,7 @@ export class ConversationCache {
 
   /** Frees a sequence slot if all are taken. */
   ensureSlot(keep: CachedSequence[]): void {
-    const pool = this.engine.pool;
+    const pool = this.runner.pool;
     while (pool.stats().sequences >= pool.maxSequences) {
       const victim = this.leastRecentlyUsed(keep);
       if (!victim) {
@@ -166,7 +166,7 @@ export class ConversationCache {
 
   /** Frees the entry's K/V without counting an eviction. */
   private drop(entry: CachedSequence): void {
-    if (entry.seq?.alive) this.engine.pool.free(entry.seq);
+    if (entry.seq?.alive) this.runner.pool.free(entry.seq);
     entry.seq = null;
     entry.ids = [];
     if (entry.kind === 'system') this.systems.delete(entry.key);
@@ -193,7 +193,7 @@ export class ConversationCache {
     this.conversations.delete(id);
     if (this.conversations.size > 0) return;
     for (const system of [...this.systems.values()]) this.drop(system);
-    this.engine.pool.releaseFreeSlabs();
+    this.runner.pool.releaseFreeSlabs();
   }
 
   /** Forgets everything (the pool itself is destroyed by the caller). */

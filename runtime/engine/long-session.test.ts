@@ -77,7 +77,7 @@ async function runSession(
     afterLoad,
   };
   const audit = (label: string) => {
-    expect(engine.core!.pool.audit(), `pool audit after ${label}`).toEqual([]);
+    expect(engine.runner!.pool.audit(), `pool audit after ${label}`).toEqual([]);
     result.audits++;
   };
   const count = (usage: CompletionUsage) => {
@@ -278,7 +278,7 @@ describe.skipIf(!modelPath)('a long session on stories260K', () => {
       throw error;
     }
     const stats = await engine.stats();
-    const pool = engine.core!.pool;
+    const pool = engine.runner!.pool;
     const seconds = (performance.now() - started) / 1000;
     const report =
       `${session.generations} generations, ${session.tokens} tokens, ${session.aborts} aborts, ${session.audits} clean ` +
