@@ -163,7 +163,7 @@ export function parseLoadOptions(input: unknown): ParsedLoadOptions {
   // Boosted layers are a tier of the 2-bit cache (which layers exist is the pool's check: only the model knows).
   if (parsed.boostLayers.length > 0 && (parsed.kv !== 'int2' || parsed.codeBits !== 2)) {
     throw new InvalidRequestError(
-      `experimental.boostLayers needs kv: 'int2' with 2-bit codes (here kv: '${parsed.kv}', codeBits: ${parsed.codeBits}); set kv: 'int2' or drop boostLayers.`,
+      `experimental.boostLayers needs kv: 'int2' with 2-bit codes (here kv: '${parsed.kv}', codeBits: ${parsed.codeBits}); use kv: 'int2' and codeBits 2, or drop boostLayers.`,
       { field: 'experimental.boostLayers' },
     );
   }
