@@ -121,6 +121,8 @@ export interface AttentionBinding {
    * with the rotate kernel, whose prefill build reads each matrix once for a block of tokens.
    */
   outputRotation?: OutputRotation;
+  /** The kernel plan of the binding's graph and layer format, where the caller decided it once for many layers. */
+  plan?: AttentionKernelPlan;
 }
 
 /** Per-head matrices the merge pass un-rotates the output with: head h uses matrix firstMatrix + h / headsPerMatrix. */
@@ -184,33 +186,215 @@ function layerQuantShape(b: Pick<AttentionBinding, 'pool' | 'layer'>): DecodeQua
   return key && value ? { kBits: key.bits, kGroup: key.groupSize, vBits: value.bits, vGroup: value.groupSize } : null;
 }
 
-/** The decode kernel's shape for a binding, or null where the split kernel serves it. */
-export function attentionDecodeShape(
-  gpu: GpuContext,
-  b: Pick<AttentionBinding, 'pool' | 'layer' | 'heads' | 'maxTokens' | 'decodeKernel'>,
-): AttentionDecodeShape | null {
-  if (b.maxTokens !== 1 || b.decodeKernel === false) return null;
-  const shape: AttentionDecodeShape = {
-    // Every build keeps its loops. On the H200, one layer at 32K keys: quant builds 5% faster than unrolled
-    // (session 13); f16 builds, once the pass's page-table entries came from workgroup memory, 2.3x faster (Qwen3-4B
-    // 33.7 against 76.4 µs, Llama-3.2-1B 30.1 against 47.8; session 14). CPU drivers compile loops 2-5x faster.
-    unrolled: false,
-    headDim: b.pool.headDim,
-    rows: b.heads / b.pool.kvHeads,
+/** What of a device the choice of an attention kernel reads (a GpuContext, or an adapter profile in docs tables). */
+export interface AttentionDevice {
+  limits: Pick<
+    GpuContext['limits'],
+    'maxComputeWorkgroupStorageSize' | 'maxStorageBufferBindingSize' | 'maxComputeWorkgroupsPerDimension'
+  >;
+  features: Pick<GpuContext['features'], 'subgroups' | 'subgroupMatrixI8'>;
+  adapter: Pick<GpuContext['adapter'], 'isFallbackAdapter' | 'subgroupMinSize' | 'subgroupMaxSize'>;
+}
+
+/**
+ * What the choice of an attention kernel depends on besides the device: the graph's size, the heads, the layer's
+ * page formats and the pool's longest sequence; the rest are the binding's overrides (tests and harnesses).
+ */
+export interface AttentionGraphShape
+  extends Pick<
+    AttentionBinding,
+    'decodeKernel' | 'prefillKernel' | 'prefillStorageBytes' | 'prefillProducts' | 'convertKeys' | 'blockKeys'
+  > {
+  maxTokens: number;
+  heads: number;
+  kvHeads: number;
+  headDim: number;
+  /** The layer's quant row formats, or null where its pages are all f16. */
+  quant: DecodeQuantShape | null;
+  /** Bytes of the int8 keys of the pool's longest sequence (poolKeysInt8Bytes): the converted build binds them. */
+  keysInt8Bytes: number;
+}
+
+/** The graph shape of a binding (heads default to the pool's KV heads where the caller gave none). */
+export function attentionGraphShape(
+  b: Pick<AttentionBinding, 'pool' | 'layer' | 'maxTokens'> & Partial<AttentionBinding>,
+): AttentionGraphShape {
+  const { pool } = b;
+  return {
+    maxTokens: b.maxTokens,
+    heads: b.heads ?? pool.kvHeads,
+    kvHeads: pool.kvHeads,
+    headDim: pool.headDim,
     quant: layerQuantShape(b),
+    keysInt8Bytes: poolKeysInt8Bytes(pool),
+    decodeKernel: b.decodeKernel,
+    prefillKernel: b.prefillKernel,
+    prefillStorageBytes: b.prefillStorageBytes,
+    prefillProducts: b.prefillProducts,
+    convertKeys: b.convertKeys,
+    blockKeys: b.blockKeys,
+  };
+}
+
+/** The decode kernel's shape for a graph, or null where another kernel serves it. */
+function decodeShapeOf(device: AttentionDevice, g: AttentionGraphShape): AttentionDecodeShape | null {
+  if (g.maxTokens !== 1 || g.decodeKernel === false) return null;
+  const shape: AttentionDecodeShape = {
+    // Every build keeps its loops: measured faster than unrolled builds on large GPUs for both page kinds, and CPU
+    // drivers compile loops several times faster (bench/attention-kernels.ts; BENCH.md).
+    unrolled: false,
+    headDim: g.headDim,
+    rows: g.heads / g.kvHeads,
+    quant: g.quant,
   };
   if (!attentionDecodeSupports(shape)) return null;
-  return attentionDecodeWorkgroupBytes(shape) <= gpu.limits.maxComputeWorkgroupStorageSize ? shape : null;
+  return attentionDecodeWorkgroupBytes(shape) <= device.limits.maxComputeWorkgroupStorageSize ? shape : null;
+}
+
+/** The f32 prefill kernel's shape for a graph, or null where another kernel serves it. */
+function prefillShapeOf(device: AttentionDevice, g: AttentionGraphShape): AttentionPrefillShape | null {
+  if (g.maxTokens === 1 || g.prefillKernel === false) return null;
+  const limit = device.limits.maxComputeWorkgroupStorageSize;
+  return attentionPrefillShape(g.headDim, g.quant, Math.min(limit, g.prefillStorageBytes ?? limit));
+}
+
+/** The dot4I8Packed int8 prefill kernel's shape for a graph ('int8-dot' on a device with subgroups), or null. */
+function prefillDotShapeOf(device: AttentionDevice, g: AttentionGraphShape): AttentionPrefillDotShape | null {
+  if (g.maxTokens === 1 || g.prefillKernel === false || g.prefillProducts !== 'int8-dot') return null;
+  // Invocation pairs share rows through subgroupShuffleXor, and the 128 invocations must fill whole subgroups of an
+  // even size to map onto the 64 rows once each.
+  const { subgroupMinSize = 0, subgroupMaxSize = 0 } = device.adapter;
+  if (!device.features.subgroups || subgroupMinSize < 2 || subgroupMaxSize < 2 || 128 % subgroupMaxSize !== 0) {
+    return null;
+  }
+  const limit = device.limits.maxComputeWorkgroupStorageSize;
+  return attentionPrefillDotShape(g.headDim, g.quant, limit, !device.adapter.isFallbackAdapter);
+}
+
+/** The tensor-core int8 prefill kernel's shape for a graph ('int8' on a device with i8 subgroup matrices), or null. */
+function prefillInt8ShapeOf(device: AttentionDevice, g: AttentionGraphShape): AttentionPrefillInt8Shape | null {
+  if (g.maxTokens === 1 || g.prefillKernel === false || g.prefillProducts !== 'int8') return null;
+  if (!device.features.subgroupMatrixI8) return null;
+  const converted = g.convertKeys !== false && g.keysInt8Bytes <= device.limits.maxStorageBufferBindingSize;
+  const limit = device.limits.maxComputeWorkgroupStorageSize;
+  // The converted build's transposed V tile takes a little more workgroup storage than the page build's tile.
+  return (
+    (converted ? attentionPrefillInt8Shape(g.headDim, g.quant, limit, true) : null) ??
+    attentionPrefillInt8Shape(g.headDim, g.quant, limit)
+  );
+}
+
+/** The decode kernel's shape for a binding, or null where the split kernel serves it. */
+export function attentionDecodeShape(
+  device: AttentionDevice,
+  b: Pick<AttentionBinding, 'pool' | 'layer' | 'heads' | 'maxTokens' | 'decodeKernel'>,
+): AttentionDecodeShape | null {
+  return decodeShapeOf(device, attentionGraphShape(b));
 }
 
 /** The prefill kernel's shape for a binding, or null where the split kernel serves it. */
 export function attentionPrefillShapeFor(
-  gpu: GpuContext,
+  device: AttentionDevice,
   b: Pick<AttentionBinding, 'pool' | 'layer' | 'maxTokens' | 'prefillKernel' | 'prefillStorageBytes'>,
 ): AttentionPrefillShape | null {
-  if (b.maxTokens === 1 || b.prefillKernel === false) return null;
-  const limit = gpu.limits.maxComputeWorkgroupStorageSize;
-  return attentionPrefillShape(b.pool.headDim, layerQuantShape(b), Math.min(limit, b.prefillStorageBytes ?? limit));
+  return prefillShapeOf(device, attentionGraphShape(b));
+}
+
+/**
+ * The dot4I8Packed int8 prefill kernel's shape for a binding (prefillProducts 'int8-dot', a device with subgroups), or
+ * null where the f32 kernels serve it.
+ */
+export function attentionPrefillDotShapeFor(
+  device: AttentionDevice,
+  b: Pick<AttentionBinding, 'pool' | 'layer' | 'maxTokens' | 'prefillKernel' | 'prefillProducts'>,
+): AttentionPrefillDotShape | null {
+  return prefillDotShapeOf(device, attentionGraphShape(b));
+}
+
+/** The int8 prefill kernel's shape for a binding, or null where the f32 kernels serve it. */
+export function attentionPrefillInt8ShapeFor(
+  device: AttentionDevice,
+  b: Pick<AttentionBinding, 'pool' | 'layer' | 'maxTokens' | 'prefillKernel' | 'prefillProducts' | 'convertKeys'>,
+): AttentionPrefillInt8Shape | null {
+  return prefillInt8ShapeOf(device, attentionGraphShape(b));
+}
+
+/** The attention kernels, by what they serve (docs/attention-plans.md says which runs where). */
+export type AttentionKernel = 'decode' | 'prefill' | 'prefill-int8' | 'prefill-dot' | 'split';
+
+/** The kernel one graph's attention runs for one layer format, decided once from the device and the graph's shape. */
+export type AttentionKernelPlan = {
+  /** The pipeline's label (its cache key besides the code). */
+  label: string;
+  /** (query token, head) rows one workgroup serves. */
+  rows: number;
+} & (
+  | { kernel: 'decode'; shape: AttentionDecodeShape }
+  | { kernel: 'prefill'; shape: AttentionPrefillShape }
+  | { kernel: 'prefill-int8'; shape: AttentionPrefillInt8Shape }
+  | { kernel: 'prefill-dot'; shape: AttentionPrefillDotShape }
+  | { kernel: 'split'; shape: AttentionKernelShape }
+);
+
+/**
+ * Which attention kernel serves a graph, first that applies: the int8 prefill kernel its products ask for (tensor
+ * cores or dot4I8Packed), the f32 prefill kernel, the decode kernel, else the general split kernel (any shape, any
+ * device). Pure: the same device and shape always give the same plan.
+ */
+export function planAttentionKernel(device: AttentionDevice, g: AttentionGraphShape): AttentionKernelPlan {
+  const { headDim, maxTokens } = g;
+  const int8 = prefillInt8ShapeOf(device, g);
+  if (int8) {
+    const label = `attention-prefill-int8-hd${headDim}${int8.converted ? '-converted' : formatsLabel(int8.quant)}`;
+    return { kernel: 'prefill-int8', shape: int8, label, rows: INT8_ATTENTION_ROWS };
+  }
+  const dot = prefillDotShapeOf(device, g);
+  if (dot) {
+    return {
+      kernel: 'prefill-dot',
+      shape: dot,
+      label: `attention-prefill-dot-hd${headDim}${formatsLabel(dot.quant)}`,
+      rows: INT8_ATTENTION_ROWS,
+    };
+  }
+  const prefill = prefillShapeOf(device, g);
+  if (prefill) {
+    const label = `attention-prefill-hd${headDim}-r${prefill.rows}-b${prefill.blockKeys}${formatsLabel(prefill.quant)}`;
+    return { kernel: 'prefill', shape: prefill, label, rows: prefill.rows };
+  }
+  const group = g.heads / g.kvHeads;
+  const rowCap = Math.min(ATTENTION_MAX_ROWS, Math.floor(ATTENTION_MAX_ROW_PAIRS / (headDim / 2)));
+  const rows = Math.min(rowCap, maxTokens === 1 ? group : maxTokens * group);
+  const shape: AttentionKernelShape = { quant: g.quant !== null, blockKeys: g.blockKeys ?? 16, headDim, rows };
+  const storage = attentionWorkgroupBytes(shape);
+  if (storage > device.limits.maxComputeWorkgroupStorageSize) {
+    throw new InvalidRequestError(
+      `attention: tiles of ${shape.blockKeys} keys need ${storage} bytes of workgroup storage, the device has ${device.limits.maxComputeWorkgroupStorageSize}`,
+    );
+  }
+  const decode = decodeShapeOf(device, g);
+  if (decode) {
+    const label = `attention-decode-hd${headDim}-r${decode.rows}${decode.unrolled ? '' : '-loops'}${formatsLabel(decode.quant)}`;
+    return { kernel: 'decode', shape: decode, label, rows };
+  }
+  const label = `${g.quant ? 'attention-mixed' : 'attention-partial'}-${shape.blockKeys}-hd${headDim}-r${rows}`;
+  return { kernel: 'split', shape, label, rows };
+}
+
+/** The WGSL of a plan's kernel (or its replacement from `sources`, tests of the tests). */
+function planSource(plan: AttentionKernelPlan, sources: AttentionSources): string {
+  switch (plan.kernel) {
+    case 'prefill-int8':
+      return sources.prefillInt8 ?? attentionPrefillInt8Source(plan.shape);
+    case 'prefill-dot':
+      return sources.prefillInt8 ?? attentionPrefillDotSource(plan.shape);
+    case 'prefill':
+      return sources.prefill ?? attentionPrefillSource(plan.shape);
+    case 'decode':
+      return sources.decode ?? attentionDecodeSource(plan.shape);
+    case 'split':
+      return sources.partial ?? attentionPartialSource(plan.shape);
+  }
 }
 
 /**
@@ -250,20 +434,17 @@ export async function int8PrefillAttentionCompiles(
 }
 
 /**
- * The dot4I8Packed int8 prefill kernel's shape for a binding (prefillProducts 'int8-dot', a device with subgroups), or
- * null where the f32 kernels serve it.
+ * The prefill attention's products for a load option: 'auto' asks for the tensor-core int8 kernel, 'int8-dot' for
+ * the dot4I8Packed one; either is kept only where it serves and compiles here for `headDim`
+ * (int8PrefillAttentionCompiles), else the f32 kernels run. Decided once at load; the plan of every graph reads it.
  */
-export function attentionPrefillDotShapeFor(
+export async function prefillAttentionProducts(
   gpu: GpuContext,
-  b: Pick<AttentionBinding, 'pool' | 'layer' | 'maxTokens' | 'prefillKernel' | 'prefillProducts'>,
-): AttentionPrefillDotShape | null {
-  if (b.maxTokens === 1 || b.prefillKernel === false || b.prefillProducts !== 'int8-dot') return null;
-  // Invocation pairs share rows through subgroupShuffleXor, and the 128 invocations must fill whole subgroups of an
-  // even size to map onto the 64 rows once each.
-  const { subgroupMinSize = 0, subgroupMaxSize = 0 } = gpu.adapter;
-  if (!gpu.features.subgroups || subgroupMinSize < 2 || subgroupMaxSize < 2 || 128 % subgroupMaxSize !== 0) return null;
-  const limit = gpu.limits.maxComputeWorkgroupStorageSize;
-  return attentionPrefillDotShape(b.pool.headDim, layerQuantShape(b), limit, !gpu.adapter.isFallbackAdapter);
+  headDim: number,
+  requested: 'auto' | 'f32' | 'int8-dot',
+): Promise<AttentionProducts> {
+  const products = requested === 'auto' ? 'int8' : requested;
+  return products !== 'f32' && (await int8PrefillAttentionCompiles(gpu, headDim, products)) ? products : 'f32';
 }
 
 /** The most keys a step of one of the pool's sequences sees: its longest sequence. */
@@ -276,23 +457,6 @@ export function poolKeysInt8Bytes(
   pool: Pick<KvPageSource, 'maxPagesPerSequence' | 'pageTokens' | 'kvHeads' | 'headDim'>,
 ) {
   return keysInt8Bytes(poolMaxKeys(pool), pool.kvHeads, pool.headDim);
-}
-
-/** The int8 prefill kernel's shape for a binding, or null where the f32 kernels serve it. */
-export function attentionPrefillInt8ShapeFor(
-  gpu: GpuContext,
-  b: Pick<AttentionBinding, 'pool' | 'layer' | 'maxTokens' | 'prefillKernel' | 'prefillProducts' | 'convertKeys'>,
-): AttentionPrefillInt8Shape | null {
-  if (b.maxTokens === 1 || b.prefillKernel === false || b.prefillProducts !== 'int8') return null;
-  if (!gpu.features.subgroupMatrixI8) return null;
-  const converted = b.convertKeys !== false && poolKeysInt8Bytes(b.pool) <= gpu.limits.maxStorageBufferBindingSize;
-  const limit = gpu.limits.maxComputeWorkgroupStorageSize;
-  const quant = layerQuantShape(b);
-  // The converted build's transposed V tile takes a little more workgroup storage than the page build's tile.
-  return (
-    (converted ? attentionPrefillInt8Shape(b.pool.headDim, quant, limit, true) : null) ??
-    attentionPrefillInt8Shape(b.pool.headDim, quant, limit)
-  );
 }
 
 /**
@@ -323,64 +487,23 @@ export function prepareAttention(
   // A workgroup serves `rows` (query token, head) pairs of one KV head: the GQA group in decode, plus several query
   // tokens in prefill, so each K/V block is read once for all of them.
   const group = heads / kvHeads;
-  const int8Prefill = attentionPrefillInt8ShapeFor(gpu, b);
-  const dotPrefill = attentionPrefillDotShapeFor(gpu, b);
-  const prefill = int8Prefill || dotPrefill ? null : attentionPrefillShapeFor(gpu, b);
-  const rowCap = Math.min(ATTENTION_MAX_ROWS, Math.floor(ATTENTION_MAX_ROW_PAIRS / (headDim / 2)));
-  const rows =
-    int8Prefill || dotPrefill
-      ? INT8_ATTENTION_ROWS
-      : prefill
-        ? prefill.rows
-        : Math.min(rowCap, maxTokens === 1 ? group : maxTokens * group);
+  const plan = b.plan ?? planAttentionKernel(gpu, attentionGraphShape(b));
+  const { rows } = plan;
   const tiles = Math.ceil((maxTokens * group) / rows);
   const maxGrid = gpu.limits.maxComputeWorkgroupsPerDimension;
   if (splits > maxGrid || tiles > maxGrid) {
     throw new InvalidRequestError(`attention: grid ${splits} x ${kvHeads} x ${tiles} exceeds ${maxGrid} per dimension`);
   }
   const quant = pool.quant ?? null;
-  const shape: AttentionKernelShape = { quant: quant !== null, blockKeys: b.blockKeys ?? 16, headDim, rows };
-  const storage = attentionWorkgroupBytes(shape);
-  if (!prefill && !int8Prefill && !dotPrefill && storage > gpu.limits.maxComputeWorkgroupStorageSize) {
-    throw new InvalidRequestError(
-      `attention: tiles of ${shape.blockKeys} keys need ${storage} bytes of workgroup storage, the device has ${gpu.limits.maxComputeWorkgroupStorageSize}`,
-    );
-  }
-  const decode = attentionDecodeShape(gpu, b);
-  const int8Formats = formatsLabel((int8Prefill ?? dotPrefill)?.quant ?? null);
-  const partialPipeline = dotPrefill
-    ? computePipeline(
-        gpu,
-        `attention-prefill-dot-hd${headDim}${int8Formats}`,
-        sources.prefillInt8 ?? attentionPrefillDotSource(dotPrefill),
-      )
-    : int8Prefill
-      ? computePipeline(
-          gpu,
-          `attention-prefill-int8-hd${headDim}${int8Prefill.converted ? '-converted' : int8Formats}`,
-          sources.prefillInt8 ?? attentionPrefillInt8Source(int8Prefill),
-        )
-      : prefill
-        ? computePipeline(
-            gpu,
-            `attention-prefill-hd${headDim}-r${prefill.rows}-b${prefill.blockKeys}${formatsLabel(prefill.quant)}`,
-            sources.prefill ?? attentionPrefillSource(prefill),
-          )
-        : decode
-          ? computePipeline(
-              gpu,
-              `attention-decode-hd${headDim}-r${decode.rows}${decode.unrolled ? '' : '-loops'}${formatsLabel(decode.quant)}`,
-              sources.decode ?? attentionDecodeSource(decode),
-            )
-          : computePipeline(
-              gpu,
-              `${quant ? 'attention-mixed' : 'attention-partial'}-${shape.blockKeys}-hd${headDim}-r${rows}`,
-              sources.partial ?? attentionPartialSource(shape),
-            );
+  const int8Prefill = plan.kernel === 'prefill-int8' ? plan.shape : null;
+  const partialPipeline = computePipeline(gpu, plan.label, planSource(plan, sources));
+  const quantBlockKeys = quant
+    ? attentionQuantBlockKeys({ quant: true, blockKeys: b.blockKeys ?? 16, headDim, rows })
+    : 0;
   const params = attentionParams(gpu, label, b, {
     splits,
     rows,
-    quantBlockKeys: quant ? attentionQuantBlockKeys(shape) : 0,
+    quantBlockKeys,
     int8Keys: int8Prefill?.converted ? poolKeysInt8Capacity(pool) : 0,
   });
   const rotation = b.outputRotation;

@@ -16,7 +16,7 @@ import {
 } from '../kernels/attention.ts';
 import { keysInt8ByteAt } from '../kernels/attention-prefill-int8.wgsl.ts';
 import { int8Codes } from '../kernels/reference/attention-int8.ts';
-import { PagedKvAttention, PREFILL_MIN_CHUNK_KEYS } from '../runtime/kv/paged-attention.ts';
+import { PagedKvAttention } from '../runtime/kv/paged-attention.ts';
 import { decodePageEntry, KV_PAGE_KIND, KvPagePool, type KvPoolOptions, type KvSequence } from '../runtime/kv/pool.ts';
 import { dequantizeRow, quantizeRow, roundToF16 } from '../runtime/kv/quant-format.ts';
 import {
@@ -134,6 +134,7 @@ export async function runMixed(
     }
     const position = seq.length;
     pool.writeStep(seq, position, tokens);
+    pool.submitPending(); // page copies and promotions the step asked for
     const qs = randomFloats(random, tokens * heads * headDim, 2);
     upload(gpu, q, qs);
     for (let l = 0; l < layers; l++) {
@@ -213,7 +214,8 @@ export async function runMixed(
         stored: true,
       };
       // An int8 prefill step with the prefill graph's split settings (PagedKvAttention).
-      const split = { ...backend.prefillSplits(maxTokens), minChunkKeys: PREFILL_MIN_CHUNK_KEYS };
+      const { splits, splitRows, minChunkKeys } = backend.plan(l, maxTokens);
+      const split = { splits, splitRows, minChunkKeys };
       const expected = expectedAttention(input, int8 && tokens > 1 ? split : null);
       worst = Math.max(worst, maxToleranceRatio(actual, expected, tolerance.atol, tolerance.rtol));
     }

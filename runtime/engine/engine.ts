@@ -3,7 +3,7 @@ import type { ByteSource, GgufFile } from '../../core/gguf-types.ts';
 import type { MemorySnapshot } from '../../core/gpu/allocator.ts';
 import type { GpuContext } from '../../core/gpu/device.ts';
 import { readFloat32 } from '../../core/gpu/readback.ts';
-import { type AttentionProducts, int8PrefillAttentionCompiles } from '../../kernels/attention.ts';
+import { type AttentionProducts, prefillAttentionProducts } from '../../kernels/attention.ts';
 import { parseGguf } from '../gguf/parse.ts';
 import { createKvAttention } from '../kv/paged-attention.ts';
 import { KvPagePool, type KvPoolOptions, type KvSequence } from '../kv/pool.ts';
@@ -244,9 +244,7 @@ export class Engine {
     try {
       const int8 = await int8PrefillReady(gpu, weights, prefillMatmul);
       if (!int8) this.prefillMatmul = 'f32';
-      const products = prefillAttention === 'auto' ? 'int8' : prefillAttention;
-      this.prefillProducts =
-        products !== 'f32' && (await int8PrefillAttentionCompiles(gpu, config.headDim, products)) ? products : 'f32';
+      this.prefillProducts = await prefillAttentionProducts(gpu, config.headDim, prefillAttention);
       const tensorCores = int8 && prefillMatmul === 'auto';
       const prefillChunk = options.prefillChunk ?? defaultPrefillChunk(tensorCores, poolOptions);
       poolOptions = { ...poolOptions, maxStepTokens: prefillChunk };

@@ -1,9 +1,13 @@
 import type { GpuContext } from '../../core/gpu/device.ts';
 import type { PreparedDispatch } from '../../core/gpu/dispatch.ts';
 import {
+  type AttentionDevice,
+  type AttentionGraphShape,
+  type AttentionKernelPlan,
   type AttentionProducts,
+  attentionGraphShape,
   attentionPartialsBytes,
-  attentionPrefillInt8ShapeFor,
+  planAttentionKernel,
   poolKeysInt8Bytes,
   prepareAttention,
 } from '../../kernels/attention.ts';
@@ -95,6 +99,56 @@ export function splitsWithinBinding(
 export const PREFILL_MIN_CHUNK_KEYS = 256;
 
 /**
+ * How one graph attends for one layer format, decided once (PagedKvAttention.plan) and shared by every layer of that
+ * format: the kernel, the key splits, and where a rotated cache's output is un-rotated.
+ */
+export interface LayerAttentionPlan {
+  kernel: AttentionKernelPlan;
+  /** Key splits of the graph's largest step, and AttentionBinding.splitRows (prefill graphs). */
+  splits: number;
+  splitRows: number;
+  /** Fewest keys per split. */
+  minChunkKeys: number;
+  /** A rotated cache's output: un-rotated by the merge pass (decode graphs with splits), or by a dispatch of its own. */
+  unrotate: 'merge' | 'dispatch';
+  /** Bytes of the graph's partials buffer (one for all its layers; 0: the graph has a single split or is decode). */
+  partialsBytes: number;
+}
+
+/**
+ * The plan of a graph (`shape.maxTokens` queries) for one layer format. `int8Served`: the tensor-core int8 kernel
+ * serves every layer format of the pool, which lets prefill graphs take fewer, longer splits (prefillSplitsFor).
+ * Pure: docs/attention-plans.md is rendered from it for recorded adapters.
+ */
+export function planLayerAttention(
+  device: AttentionDevice,
+  shape: AttentionGraphShape,
+  options: { int8Served: boolean; decodeSplits?: number },
+): LayerAttentionPlan {
+  const decode = shape.maxTokens === 1;
+  const kernel = planAttentionKernel(device, shape);
+  const wanted: SplitSettings = decode
+    ? { splits: options.decodeSplits ?? decodeSplitsFor(shape.kvHeads), splitRows: 0 }
+    : prefillSplitsFor(options.int8Served);
+  const graph = { maxTokens: shape.maxTokens, heads: shape.heads, headDim: shape.headDim };
+  const splits = splitsWithinBinding(wanted, graph, device.limits.maxStorageBufferBindingSize);
+  return {
+    kernel,
+    splits,
+    splitRows: wanted.splitRows,
+    minChunkKeys: decode ? DECODE_MIN_CHUNK_KEYS : PREFILL_MIN_CHUNK_KEYS,
+    // A rotated cache's output is un-rotated by the merge pass of decode graphs (one dispatch fewer a layer), and by a
+    // rotate dispatch of its own in prefill graphs, whose build reads each head's matrix once for a block of tokens
+    // (measured faster than un-rotating in the merge: bench/journal.md, the rotation's sections).
+    unrotate: decode && splits > 1 ? 'merge' : 'dispatch',
+    partialsBytes:
+      !decode && splits > 1
+        ? attentionPartialsBytes(shape.maxTokens, shape.heads, splits, shape.headDim, wanted.splitRows)
+        : 0,
+  };
+}
+
+/**
  * The paged cache as the forward pass sees it: per layer, the append of this step's k/v (preceded, in quant mode, by
  * the demotion of the pages that left the window) and the attention of its queries over f16 and quant pages. Every
  * dispatch binds the pool's KvStep uniform: call `pool.writeStep` (or `pool.beginStep`) before each submit, with
@@ -106,8 +160,8 @@ export class PagedKvAttention {
   private readonly options: PagedAttentionOptions;
   /** The prefill partials buffer of the graph being prepared (layer 0 allocates it and owns it), by maxTokens. */
   private readonly sharedPartials = new Map<number, GPUBuffer>();
-  /** prefillSplits by maxTokens: every layer of a graph asks, and the answer looks at every layer. */
-  private readonly prefillSplitSettings = new Map<number, SplitSettings>();
+  /** Plans by graph size and layer format: decided once, shared by every layer of that format. */
+  private readonly plans = new Map<string, LayerAttentionPlan>();
   /** The int8 keys buffer of the converted int8 prefill attention, created with the first graph that runs it. */
   private keysInt8: GPUBuffer | null = null;
 
@@ -117,22 +171,37 @@ export class PagedKvAttention {
     this.options = options;
   }
 
+  /** The graph shape of `layer` for a graph of `maxTokens` queries. */
+  private graphShape(layer: number, maxTokens: number): AttentionGraphShape {
+    const { pool, options } = this;
+    return attentionGraphShape({
+      pool,
+      layer,
+      maxTokens,
+      heads: options.heads,
+      prefillProducts: options.prefillProducts,
+    });
+  }
+
   /**
-   * Key split settings of a prefill graph of `maxTokens` queries (before the partials' binding limit): one for all its
-   * layers, which share one partials buffer. prefillSplitsFor's int8 settings where the tensor-core int8 kernel serves
-   * every layer (a boosted layer's formats may not be served).
+   * The plan of `layer` in a graph of `maxTokens` queries: one per layer format (boosted layers may differ), decided
+   * on first use. Prefill graphs take fewer splits only where the tensor-core int8 kernel serves every layer format.
    */
-  prefillSplits(maxTokens: number): SplitSettings {
-    const { gpu, pool, options } = this;
-    let settings = this.prefillSplitSettings.get(maxTokens);
-    if (settings === undefined) {
-      const served = Array.from({ length: pool.layers }, (_, layer) =>
-        attentionPrefillInt8ShapeFor(gpu, { pool, layer, maxTokens, prefillProducts: options.prefillProducts }),
-      ).every((shape) => shape !== null);
-      settings = prefillSplitsFor(served);
-      this.prefillSplitSettings.set(maxTokens, settings);
+  plan(layer: number, maxTokens: number): LayerAttentionPlan {
+    const { gpu, pool } = this;
+    const shape = this.graphShape(layer, maxTokens);
+    const key = `${maxTokens}:${JSON.stringify(shape.quant)}`;
+    let plan = this.plans.get(key);
+    if (!plan) {
+      const int8Served =
+        maxTokens > 1 &&
+        Array.from({ length: pool.layers }, (_, l) => planAttentionKernel(gpu, this.graphShape(l, maxTokens))).every(
+          (k) => k.kernel === 'prefill-int8',
+        );
+      plan = planLayerAttention(gpu, shape, { int8Served, decodeSplits: this.options.decodeSplits });
+      this.plans.set(key, plan);
     }
-    return settings;
+    return plan;
   }
 
   /**
@@ -154,35 +223,25 @@ export class PagedKvAttention {
       v: buffers.v,
       tokens: maxTokens,
     });
-    const decode = maxTokens === 1;
-    const int8 = attentionPrefillInt8ShapeFor(gpu, {
-      pool,
-      layer,
-      maxTokens,
-      prefillProducts: options.prefillProducts,
-    });
-    const wanted: SplitSettings = decode
-      ? { splits: options.decodeSplits ?? decodeSplitsFor(pool.kvHeads), splitRows: 0 }
-      : this.prefillSplits(maxTokens);
-    const { splitRows } = wanted;
-    const graph = { maxTokens, heads: options.heads, headDim: pool.headDim };
-    const splits = splitsWithinBinding(wanted, graph, gpu.limits.maxStorageBufferBindingSize);
+    const plan = this.plan(layer, maxTokens);
+    const { splits, splitRows } = plan;
     let partials: GPUBuffer | undefined;
     let ownPartials: GPUBuffer | undefined;
-    if (!decode && splits > 1) {
+    if (plan.partialsBytes > 0) {
       // Layers are prepared in order: layer 0 starts a graph, the rest reuse its buffer, released with layer 0's dispatch.
       partials = layer === 0 ? undefined : this.sharedPartials.get(maxTokens);
       if (!partials) {
         ownPartials = gpu.allocator.createBuffer({
           label: `kv.t${maxTokens}.attention.partials`,
           category: 'scratch',
-          size: attentionPartialsBytes(maxTokens, options.heads, splits, pool.headDim, splitRows),
+          size: plan.partialsBytes,
           usage: GPUBufferUsage.STORAGE,
         });
         partials = ownPartials;
         this.sharedPartials.set(maxTokens, ownPartials);
       }
     }
+    const int8 = plan.kernel.kernel === 'prefill-int8' ? plan.kernel.shape : null;
     // The int8 keys buffer of the converted int8 prefill attention: every layer of every prefill graph converts into
     // the same one (steps run one after another), sized by the pool's longest sequence; it lives as long as the pool.
     if (int8?.converted && !this.keysInt8) {
@@ -195,12 +254,7 @@ export class PagedKvAttention {
       pool.adopt(this.keysInt8);
     }
     const keysInt8 = int8?.converted ? this.keysInt8! : undefined;
-    // A rotated cache's output is un-rotated by the merge pass of decode graphs (one dispatch fewer a layer), and by a
-    // rotate dispatch of its own in prefill graphs and graphs without a merge pass. The prefill rotate kernel reads
-    // each head's matrix once for a block of tokens: on an H200, over Qwen3-4B's 36 layers of a 512-token chunk at 16K
-    // keys, merge and un-rotation took 11.6 ms in one pass that read the matrix per row, 6.4 ms so (Llama-3.2-1B:
-    // 2.08 and 1.31 ms).
-    const unrotateInMerge = decode && splits > 1;
+    const unrotateInMerge = plan.unrotate === 'merge';
     const attention = prepareAttention(gpu, `${label}.attention`, {
       pool,
       layer,
@@ -211,11 +265,12 @@ export class PagedKvAttention {
       scale: options.scale ?? 1 / Math.sqrt(pool.headDim),
       splits,
       splitRows,
-      minChunkKeys: decode ? DECODE_MIN_CHUNK_KEYS : PREFILL_MIN_CHUNK_KEYS,
+      minChunkKeys: plan.minChunkKeys,
       prefillProducts: options.prefillProducts,
       partials,
       keysInt8,
       outputRotation: unrotateInMerge ? outputRotation : undefined,
+      plan: plan.kernel,
     });
     if (ownPartials) attention[0]!.owned.push(ownPartials);
     if (outputRotation && !unrotateInMerge) {
