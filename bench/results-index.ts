@@ -8,9 +8,11 @@
  *
  * bench/results-index.test.ts renders it again in memory and fails when the committed file differs.
  */
+
 import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { basename, dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { markdownTable } from '../tools/markdown-table.ts';
 
 /** The folders listed, relative to the repository root. */
 export const RESULT_DIRS = ['bench/results', 'docs/results', 'tools/train-demo-model/runs'] as const;
@@ -336,16 +338,6 @@ function sectionsFor(name: string, sections: JournalSection[]): JournalSection[]
   const session = /(?:^|-)session(\d+)/.exec(name);
   if (session) return sections.filter((s) => s.session === Number(session[1]));
   return sections.filter((s) => s.patterns.some((p) => p.test(name)));
-}
-
-const cell = (text: string) => text.replace(/\|/g, '\\|');
-
-/** A markdown table with its columns padded as Biome formats them, so the generated file passes `biome check`. */
-function markdownTable(header: string[], rows: string[][]): string[] {
-  const cells = [header, ...rows].map((r) => r.map(cell));
-  const widths = header.map((_, i) => Math.max(3, ...cells.map((r) => [...r[i]].length)));
-  const line = (r: string[]) => `| ${r.map((c, i) => c + ' '.repeat(widths[i] - [...c].length)).join(' | ')} |`;
-  return [line(cells[0]), `| ${widths.map((w) => '-'.repeat(w)).join(' | ')} |`, ...cells.slice(1).map(line)];
 }
 
 /** The whole INDEX.md for the tree at `root`. Reads every listed file once. */

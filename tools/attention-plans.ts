@@ -11,6 +11,7 @@ import { LAYER_SHAPES } from '../bench/models.ts';
 import type { AttentionDevice, AttentionProducts } from '../kernels/attention.ts';
 import { keysInt8Bytes } from '../kernels/attention-prefill-int8.wgsl.ts';
 import { planLayerAttention } from '../runtime/kv/paged-attention.ts';
+import { markdownTable } from './markdown-table.ts';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 export const ATTENTION_PLANS_DOC = path.join(ROOT, 'docs', 'attention-plans.md');
@@ -99,8 +100,7 @@ export function renderAttentionPlans(): string {
     '',
   ];
   for (const { name, device } of adapters) {
-    lines.push(`## ${name}`, '', '| model shape | KV | graph | kernel | pipeline | splits | un-rotation |');
-    lines.push('| --- | --- | ---: | --- | --- | ---: | --- |');
+    const rows: string[][] = [];
     for (const shape of LAYER_SHAPES) {
       const width = shape.kvHeads * shape.headDim;
       const group = Math.min(128, width);
@@ -122,13 +122,20 @@ export function renderAttentionPlans(): string {
           const served = int8Served && plan.kernel.kernel === 'prefill-int8';
           const final = served ? planLayerAttention(device, graph, { int8Served: true }) : plan;
           const graphName = maxTokens === 1 ? 'decode' : `prefill ${maxTokens}`;
-          lines.push(
-            `| ${shape.name} (${shape.heads}/${shape.kvHeads} heads, d ${shape.headDim}) | ${kv} | ${graphName} | ` +
-              `${final.kernel.kernel} | \`${final.kernel.label}\` | ${final.splits} | ${kv === 'f16' ? '—' : final.unrotate} |`,
-          );
+          rows.push([
+            `${shape.name} (${shape.heads}/${shape.kvHeads} heads, d ${shape.headDim})`,
+            kv,
+            graphName,
+            final.kernel.kernel,
+            `\`${final.kernel.label}\``,
+            String(final.splits),
+            kv === 'f16' ? '—' : final.unrotate,
+          ]);
         }
       }
     }
+    const header = ['model shape', 'KV', 'graph', 'kernel', 'pipeline', 'splits', 'un-rotation'];
+    lines.push(`## ${name}`, '', ...markdownTable(header, rows));
     lines.push('');
   }
   return lines.join('\n');

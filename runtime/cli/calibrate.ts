@@ -1,10 +1,10 @@
 import { open, readFile, writeFile } from 'node:fs/promises';
 import { InvalidRequestError } from '../../core/errors.ts';
 import type { GpuContext } from '../../core/gpu/device.ts';
+import { calibrateKvRotations } from '../calibration/calibrate.ts';
 import { Engine } from '../engine/engine.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
 import { metadataEntriesOf, planGguf } from '../gguf/writer.ts';
-import { calibrateKvRotations } from '../calibration/calibrate.ts';
 import { nodeRotationCache } from '../kv/rotation-cache-node.ts';
 import { encodeRotations, modelDigest, rotationMetadataEntries, type StoredRotations } from '../kv/rotation-store.ts';
 import { numberFlag, type ParsedArgs, stringFlag } from './args.ts';

@@ -2,6 +2,7 @@ import { readFileSync } from 'node:fs';
 import { InvalidRequestError } from '../../core/errors.ts';
 import type { ByteSource, GgufFile } from '../../core/gguf-types.ts';
 import type { GpuContext } from '../../core/gpu/device.ts';
+import { calibrateKvRotations } from '../calibration/calibrate.ts';
 import { Engine } from '../engine/engine.ts';
 import {
   accumulateLayerFidelity,
@@ -19,7 +20,6 @@ import {
 } from '../eval/fidelity.ts';
 import { captureAttentionInputs } from '../eval/fidelity-capture.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
-import { calibrateKvRotations } from '../calibration/calibrate.ts';
 import { nodeRotationCache } from '../kv/rotation-cache-node.ts';
 import { decodeRotations, modelDigest, rotationsFromMetadata } from '../kv/rotation-store.ts';
 import type { ModelConfig } from '../model/config.ts';
