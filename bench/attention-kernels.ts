@@ -282,6 +282,7 @@ function decodeStepBinding(
 function fillTo(gpu: GpuContext, pool: KvPagePool, seq: KvSequence, context: number, append: PreparedDispatch[]): void {
   while (seq.length + FILL_CHUNK <= context) {
     pool.writeStep(seq, seq.length, FILL_CHUNK);
+    pool.submitPending(); // page copies and promotions the step asked for
     submitDispatches(gpu, 'fill', append);
   }
 }
@@ -332,6 +333,7 @@ async function benchShape(gpu: GpuContext, shape: LayerShape, contexts: number[]
     // The cache holds the same 512 random keys over and over: the reference repeats them too.
     fillTo(gpu, pool, seq, context, fill);
     pool.writeStep(seq, context - 1, 1);
+    pool.submitPending(); // page copies and promotions the step asked for
     const row: Record<string, unknown> = { shape: shape.name, context };
     for (const variant of [...VARIANTS, ...PHASE_ABLATIONS]) {
       const sources = variant.sources?.(shape, null);
@@ -388,6 +390,7 @@ async function benchQuantShape(gpu: GpuContext, shape: LayerShape, contexts: num
   for (const context of contexts) {
     fillTo(gpu, pool, seq, context, fill.append);
     pool.writeStep(seq, context - 1, 1);
+    pool.submitPending(); // page copies and promotions the step asked for
     // The step's own append + demotion, so every page the planned demotions switched holds what it says.
     submitDispatches(gpu, 'fill', fill.append);
     const row: Record<string, unknown> = { shape: shape.name, kv: 'int2', context, quantPages: pool.stats() };
@@ -579,6 +582,7 @@ async function benchPrefillShape(
     fillTo(gpu, pool, seq, context, fill.append);
     const position = context - tokens;
     pool.writeStep(seq, position, tokens);
+    pool.submitPending(); // page copies and promotions the step asked for
     // The chunk's append (+ demotion): in a quant pool the step plans demotions, which switch page-table entries.
     submitDispatches(gpu, 'fill', fill.append);
     const keysSeen = tokens * position + (tokens * (tokens + 1)) / 2;

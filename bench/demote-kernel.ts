@@ -151,9 +151,11 @@ async function benchShape(
   // demotions, the pages that left the window since, are in the jobs buffer, as in a long prefill.
   for (const position of [0, tokens]) {
     pool.writeStep(seq, position, tokens);
+    pool.submitPending(); // page copies and promotions the step asked for
     submitDispatches(gpu, 'step', layer.append);
   }
   pool.writeStep(seq, 2 * tokens, tokens);
+  pool.submitPending(); // page copies and promotions the step asked for
   const jobs = pool.stepDemotions;
   if (jobs === 0)
     throw new Error(`--tokens ${tokens} demotes nothing: the first step must pass the f16 sink and window`);

@@ -253,6 +253,7 @@ describe('int8 keys conversion pass', () => {
       const written: { k: Float32Array[]; v: Float32Array[] } = { k: [], v: [] };
       for (const tokens of steps) {
         pool.writeStep(seq, seq.length, tokens);
+        pool.submitPending(); // page copies and promotions the step asked for
         for (const [buffer, list, scale] of [
           [k, written.k, 2],
           [v, written.v, 1],

@@ -45,6 +45,7 @@ async function mismatchedWords(gpu: GpuContext, chunks: number[]): Promise<numbe
   const history: number[][] = [[], [], [], []]; // k0, v0, k1, v1
   for (const n of chunks) {
     pool.writeStep(seq, seq.length, n);
+    pool.submitPending(); // page copies and promotions the step asked for
     for (let i = 0; i < inputs.length; i++) {
       const data = randomFloats(random, n * row, 4);
       gpu.device.queue.writeBuffer(inputs[i], 0, data.buffer as ArrayBuffer, data.byteOffset, data.byteLength);

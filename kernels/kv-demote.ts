@@ -70,6 +70,8 @@ export function prepareKvDemote(
     pool: KvMixedPageSource;
     layer: number;
     maxJobs?: number;
+    /** Jobs in the layout of the pool's jobs buffer, of a demotion outside a step's (default: the pool's buffer). */
+    jobs?: GPUBuffer;
   },
 ): PreparedDispatch {
   const { pool } = b;
@@ -101,7 +103,7 @@ export function prepareKvDemote(
     label,
     computePipeline(gpu, 'kv-demote', kvDemoteWgsl),
     pool,
-    [quant.jobs, params],
+    [b.jobs ?? quant.jobs, params],
     workgroupGrid(gpu, maxJobs * 2 * pool.pageTokens),
     [params],
   );

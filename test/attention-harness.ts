@@ -215,6 +215,7 @@ export class Harness {
     const { layers, heads, kvHeads, headDim } = shape;
     const position = seq.length;
     this.pool.writeStep(seq, position, tokens);
+    this.pool.submitPending(); // page copies and promotions the step asked for
     const q = randomFloats(random, tokens * heads * headDim, 2);
     upload(gpu, this.q, q);
     const h = this.history.get(seq)!;

@@ -61,6 +61,7 @@ describe('PagedKvAttention', () => {
       let worst = 0;
       for (const tokens of [6, 5, 1, 1]) {
         const position = pool.beginStep(seq, tokens);
+        pool.submitPending(); // page copies and promotions the step asked for
         const q = randomFloats(random, tokens * heads * headDim, 2);
         const k = randomFloats(random, tokens * kvHeads * headDim, 2);
         const v = randomFloats(random, tokens * kvHeads * headDim, 1);

@@ -118,6 +118,7 @@ describe('KvPagePool under pressure from idle sequences', () => {
       expect(pool.stats().quant.pagesUsed).toBe(4);
       expect(seq.length).toBe(30);
       expect(pool.audit()).toEqual([]);
+      pool.submitPending(); // the flushed demotions (and the forks' page copies) go into this submit
       await gpu.device.queue.onSubmittedWorkDone();
       expect([...(await readUint32(gpu, pool.pageTable, seq.pages.length, seq.tableOffset))]).toEqual(seq.pages);
       const quant = pool.quant!;

@@ -78,6 +78,7 @@ describe('RotatedKvAttention', () => {
             graphs.set(tokens, layers);
           }
           pool.beginStep(seq, tokens);
+          pool.submitPending(); // page copies and promotions the step asked for
           for (const layer of [0, 1]) {
             gpu.device.queue.writeBuffer(bufs.q, 0, randomFloats(data, tokens * heads * headDim, 2));
             gpu.device.queue.writeBuffer(bufs.k, 0, randomFloats(data, tokens * kvHeads * headDim, 2));

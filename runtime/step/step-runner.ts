@@ -110,6 +110,8 @@ export class StepRunner {
     const { ids } = request;
     const { tokens, logits, sampling } = this.write(request);
     const encoder = gpu.device.createCommandEncoder({ label: request.label ?? (sampling ? 'decode' : 'prefill') });
+    // Page work the cache's bookkeeping asked for (copies, promotions, flushed demotions) precedes the forward.
+    this.pool.encodePending(encoder);
     request.before?.(encoder);
     if (!ids && this.sampling)
       encoder.copyBufferToBuffer(this.sampling.sampledId, 0, transformer.buffers.tokenIds, 0, 4);
