@@ -3,16 +3,15 @@ import { dequantWgsl } from './matmul.wgsl.ts';
 
 /**
  * Embedding row lookup over one weight part: out[t, k] = W[tokenIds[t], k] for the tokens whose id falls in this
- * part's rows (other tokens are left to the part that holds them). A thread dequantizes 4 consecutive elements.
+ * part's rows (other tokens are left to the part that holds them). A thread dequantizes 4 consecutive elements with
+ * `dq4`, the weight type's dequantization (dequantWgsl), which is all that differs between types.
  */
-export function embeddingWgsl(type: GgmlType): string {
-  return /* wgsl */ `
+const embeddingBodyWgsl = /* wgsl */ `
 struct Params { K: u32, firstRow: u32, rowCount: u32, rowWords: u32, tokens: u32, _a: u32, _b: u32, _c: u32 }
 @group(0) @binding(0) var<storage, read> w: array<u32>;
 @group(0) @binding(1) var<storage, read> ids: array<u32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 @group(0) @binding(3) var<uniform> params: Params;
-${dequantWgsl(type)}
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
@@ -29,4 +28,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   if (k + 3u < params.K) { out[o + 3u] = v.w; }
 }
 `;
+
+export function embeddingWgsl(type: GgmlType): string {
+  return dequantWgsl(type) + embeddingBodyWgsl;
 }

@@ -2,28 +2,6 @@
 export const KV_STEP_WGSL = 'struct KvStep { position: u32, tokens: u32, tableOffset: u32, length: u32 }';
 
 /**
- * The KvStep uniform, the four f16 page slabs (writable) and `kvStore`, which writes one u32 (two halves) of the
- * page named by a page-table entry (kind << 28 | slab << 24 | page). The including shader declares
- * `params.pageWords`. See runtime/kv/pool.ts for the page layout.
- */
-export function kvPagesWritableWgsl(firstBinding: number): string {
-  const slabs = [0, 1, 2, 3]
-    .map((i) => `@group(0) @binding(${firstBinding + i}) var<storage, read_write> slab${i}: array<u32>;`)
-    .join('\n');
-  return `${KV_STEP_WGSL}
-${slabs}
-fn kvStore(entry: u32, word: u32, value: u32) {
-  let index = (entry & 0xffffffu) * params.pageWords + word;
-  switch ((entry >> 24u) & 0xfu) {
-    case 0u: { slab0[index] = value; }
-    case 1u: { slab1[index] = value; }
-    case 2u: { slab2[index] = value; }
-    default: { slab3[index] = value; }
-  }
-}`;
-}
-
-/**
  * The four slabs as `array<vec4<u32>>` (read-only) and `fn name(entry, first, count, lid, to)`: the workgroup copies
  * vec4 words first..first+count of the page `entry` (in vec4 units) into `target[to..to+count)`, count <= maxCount.
  * One uniform branch per call and a constant-trip loop, so the loads are independent and in flight together.
@@ -77,9 +55,13 @@ fn slabWord(slot: u32, i: u32) -> u32 { return slabQuad(slot, i / 4u)[i % 4u]; }
 
 /**
  * Writes the step's K and V rows (f32 [tokens, kvHeads*headDim]) into their pages as packed f16.
- * One invocation per (token, kv head, dim pair); invocations past step.tokens do nothing.
+ * One invocation per (token, kv head, dim pair); invocations past step.tokens do nothing. `kvStore` writes one u32
+ * (two halves) of the page named by a page-table entry (kind << 28 | slab << 24 | page); runtime/kv/pool.ts has the
+ * page layout.
  */
-export const kvAppendWgsl = /* wgsl */ `
+export const kvAppendWgsl =
+  KV_STEP_WGSL +
+  /* wgsl */ `
 struct Params { kOffset: u32, vOffset: u32, pageWords: u32, pageTokens: u32, kvHeads: u32, headPairs: u32, maxTokens: u32, _pad: u32 }
 
 @group(0) @binding(0) var<storage, read> k: array<f32>;
@@ -87,7 +69,20 @@ struct Params { kOffset: u32, vOffset: u32, pageWords: u32, pageTokens: u32, kvH
 @group(0) @binding(2) var<storage, read> pageTable: array<u32>;
 @group(0) @binding(3) var<uniform> step: KvStep;
 @group(0) @binding(4) var<uniform> params: Params;
-${kvPagesWritableWgsl(5)}
+@group(0) @binding(5) var<storage, read_write> slab0: array<u32>;
+@group(0) @binding(6) var<storage, read_write> slab1: array<u32>;
+@group(0) @binding(7) var<storage, read_write> slab2: array<u32>;
+@group(0) @binding(8) var<storage, read_write> slab3: array<u32>;
+
+fn kvStore(entry: u32, word: u32, value: u32) {
+  let index = (entry & 0xffffffu) * params.pageWords + word;
+  switch ((entry >> 24u) & 0xfu) {
+    case 0u: { slab0[index] = value; }
+    case 1u: { slab1[index] = value; }
+    case 2u: { slab2[index] = value; }
+    default: { slab3[index] = value; }
+  }
+}
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,

@@ -2,19 +2,22 @@
  * Demotion and promotion of KV pages between the f16 kind and the quantized kind (runtime/kv/pool.ts has the page
  * layouts, runtime/kv/quant-format.ts the row format and its CPU reference `quantizeRow` / `dequantizeRow`).
  */
+import { wgslConstants } from './wgsl-constants.ts';
 
 /** Maximum row width (kvHeads × headDim) the demotion kernel holds in workgroup memory. */
 export const KV_DEMOTE_MAX_WIDTH = 2048;
 
-const formatStruct = /* wgsl */ `
-struct Format { bits: u32, groupSize: u32, codeWords: u32, rowWords: u32, loRank: u32, hiRank: u32, _a: u32, _b: u32 }`;
+/**
+ * The demotion's and the promotion's shared declarations: the row format, and the four slab slots (read_write u32,
+ * bindings 2..5) with a load and a store by slot.
+ */
+const formatAndSlabsWgsl = /* wgsl */ `
+struct Format { bits: u32, groupSize: u32, codeWords: u32, rowWords: u32, loRank: u32, hiRank: u32, _a: u32, _b: u32 }
 
-/** The four slab slots (read_write u32) with a load and a store by slot. */
-function slabAccessWgsl(firstBinding: number): string {
-  const slabs = [0, 1, 2, 3]
-    .map((i) => `@group(0) @binding(${firstBinding + i}) var<storage, read_write> slab${i}: array<u32>;`)
-    .join('\n');
-  return `${slabs}
+@group(0) @binding(2) var<storage, read_write> slab0: array<u32>;
+@group(0) @binding(3) var<storage, read_write> slab1: array<u32>;
+@group(0) @binding(4) var<storage, read_write> slab2: array<u32>;
+@group(0) @binding(5) var<storage, read_write> slab3: array<u32>;
 fn slabLoad(slot: u32, index: u32) -> u32 {
   var value = 0u;
   switch (slot) {
@@ -32,8 +35,8 @@ fn slabStore(slot: u32, index: u32, value: u32) {
     case 2u: { slab2[index] = value; }
     default: { slab3[index] = value; }
   }
-}`;
 }
+`;
 
 /**
  * Quantizes rows of f16 pages into quant pages, for one layer. Workgroup = one row: (job, kv, token in page), job j
@@ -44,8 +47,10 @@ fn slabStore(slot: u32, index: u32, value: u32) {
  * value, no sort); lo and scale = (hi - lo) / levels are rounded to f16 before coding; code = Math.round((x - lo) /
  * scale) clamped, found by comparing x - lo with the exact products (k - 1/2)·scale.
  */
-export const kvDemoteWgsl = /* wgsl */ `
-${formatStruct}
+export const kvDemoteWgsl =
+  wgslConstants({ MAX_WIDTH: KV_DEMOTE_MAX_WIDTH }) +
+  formatAndSlabsWgsl +
+  /* wgsl */ `
 struct Params {
   f16K: u32, f16V: u32, quantK: u32, quantV: u32,
   f16PageWords: u32, quantPageWords: u32, pageTokens: u32, headDim: u32,
@@ -55,21 +60,20 @@ struct Params {
 
 @group(0) @binding(0) var<storage, read> jobs: array<u32>;
 @group(0) @binding(1) var<uniform> params: Params;
-${slabAccessWgsl(2)}
 
 // 256 invocations: a decode step demotes only 2·pageTokens rows a layer (32 workgroups), so the rows' invocations are
 // the parallelism there is (64 made a demoting step of Qwen3-4B cost 4.5 ms of GPU time on the H200, with the rank
 // loop). A row has at most 256 groups (width <= 2048, groups of at least 8 values: 32 / bits, bits <= 4), one an
 // invocation where groups are merged.
 const WG: u32 = 256u;
-var<workgroup> vals: array<f32, ${KV_DEMOTE_MAX_WIDTH}>;
-var<workgroup> groupLo: array<f32, ${KV_DEMOTE_MAX_WIDTH / 8}>;
-var<workgroup> groupHi: array<f32, ${KV_DEMOTE_MAX_WIDTH / 8}>;
-var<workgroup> groupScale: array<f32, ${KV_DEMOTE_MAX_WIDTH / 8}>;
+var<workgroup> vals: array<f32, MAX_WIDTH>;
+var<workgroup> groupLo: array<f32, MAX_WIDTH / 8u>;
+var<workgroup> groupHi: array<f32, MAX_WIDTH / 8u>;
+var<workgroup> groupScale: array<f32, MAX_WIDTH / 8u>;
 // Where each span of 8 values has its minimum and its maximum (positions in vals).
-var<workgroup> spanMinAt: array<u32, ${KV_DEMOTE_MAX_WIDTH / 8}>;
-var<workgroup> spanMaxAt: array<u32, ${KV_DEMOTE_MAX_WIDTH / 8}>;
-var<workgroup> groupParam: array<u32, ${KV_DEMOTE_MAX_WIDTH / 8}>;
+var<workgroup> spanMinAt: array<u32, MAX_WIDTH / 8u>;
+var<workgroup> spanMaxAt: array<u32, MAX_WIDTH / 8u>;
+var<workgroup> groupParam: array<u32, MAX_WIDTH / 8u>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
@@ -223,8 +227,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: v
  * (layers may differ in format): one invocation per (job, kv, token, value pair). Used only when a rollback rewrites
  * a quantized position.
  */
-export const kvPromoteWgsl = /* wgsl */ `
-${formatStruct}
+export const kvPromoteWgsl =
+  formatAndSlabsWgsl +
+  /* wgsl */ `
 struct Params {
   f16KeyOffset: u32, f16ValueOffset: u32, quantKeyOffset: u32, quantValueOffset: u32,
   _unused: u32, headDim: u32, pageTokens: u32, f16PageWords: u32,
@@ -234,7 +239,6 @@ struct Params {
 
 @group(0) @binding(0) var<storage, read> jobs: array<u32>;
 @group(0) @binding(1) var<uniform> params: Params;
-${slabAccessWgsl(2)}
 
 fn dequantize(slot: u32, row: u32, f: Format, e: u32) -> f32 {
   let perWord = 32u / f.bits;

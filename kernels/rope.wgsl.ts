@@ -1,4 +1,5 @@
 import { rmsScaleWgsl } from './rmsnorm.wgsl.ts';
+import { wgslConstants } from './wgsl-constants.ts';
 
 /**
  * Rotary position embedding, in place, on a step's q and k in one dispatch: rows of `heads * headDim` f32 values
@@ -31,7 +32,9 @@ fn ropePair(i: u32, t: u32) -> RopePair {
 `;
 
 /** One invocation per rotated pair of q or k. */
-export const ropeWgsl = /* wgsl */ `${ropeCommonWgsl}
+export const ropeWgsl =
+  ropeCommonWgsl +
+  /* wgsl */ `
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
   let half = params.ropeDim / 2u;
@@ -74,13 +77,17 @@ export const ROPE_HEAD_NORM_MAX_DIM = 256;
  * per (token, head of q or k) normalizes the head into workgroup memory, then rotates its pairs from there, so the
  * update is in place. A decode step is bound by dispatch gaps: this replaces three dispatches (q_norm, k_norm, rope).
  */
-export const ropeHeadNormWgsl = /* wgsl */ `${ropeCommonWgsl}
+export const ropeHeadNormWgsl =
+  wgslConstants({ MAX_HEAD_DIM: ROPE_HEAD_NORM_MAX_DIM }) +
+  ropeCommonWgsl +
+  rmsScaleWgsl +
+  /* wgsl */ `
 @group(0) @binding(5) var<storage, read> qNorm: array<f32>;
 @group(0) @binding(6) var<storage, read> kNorm: array<f32>;
 
 const WG: u32 = 64u;
-var<workgroup> row: array<f32, ${ROPE_HEAD_NORM_MAX_DIM}>;
-${rmsScaleWgsl(64)}
+var<workgroup> row: array<f32, MAX_HEAD_DIM>;
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {

@@ -7,7 +7,7 @@ import {
   releaseDispatches,
   uniformBuffer,
 } from '../core/gpu/dispatch.ts';
-import { SAMPLE_SPAN, sampleWgsl } from './sample.wgsl.ts';
+import { SAMPLE_SPAN, SAMPLE_WORKGROUP, sampleWgsl } from './sample.wgsl.ts';
 
 /**
  * The values the sampler's uniform holds, already validated (runtime/sampling/params.ts validates requests;
@@ -135,7 +135,7 @@ export function prepareSampler(gpu: GpuContext, label: string, b: SamplerBinding
   };
 
   // The sampler's buffers ride on the first dispatch so that releaseDispatches(sampler.dispatches) frees them too.
-  add('copy', [b.logits, work, params], Math.ceil(vocab / 256), owned);
+  add('copy', [b.logits, work, params], Math.ceil(vocab / SAMPLE_WORKGROUP), owned);
   add('penalty', [b.logits, work, history, params], 1);
   add('partialMax', [work, scratch, params], groups);
   add('reduceMax', [scratch, state, b.output, history, params], 1);

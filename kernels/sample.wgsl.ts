@@ -11,11 +11,19 @@
  * Each pass is its own shader with bindings 0..n-1 in the order `prepareSampler` binds them.
  */
 
+import { wgslConstants } from './wgsl-constants.ts';
+
+/** Invocations of a workgroup in every pass. */
+export const SAMPLE_WORKGROUP = 256;
+/** Logits an invocation takes in the multi-workgroup passes. */
+const SAMPLE_TILES = 16;
+/** Logits per workgroup in the multi-workgroup passes (WG x TILES). */
+export const SAMPLE_SPAN = SAMPLE_WORKGROUP * SAMPLE_TILES;
+
 /** Declarations shared by every pass. */
-const common = /* wgsl */ `
-const WG: u32 = 256u;
-// Logits per workgroup in the multi-workgroup passes: WG threads x TILES.
-const TILES: u32 = 16u;
+const common =
+  wgslConstants({ WG: SAMPLE_WORKGROUP, TILES: SAMPLE_TILES }) +
+  /* wgsl */ `
 const SPAN: u32 = WG * TILES;
 const NONE: u32 = 0xffffffffu;
 const NO_BIN: u32 = 256u;
@@ -101,7 +109,9 @@ fn uniformDraw(p: Params) -> f32 {
 `;
 
 /** work[i] = logits[i]: the penalties then edit `work` in place. */
-const copyWgsl = /* wgsl */ `${common}
+const copyWgsl =
+  common +
+  /* wgsl */ `
 @group(0) @binding(0) var<storage, read> logits: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
 @group(0) @binding(2) var<uniform> params: Params;
@@ -117,7 +127,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
  * is positive, logit*penalty otherwise, once however often it repeats (recomputed from `logits`, so duplicates
  * write the same value).
  */
-const penaltyWgsl = /* wgsl */ `${common}
+const penaltyWgsl =
+  common +
+  /* wgsl */ `
 @group(0) @binding(0) var<storage, read> logits: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
 @group(0) @binding(2) var<storage, read> history: array<u32>;
@@ -138,7 +150,9 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>) {
 `;
 
 /** Per-workgroup max and argmax (lowest id among equal maxima). */
-const partialMaxWgsl = /* wgsl */ `${common}
+const partialMaxWgsl =
+  common +
+  /* wgsl */ `
 @group(0) @binding(0) var<storage, read> work: array<f32>;
 @group(0) @binding(1) var<storage, read_write> scratch: array<u32>;
 @group(0) @binding(2) var<uniform> params: Params;
@@ -185,7 +199,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
 `;
 
 /** Global max/argmax; resets the step's state; with temperature 0 writes the argmax and ends the step here. */
-const reduceMaxWgsl = /* wgsl */ `${common}
+const reduceMaxWgsl =
+  common +
+  /* wgsl */ `
 @group(0) @binding(0) var<storage, read> scratch: array<u32>;
 @group(0) @binding(1) var<storage, read_write> state: State;
 @group(0) @binding(2) var<storage, read_write> output: array<u32>;
@@ -227,7 +243,9 @@ fn main() {
  * mode the softmax weights exp(logit - max) in 32.32 fixed point (a lo/hi pair of u32, the carry taken from the
  * value atomicAdd returns). A weight is its f32 value truncated to a multiple of 2^-32 of the top weight.
  */
-const histogramWgsl = /* wgsl */ `${common}
+const histogramWgsl =
+  common +
+  /* wgsl */ `
 @group(0) @binding(0) var<storage, read> work: array<f32>;
 @group(0) @binding(1) var<storage, read_write> scratch: array<u32>;
 @group(0) @binding(2) var<storage, read> state: State;
@@ -280,7 +298,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
  * (top-k: k) or softmax mass (top-p: p times the mass of the top-k survivors) accumulated from the top reaches the
  * target. After round 3 the prefix is the full key of the threshold logit.
  */
-const selectWgsl = /* wgsl */ `${common}
+const selectWgsl =
+  common +
+  /* wgsl */ `
 @group(0) @binding(0) var<storage, read> scratch: array<u32>;
 @group(0) @binding(1) var<storage, read_write> state: State;
 @group(0) @binding(2) var<uniform> params: Params;
@@ -358,7 +378,9 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>) {
 `;
 
 /** Per-workgroup sum of the draw weights; thread t sums the contiguous chunk the draw pass scans. */
-const partialSumWgsl = /* wgsl */ `${common}
+const partialSumWgsl =
+  common +
+  /* wgsl */ `
 @group(0) @binding(0) var<storage, read> work: array<f32>;
 @group(0) @binding(1) var<storage, read_write> scratch: array<u32>;
 @group(0) @binding(2) var<storage, read> state: State;
@@ -391,7 +413,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
  * Inverse-CDF draw in id order with one uniform number u = hash(seed, step): the first candidate whose cumulative
  * weight exceeds u * total, found group → chunk → token. Writes the id and appends it to the history ring.
  */
-const drawWgsl = /* wgsl */ `${common}
+const drawWgsl =
+  common +
+  /* wgsl */ `
 @group(0) @binding(0) var<storage, read> work: array<f32>;
 @group(0) @binding(1) var<storage, read> scratch: array<u32>;
 @group(0) @binding(2) var<storage, read> state: State;
@@ -492,6 +516,3 @@ export const sampleWgsl = {
   partialSum: partialSumWgsl,
   draw: drawWgsl,
 } as const;
-
-/** Logits per workgroup in the multi-workgroup passes (WG x TILES above). */
-export const SAMPLE_SPAN = 4096;
