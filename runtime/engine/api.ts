@@ -725,7 +725,7 @@ export class LongtabEngine implements LongtabEngineApi {
   }
 
   private rotationState(): KvRotationState {
-    const pool = this.modelRunner?.loaded?.pool;
+    const loaded = this.modelRunner?.loaded;
     const calibration = this.calibration?.status;
     if (
       calibration &&
@@ -734,7 +734,7 @@ export class LongtabEngine implements LongtabEngineApi {
       calibration.phase !== 'stopped'
     )
       return `calibrating ${Math.floor(calibration.progress * 100)}%`;
-    return pool?.rotation ?? 'none';
+    return loaded?.kv.rotation.kind ?? 'none';
   }
 
   private unloadNow(): void {

@@ -7,6 +7,7 @@ import { type AttentionProducts, prefillAttentionProducts } from '../../kernels/
 import { parseGguf } from '../gguf/parse.ts';
 import { createKvAttention } from '../kv/paged-attention.ts';
 import { KvPagePool, type KvPoolOptions, type KvSequence } from '../kv/pool.ts';
+import type { KvRotation } from '../kv/rotation.ts';
 import {
   decodeRotations,
   modelDigest,
@@ -73,8 +74,7 @@ export function kvPoolOptions(config: ModelConfig, options: Partial<ParsedLoadOp
       { field: 'boostLayers' },
     );
   }
-  // --- KV pool owner's block (int2 mode and rotation; runtime/kv/pool.ts documents the options) ---
-  const rotation = options.rotation ?? defaultRotation(kv);
+  // --- KV pool owner's block (int2 mode; runtime/kv/pool.ts documents the options) ---
   const quant =
     kv === 'int2'
       ? {
@@ -89,7 +89,6 @@ export function kvPoolOptions(config: ModelConfig, options: Partial<ParsedLoadOp
   // --- end of the KV pool owner's block ---
   return {
     ...quant,
-    rotation,
     layers: config.layers,
     kvHeads: config.kvHeads,
     headDim: config.headDim,
@@ -151,8 +150,10 @@ interface LoadedModel {
   transformer: Transformer;
   runner: StepRunner;
   kv: {
-    /** What the pool was made with (rotation 'calibrated' here means fitted rotations are in use). */
+    /** What the pool was made with. */
     options: KvPoolOptions;
+    /** What the cache stores K/V rotated by ('calibrated': fitted rotations are in use). */
+    rotation: KvRotation;
     /** The model's digest (cache key of its rotations) when rotation 'calibrated' was asked for, else null. */
     digest: string | null;
     /** 'calibrated' was asked for but none exist yet: the pool uses Hadamard until rotations are fitted. */
@@ -217,14 +218,16 @@ export class Engine {
     const file = await parseGguf(source);
     const config = readModelConfig(file);
     let poolOptions: KvPoolOptions = kvPoolOptions(config, options);
+    const requested = options.rotation ?? defaultRotation(options.kv ?? LOAD_DEFAULTS.kv);
+    let rotation: KvRotation = { kind: requested === 'hadamard' ? 'hadamard' : 'none' };
     let digest: string | null = null;
     let calibrationNeeded = false;
-    if (poolOptions.rotation === 'calibrated') {
+    if (requested === 'calibrated') {
       const found = await findCalibratedRotations(file, source, config, options.rotationCache);
       digest = found.digest;
-      if (found.rotations) poolOptions = withStoredRotations(poolOptions, found.rotations);
+      if (found.rotations) ({ pool: poolOptions, rotation } = withStoredRotations(poolOptions, found.rotations));
       else if (options.missingCalibration === 'hadamard') {
-        poolOptions.rotation = 'hadamard';
+        rotation = { kind: 'hadamard' };
         calibrationNeeded = true;
       } else {
         throw new InvalidRequestError(
@@ -248,7 +251,7 @@ export class Engine {
       const tensorCores = int8 && prefillMatmul === 'auto';
       const prefillChunk = options.prefillChunk ?? defaultPrefillChunk(tensorCores, poolOptions);
       poolOptions = { ...poolOptions, maxStepTokens: prefillChunk };
-      const kv = this.createKvState(config, weights, poolOptions, prefillChunk);
+      const kv = this.createKvState(config, weights, poolOptions, rotation, prefillChunk);
       created.push(kv);
       const model: LoadedModel = {
         file,
@@ -256,7 +259,7 @@ export class Engine {
         tokenizer,
         weights,
         ...kv.state,
-        kv: { options: poolOptions, digest, calibrationNeeded },
+        kv: { options: poolOptions, rotation, digest, calibrationNeeded },
       };
       // Calibrate: one warm-up token through the whole pipeline (first submits compile lazily on some drivers).
       progress({ phase: 'calibrate', bytesDone: 0, bytesTotal: 1 });
@@ -275,6 +278,7 @@ export class Engine {
     config: ModelConfig,
     weights: ModelWeights,
     poolOptions: KvPoolOptions,
+    rotation: KvRotation,
     prefillChunk: number,
   ): { state: Pick<LoadedModel, 'pool' | 'transformer' | 'runner'>; release(): void } {
     const gpu = this.gpu;
@@ -290,7 +294,7 @@ export class Engine {
         config,
         weights,
         // KV pool owner: rotation wrapping lives there
-        createKvAttention(gpu, pool, { heads: config.heads, prefillProducts: this.prefillProducts }),
+        createKvAttention(gpu, pool, { heads: config.heads, prefillProducts: this.prefillProducts, rotation }),
         prefillChunk,
         { prefillMatmul: this.prefillMatmul },
       );
@@ -330,8 +334,8 @@ export class Engine {
   async switchToCalibratedRotations(rotations: StoredRotations): Promise<void> {
     const m = this.require();
     await this.exclusive(async () => {
-      const options = withStoredRotations(m.kv.options, rotations);
-      const next = this.createKvState(m.config, m.weights, options, m.transformer.maxTokens);
+      const { pool: options, rotation } = withStoredRotations(m.kv.options, rotations);
+      const next = this.createKvState(m.config, m.weights, options, rotation, m.transformer.maxTokens);
       try {
         await this.warmUp({ ...m, ...next.state });
       } catch (error) {
@@ -340,7 +344,7 @@ export class Engine {
       }
       const old = { pool: m.pool, transformer: m.transformer, runner: m.runner };
       Object.assign(m, next.state);
-      m.kv = { options, digest: m.kv.digest, calibrationNeeded: false };
+      m.kv = { options, rotation, digest: m.kv.digest, calibrationNeeded: false };
       old.runner.release();
       old.transformer.release();
       old.pool.destroy();

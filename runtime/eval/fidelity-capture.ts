@@ -10,6 +10,7 @@ import type { PreparedDispatch } from '../../core/gpu/dispatch.ts';
 import { prepareAddInPlace } from '../../kernels/elementwise.ts';
 import { createKvAttention } from '../kv/paged-attention.ts';
 import { KvPagePool, type KvPoolOptions } from '../kv/pool.ts';
+import type { KvRotation } from '../kv/rotation.ts';
 import type { ModelConfig } from '../model/config.ts';
 import { type KvAttentionBackend, Transformer } from '../model/transformer.ts';
 import type { ModelWeights } from '../model/weights.ts';
@@ -57,6 +58,8 @@ export interface CaptureOptions {
    * a forward reading a quantized history (for validating the emulation), not the f16 activations.
    */
   pool?: Partial<KvPoolOptions>;
+  /** What the cache stores K/V rotated by (default none). */
+  rotation?: KvRotation;
   /** Positions per submit (default 128); 1 reproduces decoding's one-token steps. */
   chunk?: number;
   /** Also capture the attention output (default false). */
@@ -119,7 +122,12 @@ export async function captureAttentionInputs(
     v: new Float32Array(n * widths.v),
     ...(options.output ? { output: new Float32Array(n * widths.output) } : {}),
   }));
-  const backend = new AttentionCapture(gpu, createKvAttention(gpu, pool, { heads: c.heads }), buffers, widths);
+  const backend = new AttentionCapture(
+    gpu,
+    createKvAttention(gpu, pool, { heads: c.heads, rotation: options.rotation ?? { kind: 'none' } }),
+    buffers,
+    widths,
+  );
   // f32 projections: the captured reference K/V and queries do not depend on the device's int8 tensor cores.
   const transformer = new Transformer(gpu, c, weights, backend, chunk, { prefillMatmul: 'f32' });
   const runner = new StepRunner(gpu, { pool, transformer });

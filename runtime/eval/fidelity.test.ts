@@ -192,11 +192,8 @@ describe('attention fidelity on stories260K (head_dim 8)', () => {
       const int2 = await captureAttentionInputs(gpu, config, weights, ids, {
         chunk: 1,
         output: true,
-        pool: {
-          ...kvPoolOptions(config, { kv: 'int2', rotation: 'calibrated', sink: 16, window: 32 }),
-          calibratedRotations: rotations,
-          maxSequences: 1,
-        },
+        pool: { ...kvPoolOptions(config, { kv: 'int2', sink: 16, window: 32 }), maxSequences: 1 },
+        rotation: { kind: 'calibrated', ...rotations },
       });
       for (let l = 0; l < config.layers; l++) {
         const emulated = emulatedAttention(l, int2[l], tokens, config, smallPolicy, variant);

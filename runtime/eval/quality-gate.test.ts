@@ -112,7 +112,7 @@ describe.skipIf(!textPath)('KV cache quality gate: demo model, 256 held-out toke
       await load('int2-calibrated');
       const { keyFormat, valueFormat } = engine.loaded!.kv.options;
       measured.calibratedCache = {
-        rotation: engine.loaded!.pool.rotation,
+        rotation: engine.loaded!.kv.rotation.kind,
         clip: { key: keyFormat?.clipQuantile, value: valueFormat?.clipQuantile },
         embeddedClip: calibrated?.clip,
       };

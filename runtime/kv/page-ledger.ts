@@ -59,13 +59,6 @@ export interface KvPoolOptions {
    * step may carry (maxStepDemotions).
    */
   maxStepTokens?: number;
-  /**
-   * Rotation of what the cache stores (runtime/kv/rotation.ts; applied by `createKvAttention` around the pool):
-   * 'hadamard', 'calibrated' (with `calibratedRotations`) or 'none' (default).
-   */
-  rotation?: 'hadamard' | 'calibrated' | 'none';
-  /** f32 [layers × kvHeads × headDim × headDim] each (runtime/calibration/calibrate.ts); required with 'calibrated'. */
-  calibratedRotations?: { key: Float32Array; value: Float32Array };
 }
 
 export interface KvPoolStats {

@@ -1,3 +1,4 @@
+import { InvalidRequestError } from '../../core/errors.ts';
 import type { GpuContext } from '../../core/gpu/device.ts';
 import type { PreparedDispatch } from '../../core/gpu/dispatch.ts';
 import {
@@ -17,7 +18,7 @@ import { prepareRotate } from '../../kernels/rotate.ts';
 import type { KvAttentionBackend } from '../model/transformer.ts';
 import type { KvPagePool } from './pool.ts';
 import { type LayerOutputRotation, RotatedKvAttention } from './rotated-attention.ts';
-import { rotationSet, transposedMatrices } from './rotation.ts';
+import { type KvRotation, rotationSet, transposedMatrices } from './rotation.ts';
 
 export interface PagedAttentionOptions {
   /** Query heads (a multiple of the pool's kvHeads). */
@@ -306,19 +307,28 @@ export class PagedKvAttention {
 }
 
 /**
- * The KV backend the forward pass uses for `pool`: PagedKvAttention, wrapped in RotatedKvAttention when the pool
- * stores rotated K/V (`pool.rotation`). The rotation matrices (one per layer and KV head; calibrated ones differ for
- * K and V and come with the value matrices transposed too) are uploaded once, category 'kv', and live as long as the
- * pool.
+ * The KV backend the forward pass uses for `pool`: PagedKvAttention, wrapped in RotatedKvAttention when the cache
+ * stores K/V rotated (`rotation`). The rotation matrices (one per layer and KV head; calibrated ones differ for K and
+ * V and come with the value matrices transposed too) are uploaded once, category 'kv', and live as long as the pool.
  */
 export function createKvAttention(
   gpu: GpuContext,
   pool: KvPagePool,
-  options: PagedAttentionOptions,
+  options: PagedAttentionOptions & { rotation: KvRotation },
 ): KvAttentionBackend {
+  const { rotation } = options;
   const paged = new PagedKvAttention(gpu, pool, options);
-  if (pool.rotation === 'none') return paged;
+  if (rotation.kind === 'none') return paged;
   const { layers, kvHeads, headDim } = pool;
+  const matrixFloats = layers * kvHeads * headDim * headDim;
+  if (
+    rotation.kind === 'calibrated' &&
+    (rotation.key.length !== matrixFloats || rotation.value.length !== matrixFloats)
+  ) {
+    throw new InvalidRequestError(
+      `KV rotation: calibrated rotations must hold ${matrixFloats} floats each for K and for V.`,
+    );
+  }
   const upload = (label: string, matrices: Float32Array) => {
     const buffer = gpu.allocator.createBuffer({
       label: `kv.rotation.${label}`,
@@ -330,17 +340,17 @@ export function createKvAttention(
     pool.adopt(buffer);
     return buffer;
   };
-  const calibrated = pool.rotation === 'calibrated' ? pool.calibratedRotations : null;
-  const rotations = calibrated
-    ? {
-        key: upload('calibrated.key', calibrated.key),
-        value: upload('calibrated.value', calibrated.value),
-        valueTransposed: upload('calibrated.value.transposed', transposedMatrices(calibrated.value, headDim)),
-      }
-    : (() => {
-        // Sylvester's Hadamard matrix is symmetric: it is its own transpose.
-        const shared = upload(pool.rotation, rotationSet(pool.rotation as 'hadamard', layers, kvHeads, headDim));
-        return { key: shared, value: shared, valueTransposed: shared };
-      })();
+  const rotations =
+    rotation.kind === 'calibrated'
+      ? {
+          key: upload('calibrated.key', rotation.key),
+          value: upload('calibrated.value', rotation.value),
+          valueTransposed: upload('calibrated.value.transposed', transposedMatrices(rotation.value, headDim)),
+        }
+      : (() => {
+          // Sylvester's Hadamard matrix is symmetric: it is its own transpose.
+          const shared = upload('hadamard', rotationSet('hadamard', layers, kvHeads, headDim));
+          return { key: shared, value: shared, valueTransposed: shared };
+        })();
   return new RotatedKvAttention(gpu, paged, rotations, { heads: options.heads, kvHeads, headDim }, pool.step);
 }

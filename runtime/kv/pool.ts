@@ -93,7 +93,6 @@
  *     pool.fork(seq) / pool.truncate(seq, n) / pool.free(seq)     // branches share full pages copy-on-write
  */
 
-import { InvalidRequestError } from '../../core/errors.ts';
 import type { GpuContext } from '../../core/gpu/device.ts';
 import { prepareKvDemote, prepareKvPromote } from '../../kernels/kv-demote.ts';
 import type { KvSequence } from './page-book.ts';
@@ -169,8 +168,6 @@ export class KvPagePool {
    * it demotes.
    */
   readonly maxStepDemotions: number;
-  readonly rotation: 'hadamard' | 'calibrated' | 'none';
-  readonly calibratedRotations: { key: Float32Array; value: Float32Array } | null;
   /** The page table of every sequence (u32 entries). */
   readonly pageTable: GPUBuffer;
   /** The KvStep uniform every KV kernel binds. */
@@ -199,22 +196,6 @@ export class KvPagePool {
   }
 
   constructor(gpu: GpuContext, options: KvPoolOptions) {
-    const rotation = options.rotation ?? 'none';
-    if (rotation !== 'hadamard' && rotation !== 'none' && rotation !== 'calibrated') {
-      throw new InvalidRequestError(
-        `KV pool: rotation must be 'hadamard', 'calibrated' or 'none', got ${String(rotation)}`,
-      );
-    }
-    const calibrated = options.calibratedRotations ?? null;
-    const matrixFloats = options.layers * options.kvHeads * options.headDim * options.headDim;
-    if (
-      rotation === 'calibrated' &&
-      (calibrated?.key.length !== matrixFloats || calibrated?.value.length !== matrixFloats)
-    ) {
-      throw new InvalidRequestError(
-        `KV pool: calibrated rotations must hold ${matrixFloats} floats each for K and for V.`,
-      );
-    }
     const geometry = kvPoolGeometry(
       options,
       Math.min(gpu.limits.maxStorageBufferBindingSize, gpu.limits.maxBufferSize),
@@ -227,8 +208,6 @@ export class KvPagePool {
     this.pageWords = geometry.pageWords;
     this.pageBytes = geometry.pageWords * 4;
     this.maxStepTokens = geometry.maxStepTokens;
-    this.rotation = rotation;
-    this.calibratedRotations = calibrated;
     // The events reach the storage once it exists: the ledger emits none while it is being made.
     const storage = (): KvPageStorage => this.storage;
     this.ledger = new KvPageLedger(geometry, {

@@ -58,13 +58,13 @@ describe('clip quantiles at rest', () => {
     const base = { layers: 2, kvHeads: 2, headDim: 4, budgetBytes: 1 << 20 };
     const r = { key, value, tokens: 3, clip: { key: 0.94, value: 0.9 } };
     const quant = withStoredRotations({ ...base, kv: 'quant', keyFormat: { bits: 2, groupSize: 8 } }, r);
-    expect(quant).toMatchObject({
-      rotation: 'calibrated',
+    expect(quant.rotation).toEqual({ kind: 'calibrated', key, value });
+    expect(quant.pool).toMatchObject({
       keyFormat: { bits: 2, groupSize: 8, clipQuantile: 0.94 },
       valueFormat: { clipQuantile: 0.9 },
     });
-    expect(withStoredRotations({ ...base, kv: 'f16' }, r).keyFormat).toBeUndefined();
-    expect(withStoredRotations({ ...base, kv: 'quant' }, { key, value, tokens: 3 }).keyFormat).toBeUndefined();
+    expect(withStoredRotations({ ...base, kv: 'f16' }, r).pool.keyFormat).toBeUndefined();
+    expect(withStoredRotations({ ...base, kv: 'quant' }, { key, value, tokens: 3 }).pool.keyFormat).toBeUndefined();
   });
 });
 

@@ -72,7 +72,7 @@ describe.skipIf(!modelPath || !goldenPath)('calibrated rotations at rest (storie
       const engine = new Engine(gpu);
       const kv = { kv: 'int2' as const, rotation: 'calibrated' as const, sink: 16, window: 16 };
       await engine.load(await sourceFromPath(embedded), kv);
-      expect(engine.loaded!.pool.rotation).toBe('calibrated');
+      expect(engine.loaded!.kv.rotation.kind).toBe('calibrated');
       const fromFile = await engine.generate({ promptIds: [1], maxTokens: 40, stopAtEog: false });
       await engine.load(await sourceFromPath(modelPath!), { ...kv, rotationCache: nodeRotationCache(dir) });
       const fromCache = await engine.generate({ promptIds: [1], maxTokens: 40, stopAtEog: false });

@@ -7,6 +7,7 @@ import { CorruptModelFileError } from '../../core/errors.ts';
 import type { ByteSource, GgufFile, GgufMetadata } from '../../core/gguf-types.ts';
 import type { ModelConfig } from '../model/config.ts';
 import type { KvPoolOptions } from './pool.ts';
+import type { KvRotation } from './rotation.ts';
 
 export const ROTATION_KEY_METADATA = 'longtab.kv.rotation_key';
 export const ROTATION_VALUE_METADATA = 'longtab.kv.rotation_value';
@@ -189,18 +190,17 @@ export function rotationMetadataEntries(r: StoredRotations) {
 }
 
 /**
- * Pool options that store K/V with these rotations and, in quant mode, quantize with their clip quantiles (rotations
- * without clip quantiles leave the formats' clipQuantile as it was: 1 unless set).
+ * The cache these rotations make: K/V stored rotated by them and, in quant mode, pool options that quantize with
+ * their clip quantiles (rotations without clip quantiles leave the formats' clipQuantile as it was: 1 unless set).
  */
-export function withStoredRotations(options: KvPoolOptions, r: StoredRotations): KvPoolOptions {
-  const out: KvPoolOptions = {
-    ...options,
-    rotation: 'calibrated',
-    calibratedRotations: { key: r.key, value: r.value },
-  };
-  if (r.clip && out.kv === 'quant') {
-    out.keyFormat = { ...out.keyFormat, clipQuantile: r.clip.key };
-    out.valueFormat = { ...out.valueFormat, clipQuantile: r.clip.value };
+export function withStoredRotations(
+  options: KvPoolOptions,
+  r: StoredRotations,
+): { pool: KvPoolOptions; rotation: KvRotation } {
+  const pool: KvPoolOptions = { ...options };
+  if (r.clip && pool.kv === 'quant') {
+    pool.keyFormat = { ...pool.keyFormat, clipQuantile: r.clip.key };
+    pool.valueFormat = { ...pool.valueFormat, clipQuantile: r.clip.value };
   }
-  return out;
+  return { pool, rotation: { kind: 'calibrated', key: r.key, value: r.value } };
 }

@@ -8,6 +8,16 @@ import { InvalidRequestError } from '../../core/errors.ts';
 
 export type RotationKind = 'calibrated' | 'hadamard' | 'none';
 
+/**
+ * What the cache stores K/V rotated by: nothing, Sylvester's Hadamard matrix, or matrices calibrated to the model
+ * (f32 [layers × kvHeads × headDim × headDim] each for K and V, runtime/calibration/calibrate.ts). The forward pass
+ * applies it around the pool (createKvAttention); the pool itself stores whatever rows it is given.
+ */
+export type KvRotation =
+  | { kind: 'none' }
+  | { kind: 'hadamard' }
+  | { kind: 'calibrated'; key: Float32Array; value: Float32Array };
+
 /** Normalized Sylvester Hadamard matrix of order n (a power of two): orthogonal, entries ±1/√n. */
 export function hadamardMatrix(n: number): Float64Array {
   if (!Number.isInteger(n) || n < 1 || (n & (n - 1)) !== 0) {
