@@ -5,6 +5,7 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { ContextOverflowError, InvalidRequestError } from '../../core/errors.ts';
+import { quantPoolOptions, smallPoolOptions } from '../../test/kv-pool-options.ts';
 import { decodePageEntry, KV_PAGE_KIND, type KvSequence, type PageBookEvents, type PageStore } from './page-book.ts';
 import { KvPageLedger, type KvPoolOptions, kvPoolGeometry, MAX_KV_SLABS } from './page-ledger.ts';
 
@@ -102,42 +103,12 @@ class LedgerPool {
   }
 }
 
-// layers 1, kvHeads 1, headDim 8, pageTokens 4: 128-byte pages.
-const PAGE_BYTES = 1 * 2 * 1 * 4 * 8 * 2;
-
 function smallPool(budgetPages: number, slabPages = 5, maxSequences = 4): LedgerPool {
-  return new LedgerPool({
-    layers: 1,
-    kvHeads: 1,
-    headDim: 8,
-    pageTokens: 4,
-    budgetBytes: budgetPages * PAGE_BYTES,
-    maxSlabBytes: slabPages * PAGE_BYTES,
-    maxSequences,
-  });
+  return new LedgerPool(smallPoolOptions(budgetPages, slabPages, maxSequences));
 }
 
-// quant: kvHeads 2 x headDim 8 = rows of 16 values, 2-bit, group 16: 4 + 1 words; pages of 4 tokens.
-const QUANT_PAGE_BYTES = 1 * 4 * (5 + 5) * 4;
-
 function quantPool(f16Pages: number, quantPages: number, maxStepTokens?: number): LedgerPool {
-  const f16PageBytes = 1 * 2 * 2 * 4 * 8 * 2;
-  return new LedgerPool({
-    layers: 1,
-    kvHeads: 2,
-    headDim: 8,
-    pageTokens: 4,
-    kv: 'quant',
-    sink: 4,
-    window: 4,
-    keyFormat: { groupSize: 16 },
-    valueFormat: { groupSize: 16 },
-    f16BudgetBytes: f16Pages * f16PageBytes,
-    budgetBytes: f16Pages * f16PageBytes + quantPages * QUANT_PAGE_BYTES,
-    maxSlabBytes: 12 * f16PageBytes,
-    maxSequences: 4,
-    maxStepTokens,
-  });
+  return new LedgerPool(quantPoolOptions(f16Pages, quantPages, maxStepTokens));
 }
 
 type Op =

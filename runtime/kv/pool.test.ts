@@ -1,50 +1,23 @@
 import { describe, expect, it } from 'vitest';
 import { ContextOverflowError, InvalidRequestError } from '../../core/errors.ts';
 import { withTestGpu } from '../../test/gpu.ts';
+import { quantPoolOptions, SMALL_PAGE_BYTES, smallPoolOptions } from '../../test/kv-pool-options.ts';
 import { decodePageEntry, defaultQuantF16Bytes, KV_PAGE_KIND, KvPagePool } from './pool.ts';
 
 const ctx = withTestGpu();
 
-// layers 1, kvHeads 1, headDim 8, pageTokens 4: 128-byte pages.
-const PAGE_BYTES = 1 * 2 * 1 * 4 * 8 * 2;
+const PAGE_BYTES = SMALL_PAGE_BYTES;
 
 function smallPool(budgetPages: number, slabPages = 5, maxSequences = 4): KvPagePool {
-  return new KvPagePool(ctx.gpu, {
-    layers: 1,
-    kvHeads: 1,
-    headDim: 8,
-    pageTokens: 4,
-    budgetBytes: budgetPages * PAGE_BYTES,
-    maxSlabBytes: slabPages * PAGE_BYTES,
-    maxSequences,
-  });
+  return new KvPagePool(ctx.gpu, smallPoolOptions(budgetPages, slabPages, maxSequences));
 }
 
-// quant: kvHeads 2 x headDim 8 = rows of 16 values, 2-bit, group 16: 4 + 1 words; pages of 4 tokens.
-const QUANT_PAGE_BYTES = 1 * 4 * (5 + 5) * 4;
+function quantPool(f16Pages: number, quantPages: number, maxStepTokens?: number): KvPagePool {
+  return new KvPagePool(ctx.gpu, quantPoolOptions(f16Pages, quantPages, maxStepTokens));
+}
 
 // Llama-3.2-1B's cache shape: 16 layers, 8 KV heads x 64 (rows of 512); an f16 page of 16 tokens is 512 KiB.
 const LLAMA_CACHE = { layers: 16, kvHeads: 8, headDim: 64 } as const;
-
-function quantPool(f16Pages: number, quantPages: number, maxStepTokens?: number): KvPagePool {
-  const f16PageBytes = 1 * 2 * 2 * 4 * 8 * 2;
-  return new KvPagePool(ctx.gpu, {
-    layers: 1,
-    kvHeads: 2,
-    headDim: 8,
-    pageTokens: 4,
-    kv: 'quant',
-    sink: 4,
-    window: 4,
-    keyFormat: { groupSize: 16 },
-    valueFormat: { groupSize: 16 },
-    f16BudgetBytes: f16Pages * f16PageBytes,
-    budgetBytes: f16Pages * f16PageBytes + quantPages * QUANT_PAGE_BYTES,
-    maxSlabBytes: 12 * f16PageBytes,
-    maxSequences: 4,
-    maxStepTokens,
-  });
-}
 
 describe('KvPagePool', () => {
   it("quant mode: the first decode step after a prompt demotes all of its last chunk's pages that left the window", () => {
