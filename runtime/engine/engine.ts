@@ -45,11 +45,11 @@ export interface LoadOptions extends Partial<ParsedLoadOptions> {
 }
 
 /**
- * Tokens per prefill submit: 128 (a tab's memory), or 1024 where the prefill runs on the int8 tensor-core matmul:
- * its tiles fill a large GPU only at such sizes (BENCH.md: 512 made the matmuls 1.5x faster than four chunks of 128
- * in session 11; 1024 made Qwen3-4B's 32K prefill 9% faster than 512 in session 18, 2048 only 2% more), and such a
- * GPU has the memory (223 MiB more than 512 for Qwen3-4B with an f16 cache, 367 with the 2-bit one, as measured in
- * session 18, when the attention's partials took 8 splits' worth: 136 MB at 1024 tokens, 17 MB since session 19).
+ * Tokens per prefill submit: 128 (a tab's memory), or 1024 where the prefill runs on the int8 tensor-core matmul: its
+ * tiles fill a large GPU only at such sizes (512 measured faster than chunks of 128, 1024 faster than 512, and 2048
+ * gained little more: bench/journal.md, sessions 11 and 18;
+ * bench/results/2026-12-01-nvidia-h200-session18-qwen3-chunk{1024,2048}.md), and such a GPU has the memory the larger
+ * steps take (bench/journal.md, session 18).
  * Not when the KV budget's f16 share could not hold such steps (a 2-bit cache on a small budget):
  * prompts that fit would shrink; then 512 if it holds those.
  */

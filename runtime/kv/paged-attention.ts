@@ -39,28 +39,28 @@ const DECODE_MIN_CHUNK_KEYS = 64;
 
 /**
  * Most key splits of a decode step, each at least DECODE_MIN_CHUNK_KEYS keys (16 splits at 1K keys): about 512
- * workgroups (splits × kvHeads), at most 128 splits. On the H200, one layer at 8K and 32K keys, 64 splits of 8 KV
- * heads beat 128 in all eight cases (f16 and int2 pools, Llama-3.2-1B and Qwen3-4B; e.g. Qwen3-4B int2 at 32K
- * 93.2 against 98.6 µs, f16 at 8K 28.7 against 50.4), and 128 had beaten 256 (session 4). Fewer KV heads keep 128.
+ * workgroups (splits × kvHeads), at most 128 splits. For 8 KV heads, 64 splits beat 128 on every pool, model and
+ * context measured (bench/results/2026-12-01-nvidia-h200-session13-attention-decode-{int2,f16}-splits.json), and
+ * 128 had beaten 256 (bench/journal.md, session 4). Fewer KV heads keep 128.
  */
 export function decodeSplitsFor(kvHeads: number): number {
   return Math.max(1, Math.min(128, Math.floor(512 / kvHeads)));
 }
 /**
  * Prefill graphs split the keys too, once a step sees more than PREFILL_MIN_CHUNK_KEYS of them: without splits, one
- * workgroup walks every key of a long context for its query tile (prefill at 32K ran ~36× slower than llama.cpp on
- * an H200). The partials of a prefill graph are large (tokens × heads × splits), so its layers share one buffer.
+ * workgroup walks every key of a long context for its query tile (prefill at 32K ran much slower than llama.cpp on a
+ * large GPU: bench/journal.md, the first H200 section, 2026-11-29). The partials of a prefill graph are large (tokens ×
+ * heads × splits), so its layers share one buffer.
  */
 export const PREFILL_SPLITS = 16;
 /**
  * Prefill splits where the tensor-core int8 attention serves the graph: a step takes at most PREFILL_INT8_SPLITS, and
  * as many as bring it to PREFILL_INT8_SPLIT_ROWS (token, head) rows of splits (AttentionBinding.splitRows): one split
- * from 512 tokens of 32 heads on, two from 256, all 8 up to 73. On the H200 (one layer, 1 / 2 / 4 / 8 / 16 splits,
- * µs), Qwen3-4B over 1024 queries at 32K keys: 7793 / 7817 / 7936 / 8278 / 8814, at 8K 1912 / 2013 / 2103 / 2324 /
- * 2814; over 256 queries at 32K 2107 / 2132 / 2130 / 2215 / 2385; Llama-3.2-1B likewise (1 split 5250 against 5288
- * for 8 at 32K, 1237 against 1467 at 8K). A step of one split writes fewer partials for the merge. A short step (a
- * chat turn's few tokens at a long context) needs the workgroups of more: 48 queries at 32K keys took 2171 µs in one
- * split, 677 in 8.
+ * from 512 tokens of 32 heads on, two from 256, all 8 up to 73. From a few hundred queries on, one split measured about
+ * as fast as more, or faster, and writes fewer partials for the merge
+ * (bench/results/2026-12-01-nvidia-h200-session19-attention-int8-splits-{256,512,1024}-f16.json). A short step (a chat
+ * turn's few tokens at a long context) needs the workgroups of more splits
+ * (bench/results/2026-12-01-nvidia-h200-session19-attention-int8-48-queries-f16.txt).
  */
 export const PREFILL_INT8_SPLITS = 8;
 export const PREFILL_INT8_SPLIT_ROWS = 16384;

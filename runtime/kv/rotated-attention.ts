@@ -8,8 +8,8 @@ export interface LayerOutputRotation extends OutputRotation {
   /**
    * The matrices transposed (the same buffer where they are symmetric), for the un-rotation dispatch of graphs
    * without a merge pass: a product with Rᵀ read row-wise from them is a plain product, whose matrix loads coalesce
-   * (on an H200, Qwen3-4B's un-rotation of a 1024-token chunk took 56 µs a layer this way, against 128 µs reading R
-   * column-wise: `bench/rotate-kernel.ts`).
+   * (measured faster than reading R column-wise: bench/results/2026-12-01-nvidia-h200-session22-rotate-kernel.json,
+   * from `bench/rotate-kernel.ts`).
    */
   transposed: GPUBuffer;
 }

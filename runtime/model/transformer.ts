@@ -76,8 +76,8 @@ export interface TransformerOptions {
    * 'auto' (default): prefill projections run on the int8 matmuls where the device offers i8 subgroup matrices and
    * the weight type has int8 codes (kernels/matmul-int8.ts: activations quantized per 32 elements, as llama.cpp's
    * MMQ), on tensor cores or dot4I8Packed as measured fastest (defaultInt8Variant); 'int8-dot': the int8 matmul on
-   * dot4I8Packed for every weight, which every adapter runs (measured only on the H200, where it has tensor cores
-   * too: 'auto' takes it only on such devices); 'f32': always the f32 kernels.
+   * dot4I8Packed for every weight, which every adapter runs (measured only on a GPU that has tensor cores too:
+   * 'auto' takes it only on such devices); 'f32': always the f32 kernels.
    * Decode steps use the matvecs.
    */
   prefillMatmul?: PrefillMatmul;
@@ -134,8 +134,9 @@ export class Transformer {
   private readonly int8: Int8Activations | null;
   /**
    * Whether prefill graphs compute the down projection's input, silu(gate)·up, inside its int8 quantizer instead of a
-   * swiglu pass (on the H200 the pass took 1.4% of Qwen3-4B's 1024-token chunk): where every down projection runs on
-   * int8 at every prefill size (defaultInt8Variant falls back to dot4I8Packed, which reads every type it serves).
+   * swiglu pass (the pass in bench/results/2026-12-01-nvidia-h200-session18-profile-qwen3-16k-1024-f16.txt, gone in
+   * ...-session19-profile-qwen3-16k-1024-f16.txt): where every down projection runs on int8 at every prefill size
+   * (defaultInt8Variant falls back to dot4I8Packed, which reads every type it serves).
    * `hidden` then holds only a decode step's (40 MB less for Qwen3-4B's 1024-token chunks).
    */
   private readonly swigluInQuantizer: boolean;
