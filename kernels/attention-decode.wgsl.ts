@@ -22,10 +22,11 @@ export interface AttentionDecodeShape {
   /** Quant pages (pool mode 'quant') and their formats; null for an f16-only pool. */
   quant: DecodeQuantShape | null;
   /**
-   * Loops over a key's dims with constant bounds, which a GPU compiler unrolls (true), or with bounds it only knows
-   * at run time (false): CPU drivers unroll them too, and compiling the unrolled build took lavapipe 18-46 s against
-   * 5-9 s. Same arithmetic either way. The runtime builds loops everywhere (attentionDecodeShape: faster on the H200
-   * too); the unrolled build is kept for bench/attention-kernels.ts to compare.
+   * Loops over a key's dims with constant bounds, which a GPU compiler unrolls (true), or with bounds it only knows at
+   * run time (false): CPU drivers unroll them too, and lavapipe compiled the unrolled build several times slower
+   * (bench/journal.md, session 4). Same arithmetic either way. The runtime builds loops everywhere
+   * (attentionDecodeShape: faster on large GPUs too, bench/journal.md, sessions 13–14); the unrolled build is kept for
+   * bench/attention-kernels.ts to compare.
    */
   unrolled: boolean;
 }
@@ -97,9 +98,9 @@ export function attentionDecodeSource(shape: AttentionDecodeShape): string {
   const TPK = PAIRS / WPT; // invocations per key
   const KS = WG / TPK; // key slices
   // Keys whose values are loaded before any is used. A quant build with one row group takes one key at a time: it
-  // holds both page kinds' value code, and the registers a batch holds across its loads cost it occupancy (H200,
-  // one layer at 32K keys: Qwen3-4B 127.5 -> 109.1 us, Llama-3.2-1B 77.3 -> 72.6 us; f16 builds did not gain from
-  // smaller batches in session 4).
+  // holds both page kinds' value code, and the registers a batch holds across its loads cost it occupancy (measured
+  // faster with one key: bench/results/2026-11-30-nvidia-h200-session10-attention-int2-batch{,1}.json; f16 builds did
+  // not gain from smaller batches).
   const BATCH = quant && RG === 1 ? 1 : WPT === 4 ? 4 : 8;
   const SUB = attentionDecodeSubKeys(ROWS);
   // Key slices summed per round of the combine: sc holds SUB·RG vec4s, one slice's accumulators HD·RG.

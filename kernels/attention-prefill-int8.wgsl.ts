@@ -25,8 +25,10 @@
  * The converted build is compact: S in halves, q's and then p's codes in the K tile's words (free once S is made), and
  * at head size 128 V's tile in two halves of its dims (splitValues). It takes 24,064 bytes of workgroup memory at head
  * size 128 and 19,968 at 64, against 41,472 and 33,280 for the other layout (and 42,496 for the converted build's
- * earlier one): on the H200, where WebGPU gets about 48 KiB of workgroup memory an SM, two workgroups an SM instead of
- * one (bench/occupancy-probe.ts), and a third less time for Qwen3-4B's layer at 32K keys (BENCH.md, session 20).
+ * earlier one): on a large GPU, where WebGPU gets about 48 KiB of workgroup memory an SM
+ * (bench/results/2026-12-01-nvidia-h200-session19-occupancy-probe.txt, from bench/occupancy-probe.ts), two workgroups
+ * an SM instead of one, measured faster on Qwen3-4B's layer at 32K keys
+ * (bench/results/2026-12-01-nvidia-h200-session20-kernel-experiments.txt).
  * Output as the split kernel (attentionPartialSource): splits = 1 the normalized rows, else (max, sum, Σ p·V) per
  * (t, h, s) for the merge pass. Bindings as the split kernel's, except that the converted build binds the int8 keys
  * buffer in place of the page table, and no pages.
@@ -53,10 +55,11 @@ export const INT8_ATTENTION_TILE_KEYS = 64;
 const BK = INT8_ATTENTION_TILE_KEYS;
 
 /**
- * Words between rows of a build's workgroup arrays, and the sums' size. Rows of codes are padded by a vec4: the
- * 16-byte rows a matrix load reads together then fall in different banks (on the H200, one layer at 32K keys took
- * 5.9 instead of 8.3 ms on Qwen3-4B and 3.5 instead of 4.4 on Llama-3.2-1B). Rows of S are BK + 1 words apart (the
- * converted build's halves BK / 2 + 1), for the softmax's reads (68 and 72 were no faster).
+ * Words between rows of a build's workgroup arrays, and the sums' size. Rows of codes are padded by a vec4: the 16-byte
+ * rows a matrix load reads together then fall in different banks (measured faster on both models: bench/journal.md,
+ * session 15, the padded rows; bench/results/2026-12-01-nvidia-h200-session15-attention-int8-padded-{f16,int2}.json).
+ * Rows of S are BK + 1 words apart (the converted build's halves BK / 2 + 1), for the softmax's reads (68 and 72 were
+ * no faster).
  */
 function int8TileLayout(headDim: number, converted: boolean) {
   // The converted build keeps q's codes (ROWS rows) and p's (rows PS words) in the K tile (BK keys, KS words apart).
@@ -80,9 +83,10 @@ function int8TileLayout(headDim: number, converted: boolean) {
 }
 
 /**
- * Whether the converted build stages V's tile in two halves of its dims, the second after the P·V rounds of the
- * first: at head size 128 that takes its workgroup memory from 29,184 to 24,064 bytes, under what the H200 needs to
- * keep two workgroups an SM (bench/occupancy-probe.ts; at 29,184 it kept one).
+ * Whether the converted build stages V's tile in two halves of its dims, the second after the P·V rounds of the first:
+ * at head size 128 that takes its workgroup memory from 29,184 to 24,064 bytes, under what a large GPU needs to keep
+ * two workgroups an SM (bench/results/2026-12-01-nvidia-h200-session19-occupancy-probe.txt; at 29,184 it kept one:
+ * bench/results/2026-12-01-nvidia-h200-session20-kernel-experiments.txt).
  */
 function splitValues(headDim: number, converted: boolean): boolean {
   return converted && headDim === 128;
@@ -129,11 +133,12 @@ export function keysInt8Capacity(maxKeys: number): number {
 /**
  * The int8 keys buffer's layout, in i32 words (C = params.int8Keys keys per KV head): K codes [kvHeads][C][HD / 4],
  * then V codes in the same words but each tile of BK keys transposed ([dim][key]: a word holds 4 keys' codes of one
- * dim), then K scales [kvHeads][C] (f32 bits), then V scales; `kind` 0 is K, 1 is V. The P·V product takes V's tile
- * as its right operand, keys along the sum: transposed, it loads as a column-major matrix, which 8-bit tensor-core
- * fragments load whole (a row-major one costs Qwen3-4B's layer about a fifth of its time on the H200). Written by the
- * conversion pass, read by the converted build (keysInt8ByteAt spells it for the tests); the including shader
- * declares HW and params.
+ * dim), then K scales [kvHeads][C] (f32 bits), then V scales; `kind` 0 is K, 1 is V. The P·V product takes V's tile as
+ * its right operand, keys along the sum: transposed, it loads as a column-major matrix, which 8-bit tensor-core
+ * fragments load whole (a row-major one measured much slower:
+ * bench/results/2026-12-01-nvidia-h200-session16-attention-int8-ablate-colmajor-f16.json). Written by the conversion
+ * pass, read by the converted build (keysInt8ByteAt spells it for the tests); the including shader declares HW and
+ * params.
  */
 const KEYS_INT8_LAYOUT_WGSL = `
 /**
@@ -526,12 +531,13 @@ ${KV_STEP_WGSL}
 ${kvPagesReadableWgsl(5)}
 ${fetchWgsl}`;
   // Converted builds copy each tile's codes from the int8 keys buffer into workgroup memory, as vec4s loaded a tile
-  // ahead into registers: on the H200, a subgroup matrix loaded from a storage buffer fed the tensor cores at 52
-  // trillion multiply-adds a second, one loaded from workgroup memory at 233 (bench/int8-dot-probe.ts).
+  // ahead into registers: a subgroup matrix loaded from workgroup memory fed the tensor cores several times faster than
+  // one loaded from a storage buffer (bench/results/2026-12-01-nvidia-h200-session15-subgroup-matrix-probe.json, from
+  // bench/int8-dot-probe.ts).
   const TILE_QUADS = (BK * HD) / 16; // vec4s of a tile's K codes, and of its V codes
   // Invocation li's vec4 i of a tile, ahead[i], is vec4 li + 128·i of its K codes (i < K_AHEAD), else of its V codes
   // (128 invocations: 2·ROWS). Every index is written out (as is the rest of the tile loop): loops over the private
-  // arrays ran 8% slower on Qwen3-4B's layer on the H200.
+  // arrays measured slower (bench/results/2026-12-01-nvidia-h200-session19-attention-int8-unrolled-{f16,int2}.json).
   const K_AHEAD = TILE_QUADS / (2 * ROWS);
   if (!Number.isInteger(K_AHEAD))
     throw new Error(`int8 attention: a tile's ${TILE_QUADS} vec4s of K do not split evenly`);
@@ -615,8 +621,8 @@ var<workgroup> vcodes: array<i32, ${vTileWords}>;
 var<workgroup> sums: array<i32, ${sumsWords}>;`
 }
 ${compact ? '' : `var<workgroup> pcodes: array<i32, ${ROWS * PS}>;\n`}var<workgroup> qscale: array<f32, ${ROWS}>;
-// The tile's K and V scales, four keys a vec4: the softmax reads them so (on the H200, 3% of Qwen3-4B's layer at 32K
-// keys against a load per key).
+// The tile's K and V scales, four keys a vec4: the softmax reads them so (measured faster than a load per key:
+// bench/results/2026-12-01-nvidia-h200-session19-attention-int8-scale-quads-row-lanes-f16.json).
 var<workgroup> kscale: array<vec4<f32>, ${BK / 4}>;
 var<workgroup> vscale: array<vec4<f32>, ${BK / 4}>;
 var<workgroup> wscale: array<f32, ${ROWS}>; // the tile's d_w per row; at the end, the row sums

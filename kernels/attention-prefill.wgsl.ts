@@ -29,8 +29,9 @@ export function attentionPrefillWorkgroupBytes(shape: Omit<AttentionPrefillShape
 
 /**
  * The largest build a device's workgroup storage holds, or null where none does (the split kernel serves the step).
- * More rows per workgroup read each K/V tile for more queries; at headDim 64, 64 rows need ~46 KiB (an H200 has 48) and 32
- * rows fit the 32 KiB of CPU drivers; at headDim 128, 32 rows need ~37 KiB and 16 fit 32 KiB. headDim 64 and 128 only (the models we serve); quant groups must lie inside a head or hold whole heads.
+ * More rows per workgroup read each K/V tile for more queries; at headDim 64, 64 rows need ~46 KiB (within a large
+ * GPU's 48 KiB) and 32 rows fit the 32 KiB of CPU drivers; at headDim 128, 32 rows need ~37 KiB and 16 fit 32 KiB.
+ * headDim 64 and 128 only (the models we serve); quant groups must lie inside a head or hold whole heads.
  */
 export function attentionPrefillShape(
   headDim: number,
@@ -222,7 +223,8 @@ ${rowsDims((r, v) => `  var acc${r}_${v} = vec4<f32>(0.0);`)}
     workgroupBarrier();
     storeTile(fetched, lid);
     workgroupBarrier();
-    // The next tile's words load while this one is computed (2-10% faster on an H200, BENCH.md).
+    // The next tile's words load while this one is computed (measured faster in every case on a large GPU:
+    // bench/results/2026-11-30-nvidia-h200-session9-prefill-variants-{f16,int2}.json).
     if (block + BK < end) { fetched = fetchTile(block + BK, min(BK, end - block - BK), kvh, lid); }
 ${rowsKeys((r, k) => `    var s${r}_${k} = 0.0;`)}
     for (var c = 0u; c < H4; c++) {

@@ -241,7 +241,7 @@ function decodeShapeOf(device: AttentionDevice, g: AttentionGraphShape): Attenti
   if (g.maxTokens !== 1 || g.decodeKernel === false) return null;
   const shape: AttentionDecodeShape = {
     // Every build keeps its loops: measured faster than unrolled builds on large GPUs for both page kinds, and CPU
-    // drivers compile loops several times faster (bench/attention-kernels.ts; BENCH.md).
+    // drivers compile loops several times faster (bench/attention-kernels.ts; bench/journal.md, sessions 4, 13 and 14).
     unrolled: false,
     headDim: g.headDim,
     rows: g.heads / g.kvHeads,

@@ -6,9 +6,10 @@ export const ATTENTION_MAX_ROWS = 16;
 /** rows * headDim/2 <= this (private accumulators per invocation = this / 64). */
 export const ATTENTION_MAX_ROW_PAIRS = 512;
 /**
- * Keys per tile the split kernel can be built for. The default is 16 on every device: measured on the H200 (decode,
- * 32K keys, BENCH.md), 32 and 64 were slower at headDim 64 (fewer workgroups fit an SM's shared memory, and each
- * invocation's serial work per tile grows), 16 the fastest. Larger tiles stay selectable for that comparison.
+ * Keys per tile the split kernel can be built for. The default is 16 on every device: measured on a large GPU (decode,
+ * 32K keys, bench/results/2026-11-30-nvidia-h200-attention-tile-sizes.txt), 32 and 64 were slower at headDim 64 (fewer
+ * workgroups fit an SM's shared memory, and each invocation's serial work per tile grows), 16 the fastest. Larger tiles
+ * stay selectable for that comparison.
  */
 export const ATTENTION_BLOCK_KEY_CHOICES = [16, 32, 64] as const;
 export type AttentionBlockKeys = (typeof ATTENTION_BLOCK_KEY_CHOICES)[number];
@@ -418,8 +419,8 @@ export const ATTENTION_MAX_SPLITS = 256;
  * Everything waits on latency here (32 workgroups for a Qwen3-4B decode step), so: invocation s loads split s's
  * (m, l) once; the maximum and the total are tree reductions; the weighted sum is cut eight ways over the splits
  * (invocation (eighth, dim)), and an eighth's first 16 splits are loaded before the weights are known, so their
- * loads overlap the reductions. One head's merge took ~20 µs on an H200 when each step waited on the last
- * (serial loops over the splits' maxima and sums: ~11 µs of it).
+ * loads overlap the reductions. Measured slower when each step waited on the last: the loads of a serial merge
+ * waited on each other (bench/journal.md, session 13).
  *
  * With `rotateOutput` (decode graphs), the merged row is multiplied by Rᵀ of its head's matrix before it is stored
  * (the rotated cache's un-rotation, kernels/rotate.wgsl.ts's product, one dispatch a layer fewer):
@@ -544,8 +545,8 @@ export function attentionMergeRowsWorkgroups(maxTokens: number, heads: number, h
  * The merge pass of prefill graphs: the same merge as attentionMergeSource (its params, bindings and partials), with
  * one invocation per output dim of 128 / headDim (token, head) rows a workgroup, which walks the step's used splits
  * itself (16 at most in a prefill graph): no reductions or barriers. attentionMergeSource's
- * workgroup of 256 per (head, query), built for the many splits of a decode step, took ~140 µs a layer for
- * Llama-3.2-1B's 512-query prefill chunk on an H200, 9% of that chunk's attention.
+ * workgroup of 256 per (head, query), built for the many splits of a decode step, measured slower on a prefill chunk's
+ * many rows (bench/journal.md, session 16; bench/results/2026-12-01-nvidia-h200-session16-profile-llama-16k-*).
  */
 export function attentionMergeRowsSource(): string {
   return /* wgsl */ `
