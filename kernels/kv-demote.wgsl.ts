@@ -62,9 +62,9 @@ struct Params {
 @group(0) @binding(1) var<uniform> params: Params;
 
 // 256 invocations: a decode step demotes only 2·pageTokens rows a layer (32 workgroups), so the rows' invocations are
-// the parallelism there is (64 made a demoting step of Qwen3-4B cost 4.5 ms of GPU time on the H200, with the rank
-// loop). A row has at most 256 groups (width <= 2048, groups of at least 8 values: 32 / bits, bits <= 4), one an
-// invocation where groups are merged.
+// the parallelism there is (64 made a demoting step of Qwen3-4B several times slower, with the rank loop:
+// bench/journal.md, session 14). A row has at most 256 groups (width <= 2048, groups of at least 8 values: 32 / bits,
+// bits <= 4), one an invocation where groups are merged.
 const WG: u32 = 256u;
 var<workgroup> vals: array<f32, MAX_WIDTH>;
 var<workgroup> groupLo: array<f32, MAX_WIDTH / 8u>;
@@ -112,10 +112,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: v
     // Plain min/max (clip quantile 1, the default) by scans: spans of 8 values, one an invocation (a group is whole
     // spans: 32 / bits divides it; a row of at most 2048 = 8·WG values has at most WG spans), then one invocation a
     // group merges its spans in order. The values of ranks 0 and n - 1 exactly: the first occurrence of the minimum
-    // (strict <, spans in order) and the last of the maximum (>=), which differ from other choices only for -0
-    // against +0. The scans keep positions and the value is read at the end: the H200's compiler turns a kept value
-    // into min/max instructions, which pick among -0 and +0 their own way. (The rank loop below took 207 µs a layer
-    // of a 1024-token Qwen3-4B chunk on the H200, 7.4 ms of its 220; the scans 1.7 ms.)
+    // (strict <, spans in order) and the last of the maximum (>=), which differ from other choices only for -0 against
+    // +0. The scans keep positions and the value is read at the end: NVIDIA's compiler turned a kept value into min/max
+    // instructions, which pick among -0 and +0 their own way
+    // (bench/results/2026-12-01-nvidia-h200-session22-demote-kernel-first.json). The scans measured several times
+    // faster than the rank loop below (bench/results/2026-12-01-nvidia-h200-session22-demote-kernel.json).
     let first = 8u * lid;
     if (first < params.width) {
       var lo = vals[first];
@@ -150,8 +151,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: v
     }
   } else {
     // Values i, i + WG, i + 2·WG, i + 3·WG ranked in one pass over j: four independent chains of loads and compares
-    // (one value a pass made a prefill chunk of Qwen3-4B spend 7.7 ms of 270 demoting on the H200; past the row, a
-    // value is the row's last again and its rank unused).
+    // (measured a little faster than one value a pass: bench/journal.md, session 20; past the row, a value is the row's
+    // last again and its rank unused).
     for (var i0 = lid; i0 < params.width; i0 += 4u * WG) {
       var at: array<u32, 4>;
       var x: array<f32, 4>;

@@ -20,9 +20,10 @@ fn rmsScale(sum: f32, lid: u32, dim: f32, eps: f32) -> f32 {
 /**
  * RMSNorm over rows: y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight. One workgroup per row. An invocation loads its
  * HELD values of the row (dims lid + 256·u) before it uses any and keeps them for the scaling, and loads their HELD
- * weights at once too: rows up to 256 · 16 = 4096 wide, the loads and stores written out. As loops (a Qwen3-4B norm
- * is 2,560 wide: ten loads each) the norm took 0.48 ms off an H200 decode step of 36 layers; held, 0.40
- * (profile-decode --ablate). Wider rows take the rest in a loop.
+ * weights at once too: rows up to 256 · 16 = 4096 wide, the loads and stores written out. Held, the norm measured
+ * faster than as loops (a Qwen3-4B norm is 2,560 wide: ten loads each; profile-decode --ablate,
+ * bench/results/2026-12-01-nvidia-h200-session13-profile-qwen3-q4_k_m-32k-int2-{before,after}.txt). Wider rows take the
+ * rest in a loop.
  */
 export const rmsnormWgsl =
   rmsScaleWgsl +

@@ -1,12 +1,12 @@
 /**
- * Per-head rotation in place, of up to three tensors in one dispatch ("parts"): for every token t and head h of part
- * p, x_p[t,h,:] <- x_p[t,h,:] · R_p[h / headsPerMatrix_p] (R row-major [headDim, headDim], f32; with `transpose` the
+ * Per-head rotation in place, of up to three tensors in one dispatch ("parts"): for every token t and head h of part p,
+ * x_p[t,h,:] <- x_p[t,h,:] · R_p[h / headsPerMatrix_p] (R row-major [headDim, headDim], f32; with `transpose` the
  * product is with Rᵀ, which undoes an orthogonal R). The KV cache rotates q, k and v with it before quantization (one
- * dispatch for the three: each dependent dispatch costs a few µs on a GPU), and undoes the rotation on the attention
- * output of prefill graphs and of graphs without a merge pass (decode graphs' merge pass does it otherwise:
- * kernels/attention.wgsl.ts). Decode builds take one workgroup per (token, head of any part), prefill builds one per
- * block of tokens of a head; either way a workgroup reads its rows whole (into workgroup memory, or before a barrier)
- * before it stores any output, so the update can be in place.
+ * dispatch for the three: each dependent dispatch costs a launch gap the GPU idles through), and undoes the rotation on
+ * the attention output of prefill graphs and of graphs without a merge pass (decode graphs' merge pass does it
+ * otherwise: kernels/attention.wgsl.ts). Decode builds take one workgroup per (token, head of any part), prefill builds
+ * one per block of tokens of a head; either way a workgroup reads its rows whole (into workgroup memory, or before a
+ * barrier) before it stores any output, so the update can be in place.
  * Params.part[p] = (heads, headsPerMatrix, transpose, first matrix's word offset).
  */
 
@@ -18,10 +18,10 @@ const LOADS = 16;
 
 /**
  * WGSL of out_j = Σ_i row[i] · M[i][j] (M[j][i] where the WGSL condition `transpose` holds) for j < d, by a workgroup
- * of WG = 256 invocations; M is row-major d×d from vec4 `base4` of `matrix` (array<vec4<f32>>). Each invocation
- * loads whole vec4s of M, LOADS of them before it uses one, so a head's matrix is read in one or two round trips to
- * memory: with scalar loads, eight in flight, the rotation of Qwen3-4B's q, k and v waited on ~8 of them (~19 µs a
- * layer of an H200 decode step; ~11 µs with these loads). Invocations:
+ * of WG = 256 invocations; M is row-major d×d from vec4 `base4` of `matrix` (array<vec4<f32>>). Each invocation loads
+ * whole vec4s of M, LOADS of them before it uses one, so a head's matrix is read in one or two round trips to memory:
+ * with scalar loads, eight in flight, the rotation of Qwen3-4B's q, k and v waited on ~8 of them, and measured slower
+ * (bench/journal.md, session 13). Invocations:
  *   - M[i][j]: (piece, quad), quad = lid % (d/4): outputs 4·quad..+3 over the piece's rows of M (a warp reads whole
  *     rows of M);
  *   - M[j][i]: (j, half), half = lid % 2: every other vec4 of row j of M.
@@ -96,10 +96,10 @@ export interface RotateBlockLayout {
 }
 
 /**
- * The layout prefill graphs take: 128 invocations, 8 rows each. On an H200 (`bench/rotate-kernel.ts`, 1024 tokens,
- * session 22) it rotated Qwen3-4B's q, k and v in 76 µs a layer, within 4% of the best layout at each shape. The
- * build before it staged each block's rows in 16 KiB of workgroup memory for 64 invocations, which left few warps an
- * SM: 142 µs (Llama-3.2-1B 56 against 23 now, Qwen2.5-0.5B 28 against 15).
+ * The layout prefill graphs take: 128 invocations, 8 rows each: measured close to the best layout at each shape
+ * (`bench/rotate-kernel.ts`, 1024 tokens; bench/results/2026-12-01-nvidia-h200-session22-rotate-kernel.json,
+ * ...-session22-rotate-kernel-runtime.json). The build before it staged each block's rows in 16 KiB of workgroup memory
+ * for 64 invocations, which left few warps an SM, and measured slower at every shape.
  */
 export const ROTATE_PREFILL_LAYOUT: RotateBlockLayout = { invocations: 128, rowsPerInvocation: 8 };
 
@@ -142,10 +142,10 @@ function rowFunction(p: number): string {
  * The prefill build's rows of part p: rotateBlockTokens tokens from `token0` of one head, read by the invocations
  * themselves and stored after a barrier (the update is in place); invocation (quad, group) takes outputs
  * 4·quad..4·quad + 3 of the group's rows, RPI of them: per 4 input dims, 4 vec4 loads of the matrix and one vec4 read
- * of each row feed 16·RPI multiply-adds. (A build with each invocation taking one output column of 16 rows, its
- * matrix reads a vec4 per element used and a row read per 4 multiply-adds, made Qwen3-4B's 1024-token chunk at 16K
- * keys spend 9.0 ms of its 273 rotating q, k and v and 6.3 ms un-rotating the attention's output on an H200, with a
- * 2-bit cache.) `headDim` is the build's: the register tile is sized by it.
+ * of each row feed 16·RPI multiply-adds. (A build with each invocation taking one output column of 16 rows, its matrix
+ * reads a vec4 per element used and a row read per 4 multiply-adds, measured slower in Qwen3-4B's 1024-token chunk with
+ * a 2-bit cache, both rotating q, k and v and un-rotating the attention's output: bench/journal.md, session 20.)
+ * `headDim` is the build's: the register tile is sized by it.
  */
 function blockFunction(p: number, headDim: number, layout: RotateBlockLayout): string {
   const QUADS = headDim / 4;
