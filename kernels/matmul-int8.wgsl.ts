@@ -4,8 +4,9 @@
  * blocks' scales applied to each 32-deep integer sum.
  *
  * WebGPU offers tensor cores only through Dawn's experimental subgroup matrices (`chromium-experimental-subgroup-
- * matrix`, enabled by `allow_unsafe_apis`); on the H200 through Vulkan its configurations are 8-bit only
- * (i8 x i8 -> i32, M = N = 16, K = 32), so an f32 or f16 product cannot use them.
+ * matrix`, enabled by `allow_unsafe_apis`); on NVIDIA through Vulkan its configurations are 8-bit only
+ * (bench/results/2026-11-30-nvidia-h200-session4-dawn-features.txt; this kernel takes i8 x i8 -> i32, M = N = 16,
+ * K = 32), so an f32 or f16 product cannot use them.
  *
  * - `quantizeActivationsWgsl`: x f32 [tokens, K] -> codes q = round(x / d), d = max|x| / 127 per block of 32
  *   (q in [-127, 127], packed 4 per word, token rows padded with zeros to the tile), and per block (d, d·Σq).
@@ -208,11 +209,12 @@ export interface Int8MatmulTile {
 }
 
 /**
- * The tensor-core tiles. Measured on the H200 (bench/int8-matmul.ts, BENCH.md sessions 11-12): 32x32 is the faster
- * tile over 128 tokens and for Q4_K weights; 64x64 beat it over 512 tokens for the other types, but dot4I8Packed beat
- * both there (defaultInt8Variant no longer picks 64x64; it stays selectable and tested). Tiles of 64x32, a
- * one-barrier schedule (double-buffered sums: 32 KiB of workgroup memory for 64x64) and two blocks per barrier pair
- * were slower.
+ * The tensor-core tiles. Measured on a large GPU (bench/int8-matmul.ts;
+ * bench/results/2026-11-30-nvidia-h200-session11-int8-matmul-schedules.txt,
+ * bench/results/2026-12-01-nvidia-h200-session12-int8-matmul-dot4.json): 32x32 is the faster tile over 128 tokens and
+ * for Q4_K weights; 64x64 beat it over 512 tokens for the other types, but dot4I8Packed beat both there
+ * (defaultInt8Variant no longer picks 64x64; it stays selectable and tested). Tiles of 64x32, a one-barrier schedule
+ * (double-buffered sums: 32 KiB of workgroup memory for 64x64) and two blocks per barrier pair were slower.
  */
 export const INT8_MATMUL_TILES = {
   '64x64': { subgroupsAlongRows: 2, tilesAlongRows: 2, tilesAlongTokens: 2 },
@@ -404,9 +406,9 @@ export function int8VariantWgsl(
 
 /**
  * How the dot4I8Packed kernel walks K: 32-deep blocks staged `blocksPerStage` at a time between a barrier pair.
- * Measured on the H200 over 1024 tokens (bench/int8-matmul.ts --schedules, BENCH.md session 20): 2 blocks took 2-8%
- * less time than 1 at every shape of Qwen3-4B and Llama-3.2-1B; 4 blocks (twice the workgroup memory again), 128-token
- * tiles (8 tokens an invocation) and the next stage's loads issued before the products were slower.
+ * Measured on a large GPU over 1024 tokens (bench/int8-matmul.ts --schedules; bench/journal.md, session 20): 2 blocks
+ * were faster than 1 at every shape of Qwen3-4B and Llama-3.2-1B; 4 blocks (twice the workgroup memory again),
+ * 128-token tiles (8 tokens an invocation) and the next stage's loads issued before the products were slower.
  */
 export interface Dot4Schedule {
   blocksPerStage: 1 | 2;

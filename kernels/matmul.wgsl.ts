@@ -82,10 +82,11 @@ export function matvecReadsVec4(types: readonly GgmlType[]): boolean {
 }
 
 /**
- * Threads per matvec workgroup for rows of `unitsPerRow` units: 128 (measured best on the H200 for long rows); a row
- * of fewer units gets the whole warps (32) that cover it, one unit each. Measured on the H200
- * (`...-session10-matvec-threads.md`): Qwen3-4B's rows of 2,560 are 80 Q4_K units, and 96 threads ran them 1.2-1.4x
- * faster than the 64 of the earlier power-of-two rule, whose second round of units had 16 of 64 threads busy.
+ * Threads per matvec workgroup for rows of `unitsPerRow` units: 128 (measured best on a large GPU for long rows); a row
+ * of fewer units gets the whole warps (32) that cover it, one unit each. Measured
+ * (bench/results/2026-11-30-nvidia-h200-session10-matvec-threads.md): Qwen3-4B's rows of 2,560 are 80 Q4_K units, and
+ * 96 threads ran them faster than the 64 of the earlier power-of-two rule, whose second round of units had 16 of 64
+ * threads busy.
  */
 export function matvecThreads(unitsPerRow: number): number {
   return Math.min(128, 32 * Math.max(1, Math.ceil(unitsPerRow / 32)));
@@ -235,7 +236,8 @@ const TYPE_WGSL: Partial<Record<GgmlType, TypeWgsl>> = {
 }`,
     // A unit is 4 words of qs (16 bytes, one vec4 of the 9 in a block): 16 low-nibble elements of sub-block 2c and
     // 16 high-nibble ones of 2c+1, so the block's scales are read once per 32 elements (once per 8 with one-word
-    // units: the H200 matvec was bound by load instructions, not bytes). The header vec4 holds d, dmin and scales.
+    // units: a large GPU's matvec was bound by load instructions, not bytes; bench/journal.md, session 5). The header
+    // vec4 holds d, dmin and scales.
     vec4Words: true,
     dot: `fn unit_dot(base: u32, u: u32, xb: u32) -> f32 {
   let b = u / 8u; let j = u % 8u; let c = j / 2u;
@@ -470,9 +472,9 @@ export interface MatvecBuild {
 }
 
 /**
- * The matvec build for a device: subgroup reductions where it has subgroups, two units per loop iteration. On the
- * H200, with weights streaming from memory (bench/results/...-session14-matvec-unroll.md), two units per iteration
- * took 5-21% off Q4_0, Q6_K and Q8_0 matvecs and off Q4_K rows of 8,192; Q4_K rows of 2,560 fit one iteration.
+ * The matvec build for a device: subgroup reductions where it has subgroups, two units per loop iteration. On a large
+ * GPU, with weights streaming from memory (bench/results/2026-12-01-nvidia-h200-session14-matvec-unroll.md), two units
+ * per iteration made Q4_0, Q6_K and Q8_0 matvecs and Q4_K rows of 8,192 faster; Q4_K rows of 2,560 fit one iteration.
  */
 export function matvecBuildFor(features: { subgroups: boolean }): MatvecBuild {
   return { subgroups: features.subgroups, unroll: 2 };
@@ -509,9 +511,10 @@ function matvecModule(build: MatvecBuild, code: string): string {
  * y[firstRow + r] = W[r, :] · x (+ bias) for one weight part, tokens = 1; with `accumulate`, y[...] += instead (the
  * residual add folded into the projection). A workgroup of `threads` threads (matvecThreads) handles 4 rows
  * (matvecRowsWgsl), then one reduction of the vec4 partial sums (reduceWgsl: subgroupAdd, or a tree).
- * Measured on the H200 (4096x4096 and 4096x14336, 200 dispatches): 1.1-2.5x faster than one row per 64 threads
- * (4 rows per 256-thread workgroup, x re-read per row); 128 threads was the best or near-best of 64/128/256 for
- * every type, with the one-word units of then (2026-11-29).
+ * Measured on a large GPU (4096x4096 and 4096x14336): faster than one row per 64 threads (4 rows per 256-thread
+ * workgroup, x re-read per row); 128 threads was the best or near-best of 64/128/256 for every type, with the one-word
+ * units of then (commit 16cf8bd, before the result files; the units and thread counts since: bench/journal.md,
+ * session 5).
  */
 export function matvecWgsl(
   type: GgmlType,
@@ -686,7 +689,8 @@ export interface MatmulTile {
  * 64x64: 256 threads of 4x4, K step 32, 16 KiB of workgroup memory (all of WebGPU's default limit). 64x32: half the
  * tokens on 128 threads (12 KiB), twice the workgroups for grids too small to fill the GPU (e.g. 2048 rows at 128
  * tokens: 64 workgroups of 64x64). 128x64: 8x4 per thread (128 FMAs per 12 vec4 reads instead of 64 per 8), K step
- * 16 to fit 12 KiB. (A 128x128 tile, 8x8 per thread, won only at 8192 rows x 512 tokens, by 3-8%, on the H200: BENCH.md.)
+ * 16 to fit 12 KiB. (A 128x128 tile, 8x8 per thread, won only at 8192 rows x 512 tokens, and narrowly:
+ * bench/results/2026-11-30-nvidia-h200-session9-matmul-128x128.md.)
  */
 export const MATMUL_TILES: Readonly<Record<Exclude<MatmulVariant, '32x32'>, MatmulTile>> = {
   '64x64': { rows: 64, tokens: 64, rowsPerThread: 4, tokensPerThread: 4, k: 32, prefetch: true },
