@@ -7,7 +7,7 @@ import { WebGpuUnavailableError } from '../errors.ts';
 
 /** CPU Vulkan drivers Dawn accepts, fastest first. Debian 12's own lavapipe (Mesa 22) is rejected by Dawn. */
 export const CPU_VULKAN_ICDS = [
-  '/usr/share/vulkan/icd.d/lvp_icd.json', // Mesa 25 lavapipe (bookworm-backports): f16, subgroups, ~3x SwiftShader
+  '/usr/share/vulkan/icd.d/lvp_icd.json', // Mesa 25 lavapipe (bookworm-backports): f16, subgroups, faster than SwiftShader
   '/usr/lib/chromium/vk_swiftshader_icd.json', // Chromium's SwiftShader
 ] as const;
 
