@@ -14,6 +14,8 @@
  *   .gpu/int8-matmul.mjs   bench/int8-matmul.ts (the tensor-core int8 matmul: its randomized checks, then its speed
  *                          against the f32 kernels)
  *   .gpu/longtab.mjs       the longtab CLI (tools/gpu-kit/longtab-cli.ts): evaluations on the GPU host
+ *   .gpu/wgsl-dump.mjs     tools/wgsl-dump/main.ts (`npm run wgsl:dump`: every pipeline the runtime compiles for a
+ *                          model, on the host's device)
  *   .gpu/llama-kit.tar.xz  node_modules/node-llama-cpp (its JS bundled into one dist/index.js, plus package.json and
  *                          the llama/ metadata files it reads) and @node-llama-cpp/linux-x64-vulkan (the prebuilt
  *                          Vulkan binaries); unpacked into the kit, next to the kit's node_modules/webgpu
@@ -96,6 +98,7 @@ try {
   await benchBuild('rotate-kernel.ts', 'rotate-kernel.mjs');
   await benchBuild('int8-matmul.ts', 'int8-matmul.mjs');
   await benchBuild('tools/gpu-kit/longtab-cli.ts', 'longtab.mjs');
+  await benchBuild('tools/wgsl-dump/main.ts', 'wgsl-dump.mjs');
 } catch {
   log(
     fromWorktree

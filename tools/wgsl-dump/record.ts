@@ -39,6 +39,8 @@ export interface PipelineRecord {
   kv: KvMode;
   /** Tokens per prefill step (the prefill graph's size), as Engine.load chose it. */
   prefillChunk: number;
+  /** The KV budget asked for (the engine's default when absent): with tensor cores it bounds the prefill chunk. */
+  kvBudgetBytes?: number;
   adapter: AdapterSummary;
   features: GpuFeatures;
   /** One per distinct (label, entry point, code), in compile order. */
@@ -46,8 +48,9 @@ export interface PipelineRecord {
   seconds: number;
 }
 
-const ROOT = join(import.meta.dirname, '..', '..');
-export const DEMO_MODEL = join(ROOT, 'public', 'models', 'longtab-demo.gguf');
+const DEMO_MODEL_PATH = join('public', 'models', 'longtab-demo.gguf');
+/** The demo model in this checkout. */
+export const DEMO_MODEL = join(import.meta.dirname, '..', '..', DEMO_MODEL_PATH);
 
 /** The model names --model takes besides a .gguf path: the demo model, stories260K and the bench shapes. */
 export const MODEL_NAMES = ['demo', 'stories260K', QUICK_MODEL.id, ...BENCH_MODELS.map((s) => s.id)] as const;
@@ -82,7 +85,9 @@ export function zeroWeightSource(shape: BenchModelShape, mix: WeightMix): ByteSo
 
 /** The source a --model value names (a MODEL_NAMES entry or a .gguf path). */
 export async function modelSource(model: string, mix: WeightMix): Promise<ByteSource> {
-  if (model === 'demo') return sourceFromPath(DEMO_MODEL);
+  // Bundled (tools/gpu-kit/build.mjs), this file is not in the checkout: the demo model is found from the working
+  // directory, the checkout's root on the GPU host.
+  if (model === 'demo') return sourceFromPath(existsSync(DEMO_MODEL) ? DEMO_MODEL : DEMO_MODEL_PATH);
   if (model === 'stories260K') {
     const path = sharedPath(STORIES260K);
     if (!path) throw new Error(`stories260K is not in the shared folder (${STORIES260K})`);
@@ -132,7 +137,7 @@ function reportingDispatches(gpu: GpuContext, onDispatch: (pipeline: GPUComputeP
 export async function recordPipelines(
   gpu: GpuContext,
   source: ByteSource,
-  options: { model: string; kv: KvMode; prefillChunk?: number },
+  options: { model: string; kv: KvMode; prefillChunk?: number; kvBudgetBytes?: number },
 ): Promise<PipelineRecord> {
   const started = performance.now();
   const byKey = new Map<string, RecordedPipeline>();
@@ -155,9 +160,11 @@ export async function recordPipelines(
   };
   const view = reportingDispatches(hooked, dispatched);
   const engine = new Engine(view);
+  const { kv, prefillChunk, kvBudgetBytes } = options;
   await engine.load(source, {
-    kv: options.kv,
-    ...(options.prefillChunk ? { prefillChunk: options.prefillChunk } : {}),
+    kv,
+    ...(prefillChunk ? { prefillChunk } : {}),
+    ...(kvBudgetBytes ? { kvBudgetBytes } : {}),
   });
   try {
     const m = engine.loaded!;
@@ -180,8 +187,9 @@ export async function recordPipelines(
     gpu.throwIfErrors();
     return {
       model: options.model,
-      kv: options.kv,
+      kv,
       prefillChunk: chunk,
+      ...(kvBudgetBytes ? { kvBudgetBytes } : {}),
       adapter: gpu.adapter,
       features: gpu.features,
       pipelines: [...byKey.values()],

@@ -79,13 +79,14 @@ function markdownIndex(record: PipelineRecord, index: DumpIndexEntry[]): string 
     .filter(([, on]) => on)
     .map(([name]) => name);
   const cell = (s: string) => s.replaceAll('|', '\\|');
+  const budget = record.kvBudgetBytes ? `, KV budget ${record.kvBudgetBytes / 2 ** 20} MiB` : '';
   const lines = [
     `# WGSL pipelines: ${record.model}, kv ${record.kv}`,
     '',
     `${index.length} pipelines (${index.filter((e) => e.label === 'probe').length} of them load-time compile probes),`,
     `recorded by \`npm run wgsl:dump\` in ${record.seconds.toFixed(1)} s on ${record.adapter.description || record.adapter.vendor}`,
-    `(features: ${features.join(', ') || 'none'}); prefill chunk ${record.prefillChunk}. Which kernels the runtime picks`,
-    'depends on the device: tensor-core (subgroup matrix) builds appear only on a device that has them.',
+    `(features: ${features.join(', ') || 'none'}); prefill chunk ${record.prefillChunk}${budget}. Which kernels the`,
+    'runtime picks depends on the device: tensor-core (subgroup matrix) builds appear only on a device that has them.',
     '',
     'Phase: `load` = Engine.load (its probes and the warm-up decode step), `prefill` = the prefill graph of a full',
     'chunk, `rollback` = the KV promotion a rollback into 2-bit pages compiles.',
