@@ -6,7 +6,7 @@ import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { defaultPrefillChunk } from '../runtime/engine/engine.ts';
+import { defaultPrefillChunk } from '../runtime/engine/model-runner.ts';
 import { benchKvBudgetBytes } from './engine-runner.ts';
 import { BENCH_MODELS } from './models.ts';
 import { renderMarkdown, validateReport } from './report.ts';

@@ -9,8 +9,8 @@ import type { ByteSource } from '../core/gguf-types.ts';
 import type { MemorySnapshot } from '../core/gpu/allocator.ts';
 import type { GpuContext } from '../core/gpu/device.ts';
 import type { PrefillAttention } from '../runtime/engine/api-types.ts';
-import { Engine, type KvMode } from '../runtime/engine/engine.ts';
 import { parseLoadOptions } from '../runtime/engine/load-options.ts';
+import { type KvMode, ModelRunner } from '../runtime/engine/model-runner.ts';
 import { sourceFromPath } from '../runtime/gguf/node-source.ts';
 import { defaultQuantF16Bytes } from '../runtime/kv/pool.ts';
 import type { PrefillMatmul } from '../runtime/model/transformer.ts';
@@ -109,12 +109,12 @@ export function benchKvBudgetBytes(
 }
 
 export class EngineRunner {
-  readonly engine: Engine;
+  readonly engine: ModelRunner;
   private source: ByteSource | null = null;
   private file: BenchModelFile | null = null;
 
   constructor(gpu: GpuContext) {
-    this.engine = new Engine(gpu);
+    this.engine = new ModelRunner(gpu);
   }
 
   get gpu(): GpuContext {

@@ -22,7 +22,7 @@ import type { PreparedDispatch } from '../core/gpu/dispatch.ts';
 import { encodeDispatches } from '../core/gpu/dispatch.ts';
 import { nodeGpu, releaseNodeGpu } from '../core/gpu/node.ts';
 import type { PrefillAttention } from '../runtime/engine/api-types.ts';
-import type { KvMode } from '../runtime/engine/engine.ts';
+import type { KvMode } from '../runtime/engine/model-runner.ts';
 import type { PrefillMatmul } from '../runtime/model/transformer.ts';
 import { GREEDY_SAMPLING } from '../runtime/sampling/params.ts';
 import { EngineRunner } from './engine-runner.ts';

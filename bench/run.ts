@@ -12,7 +12,7 @@ import { pathToFileURL } from 'node:url';
 import { acquireGpu, type GpuContext } from '../core/gpu/device.ts';
 import { nodeGpu, releaseNodeGpu } from '../core/gpu/node.ts';
 import type { PrefillAttention } from '../runtime/engine/api-types.ts';
-import type { KvMode } from '../runtime/engine/engine.ts';
+import type { KvMode } from '../runtime/engine/model-runner.ts';
 import type { PrefillMatmul } from '../runtime/model/transformer.ts';
 import { EngineRunner, type FillMode } from './engine-runner.ts';
 import { type LlamaBackend, LlamaCppRunner, type LlamaKvType, llamaKvBytesPerToken } from './llama-cpp.ts';

@@ -400,7 +400,7 @@ function planSource(plan: AttentionKernelPlan, sources: AttentionSources): strin
 /**
  * Whether an int8 prefill attention (`products`: 'int8' on tensor cores, 'int8-dot' on dot4I8Packed) serves and
  * compiles here for `headDim`: its f16-pool build and a 2-bit quant-pool build (the quant formats differ only in
- * constants). A browser whose WGSL lacks a form it uses keeps the f32 kernels (Engine.load's probe).
+ * constants). A browser whose WGSL lacks a form it uses keeps the f32 kernels (ModelRunner.load's probe).
  */
 export async function int8PrefillAttentionCompiles(
   gpu: GpuContext,

@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { withTestGpu } from '../../test/gpu.ts';
 import { STORIES260K, sharedPath } from '../../test/shared.ts';
-import { Engine } from '../engine/engine.ts';
+import { ModelRunner } from '../engine/model-runner.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
 import { multiply, transpose } from '../kv/rotation.ts';
 import { calibrateKvRotations } from './calibrate.ts';
@@ -16,7 +16,7 @@ function spread(diagonal: number[]): number {
 describe.skipIf(!modelPath)('KV calibration on stories260K activations', () => {
   it('fits orthogonal rotations that equalize the measured query and value energy across channels', async () => {
     const { gpu } = ctx;
-    const engine = new Engine(gpu);
+    const engine = new ModelRunner(gpu);
     await engine.load(await sourceFromPath(modelPath!), { kv: 'f16' });
     const before = gpu.allocator.snapshot().totalBuffers;
     const generated = await engine.generate({

@@ -2,7 +2,7 @@ import { open, readFile, writeFile } from 'node:fs/promises';
 import { InvalidRequestError } from '../../core/errors.ts';
 import type { GpuContext } from '../../core/gpu/device.ts';
 import { calibrateKvRotations } from '../calibration/calibrate.ts';
-import { Engine } from '../engine/engine.ts';
+import { ModelRunner } from '../engine/model-runner.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
 import { metadataEntriesOf, planGguf } from '../gguf/writer.ts';
 import { nodeRotationCache } from '../kv/rotation-cache-node.ts';
@@ -21,7 +21,7 @@ export async function runCalibrate(args: ParsedArgs, gpu: GpuContext): Promise<n
   if (!Number.isInteger(wanted) || wanted < 16 || wanted > 16384)
     throw new InvalidRequestError('--tokens must be an integer in 16..16384.');
   const textPath = stringFlag(args, 'text');
-  const engine = new Engine(gpu);
+  const engine = new ModelRunner(gpu);
   const source = await sourceFromPath(modelPath);
   try {
     await engine.load(source, { kv: 'f16' });
@@ -61,7 +61,7 @@ export async function runCalibrate(args: ParsedArgs, gpu: GpuContext): Promise<n
 }
 
 /** Calibration text: the model's own sampled continuation of BOS, with an f16 cache. */
-async function selfGenerated(engine: Engine, count: number, seed: number): Promise<number[]> {
+async function selfGenerated(engine: ModelRunner, count: number, seed: number): Promise<number[]> {
   const bos = engine.tokenizer.bosId;
   if (bos === undefined)
     throw new InvalidRequestError('This model has no BOS token to start calibration text from: pass --text FILE.');
@@ -78,7 +78,7 @@ async function selfGenerated(engine: Engine, count: number, seed: number): Promi
 async function writeModelWithRotations(
   inputPath: string,
   outputPath: string,
-  engine: Engine,
+  engine: ModelRunner,
   rotations: StoredRotations,
 ): Promise<void> {
   const file = engine.loaded!.file;

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { withTestGpu } from '../../test/gpu.ts';
-import { Engine, type LoadOptions } from '../engine/engine.ts';
+import { type LoadOptions, ModelRunner } from '../engine/model-runner.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
 import { measureCapacity } from './capacity.ts';
 import { defaultModelPath } from './default-model.ts';
@@ -11,7 +11,7 @@ describe('longtab capacity on the demo model (head_dim 64)', () => {
   it('an int2 pool holds several times the f16 context in the same budget, at close to 2.25 bits per element', async () => {
     const { gpu } = ctx;
     const budget = 8 << 20; // 2048 f16 tokens of the demo model (4 KiB per token)
-    const engine = new Engine(gpu);
+    const engine = new ModelRunner(gpu);
     const source = await sourceFromPath(defaultModelPath());
     const rows = [];
     const configs: LoadOptions[] = [{ kv: 'f16' }, { kv: 'int2' }, { kv: 'int2', boostLayers: [5] }];

@@ -1,6 +1,6 @@
 import { ContextOverflowError, InvalidRequestError } from '../../core/errors.ts';
 import type { GpuContext } from '../../core/gpu/device.ts';
-import { Engine } from '../engine/engine.ts';
+import { ModelRunner } from '../engine/model-runner.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
 import { numberFlag, type ParsedArgs, stringFlag } from './args.ts';
 import { defaultModelPath } from './default-model.ts';
@@ -26,7 +26,7 @@ export interface CapacityRow {
 
 /** Fills one sequence to the largest length the budget allows, then runs decode steps at that length. */
 export async function measureCapacity(
-  engine: Engine,
+  engine: ModelRunner,
   options: { decodeSteps: number },
 ): Promise<Omit<CapacityRow, 'kv'>> {
   const m = engine.loaded!;
@@ -88,7 +88,7 @@ export async function runCapacity(args: ParsedArgs, gpu: GpuContext): Promise<nu
   await checkModesFitModel(names, modelPath);
   const rows: CapacityRow[] = [];
   const source = await sourceFromPath(modelPath);
-  const engine = new Engine(gpu);
+  const engine = new ModelRunner(gpu);
   try {
     for (const mode of modes) {
       // One sequence and short steps: the f16 share of an int2 pool is sized for what one sequence's sink, window and

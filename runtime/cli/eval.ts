@@ -2,8 +2,8 @@ import { readFileSync } from 'node:fs';
 import { InvalidRequestError } from '../../core/errors.ts';
 import type { GpuContext } from '../../core/gpu/device.ts';
 import type { EngineLoadOptions, PrefillAttention } from '../engine/api-types.ts';
-import { Engine, type LoadOptions } from '../engine/engine.ts';
 import { parseLoadOptions } from '../engine/load-options.ts';
+import { type LoadOptions, ModelRunner } from '../engine/model-runner.ts';
 import { pairedPerplexityRatioInterval, perplexity, topOneAgreement } from '../eval/perplexity.ts';
 import {
   analyticChance,
@@ -55,7 +55,7 @@ export function kvOptionsFor(name: string): EngineLoadOptions {
 }
 
 /**
- * What a command hands Engine.load: `options` checked by parseLoadOptions (flags are user input like any other),
+ * What a command hands ModelRunner.load: `options` checked by parseLoadOptions (flags are user input like any other),
  * with the rotation cache where calibrated rotations are asked for.
  */
 export function cliLoadOptions(options: EngineLoadOptions): LoadOptions {
@@ -128,7 +128,7 @@ export async function runEval(args: ParsedArgs, gpu: GpuContext): Promise<number
   const modes = evalModes(args);
   await checkModesFitModel(modes, modelPath);
   const log = progressLog(args);
-  const engine = new Engine(gpu);
+  const engine = new ModelRunner(gpu);
   const source = await sourceFromPath(modelPath);
   const rows: Array<{
     kv: string;
@@ -295,7 +295,7 @@ export async function runRetrievalEval(args: ParsedArgs, gpu: GpuContext): Promi
   }
   const log = progressLog(args);
 
-  const engine = new Engine(gpu);
+  const engine = new ModelRunner(gpu);
   const source = await sourceFromPath(modelPath);
   const rows: RetrievalRow[] = [];
   const skipped: Array<{ length: number; depth: number; reason: string }> = [];

@@ -3,7 +3,7 @@ import { InvalidRequestError } from '../../core/errors.ts';
 import type { ByteSource, GgufFile } from '../../core/gguf-types.ts';
 import type { GpuContext } from '../../core/gpu/device.ts';
 import { calibrateKvRotations } from '../calibration/calibrate.ts';
-import { Engine } from '../engine/engine.ts';
+import { ModelRunner } from '../engine/model-runner.ts';
 import {
   accumulateLayerFidelity,
   type CalibratedKv,
@@ -54,7 +54,7 @@ export async function runFidelity(args: ParsedArgs, gpu: GpuContext): Promise<nu
     if (!Number.isInteger(value) || value < (name === 'windows' ? 1 : 0))
       throw new InvalidRequestError(`--${name} must be a non-negative integer${name === 'windows' ? ' >= 1' : ''}.`);
   }
-  const engine = new Engine(gpu);
+  const engine = new ModelRunner(gpu);
   const source = await sourceFromPath(modelPath);
   const log = (line: string) => process.stderr.write(`${line}\n`);
   try {

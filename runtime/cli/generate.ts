@@ -1,7 +1,7 @@
 import { InvalidRequestError } from '../../core/errors.ts';
 import type { GpuContext } from '../../core/gpu/device.ts';
-import { Engine } from '../engine/engine.ts';
 import { parseLoadOptions } from '../engine/load-options.ts';
+import { ModelRunner } from '../engine/model-runner.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
 import { chatTemplateFromMetadata, renderChatTemplate } from '../tokenizer/chat-template.ts';
 import { numberFlag, type ParsedArgs, stringFlag } from './args.ts';
@@ -12,7 +12,7 @@ export async function runGenerate(args: ParsedArgs, gpu: GpuContext): Promise<nu
   const modelPath = stringFlag(args, 'model') ?? defaultModelPath();
   const prompt = stringFlag(args, 'prompt') ?? '';
   const json = args.flags.has('json');
-  const engine = new Engine(gpu);
+  const engine = new ModelRunner(gpu);
   const source = await sourceFromPath(modelPath);
   try {
     await engine.load(source, parseLoadOptions({ kv: stringFlag(args, 'kv') }));

@@ -1,5 +1,5 @@
 /**
- * LongtabEngine: the OpenAI-shaped API over one model runner (`Engine`: one model on one device). The same class runs
+ * LongtabEngine: the OpenAI-shaped API over one model runner (`ModelRunner`: one model on one device). The same class runs
  * in-process (Node, tests) and inside the engine worker (workers/engine.worker.ts), which wraps it for comlink.
  *
  * Requests queue and run one at a time. Each chat request renders the conversation with the model's chat template,
@@ -33,8 +33,8 @@ import type {
 } from './api-types.ts';
 import { BackgroundCalibration, defaultCalibrationTokens } from './background-calibration.ts';
 import { type CachedSequence, ConversationCache, commonPrefixLength } from './conversations.ts';
-import { Engine, type FinishReason, type GenerateResult, type LoadProgress } from './engine.ts';
 import { parseLoadOptions } from './load-options.ts';
+import { type FinishReason, type GenerateResult, type LoadProgress, ModelRunner } from './model-runner.ts';
 import {
   type ValidatedChatRequest,
   type ValidatedSampling,
@@ -163,7 +163,7 @@ interface PreparedPrompt {
 export class LongtabEngine implements LongtabEngineApi {
   private readonly options: LongtabEngineOptions;
   private gpuContext: GpuContext | null = null;
-  private modelRunner: Engine | null = null;
+  private modelRunner: ModelRunner | null = null;
   private cache: ConversationCache | null = null;
   private modelInfo: ModelInfo | null = null;
   private template = '';
@@ -193,7 +193,7 @@ export class LongtabEngine implements LongtabEngineApi {
   }
 
   /** The model runner below the API (tests use its tokenizer and pool); null before the first load. */
-  get runner(): Engine | null {
+  get runner(): ModelRunner | null {
     return this.modelRunner;
   }
 
@@ -205,7 +205,7 @@ export class LongtabEngine implements LongtabEngineApi {
       await this.stopCalibration();
       this.unloadNow();
       const gpu = await this.gpu();
-      const runner = (this.modelRunner ??= new Engine(gpu));
+      const runner = (this.modelRunner ??= new ModelRunner(gpu));
       const bytes = await this.openSource(source, onProgress);
       try {
         await runner.load(bytes, {
@@ -487,7 +487,7 @@ export class LongtabEngine implements LongtabEngineApi {
 
   /** Runs one prepared prompt in `entry`'s sequence, reusing the prefix it holds, and records what it holds after. */
   private async generate(
-    runner: Engine,
+    runner: ModelRunner,
     entry: CachedSequence,
     prompt: PreparedPrompt,
     run: GenerationRun,
@@ -590,7 +590,7 @@ export class LongtabEngine implements LongtabEngineApi {
       const ids = this.encodeChat(messages, true);
       const fits = ids.length <= capacity;
       const first = messages.findIndex((m) => m.role !== 'system');
-      // Dropping turns stops one token short of the capacity: Engine.run reserves the prompt plus one position, so a
+      // Dropping turns stops one token short of the capacity: ModelRunner.run reserves the prompt plus one position, so a
       // prompt of exactly `capacity` tokens failed there (the int2 long session met it).
       const last = first < 0 || first === messages.length - 1;
       if ((fits && (ids.length < capacity || last)) || r.overflow === 'error') {
@@ -693,7 +693,7 @@ export class LongtabEngine implements LongtabEngineApi {
    * then switches at a safe point in the queue. Conversations cached until then lose their KV (written with the
    * Hadamard rotation) and are re-prefilled on their next turn; a request already queued runs before the switch.
    */
-  private startCalibration(runner: Engine, digest: string, tokens: number): void {
+  private startCalibration(runner: ModelRunner, digest: string, tokens: number): void {
     const loaded = runner.loaded;
     const calibration: BackgroundCalibration = new BackgroundCalibration({
       runner,
@@ -745,7 +745,7 @@ export class LongtabEngine implements LongtabEngineApi {
     this.template = '';
   }
 
-  private requireRunner(): Engine {
+  private requireRunner(): ModelRunner {
     if (!this.modelRunner?.loaded || !this.cache) throw new ModelNotLoadedError();
     return this.modelRunner;
   }

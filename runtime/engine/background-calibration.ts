@@ -15,7 +15,7 @@ import { calibrateKvRotations, generateCalibrationText } from '../calibration/ca
 import type { RotationCache, StoredRotations } from '../kv/rotation-store.ts';
 import { encodeRotations } from '../kv/rotation-store.ts';
 import type { ModelConfig } from '../model/config.ts';
-import type { Engine } from './engine.ts';
+import type { ModelRunner } from './model-runner.ts';
 
 /** Most calibration tokens (the whole text; OSCAR uses a few thousand). */
 export const MAX_CALIBRATION_TOKENS = 4096;
@@ -41,7 +41,7 @@ export interface CalibrationStatus {
 }
 
 export interface BackgroundCalibrationHost {
-  runner: Engine;
+  runner: ModelRunner;
   /** The model's digest: the cache key. */
   digest: string;
   cache?: RotationCache;

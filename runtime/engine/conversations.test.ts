@@ -4,7 +4,7 @@
  * room by kind (flush idle windows to 2 bits, then evict), so that a request that fits the pool on its own never
  * meets ContextOverflowError, and every idle conversation it keeps still holds what it held.
  *
- * The engine is replaced by the pool's own bookkeeping: requests step the pool exactly as Engine.run does (rewind,
+ * The engine is replaced by the pool's own bookkeeping: requests step the pool exactly as ModelRunner.run does (rewind,
  * reserve, prefill chunks, decode steps), without running a model, so hundreds of requests take seconds.
  */
 import fc from 'fast-check';
@@ -14,11 +14,11 @@ import { withTestGpu } from '../../test/gpu.ts';
 import { seededRandom } from '../../test/random.ts';
 import { KvPagePool, type KvPoolOptions, type KvSequence } from '../kv/pool.ts';
 import { ConversationCache, commonPrefixLength } from './conversations.ts';
-import type { Engine } from './engine.ts';
+import type { ModelRunner } from './model-runner.ts';
 
 const ctx = withTestGpu();
 
-/** What Engine.run does to the pool for a prompt of `promptTokens` with `reuse` cached and `maxTokens` to generate. */
+/** What ModelRunner.run does to the pool for a prompt of `promptTokens` with `reuse` cached and `maxTokens` to generate. */
 function engineSteps(pool: KvPagePool, seq: KvSequence, promptTokens: number, reuse: number, maxTokens: number): void {
   pool.truncate(seq, Math.min(reuse, seq.length, promptTokens - 1));
   try {
@@ -30,17 +30,17 @@ function engineSteps(pool: KvPagePool, seq: KvSequence, promptTokens: number, re
   for (let position = seq.length; position < promptTokens; position += pool.maxStepTokens) {
     pool.writeStep(seq, position, Math.min(pool.maxStepTokens, promptTokens - position));
   }
-  // The first token comes from the last prefill chunk; every later one is one decode step. Unlike Engine.run, an
+  // The first token comes from the last prefill chunk; every later one is one decode step. Unlike ModelRunner.run, an
   // overflow here is not swallowed: a reply cut short by the pool is what this test is about.
   for (let i = 1; i < maxTokens; i++) pool.writeStep(seq, seq.length, 1);
 }
 
-function fakeEngine(pool: KvPagePool): Engine {
+function fakeEngine(pool: KvPagePool): ModelRunner {
   const engine = {
     pool,
     prefillSequence: async (seq: KvSequence, ids: number[], reuse = 0) => engineSteps(pool, seq, ids.length, reuse, 0),
   };
-  return engine as unknown as Engine;
+  return engine as unknown as ModelRunner;
 }
 
 /** One chat turn as LongtabEngine.generate runs it: attach, make room, generate, record. Returns the reused tokens. */

@@ -13,7 +13,7 @@
  */
 import { InvalidRequestError } from '../../core/errors.ts';
 import type { KvPagePool, KvSequence } from '../kv/pool.ts';
-import type { Engine } from './engine.ts';
+import type { ModelRunner } from './model-runner.ts';
 
 export interface CachedSequence {
   readonly key: string;
@@ -32,7 +32,7 @@ export function commonPrefixLength(a: readonly number[], b: readonly number[]): 
 }
 
 export class ConversationCache {
-  private readonly runner: Engine;
+  private readonly runner: ModelRunner;
   private readonly conversations = new Map<string, CachedSequence>();
   private readonly systems = new Map<string, CachedSequence>();
   private clock = 0;
@@ -40,7 +40,7 @@ export class ConversationCache {
   /** Pages of idle sequences demoted to make room (int2 pools). */
   flushes = 0;
 
-  constructor(runner: Engine) {
+  constructor(runner: ModelRunner) {
     this.runner = runner;
   }
 

@@ -14,7 +14,7 @@ import { describeError, faultLog } from '../../test/regressions/fault-log.ts';
 import { STORIES260K, STORIES260K_GOLDEN, sharedPath } from '../../test/shared.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
 import type { ChatCompletionChunk, ChatMessageParam } from './api.ts';
-import { Engine, type LoadProgress } from './engine.ts';
+import { type LoadProgress, ModelRunner } from './model-runner.ts';
 import { createNodeEngine } from './node.ts';
 
 const ctx = withTestGpu();
@@ -36,10 +36,10 @@ afterAll(() => {
 const SYSTEM: ChatMessageParam = { role: 'system', content: 'You tell short stories about Lily and her red ball.' };
 
 describe.skipIf(!modelPath || !goldenPath)('device loss on stories260K', () => {
-  it('Engine.generate: device.destroy() after 3 tokens rejects with DeviceLostError; a new device continues the golden ids', async () => {
+  it('ModelRunner.generate: device.destroy() after 3 tokens rejects with DeviceLostError; a new device continues the golden ids', async () => {
     const golden = JSON.parse(readFileSync(goldenPath!, 'utf8')) as { greedy_ids: number[] };
     const gpu = await separateDevice();
-    const engine = new Engine(gpu);
+    const engine = new ModelRunner(gpu);
     const source = await sourceFromPath(modelPath!);
     await engine.load(source, { kvBudgetBytes: 4 << 20 });
     const seen: number[] = [];
@@ -61,7 +61,7 @@ describe.skipIf(!modelPath || !goldenPath)('device loss on stories260K', () => {
     }
     log.record({
       area: 'device',
-      fault: 'GPUDevice.destroy() from onToken after 3 decoded tokens (Engine.generate)',
+      fault: 'GPUDevice.destroy() from onToken after 3 decoded tokens (ModelRunner.generate)',
       expected: 'DeviceLostError with an actionable message',
       outcome: failure ? describeError(failure) : 'resolved',
       ok: failure instanceof DeviceLostError,
@@ -73,7 +73,7 @@ describe.skipIf(!modelPath || !goldenPath)('device loss on stories260K', () => {
     // A lost engine answers every later call with the same typed error instead of hanging or crashing.
     await expect(engine.generate({ promptIds: [bos], maxTokens: 4 })).rejects.toBeInstanceOf(DeviceLostError);
 
-    const fresh = new Engine(await separateDevice());
+    const fresh = new ModelRunner(await separateDevice());
     await fresh.load(source, { kvBudgetBytes: 4 << 20 });
     const resumed = await fresh.generate({ promptIds: [bos, ...seen], maxTokens: 20, stopAtEog: false });
     expect(resumed.ids).toEqual(golden.greedy_ids.slice(4, 24));
@@ -84,11 +84,11 @@ describe.skipIf(!modelPath || !goldenPath)('device loss on stories260K', () => {
   // Each phase of a load, lost at its first progress event: before the GPU is used (parse), with part of the
   // weights uploaded (upload), and in the warm-up token (calibrate).
   it.each(['parse', 'upload', 'calibrate'] as const)(
-    'Engine.load: device.destroy() at the first %s progress event rejects with DeviceLostError, leaves no GPU buffer, and a new device loads and reproduces the golden ids',
+    'ModelRunner.load: device.destroy() at the first %s progress event rejects with DeviceLostError, leaves no GPU buffer, and a new device loads and reproduces the golden ids',
     async (phase) => {
       const golden = JSON.parse(readFileSync(goldenPath!, 'utf8')) as { greedy_ids: number[] };
       const gpu = await separateDevice();
-      const engine = new Engine(gpu);
+      const engine = new ModelRunner(gpu);
       const source = await sourceFromPath(modelPath!);
       let lostAt: LoadProgress | null = null;
       // Writes to a lost device are silently dropped, so the load checks for the loss at each upload progress step
@@ -116,14 +116,14 @@ describe.skipIf(!modelPath || !goldenPath)('device loss on stories260K', () => {
         again = error;
       });
 
-      const fresh = new Engine(await separateDevice());
+      const fresh = new ModelRunner(await separateDevice());
       await fresh.load(source, { kvBudgetBytes: 4 << 20 });
       const bos = golden.greedy_ids[0];
       const result = await fresh.generate({ promptIds: [bos], maxTokens: 24, stopAtEog: false });
       const goldenIds = result.ids.join(',') === golden.greedy_ids.slice(1, 25).join(',');
       log.record({
         area: 'device',
-        fault: `GPUDevice.destroy() at the first '${phase}' progress event of Engine.load; then a load on a new device`,
+        fault: `GPUDevice.destroy() at the first '${phase}' progress event of ModelRunner.load; then a load on a new device`,
         expected: 'DeviceLostError; nothing loaded; 0 GPU buffers, 0 bytes left; golden ids on the new device',
         outcome:
           `${failure ? describeError(failure) : 'loaded'} after ${eventsAfterLoss} more progress events; ` +

@@ -13,7 +13,7 @@ import { DEMO_MODEL_FILE } from '../cli/default-model.ts';
 import { logProbability } from '../eval/perplexity.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
 import { KvPagePool } from '../kv/pool.ts';
-import { defaultPrefillChunk, Engine, type LoadOptions } from './engine.ts';
+import { defaultPrefillChunk, type LoadOptions, ModelRunner } from './model-runner.ts';
 
 const ctx = withTestGpu();
 const demoPath = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'public', 'models', DEMO_MODEL_FILE);
@@ -27,7 +27,7 @@ const PASSAGE =
 type Kernels = Pick<LoadOptions, 'prefillMatmul' | 'prefillAttention'>;
 
 async function forcedLogits(kernels: Kernels) {
-  const engine = new Engine(ctx.gpu);
+  const engine = new ModelRunner(ctx.gpu);
   const source = await sourceFromPath(demoPath);
   try {
     const config = await engine.load(source, { kv: 'f16', prefillChunk: 64, ...kernels });

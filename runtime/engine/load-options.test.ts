@@ -7,8 +7,8 @@ import { describe, expect, it } from 'vitest';
 import { InvalidRequestError } from '../../core/errors.ts';
 import type { ModelConfig } from '../model/config.ts';
 import type { EngineLoadOptions } from './api-types.ts';
-import { kvPoolOptions } from './engine.ts';
 import { type ParsedLoadOptions, parseLoadOptions } from './load-options.ts';
+import { kvPoolOptions } from './model-runner.ts';
 
 /** The error parseLoadOptions throws for `input` (it must throw an InvalidRequestError). */
 function rejection(input: unknown): InvalidRequestError {
@@ -197,7 +197,7 @@ describe('parseLoadOptions', () => {
     expect(rejection({ experimental: { kv: 'int2' } }).message).toBe(
       "load options experimental: unknown field 'kv'. Supported fields: sink, window, groupSize, codeBits, boostLayers, prefillMatmul, prefillAttention, calibrationTokens.",
     );
-    // Internal options of Engine.load are not the caller's to set.
+    // Internal options of ModelRunner.load are not the caller's to set.
     expect(rejection({ rotationCache: {} }).message).toMatch(/unknown field 'rotationCache'/);
     expect(rejection({ missingCalibration: 'hadamard' }).message).toMatch(/unknown field 'missingCalibration'/);
   });
@@ -235,7 +235,7 @@ describe('kvPoolOptions of parsed options', () => {
       keyFormat: { bits: 2, groupSize: undefined },
       valueFormat: { bits: 2, groupSize: undefined },
     });
-    // The same pool from an Engine.load caller that passes only part of the options.
+    // The same pool from an ModelRunner.load caller that passes only part of the options.
     expect(kvPoolOptions(config, { kv: 'int2' })).toEqual(kvPoolOptions(config, parseLoadOptions({ kv: 'int2' })));
   });
 

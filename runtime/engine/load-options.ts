@@ -2,7 +2,7 @@
  * The one check of load options. `parseLoadOptions` turns what a caller passes to `load` (EngineLoadOptions: the
  * public shape, research knobs under `experimental`) into ParsedLoadOptions: each field checked for its type, its
  * range and the combinations it needs, the defaults applied. Defaults that depend on the model or the device stay
- * undefined (Engine.load resolves them). Nothing below checks user input again: Engine.load, kvPoolOptions and the KV
+ * undefined (ModelRunner.load resolves them). Nothing below checks user input again: ModelRunner.load, kvPoolOptions and the KV
  * pool read the typed object. The pool keeps its invariants and what only the model can tell (which layers exist,
  * which group sizes divide a row, whether a page fits the budget). Pure: no GPU, no model.
  */

@@ -1,6 +1,6 @@
 /**
  * Fuzzing the LOADER (issue 9): damaged copies of stories260K (truncations, bit flips in the header, the tensor table
- * and the tensor data, huge counts and lengths, wrong value types) go through Engine.load. Each must load or throw a
+ * and the tensor data, huge counts and lengths, wrong value types) go through ModelRunner.load. Each must load or throw a
  * LongtabError subclass, in bounded time, reading no more than the file and allocating bounded GPU memory; a failed
  * load leaves no GPU buffer behind, and the engine still loads the real model and reproduces its golden ids afterwards.
  * Counterexamples are written to tmp/faults/ as (offset, bytes) patches; keep them in test/regressions/loader/, which
@@ -29,7 +29,7 @@ import {
 import { STORIES260K, STORIES260K_GOLDEN, sharedPath } from '../../test/shared.ts';
 import { parseGguf } from '../gguf/parse.ts';
 import { sourceFromBytes } from '../gguf/sources.ts';
-import { Engine } from './engine.ts';
+import { ModelRunner } from './model-runner.ts';
 
 const ctx = withTestGpu();
 const modelPath = sharedPath(STORIES260K);
@@ -146,7 +146,7 @@ function withDeadline<T>(work: Promise<T>, ms: number, what: string): Promise<T>
  * Loads one mutated file and checks the contract; returns the outcome in words. A successfully loaded model must also
  * generate (ids inside the vocabulary) and unload.
  */
-async function loadMutated(engine: Engine, original: Uint8Array, mutation: ModelMutation): Promise<string> {
+async function loadMutated(engine: ModelRunner, original: Uint8Array, mutation: ModelMutation): Promise<string> {
   const gpu = engine.gpu;
   const baseline = gpu.allocator.snapshot();
   const source = countingSource(applyMutation(original, mutation));
@@ -200,7 +200,11 @@ function saveCounterexample(mutation: ModelMutation): string {
   return join(FAULTS_DIR, name);
 }
 
-async function expectGolden(engine: Engine, modelBytes: Uint8Array, golden: { greedy_ids: number[] }): Promise<void> {
+async function expectGolden(
+  engine: ModelRunner,
+  modelBytes: Uint8Array,
+  golden: { greedy_ids: number[] },
+): Promise<void> {
   await engine.load(sourceFromBytes(modelBytes, 'stories260K.gguf'), LOAD_OPTIONS);
   const expected = golden.greedy_ids.slice(1);
   const result = await engine.generate({
@@ -212,13 +216,13 @@ async function expectGolden(engine: Engine, modelBytes: Uint8Array, golden: { gr
   engine.unload();
 }
 
-describe.skipIf(!modelPath || !goldenPath)('Engine.load on damaged stories260K files', () => {
+describe.skipIf(!modelPath || !goldenPath)('ModelRunner.load on damaged stories260K files', () => {
   it(`fuzzed mutations (${RUNS} per kind, seed ${SEED}) load or throw a LongtabError, leaving no GPU buffer behind`, async () => {
     const original = new Uint8Array(readFileSync(modelPath!));
     const golden = JSON.parse(readFileSync(goldenPath!, 'utf8')) as { greedy_ids: number[] };
     const file = await parseGguf(sourceFromBytes(original));
     const kinds = mutationKinds(original, file.dataOffset, locateHeaderFields(original, file));
-    const engine = new Engine(ctx.gpu);
+    const engine = new ModelRunner(ctx.gpu);
     const baseline = ctx.gpu.allocator.snapshot();
     for (const [kind, arbitrary] of Object.entries(kinds)) {
       const outcomes = new Map<string, number>();
@@ -265,7 +269,7 @@ describe.skipIf(!modelPath || !goldenPath)('Engine.load on damaged stories260K f
   it('replays the kept regression inputs (test/regressions/loader/*.json)', async () => {
     const original = new Uint8Array(readFileSync(modelPath!));
     const golden = JSON.parse(readFileSync(goldenPath!, 'utf8')) as { greedy_ids: number[] };
-    const engine = new Engine(ctx.gpu);
+    const engine = new ModelRunner(ctx.gpu);
     const regressions = loaderRegressions();
     expect(regressions.length, `no inputs in ${LOADER_REGRESSIONS_DIR}`).toBeGreaterThan(0);
     for (const { file, mutation } of regressions) {

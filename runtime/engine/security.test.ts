@@ -1,5 +1,5 @@
 /**
- * Engine-side security checks of issue 9, recorded for docs/faults.md:
+ * ModelRunner-side security checks of issue 9, recorded for docs/faults.md:
  * - model sources are http(s) URLs, Blobs/Files the user picked, or (Node only) paths: `javascript:`, `file:`,
  *   `data:`, `blob:` and other URLs are rejected with a typed InvalidRequestError before anything is fetched;
  * - chat templates cannot reach prototypes or globals (the full suite: runtime/tokenizer/chat-template.test.ts,

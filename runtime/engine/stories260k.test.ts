@@ -3,7 +3,7 @@ import { describe, expect, it } from 'vitest';
 import { withTestGpu } from '../../test/gpu.ts';
 import { STORIES260K, STORIES260K_GOLDEN, sharedPath } from '../../test/shared.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
-import { Engine } from './engine.ts';
+import { ModelRunner } from './model-runner.ts';
 
 const ctx = withTestGpu();
 const modelPath = sharedPath(STORIES260K);
@@ -14,7 +14,7 @@ describe.skipIf(!modelPath || !goldenPath)('stories260K end to end (real trained
     const golden = JSON.parse(readFileSync(goldenPath!, 'utf8')) as { greedy_ids: number[]; greedy_text: string };
     const baseline = ctx.gpu.allocator.snapshot();
     for (const prefillChunk of [128, 7]) {
-      const engine = new Engine(ctx.gpu);
+      const engine = new ModelRunner(ctx.gpu);
       const source = await sourceFromPath(modelPath!);
       await engine.load(source, { kv: 'f16', prefillChunk, kvBudgetBytes: 4 << 20 });
       const bos = golden.greedy_ids[0];
@@ -37,7 +37,7 @@ describe.skipIf(!modelPath || !goldenPath)('stories260K end to end (real trained
     // K/V must be undone, or the next turn would reuse a position that no prompt token wrote.
     const golden = JSON.parse(readFileSync(goldenPath!, 'utf8')) as { greedy_ids: number[] };
     const [bos, ...expected] = golden.greedy_ids;
-    const engine = new Engine(ctx.gpu);
+    const engine = new ModelRunner(ctx.gpu);
     const source = await sourceFromPath(modelPath!);
     await engine.load(source, { kv: 'f16', kvBudgetBytes: 4 << 20 });
     const pool = engine.loaded!.pool;

@@ -2,14 +2,14 @@ import { describe, expect, it } from 'vitest';
 import { withTestGpu } from '../../test/gpu.ts';
 import { STORIES260K, sharedPath } from '../../test/shared.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
-import { Engine } from './engine.ts';
+import { ModelRunner } from './model-runner.ts';
 
 const ctx = withTestGpu();
 const modelPath = sharedPath(STORIES260K);
 
 describe.skipIf(!modelPath)('teacher-forced logits of selected rows (stories260K)', () => {
   it('fills the chunks that hold a requested row exactly as a full read does, and leaves the other chunks zero', async () => {
-    const engine = new Engine(ctx.gpu);
+    const engine = new ModelRunner(ctx.gpu);
     const source = await sourceFromPath(modelPath as string);
     try {
       // Chunks of 16: rows 0-15, 16-31, 32-47, 48-59.

@@ -4,7 +4,7 @@ import { withTestGpu } from '../../test/gpu.ts';
 import { randomFloats, seededRandom } from '../../test/random.ts';
 import { STORIES260K, sharedPath } from '../../test/shared.ts';
 import { defaultModelPath } from '../cli/default-model.ts';
-import { Engine, kvPoolOptions } from '../engine/engine.ts';
+import { kvPoolOptions, ModelRunner } from '../engine/model-runner.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
 import { covarianceRotation } from '../kv/rotation.ts';
 import {
@@ -103,7 +103,7 @@ describe('attention fidelity on hand-built activations (known answers)', () => {
 const ctx = withTestGpu();
 
 /** Tokens of `text` under the engine's tokenizer, first `count`. */
-function tokensOf(engine: Engine, path: string, count: number): number[] {
+function tokensOf(engine: ModelRunner, path: string, count: number): number[] {
   const ids = engine.tokenizer.encode(readFileSync(path, 'utf8'), { addSpecial: false }).slice(0, count);
   expect(ids.length).toBe(count);
   return ids;
@@ -169,7 +169,7 @@ describe('attention fidelity on stories260K (head_dim 8)', () => {
     const text = sharedPath('corpora/tinystories/TinyStories-valid-30KB-subset.txt');
     if (!path || !text) return;
     const { gpu } = ctx;
-    const engine = new Engine(gpu);
+    const engine = new ModelRunner(gpu);
     const source = await sourceFromPath(path);
     try {
       const config = await engine.load(source, { kv: 'f16', maxSequences: 1 });
@@ -217,7 +217,7 @@ describe('attention fidelity on stories260K (head_dim 8)', () => {
 describe('attention fidelity on the demo model (head_dim 64)', () => {
   it('f16 scores zero, KL is non-negative, int1 is worse than int2 in every layer', async () => {
     const { gpu } = ctx;
-    const engine = new Engine(gpu);
+    const engine = new ModelRunner(gpu);
     const source = await sourceFromPath(defaultModelPath());
     try {
       const config = await engine.load(source, { kv: 'f16', maxSequences: 1 });

@@ -21,7 +21,7 @@ import { referenceLogProbs } from '../../test/model-reference.ts';
 import { sharedPath } from '../../test/shared.ts';
 import { defaultModelPath } from '../cli/default-model.ts';
 import { cliLoadOptions, kvOptionsFor } from '../cli/eval.ts';
-import { Engine } from '../engine/engine.ts';
+import { ModelRunner } from '../engine/model-runner.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
 import { rotationsFromMetadata } from '../kv/rotation-store.ts';
 import {
@@ -72,7 +72,7 @@ describe.skipIf(!textPath)('KV cache quality gate: demo model, 256 held-out toke
   beforeAll(async () => {
     const { gpu } = ctx;
     const modelPath = defaultModelPath();
-    const engine = new Engine(gpu);
+    const engine = new ModelRunner(gpu);
     const source = await sourceFromPath(modelPath);
     const load = (mode: string) => {
       const base = kvOptionsFor(mode);

@@ -3,7 +3,7 @@ import { describe, expect, it } from 'vitest';
 import { ContextOverflowError, InvalidRequestError } from '../../core/errors.ts';
 import { withTestGpu } from '../../test/gpu.ts';
 import { STORIES260K, STORIES260K_GOLDEN, sharedPath } from '../../test/shared.ts';
-import { Engine, type LoadOptions } from '../engine/engine.ts';
+import { type LoadOptions, ModelRunner } from '../engine/model-runner.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
 
 const ctx = withTestGpu();
@@ -13,8 +13,8 @@ const goldenPath = sharedPath(STORIES260K_GOLDEN);
 /** stories260K: 5 layers, 4 KV heads × 8 dims (rows of 32 values): group 32, pages of 16. */
 const INT2: LoadOptions = { kv: 'int2', sink: 16, window: 32, groupSize: 32, kvBudgetBytes: 1 << 20 };
 
-async function withEngine<T>(options: LoadOptions, work: (engine: Engine) => Promise<T>): Promise<T> {
-  const engine = new Engine(ctx.gpu);
+async function withEngine<T>(options: LoadOptions, work: (engine: ModelRunner) => Promise<T>): Promise<T> {
+  const engine = new ModelRunner(ctx.gpu);
   const source = await sourceFromPath(modelPath!);
   try {
     await engine.load(source, options);
@@ -189,7 +189,7 @@ describe.skipIf(!modelPath || !goldenPath)('int2 KV cache end to end (stories260
     expect(error(one)).toBeLessThan(error(plain));
     expect(error(one)).toBeGreaterThan(error(all));
     const source = await sourceFromPath(modelPath!);
-    const engine = new Engine(ctx.gpu);
+    const engine = new ModelRunner(ctx.gpu);
     await expect(engine.load(source, { ...INT2, boostLayers: [5] })).rejects.toThrow(/names 5, not a layer/);
     await expect(engine.load(source, { kv: 'f16', boostLayers: [1] })).rejects.toBeInstanceOf(InvalidRequestError);
     await expect(engine.load(source, { ...INT2, codeBits: 1, boostLayers: [1] })).rejects.toThrow(/2-bit codes/);
@@ -198,7 +198,7 @@ describe.skipIf(!modelPath || !goldenPath)('int2 KV cache end to end (stories260
 
   it("rejects rotation 'calibrated' (not loadable yet) and bad group sizes with InvalidRequestError", async () => {
     const source = await sourceFromPath(modelPath!);
-    const engine = new Engine(ctx.gpu);
+    const engine = new ModelRunner(ctx.gpu);
     await expect(engine.load(source, { ...INT2, rotation: 'calibrated' })).rejects.toBeInstanceOf(InvalidRequestError);
     await expect(engine.load(source, { ...INT2, groupSize: 24 })).rejects.toBeInstanceOf(InvalidRequestError);
     await source.close?.();

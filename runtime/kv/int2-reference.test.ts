@@ -3,7 +3,7 @@ import { describe, expect, it } from 'vitest';
 import { withTestGpu } from '../../test/gpu.ts';
 import { referenceLogProbs } from '../../test/model-reference.ts';
 import { STORIES260K, sharedPath } from '../../test/shared.ts';
-import { Engine } from '../engine/engine.ts';
+import { ModelRunner } from '../engine/model-runner.ts';
 import { logProbability } from '../eval/perplexity.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
 
@@ -14,7 +14,7 @@ const textPath = sharedPath('corpora/tinystories/TinyStories-valid-30KB-subset.t
 describe.skipIf(!modelPath || !textPath)('int2 KV cache against an f64 reference of the same quantization', () => {
   it('decoding with demoted pages gives the log-probabilities of the reference model reading dequantized history', async () => {
     const { gpu } = ctx;
-    const engine = new Engine(gpu);
+    const engine = new ModelRunner(gpu);
     const kv = { sink: 16, window: 32, groupSize: 16 };
     await engine.load(await sourceFromPath(modelPath!), { kv: 'int2', rotation: 'none', ...kv, prefillChunk: 1 });
     const ids = engine.tokenizer

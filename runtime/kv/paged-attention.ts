@@ -29,7 +29,7 @@ export interface PagedAttentionOptions {
   decodeSplits?: number;
   /**
    * Products of the prefill attention: 'f32' (default), 'int8' on 8-bit tensor cores or 'int8-dot' on dot4I8Packed
-   * where the device runs them (kernels/attention.ts; Engine.load's prefillAttention).
+   * where the device runs them (kernels/attention.ts; ModelRunner.load's prefillAttention).
    */
   prefillProducts?: AttentionProducts;
 }

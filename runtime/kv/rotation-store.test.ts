@@ -10,7 +10,7 @@ import { LongtabError } from '../../core/errors.ts';
 import { acquireGpu } from '../../core/gpu/device.ts';
 import { nodeGpu } from '../../core/gpu/node.ts';
 import { STORIES260K, STORIES260K_GOLDEN, sharedPath } from '../../test/shared.ts';
-import { Engine } from '../engine/engine.ts';
+import { ModelRunner } from '../engine/model-runner.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
 import { parseGguf } from '../gguf/parse.ts';
 import { readModelConfig } from '../model/config.ts';
@@ -69,7 +69,7 @@ describe.skipIf(!modelPath || !goldenPath)('calibrated rotations at rest (storie
     // longtab loads the rotations for rotation: 'calibrated' from the file itself, or from the cache by digest.
     const gpu = await acquireGpu({ gpu: await nodeGpu() });
     try {
-      const engine = new Engine(gpu);
+      const engine = new ModelRunner(gpu);
       const kv = { kv: 'int2' as const, rotation: 'calibrated' as const, sink: 16, window: 16 };
       await engine.load(await sourceFromPath(embedded), kv);
       expect(engine.loaded!.kv.rotation.kind).toBe('calibrated');

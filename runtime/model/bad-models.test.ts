@@ -4,7 +4,7 @@ import { CorruptModelFileError, UnsupportedModelError } from '../../core/errors.
 import { GgmlType, type GgufFile } from '../../core/gguf-types.ts';
 import { withTestGpu } from '../../test/gpu.ts';
 import { STORIES260K, STORIES260K_GOLDEN, sharedPath } from '../../test/shared.ts';
-import { Engine } from '../engine/engine.ts';
+import { ModelRunner } from '../engine/model-runner.ts';
 import { parseGguf } from '../gguf/parse.ts';
 import { sourceFromBytes } from '../gguf/sources.ts';
 import { type GgufMetadataEntry, metadataEntriesOf, writeGguf } from '../gguf/writer.ts';
@@ -74,7 +74,7 @@ describe.skipIf(!modelPath || !goldenPath)(
             message: /contradicts|shape/,
           },
         ];
-      const engine = new Engine(gpu);
+      const engine = new ModelRunner(gpu);
       const baseline = gpu.allocator.snapshot();
       for (const c of cases) {
         const attempt = engine.load(sourceFromBytes(c.bytes, c.name), { kv: 'f16' });

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { withTestGpu } from '../../test/gpu.ts';
 import { LlamaReference } from '../../tools/fixtures/llama-reference.ts';
 import { defaultModelPath } from '../cli/default-model.ts';
-import { Engine } from '../engine/engine.ts';
+import { ModelRunner } from '../engine/model-runner.ts';
 import { logProbability } from '../eval/perplexity.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
 
@@ -14,10 +14,10 @@ const modelPath = defaultModelPath();
 
 describe('embedded demo model vs llama.cpp', () => {
   let reference: LlamaReference;
-  let engine: Engine;
+  let engine: ModelRunner;
   beforeAll(async () => {
     reference = await LlamaReference.create();
-    engine = new Engine(ctx.gpu);
+    engine = new ModelRunner(ctx.gpu);
     await engine.load(await sourceFromPath(modelPath), { kv: 'f16', prefillChunk: 64 });
   });
   afterAll(() => engine?.unload());

@@ -21,16 +21,16 @@ import {
   randomMatrixBytes,
   writeModelFixture,
 } from '../../tools/fixtures/model-fixtures.ts';
-import { Engine } from '../engine/engine.ts';
+import { ModelRunner } from '../engine/model-runner.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
 
 /**
  * Three comparisons per fixture, each the max |Δ log p| over every token of every position.
  *
- * 1. Engine vs the exact CPU reference (test/model-reference.ts: f64 over the dequantized weights, K/V rounded to f16
+ * 1. ModelRunner vs the exact CPU reference (test/model-reference.ts: f64 over the dequantized weights, K/V rounded to f16
  *    as our cache stores them): ENGINE_TOLERANCE, one number for all types, since both compute the same math and
  *    differ only by f32 vs f64 arithmetic on the GPU (measured ≤ 0.001 on every type that runs).
- * 2. Engine vs llama.cpp: LLAMA_TOLERANCE per type, plus the greedy choice wherever llama.cpp's top-1/top-2 margin
+ * 2. ModelRunner vs llama.cpp: LLAMA_TOLERANCE per type, plus the greedy choice wherever llama.cpp's top-1/top-2 margin
  *    exceeds it. llama.cpp's CPU matmul first converts the f32 activations to the weight type's vec_dot type (f16 for
  *    F16, bf16 for BF16, int8 per 32 values for Q4_0..Q8_0, int8 per 256 values for K-quants) and its attention
  *    rounds q and the softmax to f16, so its logits carry that rounding and ours do not. Logits here have std ≈ 4:
@@ -327,7 +327,7 @@ describe('teacher-forced log-probabilities match llama.cpp', () => {
       report.push(...lines);
 
       const baseline = ctx.gpu.allocator.snapshot().totalBuffers;
-      const engine = new Engine(ctx.gpu);
+      const engine = new ModelRunner(ctx.gpu);
       const source = await sourceFromPath(path);
       let logits: Float32Array;
       try {

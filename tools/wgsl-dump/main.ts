@@ -17,7 +17,7 @@ import { parseArgs } from 'node:util';
 import { WEIGHT_MIXES, type WeightMix } from '../../bench/models.ts';
 import { acquireGpu } from '../../core/gpu/device.ts';
 import { nodeGpu, releaseNodeGpu } from '../../core/gpu/node.ts';
-import type { KvMode } from '../../runtime/engine/engine.ts';
+import type { KvMode } from '../../runtime/engine/model-runner.ts';
 import { MODEL_NAMES, modelSource, recordPipelines } from './record.ts';
 import { writeDump } from './write.ts';
 

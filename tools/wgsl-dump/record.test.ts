@@ -8,7 +8,7 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { Engine, type KvMode } from '../../runtime/engine/engine.ts';
+import { type KvMode, ModelRunner } from '../../runtime/engine/model-runner.ts';
 import { sourceFromPath } from '../../runtime/gguf/node-source.ts';
 import { withTestGpu } from '../../test/gpu.ts';
 import { type CompiledPipeline, withShaderHooks } from '../../test/shader-hooks.ts';
@@ -29,7 +29,7 @@ describe.each<KvMode>(['f16', 'int2'])('wgsl dump of the demo model, kv %s', (kv
       const dump = await recordPipelines(gpu, source, { model: 'demo', kv });
 
       const compiled: CompiledPipeline[] = [];
-      const engine = new Engine(withShaderHooks(gpu, { pipeline: (_, made) => compiled.push(made) }));
+      const engine = new ModelRunner(withShaderHooks(gpu, { pipeline: (_, made) => compiled.push(made) }));
       await engine.load(source, { kv });
       const chunk = engine.loaded!.transformer.maxTokens;
       const vocab = engine.config.vocab;

@@ -1,5 +1,5 @@
 /**
- * What the runtime compiles for a model: Engine.load (its compile probes, and the decode graph its warm-up step
+ * What the runtime compiles for a model: ModelRunner.load (its compile probes, and the decode graph its warm-up step
  * builds and runs), the prefill graph of a full chunk, and the KV promotion a rollback compiles, all on a view of the
  * device that records every compute pipeline as it is made (test/shader-hooks.ts): the labels and code are the
  * engine's own, not a copy of its choices. tools/wgsl-dump/main.ts writes them out; record.test.ts checks them
@@ -16,7 +16,7 @@ import type { ByteSource } from '../../core/gguf-types.ts';
 import type { AdapterSummary, GpuContext, GpuFeatures } from '../../core/gpu/device.ts';
 import { type PreparedDispatch, releaseDispatches } from '../../core/gpu/dispatch.ts';
 import { prepareKvPromote } from '../../kernels/kv-demote.ts';
-import { Engine, type KvMode } from '../../runtime/engine/engine.ts';
+import { type KvMode, ModelRunner } from '../../runtime/engine/model-runner.ts';
 import { sourceFromPath } from '../../runtime/gguf/node-source.ts';
 import { withShaderHooks } from '../../test/shader-hooks.ts';
 import { STORIES260K, sharedPath } from '../../test/shared.ts';
@@ -37,7 +37,7 @@ export interface RecordedPipeline {
 export interface PipelineRecord {
   model: string;
   kv: KvMode;
-  /** Tokens per prefill step (the prefill graph's size), as Engine.load chose it. */
+  /** Tokens per prefill step (the prefill graph's size), as ModelRunner.load chose it. */
   prefillChunk: number;
   /** The KV budget asked for (the engine's default when absent): with tensor cores it bounds the prefill chunk. */
   kvBudgetBytes?: number;
@@ -159,7 +159,7 @@ export async function recordPipelines(
     for (const d of dispatches) dispatched(d.pipeline, d.label);
   };
   const view = reportingDispatches(hooked, dispatched);
-  const engine = new Engine(view);
+  const engine = new ModelRunner(view);
   const { kv, prefillChunk, kvBudgetBytes } = options;
   await engine.load(source, {
     kv,

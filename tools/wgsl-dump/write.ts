@@ -88,7 +88,7 @@ function markdownIndex(record: PipelineRecord, index: DumpIndexEntry[]): string 
     `(features: ${features.join(', ') || 'none'}); prefill chunk ${record.prefillChunk}${budget}. Which kernels the`,
     'runtime picks depends on the device: tensor-core (subgroup matrix) builds appear only on a device that has them.',
     '',
-    'Phase: `load` = Engine.load (its probes and the warm-up decode step), `prefill` = the prefill graph of a full',
+    'Phase: `load` = ModelRunner.load (its probes and the warm-up decode step), `prefill` = the prefill graph of a full',
     'chunk, `rollback` = the KV promotion a rollback into 2-bit pages compiles.',
     '',
     '| label | file | entry | phase | dispatches |',

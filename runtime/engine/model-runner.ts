@@ -182,7 +182,7 @@ async function findCalibratedRotations(
   return { rotations: cached ? decodeRotations(cached, config) : null, digest };
 }
 
-export class Engine {
+export class ModelRunner {
   readonly gpu: GpuContext;
   private model: LoadedModel | null = null;
   private busy = false;
