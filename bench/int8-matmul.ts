@@ -39,6 +39,7 @@ import {
   runInt8MatmulCase,
 } from '../test/int8-matmul-case.ts';
 import { randomFloats, seededRandom } from '../test/random.ts';
+import { mutateShaders } from '../test/shader-mutation.ts';
 import { timeDispatches } from './gpu-timing.ts';
 
 /** [model, matrix, K, N]: the prefill matmuls of the bench's models. */
@@ -197,13 +198,9 @@ async function compareSchedules(gpu: Awaited<ReturnType<typeof acquireGpu>>): Pr
     releaseDispatches(gpu, [quantize]);
     let line = `schedules ${GGML_TYPE_INFO[type]?.name} ${K}x${N} T=${tokens}:`;
     for (const [name, schedule] of DOT4_SCHEDULES) {
-      const int8 = prepareInt8Matmul(
-        gpu,
-        'int8',
-        { weight, activations, output, tokens },
-        'dot4',
-        build(type, schedule),
-      );
+      // The schedule's build on a view of the device (one of them is the kernel as built: mayKeep).
+      const rebuilt = mutateShaders(gpu, { label: 'matmul-int8 dot4', edit: build(type, schedule), mayKeep: true });
+      const int8 = prepareInt8Matmul(rebuilt.gpu, 'int8', { weight, activations, output, tokens }, 'dot4');
       const ms = await timeDispatches(gpu, int8, 20);
       line += ` '${name}' ${(ms * 1000).toFixed(1)} µs (${((2 * N * K * tokens) / ms / 1e9).toFixed(1)} TOPS);`;
       releaseDispatches(gpu, int8);
@@ -237,11 +234,9 @@ async function ablate(gpu: Awaited<ReturnType<typeof acquireGpu>>) {
     const quantize = prepareQuantizeActivations(gpu, 'quantize', { input, activations, tokens, K });
     for (const variant of variants) {
       for (const [name, transform] of variant === 'dot4' ? DOT4_ABLATIONS : ABLATIONS) {
-        const int8 = prepareInt8Matmul(gpu, 'int8', { weight, activations, output, tokens }, variant, (code) => {
-          const changed = transform(code);
-          if (name !== 'full' && changed === code) throw new Error(`ablation '${name}' no longer matches the kernel`);
-          return changed;
-        });
+        // 'full' is the kernel as built; every other ablation must change it (mutateShaders throws otherwise).
+        const ablated = mutateShaders(gpu, { label: /^matmul-int8 /, edit: transform, mayKeep: name === 'full' });
+        const int8 = prepareInt8Matmul(ablated.gpu, 'int8', { weight, activations, output, tokens }, variant);
         const ms = await timeDispatches(gpu, int8, 20);
         console.log(
           `ablation ${GGML_TYPE_INFO[type]?.name} ${K}x${N} ${variant} ${name}: ${(ms * 1000).toFixed(1)} µs (${((2 * N * K * tokens) / ms / 1e9).toFixed(1)} TF)`,

@@ -165,7 +165,6 @@ export function prepareInt8Matmul(
   label: string,
   b: Int8MatmulBinding,
   variant: Int8MatmulVariant = defaultInt8Variant(gpu, b.weight, b.tokens),
-  transformSource?: (code: string) => string,
 ): PreparedDispatch[] {
   const { weight, tokens } = b;
   const K = weight.rowLength;
@@ -179,7 +178,7 @@ export function prepareInt8Matmul(
   if (b.bias) requireBytes(label, 'bias', b.bias, weight.rows * 4);
   const shape = int8VariantShape(variant);
   const code = int8VariantWgsl(weight.type, variant, b.bias !== undefined, b.accumulate ?? false);
-  const pipeline = computePipeline(gpu, `matmul-int8 ${variant}`, transformSource ? transformSource(code) : code);
+  const pipeline = computePipeline(gpu, `matmul-int8 ${variant}`, code);
   const rowWords = packedRowWords(weight.type, K);
   const tokenTiles = Math.ceil(tokens / shape.tokens);
   return weight.parts.map((part, i) => {

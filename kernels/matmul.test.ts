@@ -5,6 +5,7 @@ import { releaseDispatches, submitDispatches } from '../core/gpu/dispatch.ts';
 import { readFloat32 } from '../core/gpu/readback.ts';
 import { withFeatures, withLimits, withTestGpu } from '../test/gpu.ts';
 import { randomFloats, seededRandom } from '../test/random.ts';
+import { mutateShaders } from '../test/shader-mutation.ts';
 import { defaultMatmulVariant, prepareMatmul } from './matmul.ts';
 import {
   MATMUL_TILES,
@@ -94,12 +95,15 @@ async function runMatmul(
   const initial = c.accumulate ? randomFloats(random, c.tokens * N, 3) : new Float32Array(c.tokens * N);
   const output = gpu.allocator.createStorage('y', 'scratch', initial);
   const biasBuffer = bias ? gpu.allocator.createStorage('bias', 'weights', bias) : undefined;
+  // The kernel compiled from the edited code: a view of the device whose matmul and matvec modules are edited.
+  const target = transformSource ? mutateShaders(gpu, { label: /^mat(mul|vec)\b/, edit: transformSource }) : null;
   const dispatches = prepareMatmul(
-    gpu,
+    target?.gpu ?? gpu,
     'matmul-test',
     { weight, input, output, tokens: c.tokens, bias: biasBuffer, accumulate: c.accumulate },
-    { transformSource, variant: c.variant },
+    { variant: c.variant },
   );
+  if (target) expect(target.mutated).toHaveLength(1);
   expect(dispatches.length).toBe(weight.parts.length);
   submitDispatches(gpu, 'matmul-test', dispatches);
   const actual = await readFloat32(gpu, output, c.tokens * N);

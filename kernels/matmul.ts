@@ -32,8 +32,6 @@ export interface MatmulBinding {
 }
 
 export interface MatmulOptions {
-  /** Rewrites the generated WGSL (tests use it to prove a broken kernel fails). */
-  transformSource?: (code: string) => string;
   /** The tiled kernel for tokens > 1 (default DEFAULT_MATMUL_VARIANT); tokens = 1 always uses the matvec. */
   variant?: MatmulVariant;
 }
@@ -102,11 +100,7 @@ export function prepareMatmul(
   const code = matvec
     ? matvecWgsl(weight.type, hasBias, accumulate, matvecThreadsFor(weight.type, K), matvecBuildFor(gpu.features))
     : matmulWgsl(weight.type, hasBias, variant, accumulate);
-  const pipeline = computePipeline(
-    gpu,
-    matvec ? 'matvec' : `matmul ${variant}`,
-    options.transformSource ? options.transformSource(code) : code,
-  );
+  const pipeline = computePipeline(gpu, matvec ? 'matvec' : `matmul ${variant}`, code);
   const rowWords = packedRowWords(weight.type, K);
   const unitsPerRow = matvecUnitsPerRow(weight.type, K);
   const tokenTiles = Math.ceil(tokens / tile.tokens);
@@ -158,7 +152,6 @@ export function prepareMatvecGroup(
   label: string,
   input: GPUBuffer,
   entries: readonly MatvecGroupEntry[],
-  options: Pick<MatmulOptions, 'transformSource'> = {},
 ): PreparedDispatch | null {
   if (entries.length === 0) throw new InvalidRequestError(`Matvec group '${label}' has no weights.`);
   const K = entries[0].weight.rowLength;
@@ -190,7 +183,7 @@ export function prepareMatvecGroup(
     })),
     matvecBuildFor(gpu.features),
   );
-  const pipeline = computePipeline(gpu, 'matvec group', options.transformSource?.(code) ?? code);
+  const pipeline = computePipeline(gpu, 'matvec group', code);
   const params = uniformBuffer(gpu, `${label}.params`, words, 'u'.repeat(words.length));
   return {
     label,
@@ -215,12 +208,7 @@ export interface MatvecSwigluBinding {
  * layer, the same floats as gate, up and swiglu dispatched apart. Null when it cannot be one dispatch (a weight
  * split into parts, shapes that differ).
  */
-export function prepareMatvecSwiglu(
-  gpu: GpuContext,
-  label: string,
-  b: MatvecSwigluBinding,
-  options: Pick<MatmulOptions, 'transformSource'> = {},
-): PreparedDispatch | null {
+export function prepareMatvecSwiglu(gpu: GpuContext, label: string, b: MatvecSwigluBinding): PreparedDispatch | null {
   const { gate, up } = b;
   if (gate.parts.length !== 1 || up.parts.length !== 1 || gate.rows !== up.rows || gate.rowLength !== up.rowLength) {
     return null;
@@ -233,7 +221,7 @@ export function prepareMatvecSwiglu(
     { type: up.type, threads: matvecThreadsFor(up.type, K) },
     matvecBuildFor(gpu.features),
   );
-  const pipeline = computePipeline(gpu, 'matvec swiglu', options.transformSource?.(code) ?? code);
+  const pipeline = computePipeline(gpu, 'matvec swiglu', code);
   const params = uniformBuffer(
     gpu,
     `${label}.params`,

@@ -4,6 +4,7 @@ import { type PreparedDispatch, releaseDispatches, submitDispatches } from '../c
 import { readFloat32 } from '../core/gpu/readback.ts';
 import { withFeatures, withLimits, withTestGpu } from '../test/gpu.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
+import { mutateShaders } from '../test/shader-mutation.ts';
 import { prepareSwiglu } from './elementwise.ts';
 import { matvecThreadsFor, prepareMatmul, prepareMatvecGroup, prepareMatvecSwiglu } from './matmul.ts';
 import { dequantize, randomWeightBytes } from './reference/dequantize.ts';
@@ -63,7 +64,9 @@ describe('matvec group (q, k, v in one dispatch)', () => {
       output: gpu.allocator.createStorage('y', 'scratch', m.rows * 4),
       bias: m.bias ? gpu.allocator.createStorage('bias', 'weights', m.bias) : undefined,
     }));
-    const group = prepareMatvecGroup(gpu, 'group', input, entries, { transformSource: transform });
+    const target = transform ? mutateShaders(gpu, { label: 'matvec group', edit: transform }) : null;
+    const group = prepareMatvecGroup(target?.gpu ?? gpu, 'group', input, entries);
+    if (target) expect(target.mutated).toEqual(['matvec group']);
     if (!group) throw new Error('expected one dispatch');
     const fused = await run(
       [group],
@@ -184,12 +187,14 @@ describe('matvec SwiGLU (gate, up and silu(gate)·up in one dispatch)', () => {
     const up = makeWeight(upType, rowLength, rows, 201);
     const input = gpu.allocator.createStorage('x', 'scratch', x);
     const output = gpu.allocator.createStorage('y', 'scratch', rows * 4);
-    const fusedDispatch = prepareMatvecSwiglu(
-      gpu,
-      'swiglu',
-      { gate: gate.weight, up: up.weight, input, output },
-      { transformSource: transform },
-    );
+    const target = transform ? mutateShaders(gpu, { label: 'matvec swiglu', edit: transform }) : null;
+    const fusedDispatch = prepareMatvecSwiglu(target?.gpu ?? gpu, 'swiglu', {
+      gate: gate.weight,
+      up: up.weight,
+      input,
+      output,
+    });
+    if (target) expect(target.mutated).toEqual(['matvec swiglu']);
     if (!fusedDispatch) throw new Error('expected one dispatch');
     const [fused] = await run([fusedDispatch], [output], [rows]);
     const g = gpu.allocator.createStorage('g', 'scratch', rows * 4);

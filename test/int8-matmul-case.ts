@@ -23,6 +23,7 @@ import { matmulReference, maxErrorRelativeToMagnitude } from '../kernels/referen
 import { dequantizeActivations, quantizeActivationsReference } from '../kernels/reference/matmul-int8.ts';
 import { releaseWeight, uploadWeightFromBytes } from '../kernels/weights.ts';
 import { randomFloats, seededRandom } from './random.ts';
+import { mutateShaders } from './shader-mutation.ts';
 
 export interface Int8MatmulCase {
   tokens: number;
@@ -67,14 +68,17 @@ export async function runInt8MatmulCase(
   const output = gpu.allocator.createStorage('y', 'scratch', initial);
   const biasBuffer = bias ? gpu.allocator.createStorage('bias', 'weights', bias) : undefined;
   const activations = createInt8Activations(gpu, 'int8', c.tokens, K);
+  // A rebuilt kernel compiles on a view of the device whose int8 matmul modules are the rebuilt code.
+  const target = transformSource
+    ? mutateShaders(gpu, { label: /^matmul-int8 /, edit: transformSource, mayKeep: true })
+    : null;
   const dispatches = [
     prepareQuantizeActivations(gpu, 'quantize', { input, activations, tokens: c.tokens, K }),
     ...prepareInt8Matmul(
-      gpu,
+      target?.gpu ?? gpu,
       'int8-matmul',
       { weight, activations, output, tokens: c.tokens, bias: biasBuffer, accumulate: c.accumulate },
       c.variant,
-      transformSource,
     ),
   ];
   submitDispatches(gpu, 'int8-matmul', dispatches);
