@@ -235,36 +235,41 @@ function apply(pool: LedgerPool, live: KvSequence[], op: Op): void {
   }
 }
 
-describe('KvPageLedger (no GPU)', () => {
-  let copies = 0;
+/**
+ * Runs `ops` on a fresh pool, auditing after each and checking the pool's stats with `checkStats`; at the end the
+ * mirrored page table must match and freeing every sequence must leave no page used. Returns what the ledger did.
+ */
+function runOps(
+  pool: LedgerPool,
+  ops: readonly Op[],
+  checkStats: (stats: ReturnType<LedgerPool['stats']>, live: readonly KvSequence[]) => void,
+): { copies: number; demotions: number } {
+  const live: KvSequence[] = [];
+  for (const op of ops) {
+    apply(pool, live, op);
+    expect(pool.audit()).toEqual([]);
+    const stats = pool.stats();
+    expect(stats.pagesUsed + stats.pagesFree).toBe(stats.pagesReserved);
+    checkStats(stats, live);
+  }
+  pool.expectTableMatches(live);
+  for (const seq of live.splice(0)) pool.free(seq);
+  expect(pool.audit()).toEqual([]);
+  expect(pool.stats().pagesUsed).toBe(0);
+  return { copies: pool.mirror.copies, demotions: pool.demotions };
+}
 
-  it('never leaks or double-owns a page under random create/reserve/step/fork/truncate/free', async () => {
-    await fc.assert(
-      fc.asyncProperty(
-        fc.array(opArb, { minLength: 20, maxLength: 50 }),
-        fc.integer({ min: 3, max: 24 }),
-        async (ops, budgetPages) => {
-          const pool = smallPool(budgetPages);
-          const live: KvSequence[] = [];
-          try {
-            for (const op of ops) {
-              apply(pool, live, op);
-              expect(pool.audit()).toEqual([]);
-              const stats = pool.stats();
-              expect(stats.pagesUsed + stats.pagesFree).toBe(stats.pagesReserved);
-              expect(stats.pagesReserved).toBeLessThanOrEqual(stats.pagesBudget);
-              expect(stats.slabs).toBeLessThanOrEqual(MAX_KV_SLABS);
-              expect(stats.tokensHeld).toBe(live.reduce((n, s) => n + s.length, 0));
-            }
-            pool.expectTableMatches(live);
-            for (const seq of live.splice(0)) pool.free(seq);
-            expect(pool.audit()).toEqual([]);
-            expect(pool.stats().pagesUsed).toBe(0);
-          } finally {
-            copies += pool.mirror.copies;
-          }
-        },
-      ),
+describe('KvPageLedger (no GPU)', () => {
+  it('never leaks or double-owns a page under random create/reserve/step/fork/truncate/free', () => {
+    let copies = 0;
+    fc.assert(
+      fc.property(fc.array(opArb, { minLength: 20, maxLength: 50 }), fc.integer({ min: 3, max: 24 }), (ops, budget) => {
+        copies += runOps(smallPool(budget), ops, (stats, live) => {
+          expect(stats.pagesReserved).toBeLessThanOrEqual(stats.pagesBudget);
+          expect(stats.slabs).toBeLessThanOrEqual(MAX_KV_SLABS);
+          expect(stats.tokensHeld).toBe(live.reduce((n, s) => n + s.length, 0));
+        }).copies;
+      }),
       { numRuns: 60, seed: 20261129 },
     );
     expect(coverage.copyOnWrite).toBeGreaterThan(5);
@@ -273,36 +278,20 @@ describe('KvPageLedger (no GPU)', () => {
     expect(copies).toBeGreaterThan(5);
   });
 
-  it('quant mode: never leaks or double-owns a page of either kind under random ops with demotion', async () => {
+  it('quant mode: never leaks or double-owns a page of either kind under random ops with demotion', () => {
     let demotions = 0;
     coverage.overflow = 0;
-    copies = 0;
-    await fc.assert(
-      fc.asyncProperty(
+    fc.assert(
+      fc.property(
         fc.array(opArb, { minLength: 20, maxLength: 50 }),
         fc.integer({ min: 8, max: 24 }),
         fc.integer({ min: 2, max: 30 }),
-        async (ops, f16Pages, quantPages) => {
-          const pool = quantPool(f16Pages, quantPages);
-          const live: KvSequence[] = [];
-          try {
-            for (const op of ops) {
-              apply(pool, live, op);
-              expect(pool.audit()).toEqual([]);
-              const stats = pool.stats();
-              expect(stats.pagesUsed + stats.pagesFree).toBe(stats.pagesReserved);
-              expect(stats.f16.pagesReserved).toBeLessThanOrEqual(stats.f16.pagesBudget);
-              expect(stats.quant.pagesReserved).toBeLessThanOrEqual(stats.quant.pagesBudget);
-              expect(stats.f16.slabs + stats.quant.slabs).toBeLessThanOrEqual(MAX_KV_SLABS);
-            }
-            pool.expectTableMatches(live);
-            for (const seq of live.splice(0)) pool.free(seq);
-            expect(pool.audit()).toEqual([]);
-            expect(pool.stats().pagesUsed).toBe(0);
-            demotions += pool.demotions;
-          } finally {
-            copies += pool.mirror.copies;
-          }
+        (ops, f16Pages, quantPages) => {
+          demotions += runOps(quantPool(f16Pages, quantPages), ops, (stats) => {
+            expect(stats.f16.pagesReserved).toBeLessThanOrEqual(stats.f16.pagesBudget);
+            expect(stats.quant.pagesReserved).toBeLessThanOrEqual(stats.quant.pagesBudget);
+            expect(stats.f16.slabs + stats.quant.slabs).toBeLessThanOrEqual(MAX_KV_SLABS);
+          }).demotions;
         },
       ),
       { numRuns: 60, seed: 20261130 },
