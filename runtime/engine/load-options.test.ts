@@ -225,17 +225,16 @@ describe('kvPoolOptions of parsed options', () => {
       maxSequences: 16,
       maxSequenceTokens: 512,
     };
-    expect(kvPoolOptions(config, parseLoadOptions({}))).toEqual({ ...shape, rotation: 'none' });
+    expect(kvPoolOptions(config, parseLoadOptions({}))).toEqual(shape);
     expect(kvPoolOptions(config, parseLoadOptions({ kv: 'int2' }))).toEqual({
       ...shape,
-      rotation: 'hadamard',
       kv: 'quant',
       sink: 64,
       window: 256,
       keyFormat: { bits: 2, groupSize: undefined },
       valueFormat: { bits: 2, groupSize: undefined },
     });
-    // The same pool from an ModelRunner.load caller that passes only part of the options.
+    // The same pool from a ModelRunner.load caller that passes only part of the options.
     expect(kvPoolOptions(config, { kv: 'int2' })).toEqual(kvPoolOptions(config, parseLoadOptions({ kv: 'int2' })));
   });
 
@@ -255,7 +254,6 @@ describe('kvPoolOptions of parsed options', () => {
       budgetBytes: 1 << 20,
       maxSequences: 2,
       maxSequenceTokens: 128,
-      rotation: 'none',
       sink: 16,
       window: 32,
       keyFormat: { bits: 2, groupSize: 32 },
