@@ -28,6 +28,7 @@
  *                                      [--shapes llama-3.2-1b,qwen2.5-0.5b,qwen3-4b] [--out FILE.json]
  * On the GPU host: bundled by `npm run bench:bundle` (.gpu/attention-kernels.mjs).
  */
+
 import { writeFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import { acquireGpu, type GpuContext } from '../core/gpu/device.ts';
@@ -36,7 +37,6 @@ import { nodeGpu } from '../core/gpu/node.ts';
 import { readFloat32 } from '../core/gpu/readback.ts';
 import {
   type AttentionBinding,
-  type AttentionSources,
   attentionDecodeShape,
   attentionPrefillDotShapeFor,
   attentionPrefillInt8ShapeFor,
@@ -68,6 +68,7 @@ import {
   int8MutationRatio,
   runSteps,
 } from '../test/attention-harness.ts';
+import { type AttentionSources, withAttentionSources } from '../test/attention-sources.ts';
 import { INT8_MIXED_CASES, runMixed } from '../test/mixed-attention-harness.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
 import { timeDispatches } from './gpu-timing.ts';
@@ -339,7 +340,7 @@ async function benchShape(gpu: GpuContext, shape: LayerShape, contexts: number[]
       const sources = variant.sources?.(shape, null);
       if (sources === null) continue;
       const binding = decodeStepBinding(pool, shape, variant, q, output);
-      const dispatches = prepareAttention(gpu, variant.name, binding, sources);
+      const dispatches = prepareAttention(withAttentionSources(gpu, sources), variant.name, binding);
       if (context === Math.min(...contexts) && !variant.ablation) {
         submitDispatches(gpu, 'check', dispatches);
         const actual = await readFloat32(gpu, output, heads * headDim);
@@ -399,7 +400,7 @@ async function benchQuantShape(gpu: GpuContext, shape: LayerShape, contexts: num
       const sources = variant.sources?.(shape, quant);
       if (sources === null) continue;
       const binding = decodeStepBinding(pool, shape, variant, q, variant.decodeKernel ? output : reference);
-      const dispatches = prepareAttention(gpu, variant.name, binding, sources);
+      const dispatches = prepareAttention(withAttentionSources(gpu, sources), variant.name, binding);
       if (!variant.ablation) {
         submitDispatches(gpu, 'check', dispatches);
         const actual = await readFloat32(gpu, binding.output, heads * headDim);
@@ -645,7 +646,7 @@ async function benchPrefillShape(
         minChunkKeys: PREFILL_MIN_CHUNK_KEYS,
         ...knobs,
       };
-      const dispatches = prepareAttention(gpu, name, binding, sources);
+      const dispatches = prepareAttention(withAttentionSources(gpu, sources), name, binding);
       // The occupancy probe's counters start at 0.
       if (name.startsWith('int8-probe')) gpu.device.queue.writeBuffer(binding.output, 0, new Uint32Array(2));
       submitDispatches(gpu, 'check', dispatches);

@@ -25,9 +25,10 @@ import { releaseDispatches, submitDispatches, uniformBuffer } from '../core/gpu/
 import { nodeGpu } from '../core/gpu/node.ts';
 import { readFloat32 } from '../core/gpu/readback.ts';
 import { prepareRotate, type RotateBuild, type RotatePart } from '../kernels/rotate.ts';
-import { ROTATE_PREFILL_LAYOUT, type RotateBlockLayout, rotateSource } from '../kernels/rotate.wgsl.ts';
+import { ROTATE_PREFILL_LAYOUT, type RotateBlockLayout } from '../kernels/rotate.wgsl.ts';
 import { transposedMatrices } from '../runtime/kv/rotation.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
+import { mutateShaders } from '../test/shader-mutation.ts';
 import { timeDispatches } from './gpu-timing.ts';
 import { type LayerShape, layerShapesNamed, SHAPES_OPTION } from './models.ts';
 import { edited } from './wgsl-edit.ts';
@@ -85,24 +86,15 @@ async function benchShape(gpu: GpuContext, shape: LayerShape, tokens: number): P
         headsPerMatrix: p.heads / kvHeads,
         transpose: p.transpose && matrices === 'original',
       }));
-    const builds: { name: string; build: RotateBuild; matrices: Matrices }[] = LAYOUTS.map(({ name, layout }) => ({
-      name,
-      build: { blocks: true, layout, code: rotateSource(c.parts.length as 1 | 2 | 3, true, headDim, layout) },
-      matrices: 'original',
-    }));
+    const builds: { name: string; build: RotateBuild; matrices: Matrices; edit?: (code: string) => string }[] =
+      LAYOUTS.map(({ name, layout }) => ({ name, build: { blocks: true, layout }, matrices: 'original' }));
     // Mutations the check must catch (not timed): the build's first row of each group read and stored at
     // the next; for the un-rotation, R read as if it were the transposed copy.
     const mutated = LAYOUTS.find((l) => l.name === 'direct-128x8')!.layout;
-    const mutatedCode = rotateSource(c.parts.length as 1 | 2 | 3, true, headDim, mutated);
     builds.push({
       name: 'mut-direct-128x8-row',
-      build: {
-        blocks: true,
-        layout: mutated,
-        code: edited(mutatedCode, (code) =>
-          code.replaceAll('min(first + 0u, tokens - 1u)', 'min(first + 1u, tokens - 1u)'),
-        ),
-      },
+      build: { blocks: true, layout: mutated },
+      edit: (code) => edited(code, (c) => c.replaceAll('min(first + 0u, tokens - 1u)', 'min(first + 1u, tokens - 1u)')),
       matrices: 'original',
     });
     const transposing = c.parts.some((p) => p.transpose);
@@ -128,8 +120,9 @@ async function benchShape(gpu: GpuContext, shape: LayerShape, tokens: number): P
       runtime: transposing ? `${runtime}-transposedCopy` : runtime,
     };
     let reference: Float32Array[] | null = null;
-    for (const { name, build, matrices } of builds) {
-      const dispatch = prepareRotate(gpu, name, { parts: parts(matrices), step, maxTokens: tokens, headDim }, build);
+    for (const { name, build, matrices, edit } of builds) {
+      const on = edit ? mutateShaders(gpu, { label: /^rotate/, edit }).gpu : gpu;
+      const dispatch = prepareRotate(on, name, { parts: parts(matrices), step, maxTokens: tokens, headDim }, build);
       xs.forEach((x, i) => {
         gpu.device.queue.writeBuffer(x, 0, inputs[i]);
       });

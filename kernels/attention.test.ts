@@ -1,15 +1,10 @@
 import { describe, expect, it } from 'vitest';
 import type { GpuContext } from '../core/gpu/device.ts';
 import { Harness, runSteps, type Shape } from '../test/attention-harness.ts';
+import type { AttentionSources } from '../test/attention-sources.ts';
 import { withLimits, withTestGpu } from '../test/gpu.ts';
 import { seededRandom } from '../test/random.ts';
-import {
-  type AttentionSources,
-  attentionDecodeShape,
-  attentionPartialsBytes,
-  attentionPrefillShapeFor,
-  splitsOfStep,
-} from './attention.ts';
+import { attentionDecodeShape, attentionPartialsBytes, attentionPrefillShapeFor, splitsOfStep } from './attention.ts';
 import {
   ATTENTION_BLOCK_KEY_CHOICES,
   type AttentionBlockKeys,

@@ -159,25 +159,6 @@ export function attentionPartialsBytes(
   return records * (headDim + 2) * 4;
 }
 
-/**
- * Replacement WGSL (tests of the tests); `partial` must be built for the binding's blockKeys, headDim and >= its rows,
- * `decode` for its decode shape, `prefill` for its prefill shape (attentionPrefillShapeFor).
- */
-export interface AttentionSources {
-  partial?: string;
-  decode?: string;
-  prefill?: string;
-  /** The int8 prefill kernel's WGSL (attention-prefill-int8.wgsl.ts, or -dot for 'int8-dot'), for a binding that runs it. */
-  prefillInt8?: string;
-  /** The int8 keys conversion pass's WGSL (attentionKeysInt8Source), for a binding the converted build serves. */
-  keysInt8?: string;
-  /**
-   * The merge pass's WGSL: in place of attentionMergeRowsSource where a prefill binding takes the rows merge (its grid
-   * stays the rows merge's), else of attentionMergeSource.
-   */
-  merge?: string;
-}
-
 /** The quant row formats of a layer's pages (bits and group), or null for an f16-only pool. */
 function layerQuantShape(b: Pick<AttentionBinding, 'pool' | 'layer'>): DecodeQuantShape | null {
   const quant = b.pool.quant ?? null;
@@ -381,19 +362,19 @@ export function planAttentionKernel(device: AttentionDevice, g: AttentionGraphSh
   return { kernel: 'split', shape, label, rows };
 }
 
-/** The WGSL of a plan's kernel (or its replacement from `sources`, tests of the tests). */
-function planSource(plan: AttentionKernelPlan, sources: AttentionSources): string {
+/** The WGSL of a plan's kernel. */
+function planSource(plan: AttentionKernelPlan): string {
   switch (plan.kernel) {
     case 'prefill-int8':
-      return sources.prefillInt8 ?? attentionPrefillInt8Source(plan.shape);
+      return attentionPrefillInt8Source(plan.shape);
     case 'prefill-dot':
-      return sources.prefillInt8 ?? attentionPrefillDotSource(plan.shape);
+      return attentionPrefillDotSource(plan.shape);
     case 'prefill':
-      return sources.prefill ?? attentionPrefillSource(plan.shape);
+      return attentionPrefillSource(plan.shape);
     case 'decode':
-      return sources.decode ?? attentionDecodeSource(plan.shape);
+      return attentionDecodeSource(plan.shape);
     case 'split':
-      return sources.partial ?? attentionPartialSource(plan.shape);
+      return attentionPartialSource(plan.shape);
   }
 }
 
@@ -465,12 +446,7 @@ export function poolKeysInt8Bytes(
  * (the whole attention when splits = 1), then the merge pass when splits > 1; the converted int8 build has the
  * conversion of the step's keys before them (prepareKeysInt8). Encode them in order.
  */
-export function prepareAttention(
-  gpu: GpuContext,
-  label: string,
-  b: AttentionBinding,
-  sources: AttentionSources = {},
-): PreparedDispatch[] {
+export function prepareAttention(gpu: GpuContext, label: string, b: AttentionBinding): PreparedDispatch[] {
   const { pool, heads, maxTokens } = b;
   const { kvHeads, headDim } = pool;
   const splits = b.splits ?? (maxTokens === 1 ? 32 : 1);
@@ -496,7 +472,7 @@ export function prepareAttention(
   }
   const quant = pool.quant ?? null;
   const int8Prefill = plan.kernel === 'prefill-int8' ? plan.shape : null;
-  const partialPipeline = computePipeline(gpu, plan.label, planSource(plan, sources));
+  const partialPipeline = computePipeline(gpu, plan.label, planSource(plan));
   const quantBlockKeys = quant
     ? attentionQuantBlockKeys({ quant: true, blockKeys: b.blockKeys ?? 16, headDim, rows })
     : 0;
@@ -515,7 +491,7 @@ export function prepareAttention(
   }
   // The converted int8 build: a pass that converts the step's keys into the int8 keys buffer, and the attention
   // reads that buffer instead of the page table and pages.
-  const convert = int8Prefill?.converted ? prepareKeysInt8(gpu, label, b, sources.keysInt8) : null;
+  const convert = int8Prefill?.converted ? prepareKeysInt8(gpu, label, b) : null;
   const attend = (output: GPUBuffer, splitLabel: string, splitsX: number, owned: GPUBuffer[]): PreparedDispatch[] =>
     convert
       ? [
@@ -553,7 +529,7 @@ export function prepareAttention(
   const mergePipeline = computePipeline(
     gpu,
     `attention-merge${mergeRows ? '-rows' : ''}${rotation ? '-rotated' : ''}`,
-    sources.merge ?? (mergeRows ? attentionMergeRowsSource() : attentionMergeSource(rotation !== undefined)),
+    mergeRows ? attentionMergeRowsSource() : attentionMergeSource(rotation !== undefined),
   );
   const mergeParams = uniformBuffer(
     gpu,
@@ -661,7 +637,6 @@ export function prepareKeysInt8(
   gpu: GpuContext,
   label: string,
   b: AttentionBinding,
-  source?: string,
 ): { dispatch: PreparedDispatch; keys: GPUBuffer } {
   const { pool } = b;
   const { headDim } = pool;
@@ -678,7 +653,7 @@ export function prepareKeysInt8(
   const pipeline = computePipeline(
     gpu,
     `attention-keys-int8-hd${headDim}${formatsLabel(quant)}`,
-    source ?? attentionKeysInt8Source(headDim, quant),
+    attentionKeysInt8Source(headDim, quant),
   );
   const capacity = poolKeysInt8Capacity(pool);
   const params = attentionParams(gpu, `${label}.keys_int8`, b, {

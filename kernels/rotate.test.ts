@@ -3,9 +3,10 @@ import { releaseDispatches, submitDispatches, uniformBuffer } from '../core/gpu/
 import { readFloat32 } from '../core/gpu/readback.ts';
 import { withTestGpu } from '../test/gpu.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
+import { mutateShaders } from '../test/shader-mutation.ts';
 import { rotateReference } from './reference/rotate.ts';
 import { prepareRotate, type RotateBuild } from './rotate.ts';
-import { ROTATE_PREFILL_LAYOUT, type RotateBlockLayout, rotateBlockTokens, rotateSource } from './rotate.wgsl.ts';
+import { ROTATE_PREFILL_LAYOUT, type RotateBlockLayout, rotateBlockTokens } from './rotate.wgsl.ts';
 
 /** Layouts other than the runtime's: fewer invocations with more rows each, and more with fewer. */
 const OTHER_LAYOUTS: RotateBlockLayout[] = [
@@ -23,8 +24,11 @@ async function runRotate(
   headsPerMatrix: number,
   transpose: boolean,
   build?: RotateBuild,
+  /** A broken kernel: the build's code with this edit applied (it must change it). */
+  mutation?: (code: string) => string,
 ) {
   const { gpu } = ctx;
+  const broken = mutation ? mutateShaders(gpu, { label: /^rotate/, edit: mutation }) : null;
   const random = seededRandom(tokens * 13 + heads * 5 + headDim + (transpose ? 1 : 0));
   const matrices = 2 + heads / headsPerMatrix;
   const firstMatrix = 2;
@@ -34,11 +38,12 @@ async function runRotate(
   const rb = gpu.allocator.createStorage('r', 'kv', rotation);
   const step = uniformBuffer(gpu, 'step', [0, tokens, 0, 0], 'uuuu');
   const d = prepareRotate(
-    gpu,
+    broken?.gpu ?? gpu,
     'rotate-test',
     { parts: [{ x: xb, rotation: rb, firstMatrix, heads, headsPerMatrix, transpose }], step, maxTokens, headDim },
     build,
   );
+  if (broken) expect(broken.mutated).toHaveLength(1);
   submitDispatches(gpu, 'rotate-test', [d]);
   const actual = await readFloat32(gpu, xb, x.length);
   releaseDispatches(gpu, [d]);
@@ -78,12 +83,8 @@ describe('per-head rotation kernel', () => {
       // Every build, whichever maxTokens picks: the decode one (a row a workgroup, partial sums) and the prefill
       // ones (blocks of tokens a workgroup) in the runtime's layout and others.
       const builds: RotateBuild[] = [
-        { blocks: false, code: rotateSource(1, false, headDim) },
-        ...[ROTATE_PREFILL_LAYOUT, ...OTHER_LAYOUTS].map((layout) => ({
-          blocks: true,
-          layout,
-          code: rotateSource(1, true, headDim, layout),
-        })),
+        { blocks: false },
+        ...[ROTATE_PREFILL_LAYOUT, ...OTHER_LAYOUTS].map((layout) => ({ blocks: true, layout })),
       ];
       for (const build of builds) {
         const { actual, expected } = await runRotate(tokens, maxTokens, heads, headDim, hpm, transpose, build);
@@ -138,10 +139,9 @@ describe('per-head rotation kernel', () => {
   it.each([ROTATE_PREFILL_LAYOUT, ...OTHER_LAYOUTS])(
     "catches a broken blocks build: every block rotating the first block's tokens (%o)",
     async (layout) => {
-      const original = rotateSource(1, true, 64, layout);
-      const broken = original.replace(`let token = wg.y * ${rotateBlockTokens(64, layout)}u;`, 'let token = 0u;');
-      expect(broken).not.toBe(original);
-      const { actual, expected } = await runRotate(100, 130, 4, 64, 2, true, { blocks: true, layout, code: broken });
+      const mutation = (code: string) =>
+        code.replace(`let token = wg.y * ${rotateBlockTokens(64, layout)}u;`, 'let token = 0u;');
+      const { actual, expected } = await runRotate(100, 130, 4, 64, 2, true, { blocks: true, layout }, mutation);
       expect(maxToleranceRatio(actual, expected, 1e-4, 1e-4)).toBeGreaterThan(1);
     },
   );
@@ -150,10 +150,8 @@ describe('per-head rotation kernel', () => {
     ['the decode build', { blocks: false, layout: undefined }],
     ["the runtime's blocks build", { blocks: true, layout: ROTATE_PREFILL_LAYOUT }],
   ] as const)('catches a broken kernel (wrong matrix for grouped heads; %s)', async (_, { blocks, layout }) => {
-    const original = rotateSource(1, blocks, 64, layout);
-    const broken = original.replace('(head / part.y)', 'head');
-    expect(broken).not.toBe(original);
-    const { actual, expected } = await runRotate(2, 2, 8, 64, 4, false, { blocks, layout, code: broken });
+    const mutation = (code: string) => code.replace('(head / part.y)', 'head');
+    const { actual, expected } = await runRotate(2, 2, 8, 64, 4, false, { blocks, layout }, mutation);
     expect(maxToleranceRatio(actual, expected, 1e-4, 1e-4)).toBeGreaterThan(1);
   });
 });

@@ -27,12 +27,11 @@ export interface RotateBinding {
 }
 
 /**
- * A build of the rotate kernel in place of the one `maxTokens` picks (tests, benches): its WGSL, whether it is the
- * blocks build, and that build's layout (default the runtime's, which sizes the grid).
+ * A build of the rotate kernel in place of the one `maxTokens` picks (tests, benches): whether it is the blocks
+ * build, and that build's layout (default the runtime's). Both size the grid as well as the code.
  */
 export interface RotateBuild {
   blocks: boolean;
-  code: string;
   layout?: RotateBlockLayout;
 }
 
@@ -49,7 +48,7 @@ export function prepareRotate(gpu: GpuContext, label: string, b: RotateBinding, 
   const pipeline = computePipeline(
     gpu,
     `rotate${count}${blocks ? '-blocks' : ''}`,
-    build?.code ?? rotateSource(count as 1 | 2 | 3, blocks, b.headDim, layout),
+    rotateSource(count as 1 | 2 | 3, blocks, b.headDim, layout),
   );
   const words = [b.headDim, 0, 0, 0];
   for (const part of b.parts) {

@@ -9,7 +9,6 @@ import { type PreparedDispatch, releaseDispatches, submitDispatches } from '../c
 import { readFloat32 } from '../core/gpu/readback.ts';
 import {
   type AttentionProducts,
-  type AttentionSources,
   attentionPrefillDotShapeFor,
   attentionPrefillInt8ShapeFor,
   prepareAttention,
@@ -23,6 +22,7 @@ import { type AttentionReferenceInput, attentionReference } from '../kernels/ref
 import { attentionInt8Reference } from '../kernels/reference/attention-int8.ts';
 import type { SplitSettings } from '../runtime/kv/paged-attention.ts';
 import { KvPagePool, type KvSequence } from '../runtime/kv/pool.ts';
+import { type AttentionSources, withAttentionSources } from './attention-sources.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from './random.ts';
 
 /**
@@ -139,6 +139,7 @@ export class Harness {
     this.v = [];
     this.out = [];
     const scale = 1 / Math.sqrt(headDim);
+    const attentionGpu = withAttentionSources(gpu, opts.sources);
     for (let layer = 0; layer < layers; layer++) {
       this.k.push(gpu.allocator.createStorage(`test.k${layer}`, 'scratch', kvBytes));
       this.v.push(gpu.allocator.createStorage(`test.v${layer}`, 'scratch', kvBytes));
@@ -155,31 +156,26 @@ export class Harness {
       const append = { pool: this.pool, layer, k: this.k[layer], v: this.v[layer] };
       this.prefill.push(prepareKvAppend(gpu, `prefill.append${layer}`, { ...append, tokens: maxTokens }));
       this.prefill.push(
-        ...prepareAttention(
-          gpu,
-          `prefill.attn${layer}`,
-          {
-            ...common,
-            maxTokens,
-            splits: opts.prefillSplits,
-            splitRows: opts.prefillSplitRows,
-            minChunkKeys: opts.minChunkKeys,
-            prefillKernel: opts.prefillKernel,
-            prefillStorageBytes: opts.prefillStorageBytes,
-            prefillProducts: opts.prefillProducts,
-            convertKeys: opts.convertKeys,
-          },
-          opts.sources,
-        ),
+        ...prepareAttention(attentionGpu, `prefill.attn${layer}`, {
+          ...common,
+          maxTokens,
+          splits: opts.prefillSplits,
+          splitRows: opts.prefillSplitRows,
+          minChunkKeys: opts.minChunkKeys,
+          prefillKernel: opts.prefillKernel,
+          prefillStorageBytes: opts.prefillStorageBytes,
+          prefillProducts: opts.prefillProducts,
+          convertKeys: opts.convertKeys,
+        }),
       );
       this.decode.push(prepareKvAppend(gpu, `decode.append${layer}`, { ...append, tokens: 1 }));
       this.decode.push(
-        ...prepareAttention(
-          gpu,
-          `decode.attn${layer}`,
-          { ...common, maxTokens: 1, splits: opts.decodeSplits, minChunkKeys: opts.minChunkKeys },
-          opts.sources,
-        ),
+        ...prepareAttention(attentionGpu, `decode.attn${layer}`, {
+          ...common,
+          maxTokens: 1,
+          splits: opts.decodeSplits,
+          minChunkKeys: opts.minChunkKeys,
+        }),
       );
     }
   }
