@@ -23,10 +23,11 @@ export interface AttentionDecodeShape {
   quant: DecodeQuantShape | null;
   /**
    * Loops over a key's dims with constant bounds, which a GPU compiler unrolls (true), or with bounds it only knows at
-   * run time (false): CPU drivers unroll them too, and lavapipe compiled the unrolled build several times slower
-   * (bench/journal.md, session 4). Same arithmetic either way. The runtime builds loops everywhere
-   * (attentionDecodeShape: faster on large GPUs too, bench/journal.md, sessions 13–14); the unrolled build is kept for
-   * bench/attention-kernels.ts to compare.
+   * run time (false): CPU drivers unroll them too, and lavapipe compiled the unrolled build several times slower (the
+   * decode kernel tests' run time there). Same arithmetic either way. The runtime builds loops everywhere
+   * (attentionDecodeShape: faster on large GPUs too,
+   * bench/results/2026-12-01-nvidia-h200-session13-attention-decode-int2-raw-unrolled.json); the unrolled build is
+   * kept for bench/attention-kernels.ts to compare.
    */
   unrolled: boolean;
 }

@@ -56,8 +56,8 @@ const BK = INT8_ATTENTION_TILE_KEYS;
 
 /**
  * Words between rows of a build's workgroup arrays, and the sums' size. Rows of codes are padded by a vec4: the 16-byte
- * rows a matrix load reads together then fall in different banks (measured faster on both models: bench/journal.md,
- * session 15, the padded rows; bench/results/2026-12-01-nvidia-h200-session15-attention-int8-padded-{f16,int2}.json).
+ * rows a matrix load reads together then fall in different banks (measured faster on both models:
+ * bench/results/2026-12-01-nvidia-h200-session15-attention-int8-padded-{f16,int2}.json).
  * Rows of S are BK + 1 words apart (the converted build's halves BK / 2 + 1), for the softmax's reads (68 and 72 were
  * no faster).
  */

@@ -62,7 +62,8 @@ export interface AttentionBinding {
   splits?: number;
   /**
    * Fewest keys per split (default 1): with it, `splits` is a ceiling, and a step of `length` keys uses
-   * ceil(length / max(minChunkKeys, ceil(length / splits))) of them, so one prepared graph suits short and long contexts.
+   * ceil(length / max(minChunkKeys, ceil(length / splits))) of them, so one prepared graph suits short and long
+   * contexts.
    */
   minChunkKeys?: number;
   /**
@@ -73,7 +74,8 @@ export interface AttentionBinding {
    */
   splitRows?: number;
   /**
-   * Scratch for the split pass's partial results (splits > 1), at least `attentionPartialsBytes(...)`; default: a buffer
+   * Scratch for the split pass's partial results (splits > 1), at least `attentionPartialsBytes(...)`; default: a
+   * buffer
    * of its own, owned by the dispatch. Layers run one after another, so one graph's layers can share one.
    */
   partials?: GPUBuffer;
@@ -222,7 +224,8 @@ function decodeShapeOf(device: AttentionDevice, g: AttentionGraphShape): Attenti
   if (g.maxTokens !== 1 || g.decodeKernel === false) return null;
   const shape: AttentionDecodeShape = {
     // Every build keeps its loops: measured faster than unrolled builds on large GPUs for both page kinds, and CPU
-    // drivers compile loops several times faster (bench/attention-kernels.ts; bench/journal.md, sessions 4, 13 and 14).
+    // drivers compile loops several times faster (bench/attention-kernels.ts;
+    // bench/results/2026-12-01-nvidia-h200-session13-attention-decode-int2-raw-unrolled.json).
     unrolled: false,
     headDim: g.headDim,
     rows: g.heads / g.kvHeads,

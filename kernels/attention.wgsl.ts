@@ -163,7 +163,8 @@ function quantRowLoader(name: string, target: string, p: 'k' | 'v', offset: stri
 /**
  * Quant page loads of the mixed variant: slots 2 and 3 hold quant slabs (runtime/kv/pool.ts). A block of a quant
  * page is dequantized (lo + code · scale, exactly dequantizeRow's f32 values) into kt / vt as f32 bits, headDim per
- * key, so a quant tile holds at most quantBlock = attentionQuantBlockKeys(shape) keys. One invocation per (key, code word):
+ * key, so a quant tile holds at most quantBlock = attentionQuantBlockKeys(shape) keys. One invocation per (key, code
+ * word):
  * each code word and group parameter is read once.
  */
 const QUANT_LOADERS = `
@@ -420,7 +421,7 @@ export const ATTENTION_MAX_SPLITS = 256;
  * (m, l) once; the maximum and the total are tree reductions; the weighted sum is cut eight ways over the splits
  * (invocation (eighth, dim)), and an eighth's first 16 splits are loaded before the weights are known, so their
  * loads overlap the reductions. Measured slower when each step waited on the last: the loads of a serial merge
- * waited on each other (bench/journal.md, session 13).
+ * waited on each other (bench/results/2026-12-01-nvidia-h200-session13-profile-qwen3-q4_k_m-32k-int2-after.txt).
  *
  * With `rotateOutput` (decode graphs), the merged row is multiplied by Rᵀ of its head's matrix before it is stored
  * (the rotated cache's un-rotation, kernels/rotate.wgsl.ts's product, one dispatch a layer fewer):
@@ -546,7 +547,7 @@ export function attentionMergeRowsWorkgroups(maxTokens: number, heads: number, h
  * one invocation per output dim of 128 / headDim (token, head) rows a workgroup, which walks the step's used splits
  * itself (16 at most in a prefill graph): no reductions or barriers. attentionMergeSource's
  * workgroup of 256 per (head, query), built for the many splits of a decode step, measured slower on a prefill chunk's
- * many rows (bench/journal.md, session 16; bench/results/2026-12-01-nvidia-h200-session16-profile-llama-16k-*).
+ * many rows (bench/results/2026-12-01-nvidia-h200-session16-profile-llama-16k-*).
  */
 export function attentionMergeRowsSource(): string {
   return /* wgsl */ `

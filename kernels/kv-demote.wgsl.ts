@@ -63,7 +63,8 @@ struct Params {
 
 // 256 invocations: a decode step demotes only 2·pageTokens rows a layer (32 workgroups), so the rows' invocations are
 // the parallelism there is (64 made a demoting step of Qwen3-4B several times slower, with the rank loop:
-// bench/journal.md, session 14). A row has at most 256 groups (width <= 2048, groups of at least 8 values: 32 / bits,
+// bench/results/2026-12-01-nvidia-h200-session14-profile-qwen3-q4_k_m-32k-int2-demote.txt). A row has at most 256
+// groups (width <= 2048, groups of at least 8 values: 32 / bits,
 // bits <= 4), one an invocation where groups are merged.
 const WG: u32 = 256u;
 var<workgroup> vals: array<f32, MAX_WIDTH>;
@@ -151,7 +152,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: v
     }
   } else {
     // Values i, i + WG, i + 2·WG, i + 3·WG ranked in one pass over j: four independent chains of loads and compares
-    // (measured a little faster than one value a pass: bench/journal.md, session 20; past the row, a value is the row's
+    // (measured a little faster than one value a pass:
+    // bench/results/2026-12-01-nvidia-h200-session20-kernel-experiments.txt; past the row, a value is the row's
     // last again and its rank unused).
     for (var i0 = lid; i0 < params.width; i0 += 4u * WG) {
       var at: array<u32, 4>;

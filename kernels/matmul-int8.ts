@@ -66,7 +66,7 @@ export function int8MatmulAvailable(gpu: GpuContext, type: GgmlType, variant: In
  * their grid has 256 workgroups (its sums need no trip through workgroup memory), the 32x32 tensor-core tile below
  * that, and dot4I8Packed for the types no tensor-core tile reads (Q6_K). The 64x64 tensor-core tile is never the
  * pick: it was rarely the fastest, and then only by little (bench/int8-matmul.ts;
- * bench/results/2026-12-01-nvidia-h200-session12-int8-matmul-dot4.json, bench/journal.md, session 12).
+ * bench/results/2026-12-01-nvidia-h200-session12-int8-matmul-dot4.json).
  */
 export function defaultInt8Variant(gpu: GpuContext, weight: GpuWeight, tokens: number): Int8MatmulVariant {
   const grid = Math.ceil(weight.rows / 64) * Math.ceil(tokens / 64);

@@ -13,7 +13,8 @@
  * - `int8MatmulWgsl`: per 32-deep step the workgroup writes its weight rows' block as int8 codes c with a pair
  *   (s, m) such that w = s·c + m (Q4_0: c = q - 8; Q5_0: c = q - 16; Q4_1/Q5_1: c = q, m = min; Q8_0: c = q;
  *   Q4_K/Q5_K: c = q, s = d·scale, m = -dmin·min; Q6_K: c = q - 32 with a scale per 16-element half, on the
- *   dot4I8Packed kernel only), each subgroup multiplies 16x32 code tiles by 32x16 activation tiles into 16x16 integer sums C,
+ *   dot4I8Packed kernel only), each subgroup multiplies 16x32 code tiles by 32x16 activation tiles into 16x16 integer
+ * sums C,
  *   stores them to workgroup memory, and each output adds s·d·C + m·(d·Σq).
  */
 import { GGML_TYPE_INFO, GgmlType } from '../core/gguf-types.ts';
@@ -406,7 +407,8 @@ export function int8VariantWgsl(
 
 /**
  * How the dot4I8Packed kernel walks K: 32-deep blocks staged `blocksPerStage` at a time between a barrier pair.
- * Measured on a large GPU over 1024 tokens (bench/int8-matmul.ts --schedules; bench/journal.md, session 20): 2 blocks
+ * Measured on a large GPU over 1024 tokens (bench/int8-matmul.ts --schedules;
+ * bench/results/2026-12-01-nvidia-h200-session20-kernel-experiments.txt): 2 blocks
  * were faster than 1 at every shape of Qwen3-4B and Llama-3.2-1B; 4 blocks (twice the workgroup memory again),
  * 128-token tiles (8 tokens an invocation) and the next stage's loads issued before the products were slower.
  */

@@ -143,7 +143,8 @@ export interface MatvecGroupEntry {
 
 /**
  * Several matvecs over one input x (tokens = 1) as one dispatch, e.g. a decode step's q, k and v: two dependent
- * dispatches fewer per layer, each a launch gap the GPU idles through (bench/journal.md, session 5). The same floats
+ * dispatches fewer per layer, each a launch gap the GPU idles through
+ * (bench/results/2026-11-30-nvidia-h200-session5-fused-profiles.txt). The same floats
  * as one prepareMatmul per weight. Null when it cannot be one dispatch (a weight split into parts, row lengths that
  * differ, more storage bindings than the device allows): the caller then prepares them one by one.
  */

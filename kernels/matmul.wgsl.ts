@@ -236,7 +236,8 @@ const TYPE_WGSL: Partial<Record<GgmlType, TypeWgsl>> = {
 }`,
     // A unit is 4 words of qs (16 bytes, one vec4 of the 9 in a block): 16 low-nibble elements of sub-block 2c and
     // 16 high-nibble ones of 2c+1, so the block's scales are read once per 32 elements (once per 8 with one-word
-    // units: a large GPU's matvec was bound by load instructions, not bytes; bench/journal.md, session 5). The header
+    // units: a large GPU's matvec was bound by load instructions, not bytes;
+    // bench/results/2026-11-30-nvidia-h200-session5-matvec-profile-f16-1k.txt). The header
     // vec4 holds d, dmin and scales.
     vec4Words: true,
     dot: `fn unit_dot(base: u32, u: u32, xb: u32) -> f32 {
@@ -513,8 +514,8 @@ function matvecModule(build: MatvecBuild, code: string): string {
  * (matvecRowsWgsl), then one reduction of the vec4 partial sums (reduceWgsl: subgroupAdd, or a tree).
  * Measured on a large GPU (4096x4096 and 4096x14336): faster than one row per 64 threads (4 rows per 256-thread
  * workgroup, x re-read per row); 128 threads was the best or near-best of 64/128/256 for every type, with the one-word
- * units of then (commit 16cf8bd, before the result files; the units and thread counts since: bench/journal.md,
- * session 5).
+ * units of then (commit 16cf8bd, before the result files; the units and thread counts since:
+ * bench/results/2026-11-30-nvidia-h200-session5-matvec.json).
  */
 export function matvecWgsl(
   type: GgmlType,

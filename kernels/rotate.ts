@@ -42,7 +42,9 @@ export function prepareRotate(gpu: GpuContext, label: string, b: RotateBinding, 
     throw new RangeError(`rotate: headDim must be a multiple of 8 and at most 256, got ${b.headDim}`);
   }
   // Prefill graphs rotate many rows: blocks of tokens per workgroup, which read their head's matrix once, not once a
-  // row (measured faster on a large GPU: bench/journal.md, sessions 17 and 20; bench/rotate-kernel.ts times layouts).
+  // row (measured faster on a large GPU:
+  // bench/results/2026-12-01-nvidia-h200-session17-profile-qwen3-16k-int2-unrotate-dispatch.txt;
+  // bench/rotate-kernel.ts times layouts).
   const blocks = build?.blocks ?? b.maxTokens > 1;
   const layout = build?.layout ?? ROTATE_PREFILL_LAYOUT;
   const pipeline = computePipeline(

@@ -21,7 +21,7 @@ const LOADS = 16;
  * of WG = 256 invocations; M is row-major d×d from vec4 `base4` of `matrix` (array<vec4<f32>>). Each invocation loads
  * whole vec4s of M, LOADS of them before it uses one, so a head's matrix is read in one or two round trips to memory:
  * with scalar loads, eight in flight, the rotation of Qwen3-4B's q, k and v waited on ~8 of them, and measured slower
- * (bench/journal.md, session 13). Invocations:
+ * (bench/results/2026-12-01-nvidia-h200-session13-profile-qwen3-q4_k_m-32k-int2-after.txt). Invocations:
  *   - M[i][j]: (piece, quad), quad = lid % (d/4): outputs 4·quad..+3 over the piece's rows of M (a warp reads whole
  *     rows of M);
  *   - M[j][i]: (j, half), half = lid % 2: every other vec4 of row j of M.
@@ -144,7 +144,8 @@ function rowFunction(p: number): string {
  * 4·quad..4·quad + 3 of the group's rows, RPI of them: per 4 input dims, 4 vec4 loads of the matrix and one vec4 read
  * of each row feed 16·RPI multiply-adds. (A build with each invocation taking one output column of 16 rows, its matrix
  * reads a vec4 per element used and a row read per 4 multiply-adds, measured slower in Qwen3-4B's 1024-token chunk with
- * a 2-bit cache, both rotating q, k and v and un-rotating the attention's output: bench/journal.md, session 20.)
+ * a 2-bit cache, both rotating q, k and v and un-rotating the attention's output:
+ * bench/results/2026-12-01-nvidia-h200-session20-kernel-experiments.txt.)
  * `headDim` is the build's: the register tile is sized by it.
  */
 function blockFunction(p: number, headDim: number, layout: RotateBlockLayout): string {

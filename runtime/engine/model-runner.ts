@@ -47,9 +47,8 @@ export interface LoadOptions extends Partial<ParsedLoadOptions> {
 /**
  * Tokens per prefill submit: 128 (a tab's memory), or 1024 where the prefill runs on the int8 tensor-core matmul: its
  * tiles fill a large GPU only at such sizes (512 measured faster than chunks of 128, 1024 faster than 512, and 2048
- * gained little more: bench/journal.md, sessions 11 and 18;
- * bench/results/2026-12-01-nvidia-h200-session18-qwen3-chunk{1024,2048}.md), and such a GPU has the memory the larger
- * steps take (bench/journal.md, session 18).
+ * gained little more: bench/results/2026-12-01-nvidia-h200-session18-qwen3-chunk{1024,2048}.md), and such a GPU has
+ * the memory the larger steps take (their GPU MiB column).
  * Not when the KV budget's f16 share could not hold such steps (a 2-bit cache on a small budget):
  * prompts that fit would shrink; then 512 if it holds those.
  */

@@ -41,7 +41,8 @@ const DECODE_MIN_CHUNK_KEYS = 64;
  * Most key splits of a decode step, each at least DECODE_MIN_CHUNK_KEYS keys (16 splits at 1K keys): about 512
  * workgroups (splits × kvHeads), at most 128 splits. For 8 KV heads, 64 splits beat 128 on every pool, model and
  * context measured (bench/results/2026-12-01-nvidia-h200-session13-attention-decode-{int2,f16}-splits.json), and
- * 128 had beaten 256 (bench/journal.md, session 4). Fewer KV heads keep 128.
+ * 128 had beaten 256 (bench/results/2026-11-30-nvidia-h200-session4-final-attention-kernels.json). Fewer KV heads
+ * keep 128.
  */
 export function decodeSplitsFor(kvHeads: number): number {
   return Math.max(1, Math.min(128, Math.floor(512 / kvHeads)));
@@ -229,7 +230,8 @@ export class PagedKvAttention {
     let partials: GPUBuffer | undefined;
     let ownPartials: GPUBuffer | undefined;
     if (plan.partialsBytes > 0) {
-      // Layers are prepared in order: layer 0 starts a graph, the rest reuse its buffer, released with layer 0's dispatch.
+      // Layers are prepared in order: layer 0 starts a graph, the rest reuse its buffer, released with layer 0's
+      // dispatch.
       partials = layer === 0 ? undefined : this.sharedPartials.get(maxTokens);
       if (!partials) {
         ownPartials = gpu.allocator.createBuffer({

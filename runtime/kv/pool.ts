@@ -41,7 +41,7 @@
  * a sequence is about sink + window + chunk + 2 pages. Pages of a prompt's last chunk leave the window only after it:
  * the first decode step demotes them all, in one dispatch per layer (demoting a decode step's own two pages a step
  * kept the first decode steps after a long chunk paying for demotions and f16 reads: measured slower,
- * bench/journal.md, session 18).
+ * bench/results/2026-12-01-nvidia-h200-session18-qwen3-32k-chunk1024-demote2.json).
  * The effective bits per element follow from the pool's stats (runtime/kv/pool.test.ts measures them at a bench shape).
  * f16 pages are a separate share of the budget, so idle sequences each holding their sink and window can fill it
  * while quant pages are free. Whoever keeps idle sequences (runtime/engine/conversations.ts) asks
