@@ -120,7 +120,6 @@ export interface LayerAttentionPlan {
 /**
  * The plan of a graph (`shape.maxTokens` queries) for one layer format. `int8Served`: the tensor-core int8 kernel
  * serves every layer format of the pool, which lets prefill graphs take fewer, longer splits (prefillSplitsFor).
- * Pure: docs/attention-plans.md is rendered from it for recorded adapters.
  */
 export function planLayerAttention(
   device: AttentionDevice,
@@ -151,6 +150,29 @@ export function planLayerAttention(
 }
 
 /**
+ * The plans of one graph's layers (`layers[l]` is layer l's shape, all with the graph's maxTokens): one per distinct
+ * layer format, shared by the layers of that format. Prefill graphs take fewer, longer splits only where the
+ * tensor-core int8 kernel serves every layer format. Pure: docs/attention-plans.md is rendered from it.
+ */
+export function planGraphAttention(
+  device: AttentionDevice,
+  layers: readonly AttentionGraphShape[],
+  decodeSplits?: number,
+): LayerAttentionPlan[] {
+  const int8Served = layers.every((s) => s.maxTokens > 1 && planAttentionKernel(device, s).kernel === 'prefill-int8');
+  const byFormat = new Map<string, LayerAttentionPlan>();
+  return layers.map((shape) => {
+    const format = JSON.stringify(shape.quant);
+    let plan = byFormat.get(format);
+    if (!plan) {
+      plan = planLayerAttention(device, shape, { int8Served, decodeSplits });
+      byFormat.set(format, plan);
+    }
+    return plan;
+  });
+}
+
+/**
  * The paged cache as the forward pass sees it: per layer, the append of this step's k/v (preceded, in quant mode, by
  * the demotion of the pages that left the window) and the attention of its queries over f16 and quant pages. Every
  * dispatch binds the pool's KvStep uniform: call `pool.writeStep` (or `pool.beginStep`) before each submit, with
@@ -162,8 +184,8 @@ export class PagedKvAttention {
   private readonly options: PagedAttentionOptions;
   /** The prefill partials buffer of the graph being prepared (layer 0 allocates it and owns it), by maxTokens. */
   private readonly sharedPartials = new Map<number, GPUBuffer>();
-  /** Plans by graph size and layer format: decided once, shared by every layer of that format. */
-  private readonly plans = new Map<string, LayerAttentionPlan>();
+  /** Each graph size's plans by layer (planGraphAttention): decided once, shared by the layers of a format. */
+  private readonly plans = new Map<number, LayerAttentionPlan[]>();
   /** The int8 keys buffer of the converted int8 prefill attention, created with the first graph that runs it. */
   private keysInt8: GPUBuffer | null = null;
 
@@ -190,20 +212,13 @@ export class PagedKvAttention {
    * on first use. Prefill graphs take fewer splits only where the tensor-core int8 kernel serves every layer format.
    */
   plan(layer: number, maxTokens: number): LayerAttentionPlan {
-    const { gpu, pool } = this;
-    const shape = this.graphShape(layer, maxTokens);
-    const key = `${maxTokens}:${JSON.stringify(shape.quant)}`;
-    let plan = this.plans.get(key);
-    if (!plan) {
-      const int8Served =
-        maxTokens > 1 &&
-        Array.from({ length: pool.layers }, (_, l) => planAttentionKernel(gpu, this.graphShape(l, maxTokens))).every(
-          (k) => k.kernel === 'prefill-int8',
-        );
-      plan = planLayerAttention(gpu, shape, { int8Served, decodeSplits: this.options.decodeSplits });
-      this.plans.set(key, plan);
+    let plans = this.plans.get(maxTokens);
+    if (!plans) {
+      const shapes = Array.from({ length: this.pool.layers }, (_, l) => this.graphShape(l, maxTokens));
+      plans = planGraphAttention(this.gpu, shapes, this.options.decodeSplits);
+      this.plans.set(maxTokens, plans);
     }
-    return plan;
+    return plans[layer];
   }
 
   /**
