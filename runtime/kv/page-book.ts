@@ -26,11 +26,17 @@ export function decodePageEntry(entry: number): { kind: number; slab: number; pa
 }
 
 export interface KvKindStats {
+  /** Bytes of a page. */
   pageBytes: number;
+  /** Pages referenced by at least one sequence. */
   pagesUsed: number;
+  /** Pages in allocated slabs that nobody references (retiring pages count as free). */
   pagesFree: number;
+  /** Pages in allocated slabs (used + free). */
   pagesReserved: number;
+  /** Pages the budget allows once every slab exists. */
   pagesBudget: number;
+  /** Bytes of the used pages. */
   bytesUsed: number;
   slabs: number;
 }

@@ -61,25 +61,16 @@ export interface KvPoolOptions {
   maxStepTokens?: number;
 }
 
-export interface KvPoolStats {
+/**
+ * The pool's counts: the KvKindStats fields are totals over both kinds (pageBytes is an f16 page's), the kinds' own
+ * counts are under `f16` and `quant` (quant's are zero in f16 mode).
+ */
+export interface KvPoolStats extends KvKindStats {
   pageTokens: number;
-  /** Bytes of an f16 page. */
-  pageBytes: number;
-  /** Pages referenced by at least one sequence (both kinds). */
-  pagesUsed: number;
-  /** Pages in allocated slabs that nobody references (both kinds; retiring pages count as free). */
-  pagesFree: number;
-  /** Pages in allocated slabs (used + free). */
-  pagesReserved: number;
-  /** Pages the budget allows once every slab exists. */
-  pagesBudget: number;
-  /** Bytes of the used pages of both kinds. */
-  bytesUsed: number;
   bytesReserved: number;
   /** Sum of the live sequences' lengths (shared pages counted once per sequence). */
   tokensHeld: number;
   sequences: number;
-  slabs: number;
   mode: KvPoolMode;
   f16: KvKindStats;
   quant: KvKindStats;
@@ -199,6 +190,19 @@ export function kvTiering(book: KvPageBook, geometry: KvPoolGeometry): KvTiering
 /** A step's demotion: the f16 page that left the window and the quant page its rows go to. */
 export type KvDemotion = readonly [f16Entry: number, quantEntry: number];
 
+const NO_DEMOTIONS: readonly KvDemotion[] = [];
+
+/** The quant counts of an f16 pool. */
+const NO_QUANT_PAGES: KvKindStats = {
+  pageBytes: 0,
+  pagesUsed: 0,
+  pagesFree: 0,
+  pagesReserved: 0,
+  pagesBudget: 0,
+  bytesUsed: 0,
+  slabs: 0,
+};
+
 export class KvPageLedger {
   readonly book: KvPageBook;
   readonly tiering: KvTiering;
@@ -250,7 +254,7 @@ export class KvPageLedger {
    * promotion), takes its new pages, demotes the pages that left the window, and sets `seq.length`. Returns the
    * demotions the step's forward must carry.
    */
-  planStep(seq: KvSequence, position: number, tokens: number): KvDemotion[] {
+  planStep(seq: KvSequence, position: number, tokens: number): readonly KvDemotion[] {
     const { book } = this;
     book.assertAlive(seq);
     if (!Number.isInteger(position) || position < 0 || position > seq.length) {
@@ -288,12 +292,12 @@ export class KvPageLedger {
    * and frees the f16 pages at once (the demotion that reads them is recorded before anything that reuses them).
    * Returns the demotions in batches of at most `batchPages`.
    */
-  flush(seq: KvSequence, maxPages: number, batchPages: number): KvDemotion[][] {
+  flush(seq: KvSequence, maxPages: number, batchPages: number): (readonly KvDemotion[])[] {
     this.book.assertAlive(seq);
     const quant = this.book.quant;
     if (!quant) return [];
     const indices = this.tiering.flushCandidates(seq, Math.min(maxPages, quant.available()));
-    const batches: KvDemotion[][] = [];
+    const batches: (readonly KvDemotion[])[] = [];
     for (let from = 0; from < indices.length; from += batchPages) {
       batches.push(this.demote(seq, indices.slice(from, from + batchPages), false));
     }
@@ -324,15 +328,7 @@ export class KvPageLedger {
     let tokensHeld = 0;
     for (const s of book.liveSequences()) tokensHeld += s.length;
     const f = book.f16.stats();
-    const q = book.quant?.stats() ?? {
-      pageBytes: 0,
-      pagesUsed: 0,
-      pagesFree: 0,
-      pagesReserved: 0,
-      pagesBudget: 0,
-      bytesUsed: 0,
-      slabs: 0,
-    };
+    const q = book.quant?.stats() ?? NO_QUANT_PAGES;
     return {
       pageTokens: book.pageTokens,
       pageBytes: book.f16.pageBytes,
@@ -356,7 +352,9 @@ export class KvPageLedger {
   }
 
   /** Switches `seq.pages[i]` for each index to a new quant page; the f16 pages retire (`retire`) or free at once. */
-  private demote(seq: KvSequence, indices: readonly number[], retire: boolean): KvDemotion[] {
+  private demote(seq: KvSequence, indices: readonly number[], retire: boolean): readonly KvDemotion[] {
+    // A decode step demotes nothing on most tokens: no allocation for it.
+    if (indices.length === 0) return NO_DEMOTIONS;
     const { book } = this;
     const out: KvDemotion[] = [];
     for (const i of indices) {
@@ -366,7 +364,7 @@ export class KvPageLedger {
       seq.pages[i] = target;
       book.releasePage(source, retire);
     }
-    if (indices.length > 0) book.tableEntriesChanged(seq, indices);
+    book.tableEntriesChanged(seq, indices);
     return out;
   }
 }

@@ -184,6 +184,8 @@ export class KvPageStorage implements PageBookEvents {
    */
   encodePending(encoder: GPUCommandEncoder): void {
     this.releaseRecorded();
+    // Most steps have none: nothing is allocated for them.
+    if (this.pending.length === 0) return;
     for (const work of this.pending) work.encode(encoder);
     this.recorded = this.pending;
     this.pending = [];
@@ -215,6 +217,7 @@ export class KvPageStorage implements PageBookEvents {
   }
 
   private releaseRecorded(): void {
+    if (this.recorded.length === 0) return;
     for (const work of this.recorded) work.release();
     this.recorded = [];
   }

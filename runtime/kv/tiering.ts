@@ -30,7 +30,7 @@ export interface KvTiering {
   /** Throws ContextOverflowError when a step writing up to `end` from page `first` cannot get its `f16Needed` pages. */
   checkStep(seq: KvSequence, end: number, f16Needed: number, first: number): void;
   /** Indices of `seq`'s f16 pages that leave the window at a step from `position` (oldest first, as many as it carries). */
-  pagesToDemote(seq: KvSequence, position: number): number[];
+  pagesToDemote(seq: KvSequence, position: number): readonly number[];
   /** Indices of `seq`'s full, unshared f16 pages past the sink, oldest first, at most `max` (what `flush` demotes). */
   flushCandidates(seq: KvSequence, max: number): number[];
   /** Peak pages of each kind a run of `seq` from `position` to `newLength` takes (KvPagePool.pagesNeeded). */
@@ -38,6 +38,9 @@ export interface KvTiering {
   /** The longest a sequence holding `f16Held`/`quantHeld` pages could get with what is free now. */
   longestFor(f16Held: number, quantHeld: number): number;
 }
+
+/** What F16Tiering demotes at every step: nothing, without an allocation. */
+const NO_PAGES: readonly number[] = [];
 
 /** Pages kept and their kinds: the part of `seq` before `position` that a run from there keeps. */
 function keptPages(book: KvPageBook, seq: KvSequence | null, position: number) {
@@ -81,8 +84,8 @@ export class F16Tiering implements KvTiering {
     throw new ContextOverflowError(end, Math.min(pages, book.maxPagesPerSequence) * book.pageTokens);
   }
 
-  pagesToDemote(): number[] {
-    return [];
+  pagesToDemote(): readonly number[] {
+    return NO_PAGES;
   }
 
   flushCandidates(): number[] {

@@ -108,13 +108,17 @@ export class StepRunner {
   submit(request: StepRequest): Promise<number> | null {
     const { gpu, transformer } = this;
     const { ids } = request;
-    const { tokens, logits, sampling } = this.write(request);
+    const logits = this.write(request);
+    const tokens = ids?.length ?? 1;
+    // write() checked that a sampled step has a sampler.
+    const sampling = request.sample ? this.sampling : null;
     const encoder = gpu.device.createCommandEncoder({ label: request.label ?? (sampling ? 'decode' : 'prefill') });
     // Page work the cache's bookkeeping asked for (copies, promotions, flushed demotions) precedes the forward.
     this.pool.encodePending(encoder);
     request.before?.(encoder);
-    if (!ids && this.sampling)
+    if (!ids && this.sampling) {
       encoder.copyBufferToBuffer(this.sampling.sampledId, 0, transformer.buffers.tokenIds, 0, 4);
+    }
     transformer.encode(encoder, tokens, logits);
     let readback: GPUBuffer | null = null;
     if (sampling) {
@@ -132,10 +136,10 @@ export class StepRunner {
 
   /**
    * Writes the step's uniforms (the cache's step, the transformer's ids and position, the sampler's parameters)
-   * without recording anything. `submit` starts with it; a profiler that times the step's dispatches one by one
-   * calls it, then records `dispatches(request)` itself.
+   * without recording anything, and returns the logits the step computes. `submit` starts with it; a profiler that
+   * times the step's dispatches one by one calls it, then records `dispatches(request)` itself.
    */
-  write(request: StepRequest): { tokens: number; logits: LogitsMode; sampling: StepRunner['sampling'] } {
+  write(request: StepRequest): LogitsMode {
     const { seq, position, ids, sample } = request;
     const tokens = ids?.length ?? 1;
     const sampling = sample ? this.requireSampling() : null;
@@ -147,7 +151,7 @@ export class StepRunner {
     this.pool.writeStep(seq, position, tokens);
     this.transformer.writeStep(ids, position, tokens);
     if (sampling && sample) sampling.sampler.setParams(sample.params, sample.step);
-    return { tokens, logits, sampling };
+    return logits;
   }
 
   /**
