@@ -38,7 +38,10 @@ export type PrefillAttention = (typeof PREFILL_CHOICES)[number];
  * (runtime/engine/load-options.ts) before anything loads; an unknown field is an InvalidRequestError.
  */
 export interface EngineLoadOptions {
-  /** KV cache format: 'f16' (default), or 'int2': 2-bit pages, with the first and most recent tokens kept f16. */
+  /**
+   * KV cache format: 'int2', 2-bit pages with the first and most recent tokens kept f16, or 'f16'. Omitted: 'int2'
+   * where the model's K/V rows split into its quant groups, else 'f16' (ModelInfo.kv says which).
+   */
   kv?: KvMode;
   /** Bytes of GPU memory the KV cache may grow to (default 64 MiB). */
   kvBudgetBytes?: number;

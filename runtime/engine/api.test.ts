@@ -5,8 +5,10 @@
 import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
 import { ContextOverflowError, InvalidRequestError, ModelNotLoadedError } from '../../core/errors.ts';
+import { GgmlType } from '../../core/gguf-types.ts';
 import { withTestGpu } from '../../test/gpu.ts';
 import { STORIES260K, STORIES260K_GOLDEN, sharedPath } from '../../test/shared.ts';
+import { modelFixtureGguf } from '../../tools/fixtures/model-fixtures.ts';
 import type {
   ChatCompletion,
   ChatCompletionChunk,
@@ -246,8 +248,8 @@ describe.skipIf(!modelPath || !goldenPath)('LongtabEngine API on stories260K', (
   });
 
   it('a conversation longer than the context throws ContextOverflowError unless oldest turns may be dropped', async () => {
-    // 8 pages of 16 tokens: 128 tokens per conversation.
-    const engine = await loaded({ kvBudgetBytes: 8 * 10240 });
+    // 8 f16 pages of 16 tokens: 128 tokens per conversation.
+    const engine = await loaded({ kv: 'f16', kvBudgetBytes: 8 * 10240 });
     const capacity = (await engine.stats()).context.capacity;
     expect(capacity).toBe(128);
     const messages: ChatMessageParam[] = [SYSTEM];
@@ -337,11 +339,27 @@ describe.skipIf(!modelPath || !goldenPath)('LongtabEngine API on stories260K', (
     engine.destroy();
   });
 
+  it('kv omitted: stories260K takes the 2-bit cache (rows of 4 × 8 form one group of 32), and the stats say so', async () => {
+    // 8 f16 pages' worth of budget: 128 tokens at f16, 400 with 2-bit pages past the f16 sink and window.
+    const engine = await loaded({ kvBudgetBytes: 8 * 10240 });
+    const info = (await engine.stats()).model;
+    expect(info?.kv).toBe('int2');
+    await chat(engine, { messages: [{ role: 'user', content: 'Hello' }], conversation_id: 'x', max_tokens: 8 });
+    const stats = await engine.stats();
+    expect(stats.model?.kv).toBe('int2');
+    expect(stats.kv.mode).toBe('int2');
+    // The rotation follows the resolved mode: Hadamard, as for an explicit kv: 'int2'.
+    expect(stats.kv.rotation).toBe('hadamard');
+    expect(stats.kv.clip).toEqual({ key: 1, value: 1 });
+    expect(stats.context.capacity).toBe(400);
+    engine.destroy();
+  });
+
   it('stats: memory by category, KV pages, context and adapter, also as a live subscription', async () => {
     const engine = createNodeEngine({ gpu: ctx.gpu });
     const seen: EngineStats[] = [];
     const unsubscribe = await engine.subscribeStats((s) => seen.push(s));
-    await engine.load(modelPath!, { kvBudgetBytes: 4 << 20 });
+    await engine.load(modelPath!, { kv: 'f16', kvBudgetBytes: 4 << 20 });
     await chat(engine, { messages: [{ role: 'user', content: 'Hello' }], conversation_id: 'x', max_tokens: 40 });
     const stats = await engine.stats();
     expect(stats.model).toMatchObject({
@@ -436,6 +454,41 @@ describe.skipIf(!modelPath || !goldenPath)('LongtabEngine API on stories260K', (
     });
     expect(stopped.choices[0].finish_reason).toBe('stop');
     expect(stopped.choices[0].message.content).toBe(content.slice(0, content.indexOf(stop)));
+    engine.destroy();
+  });
+});
+
+describe('kv omitted on a model whose K/V rows form no 2-bit groups', () => {
+  it('loads f16, and ModelInfo and the stats say f16 (rows of 5 heads × 64: 320 values, no groups of 128)', async () => {
+    // SmolLM2-360M's KV shape, with random weights: one layer, small vocabulary.
+    const bytes = modelFixtureGguf({
+      architecture: 'llama',
+      weightType: GgmlType.F32,
+      dim: 320,
+      layers: 1,
+      heads: 5,
+      kvHeads: 5,
+      headDim: 64,
+      ffnDim: 64,
+      vocab: 300,
+      tiedOutput: true,
+      ropeFreqBase: 10000,
+      llama3RopeFreqs: false,
+      seed: 7,
+      contextLength: 256,
+    });
+    const engine = createNodeEngine({ gpu: ctx.gpu });
+    const info = await engine.load(new Blob([bytes]), { kvBudgetBytes: 1 << 20 });
+    expect(info.kv).toBe('f16');
+    const reply = await engine.completions.create({ prompt: 'ab', max_tokens: 4, temperature: 0 });
+    expect(reply.choices[0].finish_reason).toMatch(/^(length|stop)$/);
+    const stats = await engine.stats();
+    expect(stats.model?.kv).toBe('f16');
+    expect(stats.kv).toMatchObject({ mode: 'f16', rotation: 'none', clip: null, boostLayers: [] });
+    // An explicit int2 still asks for the 2-bit cache, and fails where the model cannot take it.
+    await expect(engine.load(new Blob([bytes]), { kv: 'int2', kvBudgetBytes: 1 << 20 })).rejects.toThrow(
+      /group size 128 must divide the row width 320/,
+    );
     engine.destroy();
   });
 });

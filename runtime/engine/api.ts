@@ -228,7 +228,7 @@ export class LongtabEngine implements LongtabEngineApi {
         vocab: loaded.config.vocab,
         contextLength: loaded.config.contextLength,
         contextCapacity: this.capacity(),
-        kv: parsed.kv,
+        kv: loaded.kv.mode,
         hasChatTemplate: typeof meta === 'string' && meta.trim().length > 0,
       };
       if (loaded.kv.calibrationNeeded && loaded.kv.digest) {

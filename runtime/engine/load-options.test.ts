@@ -1,13 +1,14 @@
 /**
  * parseLoadOptions, the one check of load options (no GPU): every option's bad values, the experimental group, the
- * combinations, and the defaults it resolves (which build the same pool as before it existed).
+ * combinations, and the defaults it resolves (which build the same pool as before it existed); resolveKvMode, the
+ * default KV mode once the model's shape is known.
  */
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { InvalidRequestError } from '../../core/errors.ts';
 import type { ModelConfig } from '../model/config.ts';
 import type { EngineLoadOptions } from './api-types.ts';
-import { type ParsedLoadOptions, parseLoadOptions } from './load-options.ts';
+import { int2Unfit, type ParsedLoadOptions, parseLoadOptions, resolveKvMode } from './load-options.ts';
 import { kvPoolOptions } from './model-runner.ts';
 
 /** The error parseLoadOptions throws for `input` (it must throw an InvalidRequestError). */
@@ -22,12 +23,12 @@ function rejection(input: unknown): InvalidRequestError {
 }
 
 const DEFAULTS: ParsedLoadOptions = {
-  kv: 'f16',
+  kv: undefined,
   kvBudgetBytes: 64 * 1024 * 1024,
   maxSequences: 16,
   maxContextTokens: undefined,
   prefillChunk: undefined,
-  rotation: 'none',
+  rotation: undefined,
   calibrate: 'background',
   onProgress: undefined,
   sink: 64,
@@ -41,13 +42,16 @@ const DEFAULTS: ParsedLoadOptions = {
 };
 
 describe('parseLoadOptions', () => {
-  it('resolves nothing passed to the defaults; rotation defaults by kv', () => {
+  it('resolves nothing passed to the defaults, kv and its rotation left to the model; rotation defaults by kv', () => {
     expect(parseLoadOptions(undefined)).toEqual(DEFAULTS);
     expect(parseLoadOptions(null)).toEqual(DEFAULTS);
     expect(parseLoadOptions({})).toEqual(DEFAULTS);
     expect(parseLoadOptions({ experimental: {} })).toEqual(DEFAULTS);
     expect(parseLoadOptions({ kv: 'int2' })).toEqual({ ...DEFAULTS, kv: 'int2', rotation: 'hadamard' });
+    expect(parseLoadOptions({ kv: 'f16' })).toEqual({ ...DEFAULTS, kv: 'f16', rotation: 'none' });
     expect(parseLoadOptions({ kv: 'int2', rotation: 'none' }).rotation).toBe('none');
+    // A rotation passed without kv is kept; the mode is still the model's to decide.
+    expect(parseLoadOptions({ rotation: 'calibrated' })).toEqual({ ...DEFAULTS, rotation: 'calibrated' });
   });
 
   it('keeps every value it accepts, the experimental ones included', () => {
@@ -159,13 +163,14 @@ describe('parseLoadOptions', () => {
     expect(error.details.field).toBe(field);
   });
 
-  it('boosted layers need kv int2 with 2-bit codes', () => {
+  it('boosted layers need kv int2 (or omitted: int2 where the model allows it) with 2-bit codes', () => {
     const ok = parseLoadOptions({ kv: 'int2', experimental: { boostLayers: [5] } });
     expect(ok.boostLayers).toEqual([5]);
+    expect(parseLoadOptions({ experimental: { boostLayers: [5] } })).toMatchObject({ kv: undefined, boostLayers: [5] });
     for (const input of [
-      { experimental: { boostLayers: [5] } },
       { kv: 'f16', experimental: { boostLayers: [5] } },
       { kv: 'int2', experimental: { codeBits: 1, boostLayers: [5] } },
+      { experimental: { codeBits: 1, boostLayers: [5] } },
     ] as const) {
       const error = rejection(input);
       expect(error.message).toMatch(/experimental\.boostLayers needs kv: 'int2' with 2-bit codes/);
@@ -213,29 +218,79 @@ describe('parseLoadOptions', () => {
   });
 });
 
+/** Shapes of real models: stories260K (rows of 32), SmolLM2-360M (rows of 320: no groups of 128), a head of 12. */
+const STORIES = { kvHeads: 4, headDim: 8 };
+const SMOLLM2 = { kvHeads: 5, headDim: 64 };
+const HEAD12 = { kvHeads: 4, headDim: 12 };
+
+describe('resolveKvMode: an omitted kv is int2 where the model allows it, else f16', () => {
+  it('takes int2 where the rows cut into quant groups and the Hadamard rotation fits the heads', () => {
+    expect(int2Unfit({}, STORIES)).toBeNull();
+    expect(resolveKvMode(parseLoadOptions({}), STORIES)).toBe('int2');
+    expect(resolveKvMode(parseLoadOptions({}), { kvHeads: 8, headDim: 128 })).toBe('int2');
+    expect(resolveKvMode(parseLoadOptions({}), { kvHeads: 2, headDim: 64 })).toBe('int2');
+  });
+
+  it('falls back to f16 where they do not, and says why', () => {
+    expect(int2Unfit({}, SMOLLM2)).toMatch(/group size 128 must divide the row width 320/);
+    expect(resolveKvMode(parseLoadOptions({}), SMOLLM2)).toBe('f16');
+    // A group size that divides the row makes it fit.
+    expect(resolveKvMode(parseLoadOptions({ experimental: { groupSize: 64 } }), SMOLLM2)).toBe('int2');
+    // Rows of 48 form one group of 48, but Hadamard needs a power-of-two head; without a rotation int2 fits.
+    expect(int2Unfit({}, HEAD12)).toMatch(/power-of-two head dimension, not 12/);
+    expect(resolveKvMode(parseLoadOptions({}), HEAD12)).toBe('f16');
+    expect(resolveKvMode(parseLoadOptions({ rotation: 'none' }), HEAD12)).toBe('int2');
+    // 1-bit codes need groups of at least 32: rows of 16 have none.
+    expect(resolveKvMode(parseLoadOptions({}), { kvHeads: 2, headDim: 8 })).toBe('int2');
+    expect(resolveKvMode(parseLoadOptions({ experimental: { codeBits: 1 } }), { kvHeads: 2, headDim: 8 })).toBe('f16');
+  });
+
+  it('keeps an explicit kv either way (a model that cannot take int2 then fails in the pool, as before)', () => {
+    expect(resolveKvMode(parseLoadOptions({ kv: 'f16' }), STORIES)).toBe('f16');
+    expect(resolveKvMode(parseLoadOptions({ kv: 'int2' }), SMOLLM2)).toBe('int2');
+  });
+
+  it('fails boosted layers with an omitted kv on a model that cannot take int2, naming why', () => {
+    const options = parseLoadOptions({ experimental: { boostLayers: [1] } });
+    expect(resolveKvMode(options, STORIES)).toBe('int2');
+    expect(() => resolveKvMode(options, SMOLLM2)).toThrow(InvalidRequestError);
+    expect(() => resolveKvMode(options, SMOLLM2)).toThrow(
+      /experimental\.boostLayers needs the 2-bit cache, and this model cannot take it \(.*row width 320/,
+    );
+  });
+});
+
 describe('kvPoolOptions of parsed options', () => {
   const config = { layers: 5, kvHeads: 4, headDim: 8, contextLength: 512 } as ModelConfig;
+  const shape = {
+    layers: 5,
+    kvHeads: 4,
+    headDim: 8,
+    budgetBytes: 64 << 20,
+    maxSequences: 16,
+    maxSequenceTokens: 512,
+  };
+  const int2Pool = {
+    ...shape,
+    kv: 'quant',
+    sink: 64,
+    window: 256,
+    keyFormat: { bits: 2, groupSize: undefined },
+    valueFormat: { bits: 2, groupSize: undefined },
+  };
 
-  it("builds from the defaults the pool the engine built before parseLoadOptions (f16; int2's sink 64, window 256)", () => {
-    const shape = {
-      layers: 5,
-      kvHeads: 4,
-      headDim: 8,
-      budgetBytes: 64 << 20,
-      maxSequences: 16,
-      maxSequenceTokens: 512,
-    };
-    expect(kvPoolOptions(config, parseLoadOptions({}))).toEqual(shape);
-    expect(kvPoolOptions(config, parseLoadOptions({ kv: 'int2' }))).toEqual({
-      ...shape,
-      kv: 'quant',
-      sink: 64,
-      window: 256,
-      keyFormat: { bits: 2, groupSize: undefined },
-      valueFormat: { bits: 2, groupSize: undefined },
-    });
+  it("builds the pool the engine built before parseLoadOptions for each kv (f16; int2's sink 64, window 256)", () => {
+    expect(kvPoolOptions(config, parseLoadOptions({ kv: 'f16' }))).toEqual(shape);
+    expect(kvPoolOptions(config, parseLoadOptions({ kv: 'int2' }))).toEqual(int2Pool);
     // The same pool from a ModelRunner.load caller that passes only part of the options.
     expect(kvPoolOptions(config, { kv: 'int2' })).toEqual(kvPoolOptions(config, parseLoadOptions({ kv: 'int2' })));
+  });
+
+  it('builds from the defaults the int2 pool where the model allows it, else the f16 one', () => {
+    expect(kvPoolOptions(config, parseLoadOptions({}))).toEqual(int2Pool);
+    expect(kvPoolOptions(config, {})).toEqual(int2Pool);
+    const smollm2 = { ...config, ...SMOLLM2 } as ModelConfig;
+    expect(kvPoolOptions(smollm2, parseLoadOptions({}))).toEqual({ ...shape, ...SMOLLM2 });
   });
 
   it('maps the experimental knobs and the public sizes', () => {

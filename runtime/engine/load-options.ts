@@ -2,11 +2,13 @@
  * The one check of load options. `parseLoadOptions` turns what a caller passes to `load` (EngineLoadOptions: the
  * public shape, research knobs under `experimental`) into ParsedLoadOptions: each field checked for its type, its
  * range and the combinations it needs, the defaults applied. Defaults that depend on the model or the device stay
- * undefined (ModelRunner.load resolves them). Nothing below checks user input again: ModelRunner.load, kvPoolOptions and the KV
- * pool read the typed object. The pool keeps its invariants and what only the model can tell (which layers exist,
- * which group sizes divide a row, whether a page fits the budget). Pure: no GPU, no model.
+ * undefined (ModelRunner.load resolves them; the KV mode with resolveKvMode below). Nothing below checks user input
+ * again: ModelRunner.load, kvPoolOptions and the KV pool read the typed object. The pool keeps its invariants and what
+ * only the model can tell (which layers exist, which group sizes divide a row, whether a page fits the budget). Pure:
+ * no GPU; resolveKvMode reads the model's shape only.
  */
 import { InvalidRequestError } from '../../core/errors.ts';
+import { quantPageLayout } from '../kv/quant-layout.ts';
 import {
   type EngineLoadOptions,
   type ExperimentalLoadOptions,
@@ -20,14 +22,16 @@ import { checkObject, choiceList, failField } from './validate.ts';
 
 /** Load options, checked and with their defaults: the one shape every consumer below the API reads. */
 export interface ParsedLoadOptions {
-  kv: KvMode;
+  /** undefined: int2 where the model allows it, else f16 (resolveKvMode, once the model is known). */
+  kv: KvMode | undefined;
   kvBudgetBytes: number;
   maxSequences: number;
   /** undefined: the model's context length. */
   maxContextTokens: number | undefined;
   /** undefined: defaultPrefillChunk (it depends on the device and the KV budget). */
   prefillChunk: number | undefined;
-  rotation: KvRotation;
+  /** undefined (kv undefined too): defaultRotation of the mode kv resolves to. */
+  rotation: KvRotation | undefined;
   calibrate: 'background' | 'off';
   onProgress: ((progress: LoadProgress) => void) | undefined;
   // ExperimentalLoadOptions, flat: only the public shape sets them apart.
@@ -43,9 +47,8 @@ export interface ParsedLoadOptions {
   calibrationTokens: number | undefined;
 }
 
-/** The defaults that depend on nothing (rotation's depends on kv: defaultRotation). */
+/** The defaults that depend on nothing (kv's depends on the model: resolveKvMode; rotation's on kv: defaultRotation). */
 export const LOAD_DEFAULTS = {
-  kv: 'f16',
   kvBudgetBytes: 64 * 1024 * 1024,
   maxSequences: 16,
   calibrate: 'background',
@@ -58,6 +61,55 @@ export const LOAD_DEFAULTS = {
 
 export function defaultRotation(kv: KvMode): KvRotation {
   return kv === 'int2' ? 'hadamard' : 'none';
+}
+
+/** What resolveKvMode reads of a model (a ModelConfig is one). */
+export interface KvModelShape {
+  kvHeads: number;
+  headDim: number;
+}
+
+/**
+ * Why `model` cannot take the 2-bit cache that `options` ask for, or null where it can: each K/V row (kvHeads ×
+ * headDim values) must cut into the quant groups of the pool's page layout (runtime/kv/quant-layout.ts, at the
+ * group size and code bits given, else the pool's defaults), and the Hadamard rotation int2 defaults to needs a
+ * power-of-two head dimension (runtime/kv/rotation.ts).
+ */
+export function int2Unfit(
+  options: Pick<Partial<ParsedLoadOptions>, 'rotation' | 'groupSize' | 'codeBits'>,
+  model: KvModelShape,
+): string | null {
+  const format = { bits: options.codeBits ?? LOAD_DEFAULTS.codeBits, groupSize: options.groupSize };
+  try {
+    // The pool's own check of the formats, on a one-layer, one-token page.
+    const { kvHeads, headDim } = model;
+    quantPageLayout({ kvHeads, headDim, layers: 1, pageTokens: 1, keyFormat: format, valueFormat: format });
+  } catch (error) {
+    if (error instanceof InvalidRequestError) return error.message;
+    throw error;
+  }
+  const d = model.headDim;
+  if ((options.rotation ?? defaultRotation('int2')) !== 'none' && (d & (d - 1)) !== 0) {
+    return `a Hadamard rotation needs a power-of-two head dimension, not ${d}`;
+  }
+  return null;
+}
+
+/**
+ * The KV mode of a load: `kv` where the caller passed one, else int2 where the model allows it (int2Unfit), else
+ * f16. Boosted layers are a tier of the 2-bit cache: with kv omitted on a model that cannot take it they fail
+ * here, naming why, rather than in the f16 pool.
+ */
+export function resolveKvMode(options: Partial<ParsedLoadOptions>, model: KvModelShape): KvMode {
+  if (options.kv !== undefined) return options.kv;
+  const unfit = int2Unfit(options, model);
+  if (unfit !== null && (options.boostLayers?.length ?? 0) > 0) {
+    throw new InvalidRequestError(
+      `experimental.boostLayers needs the 2-bit cache, and this model cannot take it (${unfit}); drop boostLayers for an f16 cache.`,
+      { field: 'experimental.boostLayers' },
+    );
+  }
+  return unfit === null ? 'int2' : 'f16';
 }
 
 // Built from records over the types' keys, so a field added to a type without its check does not compile.
@@ -86,7 +138,12 @@ const EXPERIMENTAL_FIELDS = Object.keys({
 
 const ROTATIONS: readonly KvRotation[] = ['hadamard', 'none', 'calibrated'];
 
-function choice<T extends string>(field: string, value: unknown, choices: readonly T[], fallback: T): T {
+function choice<T extends string, F extends T | undefined>(
+  field: string,
+  value: unknown,
+  choices: readonly T[],
+  fallback: F,
+): T | F {
   if (value === undefined) return fallback;
   if (!choices.includes(value as T)) failField(field, value, `use ${choiceList(choices)}`);
   return value as T;
@@ -130,7 +187,7 @@ export function parseLoadOptions(input: unknown): ParsedLoadOptions {
         );
   const x =
     o.experimental === undefined ? {} : checkObject('load options experimental', o.experimental, EXPERIMENTAL_FIELDS);
-  const kv = choice('kv', o.kv, ['f16', 'int2'], LOAD_DEFAULTS.kv);
+  const kv = choice('kv', o.kv, ['f16', 'int2'], undefined);
   if (x.codeBits !== undefined && x.codeBits !== 1 && x.codeBits !== 2) {
     failField('experimental.codeBits', x.codeBits, 'use 1 or 2');
   }
@@ -143,7 +200,7 @@ export function parseLoadOptions(input: unknown): ParsedLoadOptions {
     maxSequences: integer('maxSequences', o.maxSequences, 1, 256) ?? LOAD_DEFAULTS.maxSequences,
     maxContextTokens: integer('maxContextTokens', o.maxContextTokens, 1),
     prefillChunk: integer('prefillChunk', o.prefillChunk, 1, 4096),
-    rotation: choice('rotation', o.rotation, ROTATIONS, defaultRotation(kv)),
+    rotation: choice('rotation', o.rotation, ROTATIONS, kv === undefined ? undefined : defaultRotation(kv)),
     calibrate: choice('calibrate', o.calibrate, ['background', 'off'], LOAD_DEFAULTS.calibrate),
     onProgress: o.onProgress as ParsedLoadOptions['onProgress'],
     sink: integer('experimental.sink', x.sink, 0) ?? LOAD_DEFAULTS.sink,
@@ -160,10 +217,11 @@ export function parseLoadOptions(input: unknown): ParsedLoadOptions {
     ),
     calibrationTokens: integer('experimental.calibrationTokens', x.calibrationTokens, 16, 4096),
   };
-  // Boosted layers are a tier of the 2-bit cache (which layers exist is the pool's check: only the model knows).
-  if (parsed.boostLayers.length > 0 && (parsed.kv !== 'int2' || parsed.codeBits !== 2)) {
+  // Boosted layers are a tier of the 2-bit cache (which layers exist is the pool's check: only the model knows; an
+  // omitted kv is int2 where the model allows it, and resolveKvMode fails where it does not).
+  if (parsed.boostLayers.length > 0 && (parsed.kv === 'f16' || parsed.codeBits !== 2)) {
     throw new InvalidRequestError(
-      `experimental.boostLayers needs kv: 'int2' with 2-bit codes (here kv: '${parsed.kv}', codeBits: ${parsed.codeBits}); use kv: 'int2' and codeBits 2, or drop boostLayers.`,
+      `experimental.boostLayers needs kv: 'int2' with 2-bit codes (here kv: ${parsed.kv === undefined ? 'omitted' : `'${parsed.kv}'`}, codeBits: ${parsed.codeBits}); use kv: 'int2' and codeBits 2, or drop boostLayers.`,
       { field: 'experimental.boostLayers' },
     );
   }

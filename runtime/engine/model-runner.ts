@@ -22,8 +22,8 @@ import { loadModelWeights, type ModelWeights, releaseModelWeights } from '../mod
 import { GREEDY_SAMPLING, resolveSamplingParams, type SamplingParams } from '../sampling/params.ts';
 import { StepRunner } from '../step/step-runner.ts';
 import { GgufTokenizer } from '../tokenizer/tokenizer.ts';
-import type { FinishReason } from './api-types.ts';
-import { defaultRotation, LOAD_DEFAULTS, type ParsedLoadOptions } from './load-options.ts';
+import type { FinishReason, KvMode } from './api-types.ts';
+import { defaultRotation, LOAD_DEFAULTS, type ParsedLoadOptions, resolveKvMode } from './load-options.ts';
 
 export type { FinishReason, KvMode, LoadProgress } from './api-types.ts';
 
@@ -63,7 +63,7 @@ export function defaultPrefillChunk(tensorCorePrefill: boolean, pool: KvPoolOpti
  * 1-bit pool would drop them without a word.
  */
 export function kvPoolOptions(config: ModelConfig, options: Partial<ParsedLoadOptions>): KvPoolOptions {
-  const kv = options.kv ?? LOAD_DEFAULTS.kv;
+  const kv = resolveKvMode(options, config);
   const codeBits = options.codeBits ?? LOAD_DEFAULTS.codeBits;
   // Which layers exist is the pool's check (its message names them).
   const boostLayers = options.boostLayers ?? [];
@@ -149,6 +149,8 @@ interface LoadedModel {
   transformer: Transformer;
   runner: StepRunner;
   kv: {
+    /** The cache's mode: the kv option, or what an omitted one resolved to for this model (resolveKvMode). */
+    mode: KvMode;
     /** What the pool was made with. */
     options: KvPoolOptions;
     /** What the cache stores K/V rotated by ('calibrated': fitted rotations are in use). */
@@ -217,7 +219,8 @@ export class ModelRunner {
     const file = await parseGguf(source);
     const config = readModelConfig(file);
     let poolOptions: KvPoolOptions = kvPoolOptions(config, options);
-    const requested = options.rotation ?? defaultRotation(options.kv ?? LOAD_DEFAULTS.kv);
+    const mode = resolveKvMode(options, config);
+    const requested = options.rotation ?? defaultRotation(mode);
     let rotation: KvRotation = { kind: requested === 'hadamard' ? 'hadamard' : 'none' };
     let digest: string | null = null;
     let calibrationNeeded = false;
@@ -258,7 +261,7 @@ export class ModelRunner {
         tokenizer,
         weights,
         ...kv.state,
-        kv: { options: poolOptions, rotation, digest, calibrationNeeded },
+        kv: { mode, options: poolOptions, rotation, digest, calibrationNeeded },
       };
       // Calibrate: one warm-up token through the whole pipeline (first submits compile lazily on some drivers).
       progress({ phase: 'calibrate', bytesDone: 0, bytesTotal: 1 });
@@ -343,7 +346,7 @@ export class ModelRunner {
       }
       const old = { pool: m.pool, transformer: m.transformer, runner: m.runner };
       Object.assign(m, next.state);
-      m.kv = { options, rotation, digest: m.kv.digest, calibrationNeeded: false };
+      m.kv = { mode: m.kv.mode, options, rotation, digest: m.kv.digest, calibrationNeeded: false };
       old.runner.release();
       old.transformer.release();
       old.pool.destroy();
