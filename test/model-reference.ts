@@ -9,11 +9,13 @@
  *   with an f16 scale (Q8_0/Q8_1) for Q4_0..Q8_0, int8 blocks of 256 with an f32 scale (Q8_K) for K-quants;
  * - attention (no flash attention) multiplies f16 K by q rounded to f16, and f16 V by the softmax rounded to f16.
  */
+
 import { readFile } from 'node:fs/promises';
 import { GgmlType } from '../core/gguf-types.ts';
 import { bf16ToF32, dequantize, f16ToF32, f32ToF16Bits } from '../kernels/reference/dequantize.ts';
 import { sourceFromPath } from '../runtime/gguf/node-source.ts';
 import { parseGguf } from '../runtime/gguf/parse.ts';
+import type { KvPrecisionPlan } from '../runtime/kv/precision-plan.ts';
 import { dequantizeRow, quantizeRow } from '../runtime/kv/quant-format.ts';
 
 interface Matrix {
@@ -118,7 +120,15 @@ export interface ReferenceOptions {
    * window ((page + 1) · pageTokens <= t − window). Rows are quantized from their f16-rounded values over the full
    * kvHeads × headDim width (runtime/kv/quant-format.ts), without rotation.
    */
-  kvQuant?: { sink: number; window: number; pageTokens: number; groupSize: number; bits: 1 | 2 | 4 };
+  kvQuant?: {
+    sink: number;
+    window: number;
+    pageTokens: number;
+    groupSize: number;
+    bits: 1 | 2 | 4;
+    /** Per layer K and V bits and clip quantiles (runtime/kv/precision-plan.ts), replacing `bits` and clip 1. */
+    plan?: KvPrecisionPlan;
+  };
   /** Keeps K/V in f64 instead of rounding them to f16: the exact reference an f16 cache is measured against. */
   exactKv?: boolean;
 }
@@ -237,12 +247,13 @@ export async function referenceLogProbs(
     }
     const kq = options.kvQuant;
     const quantized = kq
-      ? (rows: Float64Array[]) => {
-          const format = { width: kvHeads * headDim, groupSize: kq.groupSize, bits: kq.bits, clipQuantile: 1 };
+      ? (rows: Float64Array[], side: 'key' | 'value') => {
+          const precision = kq.plan?.[l][side] ?? { bits: kq.bits, clipQuantile: 1 };
+          const format = { width: kvHeads * headDim, groupSize: kq.groupSize, ...precision };
           return rows.map((row) => Float64Array.from(dequantizeRow(quantizeRow(row, format), format)));
         }
       : null;
-    const kq8 = quantized ? { k: quantized(ks), v: quantized(vs) } : null;
+    const kq8 = quantized ? { k: quantized(ks, 'key'), v: quantized(vs, 'value') } : null;
     const sinkPages = kq ? Math.ceil(kq.sink / kq.pageTokens) : 0;
     const keyAt = (t: number, j: number, store: 'k' | 'v') => {
       if (

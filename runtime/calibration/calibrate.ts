@@ -18,15 +18,28 @@ import type { PreparedDispatch } from '../../core/gpu/dispatch.ts';
 import { readFloat32 } from '../../core/gpu/readback.ts';
 import { prepareCovariance, prepareKeyEnergy } from '../../kernels/covariance.ts';
 import { prepareAddInPlace } from '../../kernels/elementwise.ts';
+import { DEFAULT_QUANT_POLICY, type LayerActivations, type QuantPolicy } from '../eval/fidelity.ts';
+import { captureAttentionInputs } from '../eval/fidelity-capture.ts';
 import { type ClipFitFormat, type FittedClip, fitClipQuantiles, resolveClipFormat } from '../kv/clip-fit.ts';
 import { PagedKvAttention } from '../kv/paged-attention.ts';
 import { KvPagePool } from '../kv/pool.ts';
 import { covarianceRotation } from '../kv/rotation.ts';
+import type { StoredRotations } from '../kv/rotation-store.ts';
 import type { ModelConfig } from '../model/config.ts';
 import { type KvAttentionBackend, Transformer } from '../model/transformer.ts';
 import type { ModelWeights } from '../model/weights.ts';
 import { resolveSamplingParams } from '../sampling/params.ts';
 import { StepRunner } from '../step/step-runner.ts';
+import {
+  boundedProbe,
+  choosePlan,
+  DEFAULT_PLAN_BUDGET,
+  DEFAULT_PROBE,
+  type LayerScores,
+  type PlanChoice,
+  retrievalProbe,
+  scoreLayer,
+} from './precision-search.ts';
 
 export interface CalibratedRotations {
   /** f32 [layers × kvHeads × headDim × headDim], row-major, applied as x · R. */
@@ -37,6 +50,8 @@ export interface CalibratedRotations {
   tokens: number;
   /** Fitted clip quantiles (absent when `clip: null` was passed). */
   clip?: FittedClip;
+  /** The precision plan chosen for the 2-bit cache (absent with `clip: null`, or when the text is too short). */
+  plan?: PlanChoice & { scores: LayerScores[] };
 }
 
 export interface CalibrationHooks {
@@ -45,6 +60,17 @@ export interface CalibrationHooks {
    * here while requests run; throwing here aborts the calibration (its GPU memory is released first).
    */
   between?: () => Promise<void>;
+}
+
+/** What a calibration stores (cache, GGUF metadata): the rotations, their clip quantiles and precision plan. */
+export function storedRotations(fitted: CalibratedRotations): StoredRotations {
+  return {
+    key: fitted.key,
+    value: fitted.value,
+    tokens: fitted.tokens,
+    ...(fitted.clip ? { clip: { key: fitted.clip.key, value: fitted.clip.value } } : {}),
+    ...(fitted.plan ? { plan: fitted.plan.plan } : {}),
+  };
 }
 
 type Pass = 'query' | 'value';
@@ -207,6 +233,8 @@ export async function calibrateKvRotations(
     /** CPU steps after the passes: the eigendecompositions, then the clip fit (one step per layer). */
     onFitProgress?: (done: number, total: number) => void;
     clip?: ClipFitFormat | null;
+    /** The sink and window the precision plan's probe is built for (default the pool's: 64 and 256). */
+    planPolicy?: QuantPolicy;
   } = {},
 ): Promise<CalibratedRotations> {
   const c = config;
@@ -299,7 +327,8 @@ export async function calibrateKvRotations(
         : null;
     // Release the GPU memory before the CPU work (which may pause for a long time between steps).
     releaseAll();
-    const fitSteps = 2 * matrices + (sample ? c.layers : 0);
+    // The eigendecompositions, then per layer the clip fit and the precision plan's scores.
+    const fitSteps = 2 * matrices + (sample ? 2 * c.layers : 0);
     const key = new Float32Array(matrices * d * d);
     const value = new Float32Array(matrices * d * d);
     for (let m = 0; m < matrices; m++) {
@@ -322,9 +351,70 @@ export async function calibrateKvRotations(
           onLayer: (l) => options.onFitProgress?.(2 * matrices + l + 1, fitSteps),
         },
       );
+      const plan = await chooseKvPrecisionPlan(gpu, c, weights, tokens, { key, value }, clipFormat.groupSize, {
+        between: options.between,
+        onLayer: (l) => options.onFitProgress?.(2 * matrices + c.layers + l + 1, fitSteps),
+        policy: options.planPolicy,
+      });
+      if (plan) result.plan = plan;
     }
     return result;
   } finally {
     releaseAll();
   }
+}
+
+/** Bytes of captured activations one pass of the plan search holds at most (more layers take more passes). */
+const PROBE_CAPTURE_BYTES = 64 << 20;
+
+/**
+ * The precision plan of the 2-bit cache for rotations `rotation` (runtime/calibration/precision-search.ts): the
+ * retrieval probe of `text` under the pool's default sink and window, captured from the f16 forward a few layers per
+ * pass (at most PROBE_CAPTURE_BYTES at once), every layer's candidates scored, the least-error plan within the
+ * default budget. Null when `text` is too short for a probe.
+ */
+export async function chooseKvPrecisionPlan(
+  gpu: GpuContext,
+  config: ModelConfig,
+  weights: ModelWeights,
+  text: readonly number[],
+  rotation: { key: Float32Array; value: Float32Array },
+  groupSize: number,
+  options: CalibrationHooks & {
+    onLayer?: (layer: number) => void;
+    budget?: { bitsPerElement: number; tokens: number };
+    /** The sink and window the probe is built for (default the pool's: 64 and 256). */
+    policy?: QuantPolicy;
+  } = {},
+): Promise<(PlanChoice & { scores: LayerScores[] }) | null> {
+  const c = config;
+  const policy = options.policy ?? DEFAULT_QUANT_POLICY;
+  const repeated = DEFAULT_PROBE.repeats * DEFAULT_PROBE.span;
+  const length = Math.min(DEFAULT_PROBE.length, text.length + repeated, c.contextLength);
+  let probe: ReturnType<typeof retrievalProbe>;
+  try {
+    probe = boundedProbe(retrievalProbe(text, policy, { ...DEFAULT_PROBE, length }), c.heads);
+  } catch {
+    return null;
+  }
+  const n = probe.tokens.length;
+  const shape = { heads: c.heads, kvHeads: c.kvHeads, headDim: c.headDim };
+  const layerBytes = n * (c.heads + 2 * c.kvHeads) * c.headDim * 4;
+  const perPass = Math.max(1, Math.floor(PROBE_CAPTURE_BYTES / layerBytes));
+  const scores: LayerScores[] = [];
+  for (let first = 0; first < c.layers; first += perPass) {
+    const layers = Array.from({ length: Math.min(perPass, c.layers - first) }, (_, i) => first + i);
+    const acts: Array<LayerActivations | null> = await captureAttentionInputs(gpu, c, weights, probe.tokens, {
+      layers,
+      between: options.between,
+    });
+    for (const l of layers) {
+      await options.between?.();
+      scores.push(scoreLayer(l, acts[l] as LayerActivations, probe, shape, policy, groupSize, rotation));
+      acts[l] = null;
+      options.onLayer?.(l);
+    }
+  }
+  const share = { sink: policy.sink, window: policy.window, pageTokens: policy.pageTokens };
+  return { ...choosePlan(scores, { groupSize, share, budget: options.budget ?? DEFAULT_PLAN_BUDGET }), scores };
 }

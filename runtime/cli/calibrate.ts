@@ -1,63 +1,115 @@
 import { open, readFile, writeFile } from 'node:fs/promises';
 import { InvalidRequestError } from '../../core/errors.ts';
 import type { GpuContext } from '../../core/gpu/device.ts';
-import { calibrateKvRotations } from '../calibration/calibrate.ts';
+import { calibrateKvRotations, storedRotations } from '../calibration/calibrate.ts';
 import { ModelRunner } from '../engine/model-runner.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
+import { parseGguf } from '../gguf/parse.ts';
 import { metadataEntriesOf, planGguf } from '../gguf/writer.ts';
+import { describePlan } from '../kv/precision-plan.ts';
 import { nodeRotationCache } from '../kv/rotation-cache-node.ts';
-import { encodeRotations, modelDigest, rotationMetadataEntries, type StoredRotations } from '../kv/rotation-store.ts';
+import {
+  encodeRotations,
+  modelDigest,
+  rotationMetadataEntries,
+  rotationsFromMetadata,
+  type StoredRotations,
+} from '../kv/rotation-store.ts';
+import { readModelConfig } from '../model/config.ts';
 import { numberFlag, type ParsedArgs, stringFlag } from './args.ts';
 import { defaultModelPath } from './default-model.ts';
 
 /**
  * `longtab calibrate [--model FILE] [--out FILE.bin] [--embed OUT.gguf] [--text FILE] [--tokens N] [--seed S]`:
- * fits OSCAR rotations for the int2 KV cache on text the model generates itself with an f16 cache (or on --text),
- * caches them under the model's digest, and optionally writes them to a file or into a copy of the model.
+ * fits OSCAR rotations, their clip quantiles and the 2-bit cache's precision plan on text the model generates
+ * itself with an f16 cache (or on --text), caches them under the model's digest, and optionally writes them to a
+ * file or into a copy of the model.
  */
 export async function runCalibrate(args: ParsedArgs, gpu: GpuContext): Promise<number> {
   const modelPath = stringFlag(args, 'model') ?? defaultModelPath();
-  const wanted = numberFlag(args, 'tokens', 2048);
+  const wanted = numberFlag(args, 'tokens', DEFAULT_CLI_CALIBRATION_TOKENS);
   if (!Number.isInteger(wanted) || wanted < 16 || wanted > 16384)
     throw new InvalidRequestError('--tokens must be an integer in 16..16384.');
-  const textPath = stringFlag(args, 'text');
+  const out = stringFlag(args, 'out');
+  const embed = stringFlag(args, 'embed');
+  const result = await calibrateModelFile(gpu, modelPath, {
+    tokens: wanted,
+    textPath: stringFlag(args, 'text'),
+    seed: numberFlag(args, 'seed', 1),
+    out,
+    embed,
+  });
+  process.stdout.write(
+    `${JSON.stringify({ model: modelPath, digest: result.digest, tokens: result.rotations.tokens, clip: result.rotations.clip ?? null, plan: result.plan, out: out ?? null, embed: embed ?? null })}\n`,
+  );
+  return 0;
+}
+
+/** Tokens `longtab calibrate` fits on unless told (and `eval`/`capacity` when they calibrate first). */
+export const DEFAULT_CLI_CALIBRATION_TOKENS = 2048;
+
+/**
+ * Calibrates the model file at `modelPath` (self-generated text unless `textPath`), with progress on stderr, and
+ * caches the result under its digest; `out` writes the encoded rotations, `embed` a copy of the model carrying them.
+ */
+export async function calibrateModelFile(
+  gpu: GpuContext,
+  modelPath: string,
+  options: { tokens: number; textPath?: string; seed?: number; out?: string; embed?: string },
+): Promise<{
+  digest: string;
+  rotations: StoredRotations;
+  plan: { summary: string; bitsPerElementAt32K: number } | null;
+}> {
   const engine = new ModelRunner(gpu);
   const source = await sourceFromPath(modelPath);
   try {
     await engine.load(source, { kv: 'f16' });
     const { tokenizer, config } = engine;
-    const tokens = textPath
-      ? tokenizer.encode(await readFile(textPath, 'utf8'), { addSpecial: true }).slice(0, wanted)
-      : await selfGenerated(engine, wanted, numberFlag(args, 'seed', 1));
+    const tokens = options.textPath
+      ? tokenizer.encode(await readFile(options.textPath, 'utf8'), { addSpecial: true }).slice(0, options.tokens)
+      : await selfGenerated(engine, options.tokens, options.seed ?? 1);
     const started = performance.now();
     const fitted = await calibrateKvRotations(gpu, config, engine.loaded!.weights, tokens, {
       onProgress: (done, total) => process.stderr.write(`\rcalibrating: ${done}/${total} tokens`),
+      onFitProgress: (done, total) => process.stderr.write(`\rcalibrating: fit step ${done}/${total}   `),
     });
+    const plan = fitted.plan
+      ? { summary: describePlan(fitted.plan.plan), bitsPerElementAt32K: fitted.plan.bitsPerElement }
+      : null;
     process.stderr.write(
-      `\rcalibrated on ${tokens.length} tokens in ${((performance.now() - started) / 1000).toFixed(1)} s\n`,
+      `\rcalibrated on ${tokens.length} tokens in ${((performance.now() - started) / 1000).toFixed(1)} s; plan: ${plan ? `${plan.summary} (${plan.bitsPerElementAt32K.toFixed(3)} bits per element at 32K)` : 'none (text too short for the probe)'}\n`,
     );
-    const rotations: StoredRotations = {
-      key: fitted.key,
-      value: fitted.value,
-      tokens: tokens.length,
-      ...(fitted.clip ? { clip: { key: fitted.clip.key, value: fitted.clip.value } } : {}),
-    };
-    const file = engine.loaded!.file;
-    const digest = await modelDigest(file, source);
+    const rotations = storedRotations(fitted);
+    const digest = await modelDigest(engine.loaded!.file, source);
     const bytes = encodeRotations(rotations);
     await nodeRotationCache().set(digest, bytes);
-    const out = stringFlag(args, 'out');
-    if (out) await writeFile(out, bytes);
-    const embed = stringFlag(args, 'embed');
-    if (embed) await writeModelWithRotations(modelPath, embed, engine, rotations);
-    process.stdout.write(
-      `${JSON.stringify({ model: modelPath, digest, tokens: tokens.length, clip: rotations.clip ?? null, out: out ?? null, embed: embed ?? null })}\n`,
-    );
-    return 0;
+    if (options.out) await writeFile(options.out, bytes);
+    if (options.embed) await writeModelWithRotations(modelPath, options.embed, engine, rotations);
+    return { digest, rotations, plan };
   } finally {
     engine.unload();
     await source.close?.();
   }
+}
+
+/**
+ * Before a command loads `modelPath` with calibrated rotations: calibrates it first (progress on stderr) when
+ * neither its metadata nor the rotation cache holds any. Returns whether it calibrated.
+ */
+export async function ensureCalibrated(gpu: GpuContext, modelPath: string): Promise<boolean> {
+  const source = await sourceFromPath(modelPath);
+  try {
+    const file = await parseGguf(source);
+    const config = readModelConfig(file);
+    if (rotationsFromMetadata(file.metadata, config)) return false;
+    if (await nodeRotationCache().get(await modelDigest(file, source))) return false;
+  } finally {
+    await source.close?.();
+  }
+  process.stderr.write(`${modelPath} has no calibrated KV rotations yet: calibrating first.\n`);
+  await calibrateModelFile(gpu, modelPath, { tokens: DEFAULT_CLI_CALIBRATION_TOKENS });
+  return true;
 }
 
 /** Calibration text: the model's own sampled continuation of BOS, with an f16 cache. */

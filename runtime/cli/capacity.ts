@@ -4,7 +4,7 @@ import { ModelRunner } from '../engine/model-runner.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
 import { numberFlag, type ParsedArgs, stringFlag } from './args.ts';
 import { defaultModelPath } from './default-model.ts';
-import { checkModesFitModel, cliLoadOptions, evalModes, kvOptionsFor } from './eval.ts';
+import { cliLoadOptions, evalModes, kvOptionsFor, prepareModes } from './eval.ts';
 
 /** Positions per fill step (and prefill chunk) during a capacity run. */
 const CAPACITY_STEP_TOKENS = 32;
@@ -85,7 +85,7 @@ export async function runCapacity(args: ParsedArgs, gpu: GpuContext): Promise<nu
   const decodeSteps = numberFlag(args, 'decode-steps', 4);
   const names = evalModes(args, DEFAULT_CAPACITY_MODES, true);
   const modes = names.map((name) => ({ name, options: kvOptionsFor(name) }));
-  await checkModesFitModel(names, modelPath);
+  await prepareModes(gpu, names, modelPath);
   const rows: CapacityRow[] = [];
   const source = await sourceFromPath(modelPath);
   const engine = new ModelRunner(gpu);

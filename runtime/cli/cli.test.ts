@@ -32,7 +32,13 @@ describe('eval KV modes', () => {
     });
     expect(kvOptionsFor('int2-none+L5')).toEqual(boosted('none', [5]));
     expect(kvOptionsFor('int2-hadamard+L0.12')).toEqual(boosted('hadamard', [0, 12]));
-    expect(kvOptionsFor('int2-calibrated+L5')).toEqual(boosted('calibrated', [5]));
+    expect(kvOptionsFor('int2-calibrated+L5')).toEqual({
+      kv: 'int2',
+      rotation: 'calibrated',
+      experimental: { precisionPlan: 'uniform', boostLayers: [5] },
+    });
+    // 'int2' is what a user gets with kv: 'int2' once calibrated: calibrated rotations and their precision plan.
+    expect(kvOptionsFor('int2')).toEqual({ kv: 'int2', rotation: 'calibrated' });
     expect(kvOptionsFor('int1-none+L5')).toEqual({
       kv: 'int2',
       rotation: 'none',

@@ -22,6 +22,7 @@ import { parseGguf } from '../gguf/parse.ts';
 import { nodeRotationCache } from '../kv/rotation-cache-node.ts';
 import { readModelConfig } from '../model/config.ts';
 import { numberFlag, type ParsedArgs, stringFlag } from './args.ts';
+import { ensureCalibrated } from './calibrate.ts';
 import { defaultModelPath } from './default-model.ts';
 
 /** The KV configurations an evaluation compares, by name (as `load` takes them; cliLoadOptions checks them). */
@@ -37,19 +38,22 @@ export function kvOptionsFor(name: string): EngineLoadOptions {
     case 'f16':
       return { kv: 'f16' };
     case 'int2':
+      // What a user gets with kv: 'int2' once calibrated: the calibrated rotations and the calibration's precision plan.
+      return { kv: 'int2', rotation: 'calibrated' };
+    case 'int2-calibrated':
+      // Calibrated rotations with one 2-bit format and the fitted clip in every layer (the cache before plans).
+      return { kv: 'int2', rotation: 'calibrated', experimental: { precisionPlan: 'uniform' } };
     case 'int2-hadamard':
       return { kv: 'int2', rotation: 'hadamard' };
     case 'int2-none':
       // The weak control: naive INT2, no rotation, no clipping.
       return { kv: 'int2', rotation: 'none' };
-    case 'int2-calibrated':
-      return { kv: 'int2', rotation: 'calibrated' };
     case 'int1-none':
       // The weakest control: 1-bit codes, no rotation.
       return { kv: 'int2', rotation: 'none', experimental: { codeBits: 1 } };
     default:
       throw new InvalidRequestError(
-        `Unknown KV configuration '${name}': use f16, int2 (= int2-hadamard), int2-calibrated, int2-none or int1-none; an int2 mode may end in +L5 (layer 5 at 4 bits) or +L5.6.`,
+        `Unknown KV configuration '${name}': use f16, int2 (what kv: 'int2' runs once calibrated), int2-calibrated (calibrated rotations, one format in every layer), int2-hadamard, int2-none or int1-none; an int2 mode may end in +L5 (layer 5 at 4 bits) or +L5.6.`,
       );
   }
 }
@@ -72,6 +76,15 @@ export function evalModes(args: ParsedArgs, fallback = 'f16', withF16 = args.fla
   if (withF16 && !modes.includes('f16')) modes.unshift('f16');
   for (const mode of modes) kvOptionsFor(mode);
   return modes;
+}
+
+/**
+ * Before a command runs `modes` on `modelPath`: the boosted layers exist (checkModesFitModel), and a model without
+ * calibrated rotations is calibrated first (with progress) when a mode needs them.
+ */
+export async function prepareModes(gpu: GpuContext, modes: readonly string[], modelPath: string): Promise<void> {
+  await checkModesFitModel(modes, modelPath);
+  if (modes.some((mode) => kvOptionsFor(mode).rotation === 'calibrated')) await ensureCalibrated(gpu, modelPath);
 }
 
 /**
@@ -126,7 +139,7 @@ export async function runEval(args: ParsedArgs, gpu: GpuContext): Promise<number
   const ctx = numberFlag(args, 'ctx', 512);
   const maxWindows = numberFlag(args, 'max-windows', Number.POSITIVE_INFINITY);
   const modes = evalModes(args);
-  await checkModesFitModel(modes, modelPath);
+  await prepareModes(gpu, modes, modelPath);
   const log = progressLog(args);
   const engine = new ModelRunner(gpu);
   const source = await sourceFromPath(modelPath);
@@ -271,7 +284,7 @@ export async function runRetrievalEval(args: ParsedArgs, gpu: GpuContext): Promi
   if (texts.length === 0)
     throw new InvalidRequestError(`Usage: longtab eval --task ${task} --text FILLER.txt [FILE...]: the filler text.`);
   const modes = evalModes(args);
-  await checkModesFitModel(modes, modelPath);
+  await prepareModes(gpu, modes, modelPath);
   const lengths = numberListFlag(args, 'lengths', [1024, 2048]);
   if (task === 'copy' && args.flags.has('depths'))
     throw new InvalidRequestError('copy places its passage by --distances (tokens between the copies), not --depths.');

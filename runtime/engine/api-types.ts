@@ -90,6 +90,12 @@ export interface ExperimentalLoadOptions {
    */
   boostLayers?: number[];
   /**
+   * int2 with calibrated rotations: 'calibrated' (default) lays the pages out by the precision plan the calibration
+   * chose (per layer K and V bits and clip, runtime/kv/precision-plan.ts); 'uniform' uses one 2-bit format with
+   * the fitted clip quantiles in every layer (the cache before plans existed, kept for comparison).
+   */
+  precisionPlan?: 'calibrated' | 'uniform';
+  /**
    * Prefill projections: 'auto' (default) runs them on int8 tensor cores where the GPU offers them (Dawn's
    * experimental subgroup matrices: Chrome with --enable-unsafe-webgpu; activations quantized per 32 elements, as
    * llama.cpp does), or on dot4I8Packed where that measured faster (larger matmuls; Q6_K weights); 'f32' keeps the
@@ -255,6 +261,20 @@ export interface KvCalibrationStats {
   error?: string;
 }
 
+/** The precision plan in use, as `stats().kv.plan` shows it. */
+export interface KvPlanStats {
+  /** e.g. "K 2-bit clip 0.96, V 2-bit; layer 5: K 4-bit, V 2-bit". */
+  summary: string;
+  /**
+   * 'calibration': chosen by the calibration (stored with the rotations); 'uniform': one format for every layer
+   * (before calibration, or rotations stored without a plan); 'boostLayers': the experimental load option.
+   */
+  source: 'calibration' | 'uniform' | 'boostLayers';
+  layers: Array<{ key: { bits: number; clipQuantile: number }; value: { bits: number; clipQuantile: number } }>;
+  /** Effective bits per element of one conversation at 32K positions: f16 sink and window, codes and scales. */
+  bitsPerElementAt32K: number;
+}
+
 export interface EngineStats {
   model: ModelInfo | null;
   /** Bytes of GPU memory, from the allocator's counts. */
@@ -286,6 +306,13 @@ export interface EngineStats {
     clip: { key: number; value: number } | null;
     /** int2: layers whose K and V are kept at 4 bits (the `boostLayers` load option; empty otherwise). */
     boostLayers: number[];
+    /** int2: the precision plan the quant pages are laid out by (runtime/kv/precision-plan.ts); null in f16 mode. */
+    plan: KvPlanStats | null;
+    /**
+     * Tokens the KV budget holds for one conversation in this mode, and what an f16 cache would hold in the same
+     * budget (equal in f16 mode).
+     */
+    holds: { tokens: number; f16Tokens: number };
     pageTokens: number;
     pageBytes: number;
     pagesUsed: number;

@@ -33,6 +33,7 @@ import type {
 } from './api-types.ts';
 import { BackgroundCalibration, defaultCalibrationTokens } from './background-calibration.ts';
 import { type CachedSequence, ConversationCache, commonPrefixLength } from './conversations.ts';
+import { f16TokensInBudget, planStats } from './kv-stats.ts';
 import { parseLoadOptions } from './load-options.ts';
 import { type FinishReason, type GenerateResult, type LoadProgress, ModelRunner } from './model-runner.ts';
 import {
@@ -779,6 +780,11 @@ export class LongtabEngine implements LongtabEngineApi {
           ? { key: loaded.pool.quant.key.clipQuantile, value: loaded.pool.quant.value.clipQuantile }
           : null,
         boostLayers: [...(loaded?.pool.quant?.boostLayers ?? [])],
+        plan: loaded ? planStats(loaded.pool, loaded.kv.options) : null,
+        holds: {
+          tokens: loaded ? loaded.pool.maxPagesPerSequence * loaded.pool.pageTokens : 0,
+          f16Tokens: loaded ? f16TokensInBudget(loaded.pool, loaded.kv.options, f16BytesPerToken) : 0,
+        },
         pageTokens: pool?.pageTokens ?? 0,
         pageBytes: pool?.pageBytes ?? 0,
         pagesUsed: pool?.pagesUsed ?? 0,

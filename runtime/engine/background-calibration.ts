@@ -11,7 +11,7 @@
  * prefill chunk, one eigendecomposition or one layer of the clip fit), never by a whole calibration.
  */
 
-import { calibrateKvRotations, generateCalibrationText } from '../calibration/calibrate.ts';
+import { calibrateKvRotations, generateCalibrationText, storedRotations } from '../calibration/calibrate.ts';
 import type { RotationCache, StoredRotations } from '../kv/rotation-store.ts';
 import { encodeRotations } from '../kv/rotation-store.ts';
 import type { ModelConfig } from '../model/config.ts';
@@ -147,12 +147,7 @@ export class BackgroundCalibration {
       onProgress: (done, total) => this.progress(STAGES.moments, done / total),
       onFitProgress: (done, total) => this.progress(STAGES.fit, done / total),
     });
-    const rotations: StoredRotations = {
-      key: fitted.key,
-      value: fitted.value,
-      tokens: fitted.tokens,
-      ...(fitted.clip ? { clip: { key: fitted.clip.key, value: fitted.clip.value } } : {}),
-    };
+    const rotations = storedRotations(fitted);
     await between();
     if (this.host.cache) {
       try {

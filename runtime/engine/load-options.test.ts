@@ -36,6 +36,7 @@ const DEFAULTS: ParsedLoadOptions = {
   groupSize: undefined,
   codeBits: 2,
   boostLayers: [],
+  precisionPlan: 'calibrated',
   prefillMatmul: 'auto',
   prefillAttention: 'auto',
   calibrationTokens: undefined,

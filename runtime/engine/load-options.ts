@@ -41,6 +41,8 @@ export interface ParsedLoadOptions {
   groupSize: number | undefined;
   codeBits: 1 | 2;
   boostLayers: number[];
+  /** int2 with calibrated rotations: the calibration's per-layer plan ('calibrated') or one format ('uniform'). */
+  precisionPlan: 'calibrated' | 'uniform';
   prefillMatmul: PrefillAttention;
   prefillAttention: PrefillAttention;
   /** undefined: defaultCalibrationTokens(config). */
@@ -131,6 +133,7 @@ const EXPERIMENTAL_FIELDS = Object.keys({
   groupSize: true,
   codeBits: true,
   boostLayers: true,
+  precisionPlan: true,
   prefillMatmul: true,
   prefillAttention: true,
   calibrationTokens: true,
@@ -208,6 +211,7 @@ export function parseLoadOptions(input: unknown): ParsedLoadOptions {
     groupSize: integer('experimental.groupSize', x.groupSize, 1, 1 << 16),
     codeBits: (x.codeBits as 1 | 2 | undefined) ?? LOAD_DEFAULTS.codeBits,
     boostLayers: layerList('experimental.boostLayers', x.boostLayers),
+    precisionPlan: choice('experimental.precisionPlan', x.precisionPlan, ['calibrated', 'uniform'], 'calibrated'),
     prefillMatmul: choice('experimental.prefillMatmul', x.prefillMatmul, PREFILL_CHOICES, LOAD_DEFAULTS.prefillMatmul),
     prefillAttention: choice(
       'experimental.prefillAttention',

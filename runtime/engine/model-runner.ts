@@ -159,6 +159,8 @@ interface LoadedModel {
     digest: string | null;
     /** 'calibrated' was asked for but none exist yet: the pool uses Hadamard until rotations are fitted. */
     calibrationNeeded: boolean;
+    /** Whether calibrated rotations bring their precision plan (load option experimental.precisionPlan). */
+    precisionPlan: 'calibrated' | 'uniform';
   };
 }
 
@@ -224,10 +226,13 @@ export class ModelRunner {
     let rotation: KvRotation = { kind: requested === 'hadamard' ? 'hadamard' : 'none' };
     let digest: string | null = null;
     let calibrationNeeded = false;
+    const precisionPlan = options.precisionPlan ?? 'calibrated';
     if (requested === 'calibrated') {
       const found = await findCalibratedRotations(file, source, config, options.rotationCache);
       digest = found.digest;
-      if (found.rotations) ({ pool: poolOptions, rotation } = withStoredRotations(poolOptions, found.rotations));
+      if (found.rotations) {
+        ({ pool: poolOptions, rotation } = withStoredRotations(poolOptions, found.rotations, precisionPlan));
+      }
       else if (options.missingCalibration === 'hadamard') {
         rotation = { kind: 'hadamard' };
         calibrationNeeded = true;
@@ -261,7 +266,7 @@ export class ModelRunner {
         tokenizer,
         weights,
         ...kv.state,
-        kv: { mode, options: poolOptions, rotation, digest, calibrationNeeded },
+        kv: { mode, options: poolOptions, rotation, digest, calibrationNeeded, precisionPlan },
       };
       // Calibrate: one warm-up token through the whole pipeline (first submits compile lazily on some drivers).
       progress({ phase: 'calibrate', bytesDone: 0, bytesTotal: 1 });
@@ -336,7 +341,7 @@ export class ModelRunner {
   async switchToCalibratedRotations(rotations: StoredRotations): Promise<void> {
     const m = this.require();
     await this.exclusive(async () => {
-      const { pool: options, rotation } = withStoredRotations(m.kv.options, rotations);
+      const { pool: options, rotation } = withStoredRotations(m.kv.options, rotations, m.kv.precisionPlan);
       const next = this.createKvState(m.config, m.weights, options, rotation, m.transformer.maxTokens);
       try {
         await this.warmUp({ ...m, ...next.state });
@@ -346,7 +351,7 @@ export class ModelRunner {
       }
       const old = { pool: m.pool, transformer: m.transformer, runner: m.runner };
       Object.assign(m, next.state);
-      m.kv = { mode: m.kv.mode, options, rotation, digest: m.kv.digest, calibrationNeeded: false };
+      m.kv = { ...m.kv, options, rotation, calibrationNeeded: false };
       old.runner.release();
       old.transformer.release();
       old.pool.destroy();

@@ -64,6 +64,10 @@ export interface CaptureOptions {
   chunk?: number;
   /** Also capture the attention output (default false). */
   output?: boolean;
+  /** The layers to capture (default all); the others' entries are empty. */
+  layers?: readonly number[];
+  /** Awaited before every submit (a background calibration pauses there while requests run). */
+  between?: () => Promise<void>;
   onProgress?: (done: number, total: number) => void;
 }
 
@@ -100,8 +104,10 @@ export async function captureAttentionInputs(
     ...options.pool,
   });
   const created: GPUBuffer[] = [];
+  const captured = new Set(options.layers ?? Array.from({ length: c.layers }, (_, l) => l));
   const buffers = Array.from({ length: c.layers }, (_, l) => {
     const entry: Record<Kind, GPUBuffer | null> = { q: null, k: null, v: null, output: null };
+    if (!captured.has(l)) return entry;
     for (const kind of kinds) {
       entry[kind] = gpu.allocator.createStorage(`fidelity.capture.${l}.${kind}`, 'scratch', chunk * widths[kind] * 4);
       created.push(entry[kind]);
@@ -112,16 +118,19 @@ export async function captureAttentionInputs(
   const staging = gpu.allocator.createBuffer({
     label: 'fidelity.capture.readback',
     category: 'staging',
-    size: c.layers * chunk * rowFloats * 4,
+    size: Math.max(1, captured.size) * chunk * rowFloats * 4,
     usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
   });
   created.push(staging);
-  const out: LayerActivations[] = Array.from({ length: c.layers }, () => ({
-    q: new Float32Array(n * widths.q),
-    k: new Float32Array(n * widths.k),
-    v: new Float32Array(n * widths.v),
-    ...(options.output ? { output: new Float32Array(n * widths.output) } : {}),
-  }));
+  const out: LayerActivations[] = Array.from({ length: c.layers }, (_, l) => {
+    const size = (kind: Kind) => (captured.has(l) ? n * widths[kind] : 0);
+    return {
+      q: new Float32Array(size('q')),
+      k: new Float32Array(size('k')),
+      v: new Float32Array(size('v')),
+      ...(options.output ? { output: new Float32Array(size('output')) } : {}),
+    };
+  });
   const backend = new AttentionCapture(
     gpu,
     createKvAttention(gpu, pool, { heads: c.heads, rotation: options.rotation ?? { kind: 'none' } }),
@@ -134,11 +143,12 @@ export async function captureAttentionInputs(
   const seq = pool.createSequence();
   try {
     for (let position = 0; position < n; position += chunk) {
+      await options.between?.();
       const ids = tokens.slice(position, position + chunk);
       const count = ids.length;
       const offsets: Array<{ layer: number; kind: Kind; byteOffset: number }> = [];
       let byteOffset = 0;
-      for (let l = 0; l < c.layers; l++) {
+      for (const l of [...captured].sort((a, b) => a - b)) {
         for (const kind of kinds) {
           offsets.push({ layer: l, kind, byteOffset });
           byteOffset += count * widths[kind] * 4;

@@ -55,10 +55,18 @@ export interface QuantPolicy {
 
 export const DEFAULT_QUANT_POLICY: QuantPolicy = { sink: 64, window: 256, pageTokens: 16, stepTokens: 1 };
 
+/** Row formats of demoted K and V pages; a null side stays f16 (its demoted rows read exactly as stored). */
+export interface FidelityFormats {
+  key: Omit<QuantRowFormat, 'width'> | null;
+  value: Omit<QuantRowFormat, 'width'> | null;
+}
+
 export interface FidelityVariant {
   name: string;
   /** Row formats of demoted K and V pages; null for the f16 cache (nothing is quantized). */
-  format: { key: Omit<QuantRowFormat, 'width'>; value: Omit<QuantRowFormat, 'width'> } | null;
+  format: FidelityFormats | null;
+  /** Per layer, formats that replace `format` (a precision plan: runtime/kv/precision-plan.ts). */
+  layerFormats?: readonly FidelityFormats[];
   /** f32 [layers × kvHeads × headDim × headDim], row-major, applied as x·R; null: no rotation. */
   rotation: { key: Float32Array; value: Float32Array } | null;
   /** 'f32': K/V kept unrounded, the exact reference that shows what the f16 cache's own rounding costs. */
@@ -124,10 +132,21 @@ export interface FidelitySums {
   /** Σ over samples of the fraction of attended positions read from quantized pages. */
   quantizedFraction: number;
   maxRelativeError: number;
+  /**
+   * Retrieval: Σ over samples of the f16 cache's attention mass on its TOP_POSITIONS heaviest quantized positions,
+   * and Σ of how much of that mass the variant loses there (max(0, f16 mass − its mass on the same positions)).
+   * Their ratio is the share of the far matches queries retrieve that the quantized cache loses (0 for f16); heads
+   * that retrieve nothing from far count little.
+   */
+  topMass: number;
+  topMassLost: number;
 }
 
+/** Positions per (query, head) whose f16 attention mass the retrieval measure follows. */
+export const TOP_POSITIONS = 4;
+
 export function emptySums(): FidelitySums {
-  return { samples: 0, relativeError: 0, kl: 0, quantizedFraction: 0, maxRelativeError: 0 };
+  return { samples: 0, relativeError: 0, kl: 0, quantizedFraction: 0, maxRelativeError: 0, topMass: 0, topMassLost: 0 };
 }
 
 /** The rows read dequantized by the query at t: [start, end) (empty when end = start). */
@@ -203,21 +222,24 @@ function cacheView(
   const keys = store(r ? rotateRows(k, r.key, tokens, kvHeads, d, 1, first) : k);
   const values = store(r ? rotateRows(v, r.value, tokens, kvHeads, d, 1, first) : v);
   const queries = r ? rotateRows(q, r.key, tokens, heads, d, heads / kvHeads, first) : q;
-  let quantKeys: Float32Array | null = null;
-  let quantValues: Float32Array | null = null;
-  if (variant.format) {
-    const quantize = (rows: Float32Array, format: Omit<QuantRowFormat, 'width'>) => {
-      const f: QuantRowFormat = { ...format, width };
-      const out = new Float32Array(rows.length);
-      for (let t = 0; t < tokens; t++)
-        out.set(dequantizeRow(quantizeRow(rows.subarray(t * width, (t + 1) * width), f), f), t * width);
-      return out;
-    };
-    quantKeys = quantize(keys, variant.format.key);
-    quantValues = quantize(values, variant.format.value);
-  }
+  const formats = variantFormats(variant, layer);
+  const quantize = (rows: Float32Array, format: Omit<QuantRowFormat, 'width'> | null) => {
+    if (!format) return rows;
+    const f: QuantRowFormat = { ...format, width };
+    const out = new Float32Array(rows.length);
+    for (let t = 0; t < tokens; t++)
+      out.set(dequantizeRow(quantizeRow(rows.subarray(t * width, (t + 1) * width), f), f), t * width);
+    return out;
+  };
+  const quantKeys = formats ? quantize(keys, formats.key) : null;
+  const quantValues = formats ? quantize(values, formats.value) : null;
   const valueRotation = r ? r.value.subarray(first * d * d, (first + kvHeads) * d * d) : null;
   return { keys, values, quantKeys, quantValues, queries, valueRotation };
+}
+
+/** The formats `variant` gives `layer`'s demoted rows (null: none are quantized). */
+function variantFormats(variant: FidelityVariant, layer: number): FidelityFormats | null {
+  return variant.layerFormats?.[layer] ?? variant.format;
 }
 
 /** Scratch of one (query, head) attention: scores (then log-probabilities) and the output. */
@@ -281,8 +303,8 @@ function attend(
 }
 
 /**
- * Adds one layer of one window to `sums` (one entry per variant): every query t >= `firstQuery` (default
- * firstQuantizedQuery(policy)), every head.
+ * Adds one layer of one window to `sums` (one entry per variant), every head, at the query positions `queries`: a
+ * list, or the first of a range that runs to the end of the window (default firstQuantizedQuery(policy)).
  */
 export function accumulateLayerFidelity(
   layer: number,
@@ -292,7 +314,7 @@ export function accumulateLayerFidelity(
   policy: QuantPolicy,
   variants: readonly FidelityVariant[],
   sums: FidelitySums[],
-  firstQuery = firstQuantizedQuery(policy),
+  queries: number | readonly number[] = firstQuantizedQuery(policy),
 ): void {
   const { heads, headDim: d } = shape;
   const reference = cacheView(layer, acts, tokens, shape, { name: 'f16', format: null, rotation: null });
@@ -300,7 +322,14 @@ export function accumulateLayerFidelity(
   const ref: HeadResult = { logp: new Float64Array(tokens), output: new Float64Array(d) };
   const cur: HeadResult = { logp: new Float64Array(tokens), output: new Float64Array(d) };
   const rotated = new Float64Array(d);
-  for (let t = firstQuery; t < tokens; t++) {
+  const top = new Int32Array(TOP_POSITIONS);
+  const positions =
+    typeof queries === 'number'
+      ? Array.from({ length: Math.max(0, tokens - queries) }, (_, i) => queries + i)
+      : queries;
+  for (const t of positions) {
+    if (!Number.isInteger(t) || t < 0 || t >= tokens)
+      throw new RangeError(`fidelity: query ${t} is outside the window`);
     const { start, end } = quantizedRange(policy, t);
     const fraction = (Math.min(end, t + 1) - Math.min(start, t + 1)) / (t + 1);
     for (let h = 0; h < heads; h++) {
@@ -308,9 +337,12 @@ export function accumulateLayerFidelity(
       let refNorm = 0;
       for (let e = 0; e < d; e++) refNorm += ref.output[e] ** 2;
       refNorm = Math.sqrt(refNorm);
+      const found = heaviest(ref.logp, start, Math.min(end, t + 1), top);
+      let mass = 0;
+      for (let i = 0; i < found; i++) mass += Math.exp(ref.logp[top[i]]);
       for (let i = 0; i < views.length; i++) {
         const view = views[i];
-        const quantized = variants[i].format !== null;
+        const quantized = view.quantKeys !== null;
         attend(view, shape, t, h, quantized ? start : 0, quantized ? end : 0, cur, rotated);
         let err = 0;
         for (let e = 0; e < d; e++) err += (cur.output[e] - ref.output[e]) ** 2;
@@ -318,6 +350,8 @@ export function accumulateLayerFidelity(
         const relative = refNorm > 0 ? err / refNorm : err > 0 ? Number.POSITIVE_INFINITY : 0;
         let kl = 0;
         for (let j = 0; j <= t; j++) kl += Math.exp(ref.logp[j]) * (ref.logp[j] - cur.logp[j]);
+        let kept = 0;
+        for (let k = 0; k < found; k++) kept += Math.exp(cur.logp[top[k]]);
         const s = sums[i];
         s.samples++;
         s.relativeError += relative;
@@ -325,9 +359,26 @@ export function accumulateLayerFidelity(
         s.kl += Math.max(0, kl);
         s.quantizedFraction += quantized ? fraction : 0;
         s.maxRelativeError = Math.max(s.maxRelativeError, relative);
+        s.topMass += mass;
+        s.topMassLost += Math.max(0, mass - kept);
       }
     }
   }
+}
+
+/** Writes into `top` the indices of the (up to) top.length largest logp[start..end); returns how many. */
+function heaviest(logp: Float64Array, start: number, end: number, top: Int32Array): number {
+  let found = 0;
+  for (let j = start; j < end; j++) {
+    if (found < top.length) {
+      top[found++] = j;
+      continue;
+    }
+    let min = 0;
+    for (let k = 1; k < found; k++) if (logp[top[k]] < logp[top[min]]) min = k;
+    if (logp[j] > logp[top[min]]) top[min] = j;
+  }
+  return found;
 }
 
 /**
@@ -348,7 +399,7 @@ export function emulatedAttention(
   const cur: HeadResult = { logp: new Float64Array(tokens), output: new Float64Array(d) };
   const rotated = new Float64Array(d);
   for (let t = 0; t < tokens; t++) {
-    const { start, end } = variant.format ? quantizedRange(policy, t) : { start: 0, end: 0 };
+    const { start, end } = view.quantKeys ? quantizedRange(policy, t) : { start: 0, end: 0 };
     for (let h = 0; h < heads; h++) {
       attend(view, shape, t, h, start, end, cur, rotated);
       out.set(cur.output, (t * heads + h) * d);
@@ -360,7 +411,8 @@ export function emulatedAttention(
 export interface LayerFidelity {
   layer: number;
   /** Per variant name. */
-  variants: Record<string, { relativeError: number; kl: number; maxRelativeError: number }>;
+  /** retrievalLoss: topMassLost / topMass (FidelitySums). */
+  variants: Record<string, { relativeError: number; kl: number; maxRelativeError: number; retrievalLoss: number }>;
 }
 
 export interface FidelitySummary {
@@ -383,6 +435,7 @@ export function summarize(variants: readonly FidelityVariant[], perLayer: Fideli
           relativeError: sums[i].relativeError / sums[i].samples,
           kl: sums[i].kl / sums[i].samples,
           maxRelativeError: sums[i].maxRelativeError,
+          retrievalLoss: sums[i].topMass > 0 ? sums[i].topMassLost / sums[i].topMass : 0,
         },
       ]),
     ),
@@ -396,7 +449,7 @@ export function summarize(variants: readonly FidelityVariant[], perLayer: Fideli
       },
     ]),
   );
-  const quantizedOne = variants.findIndex((v) => v.format !== null);
+  const quantizedOne = variants.findIndex((v) => v.format !== null || v.layerFormats !== undefined);
   const first = perLayer[0]?.[Math.max(0, quantizedOne)];
   return {
     samples: first?.samples ?? 0,

@@ -6,6 +6,8 @@ import { STORIES260K, sharedPath } from '../../test/shared.ts';
 import { ModelRunner } from '../engine/model-runner.ts';
 import { logProbability } from '../eval/perplexity.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
+import type { KvPrecisionPlan } from './precision-plan.ts';
+import { encodeRotations } from './rotation-store.ts';
 
 const ctx = withTestGpu();
 const modelPath = sharedPath(STORIES260K);
@@ -13,10 +15,45 @@ const textPath = sharedPath('corpora/tinystories/TinyStories-valid-30KB-subset.t
 
 describe.skipIf(!modelPath || !textPath)('int2 KV cache against an f64 reference of the same quantization', () => {
   it('decoding with demoted pages gives the log-probabilities of the reference model reading dequantized history', async () => {
+    await compareWithReference();
+  });
+
+  it('a precision plan mixing 1-, 2- and 4-bit K and V rows and clips, stored with the rotations, reads back as the reference quantizes it', async () => {
+    // Identity "calibrated" rotations carry the plan through the rotation cache, the load and the pool into the
+    // demotion and attention kernels; the reference quantizes each layer's K and V as the plan says.
+    const plan: KvPrecisionPlan = [
+      { key: { bits: 4, clipQuantile: 1 }, value: { bits: 1, clipQuantile: 1 } },
+      { key: { bits: 2, clipQuantile: 0.92 }, value: { bits: 4, clipQuantile: 1 } },
+      { key: { bits: 1, clipQuantile: 1 }, value: { bits: 2, clipQuantile: 0.96 } },
+      { key: { bits: 2, clipQuantile: 1 }, value: { bits: 2, clipQuantile: 1 } },
+      { key: { bits: 4, clipQuantile: 1 }, value: { bits: 4, clipQuantile: 1 } },
+    ];
+    await compareWithReference(plan);
+  });
+
+  async function compareWithReference(plan?: KvPrecisionPlan) {
     const { gpu } = ctx;
     const engine = new ModelRunner(gpu);
-    const kv = { sink: 16, window: 32, groupSize: 16 };
-    await engine.load(await sourceFromPath(modelPath!), { kv: 'int2', rotation: 'none', ...kv, prefillChunk: 1 });
+    // 1-bit codes need groups of at least 32 values (the whole 4 × 8 row here).
+    const kv = { sink: 16, window: 32, groupSize: plan ? 32 : 16 };
+    const source = await sourceFromPath(modelPath!);
+    if (plan) {
+      const c = { layers: 5, kvHeads: 4, headDim: 8 };
+      const identity = new Float32Array(c.layers * c.kvHeads * c.headDim * c.headDim);
+      for (let m = 0; m < c.layers * c.kvHeads; m++)
+        for (let i = 0; i < c.headDim; i++) identity[m * c.headDim * c.headDim + i * c.headDim + i] = 1;
+      const bytes = encodeRotations({ key: identity, value: identity, tokens: 0, plan });
+      await engine.load(source, {
+        kv: 'int2',
+        rotation: 'calibrated',
+        ...kv,
+        prefillChunk: 1,
+        rotationCache: { get: async () => bytes, set: async () => {} },
+      });
+      expect(engine.loaded!.pool.quant!.plan).toEqual(plan);
+    } else {
+      await engine.load(source, { kv: 'int2', rotation: 'none', ...kv, prefillChunk: 1 });
+    }
     const ids = engine.tokenizer
       .encode(readFileSync(textPath!, 'utf8').slice(0, 2000), { addSpecial: true })
       .slice(0, 120);
@@ -25,7 +62,7 @@ describe.skipIf(!modelPath || !textPath)('int2 KV cache against an f64 reference
     engine.unload();
     const quantized = await referenceLogProbs(modelPath!, ids, {
       emulateLlamaCpp: false,
-      kvQuant: { ...kv, pageTokens: 16, bits: 2 },
+      kvQuant: { ...kv, pageTokens: 16, bits: 2, plan },
     });
     const exact = await referenceLogProbs(modelPath!, ids, { emulateLlamaCpp: false });
     let differenceToQuantized = 0;
@@ -47,5 +84,5 @@ describe.skipIf(!modelPath || !textPath)('int2 KV cache against an f64 reference
     // more closely than the quantization itself moves the model.
     expect(differenceToQuantized / count).toBeLessThan(0.02);
     expect(differenceToExact / count).toBeGreaterThan(5 * (differenceToQuantized / count));
-  });
+  }
 });

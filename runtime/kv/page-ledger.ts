@@ -16,6 +16,7 @@ import {
   type PageStore,
   type PageStoreGeometry,
 } from './page-book.ts';
+import type { KvPrecisionPlan } from './precision-plan.ts';
 import { type KvQuantPageLayout, type KvRowFormatOptions, quantPageLayout } from './quant-layout.ts';
 import { F16Tiering, type KvPageCounts, type KvPoolMode, type KvTiering, QuantTiering } from './tiering.ts';
 
@@ -52,6 +53,8 @@ export interface KvPoolOptions {
   valueFormat?: KvRowFormatOptions;
   /** quant: layers whose K and V rows are 4-bit, in the K format's groups, unclipped (default none). */
   boostLayers?: readonly number[];
+  /** quant: per layer K and V code bits and clip (runtime/kv/precision-plan.ts); replaces the formats' bits and clip. */
+  plan?: KvPrecisionPlan;
   /** quant: bytes of the budget for f16 pages (see the doc comment for the default). */
   f16BudgetBytes?: number;
   /**

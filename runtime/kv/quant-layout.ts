@@ -5,11 +5,13 @@
  *
  *     [layer][kv: 0 = K, 1 = V][token in page][rowWords(layer, kv)]
  *
- * `pageWords = pageTokens * Σ_layers (keyRowWords + valueRowWords)`. Layers listed in `boostLayers` store K and V at
- * 4 bits, unclipped, in the K format's groups; the others use the K and V formats: KITTY's boosted precision at the
- * grain of a layer, for the few layers whose 2-bit cache costs the model most (docs/kv-cache.md).
+ * `pageWords = pageTokens * Σ_layers (keyRowWords + valueRowWords)`. Each layer's K and V rows have their own code
+ * bits and clip quantile, in the K format's groups: a precision plan (runtime/kv/precision-plan.ts) chosen by the
+ * calibration, or one format for every layer, with the layers listed in `boostLayers` at 4 bits unclipped (KITTY's
+ * boosted precision at the grain of a layer, docs/kv-cache.md).
  */
 import { InvalidRequestError } from '../../core/errors.ts';
+import { assertPlan, type KvLayerPrecision, type KvPrecisionPlan } from './precision-plan.ts';
 import { codeWordsPerRow, type QuantRowFormat, rowWords, validateQuantRowFormat } from './quant-format.ts';
 
 /** A quantized row format without its width (the pool knows it: kvHeads × headDim). */
@@ -30,6 +32,8 @@ export interface KvQuantPageLayout {
   value: QuantRowFormat;
   /** Layers whose K and V use the boost format (ascending). */
   boostLayers: readonly number[];
+  /** Per layer, the K and V code bits and clip quantiles the rows are stored with. */
+  plan: KvPrecisionPlan;
   /** The rows of K (kv = 0) or V (kv = 1) of `layer`. */
   rows(layer: number, kv: 0 | 1): KvQuantRows;
   /** Word offset of K (kv = 0) or V (kv = 1) of `layer`, token 0 inside a quant page. */
@@ -57,6 +61,8 @@ export function quantPageLayout(shape: {
   keyFormat?: KvRowFormatOptions;
   valueFormat?: KvRowFormatOptions;
   boostLayers?: readonly number[];
+  /** Per layer K and V precision; replaces keyFormat/valueFormat's bits and clip (not with boostLayers). */
+  plan?: KvPrecisionPlan;
 }): KvQuantPageLayout {
   const { layers, pageTokens } = shape;
   const width = shape.kvHeads * shape.headDim;
@@ -77,15 +83,33 @@ export function quantPageLayout(shape: {
       option: 'boostLayers',
     });
   }
-  const boost = resolveFormat(width, { bits: 4, groupSize: key.groupSize, clipQuantile: 1 }, 'boostLayers');
+  if (shape.plan && boostLayers.length > 0) {
+    throw new InvalidRequestError('A KV precision plan already says which layers are 4-bit; drop boostLayers.', {
+      option: 'boostLayers',
+    });
+  }
+  if (shape.plan) assertPlan(shape.plan, layers);
+  const boosted: KvLayerPrecision = { key: { bits: 4, clipQuantile: 1 }, value: { bits: 4, clipQuantile: 1 } };
+  const uniform: KvLayerPrecision = {
+    key: { bits: key.bits, clipQuantile: key.clipQuantile },
+    value: { bits: value.bits, clipQuantile: value.clipQuantile },
+  };
+  const plan: KvLayerPrecision[] =
+    shape.plan?.map((l) => ({ key: { ...l.key }, value: { ...l.value } })) ??
+    Array.from({ length: layers }, (_, l) => (boostLayers.includes(l) ? boosted : uniform));
   const rowsOf = (format: QuantRowFormat): KvQuantRows => ({
     format,
     rowWords: rowWords(format),
     codeWords: codeWordsPerRow(format),
   });
-  const plain: [KvQuantRows, KvQuantRows] = [rowsOf(key), rowsOf(value)];
-  const boosted: [KvQuantRows, KvQuantRows] = [rowsOf(boost), rowsOf(boost)];
-  const layerRows = Array.from({ length: layers }, (_, l) => (boostLayers.includes(l) ? boosted : plain));
+  // 1-bit codes (the weak control) have no plan entry: a uniform layer keeps the K and V formats as they are.
+  const sideRows = (p: KvLayerPrecision['key'], base: QuantRowFormat, name: string) =>
+    rowsOf(
+      p.bits === base.bits && p.clipQuantile === base.clipQuantile
+        ? base
+        : resolveFormat(width, { bits: p.bits, groupSize: key.groupSize, clipQuantile: p.clipQuantile }, name),
+    );
+  const layerRows = plan.map((p) => [sideRows(p.key, key, 'plan'), sideRows(p.value, value, 'plan')] as const);
   // Word offset of each layer's K rows in a page; V follows its layer's K.
   const layerStart: number[] = [];
   let pageWords = 0;
@@ -98,6 +122,7 @@ export function quantPageLayout(shape: {
     key,
     value,
     boostLayers,
+    plan,
     rows: (layer, kv) => layerRows[layer][kv],
     layerOffsetWords: (layer, kv) => layerStart[layer] + kv * pageTokens * layerRows[layer][0].rowWords,
   };

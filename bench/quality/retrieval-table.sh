@@ -1,0 +1,34 @@
+#!/bin/sh
+# The retrieval and perplexity table of the 2-bit cache on held-out models (issue 35, point 3), on the GPU host.
+# Every model runs in a process of its own, side by side (the small models leave the GPU mostly idle):
+#   1. `longtab calibrate`: what a user's background calibration computes (rotations, clip, precision plan), cached;
+#   2. copy of a 64-token passage at distances 512/1024/1536 in 2,048 tokens of held-out Austen, 200 trials per
+#      cell, for f16, the default int2, int2-hadamard and naive int2-none;
+#   3. perplexity over 2,048-token windows of held-out Austen, the same modes, with top-1 agreement against f16.
+# MODELS="name=path ..." (GGUF files), TEXT (the filler and perplexity text), KIT (default /tmp/kit), CLI (the
+# bundled CLI, default .gpu/longtab.mjs). Writes $OUT/retrieval-table.tar.gz (every JSON and log).
+set -u
+KIT=${KIT:-/tmp/kit}
+CLI=${CLI:-.gpu/longtab.mjs}
+TEXT=${TEXT:-.train/evaltext/austen-heldout.txt}
+MODES=${MODES:-f16,int2,int2-hadamard,int2-none}
+TRIALS=${TRIALS:-200}
+work=/tmp/retrieval-table
+rm -rf $work && mkdir -p $work
+for entry in $MODELS; do
+  name=${entry%%=*}; path=${entry#*=}
+  (
+    export LONGTAB_CACHE_DIR=$work/$name-cache
+    L="$KIT/run.sh $CLI"
+    start=$(date +%s)
+    $L calibrate --model "$path" > $work/$name-calibrate.json 2> $work/$name-calibrate.log
+    $L eval --task copy --model "$path" --text "$TEXT" --lengths 2048 --distances 512,1024,1536 --trials $TRIALS \
+      --kv $MODES --chunk 128 --json > $work/$name-copy.json 2> $work/$name-copy.log
+    $L eval --model "$path" --text "$TEXT" --ctx 2048 --kv $MODES --compare --chunk 128 --json \
+      > $work/$name-perplexity.json 2> $work/$name-perplexity.log
+    echo "$name: $(( $(date +%s) - start )) s" >> $work/times.txt
+  ) &
+done
+wait
+cat $work/times.txt
+tar czf $OUT/retrieval-table.tar.gz -C $work --exclude='*-cache' .

@@ -1,0 +1,79 @@
+import { describe, expect, it } from 'vitest';
+import { seededRandom } from '../../test/random.ts';
+import { DEFAULT_QUANT_POLICY, quantizedRange } from '../eval/fidelity.ts';
+import { planEffectiveBits } from '../kv/precision-plan.ts';
+import { choosePlan, type LayerScores, retrievalProbe, SIDE_CANDIDATES, type SideScore } from './precision-search.ts';
+
+function randomScores(random: () => number, layers: number): LayerScores[] {
+  const side = (): SideScore[] =>
+    SIDE_CANDIDATES.map((candidate) => {
+      // Error falls with the bits (plus noise), as measured errors do; some sides barely care.
+      const scale = random() < 0.3 ? 0.01 : 1;
+      const error = (scale * (1 + random())) / candidate.bits ** 2;
+      return { candidate, plain: error / 3, copy: error / 3, lost: error / 3, error };
+    });
+  return Array.from({ length: layers }, () => ({ key: side(), value: side() }));
+}
+
+describe('choosePlan', () => {
+  const share = { sink: 64, window: 256, pageTokens: 16 };
+
+  it('finds the least-error plan within the budget: the same total as an exhaustive search', () => {
+    const random = seededRandom(35);
+    for (let trial = 0; trial < 20; trial++) {
+      const layers = 2 + (trial % 3);
+      const scores = randomScores(random, layers);
+      const budget = { bitsPerElement: 2 + random(), tokens: 32768 };
+      const choice = choosePlan(scores, { groupSize: 128, share, budget });
+      expect(choice.bitsPerElement).toBeLessThanOrEqual(budget.bitsPerElement + 1e-9);
+      // Exhaustive: every candidate of every side.
+      const sides = scores.flatMap((l) => [l.key, l.value]);
+      let best = Number.POSITIVE_INFINITY;
+      const walk = (i: number, picked: SideScore[]) => {
+        if (i === sides.length) {
+          const plan = Array.from({ length: layers }, (_, l) => ({
+            key: picked[2 * l].candidate,
+            value: picked[2 * l + 1].candidate,
+          }));
+          if (planEffectiveBits(plan, 128, share, budget.tokens) <= budget.bitsPerElement + 1e-9) {
+            best = Math.min(
+              best,
+              picked.reduce((s, p) => s + p.error, 0),
+            );
+          }
+          return;
+        }
+        for (const s of sides[i]) walk(i + 1, [...picked, s]);
+      };
+      walk(0, []);
+      expect(choice.error).toBeCloseTo(best, 9);
+      // Deterministic.
+      expect(choosePlan(scores, { groupSize: 128, share, budget })).toEqual(choice);
+    }
+  });
+
+  it('refuses a budget below the cheapest plan with a typed error that says why', () => {
+    const scores = randomScores(seededRandom(1), 2);
+    expect(() => choosePlan(scores, { groupSize: 128, share, budget: { bitsPerElement: 1.0, tokens: 32768 } })).toThrow(
+      /below the cheapest plan/,
+    );
+  });
+});
+
+describe('retrievalProbe', () => {
+  it('repeats passages that are quantized for every query that reads them', () => {
+    const text = Array.from({ length: 2000 }, (_, i) => i);
+    const probe = retrievalProbe(text, DEFAULT_QUANT_POLICY);
+    expect(probe.tokens.length).toBe(1024);
+    expect(probe.copyQueries.length).toBe(4 * 62);
+    for (const t of probe.copyQueries) {
+      // The token after the earlier occurrence of the query's token is what a copying head reads: quantized.
+      const source = probe.tokens[t];
+      const { start, end } = quantizedRange(DEFAULT_QUANT_POLICY, t);
+      expect(source + 1).toBeGreaterThanOrEqual(start);
+      expect(source + 1).toBeLessThan(end);
+    }
+    for (const t of probe.plainQueries) expect(quantizedRange(DEFAULT_QUANT_POLICY, t).end).toBeGreaterThan(64);
+    expect(() => retrievalProbe(text.slice(0, 300), DEFAULT_QUANT_POLICY)).toThrow(/needs 768 tokens/);
+  });
+});
