@@ -232,8 +232,7 @@ export class ModelRunner {
       digest = found.digest;
       if (found.rotations) {
         ({ pool: poolOptions, rotation } = withStoredRotations(poolOptions, found.rotations, precisionPlan));
-      }
-      else if (options.missingCalibration === 'hadamard') {
+      } else if (options.missingCalibration === 'hadamard') {
         rotation = { kind: 'hadamard' };
         calibrationNeeded = true;
       } else {
