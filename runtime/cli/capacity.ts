@@ -1,5 +1,6 @@
 import { ContextOverflowError, InvalidRequestError } from '../../core/errors.ts';
 import type { GpuContext } from '../../core/gpu/device.ts';
+import { planStats } from '../engine/kv-stats.ts';
 import { ModelRunner } from '../engine/model-runner.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
 import { numberFlag, type ParsedArgs, stringFlag } from './args.ts';
@@ -22,6 +23,8 @@ export interface CapacityRow {
   /** Decode steps run at that length, and their mean time (the attention really read every page). */
   decodeSteps: number;
   decodeMsPerToken: number;
+  /** int2: the precision plan the pages were laid out by (null for f16). */
+  plan: { summary: string; source: string; bitsPerElementAt32K: number } | null;
 }
 
 /** Fills one sequence to the largest length the budget allows, then runs decode steps at that length. */
@@ -60,7 +63,9 @@ export async function measureCapacity(
     const stats = pool.stats();
     const kvBytesUsed = stats.bytesUsed;
     const elements = seq.length * config.layers * 2 * config.kvHeads * config.headDim;
+    const plan = planStats(pool, m.kv.options);
     return {
+      plan: plan ? { summary: plan.summary, source: plan.source, bitsPerElementAt32K: plan.bitsPerElementAt32K } : null,
       contextTokens: seq.length,
       kvBytesUsed,
       effectiveBitsPerElement: (kvBytesUsed * 8) / elements,
@@ -121,11 +126,11 @@ export async function runCapacity(args: ParsedArgs, gpu: GpuContext): Promise<nu
     process.stdout.write(`${JSON.stringify(report, null, 2)}\n`);
   } else {
     process.stdout.write(
-      '| KV | context tokens | × f16 | KV bytes used | bits / element | decode ms/token at that length |\n|---|---|---|---|---|---|\n',
+      '| KV | context tokens | × f16 | KV bytes used | bits / element | decode ms/token at that length | plan |\n|---|---|---|---|---|---|---|\n',
     );
     for (const r of report.rows) {
       process.stdout.write(
-        `| ${r.kv} | ${r.contextTokens} | ${r.vsF16.toFixed(2)} | ${r.kvBytesUsed} | ${r.effectiveBitsPerElement.toFixed(3)} | ${r.decodeMsPerToken.toFixed(1)} |\n`,
+        `| ${r.kv} | ${r.contextTokens} | ${r.vsF16.toFixed(2)} | ${r.kvBytesUsed} | ${r.effectiveBitsPerElement.toFixed(3)} | ${r.decodeMsPerToken.toFixed(1)} | ${r.plan ? `${r.plan.source}: ${r.plan.summary}` : '—'} |\n`,
       );
     }
   }
