@@ -164,7 +164,8 @@ test.describe('the default model', () => {
       await expect(chip).toContainText(DEMO_NAME);
       await shot(page, testInfo, 'd1-getting-demo');
       await expect(chip).toHaveAttribute('data-status', 'ready', { timeout: 180_000 });
-      await expect(chip).toHaveText(`${DEMO_NAME} · f16 KV`);
+      // The page's default cache is the 2-bit one (the demo's rows of 2 heads × 64 form one group of 128).
+      await expect(chip).toHaveText(`${DEMO_NAME} · int2 KV`);
       await expect(page.getByTestId('no-model')).toHaveCount(0);
       await expect(page.getByTestId('engine-error')).toHaveCount(0);
       await expect(page.getByTestId('mem-weights')).not.toContainText(/^weights0 B$/);
@@ -193,7 +194,7 @@ test.describe('the default model', () => {
       await page.reload();
       await expect(page.getByTestId('composer-input')).toBeVisible();
       await expect(chip).toHaveAttribute('data-status', 'ready', { timeout: 180_000 });
-      await expect(chip).toHaveText(`${DEMO_NAME} · f16 KV`);
+      await expect(chip).toHaveText(`${DEMO_NAME} · int2 KV`);
       await page.getByTestId('new-chat').click(); // a short prompt: the reply's wait is mostly the prefill
       // The restored conversation's reply must be gone before askByTyping counts replies: on a slow run it was still
       // shown, the count started at 1, and the new chat's first reply never made it 2.
@@ -225,7 +226,7 @@ test.describe('the default model', () => {
     await expect(chip).toContainText('stories260K');
     await shot(page, testInfo, 'd6-choice-while-demo-loads');
     await expect(chip).toHaveAttribute('data-status', 'ready', { timeout: 180_000 });
-    await expect(chip).toHaveText('stories260K.gguf · f16 KV');
+    await expect(chip).toHaveText('stories260K.gguf · int2 KV');
     // Only the chosen model's weights are on the GPU: the demo's 10.6 MiB were freed.
     await expect.poll(async () => mebibytes(await page.getByTestId('mem-weights').textContent())).toBeLessThan(2);
     expect(mebibytes(await page.getByTestId('mem-weights').textContent())).toBeLessThan(DEMO_WEIGHTS_MIB);
@@ -235,7 +236,7 @@ test.describe('the default model', () => {
     await expect.poll(() => storedModelId(page)).toMatch(/^local-stories260K/);
     await page.reload();
     await expect(chip).toHaveAttribute('data-status', 'ready', { timeout: 120_000 });
-    await expect(chip).toHaveText('stories260K.gguf · f16 KV');
+    await expect(chip).toHaveText('stories260K.gguf · int2 KV');
     await chip.click();
     await expect(page.locator('[data-testid="stored-model"][data-model-id="longtab-demo"]')).toContainText('stored');
     await expect(

@@ -91,7 +91,10 @@ export function SettingsPanel({
             ))}
           </div>
           {numberField('kvBudgetMiB', 'KV budget (MiB of GPU memory)', 1, 8192, 1)}
-          <p className="hint">Changing these reloads the model before the next message.</p>
+          <p className="hint">
+            int2 is the default; a model whose K/V rows do not split into 2-bit groups loads f16 instead (the model chip
+            and the stats show the mode in use). Changing these reloads the model before the next message.
+          </p>
         </section>
         <section>
           <h3>Sampling</h3>

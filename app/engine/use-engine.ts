@@ -96,7 +96,9 @@ export function useEngine() {
         const { engine } = await handle();
         const source = await request.open();
         const model = await engine.load(source, {
-          kv: request.kv,
+          // The page's int2 is the engine's default (kv omitted): int2 where the model allows it, else f16, rather than
+          // a failed load; the chip and the stats show the mode the model got.
+          kv: request.kv === 'f16' ? 'f16' : undefined,
           kvBudgetBytes: request.kvBudgetBytes,
           onProgress: (progress) => {
             if (wanted()) setState((s) => ({ ...s, progress }));

@@ -5,6 +5,7 @@ import type { KvMode } from '../engine/types.ts';
 export interface Settings {
   /** Id of the selected stored model (see models.ts), or null. */
   modelId: string | null;
+  /** 'int2' (the default): the 2-bit cache where the model allows it, else f16 (see use-engine.ts); 'f16': exact. */
   kv: KvMode;
   kvBudgetMiB: number;
   temperature: number;
@@ -17,7 +18,7 @@ export interface Settings {
 
 export const DEFAULT_SETTINGS: Settings = {
   modelId: null,
-  kv: 'f16',
+  kv: 'int2',
   kvBudgetMiB: 64,
   temperature: 0.7,
   topP: 0.9,
@@ -28,6 +29,7 @@ export const DEFAULT_SETTINGS: Settings = {
 
 const store = createStore('longtab-settings', 'settings');
 
+/** The saved settings over the defaults: a saved field (kv: 'f16' included) keeps what was saved. */
 export async function loadSettings(): Promise<Settings> {
   const saved = await get<Partial<Settings>>('settings', store);
   return { ...DEFAULT_SETTINGS, ...saved };
