@@ -72,6 +72,7 @@ describe('parseLoadOptions', () => {
         groupSize: 1 << 16,
         codeBits: 2,
         boostLayers: [5, 0],
+        precisionPlan: 'uniform',
         prefillMatmul: 'int8-dot',
         prefillAttention: 'f32',
         calibrationTokens: 16,
@@ -201,7 +202,7 @@ describe('parseLoadOptions', () => {
       );
     }
     expect(rejection({ experimental: { kv: 'int2' } }).message).toBe(
-      "load options experimental: unknown field 'kv'. Supported fields: sink, window, groupSize, codeBits, boostLayers, prefillMatmul, prefillAttention, calibrationTokens.",
+      "load options experimental: unknown field 'kv'. Supported fields: sink, window, groupSize, codeBits, boostLayers, precisionPlan, prefillMatmul, prefillAttention, calibrationTokens.",
     );
     // Internal options of ModelRunner.load are not the caller's to set.
     expect(rejection({ rotationCache: {} }).message).toMatch(/unknown field 'rotationCache'/);
