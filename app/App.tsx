@@ -474,14 +474,7 @@ function ChatApp() {
           onSystemPrompt={(systemPrompt) => active && void putConversation({ ...active, systemPrompt })}
         />
       </div>
-      {statsOpen && (
-        <StatsPanel
-          stats={engineState.stats}
-          perf={perf}
-          model={engineState.model}
-          kvBudgetBytes={Math.round(settings.kvBudgetMiB * 1024 * 1024)}
-        />
-      )}
+      {statsOpen && <StatsPanel stats={engineState.stats} perf={perf} model={engineState.model} />}
       {panel === 'models' && (
         <ModelsPanel
           api={models}

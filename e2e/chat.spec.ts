@@ -198,6 +198,12 @@ test.describe('chat page', () => {
     // A new user's page runs the 2-bit cache (stories260K's rows of 4 × 8 form one group of 32).
     await expect(page.getByTestId('model-chip')).toContainText('int2 KV');
     await expect(page.getByTestId('stat-kv-mode')).toHaveText('int2');
+    // Its 64 MiB hold the model's whole context (2048) in either mode; the plan is one format for every layer.
+    await expect(page.getByTestId('stat-kv-holds')).toHaveText(
+      "int2: 2K tokens in this budget; f16 would hold 2K (capped at the model's context length, 2K)",
+    );
+    await expect(page.getByTestId('stat-kv-plan')).toContainText('Plan, one format for every layer: K 2-bit, V 2-bit;');
+    await expect(page.getByTestId('stat-kv-plan')).toContainText(/\d\.\d\d bits per element at 32K tokens/);
     await expect(page.getByTestId('tps-chart')).toBeVisible();
     await shot(page, testInfo, '03-chat-reply-int2');
 
@@ -241,6 +247,11 @@ test.describe('chat page', () => {
     await expect(replies.nth(1)).toHaveAttribute('data-status', 'done', { timeout: 150_000 });
     await expect(page.getByTestId('stat-kv-mode')).toHaveText('f16');
     await expect(page.getByTestId('stat-kv-bits')).toHaveText('16');
+    // f16 mode says only what f16 holds (an f16 load builds no 2-bit layout to count from), and has no plan.
+    await expect(page.getByTestId('stat-kv-holds')).toHaveText(
+      "f16: 2K tokens in this budget (capped at the model's context length, 2K)",
+    );
+    await expect(page.getByTestId('stat-kv-plan')).toHaveCount(0);
     await shot(page, testInfo, '07-regenerated-f16');
     expect(errors).toEqual([]);
   });

@@ -1,6 +1,7 @@
 /** Live numbers: speed (with a tok/s chart), context, and GPU memory by category as the allocator counts it. */
 import type { EngineStats, ModelInfo } from '../engine/types.ts';
 import { formatBytes } from '../storage/models.ts';
+import { kvHoldsText, kvPlanText } from './kv-summary.ts';
 
 export interface PerfSample {
   t: number;
@@ -93,36 +94,20 @@ function Metric({ label, value, testId }: { label: string; value: string; testId
   );
 }
 
-/**
- * Derived KV numbers: average bits per cached element (int2 pages plus the f16 sink/window and page slack), and how
- * many tokens an f16 cache would hold in the same budget, at the bytes per token of the tokens held now.
- */
-export function kvFigures(stats: EngineStats | null, budgetBytes: number) {
-  if (!stats) return { bits: null, f16Tokens: null, gain: null };
-  const { memory, kv, context } = stats;
-  const f16PerToken = context.used > 0 && memory.kvF16Equivalent > 0 ? memory.kvF16Equivalent / context.used : null;
-  const heldPerToken = context.used > 0 && memory.kvUsed > 0 ? memory.kvUsed / context.used : null;
-  let bits: number | null = kv.mode === 'f16' ? 16 : null;
-  if (kv.mode !== 'f16' && memory.kvF16Equivalent > 0) bits = (memory.kvUsed * 8) / (memory.kvF16Equivalent / 2);
-  const f16Tokens = kv.mode === 'f16' ? context.capacity : f16PerToken ? Math.floor(budgetBytes / f16PerToken) : null;
-  const gain = kv.mode !== 'f16' && f16PerToken && heldPerToken ? f16PerToken / heldPerToken : null;
-  return { bits, f16Tokens, gain };
+/** Average bits per cached element of the tokens held now (int2 pages plus the f16 sink/window and page slack). */
+export function kvBitsHeld(stats: EngineStats | null): number | null {
+  if (!stats) return null;
+  const { memory, kv } = stats;
+  if (kv.mode === 'f16') return 16;
+  return memory.kvF16Equivalent > 0 ? (memory.kvUsed * 8) / (memory.kvF16Equivalent / 2) : null;
 }
 
-export function StatsPanel({
-  stats,
-  perf,
-  model,
-  kvBudgetBytes,
-}: {
-  stats: EngineStats | null;
-  perf: Perf;
-  model: ModelInfo | null;
-  kvBudgetBytes: number;
-}) {
+export function StatsPanel({ stats, perf, model }: { stats: EngineStats | null; perf: Perf; model: ModelInfo | null }) {
   const memory = stats?.memory;
   const context = stats?.context;
-  const { bits, f16Tokens, gain } = kvFigures(stats, kvBudgetBytes);
+  const bits = kvBitsHeld(stats);
+  const holds = kvHoldsText(stats);
+  const plan = kvPlanText(stats);
   const maxBytes = memory ? Math.max(memory.weights, memory.kvReserved, memory.scratch, 1) : 1;
   const used = context?.used ?? 0;
   const capacity = context?.capacity ?? model?.contextCapacity ?? 0;
@@ -150,13 +135,16 @@ export function StatsPanel({
             style={{ width: `${capacity ? Math.min(100, (used / capacity) * 100) : 0}%` }}
           />
         </div>
-        <p className="hint" data-testid="stat-f16-tokens">
-          {stats?.kv.mode === 'f16'
-            ? `f16 cache: ${f16Tokens?.toLocaleString() ?? '—'} tokens in this budget`
-            : f16Tokens !== null
-              ? `An f16 cache would hold ${f16Tokens.toLocaleString()} tokens in the same ${formatBytes(kvBudgetBytes)}; ${stats?.kv.mode ?? 'this cache'} holds ${gain?.toFixed(1) ?? '—'}× as many per byte so far (the newest tokens stay f16 until quantized).`
-              : 'The f16 comparison appears once tokens are cached.'}
-        </p>
+        {holds && (
+          <p className="hint" data-testid="stat-kv-holds">
+            {holds}
+          </p>
+        )}
+        {plan && (
+          <p className="hint" data-testid="stat-kv-plan">
+            {plan}
+          </p>
+        )}
       </section>
       <section>
         <h3>
@@ -175,7 +163,7 @@ export function StatsPanel({
         <dl className="facts">
           <dt>KV mode</dt>
           <dd data-testid="stat-kv-mode">{stats?.kv.mode ?? model?.kv ?? '—'}</dd>
-          <dt>KV bits / element</dt>
+          <dt>KV bits / element held</dt>
           <dd data-testid="stat-kv-bits">{bits === null ? '—' : bits.toFixed(bits === 16 ? 0 : 2)}</dd>
           <dt>KV held as f16 would be</dt>
           <dd>{memory ? formatBytes(memory.kvF16Equivalent) : '—'}</dd>

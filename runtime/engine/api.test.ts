@@ -352,6 +352,12 @@ describe.skipIf(!modelPath || !goldenPath)('LongtabEngine API on stories260K', (
     expect(stats.kv.rotation).toBe('hadamard');
     expect(stats.kv.clip).toEqual({ key: 1, value: 1 });
     expect(stats.context.capacity).toBe(400);
+    expect(stats.kv.plan).toMatchObject({ source: 'uniform', summary: 'K 2-bit, V 2-bit' });
+    expect(stats.kv.plan!.layers).toHaveLength(5);
+    expect(stats.kv.plan!.bitsPerElementAt32K).toBeGreaterThan(2);
+    expect(stats.kv.plan!.bitsPerElementAt32K).toBeLessThan(4);
+    expect(stats.kv.holds).toEqual({ tokens: stats.context.capacity, f16Tokens: 128 });
+    expect(stats.kv.holds.tokens).toBeGreaterThan(2 * stats.kv.holds.f16Tokens);
     engine.destroy();
   });
 
@@ -384,6 +390,9 @@ describe.skipIf(!modelPath || !goldenPath)('LongtabEngine API on stories260K', (
     expect(stats.context.capacity).toBe(
       Math.min(stats.model!.contextLength, stats.kv.pagesBudget * stats.kv.pageTokens),
     );
+    // An f16 cache has no precision plan, and holds what an f16 cache holds.
+    expect(stats.kv.plan).toBeNull();
+    expect(stats.kv.holds).toEqual({ tokens: stats.context.capacity, f16Tokens: stats.context.capacity });
     expect(stats.adapter?.maxBufferSize).toBeGreaterThan(0);
     expect(seen.length).toBeGreaterThanOrEqual(4); // subscribe, load, mid-generation, end
     expect(seen.some((s) => s.queue.running)).toBe(true);
@@ -485,6 +494,8 @@ describe('kv omitted on a model whose K/V rows form no 2-bit groups', () => {
     const stats = await engine.stats();
     expect(stats.model?.kv).toBe('f16');
     expect(stats.kv).toMatchObject({ mode: 'f16', rotation: 'none', clip: null, boostLayers: [] });
+    expect(stats.kv.plan).toBeNull();
+    expect(stats.kv.holds.tokens).toBe(stats.kv.holds.f16Tokens);
     // An explicit int2 still asks for the 2-bit cache, and fails where the model cannot take it.
     await expect(engine.load(new Blob([bytes]), { kv: 'int2', kvBudgetBytes: 1 << 20 })).rejects.toThrow(
       /group size 128 must divide the row width 320/,

@@ -1,0 +1,62 @@
+/** The stats panel's KV sentences from EngineStats as the engine fills them (no GPU, no DOM). */
+import { describe, expect, it } from 'vitest';
+import type { EngineStats } from '../engine/types.ts';
+import { formatTokens, kvHoldsText, kvPlanText } from './kv-summary.ts';
+
+/** The fields the sentences read; the rest of EngineStats does not matter to them. */
+function stats(kv: Partial<EngineStats['kv']>, contextLength = 1 << 20): EngineStats {
+  return {
+    model: { contextLength } as EngineStats['model'],
+    kv: { mode: 'int2', plan: null, holds: { tokens: 0, f16Tokens: 0 }, ...kv },
+  } as EngineStats;
+}
+
+describe('the stats panel KV sentences', () => {
+  it('counts tokens in K of 1024, as context lengths are named', () => {
+    expect([0, 512, 1023, 1024, 1536, 2048, 10240, 32768, 235520].map(formatTokens)).toEqual([
+      '0',
+      '512',
+      '1023',
+      '1K',
+      '1.5K',
+      '2K',
+      '10K',
+      '32K',
+      '230K',
+    ]);
+  });
+
+  it('says what the budget holds in int2 and what f16 would hold in it', () => {
+    expect(kvHoldsText(stats({ holds: { tokens: 235520, f16Tokens: 32768 } }))).toBe(
+      'int2: 230K tokens in this budget; f16 would hold 32K',
+    );
+  });
+
+  it('in f16 says only the f16 number, and names the context length where it, not the budget, is the cap', () => {
+    expect(kvHoldsText(stats({ mode: 'f16', holds: { tokens: 32768, f16Tokens: 32768 } }))).toBe(
+      'f16: 32K tokens in this budget',
+    );
+    expect(kvHoldsText(stats({ holds: { tokens: 2048, f16Tokens: 2048 } }, 2048))).toBe(
+      "int2: 2K tokens in this budget; f16 would hold 2K (capped at the model's context length, 2K)",
+    );
+    expect(kvHoldsText(null)).toBeNull();
+    expect(kvHoldsText({ ...stats({}), model: null })).toBeNull();
+  });
+
+  it('names the plan, where it came from, and its bits per element; nothing in f16', () => {
+    const layer = { key: { bits: 2, clipQuantile: 0.96 }, value: { bits: 2, clipQuantile: 1 } };
+    const plan = {
+      summary: 'K 2-bit clip 0.96, V 2-bit; layer 5: K 4-bit, V 2-bit',
+      source: 'calibration' as const,
+      layers: [layer],
+      bitsPerElementAt32K: 2.4127,
+    };
+    expect(kvPlanText(stats({ plan }))).toBe(
+      'Plan, chosen by the calibration: K 2-bit clip 0.96, V 2-bit; layer 5: K 4-bit, V 2-bit; 2.41 bits per element at 32K tokens.',
+    );
+    expect(kvPlanText(stats({ plan: { ...plan, source: 'uniform', summary: 'K 2-bit, V 2-bit' } }))).toBe(
+      'Plan, one format for every layer: K 2-bit, V 2-bit; 2.41 bits per element at 32K tokens.',
+    );
+    expect(kvPlanText(stats({ mode: 'f16', plan: null }))).toBeNull();
+  });
+});

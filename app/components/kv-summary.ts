@@ -1,0 +1,36 @@
+/** The stats panel's KV sentences: what the budget holds in each mode, and the precision plan of the 2-bit pages. */
+import type { EngineStats } from '../engine/types.ts';
+
+/** 512, 1.5K, 230K: token counts in units of 1024, as context lengths are named. */
+export function formatTokens(tokens: number): string {
+  if (tokens < 1024) return String(tokens);
+  const k = tokens / 1024;
+  return `${k < 10 ? Math.round(k * 10) / 10 : Math.round(k)}K`;
+}
+
+/**
+ * "int2: 230K tokens in this budget; f16 would hold 32K" (one conversation, stats().kv.holds). In f16 mode only the
+ * f16 number: what int2 would hold depends on its page layout, which an f16 load never builds.
+ */
+export function kvHoldsText(stats: EngineStats | null): string | null {
+  if (!stats?.model) return null;
+  const { mode, holds } = stats.kv;
+  const held = `${mode}: ${formatTokens(holds.tokens)} tokens in this budget`;
+  const text = mode === 'f16' ? held : `${held}; f16 would hold ${formatTokens(holds.f16Tokens)}`;
+  const length = stats.model.contextLength;
+  // Where the model's context length, not the budget, is the limit, the sentence says so.
+  return holds.tokens >= length ? `${text} (capped at the model's context length, ${formatTokens(length)})` : text;
+}
+
+const PLAN_SOURCES = {
+  calibration: 'chosen by the calibration',
+  uniform: 'one format for every layer',
+  boostLayers: 'boosted layers from the load options',
+} as const;
+
+/** "Plan, chosen by the calibration: K 2-bit clip 0.96, V 2-bit; layer 5: …; 2.41 bits per element at 32K"; null in f16. */
+export function kvPlanText(stats: EngineStats | null): string | null {
+  const plan = stats?.kv.plan;
+  if (!plan) return null;
+  return `Plan, ${PLAN_SOURCES[plan.source]}: ${plan.summary}; ${plan.bitsPerElementAt32K.toFixed(2)} bits per element at 32K tokens.`;
+}
