@@ -1,6 +1,7 @@
 /**
- * Converts the demo model that train.py wrote (manifest.json + raw little-endian f32 tensor files) and the project's
- * tokenizer (tokenizer.json) into one GGUF file through the project's GGUF writer.
+ * Converts the demo model that train.py wrote (manifest.json + raw little-endian f32 tensor files; the matrices in f16
+ * with train.py --weights-dtype f16) and the project's tokenizer (tokenizer.json) into one GGUF file through the
+ * project's GGUF writer.
  *
  *   npx tsx tools/train-demo-model/export.ts .train/model/manifest.json tools/train-demo-model/tokenizer.json \
  *       public/models/longtab-demo-q8_0.gguf [q8_0|f16|f32]
@@ -13,7 +14,7 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { InvalidRequestError } from '../../core/errors.ts';
 import { GgmlType } from '../../core/gguf-types.ts';
-import { f32ToF16Bits } from '../../kernels/reference/dequantize.ts';
+import { f16ToF32, f32ToF16Bits } from '../../kernels/reference/dequantize.ts';
 import { type GgufMetadataEntry, type GgufTensorInput, writeGguf } from '../../runtime/gguf/writer.ts';
 
 interface ManifestTensor {
@@ -21,7 +22,7 @@ interface ManifestTensor {
   /** PyTorch order (rows, cols); ggml_ne is the same bytes in GGUF order. */
   shape: number[];
   ggml_ne: number[];
-  dtype: 'f32';
+  dtype: 'f32' | 'f16';
   file: string;
   offset: number;
   nbytes: number;
@@ -92,12 +93,14 @@ function toF16(values: Float32Array): Uint8Array {
 function readTensor(base: string, t: ManifestTensor): Float32Array {
   const bytes = readFileSync(join(base, t.file)).subarray(t.offset, t.offset + t.nbytes);
   const count = t.shape.reduce((a, b) => a * b, 1);
-  if (t.dtype !== 'f32' || bytes.byteLength !== count * 4) {
-    throw new InvalidRequestError(`Tensor ${t.name}: expected ${count} f32 values in ${t.file}@${t.offset}.`);
+  const width = { f32: 4, f16: 2 }[t.dtype];
+  if (width === undefined || bytes.byteLength !== count * width) {
+    throw new InvalidRequestError(`Tensor ${t.name}: expected ${count} ${t.dtype} values in ${t.file}@${t.offset}.`);
   }
   const out = new Float32Array(count);
   const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
-  for (let i = 0; i < count; i++) out[i] = view.getFloat32(i * 4, true);
+  if (width === 2) for (let i = 0; i < count; i++) out[i] = f16ToF32(view.getUint16(i * 2, true));
+  else for (let i = 0; i < count; i++) out[i] = view.getFloat32(i * 4, true);
   return out;
 }
 

@@ -21,8 +21,9 @@ def load(manifest_path):
     base = os.path.dirname(manifest_path)
     w = {}
     for t in m["tensors"]:
-        a = np.fromfile(os.path.join(base, t["file"]), dtype="<f4", count=int(np.prod(t["shape"])), offset=t["offset"])
-        w[t["name"]] = a.reshape(t["shape"])
+        dtype = {"f32": "<f4", "f16": "<f2"}[t.get("dtype", "f32")]  # f16: train.py --weights-dtype f16
+        a = np.fromfile(os.path.join(base, t["file"]), dtype=dtype, count=int(np.prod(t["shape"])), offset=t["offset"])
+        w[t["name"]] = a.reshape(t["shape"]).astype(np.float32, copy=False)
     return m["hparams"], w
 
 

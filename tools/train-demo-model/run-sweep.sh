@@ -9,6 +9,11 @@
 # Returns logs.tar (each job's train.log and log.json, job<N>/...; the device returns only a few files), and the
 # weights of the first job (in JOBS order) whose chosen checkpoint passes the INT2 proof, else of the first job
 # (PICK=wiki: see below).
+# WEIGHTS_DTYPE=f16 passes --weights-dtype f16 to every job (matrices as half: ~21 MB for the demo shape, not ~42).
+# ALL_WEIGHTS=1 returns every job's chosen weights instead of one job's: jobs.tar (jobs.txt and job<N>/ with
+# manifest.json, weights-*.bin, log.json, train.log) cut into 15 MiB parts jobs.tar.00, jobs.tar.01, ... (the device
+# returns at most 8 files of 16 MiB, 64 MiB in all: three f16 jobs fit, three f32 ones do not). Join them with
+# `cat jobs.tar.* | tar xf -`.
 set -u
 JOBS=${JOBS:-probe:d1_e12,d0_e30,d0_e20_shuf gqa4:d1_e12,d0_e30,d0_e20_shuf}
 rm -rf /tmp/job[0-9]* /tmp/jobs.txt /tmp/smoke  # a warm machine keeps the last call's files
@@ -25,6 +30,7 @@ for job in $JOBS; do
   mkdir -p /tmp/job$n
   ( PYTHONUNBUFFERED=1 timeout -s INT ${TRAIN_TIMEOUT_S:-560} python3 tools/train-demo-model/train.py --data .train/tok --out /tmp/job$n \
       --shape $shape --sweep $sweep --deadline-s ${DEADLINE_S:-420} ${TRAIN_DEADLINE_S:+--train-deadline-s $TRAIN_DEADLINE_S} ${seed:+--seed $seed} \
+      ${WEIGHTS_DTYPE:+--weights-dtype $WEIGHTS_DTYPE} \
       > /tmp/job$n/train.log 2>&1 ) &
 done
 wait
@@ -64,5 +70,12 @@ print(best[1] if best else '')")
 fi
 pick=${pick:-1}
 tar cf $OUT/logs.tar -C /tmp jobs.txt $(for i in $(seq 1 $n); do echo job$i/train.log job$i/log.json; done)
-echo "weights from: job$pick"; cp /tmp/job$pick/weights-*.bin /tmp/job$pick/manifest.json $OUT/
+if [ -n "${ALL_WEIGHTS:-}" ]; then
+  echo "weights from: every job (jobs.tar.*)"
+  tar cf - -C /tmp jobs.txt $(cd /tmp && for i in $(seq 1 $n); do ls job$i/manifest.json job$i/weights-*.bin job$i/log.json job$i/train.log 2>/dev/null; done) \
+    | split -b 15M -d - $OUT/jobs.tar.
+  ls -l $OUT
+else
+  echo "weights from: job$pick"; cp /tmp/job$pick/weights-*.bin /tmp/job$pick/manifest.json $OUT/
+fi
 grep -h "===\|evaluating\|  val:\|wikitext2_test:\|tinyshakespeare:\|repeat@\|mid-text copy@\|saved\|chosen" /tmp/job*/train.log

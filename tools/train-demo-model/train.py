@@ -18,8 +18,9 @@ After training: perplexity at ctx 2048 with the KV cache simulated as fp16, naiv
 (token-wise asymmetric 2-bit min/max per group along head_dim, fp16 scale/zero, beyond a 64-token sink and a 256-token
 recent window; K after RoPE), and the loss on repeated spans at distances 256/1024/1536.
 
-Writes to --out: weights-N.bin (raw little-endian float32, tensors packed back to back), manifest.json (GGUF tensor
-names, shapes, file/offset), log.json (config, loss curves, eval tables).
+Writes to --out: weights-N.bin (raw little-endian float32, tensors packed back to back; --weights-dtype f16: the
+matrices as float16), manifest.json (GGUF tensor names, shapes, dtype, file/offset), log.json (config, loss curves,
+eval tables).
 """
 
 import argparse
@@ -457,12 +458,17 @@ def gguf_name(name):
     return f"blk.{n}.{GGUF_NAMES[rest]}"
 
 
-def save_weights(model, out, cfg, max_file_bytes=15 * 1024 * 1024):
+def save_weights(model, out, cfg, max_file_bytes=15 * 1024 * 1024, dtype="f32"):
+    """dtype "f16" stores the matrices as IEEE half (norms and biases stay f32): half the bytes, for a device call
+    that must return several models (export.ts reads either)."""
     tensors = []
     files = []
     cur, cur_bytes = None, 0
     for name, p in model.state_dict().items():
         a = p.detach().float().cpu().contiguous().numpy().astype("<f4")
+        t_dtype = "f16" if dtype == "f16" and a.ndim >= 2 else "f32"
+        if t_dtype == "f16":
+            a = a.astype("<f2")
         b = a.tobytes()
         if cur is None or cur_bytes + len(b) > max_file_bytes:
             cur = open(os.path.join(out, f"weights-{len(files)}.bin"), "wb")
@@ -474,7 +480,7 @@ def save_weights(model, out, cfg, max_file_bytes=15 * 1024 * 1024):
                 "torch_name": name,
                 "shape": list(a.shape),
                 "ggml_ne": list(reversed(a.shape)),
-                "dtype": "f32",
+                "dtype": t_dtype,
                 "file": os.path.basename(cur.name),
                 "offset": cur_bytes,
                 "nbytes": len(b),
@@ -601,6 +607,8 @@ def main():
     ap.add_argument("--span-samples", type=int, default=64)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--weights-dtype", default="f32", choices=("f32", "f16"),
+                    help="how the chosen weights are written (f16: matrices as half, norms and biases f32)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     dev = "cuda"
@@ -818,7 +826,7 @@ def main():
 
             if chosen_key is None or rank(key) < rank(chosen_key):
                 chosen_key = key
-                manifest = save_weights(model, args.out, cfg)
+                manifest = save_weights(model, args.out, cfg, dtype=args.weights_dtype)
                 log(f"saved {key} as the chosen model (passes INT2 proof: {ok}; {manifest['n_params']} params)")
         result["chosen"] = chosen_key
         result["wall_s"] = time.time() - T_START
