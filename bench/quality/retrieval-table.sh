@@ -5,8 +5,9 @@
 #   2. copy of a 64-token passage at distances 512/1024/1536 in 2,048 tokens of held-out Austen, 200 trials per
 #      cell, for f16, the default int2, int2-hadamard and naive int2-none;
 #   3. perplexity over 2,048-token windows of held-out Austen, the same modes, with top-1 agreement against f16.
-# MODELS="name=path ..." (GGUF files), TEXT (the filler and perplexity text), KIT (default /tmp/kit), CLI (the
-# bundled CLI, default .gpu/longtab.mjs). Writes $OUT/retrieval-table.tar.gz (every JSON and log).
+# MODELS="name=path ..." (GGUF files), EMBEDDED="name ..." (models that carry their calibration and plan in their
+# metadata, as the shipped demo model does: not recalibrated), TEXT (the filler and perplexity text), KIT (default
+# /tmp/kit), CLI (the bundled CLI, default .gpu/longtab.mjs). Writes $OUT/retrieval-table.tar.gz (every JSON and log).
 set -u
 KIT=${KIT:-/tmp/kit}
 CLI=${CLI:-.gpu/longtab.mjs}
@@ -21,14 +22,23 @@ for entry in $MODELS; do
     export LONGTAB_CACHE_DIR=$work/$name-cache
     L="$KIT/run.sh $CLI"
     start=$(date +%s)
-    $L calibrate --model "$path" > $work/$name-calibrate.json 2> $work/$name-calibrate.log
+    case " ${EMBEDDED:-} " in
+      *" $name "*) ;;
+      *) $L calibrate --model "$path" > $work/$name-calibrate.json 2> $work/$name-calibrate.log ;;
+    esac
     $L eval --task copy --model "$path" --text "$TEXT" --lengths 2048 --distances 512,1024,1536 --trials $TRIALS \
       --kv $MODES --chunk 128 --json > $work/$name-copy.json 2> $work/$name-copy.log
-    $L eval --model "$path" --text "$TEXT" --ctx 2048 --kv $MODES --compare --chunk 128 --json \
+    $L eval --model "$path" --text "$TEXT" --ctx 2048 --kv $MODES --compare --chunk 128 ${MAX_WINDOWS:+--max-windows $MAX_WINDOWS} --json \
       > $work/$name-perplexity.json 2> $work/$name-perplexity.log
     echo "$name: $(( $(date +%s) - start )) s" >> $work/times.txt
   ) &
+  pids="${pids:-} $!"
 done
-wait
-cat $work/times.txt
+# A call has a time limit: past BUDGET_S (default 540) the evaluations still running are stopped, and what finished
+# (each eval writes its JSON at the end, its log line by line) still comes back.
+( sleep ${BUDGET_S:-540}; pkill -f "$CLI" ) 2>/dev/null &
+watchdog=$!
+wait $pids
+kill $watchdog 2>/dev/null
+cat $work/times.txt 2>/dev/null
 tar czf $OUT/retrieval-table.tar.gz -C $work --exclude='*-cache' .

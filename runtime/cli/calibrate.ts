@@ -1,14 +1,17 @@
 import { open, readFile, writeFile } from 'node:fs/promises';
 import { InvalidRequestError } from '../../core/errors.ts';
 import type { GpuContext } from '../../core/gpu/device.ts';
-import { calibrateKvRotations, storedRotations } from '../calibration/calibrate.ts';
+import { calibrateKvRotations, chooseKvPrecisionPlan, storedRotations } from '../calibration/calibrate.ts';
+import type { PlanChoice } from '../calibration/precision-search.ts';
 import { ModelRunner } from '../engine/model-runner.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
 import { parseGguf } from '../gguf/parse.ts';
 import { metadataEntriesOf, planGguf } from '../gguf/writer.ts';
+import { resolveClipFormat } from '../kv/clip-fit.ts';
 import { describePlan } from '../kv/precision-plan.ts';
 import { nodeRotationCache } from '../kv/rotation-cache-node.ts';
 import {
+  decodeRotations,
   encodeRotations,
   modelDigest,
   rotationMetadataEntries,
@@ -20,10 +23,11 @@ import { numberFlag, type ParsedArgs, stringFlag } from './args.ts';
 import { defaultModelPath } from './default-model.ts';
 
 /**
- * `longtab calibrate [--model FILE] [--out FILE.bin] [--embed OUT.gguf] [--text FILE] [--tokens N] [--seed S]`:
- * fits OSCAR rotations, their clip quantiles and the 2-bit cache's precision plan on text the model generates
- * itself with an f16 cache (or on --text), caches them under the model's digest, and optionally writes them to a
- * file or into a copy of the model.
+ * `longtab calibrate [--model FILE] [--out FILE.bin] [--embed OUT.gguf] [--text FILE] [--tokens N] [--seed S]
+ * [--plan-only]`: fits OSCAR rotations, their clip quantiles and the 2-bit cache's precision plan on text the model
+ * generates itself with an f16 cache (or on --text), caches them under the model's digest, and optionally writes
+ * them to a file or into a copy of the model. `--plan-only` keeps the rotations and clip the model already has (its
+ * metadata, else the cache) and fits only the plan for them: rotations stored before plans existed get one.
  */
 export async function runCalibrate(args: ParsedArgs, gpu: GpuContext): Promise<number> {
   const modelPath = stringFlag(args, 'model') ?? defaultModelPath();
@@ -38,6 +42,7 @@ export async function runCalibrate(args: ParsedArgs, gpu: GpuContext): Promise<n
     seed: numberFlag(args, 'seed', 1),
     out,
     embed,
+    planOnly: args.flags.has('plan-only'),
   });
   process.stdout.write(
     `${JSON.stringify({ model: modelPath, digest: result.digest, tokens: result.rotations.tokens, clip: result.rotations.clip ?? null, plan: result.plan, out: out ?? null, embed: embed ?? null })}\n`,
@@ -55,7 +60,7 @@ export const DEFAULT_CLI_CALIBRATION_TOKENS = 2048;
 export async function calibrateModelFile(
   gpu: GpuContext,
   modelPath: string,
-  options: { tokens: number; textPath?: string; seed?: number; out?: string; embed?: string },
+  options: { tokens: number; textPath?: string; seed?: number; out?: string; embed?: string; planOnly?: boolean },
 ): Promise<{
   digest: string;
   rotations: StoredRotations;
@@ -70,17 +75,35 @@ export async function calibrateModelFile(
       ? tokenizer.encode(await readFile(options.textPath, 'utf8'), { addSpecial: true }).slice(0, options.tokens)
       : await selfGenerated(engine, options.tokens, options.seed ?? 1);
     const started = performance.now();
-    const fitted = await calibrateKvRotations(gpu, config, engine.loaded!.weights, tokens, {
-      onProgress: (done, total) => process.stderr.write(`\rcalibrating: ${done}/${total} tokens`),
-      onFitProgress: (done, total) => process.stderr.write(`\rcalibrating: fit step ${done}/${total}   `),
-    });
-    const plan = fitted.plan
-      ? { summary: describePlan(fitted.plan.plan), bitsPerElementAt32K: fitted.plan.bitsPerElement }
-      : null;
+    const weights = engine.loaded!.weights;
+    let rotations: StoredRotations;
+    let chosen: PlanChoice | null;
+    if (options.planOnly) {
+      const file = engine.loaded!.file;
+      const cached = await nodeRotationCache().get(await modelDigest(file, source));
+      const stored = rotationsFromMetadata(file.metadata, config) ?? (cached ? decodeRotations(cached, config) : null);
+      if (!stored) {
+        throw new InvalidRequestError(
+          `${modelPath} has no calibrated KV rotations to fit a plan for: drop --plan-only.`,
+        );
+      }
+      const { groupSize } = resolveClipFormat(config.kvHeads * config.headDim, {});
+      chosen = await chooseKvPrecisionPlan(gpu, config, weights, tokens, stored, groupSize, {
+        onLayer: (l) => process.stderr.write(`\rfitting the precision plan: layer ${l + 1}/${config.layers}`),
+      });
+      rotations = { ...stored, ...(chosen ? { plan: chosen.plan } : {}) };
+    } else {
+      const fitted = await calibrateKvRotations(gpu, config, weights, tokens, {
+        onProgress: (done, total) => process.stderr.write(`\rcalibrating: ${done}/${total} tokens`),
+        onFitProgress: (done, total) => process.stderr.write(`\rcalibrating: fit step ${done}/${total}   `),
+      });
+      chosen = fitted.plan ?? null;
+      rotations = storedRotations(fitted);
+    }
+    const plan = chosen ? { summary: describePlan(chosen.plan), bitsPerElementAt32K: chosen.bitsPerElement } : null;
     process.stderr.write(
       `\rcalibrated on ${tokens.length} tokens in ${((performance.now() - started) / 1000).toFixed(1)} s; plan: ${plan ? `${plan.summary} (${plan.bitsPerElementAt32K.toFixed(3)} bits per element at 32K)` : 'none (text too short for the probe)'}\n`,
     );
-    const rotations = storedRotations(fitted);
     const digest = await modelDigest(engine.loaded!.file, source);
     const bytes = encodeRotations(rotations);
     await nodeRotationCache().set(digest, bytes);

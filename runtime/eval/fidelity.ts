@@ -18,6 +18,7 @@
  * exactly zero and the others match what the GPU computes (fidelity.test.ts checks both against the GPU).
  */
 import { InvalidRequestError } from '../../core/errors.ts';
+import type { KvPrecisionPlan } from '../kv/precision-plan.ts';
 import { dequantizeRow, type QuantRowFormat, quantizeRow, roundToF16 } from '../kv/quant-format.ts';
 import { rotationSet } from '../kv/rotation.ts';
 
@@ -81,6 +82,8 @@ export interface CalibratedKv {
   key: Float32Array;
   value: Float32Array;
   clip?: { key: number; value: number };
+  /** The precision plan chosen with them, if any (runtime/kv/precision-plan.ts). */
+  plan?: KvPrecisionPlan;
 }
 
 export function fidelityVariant(
@@ -106,7 +109,22 @@ export function fidelityVariant(
       return { name, format: format(2), rotation: null };
     case 'int1-none':
       return { name, format: format(1), rotation: null };
-    case 'int2':
+    case 'int2': {
+      // What kv: 'int2' runs once calibrated: the calibrated rotations, each layer's K and V as the plan says.
+      const plan = options.calibrated?.plan;
+      if (!options.calibrated || !plan)
+        throw new InvalidRequestError("'int2' needs calibrated rotations with a precision plan (longtab calibrate).");
+      const groupSize = options.groupSize ?? Math.min(128, width);
+      return {
+        name,
+        format: format(2),
+        layerFormats: plan.map((l) => ({
+          key: { ...l.key, groupSize },
+          value: { ...l.value, groupSize },
+        })),
+        rotation: { key: options.calibrated.key, value: options.calibrated.value },
+      };
+    }
     case 'int2-hadamard': {
       const h = rotationSet('hadamard', shape.layers, shape.kvHeads, shape.headDim);
       return { name: 'int2-hadamard', format: format(2), rotation: { key: h, value: h } };

@@ -61,7 +61,12 @@ interface GateMeasurements {
    * Perplexity over the window per cache: the GPU's f16, int2-calibrated (also with layer 5 boosted to 4 bits, the
    * layer this model reads its history with: docs/kv-cache.md) and int1-none, and the f64 reference.
    */
-  perplexity: Record<'f16' | 'int2-calibrated' | 'int2-calibrated+L5' | 'int1-none' | 'exact', PerplexityResult>;
+  perplexity: Record<
+    'f16' | 'int2' | 'int2-calibrated' | 'int2-calibrated+L5' | 'int1-none' | 'exact',
+    PerplexityResult
+  >;
+  /** The precision plan the GPU's int2 cache was laid out by, and the one embedded in the model. */
+  plan: { loaded: unknown; embedded: unknown };
   /** The GPU's int2-calibrated cache and the emulated one: rotation mode and clip quantiles of each. */
   calibratedCache: { rotation: string; clip: { key?: number; value?: number }; embeddedClip?: CalibratedKv['clip'] };
 }
@@ -98,7 +103,7 @@ describe.skipIf(!textPath)('KV cache quality gate: demo model, 256 held-out toke
       // is what the f16 cache itself costs against exact storage.
       const captured = await captureAttentionInputs(gpu, config, engine.loaded!.weights, ids, { chunk: 128 });
       const calibrated = rotationsFromMetadata(engine.loaded!.file.metadata, config);
-      const variants = ['f32', 'int2-none', 'int2-calibrated', 'int1-none'].map((mode) =>
+      const variants = ['f32', 'int2-none', 'int2-calibrated', 'int2', 'int1-none'].map((mode) =>
         fidelityVariant(mode, config, { calibrated }),
       );
       const sums = captured.map((activations, layer) => {
@@ -121,6 +126,11 @@ describe.skipIf(!textPath)('KV cache quality gate: demo model, 256 held-out toke
       await load('int2-calibrated+L5');
       const boosted = await score(engine);
       engine.unload();
+      // The default: what kv: 'int2' runs, the calibrated rotations and the plan embedded with them.
+      await load('int2');
+      measured.plan = { loaded: engine.loaded!.pool.quant?.plan, embedded: calibrated?.plan };
+      const int2 = await score(engine);
+      engine.unload();
       await load('int1-none');
       const int1 = await score(engine);
       engine.unload();
@@ -133,6 +143,7 @@ describe.skipIf(!textPath)('KV cache quality gate: demo model, 256 held-out toke
       });
       measured.perplexity = {
         f16,
+        int2,
         'int2-calibrated': int2Calibrated,
         'int2-calibrated+L5': boosted,
         'int1-none': int1,
@@ -199,6 +210,16 @@ describe.skipIf(!textPath)('KV cache quality gate: demo model, 256 held-out toke
     // Layer 5 at 4 bits: measured perplexity +0.46%, top-1 agreement 0.965 (9 of 255 differ, against 13 without).
     expect(Math.abs(perplexityRatio('int2-calibrated+L5', 'f16') - 1)).toBeLessThan(0.03);
     expect(agreement('int2-calibrated+L5', 'f16')).toBeGreaterThan(0.95);
+  });
+
+  it('the default int2 cache (the embedded precision plan) holds as well, and the GPU lays its pages out by that plan', () => {
+    expect(measured.plan.embedded).toBeDefined();
+    expect(measured.plan.loaded).toEqual(measured.plan.embedded);
+    expect(meanError('int2')).toBeLessThan(0.15);
+    expect(meanKl('int2')).toBeLessThan(0.04);
+    expect(meanError('int2-none')).toBeGreaterThan(1.5 * meanError('int2'));
+    expect(Math.abs(perplexityRatio('int2', 'f16') - 1)).toBeLessThan(0.03);
+    expect(agreement('int2', 'f16')).toBeGreaterThan(0.93);
   });
 });
 

@@ -4,7 +4,7 @@
  * project's GGUF writer.
  *
  *   npx tsx tools/train-demo-model/export.ts .train/model/manifest.json tools/train-demo-model/tokenizer.json \
- *       public/models/longtab-demo-q8_0.gguf [q8_0|f16|f32]
+ *       public/models/longtab-demo-q8_0.gguf [q8_0|q4_0|f16|f32]
  *
  * Matrices are stored as Q8_0 (default), F16 or F32; norm weights always F32. train.py trains in llama.cpp's NORMAL
  * RoPE layout, so attn_q/attn_k are written as they are: the Q/K permutation that converting Hugging Face checkpoints
@@ -59,7 +59,7 @@ interface TokenizerJson {
   chat_template: string;
 }
 
-type MatrixType = 'q8_0' | 'f16' | 'f32';
+type MatrixType = 'q8_0' | 'q4_0' | 'f16' | 'f32';
 
 /** llama.cpp's quantize_row_q8_0_ref: per 32 values, d = amax / 127 stored as f16, q = round(x / d) as i8. */
 export function quantizeQ8_0(values: Float32Array): Uint8Array {
@@ -78,6 +78,37 @@ export function quantizeQ8_0(values: Float32Array): Uint8Array {
       const x = values[b * 32 + j]! * Math.fround(id);
       // roundf: half away from zero
       view.setInt8(b * 34 + 2 + j, Math.sign(x) * Math.round(Math.abs(x)));
+    }
+  }
+  return out;
+}
+
+/**
+ * llama.cpp's quantize_row_q4_0_ref: per 32 values, d = (the value of largest magnitude) / −8 stored as f16, and
+ * q = min(15, trunc(x / d + 8.5)); value j in the low nibble of byte j, value 16 + j in its high nibble.
+ */
+export function quantizeQ4_0(values: Float32Array): Uint8Array {
+  if (values.length % 32 !== 0) {
+    throw new InvalidRequestError(`Q4_0 needs a multiple of 32 values, got ${values.length}.`);
+  }
+  const out = new Uint8Array((values.length / 32) * 18);
+  const view = new DataView(out.buffer);
+  for (let b = 0; b < values.length / 32; b++) {
+    let amax = 0;
+    let max = 0;
+    for (let j = 0; j < 32; j++) {
+      const v = values[b * 32 + j]!;
+      if (amax < Math.abs(v)) {
+        amax = Math.abs(v);
+        max = v;
+      }
+    }
+    const d = Math.fround(max / -8);
+    const id = d ? Math.fround(1 / d) : 0;
+    view.setUint16(b * 18, f32ToF16Bits(d), true);
+    const code = (x: number) => Math.min(15, Math.trunc(Math.fround(Math.fround(x * id) + 8.5)));
+    for (let j = 0; j < 16; j++) {
+      out[b * 18 + 2 + j] = code(values[b * 32 + j]!) | (code(values[b * 32 + 16 + j]!) << 4);
     }
   }
   return out;
@@ -118,12 +149,13 @@ export function buildDemoGguf(manifestPath: string, tokenizerPath: string, matri
       return { name: t.name, shape: t.ggml_ne, type: GgmlType.F32, data: new Uint8Array(values.buffer) };
     }
     if (matrixType === 'f16') return { name: t.name, shape: t.ggml_ne, type: GgmlType.F16, data: toF16(values) };
+    if (matrixType === 'q4_0') return { name: t.name, shape: t.ggml_ne, type: GgmlType.Q4_0, data: quantizeQ4_0(values) };
     return { name: t.name, shape: t.ggml_ne, type: GgmlType.Q8_0, data: quantizeQ8_0(values) };
   });
   const u32 = (key: string, value: number): GgufMetadataEntry => ({ key, value, type: 'u32' });
   const f32 = (key: string, value: number): GgufMetadataEntry => ({ key, value, type: 'f32' });
-  // llama_ftype: 0 ALL_F32, 1 MOSTLY_F16, 7 MOSTLY_Q8_0
-  const fileType = { f32: 0, f16: 1, q8_0: 7 }[matrixType];
+  // llama_ftype: 0 ALL_F32, 1 MOSTLY_F16, 2 MOSTLY_Q4_0, 7 MOSTLY_Q8_0
+  const fileType = { f32: 0, f16: 1, q4_0: 2, q8_0: 7 }[matrixType];
   const metadata: GgufMetadataEntry[] = [
     { key: 'general.architecture', value: 'llama' },
     { key: 'general.name', value: manifest.name },
@@ -157,7 +189,7 @@ export function buildDemoGguf(manifestPath: string, tokenizerPath: string, matri
 
 function main(argv: string[]): void {
   const [manifestPath, tokenizerPath, outPath, type = 'q8_0'] = argv;
-  if (!manifestPath || !tokenizerPath || !outPath || !['q8_0', 'f16', 'f32'].includes(type)) {
+  if (!manifestPath || !tokenizerPath || !outPath || !['q8_0', 'q4_0', 'f16', 'f32'].includes(type)) {
     throw new InvalidRequestError(
       'usage: export.ts MANIFEST.json TOKENIZER.json OUT.gguf [q8_0|f16|f32] (see tools/train-demo-model/README.md)',
     );
