@@ -16,6 +16,8 @@ MODES=${MODES:-f16,int2,int2-hadamard,int2-none}
 TRIALS=${TRIALS:-200}
 work=/tmp/retrieval-table
 rm -rf $work && mkdir -p $work
+# The kit unpacks its loader libraries on its first run: once here, not in four processes at once.
+$KIT/run.sh $CLI info --help > /dev/null 2>&1 || true
 for entry in $MODELS; do
   name=${entry%%=*}; path=${entry#*=}
   (
