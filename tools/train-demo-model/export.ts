@@ -149,7 +149,8 @@ export function buildDemoGguf(manifestPath: string, tokenizerPath: string, matri
       return { name: t.name, shape: t.ggml_ne, type: GgmlType.F32, data: new Uint8Array(values.buffer) };
     }
     if (matrixType === 'f16') return { name: t.name, shape: t.ggml_ne, type: GgmlType.F16, data: toF16(values) };
-    if (matrixType === 'q4_0') return { name: t.name, shape: t.ggml_ne, type: GgmlType.Q4_0, data: quantizeQ4_0(values) };
+    if (matrixType === 'q4_0')
+      return { name: t.name, shape: t.ggml_ne, type: GgmlType.Q4_0, data: quantizeQ4_0(values) };
     return { name: t.name, shape: t.ggml_ne, type: GgmlType.Q8_0, data: quantizeQ8_0(values) };
   });
   const u32 = (key: string, value: number): GgufMetadataEntry => ({ key, value, type: 'u32' });
