@@ -64,7 +64,10 @@ export function kvOptionsFor(name: string): EngineLoadOptions {
  */
 export function cliLoadOptions(options: EngineLoadOptions): LoadOptions {
   const parsed = parseLoadOptions(options);
-  return parsed.rotation === 'calibrated' ? { ...parsed, rotationCache: nodeRotationCache() } : parsed;
+  // An omitted rotation is 'calibrated' in int2 where rotations are stored: the cache is one of the places.
+  return parsed.rotation === 'calibrated' || parsed.rotation === undefined
+    ? { ...parsed, rotationCache: nodeRotationCache() }
+    : parsed;
 }
 
 /**

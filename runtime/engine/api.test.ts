@@ -348,8 +348,10 @@ describe.skipIf(!modelPath || !goldenPath)('LongtabEngine API on stories260K', (
     const stats = await engine.stats();
     expect(stats.model?.kv).toBe('int2');
     expect(stats.kv.mode).toBe('int2');
-    // The rotation follows the resolved mode: Hadamard, as for an explicit kv: 'int2'.
-    expect(stats.kv.rotation).toBe('hadamard');
+    // The rotation follows the resolved mode: calibrated rotations once they exist; this model has none stored, so
+    // Hadamard while the background calibration runs (it is stopped when the engine is destroyed).
+    expect(stats.kv.rotation).toMatch(/^(hadamard|calibrating \d+%)$/);
+    expect(stats.kv.calibration).not.toBeNull();
     expect(stats.kv.clip).toEqual({ key: 1, value: 1 });
     expect(stats.context.capacity).toBe(400);
     expect(stats.kv.plan).toMatchObject({ source: 'uniform', summary: 'K 2-bit, V 2-bit' });

@@ -8,7 +8,7 @@ import { describe, expect, it } from 'vitest';
 import { InvalidRequestError } from '../../core/errors.ts';
 import type { ModelConfig } from '../model/config.ts';
 import type { EngineLoadOptions } from './api-types.ts';
-import { int2Unfit, type ParsedLoadOptions, parseLoadOptions, resolveKvMode } from './load-options.ts';
+import { defaultRotation, int2Unfit, type ParsedLoadOptions, parseLoadOptions, resolveKvMode } from './load-options.ts';
 import { kvPoolOptions } from './model-runner.ts';
 
 /** The error parseLoadOptions throws for `input` (it must throw an InvalidRequestError). */
@@ -43,13 +43,17 @@ const DEFAULTS: ParsedLoadOptions = {
 };
 
 describe('parseLoadOptions', () => {
-  it('resolves nothing passed to the defaults, kv and its rotation left to the model; rotation defaults by kv', () => {
+  it('resolves nothing passed to the defaults, kv and its rotation left to the model and ModelRunner.load', () => {
     expect(parseLoadOptions(undefined)).toEqual(DEFAULTS);
     expect(parseLoadOptions(null)).toEqual(DEFAULTS);
     expect(parseLoadOptions({})).toEqual(DEFAULTS);
     expect(parseLoadOptions({ experimental: {} })).toEqual(DEFAULTS);
-    expect(parseLoadOptions({ kv: 'int2' })).toEqual({ ...DEFAULTS, kv: 'int2', rotation: 'hadamard' });
-    expect(parseLoadOptions({ kv: 'f16' })).toEqual({ ...DEFAULTS, kv: 'f16', rotation: 'none' });
+    // An omitted rotation stays undefined: ModelRunner.load tells it from an explicit one (defaultRotation: int2
+    // uses calibrated rotations where stored, Hadamard until then; f16 none).
+    expect(parseLoadOptions({ kv: 'int2' })).toEqual({ ...DEFAULTS, kv: 'int2' });
+    expect(parseLoadOptions({ kv: 'f16' })).toEqual({ ...DEFAULTS, kv: 'f16' });
+    expect(defaultRotation('int2')).toBe('calibrated');
+    expect(defaultRotation('f16')).toBe('none');
     expect(parseLoadOptions({ kv: 'int2', rotation: 'none' }).rotation).toBe('none');
     // A rotation passed without kv is kept; the mode is still the model's to decide.
     expect(parseLoadOptions({ rotation: 'calibrated' })).toEqual({ ...DEFAULTS, rotation: 'calibrated' });

@@ -30,7 +30,7 @@ export interface ParsedLoadOptions {
   maxContextTokens: number | undefined;
   /** undefined: defaultPrefillChunk (it depends on the device and the KV budget). */
   prefillChunk: number | undefined;
-  /** undefined (kv undefined too): defaultRotation of the mode kv resolves to. */
+  /** undefined: defaultRotation of the mode kv resolves to. */
   rotation: KvRotation | undefined;
   calibrate: 'background' | 'off';
   onProgress: ((progress: LoadProgress) => void) | undefined;
@@ -61,8 +61,13 @@ export const LOAD_DEFAULTS = {
   prefillAttention: 'auto',
 } as const satisfies Partial<ParsedLoadOptions>;
 
+/**
+ * The rotation an omitted `rotation` means: int2 uses calibrated rotations where the model has them (its metadata
+ * or the rotation cache) and Hadamard until then (LongtabEngine calibrates in the background unless calibrate is
+ * 'off'; ModelRunner.load resolves it); f16 stores K/V as they are.
+ */
 export function defaultRotation(kv: KvMode): KvRotation {
-  return kv === 'int2' ? 'hadamard' : 'none';
+  return kv === 'int2' ? 'calibrated' : 'none';
 }
 
 /** What resolveKvMode reads of a model (a ModelConfig is one). */
@@ -91,7 +96,8 @@ export function int2Unfit(
     throw error;
   }
   const d = model.headDim;
-  if ((options.rotation ?? defaultRotation('int2')) !== 'none' && (d & (d - 1)) !== 0) {
+  // Without stored rotations an omitted rotation runs Hadamard, which needs the power of two too.
+  if ((options.rotation ?? 'hadamard') !== 'none' && (d & (d - 1)) !== 0) {
     return `a Hadamard rotation needs a power-of-two head dimension, not ${d}`;
   }
   return null;
@@ -203,7 +209,9 @@ export function parseLoadOptions(input: unknown): ParsedLoadOptions {
     maxSequences: integer('maxSequences', o.maxSequences, 1, 256) ?? LOAD_DEFAULTS.maxSequences,
     maxContextTokens: integer('maxContextTokens', o.maxContextTokens, 1),
     prefillChunk: integer('prefillChunk', o.prefillChunk, 1, 4096),
-    rotation: choice('rotation', o.rotation, ROTATIONS, kv === undefined ? undefined : defaultRotation(kv)),
+    // Omitted: defaultRotation of the mode, resolved by ModelRunner.load (which tells an omitted rotation, that falls
+    // back to Hadamard, from an explicit 'calibrated', that must find rotations).
+    rotation: choice('rotation', o.rotation, ROTATIONS, undefined),
     calibrate: choice('calibrate', o.calibrate, ['background', 'off'], LOAD_DEFAULTS.calibrate),
     onProgress: o.onProgress as ParsedLoadOptions['onProgress'],
     sink: integer('experimental.sink', x.sink, 0) ?? LOAD_DEFAULTS.sink,

@@ -222,7 +222,10 @@ export class ModelRunner {
     const config = readModelConfig(file);
     let poolOptions: KvPoolOptions = kvPoolOptions(config, options);
     const mode = resolveKvMode(options, config);
+    // An omitted rotation in int2 is 'calibrated' where rotations are stored and Hadamard (calibrating in the
+    // background when the caller says so) where not; an explicit 'calibrated' fails without them.
     const requested = options.rotation ?? defaultRotation(mode);
+    const implicit = options.rotation === undefined;
     let rotation: KvRotation = { kind: requested === 'hadamard' ? 'hadamard' : 'none' };
     let digest: string | null = null;
     let calibrationNeeded = false;
@@ -235,6 +238,8 @@ export class ModelRunner {
       } else if (options.missingCalibration === 'hadamard') {
         rotation = { kind: 'hadamard' };
         calibrationNeeded = true;
+      } else if (implicit) {
+        rotation = { kind: 'hadamard' };
       } else {
         throw new InvalidRequestError(
           "Load option rotation = 'calibrated': this model has no calibrated KV rotations yet. Run `longtab calibrate --model FILE` once (it caches them), or load with rotation 'hadamard'.",
