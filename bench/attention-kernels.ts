@@ -15,6 +15,14 @@
  *
  * Decode runs also time ablations of whole phases of the decode kernel (PHASE_ABLATIONS): where its time goes.
  *
+ * With `--roofline`, the decode kernel against the bytes it must read: per shape (default llama-3.2-1b, hd64-g8,
+ * qwen3-4b, hd128-g8: head sizes 64 and 128, groups 4 and 8), pool kind (`--kv f16,int2`, both by default) and
+ * context (default 8K, 32K, 128K), one layer's K and V bytes as the pool holds them (bench/attention-roofline.ts),
+ * the time they take at the copy bandwidth measured first (`--copy-mib 1024`), the decode kernel as the runtime plans
+ * it (split pass + merge, checked, then each dispatch's median GPU time where the device has timestamps, else n/5n),
+ * its share of that floor, and the phase and load ablations timed the same way. JSON with `--out`, a markdown table
+ * on stdout.
+ *
  * With `--prefill`, the int8 prefill kernels are timed too where the device runs them (attention-prefill-int8.wgsl.ts
  * on i8 subgroup matrices, attention-prefill-dot.wgsl.ts on dot4I8Packed), checked against the split kernel to
  * INT8_ATTENTION_QUANTIZATION_BOUND. `--check-int8` first runs the reference cases and broken kernels of
@@ -26,6 +34,9 @@
  *                                      [--check-int8] [--ablate-int8]
  *                                      [--contexts 1024,8192,32768]
  *                                      [--shapes llama-3.2-1b,qwen2.5-0.5b,qwen3-4b] [--out FILE.json]
+ *   npx tsx bench/attention-kernels.ts --roofline [--kv f16,int2] [--contexts 8192,32768,131072]
+ *                                      [--shapes llama-3.2-1b,hd64-g8,qwen3-4b,hd128-g8] [--copy-mib 1024] [--reps 50]
+ *                                      [--out FILE.json]
  * On the GPU host: bundled by `npm run bench:bundle` (.gpu/attention-kernels.mjs).
  */
 
@@ -71,8 +82,17 @@ import {
 import { type AttentionSources, withAttentionSources } from '../test/attention-sources.ts';
 import { INT8_MIXED_CASES, runMixed } from '../test/mixed-attention-harness.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
-import { timeDispatches } from './gpu-timing.ts';
-import { type LayerShape, layerShapesNamed, SHAPES_OPTION } from './models.ts';
+import {
+  type CopyBandwidth,
+  kvBytesRead,
+  measureCopyBandwidth,
+  ROOFLINE_DEFAULTS,
+  ROOFLINE_SHAPES,
+  type RooflineRow,
+  rooflineMarkdown,
+} from './attention-roofline.ts';
+import { timeDispatches, timeEachDispatch } from './gpu-timing.ts';
+import { LAYER_SHAPES, type LayerShape, layerShapesNamed, SHAPES_OPTION } from './models.ts';
 import { edited } from './wgsl-edit.ts';
 
 /** The decode graph's fewest keys per split (runtime/kv/paged-attention.ts; its splits: decodeSplitsFor). */
@@ -323,10 +343,40 @@ function layerSetup(gpu: GpuContext, shape: LayerShape, contexts: number[], kv: 
   return { pool, ...buffers, data, release };
 }
 
+/**
+ * The tolerance ratio of a decode step's output over an f16 pool filled by fillTo (the same FILL_CHUNK random keys and
+ * values over and over) against the CPU reference: ≤ 1 passes.
+ */
+function f16ReferenceRatio(
+  actual: Float32Array,
+  shape: LayerShape,
+  data: { q: Float32Array; k: Float32Array; v: Float32Array },
+  context: number,
+): number {
+  const { heads, kvHeads, headDim } = shape;
+  const repeat = (block: Float32Array) => {
+    const all = new Float32Array(context * kvHeads * headDim);
+    for (let t = 0; t < context; t += FILL_CHUNK)
+      all.set(block.subarray(0, (context - t) * kvHeads * headDim), t * kvHeads * headDim);
+    return all;
+  };
+  const expected = attentionReference({
+    q: data.q,
+    k: repeat(data.k),
+    v: repeat(data.v),
+    position: context - 1,
+    tokens: 1,
+    heads,
+    kvHeads,
+    headDim,
+    scale: 1 / Math.sqrt(headDim),
+  });
+  return maxToleranceRatio(actual, expected, 2e-5, 2e-4);
+}
+
 async function benchShape(gpu: GpuContext, shape: LayerShape, contexts: number[]) {
   const { heads, kvHeads, headDim } = shape;
   const { pool, q, k, v, output, data, release } = layerSetup(gpu, shape, contexts, 'f16');
-  const { q: qs, k: ks, v: vs } = data;
   const fill = [prepareKvAppend(gpu, 'fill', { pool, layer: 0, k, v, tokens: FILL_CHUNK })];
   const seq = pool.createSequence();
   const rows: Record<string, unknown>[] = [];
@@ -344,24 +394,7 @@ async function benchShape(gpu: GpuContext, shape: LayerShape, contexts: number[]
       if (context === Math.min(...contexts) && !variant.ablation) {
         submitDispatches(gpu, 'check', dispatches);
         const actual = await readFloat32(gpu, output, heads * headDim);
-        const repeat = (data: Float32Array) => {
-          const all = new Float32Array(context * kvHeads * headDim);
-          for (let t = 0; t < context; t += FILL_CHUNK)
-            all.set(data.subarray(0, (context - t) * kvHeads * headDim), t * kvHeads * headDim);
-          return all;
-        };
-        const expected = attentionReference({
-          q: qs,
-          k: repeat(ks),
-          v: repeat(vs),
-          position: context - 1,
-          tokens: 1,
-          heads,
-          kvHeads,
-          headDim,
-          scale: 1 / Math.sqrt(headDim),
-        });
-        row[`${variant.name}ToleranceRatio`] = maxToleranceRatio(actual, expected, 2e-5, 2e-4);
+        row[`${variant.name}ToleranceRatio`] = f16ReferenceRatio(actual, shape, data, context);
       }
       const ms = await timeDispatches(gpu, dispatches, 50);
       row[`${variant.name}Us`] = Math.round(ms * 10000) / 10;
@@ -411,6 +444,139 @@ async function benchQuantShape(gpu: GpuContext, shape: LayerShape, contexts: num
       row[`${variant.name}Us`] = Math.round(ms * 10000) / 10;
       releaseDispatches(gpu, dispatches);
     }
+    console.log(JSON.stringify(row));
+    rows.push(row);
+  }
+  releaseDispatches(gpu, [...fill.append, ...fill.attention]);
+  gpu.allocator.release(reference);
+  release();
+  gpu.throwIfErrors();
+  return rows;
+}
+
+/** The variants of `list` named `names`, in that order (each must exist). */
+function variantsNamed(list: Variant[], names: string[]): Variant[] {
+  return names.map((name) => {
+    const found = list.find((v) => v.name === name);
+    if (!found) throw new Error(`no variant ${name}`);
+    return found;
+  });
+}
+
+/** The roofline's ablations: the decode kernel's phases, and the loads of the pool kind's pages. */
+const ROOFLINE_ABLATIONS: Record<'f16' | 'int2', Variant[]> = {
+  f16: [...PHASE_ABLATIONS, ...variantsNamed(VARIANTS, ['abl-noK', 'abl-noV'])],
+  int2: [...PHASE_ABLATIONS, ...variantsNamed(QUANT_VARIANTS, ['abl-noQuantK', 'abl-noQuantV', 'abl-noQuantKDims'])],
+};
+
+/** µs rounded to 0.1. */
+const us = (ms: number) => Math.round(ms * 10000) / 10;
+
+/**
+ * One layer's dispatches timed as the roofline times them: each dispatch's median GPU time (its own pass, timestamp
+ * writes), summed, where the device has timestamps; else the n/5n wall clock of them in one pass (timeDispatches).
+ */
+async function timeLayer(gpu: GpuContext, dispatches: PreparedDispatch[], reps: number) {
+  if (!gpu.features.timestampQuery) return { us: us(await timeDispatches(gpu, dispatches, reps)) };
+  const each = await timeEachDispatch(gpu, dispatches, reps);
+  return {
+    us: us(each.reduce((a, b) => a + b, 0)),
+    dispatchUs: Object.fromEntries(dispatches.map((d, i) => [d.label, us(each[i])])),
+  };
+}
+
+/**
+ * The roofline of one shape's decode attention over one kind of pool, per context: the K and V bytes the step reads
+ * (kvBytesRead), their time at the copy bandwidth, and the decode kernel as the runtime plans it (split pass + merge,
+ * checked first: against the CPU reference at the shortest context on f16, against the split kernel at every context
+ * on int2) with its ablations, timed by timeLayer.
+ */
+async function benchRoofline(
+  gpu: GpuContext,
+  shape: LayerShape,
+  contexts: number[],
+  kind: 'f16' | 'int2',
+  copy: CopyBandwidth,
+  /** Runs per timing (timeEachDispatch's rounds, timeDispatches' n). */
+  reps: number,
+): Promise<RooflineRow[]> {
+  const { heads, headDim } = shape;
+  const { pool, q, k, v, output, data, release } = layerSetup(gpu, shape, contexts, kind === 'f16' ? 'f16' : 'quant');
+  const decode: Variant = { name: 'decode', decodeKernel: true };
+  const built = attentionDecodeShape(gpu, { pool, layer: 0, heads, maxTokens: 1, decodeKernel: true });
+  if (!built) throw new Error(`the decode kernel does not serve ${shape.name} on an ${kind} pool`);
+  const kvAttention = new PagedKvAttention(gpu, pool, { heads });
+  // The harness binds the decode step itself (decodeStepBinding, so that ablations can swap its code): it must be the
+  // step the runtime's decode graph plans.
+  const plan = kvAttention.plan(0, 1);
+  const binding = decodeStepBinding(pool, shape, decode, q, output);
+  if (plan.kernel.kernel !== 'decode' || plan.splits !== binding.splits || plan.minChunkKeys !== MIN_CHUNK) {
+    throw new Error(
+      `the runtime plans ${shape.name}'s decode step as ${plan.kernel.kernel}, ${plan.splits} splits of at least ${plan.minChunkKeys} keys; decodeStepBinding differs`,
+    );
+  }
+  const reference = gpu.allocator.createStorage('bench', 'scratch', heads * headDim * 4);
+  // The runtime's own append (+ demotion in a quant pool) for prefill chunks of FILL_CHUNK tokens.
+  const fill = kvAttention.prepareLayer(0, { q, k, v, output }, FILL_CHUNK);
+  const seq = pool.createSequence();
+  const rows: RooflineRow[] = [];
+  for (const context of contexts) {
+    fillTo(gpu, pool, seq, context, fill.append);
+    pool.writeStep(seq, context - 1, 1);
+    pool.submitPending(); // page copies and promotions the step asked for
+    // int2: the step's own append + demotion, so every page the planned demotions switched holds what it says. (An
+    // f16 pool keeps the repeated block the CPU reference rebuilds.)
+    if (kind === 'int2') submitDispatches(gpu, 'fill', fill.append);
+    const read = kvBytesRead(pool, seq, context);
+    const dispatches = prepareAttention(gpu, 'decode', binding);
+    let toleranceRatio: number | undefined;
+    if (kind === 'int2' || context === Math.min(...contexts)) {
+      submitDispatches(gpu, 'check', dispatches);
+      const actual = await readFloat32(gpu, output, heads * headDim);
+      if (kind === 'f16') toleranceRatio = f16ReferenceRatio(actual, shape, data, context);
+      else {
+        const split = { name: 'split', decodeKernel: false };
+        const splitDispatches = prepareAttention(gpu, 'split', decodeStepBinding(pool, shape, split, q, reference));
+        submitDispatches(gpu, 'check', splitDispatches);
+        const expected = await readFloat32(gpu, reference, heads * headDim);
+        releaseDispatches(gpu, splitDispatches);
+        toleranceRatio = maxToleranceRatio(actual, expected, 2e-5, 2e-4);
+      }
+      if (toleranceRatio > 1) process.exitCode = 1;
+    }
+    const kernel = await timeLayer(gpu, dispatches, reps);
+    const kernelWallUs = us(await timeDispatches(gpu, dispatches, reps));
+    releaseDispatches(gpu, dispatches);
+    const ablationUs: Record<string, number> = {};
+    for (const variant of ROOFLINE_ABLATIONS[kind]) {
+      const sources = variant.sources?.(shape, built.quant);
+      if (sources === null) continue;
+      const ablated = prepareAttention(
+        withAttentionSources(gpu, sources),
+        variant.name,
+        decodeStepBinding(pool, shape, variant, q, reference),
+      );
+      ablationUs[variant.name] = (await timeLayer(gpu, ablated, reps)).us;
+      releaseDispatches(gpu, ablated);
+    }
+    const floorUs = Math.round((read.bytes / (copy.gbs * 1e9)) * 1e7) / 10;
+    const row: RooflineRow = {
+      shape: shape.name,
+      heads,
+      kvHeads: shape.kvHeads,
+      headDim,
+      kind,
+      context,
+      read,
+      floorUs,
+      kernelUs: kernel.us,
+      kernelMethod: gpu.features.timestampQuery ? 'gpu-timestamps' : 'n/5n wall clock',
+      ...(kernel.dispatchUs ? { dispatchUs: kernel.dispatchUs } : {}),
+      kernelWallUs,
+      percentOfFloor: Math.round((1000 * floorUs) / kernel.us) / 10,
+      ...(toleranceRatio !== undefined ? { toleranceRatio } : {}),
+      ablationUs,
+    };
     console.log(JSON.stringify(row));
     rows.push(row);
   }
@@ -684,10 +850,14 @@ async function benchPrefillShape(
 
 const { values } = parseArgs({
   options: {
-    contexts: { type: 'string', default: '1024,8192,32768' },
-    kv: { type: 'string', default: 'f16' },
+    contexts: { type: 'string' },
+    kv: { type: 'string' },
     prefill: { type: 'boolean', default: false },
-    shapes: SHAPES_OPTION,
+    roofline: { type: 'boolean', default: false },
+    'copy-mib': { type: 'string', default: '1024' },
+    reps: { type: 'string', default: '50' },
+    // Defaults by mode: SHAPES_OPTION's, or ROOFLINE_DEFAULTS'.
+    shapes: { type: 'string' },
     out: { type: 'string' },
     tokens: { type: 'string', default: '128' },
     'check-int8': { type: 'boolean', default: false },
@@ -706,11 +876,54 @@ for (const count of prefillSplitCounts) {
 }
 const onlyKernels = values.kernels?.split(',');
 if (onlyKernels && !values.prefill) throw new Error('--kernels picks prefill kernels: use it with --prefill');
-if (values.kv !== 'f16' && values.kv !== 'int2') throw new Error(`--kv f16|int2, got ${values.kv}`);
-const contexts = values.contexts.split(',').map(Number);
+const kinds = (values.kv ?? (values.roofline ? 'f16,int2' : 'f16')).split(',');
+if (kinds.some((kind) => kind !== 'f16' && kind !== 'int2') || (kinds.length > 1 && !values.roofline)) {
+  throw new Error(`--kv f16|int2${values.roofline ? ' (or both: f16,int2)' : ''}, got ${values.kv}`);
+}
+const kv = kinds[0] as 'f16' | 'int2';
+const contexts = (values.contexts ?? (values.roofline ? ROOFLINE_DEFAULTS.contexts : '1024,8192,32768'))
+  .split(',')
+  .map(Number);
+const shapesArg = values.shapes ?? (values.roofline ? ROOFLINE_DEFAULTS.shapes : SHAPES_OPTION.default);
 const gpu = await acquireGpu({ gpu: await nodeGpu() });
 console.log(JSON.stringify({ adapter: gpu.adapter }));
 const results: Record<string, unknown>[] = [];
+if (values.roofline) {
+  const known = [...LAYER_SHAPES, ...ROOFLINE_SHAPES];
+  const shapes = shapesArg.split(',').map((name) => {
+    const shape = known.find((s) => s.name === name);
+    if (!shape) throw new Error(`--shapes: no shape ${name}; known: ${known.map((s) => s.name).join(', ')}`);
+    return shape;
+  });
+  if (contexts.some((c) => !(c > 0 && c % FILL_CHUNK === 0))) {
+    throw new Error(`--contexts: multiples of ${FILL_CHUNK} (the fill's chunk), got ${contexts.join(',')}`);
+  }
+  const copy = await measureCopyBandwidth(gpu, Number(values['copy-mib']) * 2 ** 20);
+  console.log(JSON.stringify({ copy }));
+  const rows: RooflineRow[] = [];
+  for (const shape of shapes) {
+    for (const kind of kinds as ('f16' | 'int2')[]) {
+      rows.push(...(await benchRoofline(gpu, shape, contexts, kind, copy, Number(values.reps))));
+      // Written after every shape and kind: a call cut short keeps what it measured.
+      if (values.out) {
+        const report = {
+          adapter: gpu.adapter,
+          commit: process.env.LONGTAB_BENCH_COMMIT ?? null,
+          roofline: true,
+          copy,
+          splits: 'decodeSplitsFor(kvHeads)',
+          minChunk: MIN_CHUNK,
+          reps: Number(values.reps),
+          results: rows,
+        };
+        writeFileSync(values.out, `${JSON.stringify(report, null, 1)}\n`);
+      }
+    }
+  }
+  console.log(`\n${rooflineMarkdown(rows, copy)}`);
+  gpu.destroy();
+  process.exit(process.exitCode ?? 0);
+}
 if (values['check-int8']) {
   // The cases of kernels/attention-prefill-int8.test.ts for both int8 kernels, where this device runs them (CI's
   // adapters skip the tensor-core one).
@@ -776,14 +989,14 @@ if (values['check-int8']) {
     }
   }
 }
-for (const shape of layerShapesNamed(values.shapes)) {
+for (const shape of layerShapesNamed(shapesArg)) {
   if (values.prefill) {
     for (const splits of prefillSplitCounts) {
       const rows = await benchPrefillShape(
         gpu,
         shape,
         contexts,
-        values.kv === 'f16' ? 'f16' : 'quant',
+        kv === 'f16' ? 'f16' : 'quant',
         Number(values.tokens),
         values['ablate-int8'],
         splits,
@@ -791,12 +1004,12 @@ for (const shape of layerShapesNamed(values.shapes)) {
       );
       results.push(...rows);
     }
-  } else results.push(...(await (values.kv === 'int2' ? benchQuantShape : benchShape)(gpu, shape, contexts)));
+  } else results.push(...(await (kv === 'int2' ? benchQuantShape : benchShape)(gpu, shape, contexts)));
 }
 if (values.out)
   writeFileSync(
     values.out,
-    `${JSON.stringify({ adapter: gpu.adapter, kv: values.kv, prefill: values.prefill, splits: values.prefill ? (values.splits ?? 'prefillSplitsFor') : 'decodeSplitsFor(kvHeads)', minChunk: values.prefill ? PREFILL_MIN_CHUNK_KEYS : MIN_CHUNK, results }, null, 1)}\n`,
+    `${JSON.stringify({ adapter: gpu.adapter, kv, prefill: values.prefill, splits: values.prefill ? (values.splits ?? 'prefillSplitsFor') : 'decodeSplitsFor(kvHeads)', minChunk: values.prefill ? PREFILL_MIN_CHUNK_KEYS : MIN_CHUNK, results }, null, 1)}\n`,
   );
 gpu.destroy();
 process.exit(process.exitCode ?? 0);

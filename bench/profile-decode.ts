@@ -16,17 +16,15 @@
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
-import type { GpuContext } from '../core/gpu/device.ts';
 import { acquireGpu } from '../core/gpu/device.ts';
 import type { PreparedDispatch } from '../core/gpu/dispatch.ts';
-import { encodeDispatches } from '../core/gpu/dispatch.ts';
 import { nodeGpu, releaseNodeGpu } from '../core/gpu/node.ts';
 import type { PrefillAttention } from '../runtime/engine/api-types.ts';
 import type { KvMode } from '../runtime/engine/model-runner.ts';
 import type { PrefillMatmul } from '../runtime/model/transformer.ts';
 import { GREEDY_SAMPLING } from '../runtime/sampling/params.ts';
 import { EngineRunner } from './engine-runner.ts';
-import { warmUp } from './gpu-timing.ts';
+import { timePasses, warmUp } from './gpu-timing.ts';
 import { BENCH_MODELS, ensureModelFile, QUICK_MODEL, type WeightMix } from './models.ts';
 import { spread } from './stats.ts';
 
@@ -52,47 +50,6 @@ export interface DecodeProfile {
   /** The same on the host: submit to onSubmittedWorkDone, median ms (adds the submit and wake-up latency). */
   wholeStepHostMs: number;
   roles: RoleTiming[];
-}
-
-/** Records `groups` (each one compute pass) with begin/end timestamps; returns each pass's GPU time in ms. */
-async function timePasses(gpu: GpuContext, groups: readonly (readonly PreparedDispatch[])[]): Promise<number[]> {
-  const { device, allocator } = gpu;
-  const count = groups.length * 2;
-  const querySet = device.createQuerySet({ label: 'profile', type: 'timestamp', count });
-  const resolved = allocator.createBuffer({
-    label: 'profile.timestamps',
-    category: 'scratch',
-    size: count * 8,
-    usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC,
-  });
-  const readback = allocator.createBuffer({
-    label: 'profile.readback',
-    category: 'staging',
-    size: count * 8,
-    usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
-  });
-  try {
-    const encoder = device.createCommandEncoder({ label: 'profile' });
-    groups.forEach((dispatches, i) => {
-      const pass = encoder.beginComputePass({
-        label: 'profile',
-        timestampWrites: { querySet, beginningOfPassWriteIndex: 2 * i, endOfPassWriteIndex: 2 * i + 1 },
-      });
-      encodeDispatches(pass, dispatches);
-      pass.end();
-    });
-    encoder.resolveQuerySet(querySet, 0, count, resolved, 0);
-    encoder.copyBufferToBuffer(resolved, 0, readback, 0, count * 8);
-    device.queue.submit([encoder.finish()]);
-    await readback.mapAsync(GPUMapMode.READ);
-    const ticks = new BigUint64Array(readback.getMappedRange().slice(0));
-    readback.unmap();
-    return groups.map((_, i) => Number(ticks[2 * i + 1] - ticks[2 * i]) / 1e6);
-  } finally {
-    querySet.destroy();
-    allocator.release(resolved);
-    allocator.release(readback);
-  }
 }
 
 /**
