@@ -251,7 +251,8 @@ test.describe('engine worker API (Chromium, real worker)', () => {
       const badKv = await attempt(() => engine.load(url, { kv: 'int4' as 'int2' }));
       // A Blob (as a File from a picker would be) crosses to the worker by structured clone.
       const blob = await (await fetch(url)).blob();
-      await engine.load(blob, { kvBudgetBytes: 8 * 10240 });
+      // f16: the overflow below is checked against f16 arithmetic (8 pages of 16 positions).
+      await engine.load(blob, { kv: 'f16', kvBudgetBytes: 8 * 10240 });
       const badTemperature = await attempt(() => engine.chat.completions.create({ messages: user, temperature: -1 }));
       const unknownField = await attempt(() =>
         engine.chat.completions.create({ messages: user, n: 2 } as unknown as Parameters<
