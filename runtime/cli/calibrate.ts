@@ -11,11 +11,10 @@ import { resolveClipFormat } from '../kv/clip-fit.ts';
 import { describePlan } from '../kv/precision-plan.ts';
 import { nodeRotationCache } from '../kv/rotation-cache-node.ts';
 import {
-  decodeRotations,
   encodeRotations,
+  findStoredRotations,
   modelDigest,
   rotationMetadataEntries,
-  rotationsFromMetadata,
   type StoredRotations,
 } from '../kv/rotation-store.ts';
 import { readModelConfig } from '../model/config.ts';
@@ -79,9 +78,7 @@ export async function calibrateModelFile(
     let rotations: StoredRotations;
     let chosen: PlanChoice | null;
     if (options.planOnly) {
-      const file = engine.loaded!.file;
-      const cached = await nodeRotationCache().get(await modelDigest(file, source));
-      const stored = rotationsFromMetadata(file.metadata, config) ?? (cached ? decodeRotations(cached, config) : null);
+      const { rotations: stored } = await findStoredRotations(engine.loaded!.file, source, config, nodeRotationCache());
       if (!stored) {
         throw new InvalidRequestError(
           `${modelPath} has no calibrated KV rotations to fit a plan for: drop --plan-only.`,
@@ -125,8 +122,7 @@ export async function ensureCalibrated(gpu: GpuContext, modelPath: string): Prom
   try {
     const file = await parseGguf(source);
     const config = readModelConfig(file);
-    if (rotationsFromMetadata(file.metadata, config)) return false;
-    if (await nodeRotationCache().get(await modelDigest(file, source))) return false;
+    if ((await findStoredRotations(file, source, config, nodeRotationCache())).rotations) return false;
   } finally {
     await source.close?.();
   }

@@ -21,7 +21,7 @@ import {
 import { captureAttentionInputs } from '../eval/fidelity-capture.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
 import { nodeRotationCache } from '../kv/rotation-cache-node.ts';
-import { decodeRotations, modelDigest, rotationsFromMetadata } from '../kv/rotation-store.ts';
+import { findStoredRotations } from '../kv/rotation-store.ts';
 import type { ModelConfig } from '../model/config.ts';
 import { numberFlag, type ParsedArgs, stringFlag } from './args.ts';
 import { defaultModelPath } from './default-model.ts';
@@ -161,11 +161,8 @@ async function storedRotations(
   source: ByteSource,
   config: ModelConfig,
 ): Promise<{ rotations: CalibratedKv; source: string; tokens: number } | null> {
-  const embedded = rotationsFromMetadata(file.metadata, config);
-  if (embedded) return { rotations: embedded, source: 'model metadata', tokens: embedded.tokens };
-  const digest = await modelDigest(file, source);
-  const cached = await nodeRotationCache().get(digest);
-  if (!cached) return null;
-  const decoded = decodeRotations(cached, config);
-  return { rotations: decoded, source: `rotation cache (digest ${digest.slice(0, 12)})`, tokens: decoded.tokens };
+  const found = await findStoredRotations(file, source, config, nodeRotationCache());
+  if (!found.rotations) return null;
+  const where = found.from === 'metadata' ? 'model metadata' : `rotation cache (digest ${found.digest.slice(0, 12)})`;
+  return { rotations: found.rotations, source: where, tokens: found.rotations.tokens };
 }

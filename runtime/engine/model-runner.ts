@@ -9,10 +9,8 @@ import { createKvAttention } from '../kv/paged-attention.ts';
 import { KvPagePool, type KvPoolOptions, type KvSequence } from '../kv/pool.ts';
 import type { KvRotation } from '../kv/rotation.ts';
 import {
-  decodeRotations,
-  modelDigest,
+  findStoredRotations,
   type RotationCache,
-  rotationsFromMetadata,
   type StoredRotations,
   withStoredRotations,
 } from '../kv/rotation-store.ts';
@@ -168,23 +166,6 @@ interface LoadedModel {
  * One model on one device: load, generate, unload. Every GPU buffer it creates is released by `unload()` or by
  * a failed `load()`, so the allocator's counts return to where they were.
  */
-/**
- * Calibrated rotations for this model: from its own metadata (the demo model ships them), else from the cache
- * under the model's digest, else null (the digest is returned either way, for the caller to cache fitted ones).
- */
-async function findCalibratedRotations(
-  file: GgufFile,
-  source: ByteSource,
-  config: ModelConfig,
-  cache: RotationCache | undefined,
-): Promise<{ rotations: StoredRotations | null; digest: string }> {
-  const digest = await modelDigest(file, source);
-  const embedded = rotationsFromMetadata(file.metadata, config);
-  if (embedded) return { rotations: embedded, digest };
-  const cached = cache ? await cache.get(digest) : undefined;
-  return { rotations: cached ? decodeRotations(cached, config) : null, digest };
-}
-
 export class ModelRunner {
   readonly gpu: GpuContext;
   private model: LoadedModel | null = null;
@@ -231,7 +212,7 @@ export class ModelRunner {
     let calibrationNeeded = false;
     const precisionPlan = options.precisionPlan ?? 'calibrated';
     if (requested === 'calibrated') {
-      const found = await findCalibratedRotations(file, source, config, options.rotationCache);
+      const found = await findStoredRotations(file, source, config, options.rotationCache);
       digest = found.digest;
       if (found.rotations) {
         ({ pool: poolOptions, rotation } = withStoredRotations(poolOptions, found.rotations, precisionPlan));

@@ -220,6 +220,25 @@ export function rotationsFromMetadata(meta: GgufMetadata, config: ModelConfig): 
   };
 }
 
+/**
+ * Calibrated rotations for a model: from its own metadata (the demo model ships them), else from `cache` under the
+ * model's digest, else null (the digest is returned either way, for the caller to cache fitted ones).
+ */
+export async function findStoredRotations(
+  file: GgufFile,
+  source: ByteSource,
+  config: ModelConfig,
+  cache: RotationCache | undefined,
+): Promise<{ rotations: StoredRotations | null; digest: string; from: 'metadata' | 'cache' | null }> {
+  const digest = await modelDigest(file, source);
+  const embedded = rotationsFromMetadata(file.metadata, config);
+  if (embedded) return { rotations: embedded, digest, from: 'metadata' };
+  const cached = cache ? await cache.get(digest) : undefined;
+  return cached
+    ? { rotations: decodeRotations(cached, config), digest, from: 'cache' }
+    : { rotations: null, digest, from: null };
+}
+
 /** Metadata entries (for writeGguf) that embed rotations in a model file. */
 export function rotationMetadataEntries(r: StoredRotations) {
   return [
