@@ -13,6 +13,7 @@
  * calibration (runtime/engine/background-calibration.ts) can pause while requests run and abort by throwing there.
  */
 
+import { InvalidRequestError } from '../../core/errors.ts';
 import type { GpuContext } from '../../core/gpu/device.ts';
 import type { PreparedDispatch } from '../../core/gpu/dispatch.ts';
 import { readFloat32 } from '../../core/gpu/readback.ts';
@@ -37,6 +38,7 @@ import {
   DEFAULT_PROBE,
   type LayerScores,
   type PlanChoice,
+  type RetrievalProbe,
   retrievalProbe,
   scoreLayer,
 } from './precision-search.ts';
@@ -391,11 +393,13 @@ export async function chooseKvPrecisionPlan(
   const policy = options.policy ?? DEFAULT_QUANT_POLICY;
   const repeated = DEFAULT_PROBE.repeats * DEFAULT_PROBE.span;
   const length = Math.min(DEFAULT_PROBE.length, text.length + repeated, c.contextLength);
-  let probe: ReturnType<typeof retrievalProbe>;
+  let probe: RetrievalProbe;
   try {
     probe = boundedProbe(retrievalProbe(text, policy, { ...DEFAULT_PROBE, length }), c.heads);
-  } catch {
-    return null;
+  } catch (error) {
+    // The text (or the model's context) is too short for a probe: no plan, the uniform format stays.
+    if (error instanceof InvalidRequestError) return null;
+    throw error;
   }
   const n = probe.tokens.length;
   const shape = { heads: c.heads, kvHeads: c.kvHeads, headDim: c.headDim };

@@ -193,7 +193,7 @@ export function choosePlan(
   const budget = options.budget ?? DEFAULT_PLAN_BUDGET;
   const sides = scores.flatMap((l) => [l.key, l.value]);
   // Per side: the best candidate at each bit width, then only those that beat every cheaper one.
-  const options_ = sides.map((list) => {
+  const choices = sides.map((list) => {
     const byBits = new Map<number, SideScore>();
     for (const s of list) {
       const held = byBits.get(s.candidate.bits);
@@ -211,7 +211,7 @@ export function choosePlan(
   const scaleBits = 32 / options.groupSize;
   const quantBitsAllowed = (budget.bitsPerElement * tokens - 16 * f16) / Math.max(1, tokens - f16) - scaleBits;
   const capacity = Math.floor(quantBitsAllowed * sides.length + 1e-9);
-  const cheapest = options_.reduce((n, o) => n + o[0].candidate.bits, 0);
+  const cheapest = choices.reduce((n, o) => n + o[0].candidate.bits, 0);
   if (capacity < cheapest) {
     throw new InvalidRequestError(
       `KV precision plan: a budget of ${budget.bitsPerElement} bits per element at ${tokens} positions leaves ${quantBitsAllowed.toFixed(3)} code bits per element, below the cheapest plan's ${(cheapest / sides.length).toFixed(3)}.`,
@@ -221,7 +221,7 @@ export function choosePlan(
   const best: Float64Array[] = [new Float64Array(capacity + 1).fill(Number.POSITIVE_INFINITY)];
   best[0][0] = 0;
   const choice: Int8Array[] = [];
-  for (const [i, opts] of options_.entries()) {
+  for (const [i, opts] of choices.entries()) {
     const next = new Float64Array(capacity + 1).fill(Number.POSITIVE_INFINITY);
     const pick = new Int8Array(capacity + 1).fill(-1);
     for (let b = 0; b <= capacity; b++) {
@@ -230,7 +230,7 @@ export function choosePlan(
         const nb = b + o.candidate.bits;
         if (nb > capacity) break;
         const e = best[i][b] + o.error;
-        if (e < next[nb] * (1 - 1e-12) || (next[nb] === Number.POSITIVE_INFINITY && e === Number.POSITIVE_INFINITY)) {
+        if (e < next[nb] * (1 - 1e-12)) {
           next[nb] = e;
           pick[nb] = k;
         }
@@ -246,8 +246,8 @@ export function choosePlan(
   const picked: SideScore[] = new Array(sides.length);
   for (let i = sides.length - 1, b = total; i >= 0; i--) {
     const k = choice[i][b];
-    picked[i] = options_[i][k];
-    b -= options_[i][k].candidate.bits;
+    picked[i] = choices[i][k];
+    b -= choices[i][k].candidate.bits;
   }
   const plan = scores.map((_, l) => ({
     key: { ...picked[2 * l].candidate },

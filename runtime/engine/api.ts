@@ -759,6 +759,7 @@ export class LongtabEngine implements LongtabEngineApi {
     const config = loaded?.config;
     const f16BytesPerToken = config ? 2 * config.layers * config.kvHeads * config.headDim * 2 : 0;
     const kvBytes = memory?.bytes.kv ?? 0;
+    const capacity = loaded ? loaded.pool.maxPagesPerSequence * loaded.pool.pageTokens : 0;
     return {
       model: this.modelInfo,
       memory: {
@@ -782,7 +783,7 @@ export class LongtabEngine implements LongtabEngineApi {
         boostLayers: [...(loaded?.pool.quant?.boostLayers ?? [])],
         plan: loaded ? planStats(loaded.pool, loaded.kv.options) : null,
         holds: {
-          tokens: loaded ? loaded.pool.maxPagesPerSequence * loaded.pool.pageTokens : 0,
+          tokens: capacity,
           f16Tokens: loaded ? f16TokensInBudget(loaded.pool, loaded.kv.options, f16BytesPerToken) : 0,
         },
         pageTokens: pool?.pageTokens ?? 0,
@@ -795,7 +796,7 @@ export class LongtabEngine implements LongtabEngineApi {
       },
       context: {
         used: pool?.tokensHeld ?? 0,
-        capacity: loaded ? loaded.pool.maxPagesPerSequence * loaded.pool.pageTokens : 0,
+        capacity,
         conversations: this.cache?.size ?? 0,
         evictions: this.cache?.evictions ?? 0,
       },

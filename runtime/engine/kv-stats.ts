@@ -8,7 +8,7 @@ import type { KvPlanStats } from './api-types.ts';
 export function planStats(pool: KvPagePool, options: KvPoolOptions): KvPlanStats | null {
   const layout = pool.quant;
   if (!layout) return null;
-  const share = { sink: options.sink ?? 64, window: options.window ?? 256, pageTokens: pool.pageTokens };
+  const share = { sink: pool.sinkPages * pool.pageTokens, window: pool.window, pageTokens: pool.pageTokens };
   return {
     summary: describePlan(layout.plan),
     source: options.plan ? 'calibration' : layout.boostLayers.length > 0 ? 'boostLayers' : 'uniform',
