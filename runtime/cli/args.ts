@@ -1,3 +1,4 @@
+import { parseArgs as parseNodeArgs } from 'node:util';
 import { InvalidRequestError } from '../../core/errors.ts';
 
 export interface ParsedArgs {
@@ -6,25 +7,56 @@ export interface ParsedArgs {
   flags: Map<string, string | true>;
 }
 
-/** `cmd a b --flag value --switch`: flags take the next word as value unless it starts with `--`. */
-export function parseArgs(argv: string[]): ParsedArgs {
+/** What a command accepts: flags that take a value, switches that take none, and its positional arguments. */
+export interface CommandSpec {
+  values: readonly string[];
+  switches: readonly string[];
+  /** None, exactly one (e.g. a FILE), or any number (more text files). */
+  positional: 'none' | 'one' | 'many';
+  /** The positional argument's name in messages, e.g. 'FILE'. */
+  positionalName?: string;
+}
+
+/**
+ * `cmd a b --flag value --flag=value --switch`, strictly against the command's spec (node:util's parser): an unknown
+ * flag, a flag without its value, a switch given one, or a stray positional argument is an InvalidRequestError that
+ * lists what the command takes, so a typo such as `--max_tokens 3` never runs with the default instead. A command
+ * without a spec (help, an unknown command) keeps its words as positional arguments.
+ */
+export function parseArgs(argv: string[], specs: Readonly<Record<string, CommandSpec>>): ParsedArgs {
   const [command = 'help', ...rest] = argv;
-  const positional: string[] = [];
+  const spec = Object.hasOwn(specs, command) ? specs[command] : undefined;
+  if (!spec) return { command, positional: rest, flags: new Map() };
+  const takes = [...spec.values.map((f) => `--${f} VALUE`), ...spec.switches.map((f) => `--${f}`)];
+  const known = takes.length > 0 ? `'${command}' takes ${takes.join(', ')}.` : `'${command}' takes no flags.`;
+  let parsed: ReturnType<typeof parseNodeArgs>;
+  try {
+    parsed = parseNodeArgs({
+      args: rest,
+      strict: true,
+      allowPositionals: true,
+      options: Object.fromEntries([
+        ...spec.values.map((f) => [f, { type: 'string' as const }]),
+        ...spec.switches.map((f) => [f, { type: 'boolean' as const }]),
+      ]),
+    });
+  } catch (error) {
+    // node:util's message names the flag ("Unknown option '--max_tokens'", "Option '--ctx <value>' argument missing").
+    const first = (error instanceof Error ? error.message : String(error)).split('\n')[0];
+    const message = first.split('. ')[0].replace(/\.$/, '');
+    throw new InvalidRequestError(`${message}. ${known}`);
+  }
+  const positional = parsed.positionals;
+  const allowed = spec.positional === 'none' ? 0 : spec.positional === 'one' ? 1 : Number.POSITIVE_INFINITY;
+  if (positional.length > allowed) {
+    const stray = positional.slice(allowed).map((s) => `'${s}'`);
+    const rule =
+      allowed === 0 ? `'${command}' takes no positional arguments` : `'${command}' takes one ${spec.positionalName}`;
+    throw new InvalidRequestError(`Unexpected argument ${stray.join(', ')}: ${rule}. ${known}`);
+  }
   const flags = new Map<string, string | true>();
-  for (let i = 0; i < rest.length; i++) {
-    const word = rest[i];
-    if (!word.startsWith('--')) {
-      positional.push(word);
-      continue;
-    }
-    const eq = word.indexOf('=');
-    if (eq > 0) {
-      flags.set(word.slice(2, eq), word.slice(eq + 1));
-    } else if (i + 1 < rest.length && !rest[i + 1].startsWith('--')) {
-      flags.set(word.slice(2), rest[++i]);
-    } else {
-      flags.set(word.slice(2), true);
-    }
+  for (const [name, value] of Object.entries(parsed.values)) {
+    if (value === true || typeof value === 'string') flags.set(name, value);
   }
   return { command, positional, flags };
 }

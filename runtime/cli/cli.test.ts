@@ -9,6 +9,7 @@ import { STORIES260K, STORIES260K_GOLDEN, sharedPath } from '../../test/shared.t
 import { pairedPerplexityRatioInterval } from '../eval/perplexity.ts';
 import { parseArgs } from './args.ts';
 import { checkModesFitModel, evalLoadOptions, kvOptionsFor } from './eval.ts';
+import { COMMANDS, USAGE } from './main.ts';
 
 const run = promisify(execFile);
 const bin = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'bin', 'longtab.mjs');
@@ -50,7 +51,7 @@ describe('eval KV modes', () => {
   });
 
   it('load options from flags go through parseLoadOptions: defaults, the experimental knobs, typed errors', () => {
-    const flags = (...argv: string[]) => parseArgs(['eval', ...argv]);
+    const flags = (...argv: string[]) => parseArgs(['eval', ...argv], COMMANDS);
     expect(evalLoadOptions(flags(), 'f16')).toMatchObject({ kv: 'f16', prefillChunk: 64, sink: 64, window: 256 });
     const options = evalLoadOptions(
       flags('--sink', '16', '--window', '32', '--group-size', '32', '--prefill-matmul', 'f32', '--kv-budget', '4096'),
@@ -76,6 +77,57 @@ describe('eval KV modes', () => {
     expect(() => evalLoadOptions(flags('--chunk', '0'), 'int2')).toThrow(/prefillChunk = 0 is invalid/);
     // The 1-bit control cannot boost layers (they are a tier of the 2-bit cache).
     expect(() => evalLoadOptions(flags(), 'int1-none+L5')).toThrow(/2-bit codes/);
+  });
+});
+
+describe('command line', () => {
+  it('each command takes exactly the flags its usage lists', () => {
+    const listed = new Map<string, Set<string>>();
+    let command = '';
+    for (const line of USAGE.split('\n')) {
+      const head = /^ {2}longtab (\w+)/.exec(line);
+      if (head) command = head[1];
+      if (!command) continue;
+      const set = listed.get(command) ?? new Set<string>();
+      for (const m of line.matchAll(/--([a-z][a-z0-9-]*)/g)) set.add(m[1]);
+      listed.set(command, set);
+    }
+    expect([...listed.keys()].sort()).toEqual(Object.keys(COMMANDS).sort());
+    for (const [name, spec] of Object.entries(COMMANDS)) {
+      expect([...(listed.get(name) ?? [])].sort(), name).toEqual([...spec.values, ...spec.switches].sort());
+    }
+  });
+
+  it('a typo, a stray argument or a misused flag is a typed error that lists what the command takes', () => {
+    const parse = (...argv: string[]) => parseArgs(argv, COMMANDS);
+    expect(() => parse('generate', '--max_tokens', '3')).toThrow(InvalidRequestError);
+    expect(() => parse('generate', '--max_tokens', '3')).toThrow(
+      /'--max_tokens'.*'generate' takes --model VALUE.*--max-tokens VALUE/,
+    );
+    expect(() => parse('generate', 'once upon a time')).toThrow(
+      /Unexpected argument 'once upon a time'.*no positional/,
+    );
+    expect(() => parse('info', 'a.gguf', 'b.gguf')).toThrow(/Unexpected argument 'b.gguf'.*one FILE/);
+    expect(() => parse('eval', '--json=yes')).toThrow(/'--json' does not take an argument/);
+    expect(() => parse('eval', '--ctx')).toThrow(/'--ctx <value>' argument missing/);
+    expect(() => parse('eval', '--ctx', '--json')).toThrow(/'--ctx' argument is ambiguous/);
+    expect(parse('generate', '--max-tokens', '3', '--json')).toMatchObject({
+      command: 'generate',
+      positional: [],
+      flags: new Map<string, string | true>([
+        ['max-tokens', '3'],
+        ['json', true],
+      ]),
+    });
+    expect(parse('eval', 'a.txt', 'b.txt', '--ctx=64').positional).toEqual(['a.txt', 'b.txt']);
+    expect(parse('help', 'anything').command).toBe('help');
+  });
+
+  it('the CLI refuses an unknown flag before it loads anything', async () => {
+    await expect(longtab('generate', '--max_tokens', '3')).rejects.toMatchObject({
+      code: 1,
+      stderr: expect.stringMatching(/InvalidRequestError: Unknown option '--max_tokens'\. 'generate' takes/),
+    });
   });
 });
 

@@ -5,7 +5,7 @@
 import { LongtabError } from '../../core/errors.ts';
 import { acquireGpu } from '../../core/gpu/device.ts';
 import { nodeGpu, releaseNodeGpu } from '../../core/gpu/node.ts';
-import { numberFlag, type ParsedArgs, parseArgs, stringFlag } from './args.ts';
+import { type CommandSpec, numberFlag, type ParsedArgs, parseArgs, stringFlag } from './args.ts';
 import { runCalibrate } from './calibrate.ts';
 import { runCapacity } from './capacity.ts';
 import { runEval } from './eval.ts';
@@ -13,15 +13,16 @@ import { runFidelity } from './fidelity.ts';
 import { runGenerate } from './generate.ts';
 import { runInfo } from './info.ts';
 
-const USAGE = `longtab — a local LLM runtime on WebGPU
+export const USAGE = `longtab — a local LLM runtime on WebGPU
 
   longtab info FILE [--json]
       architecture, parameter count, tensor types and a memory estimate
-  longtab generate [--model FILE] [--prompt TEXT] [--chat] [--max-tokens N] [--temperature T]
+  longtab generate [--model FILE] [--prompt TEXT] [--chat] [--kv f16|int2] [--max-tokens N] [--temperature T]
                    [--top-k K] [--top-p P] [--min-p P] [--repetition-penalty R] [--seed S] [--json]
       an empty prompt means BOS only; --json prints { ids, text, usage }
   longtab eval [--model FILE] --text FILE [FILE...] [--ctx N] [--kv f16[,MODE...]] [--compare] [--max-windows W]
       [--prefill-matmul auto|f32|int8-dot] [--prefill-attention auto|f32|int8-dot] [--json]
+      [--chunk N] [--kv-budget BYTES] [--sink S] [--window W] [--group-size G] (these two forms alike)
       perplexity over non-overlapping windows of N tokens, per KV mode; --compare adds top-1 agreement with f16
   longtab eval --task passkey|copy|recall [--model FILE] --text FILLER [FILE...] [--lengths L,...]
                [--depths D,...] (copy: [--distances N,...]) [--trials 200] [--seed S] [--kv f16[,MODE...]] [--compare]
@@ -31,15 +32,77 @@ const USAGE = `longtab — a local LLM runtime on WebGPU
   longtab capacity [--model FILE] --kv-budget BYTES [--kv f16,int2,int2+L5] [--decode-steps N] [--json]
       per KV mode, the longest context the budget holds and its bits per element, found by allocating it
   longtab calibrate [--model FILE] [--out FILE.bin] [--embed OUT.gguf] [--text FILE] [--tokens N] [--seed S]
+                    [--plan-only]
       fits the int2 cache's KV rotations (OSCAR) on self-generated text (or --text); caches them by model digest
   longtab fidelity [--model FILE] --text FILE [--ctx N] [--windows W] [--modes f16,int2-none,...]
-                   [--sink S] [--window W] [--group-size G] [--json]
+                   [--sink S] [--window W] [--group-size G] [--chunk N] [--json]
       per layer, attention output error and attention-weight KL of each quantized KV cache against f16
 `;
 
+/** The flags and arguments of each command, as USAGE lists them (the commands read nothing else). */
+export const COMMANDS: Readonly<Record<string, CommandSpec>> = {
+  info: { values: [], switches: ['json'], positional: 'one', positionalName: 'FILE' },
+  generate: {
+    values: [
+      'model',
+      'prompt',
+      'kv',
+      'max-tokens',
+      'temperature',
+      'top-k',
+      'top-p',
+      'min-p',
+      'repetition-penalty',
+      'seed',
+    ],
+    switches: ['chat', 'json'],
+    positional: 'none',
+  },
+  eval: {
+    values: [
+      'model',
+      'text',
+      'ctx',
+      'kv',
+      'max-windows',
+      'prefill-matmul',
+      'prefill-attention',
+      'chunk',
+      'kv-budget',
+      'sink',
+      'window',
+      'group-size',
+      'task',
+      'lengths',
+      'depths',
+      'distances',
+      'trials',
+      'seed',
+      'digits',
+      'pairs',
+      'queries',
+      'value-digits',
+      'copy-tokens',
+    ],
+    switches: ['compare', 'json', 'quiet'],
+    positional: 'many',
+  },
+  capacity: { values: ['model', 'kv-budget', 'kv', 'decode-steps'], switches: ['json'], positional: 'none' },
+  calibrate: {
+    values: ['model', 'out', 'embed', 'text', 'tokens', 'seed'],
+    switches: ['plan-only'],
+    positional: 'none',
+  },
+  fidelity: {
+    values: ['model', 'text', 'ctx', 'windows', 'modes', 'sink', 'window', 'group-size', 'chunk'],
+    switches: ['json'],
+    positional: 'many',
+  },
+};
+
 export async function runCli(argv: string[]): Promise<number> {
-  const args = parseArgs(argv);
   try {
+    const args = parseArgs(argv, COMMANDS);
     switch (args.command) {
       case 'info':
         return await runInfo(args);
