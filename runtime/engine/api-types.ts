@@ -126,9 +126,16 @@ export interface ModelInfo {
   hasChatTemplate: boolean;
 }
 
+/** One text part of a message's content (OpenAI's content-part form). */
+export interface ChatTextPart {
+  type: 'text';
+  text: string;
+}
+
 export interface ChatMessageParam {
   role: 'system' | 'user' | 'assistant';
-  content: string;
+  /** The text, or its text parts (joined by newlines). */
+  content: string | ChatTextPart[];
 }
 
 /** What to do when a conversation no longer fits one KV sequence. */

@@ -19,7 +19,6 @@ import type {
   ChatCompletion,
   ChatCompletionChunk,
   ChatCompletionRequest,
-  ChatMessageParam,
   Completion,
   CompletionRequest,
   CompletionStream,
@@ -605,7 +604,7 @@ export class LongtabEngine implements LongtabEngineApi {
     }
   }
 
-  private encodeChat(messages: ChatMessageParam[], addGenerationPrompt: boolean): number[] {
+  private encodeChat(messages: ChatMessage[], addGenerationPrompt: boolean): number[] {
     const tokenizer = this.requireRunner().tokenizer;
     const bos = tokenizer.bosId !== undefined ? tokenizer.tokenText(tokenizer.bosId) : '';
     const text = renderChatTemplate(this.template, {

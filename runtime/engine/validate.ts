@@ -5,7 +5,8 @@
  */
 import { InvalidRequestError } from '../../core/errors.ts';
 import type { SamplingParams } from '../sampling/params.ts';
-import type { ChatMessageParam, ContextOverflowPolicy } from './api-types.ts';
+import type { ChatMessage } from '../tokenizer/chat-template.ts';
+import type { ContextOverflowPolicy } from './api-types.ts';
 
 const MAX_MESSAGES = 10_000;
 const MAX_TEXT_CHARS = 16 << 20;
@@ -110,8 +111,8 @@ function validateSampling(r: Record<string, unknown>): ValidatedSampling {
   const maxTokens = optionalNumber(
     'max_tokens',
     r.max_tokens,
-    (n) => n >= 0 && n <= MAX_TOKENS_LIMIT,
-    `use an integer in 0..${MAX_TOKENS_LIMIT}`,
+    (n) => n >= 1 && n <= MAX_TOKENS_LIMIT,
+    `use an integer in 1..${MAX_TOKENS_LIMIT} (the most tokens the reply may have)`,
     true,
   );
   const sampling: Partial<SamplingParams> = {
@@ -146,8 +147,33 @@ function validateSampling(r: Record<string, unknown>): ValidatedSampling {
   return { maxTokens, sampling, stop, stream: optionalBoolean('stream', r.stream) ?? false };
 }
 
+/**
+ * A message's text: a string, or OpenAI's array of content parts, of which this runtime takes the text parts
+ * (`{ type: 'text', text }`, joined by newlines as OpenAI-compatible servers join them); any other part (an image,
+ * audio, a file) is refused by name, since the models served here read text only.
+ */
+function messageText(field: string, content: unknown): string {
+  if (typeof content === 'string') return content;
+  if (!Array.isArray(content) || content.length === 0) {
+    failField(field, content, "use a string or a non-empty array of { type: 'text', text } parts");
+  }
+  if (content.length > MAX_MESSAGES) failField(field, `${content.length} parts`, `use at most ${MAX_MESSAGES}`);
+  return content
+    .map((part, j) => {
+      const at = `${field}[${j}]`;
+      if (!isPlainObject(part)) failField(at, part, "use { type: 'text', text }");
+      if (part.type !== 'text') {
+        failField(`${at}.type`, part.type, "only 'text' parts are supported: this runtime's models read text only");
+      }
+      checkObject(at, part, ['type', 'text']);
+      if (typeof part.text !== 'string') failField(`${at}.text`, part.text, 'use a string');
+      return part.text;
+    })
+    .join('\n');
+}
+
 export interface ValidatedChatRequest extends ValidatedSampling {
-  messages: ChatMessageParam[];
+  messages: ChatMessage[];
   conversationId: string | undefined;
   overflow: ContextOverflowPolicy;
 }
@@ -164,14 +190,14 @@ export function validateChatRequest(request: unknown): ValidatedChatRequest {
   }
   if (r.messages.length > MAX_MESSAGES)
     failField('messages', `${r.messages.length} messages`, `use at most ${MAX_MESSAGES}`);
-  const messages = r.messages.map((m, i): ChatMessageParam => {
+  const messages = r.messages.map((m, i): ChatMessage => {
     const message = checkObject(`messages[${i}]`, m, ['role', 'content', 'name']);
     if (message.role !== 'system' && message.role !== 'user' && message.role !== 'assistant') {
       failField(`messages[${i}].role`, message.role, "use 'system', 'user' or 'assistant'");
     }
-    if (typeof message.content !== 'string') failField(`messages[${i}].content`, message.content, 'use a string');
-    if (message.content.length > MAX_TEXT_CHARS) failField(`messages[${i}].content`, '(long)', 'too long');
-    return { role: message.role, content: message.content };
+    const content = messageText(`messages[${i}].content`, message.content);
+    if (content.length > MAX_TEXT_CHARS) failField(`messages[${i}].content`, '(long)', 'too long');
+    return { role: message.role, content };
   });
   const conversationId = optionalString('conversation_id', r.conversation_id, MAX_ID_CHARS);
   if (conversationId === '') failField('conversation_id', conversationId, 'use a non-empty string');
