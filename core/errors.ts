@@ -74,18 +74,47 @@ export class DownloadFailedError extends LongtabError {
   }
 }
 
+/**
+ * What bounds a sequence's tokens, so the advice names it: the model's context length, the KV budget in the pool's
+ * mode, or (internal bookkeeping) a sentence of its own.
+ */
+export type ContextLimit =
+  | { kind: 'model-context'; contextLength: number }
+  | { kind: 'kv-budget'; kv: 'f16' | 'int2' }
+  | { kind: 'other'; hint: string };
+
+const SHORTEN =
+  "Shorten the prompt or the conversation (a chat request may pass context_overflow: 'drop_oldest_turns')";
+
+function overflowMessage(needed: number, available: number, limit: ContextLimit): string {
+  switch (limit.kind) {
+    case 'model-context':
+      return `This request needs ${needed} tokens, but the model's context is ${limit.contextLength} tokens. ${SHORTEN}.`;
+    case 'kv-budget':
+      return (
+        `This request needs ${needed} tokens of KV cache, but only ${available} fit the KV budget in the ${limit.kv} KV mode. ` +
+        (limit.kv === 'f16'
+          ? `${SHORTEN}, raise kvBudgetBytes, or load with kv: 'int2', which holds several times the tokens in the same budget.`
+          : `${SHORTEN}, or raise kvBudgetBytes.`)
+      );
+    case 'other':
+      return `This request needs ${needed} tokens of KV cache, but only ${available} are available. ${limit.hint}`;
+  }
+}
+
 export class ContextOverflowError extends LongtabError {
   readonly tokensNeeded: number;
   readonly tokensAvailable: number;
-  constructor(tokensNeeded: number, tokensAvailable: number, hint = '') {
-    super(
-      'context-overflow',
-      `This request needs ${tokensNeeded} tokens of KV cache but only ${tokensAvailable} fit the budget.` +
-        (hint ? ` ${hint}` : ' Shorten the conversation, raise kvBudgetBytes, or use the int2 KV mode.'),
-      { tokensNeeded, tokensAvailable },
-    );
+  readonly limit: ContextLimit;
+  constructor(tokensNeeded: number, tokensAvailable: number, limit: ContextLimit) {
+    super('context-overflow', overflowMessage(tokensNeeded, tokensAvailable, limit), {
+      tokensNeeded,
+      tokensAvailable,
+      limit,
+    });
     this.tokensNeeded = tokensNeeded;
     this.tokensAvailable = tokensAvailable;
+    this.limit = limit;
   }
 }
 

@@ -262,6 +262,9 @@ describe.skipIf(!modelPath || !goldenPath)('LongtabEngine API on stories260K', (
     expect(error).toBeInstanceOf(ContextOverflowError);
     expect((error as ContextOverflowError).tokensAvailable).toBe(capacity);
     expect((error as Error).message).toMatch(/drop_oldest_turns/);
+    // The budget is the limit here, in the f16 mode: the advice names both remedies of that mode.
+    expect((error as ContextOverflowError).limit).toEqual({ kind: 'kv-budget', kv: 'f16' });
+    expect((error as Error).message).toMatch(/in the f16 KV mode.*raise kvBudgetBytes.*kv: 'int2'/);
 
     const dropped = await chat(engine, { messages, context_overflow: 'drop_oldest_turns', conversation_id: 'long' });
     expect(dropped.usage.longtab.dropped_messages).toBeGreaterThan(0);
@@ -272,6 +275,18 @@ describe.skipIf(!modelPath || !goldenPath)('LongtabEngine API on stories260K', (
     expect(withSystem.usage.prompt_tokens).toBe(dropped.usage.prompt_tokens);
     expect(withSystem.choices[0].message.content).toBe(dropped.choices[0].message.content);
     engine.destroy();
+
+    // A budget that holds more than the model's context: the context is the limit, and no budget advice is given.
+    const roomy = await loaded({ kv: 'f16', kvBudgetBytes: 64 << 20 });
+    const contextLength = (await roomy.stats()).model!.contextLength;
+    const long = await roomy.completions
+      .create({ prompt: 'Lily went to the park. '.repeat(contextLength), max_tokens: 1 })
+      .catch((e: unknown) => e);
+    expect(long).toBeInstanceOf(ContextOverflowError);
+    expect((long as ContextOverflowError).limit).toEqual({ kind: 'model-context', contextLength });
+    expect((long as Error).message).toMatch(new RegExp(`the model's context is ${contextLength} tokens`));
+    expect((long as Error).message).not.toMatch(/kvBudgetBytes|int2/);
+    roomy.destroy();
   });
 
   it('abort ends a stream with finish_reason "abort" and leaves the conversation consistent', async () => {

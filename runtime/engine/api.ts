@@ -621,11 +621,7 @@ export class LongtabEngine implements LongtabEngineApi {
   private checkFits(promptTokens: number): void {
     const capacity = this.capacity();
     if (promptTokens > capacity) {
-      throw new ContextOverflowError(
-        promptTokens,
-        capacity,
-        "Shorten the conversation, pass context_overflow: 'drop_oldest_turns', or load with a larger kvBudgetBytes.",
-      );
+      throw new ContextOverflowError(promptTokens, capacity, this.requireRunner().pool.limitAt(capacity));
     }
   }
 

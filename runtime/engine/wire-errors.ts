@@ -4,6 +4,7 @@
  */
 import {
   AbortedError,
+  type ContextLimit,
   ContextOverflowError,
   CorruptModelFileError,
   DeviceLostError,
@@ -76,6 +77,16 @@ const ERROR_NAMES: Record<LongtabErrorCode, string> = {
   'storage-quota': 'LongtabError',
 };
 
+/** The limit a context-overflow error carried across the wire (its own message as the hint if it is malformed). */
+function wireLimit(limit: unknown, message: string): ContextLimit {
+  const l = limit as Partial<Record<string, unknown>> | null;
+  if (l?.kind === 'model-context' && typeof l.contextLength === 'number') {
+    return { kind: 'model-context', contextLength: l.contextLength };
+  }
+  if (l?.kind === 'kv-budget' && (l.kv === 'f16' || l.kv === 'int2')) return { kind: 'kv-budget', kv: l.kv };
+  return { kind: 'other', hint: typeof l?.hint === 'string' ? l.hint : message };
+}
+
 const BUILDERS: Record<LongtabErrorCode, (w: WireError) => LongtabError> = {
   'webgpu-unavailable': (w) => new WebGpuUnavailableError(w.message, w.details),
   'gpu-validation': (w) => new GpuValidationError(w.message, w.details),
@@ -84,7 +95,11 @@ const BUILDERS: Record<LongtabErrorCode, (w: WireError) => LongtabError> = {
   'corrupt-model-file': (w) => new CorruptModelFileError(w.message, w.details),
   'unsupported-model': (w) => new UnsupportedModelError(w.message, w.details),
   'context-overflow': (w) =>
-    new ContextOverflowError(Number(w.details.tokensNeeded ?? 0), Number(w.details.tokensAvailable ?? 0)),
+    new ContextOverflowError(
+      Number(w.details.tokensNeeded ?? 0),
+      Number(w.details.tokensAvailable ?? 0),
+      wireLimit(w.details.limit, w.message),
+    ),
   'invalid-request': (w) => new InvalidRequestError(w.message, w.details),
   'model-not-loaded': (w) => new ModelNotLoadedError(w.message),
   aborted: (w) => new AbortedError(w.message),

@@ -7,7 +7,7 @@
  * Entry = kind << 28 | slot << 24 | page index in slab. Each kind's store owns a range of slab slots; a page's
  * global id within its store is (slot - firstSlot) * pagesPerSlab + page.
  */
-import { ContextOverflowError, InvalidRequestError } from '../../core/errors.ts';
+import { type ContextLimit, ContextOverflowError, InvalidRequestError } from '../../core/errors.ts';
 
 /** Page kinds; the code goes into the top 4 bits of a page-table entry. */
 export const KV_PAGE_KIND = { f16: 0, quant: 1 } as const;
@@ -159,6 +159,8 @@ export class KvPageBook {
   readonly pageTokens: number;
   readonly maxSequences: number;
   readonly maxPagesPerSequence: number;
+  /** The longest sequence the model allows (its context), when the pool was given one. */
+  readonly maxSequenceTokens: number | null;
   readonly f16: PageStore;
   /** The quant pages' store (null when every page is f16). */
   readonly quant: PageStore | null;
@@ -183,9 +185,18 @@ export class KvPageBook {
     this.events = events;
     this.maxSequences = geometry.maxSequences;
     const maxPagesAll = this.f16.maxPages + (this.quant?.maxPages ?? 0);
+    this.maxSequenceTokens = geometry.maxSequenceTokens ?? null;
     const maxSequenceTokens = geometry.maxSequenceTokens ?? maxPagesAll * this.pageTokens;
     this.maxPagesPerSequence = Math.max(1, Math.min(maxPagesAll, Math.ceil(maxSequenceTokens / this.pageTokens)));
     for (let s = this.maxSequences - 1; s >= 0; s--) this.freeSlots.push(s);
+  }
+
+  /** What bounds a sequence that can hold at most `tokensAvailable`: the model's context, or the budget. */
+  limitAt(tokensAvailable: number): ContextLimit {
+    if (this.maxSequenceTokens !== null && tokensAvailable >= this.maxSequenceTokens) {
+      return { kind: 'model-context', contextLength: this.maxSequenceTokens };
+    }
+    return { kind: 'kv-budget', kv: this.quant ? 'int2' : 'f16' };
   }
 
   stores(): PageStore[] {
@@ -244,7 +255,10 @@ export class KvPageBook {
     const partial = parent.length % this.pageTokens !== 0;
     const partialStore = partial ? this.storeOf(parent.pages[full]) : null;
     if (partialStore && partialStore.available() < 1) {
-      throw new ContextOverflowError(parent.length, tokensAvailable(), 'Forking needs one free KV page.');
+      throw new ContextOverflowError(parent.length, tokensAvailable(), {
+        kind: 'other',
+        hint: 'Forking needs one free KV page.',
+      });
     }
     const child = this.createSequence();
     for (let i = 0; i < full; i++) {
@@ -321,7 +335,9 @@ export class KvPageBook {
   allocatePage(store: PageStore): number {
     if (store.free.length === 0) this.growSlab(store);
     const id = store.free.pop();
-    if (id === undefined) throw new ContextOverflowError(0, 0, 'KV pool bookkeeping error: no page after growth.');
+    if (id === undefined) {
+      throw new ContextOverflowError(0, 0, { kind: 'other', hint: 'KV pool bookkeeping error: no page after growth.' });
+    }
     store.refcounts[id] = 1;
     store.usedPages++;
     return store.entryOf(id);

@@ -94,6 +94,7 @@
  *     pool.fork(seq) / pool.truncate(seq, n) / pool.free(seq)     // branches share full pages copy-on-write
  */
 
+import type { ContextLimit } from '../../core/errors.ts';
 import type { GpuContext } from '../../core/gpu/device.ts';
 import { prepareKvDemote, prepareKvPromote } from '../../kernels/kv-demote.ts';
 import type { KvSequence } from './page-book.ts';
@@ -257,6 +258,11 @@ export class KvPagePool {
   }
 
   /** The slabs to bind at the kernels' slab bindings 0..MAX_KV_SLABS-1 (placeholders where none exists yet). */
+  /** What bounds a sequence that can hold at most `tokensAvailable` (the model's context or the budget). */
+  limitAt(tokensAvailable: number): ContextLimit {
+    return this.ledger.book.limitAt(tokensAvailable);
+  }
+
   slabBindings(): GPUBuffer[] {
     return this.storage.slabBindings((slot) => this.ledger.book.storeOfSlot(slot));
   }

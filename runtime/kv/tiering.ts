@@ -81,7 +81,8 @@ export class F16Tiering implements KvTiering {
       }
     }
     if (pages === seq.pages.length) pages += free;
-    throw new ContextOverflowError(end, Math.min(pages, book.maxPagesPerSequence) * book.pageTokens);
+    const available = Math.min(pages, book.maxPagesPerSequence) * book.pageTokens;
+    throw new ContextOverflowError(end, available, book.limitAt(available));
   }
 
   pagesToDemote(): readonly number[] {
@@ -214,6 +215,6 @@ export class QuantTiering implements KvTiering {
   private overflow(seq: KvSequence, newLength: number): ContextOverflowError {
     const held = this.book.heldPages(seq);
     const available = Math.min(this.longestFor(held.f16, held.quant), newLength - 1);
-    return new ContextOverflowError(newLength, Math.max(0, available));
+    return new ContextOverflowError(newLength, Math.max(0, available), this.book.limitAt(available));
   }
 }
