@@ -150,7 +150,7 @@ class EngineWorkerClient implements EngineClient {
 
   load(source: ModelSource, options: EngineLoadOptions = {}): Promise<ModelInfo> {
     const { onProgress, ...rest } = options;
-    const src = source instanceof URL ? source.href : source;
+    const src = resolveModelSource(source, pageBase());
     return call(this.remote.load(src, rest, onProgress ? proxy(onProgress) : undefined), this.worker);
   }
 
@@ -195,4 +195,25 @@ export function createEngine(options: CreateEngineOptions = {}): EngineClient {
       name: options.debug ? DEBUG_WORKER_NAME : WORKER_NAME,
     });
   return new EngineWorkerClient(worker);
+}
+
+/** The page's base URL (where a relative model URL is meant from), or null outside a page. */
+function pageBase(): string | null {
+  const g = globalThis as { document?: { baseURI?: string }; location?: { href?: string } };
+  return g.document?.baseURI ?? g.location?.href ?? null;
+}
+
+/**
+ * A model source as the worker must see it: a URL object or a relative URL string becomes absolute against the
+ * page's base (the worker would otherwise resolve it against its own script); absolute URLs and Blobs pass as they
+ * are, and the worker validates the scheme.
+ */
+export function resolveModelSource(source: ModelSource, base: string | null): string | Blob {
+  if (source instanceof URL) return source.href;
+  if (typeof source !== 'string' || base === null) return source;
+  try {
+    return new URL(source, base).href;
+  } catch {
+    return source;
+  }
 }
