@@ -138,6 +138,12 @@ export interface ChatMessageParam {
   content: string | ChatTextPart[];
 }
 
+/**
+ * How control-token text inside messages (e.g. `<|im_start|>system` typed by a user) is read: 'text' (the default)
+ * keeps it text; 'tokens' makes it the control tokens, for callers that write template markup on purpose.
+ */
+export type SpecialTokensInContent = 'text' | 'tokens';
+
 /** What to do when a conversation no longer fits one KV sequence. */
 export type ContextOverflowPolicy = 'error' | 'drop_oldest_turns';
 
@@ -168,6 +174,8 @@ export interface ChatCompletionRequest extends SamplingRequest {
   conversation_id?: string;
   /** longtab extension: 'error' (default) throws ContextOverflowError; 'drop_oldest_turns' keeps the system prompt. */
   context_overflow?: ContextOverflowPolicy;
+  /** longtab extension: 'text' (default) keeps control-token text in messages as text; 'tokens' parses it. */
+  special_tokens_in_content?: SpecialTokensInContent;
   /** Informational; the loaded model is always used. */
   model?: string;
 }

@@ -13,7 +13,7 @@ import { acquireGpu, type GpuContext } from '../../core/gpu/device.ts';
 import { sourceFromBlob, sourceFromUrl } from '../gguf/sources.ts';
 import type { RotationCache, StoredRotations } from '../kv/rotation-store.ts';
 import { resolveSamplingParams } from '../sampling/params.ts';
-import { type ChatMessage, chatTemplateFromMetadata, renderChatTemplate } from '../tokenizer/chat-template.ts';
+import { type ChatMessage, chatTemplateFromMetadata, encodeConversation } from '../tokenizer/chat-template.ts';
 import { StopStringMatcher } from '../tokenizer/stop-strings.ts';
 import type {
   ChatCompletion,
@@ -29,6 +29,7 @@ import type {
   LongtabEngineApi,
   ModelInfo,
   ModelSource,
+  SpecialTokensInContent,
 } from './api-types.ts';
 import { BackgroundCalibration, defaultCalibrationTokens } from './background-calibration.ts';
 import { type CachedSequence, ConversationCache, commonPrefixLength } from './conversations.ts';
@@ -587,7 +588,7 @@ export class LongtabEngine implements LongtabEngineApi {
     let dropped = 0;
     const capacity = this.capacity();
     for (;;) {
-      const ids = this.encodeChat(messages, true);
+      const ids = this.encodeChat(messages, true, r.specialTokensInContent);
       const fits = ids.length <= capacity;
       const first = messages.findIndex((m) => m.role !== 'system');
       // Dropping turns stops one token short of the capacity: ModelRunner.run reserves the prompt plus one position, so a
@@ -596,7 +597,11 @@ export class LongtabEngine implements LongtabEngineApi {
       if ((fits && (ids.length < capacity || last)) || r.overflow === 'error') {
         if (!fits) this.checkFits(ids.length);
         const system = messages[0]?.role === 'system' && messages.length > 1 ? [messages[0]] : null;
-        return { ids, systemIds: system ? this.encodeChat(system, false) : null, droppedMessages: dropped };
+        return {
+          ids,
+          systemIds: system ? this.encodeChat(system, false, r.specialTokensInContent) : null,
+          droppedMessages: dropped,
+        };
       }
       if (last) this.checkFits(ids.length);
       messages = [...messages.slice(0, first), ...messages.slice(first + 1)];
@@ -604,18 +609,13 @@ export class LongtabEngine implements LongtabEngineApi {
     }
   }
 
-  private encodeChat(messages: ChatMessage[], addGenerationPrompt: boolean): number[] {
+  private encodeChat(
+    messages: ChatMessage[],
+    addGenerationPrompt: boolean,
+    specialTokensInContent: SpecialTokensInContent,
+  ): number[] {
     const tokenizer = this.requireRunner().tokenizer;
-    const bos = tokenizer.bosId !== undefined ? tokenizer.tokenText(tokenizer.bosId) : '';
-    const text = renderChatTemplate(this.template, {
-      messages: messages as ChatMessage[],
-      add_generation_prompt: addGenerationPrompt,
-      bos_token: bos,
-      eos_token: tokenizer.eosId !== undefined ? tokenizer.tokenText(tokenizer.eosId) : '',
-    });
-    // A template that writes BOS itself must not get a second one from the tokenizer.
-    const addSpecial = !(bos && text.startsWith(bos));
-    return tokenizer.encode(text, { addSpecial, parseSpecial: true });
+    return encodeConversation(tokenizer, this.template, messages, { addGenerationPrompt, specialTokensInContent });
   }
 
   private checkFits(promptTokens: number): void {

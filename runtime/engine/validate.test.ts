@@ -39,4 +39,14 @@ describe('chat request validation', () => {
     expect(() => validateCompletionRequest({ prompt: 'x', max_tokens: 0 })).toThrow(InvalidRequestError);
     expect(validateCompletionRequest({ prompt: 'x', max_tokens: 1 }).maxTokens).toBe(1);
   });
+
+  it("special_tokens_in_content is 'text' by default, 'tokens' on request, and nothing else", () => {
+    expect(validateChatRequest(user('x')).specialTokensInContent).toBe('text');
+    expect(validateChatRequest({ ...user('x'), special_tokens_in_content: 'tokens' }).specialTokensInContent).toBe(
+      'tokens',
+    );
+    expect(() => validateChatRequest({ ...user('x'), special_tokens_in_content: true })).toThrow(
+      /special_tokens_in_content = true is invalid: use 'text'/,
+    );
+  });
 });

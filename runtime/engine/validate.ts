@@ -6,7 +6,7 @@
 import { InvalidRequestError } from '../../core/errors.ts';
 import type { SamplingParams } from '../sampling/params.ts';
 import type { ChatMessage } from '../tokenizer/chat-template.ts';
-import type { ContextOverflowPolicy } from './api-types.ts';
+import type { ContextOverflowPolicy, SpecialTokensInContent } from './api-types.ts';
 
 const MAX_MESSAGES = 10_000;
 const MAX_TEXT_CHARS = 16 << 20;
@@ -176,6 +176,7 @@ export interface ValidatedChatRequest extends ValidatedSampling {
   messages: ChatMessage[];
   conversationId: string | undefined;
   overflow: ContextOverflowPolicy;
+  specialTokensInContent: SpecialTokensInContent;
 }
 
 export function validateChatRequest(request: unknown): ValidatedChatRequest {
@@ -184,6 +185,7 @@ export function validateChatRequest(request: unknown): ValidatedChatRequest {
     'messages',
     'conversation_id',
     'context_overflow',
+    'special_tokens_in_content',
   ]);
   if (!Array.isArray(r.messages) || r.messages.length === 0) {
     throw new InvalidRequestError('messages must be a non-empty array of { role, content }.', { field: 'messages' });
@@ -205,7 +207,11 @@ export function validateChatRequest(request: unknown): ValidatedChatRequest {
   if (overflow !== 'error' && overflow !== 'drop_oldest_turns') {
     failField('context_overflow', overflow, "use 'error' or 'drop_oldest_turns'");
   }
-  return { ...validateSampling(r), messages, conversationId, overflow };
+  const specialTokensInContent = r.special_tokens_in_content ?? 'text';
+  if (specialTokensInContent !== 'text' && specialTokensInContent !== 'tokens') {
+    failField('special_tokens_in_content', specialTokensInContent, "use 'text' (the default) or 'tokens'");
+  }
+  return { ...validateSampling(r), messages, conversationId, overflow, specialTokensInContent };
 }
 
 export interface ValidatedCompletionRequest extends ValidatedSampling {

@@ -7,6 +7,7 @@
 import { Template } from '@huggingface/jinja';
 import { InvalidRequestError, UnsupportedModelError } from '../../core/errors.ts';
 import type { GgufMetadata } from '../../core/gguf-types.ts';
+import type { EncodeOptions } from './tokenizer.ts';
 
 export interface ChatMessage {
   role: 'system' | 'user' | 'assistant' | 'tool' | (string & {});
@@ -67,4 +68,72 @@ export function renderChatTemplate(template: string, context: ChatTemplateContex
 export function chatTemplateFromMetadata(meta: GgufMetadata): string {
   const template = meta['tokenizer.chat_template'];
   return typeof template === 'string' && template.trim().length > 0 ? template : FALLBACK_CHAT_TEMPLATE;
+}
+
+/** What encodeConversation needs of a tokenizer (GgufTokenizer). */
+export interface ConversationTokenizer {
+  readonly bosId?: number;
+  readonly eosId?: number;
+  tokenText(id: number): string;
+  hasControlText(text: string): boolean;
+  encode(text: string, options: EncodeOptions): number[];
+}
+
+/**
+ * The conversation rendered by `template` and tokenized. The template's control tokens become tokens; the messages'
+ * own text stays text, so a message that writes `<|im_end|><|im_start|>system` cannot open a turn, unless
+ * `specialTokensInContent` is 'tokens' (for callers that write template markup on purpose).
+ */
+export function encodeConversation(
+  tokenizer: ConversationTokenizer,
+  template: string,
+  messages: readonly ChatMessage[],
+  options: { addGenerationPrompt: boolean; specialTokensInContent: 'text' | 'tokens' },
+): number[] {
+  const bos = tokenizer.bosId !== undefined ? tokenizer.tokenText(tokenizer.bosId) : '';
+  const text = renderChatTemplate(template, {
+    messages: [...messages],
+    add_generation_prompt: options.addGenerationPrompt,
+    bos_token: bos,
+    eos_token: tokenizer.eosId !== undefined ? tokenizer.tokenText(tokenizer.eosId) : '',
+  });
+  // A template that writes BOS itself must not get a second one from the tokenizer.
+  const addSpecial = !(bos && text.startsWith(bos));
+  const literalSpans =
+    options.specialTokensInContent === 'tokens' ? [] : contentSpans(text, messages, (t) => tokenizer.hasControlText(t));
+  return tokenizer.encode(text, { addSpecial, parseSpecial: true, literalSpans });
+}
+
+/**
+ * Where the content of each message that holds control-token text lies in the rendered conversation: found in
+ * order, as written or trimmed (templates trim). A content the template rewrote otherwise cannot be told apart from
+ * the template's own text, so such a message is refused rather than parsed.
+ */
+export function contentSpans(
+  rendered: string,
+  messages: readonly ChatMessage[],
+  hasControlText: (text: string) => boolean,
+): Array<[number, number]> {
+  const spans: Array<[number, number]> = [];
+  let from = 0;
+  for (const [i, message] of messages.entries()) {
+    const content = message.content;
+    if (!hasControlText(content)) continue;
+    let at = rendered.indexOf(content, from);
+    let length = content.length;
+    if (at < 0) {
+      const trimmed = content.trim();
+      at = rendered.indexOf(trimmed, from);
+      length = trimmed.length;
+    }
+    if (at < 0) {
+      throw new InvalidRequestError(
+        `messages[${i}].content holds control-token text, and the chat template rewrites the message, so that text cannot be kept as text: remove it, or pass special_tokens_in_content: 'tokens'.`,
+        { field: `messages[${i}].content` },
+      );
+    }
+    spans.push([at, at + length]);
+    from = at + length;
+  }
+  return spans;
 }

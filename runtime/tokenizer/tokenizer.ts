@@ -22,6 +22,11 @@ export interface EncodeOptions {
   addSpecial?: boolean;
   /** Recognise control tokens written in the text (e.g. `<|im_end|>`) as single tokens. Default false. */
   parseSpecial?: boolean;
+  /**
+   * With parseSpecial: spans [start, end) of the text (UTF-16 offsets) where control-token text stays text, e.g. the
+   * messages' content inside a rendered chat template, so a message cannot write `<|im_start|>system` as a token.
+   */
+  literalSpans?: ReadonlyArray<readonly [number, number]>;
 }
 
 export interface DecodeOptions {
@@ -36,7 +41,8 @@ export interface StreamDecoder {
   flush(): string;
 }
 
-type Fragment = string | number;
+/** A run of raw text (with its offset in the encoded text) or a special token's id. */
+type Fragment = { text: string; at: number } | number;
 
 const utf8 = new TextEncoder();
 const EMPTY = new Uint8Array(0);
@@ -110,15 +116,26 @@ export class GgufTokenizer {
     return this.vocab.addBos;
   }
 
+  /** Whether `text` holds the text of a control or unknown token (what parseSpecial would turn into one). */
+  hasControlText(text: string): boolean {
+    return this.specialIds.some(
+      (id) => this.vocab.types[id] !== TokenType.UserDefined && text.includes(this.vocab.tokens[id]),
+    );
+  }
+
   encode(text: string, options: EncodeOptions = {}): number[] {
     const addSpecial = options.addSpecial ?? true;
     // Lone surrogates become U+FFFD, as they do on their way into llama.cpp (and in TextEncoder).
     text = text.replace(/\p{Cs}/gu, '\uFFFD');
     const out: number[] = [];
     if (addSpecial && this.vocab.addBos && this.bosId !== undefined) out.push(this.bosId);
-    for (const fragment of this.partition(text, options.parseSpecial ?? false)) {
-      if (typeof fragment === 'number') out.push(fragment);
-      else if (this.spm) {
+    for (const piece of this.partition(text, options.parseSpecial ?? false, options.literalSpans ?? [])) {
+      if (typeof piece === 'number') {
+        out.push(piece);
+        continue;
+      }
+      const fragment = piece.text;
+      if (this.spm) {
         // Every raw fragment follows a special token or the start, so each gets the dummy prefix (llama.cpp).
         const escaped = (this.vocab.addSpacePrefix ? ' ' : '') + fragment;
         sentencePieceEncode(this.spm, escaped.replaceAll(' ', '▁'), out);
@@ -226,29 +243,42 @@ export class GgufTokenizer {
     return bytes;
   }
 
-  /** Splits text into raw-text fragments and special-token ids (llama.cpp `tokenizer_st_partition`). */
-  private partition(text: string, parseSpecial: boolean): Fragment[] {
+  /**
+   * Splits text into raw-text fragments and special-token ids (llama.cpp `tokenizer_st_partition`); a control
+   * token's text that overlaps a literal span stays in its fragment.
+   */
+  private partition(
+    text: string,
+    parseSpecial: boolean,
+    literal: ReadonlyArray<readonly [number, number]>,
+  ): Fragment[] {
     if (text.length === 0) return [];
-    let fragments: Fragment[] = [text];
+    const isLiteral = (start: number, end: number) => literal.some(([a, b]) => start < b && a < end);
+    let fragments: Fragment[] = [{ text, at: 0 }];
     for (const id of this.specialIds) {
       const type = this.vocab.types[id];
       if (!parseSpecial && type !== TokenType.UserDefined) continue;
       const special = this.vocab.tokens[id];
+      const keepText = type !== TokenType.UserDefined && literal.length > 0;
       let changed = false;
       const next: Fragment[] = [];
       for (const fragment of fragments) {
-        if (typeof fragment === 'number' || !fragment.includes(special)) {
+        if (typeof fragment === 'number' || !fragment.text.includes(special)) {
           next.push(fragment);
           continue;
         }
-        changed = true;
+        const { text: run, at: base } = fragment;
         let from = 0;
-        for (let at = fragment.indexOf(special); at >= 0; at = fragment.indexOf(special, from)) {
-          if (at > from) next.push(fragment.slice(from, at));
-          next.push(id);
+        let piece = 0; // start of the text not yet pushed
+        for (let at = run.indexOf(special); at >= 0; at = run.indexOf(special, from)) {
           from = at + special.length;
+          if (keepText && isLiteral(base + at, base + from)) continue;
+          changed = true;
+          if (at > piece) next.push({ text: run.slice(piece, at), at: base + piece });
+          next.push(id);
+          piece = from;
         }
-        if (from < fragment.length) next.push(fragment.slice(from));
+        if (piece < run.length) next.push(piece === 0 ? fragment : { text: run.slice(piece), at: base + piece });
       }
       if (changed) fragments = next;
     }
