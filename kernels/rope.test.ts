@@ -7,7 +7,14 @@ import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts
 import { mutateShaders } from '../test/shader-mutation.ts';
 import { rmsnormReference } from './reference/rmsnorm.ts';
 import { ropeReference } from './reference/rope.ts';
-import { prepareRope, type RopeLayout } from './rope.ts';
+import {
+  NO_ROPE_SCALING,
+  prepareRope,
+  type RopeLayout,
+  type RopeScaling,
+  ropeFrequencyDivisors,
+  ropeMagnitude,
+} from './rope.ts';
 
 const ctx = withTestGpu();
 
@@ -21,6 +28,7 @@ async function runRope(
   withFactors: boolean,
   gpu: GpuContext = ctx.gpu,
   headNorm = false,
+  scaling: RopeScaling = NO_ROPE_SCALING,
 ) {
   const random = seededRandom(tokens * 31 + heads * 7 + headDim + position);
   // k has fewer heads than q (GQA), as in every model that uses it.
@@ -32,9 +40,11 @@ async function runRope(
     : new Float32Array(ropeDim / 2).fill(1);
   const qBuffer = gpu.allocator.createStorage('q', 'scratch', q);
   const kBuffer = gpu.allocator.createStorage('k', 'scratch', k);
-  const factorBuffer = gpu.allocator.createStorage('factors', 'weights', factors);
-  const step = uniformBuffer(gpu, 'step', [position, tokens, 0, 0], 'uuuu');
   const base = 10000;
+  // The kernel sees the scaling only as per-pair divisors and a magnitude; the reference computes it as ggml does.
+  const divisors = ropeFrequencyDivisors(ropeDim, base, scaling, factors);
+  const factorBuffer = gpu.allocator.createStorage('factors', 'weights', divisors);
+  const step = uniformBuffer(gpu, 'step', [position, tokens, 0, 0], 'uuuu');
   // Qwen3's per-head norm weights: distinct for q and k, away from 1.
   const eps = 1e-6;
   const qWeight = Float32Array.from({ length: headDim }, () => 0.25 + 2 * random());
@@ -57,13 +67,14 @@ async function runRope(
     ropeDim,
     base,
     layout,
+    magnitude: ropeMagnitude(scaling),
     headNorm: headNorm ? { q: norms[0], k: norms[1], eps } : undefined,
   });
   submitDispatches(gpu, 'rope-test', [dispatch]);
   const actual = [...(await readFloat32(gpu, qBuffer, q.length)), ...(await readFloat32(gpu, kBuffer, k.length))];
   releaseDispatches(gpu, [dispatch]);
   for (const b of [qBuffer, kBuffer, factorBuffer, step, ...norms]) gpu.allocator.release(b);
-  const options = { tokens, headDim, ropeDim, base, layout, position, freqFactors: factors };
+  const options = { tokens, headDim, ropeDim, base, layout, position, freqFactors: factors, scaling };
   const qIn = headNorm ? rmsnormReference(q, qWeight, tokens * heads, headDim, eps) : q;
   const kIn = headNorm ? rmsnormReference(k, kWeight, tokens * kvHeads, headDim, eps) : k;
   const expected = [
@@ -113,6 +124,56 @@ describe('rope kernel', () => {
     },
   );
 
+  const linear = (factor: number): RopeScaling => ({ ...NO_ROPE_SCALING, type: 'linear', factor });
+  const yarn = (factor: number, originalContext: number, attnFactor = 1): RopeScaling => ({
+    ...NO_ROPE_SCALING,
+    type: 'yarn',
+    factor,
+    originalContext,
+    attnFactor,
+  });
+
+  // Original contexts are short so YaRN's ramp (pairs that turn 32 down to 1 times over it) falls inside the head.
+  it.each([
+    ['normal', 4, 2, 64, 64, 300, false, false, linear(4)],
+    ['neox', 3, 2, 64, 64, 300, false, false, { ...linear(2), attnFactor: 0.8 }],
+    ['neox', 5, 4, 64, 64, 1000, false, false, yarn(8, 256)],
+    ['normal', 4, 2, 64, 64, 700, true, false, yarn(4, 512, 1.1)], // with Llama 3 factors
+    ['neox', 3, 2, 64, 32, 50, false, false, yarn(0.5, 128)], // factor below 1: no magnitude correction
+    ['neox', 1, 32, 128, 128, 4000, false, true, yarn(4, 4096, 0.9)], // a scaled Qwen3-4B decode step
+    ['neox', 2, 2, 64, 64, 90, false, true, linear(8)],
+  ] as const)(
+    'with RoPE scaling, %s layout matches the reference (%i tokens, %i q heads, head_dim %i, rope_dim %i, pos %i, factors %s, head norm %s, %o)',
+    async (layout, tokens, heads, headDim, ropeDim, position, withFactors, headNorm, scaling) => {
+      const { actual, expected } = await runRope(
+        layout,
+        tokens,
+        heads,
+        headDim,
+        ropeDim,
+        position,
+        withFactors,
+        undefined,
+        headNorm,
+        scaling,
+      );
+      expect(maxToleranceRatio(actual, expected, 2e-3, 1e-3)).toBeLessThanOrEqual(1);
+    },
+  );
+
+  it('ropeFrequencyDivisors: linear divides every angle by the factor, YaRN only the slow pairs', () => {
+    expect([...ropeFrequencyDivisors(8, 10000, linear(4))]).toEqual([4, 4, 4, 4]);
+    // base 10000, 64 dims, original context 256: the ramp runs over pairs 0..13.
+    const d = ropeFrequencyDivisors(64, 10000, yarn(8, 256));
+    expect(d[0]).toBe(1);
+    expect(d[13]).toBe(8);
+    expect(d[31]).toBe(8);
+    expect(d[6]).toBeGreaterThan(1);
+    expect(d[6]).toBeLessThan(8);
+    expect(ropeMagnitude(yarn(4, 256, 2))).toBeCloseTo(2 * (1 + 0.1 * Math.log(4)), 12);
+    expect(ropeMagnitude(linear(4))).toBe(1);
+  });
+
   /** A view of the test device whose `label` pipeline compiles from `code.replace(from, to)`. */
   const broken = (label: string, from: string, to: string) =>
     mutateShaders(ctx.gpu, { label, edit: (code) => code.replace(from, to) });
@@ -134,6 +195,18 @@ describe('rope kernel', () => {
   it('catches a broken kernel (pairs swapped to the other layout)', async () => {
     const mutant = broken('rope', 'if (params.neox == 1u)', 'if (params.neox == 0u)');
     const { actual, expected } = await runRope('normal', 2, 2, 64, 64, 9, false, mutant.gpu);
+    expect(mutant.mutated).toEqual(['rope']);
+    expect(maxToleranceRatio(actual, expected, 2e-3, 1e-3)).toBeGreaterThan(1);
+  });
+
+  it('catches a broken kernel (the magnitude of YaRN left out)', async () => {
+    const mutant = broken(
+      'rope',
+      'cos(theta) * params.magnitude, sin(theta) * params.magnitude',
+      'cos(theta), sin(theta)',
+    );
+    const scaling = yarn(4, 256);
+    const { actual, expected } = await runRope('neox', 2, 2, 64, 64, 9, false, mutant.gpu, false, scaling);
     expect(mutant.mutated).toEqual(['rope']);
     expect(maxToleranceRatio(actual, expected, 2e-3, 1e-3)).toBeGreaterThan(1);
   });

@@ -5,10 +5,13 @@ import { wgslConstants } from './wgsl-constants.ts';
  * Rotary position embedding, in place, on a step's q and k in one dispatch: rows of `heads * headDim` f32 values
  * in q and of `kvHeads * headDim` in k. Row t has position `step.position + t`. Only the first `ropeDim` dims of each
  * head rotate. Layout NORMAL (llama): pairs (2i, 2i+1). Layout NEOX (qwen2/qwen3): pairs (i, i + ropeDim/2).
- * theta_i = pos * base^(-2i/ropeDim) / freqFactor[i] (freqFactor is Llama 3's rope_freqs, or ones).
+ * theta_i = pos * base^(-2i/ropeDim) / freqFactor[i] (freqFactor: the per-pair divisors of Llama 3's rope_freqs and
+ * linear or YaRN scaling, kernels/rope.ts ropeFrequencyDivisors; or ones); cos and sin are scaled by `magnitude`.
  */
 const ropeCommonWgsl = /* wgsl */ `
-struct Params { tokens: u32, heads: u32, kvHeads: u32, headDim: u32, ropeDim: u32, neox: u32, base: f32, eps: f32 }
+struct Params {
+  tokens: u32, heads: u32, kvHeads: u32, headDim: u32, ropeDim: u32, neox: u32, base: f32, eps: f32, magnitude: f32,
+}
 struct Step { position: u32, tokens: u32, _p0: u32, _p1: u32 }
 
 @group(0) @binding(0) var<storage, read_write> q: array<f32>;
@@ -27,7 +30,7 @@ fn ropePair(i: u32, t: u32) -> RopePair {
   var a = 2u * i;
   var b = a + 1u;
   if (params.neox == 1u) { a = i; b = i + half; }
-  return RopePair(a, b, cos(theta), sin(theta));
+  return RopePair(a, b, cos(theta) * params.magnitude, sin(theta) * params.magnitude);
 }
 `;
 
