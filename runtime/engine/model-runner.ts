@@ -16,7 +16,7 @@ import {
 } from '../kv/rotation-store.ts';
 import { type ModelConfig, readModelConfig } from '../model/config.ts';
 import { int8PrefillReady, type PrefillMatmul, Transformer } from '../model/transformer.ts';
-import { loadModelWeights, type ModelWeights, releaseModelWeights } from '../model/weights.ts';
+import { loadModelWeights, type ModelWeights, releaseModelWeights, validateTensors } from '../model/weights.ts';
 import { GREEDY_SAMPLING, resolveSamplingParams, type SamplingParams } from '../sampling/params.ts';
 import { StepRunner } from '../step/step-runner.ts';
 import { GgufTokenizer } from '../tokenizer/tokenizer.ts';
@@ -200,7 +200,9 @@ export class ModelRunner {
     const progress = options.onProgress ?? (() => {});
     progress({ phase: 'parse', bytesDone: 0, bytesTotal: source.size });
     const file = await parseGguf(source);
+    // Everything the file holds is read or refused from its header, before any tensor byte is read.
     const config = readModelConfig(file);
+    validateTensors(file, config);
     let poolOptions: KvPoolOptions = kvPoolOptions(config, options);
     const mode = resolveKvMode(options, config);
     // An omitted rotation in int2 is 'calibrated' where rotations are stored and Hadamard (calibrating in the

@@ -1,7 +1,7 @@
 import { CorruptModelFileError, UnsupportedModelError } from '../../core/errors.ts';
-import type { GgufFile, GgufTensorInfo } from '../../core/gguf-types.ts';
-import type { RopeLayout } from '../../kernels/rope.ts';
-import { metaNumber, metaOptionalNumber, metaString } from '../gguf/metadata.ts';
+import type { GgufFile, GgufMetadata, GgufTensorInfo, GgufValue } from '../../core/gguf-types.ts';
+import { NO_ROPE_SCALING, type RopeLayout, type RopeScaling } from '../../kernels/rope.ts';
+import { metaNumber, metaOptionalNumber, metaOptionalString, metaString } from '../gguf/metadata.ts';
 
 export type Architecture = 'llama' | 'qwen2' | 'qwen3';
 export const SUPPORTED_ARCHITECTURES: readonly Architecture[] = ['llama', 'qwen2', 'qwen3'];
@@ -22,15 +22,45 @@ export interface ModelConfig {
   ropeBase: number;
   ropeDim: number;
   ropeLayout: RopeLayout;
-  /** qwen2: biases on the q, k and v projections. */
-  qkvBias: boolean;
+  /** Linear or YaRN scaling of a context-extended model (`rope.scaling.*`, `rope.scale_linear`), as llama.cpp reads it. */
+  ropeScaling: RopeScaling;
+  /** The optional bias vectors the file has (qwen2's q/k/v ones among them), as llama.cpp's loader reads them. */
+  biases: readonly ModelBias[];
   /** qwen3: RMSNorm over each head of q and k before RoPE. */
   qkNorm: boolean;
   /** The output projection reuses the token embedding when the file has no `output.weight`. */
   tiedOutput: boolean;
-  /** Llama 3 frequency scaling: `rope_freqs.weight` is present. */
+  /** Llama 3 frequency scaling: `rope_freqs.weight` is present (llama only; llama.cpp's qwen loaders refuse it). */
   ropeFreqFactors: boolean;
 }
+
+/**
+ * Optional biases: of each layer's projections (`blk.N.attn_q.bias` … `blk.N.ffn_down.bias`) and of the output
+ * projection (`output.bias`). Which exist is read from block 0; the tensor check holds every block to it.
+ */
+export type ModelBias = 'q' | 'k' | 'v' | 'o' | 'gate' | 'up' | 'down' | 'output';
+
+/** GGUF tensor names of the biases. */
+export function biasTensorName(bias: ModelBias, layer: number): string {
+  if (bias === 'output') return 'output.bias';
+  const tensor = {
+    q: 'attn_q',
+    k: 'attn_k',
+    v: 'attn_v',
+    o: 'attn_output',
+    gate: 'ffn_gate',
+    up: 'ffn_up',
+    down: 'ffn_down',
+  };
+  return `blk.${layer}.${tensor[bias]}.bias`;
+}
+
+/** The optional biases llama.cpp's loader reads per architecture (llama-model.cpp, src/models/*): the rest it refuses. */
+const BIASES: Record<Architecture, readonly ModelBias[]> = {
+  llama: ['q', 'k', 'v', 'o', 'gate', 'up', 'down'],
+  qwen2: ['q', 'k', 'v', 'output'],
+  qwen3: ['q', 'k', 'v'],
+};
 
 /** llama.cpp's rope type per architecture: Llama keeps adjacent pairs, Qwen rotates halves. */
 const ROPE_LAYOUT: Record<Architecture, RopeLayout> = { llama: 'normal', qwen2: 'neox', qwen3: 'neox' };
@@ -70,13 +100,156 @@ export function readModelConfig(file: GgufFile): ModelConfig {
     ropeBase: metaOptionalNumber(meta, `${arch}.rope.freq_base`) ?? 10000,
     ropeDim: metaOptionalNumber(meta, `${arch}.rope.dimension_count`) ?? headDim,
     ropeLayout: ROPE_LAYOUT[architecture],
-    qkvBias: tensors.has('blk.0.attn_q.bias'),
-    qkNorm: tensors.has('blk.0.attn_q_norm.weight'),
+    ropeScaling: readRopeScaling(meta, arch),
+    biases: BIASES[architecture].filter((b) => tensors.has(biasTensorName(b, 0))),
+    qkNorm: architecture === 'qwen3',
     tiedOutput: !tensors.has('output.weight'),
-    ropeFreqFactors: tensors.has('rope_freqs.weight'),
+    ropeFreqFactors: architecture === 'llama' && tensors.has('rope_freqs.weight'),
   };
   checkShape(config, file.tensors.length);
+  refuseUnusedMetadata(meta, config);
   return config;
+}
+
+/**
+ * RoPE scaling as llama.cpp reads it (llama-model.cpp load_hparams, llama-context.cpp): the type defaults to linear;
+ * the factor is `rope.scaling.factor`, else the older `rope.scale_linear`, and 0 or absent means none; YaRN's original
+ * context defaults to the training context; `rope.scaling.attn_factor` scales cos and sin in every mode. llama.cpp
+ * reads no YaRN beta keys for these architectures and uses 32 and 1.
+ */
+function readRopeScaling(meta: GgufMetadata, arch: string): RopeScaling {
+  const typeKey = `${arch}.rope.scaling.type`;
+  const type = metaOptionalString(meta, typeKey) ?? 'linear';
+  if (type !== 'none' && type !== 'linear' && type !== 'yarn') {
+    throw new UnsupportedModelError(
+      `The model uses RoPE scaling '${type}' (${typeKey}); longtab applies none, linear and yarn scaling to ${arch} models.`,
+      { key: typeKey, value: type },
+    );
+  }
+  const factorKey =
+    metaOptionalNumber(meta, `${arch}.rope.scaling.factor`) !== undefined ? 'rope.scaling.factor' : 'rope.scale_linear';
+  const factor = metaOptionalNumber(meta, `${arch}.${factorKey}`) ?? 0;
+  const attnFactor = metaOptionalNumber(meta, `${arch}.rope.scaling.attn_factor`) ?? 1;
+  const originalContext =
+    metaOptionalNumber(meta, `${arch}.rope.scaling.original_context_length`) ??
+    metaOptionalNumber(meta, `${arch}.context_length`) ??
+    0;
+  for (const [key, value] of [
+    [factorKey, factor],
+    ['rope.scaling.attn_factor', attnFactor],
+    ['rope.scaling.original_context_length', originalContext],
+  ] as const) {
+    if (
+      !Number.isFinite(value) ||
+      value < 0 ||
+      (key === 'rope.scaling.original_context_length' && type === 'yarn' && value < 1)
+    ) {
+      throw new CorruptModelFileError(
+        `The model's ${arch}.${key} is ${value}, which no RoPE scaling can use: the file is damaged. Download it again.`,
+        { key: `${arch}.${key}`, value },
+      );
+    }
+  }
+  if (type === 'none' || (factor === 0 && type === 'linear')) return { ...NO_ROPE_SCALING, attnFactor };
+  return { ...NO_ROPE_SCALING, type, factor: factor === 0 ? 1 : factor, originalContext, attnFactor };
+}
+
+/** Namespaces the forward pass never reads: provenance, the tokenizer's own keys, shard bookkeeping, longtab's own. */
+const NEUTRAL_NAMESPACES = ['general.', 'tokenizer.', 'quantize.', 'split.', 'longtab.'];
+
+/**
+ * Keys under `<arch>.` that readModelConfig reads (every `<arch>.` key llama.cpp reads for llama, qwen2 and qwen3 that
+ * longtab implements), with nothing to check beyond what readModelConfig checks.
+ */
+const READ_KEYS = new Set([
+  'vocab_size',
+  'context_length',
+  'embedding_length',
+  'block_count',
+  'feed_forward_length',
+  'attention.head_count',
+  'attention.head_count_kv',
+  'attention.key_length',
+  'attention.layer_norm_rms_epsilon',
+  'rope.dimension_count',
+  'rope.freq_base',
+  'rope.scaling.type',
+  'rope.scaling.factor',
+  'rope.scale_linear',
+  'rope.scaling.attn_factor',
+  'rope.scaling.original_context_length',
+]);
+
+/**
+ * Keys under `<arch>.` that change nothing while they hold the value the forward pass assumes, and what that value
+ * is: llama.cpp reads some of them for every architecture (MoE counts, causal attention) and ignores others for these
+ * three (the YaRN tuning keys a newer converter writes from the Hugging Face config) — a file that sets them otherwise
+ * is refused rather than run one way when its model was trained another.
+ */
+const NEUTRAL_VALUES: Record<
+  string,
+  { holds(value: GgufValue, c: ModelConfig): boolean; assumed(c: ModelConfig): string }
+> = {
+  // Older converters' note that q and k are permuted to GGUF's layout, as every llama GGUF file is.
+  tensor_data_layout: { holds: () => true, assumed: () => 'any' },
+  // Stored by llama.cpp, used for nothing.
+  'rope.scaling.finetuned': { holds: () => true, assumed: () => 'any' },
+  'attention.value_length': { holds: (v, c) => v === c.headDim, assumed: (c) => `${c.headDim}, the key length` },
+  'attention.causal': { holds: (v) => v === true, assumed: () => 'true' },
+  expert_count: { holds: (v) => v === 0, assumed: () => '0 (longtab runs no mixture-of-experts model)' },
+  expert_used_count: { holds: (v) => v === 0, assumed: () => '0 (longtab runs no mixture-of-experts model)' },
+  pooling_type: {
+    holds: (v) => v === 0,
+    assumed: () => '0 (no pooling: longtab generates text, it makes no embeddings)',
+  },
+  'rope.scaling.yarn_beta_fast': {
+    holds: (v, c) => c.ropeScaling.type !== 'yarn' || v === c.ropeScaling.betaFast,
+    assumed: (c) => `${c.ropeScaling.betaFast}, llama.cpp's value for ${c.architecture}`,
+  },
+  'rope.scaling.yarn_beta_slow': {
+    holds: (v, c) => c.ropeScaling.type !== 'yarn' || v === c.ropeScaling.betaSlow,
+    assumed: (c) => `${c.ropeScaling.betaSlow}, llama.cpp's value for ${c.architecture}`,
+  },
+  'rope.scaling.yarn_ext_factor': {
+    holds: (v, c) => v === (c.ropeScaling.type === 'yarn' ? 1 : 0),
+    assumed: (c) => `${c.ropeScaling.type === 'yarn' ? 1 : 0}, llama.cpp's value for ${c.ropeScaling.type} scaling`,
+  },
+  'rope.scaling.yarn_attn_factor': {
+    // Transformers' attention_factor replaces YaRN's 1 + 0.1·ln(factor), which llama.cpp always uses here.
+    holds: (v, c) =>
+      typeof v === 'number' &&
+      c.ropeScaling.type === 'yarn' &&
+      Math.abs(v - (c.ropeScaling.factor > 1 ? 1 + 0.1 * Math.log(c.ropeScaling.factor) : 1)) < 1e-6,
+    assumed: (c) =>
+      c.ropeScaling.type === 'yarn'
+        ? `${c.ropeScaling.factor > 1 ? 1 + 0.1 * Math.log(c.ropeScaling.factor) : 1}, YaRN's own magnitude for factor ${c.ropeScaling.factor}`
+        : 'absent without YaRN scaling',
+  },
+  'rope.scaling.yarn_log_multiplier': { holds: (v) => v === 0, assumed: () => '0' },
+  'rope.scaling.alpha': { holds: (v) => v === 0, assumed: () => '0' },
+};
+
+/**
+ * Every metadata key must be one the forward pass reads, or neutral (NEUTRAL_NAMESPACES, NEUTRAL_VALUES): a key it
+ * ignored would leave the model answering as if the key were absent, without a word. Checked from the metadata, before
+ * any tensor is read.
+ */
+function refuseUnusedMetadata(meta: GgufMetadata, c: ModelConfig): void {
+  const prefix = `${c.architecture}.`;
+  for (const [key, value] of Object.entries(meta)) {
+    if (NEUTRAL_NAMESPACES.some((n) => key.startsWith(n))) continue;
+    const name = key.startsWith(prefix) ? key.slice(prefix.length) : null;
+    if (name !== null && READ_KEYS.has(name)) continue;
+    const neutral = name !== null && Object.hasOwn(NEUTRAL_VALUES, name) ? NEUTRAL_VALUES[name] : undefined;
+    if (neutral?.holds(typeof value === 'bigint' ? Number(value) : value, c)) continue;
+    const shown = Array.isArray(value) ? `an array of ${value.length}` : String(value).slice(0, 60);
+    throw new UnsupportedModelError(
+      neutral
+        ? `The model sets ${key} = ${shown}; longtab runs ${c.architecture} models only with ${neutral.assumed(c)}, so it refuses this file rather than answer wrong.`
+        : `The model has metadata ${key} (${shown}), which longtab's ${c.architecture} forward pass does not use: it would answer as if the key were absent, so it refuses the file. If the key is known to change nothing, remove it (llama.cpp's gguf_new_metadata.py --remove-metadata ${key}).`,
+      { key, value: typeof value === 'bigint' ? value.toString() : Array.isArray(value) ? value.length : value },
+    );
+  }
 }
 
 /**

@@ -8,9 +8,10 @@ import {
   SUPPORTED_WEIGHT_TYPES,
 } from '../../core/gguf-types.ts';
 import type { GpuContext } from '../../core/gpu/device.ts';
+import { ropeFrequencyDivisors } from '../../kernels/rope.ts';
 import { type GpuWeight, releaseWeight, uploadWeight } from '../../kernels/weights.ts';
 import { streamTensorBytes } from '../gguf/read-tensor.ts';
-import type { ModelConfig } from './config.ts';
+import { biasTensorName, type ModelBias, type ModelConfig } from './config.ts';
 
 export interface LayerWeights {
   attnNorm: GPUBuffer;
@@ -21,6 +22,10 @@ export interface LayerWeights {
   qBias?: GPUBuffer;
   kBias?: GPUBuffer;
   vBias?: GPUBuffer;
+  oBias?: GPUBuffer;
+  gateBias?: GPUBuffer;
+  upBias?: GPUBuffer;
+  downBias?: GPUBuffer;
   qNorm?: GPUBuffer;
   kNorm?: GPUBuffer;
   ffnNorm: GPUBuffer;
@@ -35,9 +40,22 @@ export interface ModelWeights {
   outputNorm: GPUBuffer;
   /** The embedding itself when the output is tied. */
   output: GpuWeight;
-  /** f32 [ropeDim/2]: Llama 3 rope_freqs, or ones. */
+  outputBias?: GPUBuffer;
+  /** f32 [ropeDim/2]: per-pair RoPE angle divisors: Llama 3's rope_freqs and the model's RoPE scaling, or ones. */
   ropeFreqFactors: GPUBuffer;
 }
+
+/** The LayerWeights field of each per-layer bias. */
+const LAYER_BIAS_FIELD = {
+  q: 'qBias',
+  k: 'kBias',
+  v: 'vBias',
+  o: 'oBias',
+  gate: 'gateBias',
+  up: 'upBias',
+  down: 'downBias',
+} as const satisfies Record<Exclude<ModelBias, 'output'>, keyof LayerWeights>;
+const LAYER_BIASES = Object.keys(LAYER_BIAS_FIELD) as (keyof typeof LAYER_BIAS_FIELD)[];
 
 /** Expected GGUF shape of every tensor the forward pass reads: metadata that contradicts a tensor is caught here. */
 export function expectedTensorShapes(c: ModelConfig): Map<string, number[]> {
@@ -47,6 +65,7 @@ export function expectedTensorShapes(c: ModelConfig): Map<string, number[]> {
   shapes.set('token_embd.weight', [c.dim, c.vocab]);
   shapes.set('output_norm.weight', [c.dim]);
   if (!c.tiedOutput) shapes.set('output.weight', [c.dim, c.vocab]);
+  if (c.biases.includes('output')) shapes.set('output.bias', [c.vocab]);
   if (c.ropeFreqFactors) shapes.set('rope_freqs.weight', [c.ropeDim / 2]);
   for (let i = 0; i < c.layers; i++) {
     const p = `blk.${i}.`;
@@ -55,10 +74,9 @@ export function expectedTensorShapes(c: ModelConfig): Map<string, number[]> {
     shapes.set(`${p}attn_k.weight`, [c.dim, kv]);
     shapes.set(`${p}attn_v.weight`, [c.dim, kv]);
     shapes.set(`${p}attn_output.weight`, [q, c.dim]);
-    if (c.qkvBias) {
-      shapes.set(`${p}attn_q.bias`, [q]);
-      shapes.set(`${p}attn_k.bias`, [kv]);
-      shapes.set(`${p}attn_v.bias`, [kv]);
+    const biasLength = { q, k: kv, v: kv, o: c.dim, gate: c.ffnDim, up: c.ffnDim, down: c.dim };
+    for (const bias of LAYER_BIASES) {
+      if (c.biases.includes(bias)) shapes.set(biasTensorName(bias, i), [biasLength[bias]]);
     }
     if (c.qkNorm) {
       shapes.set(`${p}attn_q_norm.weight`, [c.headDim]);
@@ -72,10 +90,23 @@ export function expectedTensorShapes(c: ModelConfig): Map<string, number[]> {
   return shapes;
 }
 
-/** Checks presence, shape and type of every tensor before any GPU memory is allocated. */
+/**
+ * Checks presence, shape and type of every tensor before any GPU memory is allocated, and that the forward pass reads
+ * every tensor the file has: one it skipped would leave the model answering wrong without a word (llama.cpp refuses
+ * such files too).
+ */
 export function validateTensors(file: GgufFile, config: ModelConfig): Map<string, GgufTensorInfo> {
   const byName = new Map(file.tensors.map((t) => [t.name, t]));
-  for (const [name, shape] of expectedTensorShapes(config)) {
+  const expected = expectedTensorShapes(config);
+  for (const t of file.tensors) {
+    if (!expected.has(t.name)) {
+      throw new UnsupportedModelError(
+        `The model has tensor '${t.name}', which longtab's ${config.architecture} forward pass does not use: it would answer as if the tensor were absent, so it refuses the file.`,
+        { tensor: t.name },
+      );
+    }
+  }
+  for (const [name, shape] of expected) {
     const tensor = byName.get(name);
     if (!tensor)
       throw new CorruptModelFileError(
@@ -114,6 +145,20 @@ async function uploadVector(gpu: GpuContext, source: ByteSource, tensor: GgufTen
     gpu.device.queue.writeBuffer(buffer, offset, bytes.buffer, bytes.byteOffset, bytes.byteLength);
   });
   return buffer;
+}
+
+/** An F32 vector read to the CPU (Llama 3's rope_freqs, which the RoPE scaling multiplies before upload). */
+async function readVector(
+  source: ByteSource,
+  tensor: GgufTensorInfo,
+  report: (t: GgufTensorInfo) => void,
+): Promise<Float32Array> {
+  const bytes = new Uint8Array(tensor.byteLength);
+  await streamTensorBytes(source, tensor, 1 << 20, (chunk, offset) => {
+    bytes.set(chunk, offset);
+  });
+  report(tensor);
+  return new Float32Array(bytes.buffer);
 }
 
 export interface WeightLoadProgress {
@@ -178,10 +223,8 @@ export async function loadModelWeights(
         up: await matrix(`${p}ffn_up.weight`),
         down: await matrix(`${p}ffn_down.weight`),
       };
-      if (config.qkvBias) {
-        layer.qBias = await vector(`${p}attn_q.bias`);
-        layer.kBias = await vector(`${p}attn_k.bias`);
-        layer.vBias = await vector(`${p}attn_v.bias`);
+      for (const bias of LAYER_BIASES) {
+        if (config.biases.includes(bias)) layer[LAYER_BIAS_FIELD[bias]] = await vector(biasTensorName(bias, i));
       }
       if (config.qkNorm) {
         layer.qNorm = await vector(`${p}attn_q_norm.weight`);
@@ -191,11 +234,19 @@ export async function loadModelWeights(
     }
     const outputNorm = await vector('output_norm.weight');
     const output = config.tiedOutput ? embedding : await matrix('output.weight');
-    const ropeFreqFactors = config.ropeFreqFactors
-      ? await vector('rope_freqs.weight')
-      : gpu.allocator.createStorage('rope_freqs.ones', 'weights', new Float32Array(config.ropeDim / 2).fill(1));
-    if (!config.ropeFreqFactors) created.buffers.push(ropeFreqFactors);
-    return { embedding, layers, outputNorm, output, ropeFreqFactors };
+    const outputBias = config.biases.includes('output') ? await vector('output.bias') : undefined;
+    const ropeFreqFactors = gpu.allocator.createStorage(
+      'rope.divisors',
+      'weights',
+      ropeFrequencyDivisors(
+        config.ropeDim,
+        config.ropeBase,
+        config.ropeScaling,
+        config.ropeFreqFactors ? await readVector(source, byName.get('rope_freqs.weight')!, report) : undefined,
+      ),
+    );
+    created.buffers.push(ropeFreqFactors);
+    return { embedding, layers, outputNorm, output, outputBias, ropeFreqFactors };
   } catch (error) {
     releaseBuffersAndWeights(gpu, created.buffers, created.weights);
     throw error;
@@ -209,11 +260,15 @@ function releaseBuffersAndWeights(gpu: GpuContext, buffers: GPUBuffer[], weights
 
 export function releaseModelWeights(gpu: GpuContext, w: ModelWeights): void {
   const buffers = [w.outputNorm, w.ropeFreqFactors];
+  if (w.outputBias) buffers.push(w.outputBias);
   const weights = [w.embedding];
   if (w.output !== w.embedding) weights.push(w.output);
   for (const l of w.layers) {
     buffers.push(l.attnNorm, l.ffnNorm);
-    for (const b of [l.qBias, l.kBias, l.vBias, l.qNorm, l.kNorm]) if (b) buffers.push(b);
+    for (const field of [...Object.values(LAYER_BIAS_FIELD), 'qNorm', 'kNorm'] as const) {
+      const b = l[field];
+      if (b) buffers.push(b);
+    }
     weights.push(l.q, l.k, l.v, l.o, l.gate, l.up, l.down);
   }
   releaseBuffersAndWeights(gpu, buffers, weights);
