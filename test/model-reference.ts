@@ -13,6 +13,8 @@
 import { readFile } from 'node:fs/promises';
 import { GgmlType } from '../core/gguf-types.ts';
 import { bf16ToF32, dequantize, f16ToF32, f32ToF16Bits } from '../kernels/reference/dequantize.ts';
+import { ropeAngleReference } from '../kernels/reference/rope.ts';
+import type { RopeScaling } from '../kernels/rope.ts';
 import { sourceFromPath } from '../runtime/gguf/node-source.ts';
 import { parseGguf } from '../runtime/gguf/parse.ts';
 import type { KvPrecisionPlan } from '../runtime/kv/precision-plan.ts';
@@ -176,6 +178,7 @@ export async function referenceLogProbs(
   const layers = num(`${arch}.block_count`)!;
   const eps = num(`${arch}.attention.layer_norm_rms_epsilon`)!;
   const base = num(`${arch}.rope.freq_base`) ?? 10000;
+  const scaling = ropeScalingOf(meta, arch, num);
   const neox = arch !== 'llama';
   const freqFactors = vector('rope_freqs.weight');
   const embedding = matrix('token_embd.weight');
@@ -206,12 +209,18 @@ export async function referenceLogProbs(
   const rope = (v: Float64Array, count: number, position: number) => {
     for (let h = 0; h < count; h++) {
       for (let i = 0; i < headDim / 2; i++) {
-        const theta = (position * base ** ((-2 * i) / headDim)) / (freqFactors ? freqFactors[i] : 1);
+        const { theta, magnitude } = ropeAngleReference(i, position, {
+          ropeDim: headDim,
+          base,
+          freqFactor: freqFactors?.[i],
+          scaling,
+        });
+        const [c, s] = [Math.cos(theta) * magnitude, Math.sin(theta) * magnitude];
         const a = neox ? h * headDim + i : h * headDim + 2 * i;
         const b = neox ? a + headDim / 2 : a + 1;
         const [x0, x1] = [v[a], v[b]];
-        v[a] = x0 * Math.cos(theta) - x1 * Math.sin(theta);
-        v[b] = x0 * Math.sin(theta) + x1 * Math.cos(theta);
+        v[a] = x0 * c - x1 * s;
+        v[b] = x0 * s + x1 * c;
       }
     }
   };
@@ -290,20 +299,20 @@ export async function referenceLogProbs(
           for (let e = 0; e < headDim; e++) attention[i * headDim + e] += weight * value[g * headDim + e];
         }
       }
-      const projected = matmul(wo, attention);
+      const projected = matmul(wo, attention, vector(`${p}attn_output.bias`));
       x[t] = x[t].map((v, i) => v + projected[i]);
       const h = rmsNorm(x[t], ffnNorm);
-      const g = matmul(gate, h);
-      const u = matmul(up, h);
+      const g = matmul(gate, h, vector(`${p}ffn_gate.bias`));
+      const u = matmul(up, h, vector(`${p}ffn_up.bias`));
       const hidden = g.map((a, i) => (a / (1 + Math.exp(-a))) * u[i]);
-      const y = matmul(down, hidden);
+      const y = matmul(down, hidden, vector(`${p}ffn_down.bias`));
       x[t] = x[t].map((v, i) => v + y[i]);
     }
   }
   const outputNorm = vector('output_norm.weight')!;
   const logProbs = new Float64Array(n * vocab);
   for (let t = 0; t < n; t++) {
-    const logits = matmul(output, rmsNorm(x[t], outputNorm));
+    const logits = matmul(output, rmsNorm(x[t], outputNorm), vector('output.bias'));
     let max = Number.NEGATIVE_INFINITY;
     for (const v of logits) max = Math.max(max, v);
     let sum = 0;
@@ -312,4 +321,29 @@ export async function referenceLogProbs(
     for (let i = 0; i < vocab; i++) logProbs[t * vocab + i] = logits[i] - lse;
   }
   return logProbs;
+}
+
+/**
+ * RoPE scaling from the file's metadata, read as llama.cpp reads it (llama-model.cpp, llama-context.cpp): the type
+ * defaults to linear, the factor is `rope.scaling.factor` or the older `rope.scale_linear` (0 or absent: none), YaRN's
+ * original context defaults to the training context, and the beta bounds are llama.cpp's defaults for these
+ * architectures (it reads no beta keys for them).
+ */
+function ropeScalingOf(
+  meta: Record<string, unknown>,
+  arch: string,
+  num: (key: string) => number | undefined,
+): RopeScaling {
+  const type = (meta[`${arch}.rope.scaling.type`] as string | undefined) ?? 'linear';
+  const factor = num(`${arch}.rope.scaling.factor`) ?? num(`${arch}.rope.scale_linear`) ?? 0;
+  if (type !== 'none' && type !== 'linear' && type !== 'yarn') throw new Error(`reference: rope scaling ${type}`);
+  const scaled = type !== 'none' && factor !== 0;
+  return {
+    type: type === 'yarn' ? 'yarn' : scaled ? 'linear' : 'none',
+    factor: scaled ? factor : 1,
+    originalContext: num(`${arch}.rope.scaling.original_context_length`) ?? num(`${arch}.context_length`) ?? 0,
+    betaFast: 32,
+    betaSlow: 1,
+    attnFactor: num(`${arch}.rope.scaling.attn_factor`) ?? 1,
+  };
 }

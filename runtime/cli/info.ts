@@ -45,7 +45,7 @@ export async function runInfo(args: ParsedArgs): Promise<number> {
       const lines = [
         `${config.name} (${config.architecture}), ${(parameters / 1e6).toFixed(2)}M parameters, GGUF v${file.version}`,
         `  layers ${config.layers}, dim ${config.dim}, heads ${config.heads}/${config.kvHeads} kv, head_dim ${config.headDim}, ffn ${config.ffnDim}, vocab ${config.vocab}`,
-        `  context ${config.contextLength}, rope ${config.ropeLayout} base ${config.ropeBase}${config.qkvBias ? ', qkv bias' : ''}${config.qkNorm ? ', qk norm' : ''}${config.tiedOutput ? ', tied output' : ''}`,
+        `  context ${config.contextLength}, rope ${config.ropeLayout} base ${config.ropeBase}${config.ropeScaling.type === 'none' ? '' : `, ${config.ropeScaling.type} scaling ×${config.ropeScaling.factor}`}${config.biases.length ? `, biases ${config.biases.join('/')}` : ''}${config.qkNorm ? ', qk norm' : ''}${config.tiedOutput ? ', tied output' : ''}`,
         `  tensor types: ${Object.entries(types)
           .map(([n, e]) => `${n} ×${e.tensors} (${mib(e.bytes)})`)
           .join(', ')}`,

@@ -76,6 +76,70 @@ const EMULATION_TOLERANCE: Partial<Record<GgmlType, number>> = {
 type Shape = Omit<ModelFixtureSpec, 'weightType' | 'architecture' | 'seed'>;
 const base = { layers: 2, vocab: 300, ropeFreqBase: 10000, llama3RopeFreqs: false, tiedOutput: false } as const;
 
+/** RoPE scaling (linear, the older scale_linear key, YaRN) on each architecture, and the biases llama.cpp reads. */
+const VARIANT_FIXTURES: ModelFixtureSpec[] = [
+  fixture('llama', GgmlType.F32, {
+    ...base,
+    dim: 128,
+    heads: 2,
+    kvHeads: 1,
+    headDim: 64,
+    ffnDim: 256,
+    ropeScaling: { type: 'linear', factor: 4, legacyKey: true },
+    biases: ['q', 'k', 'v', 'o', 'gate', 'up', 'down'],
+  }),
+  fixture('llama', GgmlType.F32, {
+    ...base,
+    dim: 128,
+    heads: 2,
+    kvHeads: 2,
+    headDim: 64,
+    ffnDim: 256,
+    tiedOutput: true,
+    ropeScaling: { type: 'yarn', factor: 8, originalContext: 256, attnFactor: 0.9 },
+  }),
+  fixture('qwen2', GgmlType.F32, {
+    ...base,
+    dim: 128,
+    heads: 2,
+    kvHeads: 1,
+    headDim: 64,
+    ffnDim: 256,
+    ropeScaling: { type: 'linear', factor: 2 },
+    biases: ['output'],
+  }),
+  // No original context: YaRN's is the context length (256), as in llama.cpp.
+  fixture('qwen2', GgmlType.F32, {
+    ...base,
+    dim: 128,
+    heads: 2,
+    kvHeads: 2,
+    headDim: 64,
+    ffnDim: 256,
+    ropeScaling: { type: 'yarn', factor: 4 },
+  }),
+  fixture('qwen3', GgmlType.F32, {
+    ...base,
+    dim: 128,
+    heads: 2,
+    kvHeads: 1,
+    headDim: 64,
+    ffnDim: 256,
+    tiedOutput: true,
+    ropeScaling: { type: 'yarn', factor: 4, originalContext: 512, attnFactor: 1.2 },
+    biases: ['q', 'k', 'v'],
+  }),
+  fixture('qwen3', GgmlType.F32, {
+    ...base,
+    dim: 128,
+    heads: 2,
+    kvHeads: 1,
+    headDim: 64,
+    ffnDim: 256,
+    ropeScaling: { type: 'linear', factor: 8 },
+  }),
+].map((spec, i) => ({ ...spec, seed: spec.seed + 100 * (i + 1) }));
+
 /**
  * Every architecture and weight type at least once; head_dim 64 and 128; GQA 1:1, 2:1 and 4:1; tied and separate
  * output; Llama 3 rope_freqs; qwen3 with heads × head_dim ≠ dim; a K-quant model whose ffn_down rows (384) are not a
@@ -169,6 +233,9 @@ const FIXTURES: ModelFixtureSpec[] = [
     ffnDim: 512,
     ropeFreqBase: 1e6,
   }),
+  // RoPE scaling and optional biases (issue 43): F32 and tiny, so only the variant is measured. YaRN's original
+  // contexts are short, so its ramp between kept and interpolated pairs falls inside the head and within 16 tokens.
+  ...VARIANT_FIXTURES,
 ];
 
 function fixture(architecture: ModelFixtureSpec['architecture'], weightType: GgmlType, shape: Shape): ModelFixtureSpec {

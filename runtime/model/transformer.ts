@@ -15,7 +15,7 @@ import {
   releaseInt8Activations,
 } from '../../kernels/matmul-int8.ts';
 import { prepareRmsNorm } from '../../kernels/rmsnorm.ts';
-import { prepareRope } from '../../kernels/rope.ts';
+import { prepareRope, ropeMagnitude } from '../../kernels/rope.ts';
 import type { ModelConfig } from './config.ts';
 import type { ModelWeights } from './weights.ts';
 
@@ -260,6 +260,7 @@ export class Transformer {
     if (mode === 'all') {
       g.allLogits ??= prepareMatmul(this.gpu, 'output.all', {
         weight: this.weights.output,
+        bias: this.weights.outputBias,
         input: this.buffers.xNorm,
         output: this.allLogitsBuffer(),
         tokens,
@@ -339,6 +340,7 @@ export class Transformer {
           ropeDim: c.ropeDim,
           base: c.ropeBase,
           layout: c.ropeLayout,
+          magnitude: ropeMagnitude(c.ropeScaling),
           headNorm: l.qNorm && l.kNorm ? { q: l.qNorm, k: l.kNorm, eps: c.rmsEps } : undefined,
         }),
       );
@@ -347,7 +349,7 @@ export class Transformer {
       // The residual connections are added by the projections themselves (accumulate): x += o·attention.
       body.push(
         ...this.project(`${p}.o`, b.attention, tokens, [
-          { label: `${p}.o`, weight: l.o, output: b.x, accumulate: true },
+          { label: `${p}.o`, weight: l.o, output: b.x, bias: l.oBias, accumulate: true },
         ]),
       );
       body.push(
@@ -360,20 +362,32 @@ export class Transformer {
           eps: c.rmsEps,
         }),
       );
+      // The fused decode matvec computes silu(gate)·up without biases: with them, gate and up share a matvec group.
       const gateUp =
         tokens === 1 &&
+        !l.gateBias &&
+        !l.upBias &&
         prepareMatvecSwiglu(gpu, `${p}.gate_up`, { gate: l.gate, up: l.up, input: b.xNorm, output: b.hidden });
       // The down projection reads silu(gate)·up: from `hidden` where the decode matvec or a swiglu pass wrote it, or
       // from gate and up in its quantizer.
-      const down = [{ label: `${p}.down`, weight: l.down, output: b.x, accumulate: true }];
+      const down = [{ label: `${p}.down`, weight: l.down, output: b.x, bias: l.downBias, accumulate: true }];
+      const gateAndUp =
+        tokens === 1 &&
+        !gateUp &&
+        prepareMatvecGroup(gpu, `${p}.gate_up`, b.xNorm, [
+          { weight: l.gate, output: b.gate, bias: l.gateBias },
+          { weight: l.up, output: b.up, bias: l.upBias },
+        ]);
       if (gateUp) {
         body.push(gateUp, ...this.project(`${p}.down`, b.hidden, tokens, down));
       } else {
         body.push(
-          ...this.project(`${p}.gate_up`, b.xNorm, tokens, [
-            { label: `${p}.gate`, weight: l.gate, output: b.gate },
-            { label: `${p}.up`, weight: l.up, output: b.up },
-          ]),
+          ...(gateAndUp
+            ? [gateAndUp]
+            : this.project(`${p}.gate_up`, b.xNorm, tokens, [
+                { label: `${p}.gate`, weight: l.gate, output: b.gate, bias: l.gateBias },
+                { label: `${p}.up`, weight: l.up, output: b.up, bias: l.upBias },
+              ])),
         );
         if (tokens > 1 && this.swigluInQuantizer) {
           body.push(...this.project(`${p}.down`, b.gate, tokens, down, b.up));
@@ -395,7 +409,13 @@ export class Transformer {
         eps: c.rmsEps,
       }),
     );
-    const logits = prepareMatmul(gpu, 'output', { weight: w.output, input: b.lastHidden, output: b.logits, tokens: 1 });
+    const logits = prepareMatmul(gpu, 'output', {
+      weight: w.output,
+      bias: w.outputBias,
+      input: b.lastHidden,
+      output: b.logits,
+      tokens: 1,
+    });
     return { tokens, body, logits };
   }
 
