@@ -185,6 +185,27 @@ export class Transformer {
    * is the feed-forward's gate and the quantizer takes silu(gate)·up (swigluInQuantizer): every projection must run
    * on int8.
    */
+  /**
+   * Projections of one input: in a decode step one matvec-group dispatch where they can share one (a decode step is
+   * bound by dispatch gaps, not arithmetic), else project().
+   */
+  private projectGrouped(
+    label: string,
+    input: GPUBuffer,
+    tokens: number,
+    projections: (Omit<MatmulBinding, 'input' | 'tokens'> & { label: string })[],
+  ): PreparedDispatch[] {
+    const group =
+      tokens === 1 &&
+      prepareMatvecGroup(
+        this.gpu,
+        label,
+        input,
+        projections.map(({ weight, output, bias }) => ({ weight, output, bias })),
+      );
+    return group ? [group] : this.project(label, input, tokens, projections);
+  }
+
   private project(
     label: string,
     input: GPUBuffer,
@@ -306,25 +327,14 @@ export class Transformer {
           eps: c.rmsEps,
         }),
       );
-      // A decode step is bound by dispatch gaps, not arithmetic: q, k and v share one dispatch where they can.
-      const qkv =
-        tokens === 1 &&
-        prepareMatvecGroup(gpu, `${p}.qkv`, b.xNorm, [
-          { weight: l.q, output: b.q, bias: l.qBias },
-          { weight: l.k, output: b.k, bias: l.kBias },
-          { weight: l.v, output: b.v, bias: l.vBias },
-        ]);
-      if (qkv) {
-        body.push(qkv);
-      } else {
-        body.push(
-          ...this.project(`${p}.qkv`, b.xNorm, tokens, [
-            { label: `${p}.q`, weight: l.q, output: b.q, bias: l.qBias },
-            { label: `${p}.k`, weight: l.k, output: b.k, bias: l.kBias },
-            { label: `${p}.v`, weight: l.v, output: b.v, bias: l.vBias },
-          ]),
-        );
-      }
+      // q, k and v share one dispatch in a decode step where they can.
+      body.push(
+        ...this.projectGrouped(`${p}.qkv`, b.xNorm, tokens, [
+          { label: `${p}.q`, weight: l.q, output: b.q, bias: l.qBias },
+          { label: `${p}.k`, weight: l.k, output: b.k, bias: l.kBias },
+          { label: `${p}.v`, weight: l.v, output: b.v, bias: l.vBias },
+        ]),
+      );
       // Qwen3 normalizes each head's q and k before RoPE: the RoPE dispatch does both (a decode step is bound by
       // dispatch gaps, not arithmetic).
       body.push(
@@ -371,23 +381,14 @@ export class Transformer {
       // The down projection reads silu(gate)·up: from `hidden` where the decode matvec or a swiglu pass wrote it, or
       // from gate and up in its quantizer.
       const down = [{ label: `${p}.down`, weight: l.down, output: b.x, bias: l.downBias, accumulate: true }];
-      const gateAndUp =
-        tokens === 1 &&
-        !gateUp &&
-        prepareMatvecGroup(gpu, `${p}.gate_up`, b.xNorm, [
-          { weight: l.gate, output: b.gate, bias: l.gateBias },
-          { weight: l.up, output: b.up, bias: l.upBias },
-        ]);
       if (gateUp) {
         body.push(gateUp, ...this.project(`${p}.down`, b.hidden, tokens, down));
       } else {
         body.push(
-          ...(gateAndUp
-            ? [gateAndUp]
-            : this.project(`${p}.gate_up`, b.xNorm, tokens, [
-                { label: `${p}.gate`, weight: l.gate, output: b.gate, bias: l.gateBias },
-                { label: `${p}.up`, weight: l.up, output: b.up, bias: l.upBias },
-              ])),
+          ...this.projectGrouped(`${p}.gate_up`, b.xNorm, tokens, [
+            { label: `${p}.gate`, weight: l.gate, output: b.gate, bias: l.gateBias },
+            { label: `${p}.up`, weight: l.up, output: b.up, bias: l.upBias },
+          ]),
         );
         if (tokens > 1 && this.swigluInQuantizer) {
           body.push(...this.project(`${p}.down`, b.gate, tokens, down, b.up));
