@@ -76,66 +76,44 @@ const EMULATION_TOLERANCE: Partial<Record<GgmlType, number>> = {
 type Shape = Omit<ModelFixtureSpec, 'weightType' | 'architecture' | 'seed'>;
 const base = { layers: 2, vocab: 300, ropeFreqBase: 10000, llama3RopeFreqs: false, tiedOutput: false } as const;
 
+/** The variant fixtures' shared shape. */
+const variant = { ...base, dim: 128, heads: 2, headDim: 64, ffnDim: 256 } as const;
 /** RoPE scaling (linear, the older scale_linear key, YaRN) on each architecture, and the biases llama.cpp reads. */
 const VARIANT_FIXTURES: ModelFixtureSpec[] = [
   fixture('llama', GgmlType.F32, {
-    ...base,
-    dim: 128,
-    heads: 2,
+    ...variant,
     kvHeads: 1,
-    headDim: 64,
-    ffnDim: 256,
     ropeScaling: { type: 'linear', factor: 4, legacyKey: true },
     biases: ['q', 'k', 'v', 'o', 'gate', 'up', 'down'],
   }),
   fixture('llama', GgmlType.F32, {
-    ...base,
-    dim: 128,
-    heads: 2,
+    ...variant,
     kvHeads: 2,
-    headDim: 64,
-    ffnDim: 256,
     tiedOutput: true,
     ropeScaling: { type: 'yarn', factor: 8, originalContext: 256, attnFactor: 0.9 },
   }),
   fixture('qwen2', GgmlType.F32, {
-    ...base,
-    dim: 128,
-    heads: 2,
+    ...variant,
     kvHeads: 1,
-    headDim: 64,
-    ffnDim: 256,
     ropeScaling: { type: 'linear', factor: 2 },
     biases: ['output'],
   }),
   // No original context: YaRN's is the context length (256), as in llama.cpp.
   fixture('qwen2', GgmlType.F32, {
-    ...base,
-    dim: 128,
-    heads: 2,
+    ...variant,
     kvHeads: 2,
-    headDim: 64,
-    ffnDim: 256,
     ropeScaling: { type: 'yarn', factor: 4 },
   }),
   fixture('qwen3', GgmlType.F32, {
-    ...base,
-    dim: 128,
-    heads: 2,
+    ...variant,
     kvHeads: 1,
-    headDim: 64,
-    ffnDim: 256,
     tiedOutput: true,
     ropeScaling: { type: 'yarn', factor: 4, originalContext: 512, attnFactor: 1.2 },
     biases: ['q', 'k', 'v'],
   }),
   fixture('qwen3', GgmlType.F32, {
-    ...base,
-    dim: 128,
-    heads: 2,
+    ...variant,
     kvHeads: 1,
-    headDim: 64,
-    ffnDim: 256,
     ropeScaling: { type: 'linear', factor: 8 },
   }),
 ].map((spec, i) => ({ ...spec, seed: spec.seed + 100 * (i + 1) }));
