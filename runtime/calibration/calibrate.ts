@@ -19,12 +19,13 @@ import type { PreparedDispatch } from '../../core/gpu/dispatch.ts';
 import { readFloat32 } from '../../core/gpu/readback.ts';
 import { prepareCovariance, prepareKeyEnergy } from '../../kernels/covariance.ts';
 import { prepareAddInPlace } from '../../kernels/elementwise.ts';
-import { DEFAULT_QUANT_POLICY, type LayerActivations, type QuantPolicy } from '../eval/fidelity.ts';
-import { captureAttentionInputs } from '../eval/fidelity-capture.ts';
+import { DEFAULT_QUANT_POLICY, type QuantPolicy } from '../eval/fidelity.ts';
+import { logProbability } from '../eval/perplexity.ts';
 import { type ClipFitFormat, type FittedClip, fitClipQuantiles, resolveClipFormat } from '../kv/clip-fit.ts';
-import { PagedKvAttention } from '../kv/paged-attention.ts';
+import { createKvAttention, PagedKvAttention } from '../kv/paged-attention.ts';
 import { KvPagePool } from '../kv/pool.ts';
-import { covarianceRotation } from '../kv/rotation.ts';
+import { type KvPrecisionPlan, uniformPlan } from '../kv/precision-plan.ts';
+import { covarianceRotation, type KvRotation } from '../kv/rotation.ts';
 import type { StoredRotations } from '../kv/rotation-store.ts';
 import type { ModelConfig } from '../model/config.ts';
 import { type KvAttentionBackend, Transformer } from '../model/transformer.ts';
@@ -32,15 +33,19 @@ import type { ModelWeights } from '../model/weights.ts';
 import { resolveSamplingParams } from '../sampling/params.ts';
 import { StepRunner } from '../step/step-runner.ts';
 import {
-  boundedProbe,
+  BASELINE_SIDE,
   choosePlan,
   DEFAULT_PLAN_BUDGET,
   DEFAULT_PROBE,
   type LayerScores,
   type PlanChoice,
+  type ProbeLoss,
+  probePlan,
   type RetrievalProbe,
   retrievalProbe,
-  scoreLayer,
+  SIDE_CANDIDATES,
+  type SideScore,
+  sideScore,
 } from './precision-search.ts';
 
 export interface CalibratedRotations {
@@ -366,14 +371,87 @@ export async function calibrateKvRotations(
   }
 }
 
-/** Bytes of captured activations one pass of the plan search holds at most (more layers take more passes). */
-const PROBE_CAPTURE_BYTES = 64 << 20;
+/** A prefill chunk for the probe: at most 128 positions, and at most half the window (as `eval` requires). */
+function probeChunk(policy: QuantPolicy): number {
+  return Math.max(
+    policy.pageTokens,
+    Math.min(128, Math.floor(policy.window / 2 / policy.pageTokens) * policy.pageTokens),
+  );
+}
+
+/**
+ * The probe's mean negative log-likelihoods at its copy and plain rows, teacher-forced through the forward over a
+ * quant pool laid out by `plan` (sink, window and pages of `policy`), K and V stored rotated by `rotation`.
+ */
+async function probeLoss(
+  gpu: GpuContext,
+  c: ModelConfig,
+  weights: ModelWeights,
+  probe: RetrievalProbe,
+  layout: { plan: KvPrecisionPlan; groupSize: number; policy: QuantPolicy; rotation: KvRotation },
+  hooks: CalibrationHooks,
+): Promise<ProbeLoss> {
+  const { tokens } = probe;
+  const { policy } = layout;
+  const chunk = probeChunk(policy);
+  const f16Bytes = 2 * c.layers * c.kvHeads * c.headDim * 2 * (tokens.length + 64);
+  const pool = new KvPagePool(gpu, {
+    layers: c.layers,
+    kvHeads: c.kvHeads,
+    headDim: c.headDim,
+    pageTokens: policy.pageTokens,
+    budgetBytes: 2 * f16Bytes,
+    maxSequences: 1,
+    maxSequenceTokens: tokens.length + 64,
+    kv: 'quant',
+    sink: policy.sink,
+    window: policy.window,
+    keyFormat: { groupSize: layout.groupSize },
+    valueFormat: { groupSize: layout.groupSize },
+    plan: layout.plan,
+    maxStepTokens: chunk,
+  });
+  const released: Array<() => void> = [() => pool.destroy()];
+  try {
+    const attention = createKvAttention(gpu, pool, { heads: c.heads, rotation: layout.rotation });
+    // f32 projections, as the rotations' passes: the plan does not depend on the device's int8 tensor cores.
+    const transformer = new Transformer(gpu, c, weights, attention, chunk, { prefillMatmul: 'f32' });
+    released.push(() => transformer.release());
+    const runner = new StepRunner(gpu, { pool, transformer });
+    released.push(() => runner.release());
+    const seq = pool.createSequence();
+    released.push(() => pool.free(seq));
+    pool.reserve(seq, tokens.length);
+    const copy = new Set(probe.copyRows);
+    const plain = new Set(probe.plainRows);
+    const sums = { copy: 0, plain: 0 };
+    const vocab = c.vocab;
+    for (let position = 0; position < tokens.length; position += chunk) {
+      await hooks.between?.();
+      const ids = tokens.slice(position, position + chunk);
+      const rows = ids.map((_, i) => position + i).filter((t) => copy.has(t) || plain.has(t));
+      runner.submit({ label: 'calibration.plan', seq, position, ids, logits: rows.length > 0 ? 'all' : 'none' });
+      if (rows.length > 0) {
+        const logits = await readFloat32(gpu, transformer.allLogitsBuffer(), ids.length * vocab);
+        for (const t of rows) {
+          const nll = -logProbability(logits, (t - position) * vocab, vocab, tokens[t + 1]);
+          if (copy.has(t)) sums.copy += nll;
+          else sums.plain += nll;
+        }
+      }
+      gpu.throwIfErrors();
+    }
+    return { copy: sums.copy / Math.max(1, copy.size), plain: sums.plain / Math.max(1, plain.size) };
+  } finally {
+    for (const release of released.reverse()) release();
+  }
+}
 
 /**
  * The precision plan of the 2-bit cache for rotations `rotation` (runtime/calibration/precision-search.ts): the
- * retrieval probe of `text` under the pool's default sink and window, captured from the f16 forward a few layers per
- * pass (at most PROBE_CAPTURE_BYTES at once), every layer's candidates scored, the least-error plan within the
- * default budget. Null when `text` is too short for a probe.
+ * retrieval probe of `text` under the pool's default sink and window, run through the real forward with every side
+ * at 4 bits, then with each side at each cheaper candidate; the least-cost plan within the default budget. Null when
+ * `text` is too short for a probe.
  */
 export async function chooseKvPrecisionPlan(
   gpu: GpuContext,
@@ -395,29 +473,42 @@ export async function chooseKvPrecisionPlan(
   const length = Math.min(DEFAULT_PROBE.length, text.length + repeated, c.contextLength);
   let probe: RetrievalProbe;
   try {
-    probe = boundedProbe(retrievalProbe(text, policy, { ...DEFAULT_PROBE, length }), c.heads);
+    probe = retrievalProbe(text, policy, { ...DEFAULT_PROBE, length });
   } catch (error) {
     // The text (or the model's context) is too short for a probe: no plan, the uniform format stays.
     if (error instanceof InvalidRequestError) return null;
     throw error;
   }
-  const n = probe.tokens.length;
-  const shape = { heads: c.heads, kvHeads: c.kvHeads, headDim: c.headDim };
-  const layerBytes = n * (c.heads + 2 * c.kvHeads) * c.headDim * 4;
-  const perPass = Math.max(1, Math.floor(PROBE_CAPTURE_BYTES / layerBytes));
+  const layout = (plan: KvPrecisionPlan) => ({
+    plan,
+    groupSize,
+    policy,
+    rotation: { kind: 'calibrated' as const, key: rotation.key, value: rotation.value },
+  });
+  const baseline = await probeLoss(
+    gpu,
+    c,
+    weights,
+    probe,
+    layout(uniformPlan(c.layers, BASELINE_SIDE, BASELINE_SIDE)),
+    options,
+  );
   const scores: LayerScores[] = [];
-  for (let first = 0; first < c.layers; first += perPass) {
-    const layers = Array.from({ length: Math.min(perPass, c.layers - first) }, (_, i) => first + i);
-    const acts: Array<LayerActivations | null> = await captureAttentionInputs(gpu, c, weights, probe.tokens, {
-      layers,
-      between: options.between,
-    });
-    for (const l of layers) {
-      await options.between?.();
-      scores.push(scoreLayer(l, acts[l] as LayerActivations, probe, shape, policy, groupSize, rotation));
-      acts[l] = null;
-      options.onLayer?.(l);
+  for (let l = 0; l < c.layers; l++) {
+    const layer: Partial<LayerScores> = {};
+    for (const side of ['key', 'value'] as const) {
+      const list: SideScore[] = [];
+      for (const candidate of SIDE_CANDIDATES) {
+        const same = candidate.bits === BASELINE_SIDE.bits && candidate.clipQuantile === BASELINE_SIDE.clipQuantile;
+        const loss = same
+          ? baseline
+          : await probeLoss(gpu, c, weights, probe, layout(probePlan(c.layers, l, side, candidate)), options);
+        list.push(sideScore(candidate, loss, baseline));
+      }
+      layer[side] = list;
     }
+    scores.push(layer as LayerScores);
+    options.onLayer?.(l);
   }
   const share = { sink: policy.sink, window: policy.window, pageTokens: policy.pageTokens };
   return { ...choosePlan(scores, { groupSize, share, budget: options.budget ?? DEFAULT_PLAN_BUDGET }), scores };

@@ -10,7 +10,7 @@ function randomScores(random: () => number, layers: number): LayerScores[] {
       // Error falls with the bits (plus noise), as measured errors do; some sides barely care.
       const scale = random() < 0.3 ? 0.01 : 1;
       const error = (scale * (1 + random())) / candidate.bits ** 2;
-      return { candidate, plain: error / 3, copy: error / 3, lost: error / 3, error };
+      return { candidate, plain: error / 2, copy: error / 2, error };
     });
   return Array.from({ length: layers }, () => ({ key: side(), value: side() }));
 }
@@ -65,15 +65,21 @@ describe('retrievalProbe', () => {
     const text = Array.from({ length: 2000 }, (_, i) => i);
     const probe = retrievalProbe(text, DEFAULT_QUANT_POLICY);
     expect(probe.tokens.length).toBe(1024);
-    expect(probe.copyQueries.length).toBe(4 * 62);
-    for (const t of probe.copyQueries) {
-      // The token after the earlier occurrence of the query's token is what a copying head reads: quantized.
-      const source = probe.tokens[t];
+    expect(probe.copyRows.length).toBe(4 * 62);
+    for (const t of probe.copyRows) {
+      // The token a copy row predicts is the copy of one that is quantized when that row reads it.
+      const source = probe.tokens[t + 1];
       const { start, end } = quantizedRange(DEFAULT_QUANT_POLICY, t);
-      expect(source + 1).toBeGreaterThanOrEqual(start);
-      expect(source + 1).toBeLessThan(end);
+      expect(source).toBeGreaterThanOrEqual(start);
+      expect(source).toBeLessThan(end);
+      expect(probe.tokens[t]).toBe(source - 1);
     }
-    for (const t of probe.plainQueries) expect(quantizedRange(DEFAULT_QUANT_POLICY, t).end).toBeGreaterThan(64);
+    // Plain rows: ordinary text (the next token follows it) with quantized history.
+    expect(probe.plainRows.length).toBeGreaterThan(300);
+    for (const t of probe.plainRows) {
+      expect(quantizedRange(DEFAULT_QUANT_POLICY, t).end).toBeGreaterThan(64);
+      expect(probe.tokens[t + 1]).toBe(probe.tokens[t] + 1);
+    }
     expect(() => retrievalProbe(text.slice(0, 300), DEFAULT_QUANT_POLICY)).toThrow(/needs 768 tokens/);
   });
 });

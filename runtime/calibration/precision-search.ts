@@ -1,29 +1,21 @@
 /**
- * Chooses the 2-bit cache's precision plan (runtime/kv/precision-plan.ts) by measured attention fidelity, with no
- * user input. The calibration builds a retrieval probe from its own text: the text, then a few of its passages
- * repeated after the recent window, so that the repeats can only be predicted by reading far back into quantized
- * pages. The probe runs once through the f16 forward (captured q/k/v, runtime/eval/fidelity-capture.ts); for every
- * layer and every candidate format of its K rows (V kept exact) and of its V rows (K kept exact), the emulation of
- * runtime/eval/fidelity.ts measures, against the f16 cache:
- *   - plain: the attention output's relative error at ordinary positions (what perplexity feels);
- *   - copy: the same at the repeats' positions (what retrieval feels; far positions matter most there);
- *   - lost: the share of the f16 attention mass on each repeat query's heaviest quantized positions that the
- *     candidate loses (the far matches a copying head finds).
- * A side's error is plain + copy + lost. The plan is the choice of one candidate per side (the clip too, per layer
- * and side) with the least total error whose effective bits at the budget's context (sink, window and scales
- * counted) stay within the budget: an exact multiple-choice knapsack over the sides' code bits.
+ * Chooses the 2-bit cache's precision plan (runtime/kv/precision-plan.ts) by what each choice costs the model's own
+ * predictions, with no user input. The calibration builds a retrieval probe from its own text: the text, then a few
+ * of its passages repeated after the recent window, so that the repeats can only be predicted by reading far back
+ * into quantized pages. The probe runs teacher-forced through the real forward over a quant pool (calibrate.ts,
+ * `chooseKvPrecisionPlan`): once with every side (a layer's K or its V) at 4 bits, the baseline, then once for each
+ * side and each cheaper candidate with only that side changed. A candidate's cost is what it adds, against the
+ * baseline, to the mean negative log-likelihood of the next token at
+ *   - copy rows: inside the repeats, where the next token is the copy of one far back (what retrieval feels);
+ *   - plain rows: ordinary text whose history holds quantized pages (what perplexity feels);
+ * the two means summed. Measuring the end of the network, not one layer's attention, weighs each layer by how much
+ * the model's output depends on it: a layer that carries the copying shows it, whichever side it needs.
+ * The plan is the choice of one candidate per side with the least total cost whose effective bits at the budget's
+ * context (sink, window and scales counted) stay within the budget: an exact multiple-choice knapsack over the sides'
+ * code bits.
  */
 import { InvalidRequestError } from '../../core/errors.ts';
-import {
-  type AttentionShape,
-  accumulateLayerFidelity,
-  emptySums,
-  type FidelityFormats,
-  type FidelitySums,
-  type FidelityVariant,
-  type LayerActivations,
-  type QuantPolicy,
-} from '../eval/fidelity.ts';
+import type { QuantPolicy } from '../eval/fidelity.ts';
 import {
   f16Positions,
   type KvF16Share,
@@ -32,7 +24,7 @@ import {
   planEffectiveBits,
 } from '../kv/precision-plan.ts';
 
-/** The formats each side may take: 1 bit, 2 bits at a few clip quantiles, 4 bits unclipped. */
+/** The formats each side may take: 1 bit, 2 bits at a few clip quantiles, 4 bits unclipped (the baseline). */
 export const SIDE_CANDIDATES: readonly KvSidePrecision[] = [
   { bits: 1, clipQuantile: 1 },
   { bits: 2, clipQuantile: 1 },
@@ -41,15 +33,18 @@ export const SIDE_CANDIDATES: readonly KvSidePrecision[] = [
   { bits: 4, clipQuantile: 1 },
 ];
 
+/** The candidate every other side holds while one side is measured. */
+export const BASELINE_SIDE: KvSidePrecision = { bits: 4, clipQuantile: 1 };
+
 /** The default budget: effective bits per element of one sequence at this context (docs/kv-cache.md). */
 export const DEFAULT_PLAN_BUDGET = { bitsPerElement: 2.5, tokens: 32768 } as const;
 
 export interface RetrievalProbe {
   tokens: number[];
-  /** Positions inside the repeats (each repeat's first two left out: nothing tells a copy from text yet). */
-  copyQueries: number[];
-  /** Ordinary positions whose history holds quantized pages. */
-  plainQueries: number[];
+  /** Rows whose next token is inside a repeat, two or more tokens into it: the copy of a token far back. */
+  copyRows: number[];
+  /** Rows of ordinary text whose history holds quantized pages, each scored on the text's own next token. */
+  plainRows: number[];
 }
 
 export interface ProbeSettings {
@@ -58,11 +53,9 @@ export interface ProbeSettings {
   /** Repeated passages and their length (default 4 × 64). */
   repeats: number;
   span: number;
-  /** Ordinary query positions sampled (default 128). */
-  plainQueries: number;
 }
 
-export const DEFAULT_PROBE: ProbeSettings = { length: 1024, repeats: 4, span: 64, plainQueries: 128 };
+export const DEFAULT_PROBE: ProbeSettings = { length: 1024, repeats: 4, span: 64 };
 
 /**
  * The probe of `text` (at least `length − repeats·span` tokens): text[0, base) with base = length − repeats·span,
@@ -76,7 +69,7 @@ export function retrievalProbe(
   const { length, repeats, span } = settings;
   const base = length - repeats * span;
   const sink = Math.ceil(policy.sink / policy.pageTokens) * policy.pageTokens;
-  // A source ends before the window of the first repeat's first query: quantized for every query that reads it.
+  // A source ends before the window of the first repeat's first row: quantized for every row that reads it.
   const lastStart =
     Math.floor((base - policy.window - span) / policy.pageTokens) * policy.pageTokens - policy.pageTokens;
   if (text.length < base || lastStart < sink + policy.pageTokens) {
@@ -85,27 +78,28 @@ export function retrievalProbe(
     );
   }
   const tokens = text.slice(0, base);
-  const copyQueries: number[] = [];
+  const copyRows: number[] = [];
   for (let r = 0; r < repeats; r++) {
     const from =
       sink + policy.pageTokens + Math.round(((lastStart - sink - policy.pageTokens) * r) / Math.max(1, repeats - 1));
     const at = tokens.length;
     tokens.push(...text.slice(from, from + span));
-    for (let j = 2; j < span; j++) copyQueries.push(at + j);
+    // Row at + j has read j + 1 tokens of the repeat and predicts its token j + 1.
+    for (let j = 1; j + 1 < span; j++) copyRows.push(at + j);
   }
   const first = sink + policy.pageTokens + policy.window;
-  const plainQueries = Array.from({ length: settings.plainQueries }, (_, i) =>
-    Math.min(base - 1, first + Math.floor(((base - first) * i) / settings.plainQueries)),
-  );
-  return { tokens, copyQueries, plainQueries: [...new Set(plainQueries)] };
+  const plainRows = Array.from({ length: Math.max(0, base - 1 - first) }, (_, i) => first + i);
+  return { tokens, copyRows, plainRows };
 }
 
-/** Per layer, per side, per candidate (SIDE_CANDIDATES order): the three measures and their sum. */
+/** Per layer, per side, per candidate (SIDE_CANDIDATES order): what it adds to the baseline's two losses. */
 export interface SideScore {
   candidate: KvSidePrecision;
-  plain: number;
+  /** Added mean negative log-likelihood (nats) at the copy rows. */
   copy: number;
-  lost: number;
+  /** The same at the plain rows. */
+  plain: number;
+  /** copy + plain: what the plan search minimises. */
   error: number;
 }
 
@@ -114,62 +108,35 @@ export interface LayerScores {
   value: SideScore[];
 }
 
-function sideVariants(side: 'key' | 'value', groupSize: number, rotation: FidelityVariant['rotation']) {
-  return SIDE_CANDIDATES.map((c): FidelityVariant => {
-    const format = { bits: c.bits, groupSize, clipQuantile: c.clipQuantile };
-    const formats: FidelityFormats = side === 'key' ? { key: format, value: null } : { key: null, value: format };
-    return { name: `${side} ${c.bits}-bit clip ${c.clipQuantile}`, format: formats, rotation };
-  });
+/** The probe's mean negative log-likelihoods under one plan. */
+export interface ProbeLoss {
+  copy: number;
+  plain: number;
 }
 
-/** Every k-th of `list`, so that at most `count` remain (evenly spread, first kept). */
-function thinned(list: readonly number[], count: number): number[] {
-  if (list.length <= count) return [...list];
-  return Array.from({ length: count }, (_, i) => list[Math.floor((i * list.length) / count)]);
+/** A side's score for `candidate` whose probe loss is `loss`, against the baseline's. */
+export function sideScore(candidate: KvSidePrecision, loss: ProbeLoss, baseline: ProbeLoss): SideScore {
+  const copy = loss.copy - baseline.copy;
+  const plain = loss.plain - baseline.plain;
+  return { candidate, copy, plain, error: copy + plain };
 }
 
-/**
- * The probe's queries, at most `samples` (query, head) pairs each for the copy and the plain measure: a model with
- * many heads is measured on fewer positions, so the emulation's time per layer does not grow with the head count.
- */
-export function boundedProbe(
-  probe: RetrievalProbe,
-  heads: number,
-  samples = { copy: 2048, plain: 1024 },
-): RetrievalProbe {
-  return {
-    tokens: probe.tokens,
-    copyQueries: thinned(probe.copyQueries, Math.max(1, Math.floor(samples.copy / heads))),
-    plainQueries: thinned(probe.plainQueries, Math.max(1, Math.floor(samples.plain / heads))),
-  };
-}
-
-/** Scores every candidate of both sides of one layer on the probe's captured activations. */
-export function scoreLayer(
+/** The plan of `layers` layers with every side at the baseline but `side` of `layer` at `candidate`. */
+export function probePlan(
+  layers: number,
   layer: number,
-  acts: LayerActivations,
-  probe: RetrievalProbe,
-  shape: AttentionShape,
-  policy: QuantPolicy,
-  groupSize: number,
-  rotation: FidelityVariant['rotation'],
-): LayerScores {
-  const n = probe.tokens.length;
-  const result: Partial<LayerScores> = {};
-  for (const side of ['key', 'value'] as const) {
-    const variants = sideVariants(side, groupSize, rotation);
-    const plain: FidelitySums[] = variants.map(() => emptySums());
-    const copy: FidelitySums[] = variants.map(() => emptySums());
-    accumulateLayerFidelity(layer, acts, n, shape, policy, variants, plain, probe.plainQueries);
-    accumulateLayerFidelity(layer, acts, n, shape, policy, variants, copy, probe.copyQueries);
-    result[side] = SIDE_CANDIDATES.map((candidate, i) => {
-      const p = plain[i].relativeError / Math.max(1, plain[i].samples);
-      const c = copy[i].relativeError / Math.max(1, copy[i].samples);
-      const lost = copy[i].topMass > 0 ? copy[i].topMassLost / copy[i].topMass : 0;
-      return { candidate, plain: p, copy: c, lost, error: p + c + lost };
-    });
-  }
-  return result as LayerScores;
+  side: 'key' | 'value',
+  candidate: KvSidePrecision,
+): KvLayerPrecision[] {
+  return Array.from({ length: layers }, (_, l) => ({
+    key: { ...(l === layer && side === 'key' ? candidate : BASELINE_SIDE) },
+    value: { ...(l === layer && side === 'value' ? candidate : BASELINE_SIDE) },
+  }));
+}
+
+/** Whether `a` is less than `b` by more than rounding (the search's ties go to fewer bits, then earlier). */
+function below(a: number, b: number, tolerance: number): boolean {
+  return b === Number.POSITIVE_INFINITY ? a < b : a < b - tolerance * Math.abs(b);
 }
 
 export interface PlanChoice {
@@ -197,11 +164,11 @@ export function choosePlan(
     const byBits = new Map<number, SideScore>();
     for (const s of list) {
       const held = byBits.get(s.candidate.bits);
-      if (!held || s.error < held.error * (1 - 1e-9)) byBits.set(s.candidate.bits, s);
+      if (!held || below(s.error, held.error, 1e-9)) byBits.set(s.candidate.bits, s);
     }
     const kept: SideScore[] = [];
     for (const s of [...byBits.values()].sort((a, b) => a.candidate.bits - b.candidate.bits)) {
-      if (kept.length === 0 || s.error < kept[kept.length - 1].error * (1 - 1e-9)) kept.push(s);
+      if (kept.length === 0 || below(s.error, kept[kept.length - 1].error, 1e-9)) kept.push(s);
     }
     return kept;
   });
@@ -230,7 +197,7 @@ export function choosePlan(
         const nb = b + o.candidate.bits;
         if (nb > capacity) break;
         const e = best[i][b] + o.error;
-        if (e < next[nb] * (1 - 1e-12)) {
+        if (below(e, next[nb], 1e-12)) {
           next[nb] = e;
           pick[nb] = k;
         }
@@ -242,7 +209,7 @@ export function choosePlan(
   // The least error over all totals; ties: fewer bits.
   const last = best[sides.length];
   let total = 0;
-  for (let b = 1; b <= capacity; b++) if (last[b] < last[total] * (1 - 1e-12)) total = b;
+  for (let b = 1; b <= capacity; b++) if (below(last[b], last[total], 1e-12)) total = b;
   const picked: SideScore[] = new Array(sides.length);
   for (let i = sides.length - 1, b = total; i >= 0; i--) {
     const k = choice[i][b];
