@@ -450,7 +450,8 @@ async function probeLoss(
 /**
  * The precision plan of the 2-bit cache for rotations `rotation` (runtime/calibration/precision-search.ts): the
  * retrieval probe of `text` under the pool's default sink and window, run through the real forward with every side
- * at 4 bits, then with each side at each cheaper candidate; the least-cost plan within the default budget. Null when
+ * at the baseline (BASELINE_SIDE), then with each side at each other candidate; the least-cost plan within the
+ * default budget. Null when
  * `text` is too short for a probe.
  */
 export async function chooseKvPrecisionPlan(

@@ -3,8 +3,11 @@
  * predictions, with no user input. The calibration builds a retrieval probe from its own text: the text, then a few
  * of its passages repeated after the recent window, so that the repeats can only be predicted by reading far back
  * into quantized pages. The probe runs teacher-forced through the real forward over a quant pool (calibrate.ts,
- * `chooseKvPrecisionPlan`): once with every side (a layer's K or its V) at 4 bits, the baseline, then once for each
- * side and each cheaper candidate with only that side changed. A candidate's cost is what it adds, against the
+ * `chooseKvPrecisionPlan`): once with every side (a layer's K or its V) at 2 bits unclipped, the baseline, then once
+ * for each side and each other candidate with only that side changed: the costs are measured around the point most
+ * sides of a plan end at, so that the sum of the chosen sides' costs stays close to what the plan costs as a whole
+ * (measured around 4-bit sides, the costs of many 1-bit sides at once were underestimated:
+ * docs/results/2026-12-02-plan-by-model-loss-h200.md). A candidate's cost is what it adds, against the
  * baseline, to the mean negative log-likelihood of the next token at
  *   - copy rows: inside the repeats, where the next token is the copy of one far back (what retrieval feels);
  *   - plain rows: ordinary text whose history holds quantized pages (what perplexity feels);
@@ -24,7 +27,7 @@ import {
   planEffectiveBits,
 } from '../kv/precision-plan.ts';
 
-/** The formats each side may take: 1 bit, 2 bits at a few clip quantiles, 4 bits unclipped (the baseline). */
+/** The formats each side may take: 1 bit, 2 bits at a few clip quantiles, 4 bits unclipped. */
 export const SIDE_CANDIDATES: readonly KvSidePrecision[] = [
   { bits: 1, clipQuantile: 1 },
   { bits: 2, clipQuantile: 1 },
@@ -34,7 +37,7 @@ export const SIDE_CANDIDATES: readonly KvSidePrecision[] = [
 ];
 
 /** The candidate every other side holds while one side is measured. */
-export const BASELINE_SIDE: KvSidePrecision = { bits: 4, clipQuantile: 1 };
+export const BASELINE_SIDE: KvSidePrecision = { bits: 2, clipQuantile: 1 };
 
 /** The default budget: effective bits per element of one sequence at this context (docs/kv-cache.md). */
 export const DEFAULT_PLAN_BUDGET = { bitsPerElement: 2.5, tokens: 32768 } as const;
