@@ -7,14 +7,24 @@
 #   3. perplexity over 2,048-token windows of held-out Austen, the same modes, with top-1 agreement against f16.
 # MODELS="name=path ..." (GGUF files), EMBEDDED="name ..." (models that carry their calibration and plan in their
 # metadata, as the shipped demo model does: not recalibrated), TEXT (the filler and perplexity text), KIT (default
-# /tmp/kit), CLI (the bundled CLI, default .gpu/longtab.mjs). Writes $OUT/retrieval-table.tar.gz (every JSON and log).
+# /tmp/kit), CLI (the bundled CLI, default .gpu/longtab.mjs), STEPS (default "copy perplexity"; also "passkey" and
+# "recall" at length 2048, in RETRIEVAL_MODES (default MODES) with RETRIEVAL_TRIALS (default TRIALS) trials), WORK
+# (default /tmp/retrieval-table: two runs side by side need two). Writes $OUT/$(basename $WORK).tar.gz (every JSON and
+# log).
+# The default TEXT is held-out Austen, the validation split of each novel joined in file-name order; from the repo root:
+#   cd tools/train-demo-model && python3 -c "import sys, pathlib; from tokenizer import split_train_val; \
+#     sys.stdout.write(''.join(split_train_val(p.read_text(encoding='utf-8'))[1] for p in \
+#     sorted(pathlib.Path('../../../shared/corpora/austen').glob('*.txt'))))" > ../../.train/evaltext/austen-heldout.txt
 set -u
 KIT=${KIT:-/tmp/kit}
 CLI=${CLI:-.gpu/longtab.mjs}
 TEXT=${TEXT:-.train/evaltext/austen-heldout.txt}
 MODES=${MODES:-f16,int2,int2-hadamard,int2-none}
 TRIALS=${TRIALS:-200}
-work=/tmp/retrieval-table
+STEPS=${STEPS:-copy perplexity}
+RETRIEVAL_MODES=${RETRIEVAL_MODES:-$MODES}
+RETRIEVAL_TRIALS=${RETRIEVAL_TRIALS:-$TRIALS}
+work=${WORK:-/tmp/retrieval-table}
 rm -rf $work && mkdir -p $work
 # The kit unpacks its loader libraries on its first run: once here, not in four processes at once.
 $KIT/run.sh $CLI info --help > /dev/null 2>&1 || true
@@ -28,10 +38,17 @@ for entry in $MODELS; do
       *" $name "*) ;;
       *) $L calibrate --model "$path" > $work/$name-calibrate.json 2> $work/$name-calibrate.log ;;
     esac
-    $L eval --task copy --model "$path" --text "$TEXT" --lengths 2048 --distances 512,1024,1536 --trials $TRIALS \
-      --kv $MODES --chunk 128 --json > $work/$name-copy.json 2> $work/$name-copy.log
-    $L eval --model "$path" --text "$TEXT" --ctx 2048 --kv $MODES --compare --chunk 128 ${MAX_WINDOWS:+--max-windows $MAX_WINDOWS} --json \
-      > $work/$name-perplexity.json 2> $work/$name-perplexity.log
+    for step in $STEPS; do
+      case $step in
+        copy) $L eval --task copy --model "$path" --text "$TEXT" --lengths 2048 --distances 512,1024,1536 --trials $TRIALS \
+          --kv $MODES --chunk 128 --json > $work/$name-copy.json 2> $work/$name-copy.log ;;
+        perplexity) $L eval --model "$path" --text "$TEXT" --ctx 2048 --kv $MODES --compare --chunk 128 \
+          ${MAX_WINDOWS:+--max-windows $MAX_WINDOWS} --json > $work/$name-perplexity.json 2> $work/$name-perplexity.log ;;
+        passkey|recall) $L eval --task $step --model "$path" --text "$TEXT" --lengths 2048 --trials $RETRIEVAL_TRIALS \
+          --kv $RETRIEVAL_MODES --chunk 128 --json > $work/$name-$step.json 2> $work/$name-$step.log ;;
+        *) echo "unknown step $step" >&2; exit 2 ;;
+      esac
+    done
     echo "$name: $(( $(date +%s) - start )) s" >> $work/times.txt
   ) &
   pids="${pids:-} $!"
@@ -43,4 +60,4 @@ watchdog=$!
 wait $pids
 kill $watchdog 2>/dev/null
 cat $work/times.txt 2>/dev/null
-tar czf $OUT/retrieval-table.tar.gz -C $work --exclude='*-cache' .
+tar czf $OUT/$(basename $work).tar.gz -C $work --exclude='*-cache' .

@@ -1,8 +1,9 @@
 /**
  * A precision plan of the 2-bit cache: per layer, the code bits and clip quantile of its demoted K rows and of its V
- * rows (the group size is the pool's). Calibration chooses one by measured attention fidelity under a bit budget
- * (runtime/calibration/precision-search.ts); the pool lays its quant pages out by it (runtime/kv/quant-layout.ts);
- * it is stored with the rotations (runtime/kv/rotation-store.ts) and shown in `stats().kv.plan`.
+ * rows (the group size is the pool's). Calibration chooses one by what each choice costs the model's own loss, under
+ * a bit budget (runtime/calibration/precision-search.ts); the pool lays its quant pages out by it
+ * (runtime/kv/quant-layout.ts); it is stored with the rotations (runtime/kv/rotation-store.ts) and shown in
+ * `stats().kv.plan`.
  */
 import { InvalidRequestError } from '../../core/errors.ts';
 
