@@ -8,7 +8,7 @@
  * Screenshots of the main states are attached to each test (test-results/, and the HTML report).
  */
 import { createHash } from 'node:crypto';
-import { existsSync, readFileSync, statSync } from 'node:fs';
+import { existsSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { expect, type Page, type TestInfo, test } from '@playwright/test';
 import { type FaultLog, faultLog } from '../test/regressions/fault-log.ts';
@@ -481,6 +481,66 @@ test.describe('chat page', () => {
       }
     });
   }
+
+  test('a URL that answers with a web page is refused before it is stored or selected, and the model in use stays', async ({
+    page,
+  }, testInfo) => {
+    test.skip(!haveModel, 'stories260K is missing');
+    // What an SPA host answers for a missing file: its app page, with 200.
+    const html = testInfo.outputPath('app-shell.html');
+    writeFileSync(
+      html,
+      `<!doctype html><html><head><title>app</title></head><body>${'<div></div>'.repeat(400)}</body></html>`,
+    );
+    const hub = await startHubServer({
+      files: [
+        { repo: PRESET.repo, file: PRESET.file, path: html, contentType: 'text/html; charset=utf-8' },
+        // The same page as bytes with no type: only the file's own first bytes tell.
+        { repo: 'someone/missing', file: 'model.gguf', path: html },
+      ],
+    });
+    try {
+      await page.goto('/');
+      await pickStoriesFile(page);
+      await page.getByTestId('open-settings').click();
+      await page.getByTestId('setting-hub').fill(hub.hubBase);
+      await page.keyboard.press('Escape');
+      await openModels(page);
+      const message = page.getByTestId('models-error');
+      const outcomes: string[] = [];
+      for (const attempt of ['preset', 'url'] as const) {
+        if (attempt === 'preset') {
+          await page.getByTestId(`preset-${PRESET.id}`).getByRole('button', { name: 'Download' }).click();
+          await expect(message).toContainText('the server sent a web page (text/html');
+        } else {
+          await page.getByTestId('model-url').fill(`${hub.hubBase}/someone/missing/resolve/main/model.gguf`);
+          await page.getByRole('button', { name: 'Download URL' }).click();
+          await expect(message).toContainText('its first bytes are not a GGUF header');
+        }
+        await expect(message).toContainText('is not a GGUF model');
+        await expect(message).toContainText('Nothing was stored, and the model in use is unchanged.');
+        // No row for it (nothing to resume), no internal id in the message, the working model still selected.
+        await expect(presetRow(page)).toHaveCount(0);
+        await expect(page.locator('[data-testid="stored-model"][data-model-id^="url-"]')).toHaveCount(0);
+        await expect(message).not.toContainText('url-');
+        await expect(page.locator('[data-testid="stored-model"].selected')).toContainText('stories260K');
+        outcomes.push(`${attempt}: "${((await message.textContent()) ?? '').split(': ')[1]?.split('.')[0]}"`);
+      }
+      await shot(page, testInfo, '10d-web-page-refused');
+      await page.keyboard.press('Escape');
+      await expect(page.getByTestId('model-chip')).toContainText('stories260K');
+      await expect(page.getByTestId('model-chip')).toHaveAttribute('data-status', 'ready');
+      downloadFaults().record({
+        area: 'download',
+        fault: 'a model URL answered with an HTML page (200), as text/html and as untyped bytes',
+        expected: 'refused before it is stored or selected; no row left; the model in use stays loaded',
+        outcome: `${outcomes.join('; ')}; no row for either; stories260K still selected and ready`,
+        ok: true,
+      });
+    } finally {
+      await hub.close();
+    }
+  });
 
   test('after one online visit the app reloads and chats offline with a stored model', async ({ page }, testInfo) => {
     test.skip(!haveModel, 'stories260K is missing');

@@ -4,7 +4,7 @@
  *
  *   npx vitest run runtime/engine/{loader-fuzz,device-loss,long-session,security}.test.ts
  *   npx playwright test e2e/security.spec.ts e2e/device-loss.spec.ts
- *   npx playwright test e2e/chat.spec.ts -g 'download|full disk'
+ *   npx playwright test e2e/chat.spec.ts -g 'download|full disk|web page'
  *   npx tsx tools/fault-table.ts            # writes docs/faults.md
  */
 import { existsSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';

@@ -35,7 +35,7 @@ export interface DownloadProgress {
 
 /** A download that stopped with bytes still missing; `resumable` says whether trying again can help. */
 export class ModelDownloadError extends Error {
-  readonly code: 'storage-quota' | 'download-failed' | 'aborted' | 'size-mismatch' | 'not-found';
+  readonly code: 'storage-quota' | 'download-failed' | 'aborted' | 'size-mismatch' | 'not-found' | 'not-a-model';
   constructor(code: ModelDownloadError['code'], message: string) {
     super(message);
     this.name = 'ModelDownloadError';
@@ -311,9 +311,11 @@ async function downloadOnce(
     start = 0;
   } else {
     await response.body?.cancel();
+    // Nothing stored and nothing to resume: no row is left behind for it.
+    if (start === 0 && response.status >= 400 && response.status < 500) await deleteModel(model.id);
     throw new ModelDownloadError(
       response.status === 404 ? 'not-found' : 'download-failed',
-      `${model.url} answered ${response.status} ${response.statusText}.`,
+      `${model.url} answered ${response.status} ${response.statusText}.${start === 0 ? ' Nothing was stored.' : ''}`,
     );
   }
   if (!response.body) throw new ModelDownloadError('download-failed', 'The response has no body.');
@@ -324,6 +326,13 @@ async function downloadOnce(
     await writable.close();
     await putModel({ ...model, totalBytes: total, storedBytes: 0 });
     throw new ModelDownloadError('download-failed', 'The file on the server changed; starting over.');
+  }
+  // From byte 0, the body must be a GGUF file: a server that answers a missing file with its app page (200,
+  // text/html, as vite and any SPA host do) must not become a stored model, let alone the selected one.
+  const contentType = response.headers.get('Content-Type') ?? '';
+  if (start === 0 && /^text\/html\b/i.test(contentType)) {
+    await response.body.cancel();
+    return rejectNotAModel(model, `the server sent a web page (${contentType}), not a model file`);
   }
   model.totalBytes = total;
   model.error = undefined;
@@ -366,11 +375,29 @@ async function downloadOnce(
   /** Set when the body runs past the announced total: where it would have ended up. */
   let overrun: number | null = null;
   const reader = response.body.getReader();
+  /** From byte 0: the first bytes, held back until they show the GGUF magic (null once checked, or on a resume). */
+  let unchecked: Uint8Array<ArrayBuffer> | null = start === 0 ? new Uint8Array(0) : null;
+  let notAModel = false;
   report();
   try {
     for (;;) {
-      const { done, value } = await reader.read();
-      if (done) break;
+      const next = await reader.read();
+      let value = next.value;
+      if (unchecked !== null) {
+        if (value) unchecked = concatBytes(unchecked, value);
+        if (!next.done && unchecked.byteLength < GGUF_MAGIC.length) continue;
+        if (!startsWithGgufMagic(unchecked)) {
+          notAModel = true;
+          await reader.cancel();
+          break;
+        }
+        value = unchecked;
+        unchecked = null;
+      }
+      if (!value || value.byteLength === 0) {
+        if (next.done) break;
+        continue;
+      }
       if (total !== null && written + value.byteLength > total) {
         // Stop before writing past the announced size, so a server that never stops cannot fill the disk.
         overrun = written + value.byteLength;
@@ -386,6 +413,7 @@ async function downloadOnce(
         sinceCheckpoint = 0;
       }
       report();
+      if (next.done) break;
     }
     await writer.close();
   } catch (error) {
@@ -401,6 +429,7 @@ async function downloadOnce(
     if (signal?.aborted) throw new ModelDownloadError('aborted', 'Download paused.');
     throw new ModelDownloadError('download-failed', `The connection dropped at ${formatBytes(written)}: ${error}`);
   }
+  if (notAModel) return rejectNotAModel(model, 'its first bytes are not a GGUF header');
   if (overrun !== null) return rejectWrongSize(model, total!, overrun);
   // A compressed response (vite preview gzips the demo model) carries no length: ask for it with a one-byte range.
   const announced = total ?? (await probeTotal(model.url, signal));
@@ -435,6 +464,32 @@ async function finish(model: StoredModel, handle: FileSystemFileHandle, total: n
   const complete: StoredModel = { ...model, totalBytes: total, storedBytes: size, complete: true, error: undefined };
   await putModel(complete);
   return complete;
+}
+
+/** The first four bytes of every GGUF file. */
+const GGUF_MAGIC = new TextEncoder().encode('GGUF');
+
+function startsWithGgufMagic(bytes: Uint8Array): boolean {
+  return bytes.byteLength >= GGUF_MAGIC.length && GGUF_MAGIC.every((b, i) => bytes[i] === b);
+}
+
+function concatBytes(a: Uint8Array, b: Uint8Array): Uint8Array<ArrayBuffer> {
+  const out = new Uint8Array(a.byteLength + b.byteLength);
+  out.set(a);
+  out.set(b, a.byteLength);
+  return out;
+}
+
+/**
+ * What the URL serves is not a model: the record and any bytes are removed (there is nothing to resume), so the
+ * list shows no row for it and nothing can select it; the message says what came back.
+ */
+async function rejectNotAModel(model: StoredModel, what: string): Promise<never> {
+  await deleteModel(model.id);
+  throw new ModelDownloadError(
+    'not-a-model',
+    `${model.url} is not a GGUF model: ${what}. Nothing was stored, and the model in use is unchanged. Check the address (a missing file often comes back as a web page).`,
+  );
 }
 
 /** Copies a file opened from disk into storage so it also works offline. */
@@ -489,8 +544,7 @@ export async function ggufExistsAt(url: string): Promise<boolean> {
   try {
     const response = await fetch(url, { headers: { Range: 'bytes=0-3' }, cache: 'no-store' });
     if (!response.ok) return false;
-    const bytes = new Uint8Array(await response.arrayBuffer()).subarray(0, 4);
-    return new TextDecoder().decode(bytes) === 'GGUF';
+    return startsWithGgufMagic(new Uint8Array(await response.arrayBuffer()));
   } catch {
     return false;
   }
