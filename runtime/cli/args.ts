@@ -21,12 +21,16 @@ export interface CommandSpec {
  * `cmd a b --flag value --flag=value --switch`, strictly against the command's spec (node:util's parser): an unknown
  * flag, a flag without its value, a switch given one, or a stray positional argument is an InvalidRequestError that
  * lists what the command takes, so a typo such as `--max_tokens 3` never runs with the default instead. A command
- * without a spec (help, an unknown command) keeps its words as positional arguments.
+ * without a spec (help, an unknown command) keeps its words as positional arguments; `CMD --help` (or `-h`) is
+ * `help CMD`.
  */
 export function parseArgs(argv: string[], specs: Readonly<Record<string, CommandSpec>>): ParsedArgs {
   const [command = 'help', ...rest] = argv;
   const spec = Object.hasOwn(specs, command) ? specs[command] : undefined;
   if (!spec) return { command, positional: rest, flags: new Map() };
+  // `longtab eval --help`: the command's own usage, whatever else the line holds.
+  if (rest.includes('--help') || rest.includes('-h'))
+    return { command: 'help', positional: [command], flags: new Map() };
   const takes = [...spec.values.map((f) => `--${f} VALUE`), ...spec.switches.map((f) => `--${f}`)];
   const known = takes.length > 0 ? `'${command}' takes ${takes.join(', ')}.` : `'${command}' takes no flags.`;
   let parsed: ReturnType<typeof parseNodeArgs>;

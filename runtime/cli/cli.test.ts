@@ -9,7 +9,7 @@ import { STORIES260K, STORIES260K_GOLDEN, sharedPath } from '../../test/shared.t
 import { pairedPerplexityRatioInterval } from '../eval/perplexity.ts';
 import { parseArgs } from './args.ts';
 import { checkModesFitModel, evalLoadOptions, kvOptionsFor } from './eval.ts';
-import { COMMANDS, USAGE } from './main.ts';
+import { COMMANDS, USAGE, usageOf } from './main.ts';
 
 const run = promisify(execFile);
 const bin = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'bin', 'longtab.mjs');
@@ -121,6 +121,25 @@ describe('command line', () => {
     });
     expect(parse('eval', 'a.txt', 'b.txt', '--ctx=64').positional).toEqual(['a.txt', 'b.txt']);
     expect(parse('help', 'anything').command).toBe('help');
+  });
+
+  it("`CMD --help` (or -h, or `help CMD`) prints that command's usage, every form of it, and exits 0", async () => {
+    const parse = (...argv: string[]) => parseArgs(argv, COMMANDS);
+    expect(parse('eval', '--ctx', '64', '--help')).toEqual({ command: 'help', positional: ['eval'], flags: new Map() });
+    expect(parse('info', '-h').positional).toEqual(['info']);
+    for (const command of Object.keys(COMMANDS)) {
+      const own = usageOf(command);
+      expect(own, command).toContain(`longtab ${command} `);
+      for (const other of Object.keys(COMMANDS).filter((c) => c !== command)) {
+        expect(own, `${command} shows ${other}`).not.toContain(`longtab ${other} `);
+      }
+    }
+    expect(usageOf('eval').match(/ {2}longtab eval /g)).toHaveLength(2);
+    expect(usageOf('nonsense')).toBe(USAGE);
+    const { stdout } = await longtab('calibrate', '--help');
+    expect(stdout).toBe(usageOf('calibrate'));
+    expect(stdout).toContain('--plan-only');
+    expect((await longtab('help', 'calibrate')).stdout).toBe(stdout);
   });
 
   it('the CLI refuses an unknown flag before it loads anything', async () => {

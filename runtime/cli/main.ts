@@ -100,6 +100,14 @@ export const COMMANDS: Readonly<Record<string, CommandSpec>> = {
   },
 };
 
+/** USAGE's entries for `command` (a command may have several forms), or the whole text for none or an unknown one. */
+export function usageOf(command: string | undefined): string {
+  if (command === undefined || !Object.hasOwn(COMMANDS, command)) return USAGE;
+  const [title, ...entries] = USAGE.split(/\n(?= {2}longtab )/);
+  const own = entries.filter((e) => e.startsWith(`  longtab ${command} `) || e.startsWith(`  longtab ${command}\n`));
+  return `${title.trimEnd()}\n\n${own.map((e) => e.trimEnd()).join('\n')}\n`;
+}
+
 export async function runCli(argv: string[]): Promise<number> {
   try {
     const args = parseArgs(argv, COMMANDS);
@@ -119,7 +127,7 @@ export async function runCli(argv: string[]): Promise<number> {
       case 'help':
       case '--help':
       case '-h':
-        process.stdout.write(USAGE);
+        process.stdout.write(usageOf(args.positional[0]));
         return 0;
       default:
         process.stderr.write(`longtab: unknown command '${args.command}'\n\n${USAGE}`);
