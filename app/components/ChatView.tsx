@@ -2,6 +2,7 @@
 import { useEffect, useRef, useState } from 'react';
 import type { Conversation, StoredMessage } from '../storage/conversations.ts';
 import { Markdown } from './Markdown.tsx';
+import { copyableText } from './message-text.ts';
 
 async function copyText(text: string): Promise<void> {
   try {
@@ -71,7 +72,7 @@ function MessageView({
             className="ghost"
             data-testid="copy-message"
             onClick={async () => {
-              await copyText(message.content);
+              await copyText(copyableText(message.content));
               setCopied(true);
               setTimeout(() => setCopied(false), 1500);
             }}
