@@ -84,11 +84,9 @@ function ChatApp() {
     void (async () => {
       const [loadedSettings, loaded] = await Promise.all([loadSettings(), loadConversations()]);
       setSettings(loadedSettings);
-      if (loaded.length === 0) {
-        const first = newConversation(loadedSettings.defaultSystemPrompt);
-        await saveConversation(first);
-        loaded.push(first);
-      }
+      // A first visit's empty conversation is stored once it changes (its first message, a system prompt), not
+      // before: startup may run twice (React's strict mode in development), and each run would store its own.
+      if (loaded.length === 0) loaded.push(newConversation(loadedSettings.defaultSystemPrompt));
       setConversations(loaded);
       setActiveId(loaded[0]!.id);
     })();

@@ -256,6 +256,20 @@ test.describe('chat page', () => {
     expect(errors).toEqual([]);
   });
 
+  test('a first visit lists one empty "New chat" and stores nothing until it is used; a reload lists one again', async ({
+    page,
+  }) => {
+    await page.goto('/');
+    const items = page.getByTestId('conversation-item');
+    await expect(items).toHaveCount(1);
+    await expect(items).toContainText('New chat');
+    // Stored only once it changes: a startup that runs twice (strict mode in development) cannot store two.
+    expect(await storedTitles(page)).toEqual([]);
+    await page.reload();
+    await expect(items).toHaveCount(1);
+    expect(await storedTitles(page)).toEqual([]);
+  });
+
   test('HTML and script in a reply show as text and never run', async ({ page }, testInfo) => {
     const errors = collectPageErrors(page);
     await page.goto('/');
