@@ -466,6 +466,11 @@ function ChatApp() {
           busy={busy}
           canSend={Boolean(selectedModel) && status !== 'loading'}
           modelHint={selectedModel ? `Model: ${selectedModel.name}. Nothing leaves this tab.` : null}
+          waitingFor={
+            status === 'loading'
+              ? `${fetchingDefault ? 'The demo model' : 'The model'} is loading; you can type meanwhile`
+              : 'Choose a model first'
+          }
           onSend={(text) => void send(text)}
           onStop={stop}
           onRegenerate={() => void regenerate()}

@@ -162,6 +162,13 @@ test.describe('the default model', () => {
       const chip = page.getByTestId('model-chip');
       // No click: the page stores the demo model and loads it by itself.
       await expect(chip).toContainText(DEMO_NAME);
+      // While the demo loads, the composer says so (it never asks to choose the model that is loading). One read of
+      // both, in the page: a retried assertion would pass once the load is done, with or without the fix.
+      const [chipStatus, placeholder] = await page.evaluate(() => [
+        document.querySelector('[data-testid="model-chip"]')?.getAttribute('data-status'),
+        document.querySelector('[data-testid="composer-input"]')?.getAttribute('placeholder'),
+      ]);
+      expect(placeholder).toMatch(chipStatus === 'loading' ? /model is loading; you can type meanwhile$/ : /^Message/);
       await shot(page, testInfo, 'd1-getting-demo');
       await expect(chip).toHaveAttribute('data-status', 'ready', { timeout: 180_000 });
       // The page's default cache is the 2-bit one (the demo's rows of 2 heads × 64 form one group of 128).

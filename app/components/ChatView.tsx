@@ -95,6 +95,7 @@ export function ChatView({
   busy,
   canSend,
   modelHint,
+  waitingFor,
   onSend,
   onStop,
   onRegenerate,
@@ -104,6 +105,8 @@ export function ChatView({
   busy: boolean;
   canSend: boolean;
   modelHint: string | null;
+  /** What the composer waits for while it cannot send (a model to choose, or the chosen one loading). */
+  waitingFor: string;
   onSend: (text: string) => void;
   onStop: () => void;
   onRegenerate: () => void;
@@ -180,7 +183,7 @@ export function ChatView({
         <textarea
           value={draft}
           rows={2}
-          placeholder={canSend ? 'Message (Enter to send, Shift+Enter for a new line)' : 'Choose a model first'}
+          placeholder={canSend ? 'Message (Enter to send, Shift+Enter for a new line)' : waitingFor}
           aria-label="Message"
           data-testid="composer-input"
           onChange={(e) => setDraft(e.target.value)}
