@@ -383,13 +383,13 @@ function probeChunk(policy: QuantPolicy): number {
  * The probe's mean negative log-likelihoods at its copy and plain rows, teacher-forced through the forward over a
  * quant pool laid out by `plan` (sink, window and pages of `policy`), K and V stored rotated by `rotation`.
  */
-async function probeLoss(
+export async function measureProbeLoss(
   gpu: GpuContext,
   c: ModelConfig,
   weights: ModelWeights,
   probe: RetrievalProbe,
   layout: { plan: KvPrecisionPlan; groupSize: number; policy: QuantPolicy; rotation: KvRotation },
-  hooks: CalibrationHooks,
+  hooks: CalibrationHooks = {},
 ): Promise<ProbeLoss> {
   const { tokens } = probe;
   const { policy } = layout;
@@ -486,7 +486,7 @@ export async function chooseKvPrecisionPlan(
     policy,
     rotation: { kind: 'calibrated' as const, key: rotation.key, value: rotation.value },
   });
-  const baseline = await probeLoss(
+  const baseline = await measureProbeLoss(
     gpu,
     c,
     weights,
@@ -503,7 +503,7 @@ export async function chooseKvPrecisionPlan(
         const same = candidate.bits === BASELINE_SIDE.bits && candidate.clipQuantile === BASELINE_SIDE.clipQuantile;
         const loss = same
           ? baseline
-          : await probeLoss(gpu, c, weights, probe, layout(probePlan(c.layers, l, side, candidate)), options);
+          : await measureProbeLoss(gpu, c, weights, probe, layout(probePlan(c.layers, l, side, candidate)), options);
         list.push(sideScore(candidate, loss, baseline));
       }
       layer[side] = list;
