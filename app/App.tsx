@@ -57,7 +57,7 @@ export function App() {
     void checkWebGpu().then(setGpu);
   }, []);
   if (gpu.state === 'checking') return <div className="splash">Checking for WebGPU…</div>;
-  if (gpu.state === 'unavailable') return <NoWebGpu reason={gpu.reason} />;
+  if (gpu.state === 'unavailable') return <NoWebGpu unavailable={gpu} />;
   return <ChatApp />;
 }
 

@@ -597,7 +597,9 @@ test.describe('chat page', () => {
     await page.goto('/');
     const status = page.getByTestId('webgpu-status');
     await expect(status).toHaveAttribute('data-state', 'unavailable');
-    await expect(status).toContainText('WebGPU is not available');
+    await expect(status).toHaveAttribute('data-cause', 'no-webgpu');
+    await expect(status).toContainText('This browser does not offer WebGPU');
+    await expect(status).not.toContainText('adapter');
     await expect(status).toContainText('Chrome or Edge 113');
     await expect(status).toContainText('Safari 26');
     await expect(status).toContainText('Firefox 141');
@@ -605,14 +607,19 @@ test.describe('chat page', () => {
     expect(errors).toEqual([]);
   });
 
-  test('with WebGPU but no adapter the page says so', async ({ page }) => {
+  test('with WebGPU but no adapter the page says so, and only that (not that WebGPU is missing)', async ({ page }) => {
     await page.addInitScript(() => {
       if (navigator.gpu) Object.defineProperty(navigator.gpu, 'requestAdapter', { value: async () => null });
     });
     await page.goto('/');
     const status = page.getByTestId('webgpu-status');
     await expect(status).toHaveAttribute('data-state', 'unavailable');
-    await expect(status).toContainText('no GPU adapter');
-    await expect(status).toContainText('Chrome or Edge 113');
+    await expect(status).toHaveAttribute('data-cause', 'no-adapter');
+    await expect(status).toContainText('This browser has WebGPU, but it offered no GPU adapter');
+    await expect(status).toContainText('hardware acceleration');
+    // One cause: nothing claims WebGPU is missing or sends the user to another browser.
+    await expect(status).not.toContainText('not available');
+    await expect(status).not.toContainText('does not offer WebGPU');
+    await expect(status).not.toContainText('Open this page in one of');
   });
 });
