@@ -72,7 +72,7 @@ function ChatApp() {
   // On a phone the stats start folded away (the Stats button opens them below the chat).
   const [statsOpen, setStatsOpen] = useState(() => window.matchMedia('(min-width: 901px)').matches);
   const [chatError, setChatError] = useState<string | null>(null);
-  const { state: engineState, ensure, reportError, forget, destroyDevice } = useEngine();
+  const { state: engineState, ensure, reportError, forget, destroyDevice, lastLoadError } = useEngine();
   // After a lost device the page waits for the person (Reload model, or a new message) instead of reloading by itself.
   const deviceLost = engineState.error?.code === 'device-lost';
   const models = useModels(settings?.hubBaseUrl ?? DEFAULT_SETTINGS.hubBaseUrl);
@@ -151,6 +151,11 @@ function ChatApp() {
     };
   }, [destroyDevice]);
 
+  // A model that becomes ready ends the chat's error banner: it was about the request that could not run then.
+  useEffect(() => {
+    if (engineState.status === 'ready' && engineState.loadedKey !== null) setChatError(null);
+  }, [engineState.status, engineState.loadedKey]);
+
   /** The Reload model button after a lost device: a fresh engine (worker and device) loads the same model. */
   const reloadModel = useCallback(() => {
     setChatError(null);
@@ -190,7 +195,8 @@ function ChatApp() {
       setPerf((p) => ({ ...p, live: true, tokens: 0, series: [], ttftMs: null, tpotMs: null }));
       try {
         const engine = await ensure(loadRequest);
-        if (!engine) throw new Error('The model is not loaded (see the message above).');
+        // The note stays with the reply: it says what failed, not where to look (that message goes on recovery).
+        if (!engine) throw new Error(lastLoadError() ?? 'The model is not loaded.');
         const history: ChatMessageParam[] = [];
         if (conversation.systemPrompt.trim()) history.push({ role: 'system', content: conversation.systemPrompt });
         for (const m of conversation.messages) {
@@ -276,7 +282,7 @@ function ChatApp() {
         setBusy(false);
       }
     },
-    [settings, loadRequest, ensure, putConversation, reportError],
+    [settings, loadRequest, ensure, putConversation, reportError, lastLoadError],
   );
 
   const send = useCallback(

@@ -270,6 +270,38 @@ test.describe('chat page', () => {
     expect(await storedTitles(page)).toEqual([]);
   });
 
+  test('a reply that could not run because the model failed to load says why, and still does after recovery', async ({
+    page,
+  }, testInfo) => {
+    test.skip(!haveModel, 'stories260K is missing');
+    // stories260K with its architecture renamed: a GGUF that parses, and that the engine refuses to load.
+    const bytes = Buffer.from(readFileSync(modelFile));
+    const key = Buffer.from('general.architecture');
+    const at = bytes.indexOf(key) + key.length + 4 + 8; // the string value: after its type (u32) and length (u64)
+    expect(bytes.subarray(at, at + 5).toString()).toBe('llama');
+    bytes.write('llamb', at);
+    const broken = testInfo.outputPath('broken-arch.gguf');
+    writeFileSync(broken, bytes);
+
+    await page.goto('/');
+    await openModels(page);
+    await page.getByTestId('model-file-input').setInputFiles(broken);
+    await expect(page.getByTestId('model-chip')).toHaveAttribute('data-status', 'error', { timeout: 90_000 });
+    await page.getByTestId('composer-input').fill('Once upon a time');
+    await page.getByTestId('send').click();
+    const reply = page.getByTestId('message-assistant').first();
+    await expect(reply).toHaveAttribute('data-status', 'error', { timeout: 90_000 });
+    const note = reply.locator('.note');
+    await expect(note).toContainText(/Could not load broken-arch(\.gguf)?: Architecture 'llamb' is not supported/);
+
+    // Recovery: the working model loads; the failed reply's note still says what happened, and points nowhere.
+    await pickStoriesFile(page);
+    await expect(page.getByTestId('engine-error')).toHaveCount(0);
+    await expect(note).toContainText("Architecture 'llamb' is not supported");
+    await expect(note).not.toContainText('see the message above');
+    await shot(page, testInfo, '07b-failed-load-note-after-recovery');
+  });
+
   test('HTML and script in a reply show as text and never run', async ({ page }, testInfo) => {
     const errors = collectPageErrors(page);
     await page.goto('/');

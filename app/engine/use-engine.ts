@@ -39,6 +39,8 @@ export function useEngine() {
   const unsubscribeRef = useRef<(() => void) | null>(null);
   /** What the engine holds (also a superseded load's model, until the next load replaces it). */
   const loadedRef = useRef<{ key: string; label: string; model: ModelInfo } | null>(null);
+  /** What the last failed load said (null once a load succeeds): a reply that could not run names it. */
+  const loadErrorRef = useRef<string | null>(null);
   const loadingRef = useRef<{ key: string; done: Promise<ChatEngine | null> } | null>(null);
   /** Key of the latest request: only its load may change what the page shows. */
   const wantedRef = useRef<string | null>(null);
@@ -105,6 +107,7 @@ export function useEngine() {
           },
         });
         loadedRef.current = { key: request.key, label: request.label, model };
+        loadErrorRef.current = null;
         // Superseded meanwhile: the newer load, queued behind this one, replaces this model; never show it as ready.
         if (!wanted()) return null;
         setState((s) => ({
@@ -130,6 +133,7 @@ export function useEngine() {
             error: { code, message: `Could not load ${request.label}: ${errorMessage(error)}` },
           }));
         }
+        loadErrorRef.current = `Could not load ${request.label}: ${errorMessage(error)}`;
         if (code === 'device-lost') await discard();
         else if (wanted()) {
           // A failed load leaves no model behind: show the engine's numbers as they are now, not the old model's.
@@ -231,5 +235,6 @@ export function useEngine() {
     [],
   );
 
-  return { state, load, ensure, engine, reportError, discard, forget, destroyDevice };
+  const lastLoadError = useCallback(() => loadErrorRef.current, []);
+  return { state, load, ensure, engine, reportError, discard, forget, destroyDevice, lastLoadError };
 }
