@@ -69,6 +69,7 @@ function ChatApp() {
   const [perf, setPerf] = useState<Perf>(EMPTY_PERF);
   const [panel, setPanel] = useState<'models' | 'settings' | null>(null);
   const [sidebarOpen, setSidebarOpen] = useState(false);
+  const closeSidebar = useCallback(() => setSidebarOpen(false), []);
   // On a phone the stats start folded away (the Stats button opens them below the chat).
   const [statsOpen, setStatsOpen] = useState(() => window.matchMedia('(min-width: 901px)').matches);
   const [chatError, setChatError] = useState<string | null>(null);
@@ -370,6 +371,7 @@ function ChatApp() {
         conversations={conversations}
         activeId={activeId}
         open={sidebarOpen}
+        onClose={closeSidebar}
         onNew={() => void newChat()}
         onSelect={(id) => {
           setActiveId(id);

@@ -302,6 +302,24 @@ test.describe('chat page', () => {
     await shot(page, testInfo, '07b-failed-load-note-after-recovery');
   });
 
+  test('on a phone-sized window the conversations drawer closes by Escape, a tap outside it, or its ☰ button', async ({
+    page,
+  }) => {
+    await page.setViewportSize({ width: 390, height: 844 });
+    await page.goto('/');
+    const open = page.getByRole('button', { name: 'Conversations', exact: true });
+    const drawer = page.getByTestId('new-chat');
+    for (const how of ['Escape', 'tap outside', '☰'] as const) {
+      await open.click();
+      await expect(drawer).toBeInViewport();
+      if (how === 'Escape') await page.keyboard.press('Escape');
+      else if (how === 'tap outside') await page.getByTestId('drawer-backdrop').click({ position: { x: 370, y: 400 } });
+      else await page.getByTestId('close-drawer').click();
+      await expect(drawer, how).not.toBeInViewport();
+      await expect(page.getByTestId('drawer-backdrop')).toHaveCount(0);
+    }
+  });
+
   test('HTML and script in a reply show as text and never run', async ({ page }, testInfo) => {
     const errors = collectPageErrors(page);
     await page.goto('/');
@@ -352,10 +370,10 @@ test.describe('chat page', () => {
     // A phone-sized window: one column, the conversation list behind the menu button.
     await page.setViewportSize({ width: 390, height: 844 });
     await page.waitForTimeout(400); // the sidebar slides out
-    await expect(page.getByRole('button', { name: 'Conversations' })).toBeVisible();
+    await expect(page.getByRole('button', { name: 'Conversations', exact: true })).toBeVisible();
     await expect(page.getByTestId('composer-input')).toBeVisible();
     await shot(page, testInfo, '08b-narrow');
-    await page.getByRole('button', { name: 'Conversations' }).click();
+    await page.getByRole('button', { name: 'Conversations', exact: true }).click();
     await expect(page.getByTestId('new-chat')).toBeInViewport();
     await page.waitForTimeout(400); // the sidebar slides in
     await shot(page, testInfo, '08c-narrow-sidebar');
