@@ -1,6 +1,7 @@
 /** The conversation list: new, select, rename (inline), delete. */
-import { useEffect, useState } from 'react';
+import { useState } from 'react';
 import type { Conversation } from '../storage/conversations.ts';
+import { useCloseOnEscape } from './use-close-on-escape.ts';
 
 export function Sidebar({
   conversations,
@@ -24,14 +25,7 @@ export function Sidebar({
 }) {
   const [editing, setEditing] = useState<string | null>(null);
   const [draft, setDraft] = useState('');
-  useEffect(() => {
-    if (!open) return;
-    const onKey = (event: KeyboardEvent) => {
-      if (event.key === 'Escape') onClose();
-    };
-    window.addEventListener('keydown', onKey);
-    return () => window.removeEventListener('keydown', onKey);
-  }, [open, onClose]);
+  useCloseOnEscape(onClose, open);
   return (
     <>
       {open && <div className="drawer-backdrop" data-testid="drawer-backdrop" onClick={onClose} aria-hidden="true" />}

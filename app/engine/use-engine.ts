@@ -122,6 +122,8 @@ export function useEngine() {
         return engine;
       } catch (error) {
         const code = errorCode(error);
+        const message = `Could not load ${request.label}: ${errorMessage(error)}`;
+        loadErrorRef.current = message;
         if (wanted()) {
           setState((s) => ({
             ...s,
@@ -130,10 +132,9 @@ export function useEngine() {
             loadedKey: null,
             loadedLabel: null,
             loadingKey: null,
-            error: { code, message: `Could not load ${request.label}: ${errorMessage(error)}` },
+            error: { code, message },
           }));
         }
-        loadErrorRef.current = `Could not load ${request.label}: ${errorMessage(error)}`;
         if (code === 'device-lost') await discard();
         else if (wanted()) {
           // A failed load leaves no model behind: show the engine's numbers as they are now, not the old model's.

@@ -7,6 +7,7 @@
  * Model files are far too big for the service worker's precache, which holds only the app shell.
  */
 import { createStore, del, get, set, values } from 'idb-keyval';
+import { GGUF_MAGIC } from '../../runtime/gguf/format.ts';
 
 export interface StoredModel {
   id: string;
@@ -385,7 +386,7 @@ async function downloadOnce(
       let value = next.value;
       if (unchecked !== null) {
         if (value) unchecked = concatBytes(unchecked, value);
-        if (!next.done && unchecked.byteLength < GGUF_MAGIC.length) continue;
+        if (!next.done && unchecked.byteLength < GGUF_MAGIC_BYTES) continue;
         if (!startsWithGgufMagic(unchecked)) {
           notAModel = true;
           await reader.cancel();
@@ -466,11 +467,14 @@ async function finish(model: StoredModel, handle: FileSystemFileHandle, total: n
   return complete;
 }
 
-/** The first four bytes of every GGUF file. */
-const GGUF_MAGIC = new TextEncoder().encode('GGUF');
+/** Bytes of the magic number every GGUF file starts with. */
+const GGUF_MAGIC_BYTES = 4;
 
 function startsWithGgufMagic(bytes: Uint8Array): boolean {
-  return bytes.byteLength >= GGUF_MAGIC.length && GGUF_MAGIC.every((b, i) => bytes[i] === b);
+  return (
+    bytes.byteLength >= GGUF_MAGIC_BYTES &&
+    new DataView(bytes.buffer, bytes.byteOffset, GGUF_MAGIC_BYTES).getUint32(0, true) === GGUF_MAGIC
+  );
 }
 
 function concatBytes(a: Uint8Array, b: Uint8Array): Uint8Array<ArrayBuffer> {
