@@ -3,6 +3,9 @@
  * Shapes use GGUF order: shape[0] (ne0) is the innermost, contiguous dimension.
  */
 
+/** "GGUF" read as a little-endian u32: the first four bytes of every GGUF file. */
+export const GGUF_MAGIC = 0x46554747;
+
 export enum GgmlType {
   F32 = 0,
   F16 = 1,

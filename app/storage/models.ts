@@ -7,7 +7,7 @@
  * Model files are far too big for the service worker's precache, which holds only the app shell.
  */
 import { createStore, del, get, set, values } from 'idb-keyval';
-import { GGUF_MAGIC } from '../../runtime/gguf/format.ts';
+import { GGUF_MAGIC } from '../../core/gguf-types.ts';
 
 export interface StoredModel {
   id: string;

@@ -10,8 +10,6 @@ import {
   GgufValueType,
 } from '../../core/gguf-types.ts';
 
-/** "GGUF" read as a little-endian u32. */
-export const GGUF_MAGIC = 0x46554747;
 export const GGUF_WRITE_VERSION = 3;
 export const GGUF_DEFAULT_ALIGNMENT = 32;
 export const GGUF_ALIGNMENT_KEY = 'general.alignment';

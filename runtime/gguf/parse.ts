@@ -7,6 +7,7 @@ import { CorruptModelFileError, UnsupportedModelError } from '../../core/errors.
 import {
   type ByteSource,
   GGML_TYPE_INFO,
+  GGUF_MAGIC,
   type GgmlType,
   type GgufFile,
   type GgufMetadata,
@@ -21,7 +22,6 @@ import {
   GGML_MAX_DIMS,
   GGUF_ALIGNMENT_KEY,
   GGUF_DEFAULT_ALIGNMENT,
-  GGUF_MAGIC,
   isValidAlignment,
   SCALAR_BYTE_SIZES,
   SCALAR_TYPE_NAMES,

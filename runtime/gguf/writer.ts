@@ -6,6 +6,7 @@
 import { InvalidRequestError } from '../../core/errors.ts';
 import {
   GGML_TYPE_INFO,
+  GGUF_MAGIC,
   type GgmlType,
   type GgufFile,
   type GgufMetadataType,
@@ -20,7 +21,6 @@ import {
   GGML_MAX_TENSOR_NAME_BYTES,
   GGUF_ALIGNMENT_KEY,
   GGUF_DEFAULT_ALIGNMENT,
-  GGUF_MAGIC,
   GGUF_WRITE_VERSION,
   isValidAlignment,
   SCALAR_TYPE_IDS,
