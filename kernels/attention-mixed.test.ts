@@ -59,6 +59,18 @@ describe('attention over mixed f16 / quant pages', () => {
         chunks: [24, 1, 1, 9, 1],
       },
     ],
+    // SmolLM2-360M's rows: 5 KV heads of 64, 3:1, in the default group of the whole row (320 values).
+    [
+      'hd 64, 3:1, 5 KV heads: rows of 320 in one group',
+      {
+        layers: 1,
+        heads: 15,
+        kvHeads: 5,
+        headDim: 64,
+        pool: { pageTokens: 8, sink: 8, window: 8, keyFormat: { groupSize: 320 }, valueFormat: { groupSize: 320 } },
+        chunks: [24, 1, 1, 9, 1],
+      },
+    ],
     // Long enough for decode to use several splits of >= 64 keys, each over f16 and quant pages.
     [
       'hd 8, 2:1, stories260K-like, several decode splits',

@@ -11,6 +11,7 @@ import { LAYER_SHAPES } from '../bench/models.ts';
 import type { AttentionDevice, AttentionProducts } from '../kernels/attention.ts';
 import { keysInt8Bytes } from '../kernels/attention-prefill-int8.wgsl.ts';
 import { planGraphAttention } from '../runtime/kv/paged-attention.ts';
+import { defaultGroupSize } from '../runtime/kv/quant-format.ts';
 import { markdownTable } from './markdown-table.ts';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
@@ -93,7 +94,7 @@ export function renderAttentionPlans(): string {
     'rows, `attention-prefill.wgsl.ts`), `decode` (one query, the GQA group of a KV head, `attention-decode.wgsl.ts`),',
     '`split` (the general kernel for any shape, `attention.wgsl.ts`). Prefill products are the default (`auto`): int8',
     'where the adapter has i8 subgroup matrices, else f32; at load a compile probe keeps f32 where the int8 kernels do',
-    `not compile. int2 is the default 2-bit format (groups of 128). The converted int8 build assumes sequences of ${CONTEXT_TOKENS}`,
+    `not compile. int2 is the default 2-bit format (groups of defaultGroupSize: 128 values on these shapes). The converted int8 build assumes sequences of ${CONTEXT_TOKENS}`,
     "tokens. Splits: the most key splits of the graph's largest step (prefill graphs with `splitRows` take fewer for",
     'long steps). Un-rotation: where the output of the int2 cache, which stores rotated K/V (Hadamard by default), is',
     'rotated back: in the merge pass, or by a dispatch of its own; the f16 cache stores K/V unrotated.',
@@ -102,8 +103,7 @@ export function renderAttentionPlans(): string {
   for (const { name, device } of adapters) {
     const rows: string[][] = [];
     for (const shape of LAYER_SHAPES) {
-      const width = shape.kvHeads * shape.headDim;
-      const group = Math.min(128, width);
+      const group = defaultGroupSize(shape.kvHeads, shape.headDim);
       for (const kv of ['f16', 'int2'] as const) {
         const quant = kv === 'int2' ? ({ kBits: 2, kGroup: group, vBits: 2, vGroup: group } as const) : null;
         for (const maxTokens of GRAPHS) {

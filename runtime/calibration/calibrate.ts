@@ -249,7 +249,7 @@ export async function calibrateKvRotations(
   const width = c.kvHeads * d;
   const chunk = options.chunk ?? 128;
   const matrices = c.layers * c.kvHeads;
-  const clipFormat = options.clip === null ? null : resolveClipFormat(width, options.clip ?? {});
+  const clipFormat = options.clip === null ? null : resolveClipFormat(c, options.clip ?? {});
   const pool = f16Pool(gpu, c, tokens.length);
   const moments = {
     query: gpu.allocator.createStorage('calibration.S_Q', 'scratch', matrices * d * d * 4),

@@ -84,7 +84,7 @@ export async function calibrateModelFile(
           `${modelPath} has no calibrated KV rotations to fit a plan for: drop --plan-only.`,
         );
       }
-      const { groupSize } = resolveClipFormat(config.kvHeads * config.headDim, {});
+      const { groupSize } = resolveClipFormat(config, {});
       chosen = await chooseKvPrecisionPlan(gpu, config, weights, tokens, stored, groupSize, {
         onLayer: (l) => process.stderr.write(`\rfitting the precision plan: layer ${l + 1}/${config.layers}`),
       });

@@ -20,6 +20,7 @@ import {
 } from '../eval/fidelity.ts';
 import { captureAttentionInputs } from '../eval/fidelity-capture.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
+import { defaultGroupSize } from '../kv/quant-format.ts';
 import { nodeRotationCache } from '../kv/rotation-cache-node.ts';
 import { findStoredRotations } from '../kv/rotation-store.ts';
 import type { ModelConfig } from '../model/config.ts';
@@ -130,7 +131,7 @@ export async function runFidelity(args: ParsedArgs, gpu: GpuContext): Promise<nu
       adapter: gpu.adapter,
       cache: {
         ...policy,
-        groupSize: groupSize ?? Math.min(128, config.kvHeads * config.headDim),
+        groupSize: groupSize ?? defaultGroupSize(config.kvHeads, config.headDim),
         /** Of every quantized variant except int2-calibrated, which uses `calibration.clip` when it has one. */
         clipQuantile: 1,
         view: 'decode: the query at t reads the pages the pool has demoted when it runs as a one-token step',

@@ -224,10 +224,14 @@ describe('parseLoadOptions', () => {
   });
 });
 
-/** Shapes of real models: stories260K (rows of 32), SmolLM2-360M (rows of 320: no groups of 128), a head of 12. */
+/**
+ * Shapes of real models: stories260K (rows of 32), SmolLM2-360M (rows of 320: no groups of 128, one group of the
+ * row), a head of 12; and rows of 120 (3 heads of 40), too few for groups of 128 and no multiple of 2-bit words.
+ */
 const STORIES = { kvHeads: 4, headDim: 8 };
 const SMOLLM2 = { kvHeads: 5, headDim: 64 };
 const HEAD12 = { kvHeads: 4, headDim: 12 };
+const ROWS120 = { kvHeads: 3, headDim: 40 };
 
 describe('resolveKvMode: an omitted kv is int2 where the model allows it, else f16', () => {
   it('takes int2 where the rows cut into quant groups and the Hadamard rotation fits the heads', () => {
@@ -235,12 +239,17 @@ describe('resolveKvMode: an omitted kv is int2 where the model allows it, else f
     expect(resolveKvMode(parseLoadOptions({}), STORIES)).toBe('int2');
     expect(resolveKvMode(parseLoadOptions({}), { kvHeads: 8, headDim: 128 })).toBe('int2');
     expect(resolveKvMode(parseLoadOptions({}), { kvHeads: 2, headDim: 64 })).toBe('int2');
+    // Rows of 5 heads of 64 take one group of 320 (defaultGroupSize), not the f16 cache.
+    expect(int2Unfit({}, SMOLLM2)).toBeNull();
+    expect(resolveKvMode(parseLoadOptions({}), SMOLLM2)).toBe('int2');
   });
 
   it('falls back to f16 where they do not, and says why', () => {
-    expect(int2Unfit({}, SMOLLM2)).toMatch(/group size 128 must divide the row width 320/);
-    expect(resolveKvMode(parseLoadOptions({}), SMOLLM2)).toBe('f16');
-    // A group size that divides the row makes it fit.
+    expect(int2Unfit({}, ROWS120)).toMatch(/group size 120 must be a multiple of 16/);
+    expect(resolveKvMode(parseLoadOptions({}), ROWS120)).toBe('f16');
+    // A group size asked for that does not divide the row says so; one that does makes it fit.
+    expect(int2Unfit({ groupSize: 128 }, SMOLLM2)).toMatch(/group size 128 must divide the row width 320/);
+    expect(resolveKvMode(parseLoadOptions({ experimental: { groupSize: 128 } }), SMOLLM2)).toBe('f16');
     expect(resolveKvMode(parseLoadOptions({ experimental: { groupSize: 64 } }), SMOLLM2)).toBe('int2');
     // Rows of 48 form one group of 48, but Hadamard needs a power-of-two head; without a rotation int2 fits.
     expect(int2Unfit({}, HEAD12)).toMatch(/power-of-two head dimension, not 12/);
@@ -253,15 +262,15 @@ describe('resolveKvMode: an omitted kv is int2 where the model allows it, else f
 
   it('keeps an explicit kv either way (a model that cannot take int2 then fails in the pool, as before)', () => {
     expect(resolveKvMode(parseLoadOptions({ kv: 'f16' }), STORIES)).toBe('f16');
-    expect(resolveKvMode(parseLoadOptions({ kv: 'int2' }), SMOLLM2)).toBe('int2');
+    expect(resolveKvMode(parseLoadOptions({ kv: 'int2' }), ROWS120)).toBe('int2');
   });
 
   it('fails boosted layers with an omitted kv on a model that cannot take int2, naming why', () => {
     const options = parseLoadOptions({ experimental: { boostLayers: [1] } });
     expect(resolveKvMode(options, STORIES)).toBe('int2');
-    expect(() => resolveKvMode(options, SMOLLM2)).toThrow(InvalidRequestError);
-    expect(() => resolveKvMode(options, SMOLLM2)).toThrow(
-      /experimental\.boostLayers needs the 2-bit cache, and this model cannot take it \(.*row width 320/,
+    expect(() => resolveKvMode(options, ROWS120)).toThrow(InvalidRequestError);
+    expect(() => resolveKvMode(options, ROWS120)).toThrow(
+      /experimental\.boostLayers needs the 2-bit cache, and this model cannot take it \(.*group size 120/,
     );
   });
 });
@@ -295,8 +304,8 @@ describe('kvPoolOptions of parsed options', () => {
   it('builds from the defaults the int2 pool where the model allows it, else the f16 one', () => {
     expect(kvPoolOptions(config, parseLoadOptions({}))).toEqual(int2Pool);
     expect(kvPoolOptions(config, {})).toEqual(int2Pool);
-    const smollm2 = { ...config, ...SMOLLM2 } as ModelConfig;
-    expect(kvPoolOptions(smollm2, parseLoadOptions({}))).toEqual({ ...shape, ...SMOLLM2 });
+    const rows120 = { ...config, ...ROWS120 } as ModelConfig;
+    expect(kvPoolOptions(rows120, parseLoadOptions({}))).toEqual({ ...shape, ...ROWS120 });
   });
 
   it('maps the experimental knobs and the public sizes', () => {

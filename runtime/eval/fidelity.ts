@@ -19,7 +19,7 @@
  */
 import { InvalidRequestError } from '../../core/errors.ts';
 import type { KvPrecisionPlan } from '../kv/precision-plan.ts';
-import { dequantizeRow, type QuantRowFormat, quantizeRow, roundToF16 } from '../kv/quant-format.ts';
+import { defaultGroupSize, dequantizeRow, type QuantRowFormat, quantizeRow, roundToF16 } from '../kv/quant-format.ts';
 import { rotationSet } from '../kv/rotation.ts';
 
 export interface AttentionShape {
@@ -91,10 +91,9 @@ export function fidelityVariant(
   shape: AttentionShape & { layers: number },
   options: { groupSize?: number; calibrated?: CalibratedKv | null } = {},
 ): FidelityVariant {
-  const width = shape.kvHeads * shape.headDim;
-  // The pool's default group (runtime/kv/pool.ts resolveFormat) and clip quantile (1: min/max) unless fitted.
+  // The pool's default group (runtime/kv/quant-format.ts defaultGroupSize) and clip quantile (1: min/max) unless fitted.
   const format = (bits: 1 | 2, clip = { key: 1, value: 1 }) => {
-    const groupSize = options.groupSize ?? Math.min(128, width);
+    const groupSize = options.groupSize ?? defaultGroupSize(shape.kvHeads, shape.headDim);
     return {
       key: { bits, groupSize, clipQuantile: clip.key },
       value: { bits, groupSize, clipQuantile: clip.value },
@@ -114,7 +113,7 @@ export function fidelityVariant(
       const plan = options.calibrated?.plan;
       if (!options.calibrated || !plan)
         throw new InvalidRequestError("'int2' needs calibrated rotations with a precision plan (longtab calibrate).");
-      const groupSize = options.groupSize ?? Math.min(128, width);
+      const groupSize = options.groupSize ?? defaultGroupSize(shape.kvHeads, shape.headDim);
       return {
         name,
         format: format(2),

@@ -3,7 +3,7 @@
  * model's own rows with the least attention error, measured with the exact quantizer the cache uses. Pure CPU
  * arithmetic over rows the calibration captured (runtime/calibration/calibrate.ts).
  */
-import { dequantizeRow, type QuantRowFormat, quantizeRow, roundToF16 } from './quant-format.ts';
+import { defaultGroupSize, dequantizeRow, type QuantRowFormat, quantizeRow, roundToF16 } from './quant-format.ts';
 
 /**
  * Clip quantiles tried for K and for V (the `clipQuantile` of runtime/kv/quant-format.ts; 1 = plain min/max). OSCAR
@@ -27,8 +27,12 @@ export interface FittedClip {
   valueError: number[];
 }
 
-export function resolveClipFormat(width: number, f: ClipFitFormat): Omit<QuantRowFormat, 'clipQuantile'> {
-  return { width, bits: f.bits ?? 2, groupSize: f.groupSize ?? Math.min(128, width) };
+export function resolveClipFormat(
+  heads: { kvHeads: number; headDim: number },
+  f: ClipFitFormat,
+): Omit<QuantRowFormat, 'clipQuantile'> {
+  const width = heads.kvHeads * heads.headDim;
+  return { width, bits: f.bits ?? 2, groupSize: f.groupSize ?? defaultGroupSize(heads.kvHeads, heads.headDim) };
 }
 
 /**

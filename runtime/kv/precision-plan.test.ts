@@ -8,6 +8,8 @@ import {
   uniformPlan,
   validatePlan,
 } from './precision-plan.ts';
+import { defaultGroupSize } from './quant-format.ts';
+
 import { quantPageLayout } from './quant-layout.ts';
 
 const twoBit = { bits: 2, clipQuantile: 1 } as const;
@@ -33,7 +35,7 @@ describe('KV precision plans', () => {
     ];
     for (const { shape, plan } of plans) {
       const width = shape.kvHeads * shape.headDim;
-      const groupSize = Math.min(128, width);
+      const groupSize = defaultGroupSize(shape.kvHeads, shape.headDim);
       const layout = quantPageLayout({ ...shape, pageTokens: 16, keyFormat: { groupSize }, plan });
       const elements = 16 * shape.layers * 2 * width;
       expect((layout.pageWords * 32) / elements).toBeCloseTo(planQuantBits(plan, groupSize), 12);

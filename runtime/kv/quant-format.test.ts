@@ -2,6 +2,7 @@ import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { randomFloats, seededRandom } from '../../test/random.ts';
 import {
+  defaultGroupSize,
   dequantizeRow,
   effectiveBitsPerElement,
   f16Bits,
@@ -71,5 +72,28 @@ describe('quantized KV row format', () => {
     const f: QuantRowFormat = { width: 128, groupSize: 128, bits: 2, clipQuantile: 1 };
     expect(effectiveBitsPerElement(f, 1000, 0)).toBeCloseTo(2.25, 10);
     expect(effectiveBitsPerElement(f, 229376, 320)).toBeLessThan(2.3);
+  });
+
+  it('default groups: 128 values where they divide the row, else the fewest whole heads of at least 128 values', () => {
+    const cases: [string, number, number, number][] = [
+      ['Llama-3.2-1B: 8 heads of 64', 8, 64, 128],
+      ['Qwen2.5-0.5B: 2 heads of 64', 2, 64, 128],
+      ['Qwen3: 8 heads of 128', 8, 128, 128],
+      ['SmolLM2-360M: 5 heads of 64, one group of the row', 5, 64, 320],
+      ['SmolLM-135M: 3 heads of 64', 3, 64, 192],
+      ['6 heads of 64: 128 values, two heads', 6, 64, 128],
+      ['7 heads of 64: no whole heads but the row hold 128 and divide it', 7, 64, 448],
+      ['10 heads of 48: 5 heads, the fewest that hold 128 and divide 10', 10, 48, 240],
+      ['one head of 64: the row', 1, 64, 64],
+      ['stories260K: 4 heads of 8, the row of 32', 4, 8, 32],
+      ['heads of 160: one head a group', 4, 160, 160],
+    ];
+    for (const [name, kvHeads, headDim, group] of cases) {
+      expect(defaultGroupSize(kvHeads, headDim), name).toBe(group);
+      const width = kvHeads * headDim;
+      expect(width % group, name).toBe(0);
+      // A group lies inside one head or holds whole heads (the attention kernels' rule).
+      expect(headDim % group === 0 || group % headDim === 0, name).toBe(true);
+    }
   });
 });

@@ -19,6 +19,27 @@ export interface QuantRowFormat {
   clipQuantile: number;
 }
 
+/** Values per quant group where the row allows it: one (lo, scale) pair costs 32 / 128 = 0.25 bits an element. */
+export const PREFERRED_GROUP_VALUES = 128;
+
+/**
+ * The quant group of a row of `kvHeads` heads of `headDim` values when none is asked for: 128 values where they
+ * divide the row and lie inside one head or hold whole heads (the attention kernels' rule), a row of at most 128
+ * values as one group, else the fewest whole heads that hold at least 128 values and divide the row. Rows of 5 or 3 heads of 64 (SmolLM2-360M, SmolLM-135M) so take one group of 320 or
+ * 192 values, not groups of one head, whose pairs would cost 0.5 bits an element and leave no room in the plan's
+ * 2.5-bit budget for the 2-bit codes themselves.
+ */
+export function defaultGroupSize(kvHeads: number, headDim: number): number {
+  const width = kvHeads * headDim;
+  if (width <= PREFERRED_GROUP_VALUES) return width;
+  const fitsHeads = headDim % PREFERRED_GROUP_VALUES === 0 || PREFERRED_GROUP_VALUES % headDim === 0;
+  if (fitsHeads && width % PREFERRED_GROUP_VALUES === 0) return PREFERRED_GROUP_VALUES;
+  for (let heads = 1; heads < kvHeads; heads++) {
+    if (kvHeads % heads === 0 && heads * headDim >= PREFERRED_GROUP_VALUES) return heads * headDim;
+  }
+  return width;
+}
+
 export function codeWordsPerRow(f: QuantRowFormat): number {
   return (f.width * f.bits) / 32;
 }

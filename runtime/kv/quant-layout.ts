@@ -12,7 +12,13 @@
  */
 import { InvalidRequestError } from '../../core/errors.ts';
 import { assertPlan, type KvLayerPrecision, type KvPrecisionPlan } from './precision-plan.ts';
-import { codeWordsPerRow, type QuantRowFormat, rowWords, validateQuantRowFormat } from './quant-format.ts';
+import {
+  codeWordsPerRow,
+  defaultGroupSize,
+  type QuantRowFormat,
+  rowWords,
+  validateQuantRowFormat,
+} from './quant-format.ts';
 
 /** A quantized row format without its width (the pool knows it: kvHeads × headDim). */
 export type KvRowFormatOptions = Partial<Omit<QuantRowFormat, 'width'>>;
@@ -40,11 +46,15 @@ export interface KvQuantPageLayout {
   layerOffsetWords(layer: number, kv: 0 | 1): number;
 }
 
-function resolveFormat(width: number, o: KvRowFormatOptions | undefined, name: string): QuantRowFormat {
+function resolveFormat(
+  heads: { kvHeads: number; headDim: number },
+  o: KvRowFormatOptions | undefined,
+  name: string,
+): QuantRowFormat {
   const f: QuantRowFormat = {
-    width,
+    width: heads.kvHeads * heads.headDim,
     bits: o?.bits ?? 2,
-    groupSize: o?.groupSize ?? Math.min(128, width),
+    groupSize: o?.groupSize ?? defaultGroupSize(heads.kvHeads, heads.headDim),
     clipQuantile: o?.clipQuantile ?? 1,
   };
   const problem = validateQuantRowFormat(f);
@@ -52,7 +62,7 @@ function resolveFormat(width: number, o: KvRowFormatOptions | undefined, name: s
   return f;
 }
 
-/** The quant page layout of a pool's shape and formats (K and V default to 2 bits, groups of min(128, width)). */
+/** The quant page layout of a pool's shape and formats (K and V default to 2 bits in groups of defaultGroupSize). */
 export function quantPageLayout(shape: {
   layers: number;
   kvHeads: number;
@@ -65,9 +75,8 @@ export function quantPageLayout(shape: {
   plan?: KvPrecisionPlan;
 }): KvQuantPageLayout {
   const { layers, pageTokens } = shape;
-  const width = shape.kvHeads * shape.headDim;
-  const key = resolveFormat(width, shape.keyFormat, 'keyFormat');
-  const value = resolveFormat(width, shape.valueFormat, 'valueFormat');
+  const key = resolveFormat(shape, shape.keyFormat, 'keyFormat');
+  const value = resolveFormat(shape, shape.valueFormat, 'valueFormat');
   const requested = Array.from(shape.boostLayers ?? []); // holes of a sparse array become undefined
   for (const layer of requested) {
     if (typeof layer !== 'number' || !Number.isInteger(layer) || layer < 0 || layer >= layers) {
@@ -107,7 +116,7 @@ export function quantPageLayout(shape: {
     rowsOf(
       p.bits === base.bits && p.clipQuantile === base.clipQuantile
         ? base
-        : resolveFormat(width, { bits: p.bits, groupSize: key.groupSize, clipQuantile: p.clipQuantile }, name),
+        : resolveFormat(shape, { bits: p.bits, groupSize: key.groupSize, clipQuantile: p.clipQuantile }, name),
     );
   const layerRows = plan.map((p) => [sideRows(p.key, key, 'plan'), sideRows(p.value, value, 'plan')] as const);
   // Word offset of each layer's K rows in a page; V follows its layer's K.
