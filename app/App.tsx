@@ -356,9 +356,10 @@ function ChatApp() {
     : engineState.loadingKey === loadRequest?.key
       ? engineState.progress
       : null;
+  // While loading, the chip's name may shorten to an ellipsis on a narrow bar; its progress never does.
   const modelLabel =
     status === 'loading'
-      ? `${fetchingDefault ? `Getting ${DEMO_MODEL_NAME}` : `Loading ${selectedModel?.name ?? 'model'}`}: ${progressText(loadProgress)}`
+      ? `${fetchingDefault ? `Getting ${DEMO_MODEL_NAME}` : `Loading ${selectedModel?.name ?? 'model'}`}:`
       : status === 'ready' && engineState.model
         ? `${engineState.loadedLabel ?? engineState.model.name} · ${engineState.model.kv} KV`
         : selectedModel
@@ -404,7 +405,12 @@ function ChatApp() {
             data-status={status}
           >
             <span className="dot" />
-            {modelLabel}
+            <span className="chip-name">{modelLabel}</span>{' '}
+            {status === 'loading' && (
+              <span className="chip-progress" data-testid="chip-progress">
+                {progressText(loadProgress)}
+              </span>
+            )}
           </button>
           <button type="button" className="ghost" onClick={() => setPanel('settings')} data-testid="open-settings">
             Settings

@@ -320,6 +320,44 @@ test.describe('chat page', () => {
     }
   });
 
+  test('the Models and Settings dialogs take focus, keep Tab inside, and give focus back to their button', async ({
+    page,
+  }) => {
+    await page.goto('/');
+    await expect(page.getByTestId('composer-input')).toBeVisible();
+    const inside = (testId: string) =>
+      page.evaluate((id) => {
+        const dialog = document.querySelector(`[data-testid="${id}"]`);
+        return Boolean(dialog && document.activeElement && dialog.contains(document.activeElement));
+      }, testId);
+    for (const [opener, dialog] of [
+      ['model-chip', 'models-panel'],
+      ['open-settings', 'settings-panel'],
+    ] as const) {
+      for (const how of ['Escape', 'Close'] as const) {
+        await page.getByTestId(opener).focus();
+        await page.keyboard.press('Enter');
+        await expect(page.getByTestId(dialog)).toBeVisible();
+        expect(await inside(dialog), `${dialog} takes focus`).toBe(true);
+        // Forward past the last control and back past the first: focus stays in the dialog.
+        for (let i = 0; i < 40; i++) {
+          await page.keyboard.press('Tab');
+          expect(await inside(dialog), `${dialog}: Tab ${i + 1}`).toBe(true);
+        }
+        for (let i = 0; i < 5; i++) {
+          await page.keyboard.press('Shift+Tab');
+          expect(await inside(dialog), `${dialog}: Shift+Tab ${i + 1}`).toBe(true);
+        }
+        // A modal dialog (the page behind it inert: it takes no clicks or focus while the dialog is open).
+        expect(await page.getByTestId(dialog).evaluate((e) => e.matches(':modal'))).toBe(true);
+        if (how === 'Escape') await page.keyboard.press('Escape');
+        else await page.getByTestId(dialog).getByRole('button', { name: 'Close' }).first().click();
+        await expect(page.getByTestId(dialog)).toBeHidden();
+        await expect(page.getByTestId(opener), `${dialog} closed by ${how} gives focus back`).toBeFocused();
+      }
+    }
+  });
+
   test('HTML and script in a reply show as text and never run', async ({ page }, testInfo) => {
     const errors = collectPageErrors(page);
     await page.goto('/');

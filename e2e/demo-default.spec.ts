@@ -52,7 +52,10 @@ const TYPES: Record<string, string> = {
  * stop, taking the whole network away (Playwright's setOffline does not cover service-worker fetches). Like a static
  * host it sends Content-Length and answers Range requests.
  */
-async function startAppServer(): Promise<{ origin: string; close(): Promise<void> }> {
+/** `holdGgufAfterBytes`: of a longer answer for a model file, send that many bytes, then nothing until the server closes. */
+async function startAppServer(
+  options: { holdGgufAfterBytes?: number } = {},
+): Promise<{ origin: string; close(): Promise<void> }> {
   const sockets = new Set<Socket>();
   const server = createServer((req, res) => {
     const url = decodeURIComponent(new URL(req.url ?? '/', 'http://localhost').pathname);
@@ -80,6 +83,11 @@ async function startAppServer(): Promise<{ origin: string; close(): Promise<void
       res.writeHead(200, { ...headers, 'Content-Length': size, 'Accept-Ranges': 'bytes' });
     }
     if (req.method === 'HEAD') return void res.end();
+    const hold = url.endsWith('.gguf') ? options.holdGgufAfterBytes : undefined;
+    if (hold !== undefined && end - start + 1 > hold) {
+      createReadStream(file, { start, end: Math.min(end, start + hold - 1) }).pipe(res, { end: false });
+      return;
+    }
     createReadStream(file, { start, end }).pipe(res);
   });
   server.on('connection', (socket) => {
@@ -212,6 +220,39 @@ test.describe('the default model', () => {
       expect(errors).toEqual([]);
     } finally {
       if (!stopped) await server.close();
+    }
+  });
+
+  test('the top bar shows the load progress whole at 390 and 1280 px wide (the name may shorten, the percentage not)', async ({
+    page,
+  }, testInfo) => {
+    test.skip(!existsSync(join(appDir, 'models/longtab-demo.gguf')), 'this build has no demo model');
+    // The demo's download stops after 2 MiB and waits: the chip stays at its first percentage for the checks.
+    const server = await startAppServer({ holdGgufAfterBytes: 2 << 20 });
+    try {
+      const progress = page.getByTestId('chip-progress');
+      const whole = () =>
+        page.evaluate(() => {
+          const chip = document.querySelector('[data-testid="model-chip"]')!.getBoundingClientRect();
+          const element = document.querySelector<HTMLElement>('[data-testid="chip-progress"]')!;
+          const box = element.getBoundingClientRect();
+          return {
+            insideChip: box.left >= chip.left - 0.5 && box.right <= chip.right + 0.5,
+            notClipped: element.scrollWidth <= element.clientWidth,
+            onScreen: chip.right <= window.innerWidth + 0.5,
+          };
+        });
+      await page.setViewportSize({ width: 390, height: 844 });
+      await page.goto(`${server.origin}/`);
+      await expect(progress).toHaveText(/\d+%$/, { timeout: 60_000 });
+      expect(await whole(), '390 px').toEqual({ insideChip: true, notClipped: true, onScreen: true });
+      await shot(page, testInfo, 'd6-progress-390');
+      await page.setViewportSize({ width: 1280, height: 800 });
+      await page.getByRole('button', { name: 'Stats' }).click();
+      expect(await whole(), '1280 px, stats open').toEqual({ insideChip: true, notClipped: true, onScreen: true });
+      await shot(page, testInfo, 'd7-progress-1280-stats');
+    } finally {
+      await server.close();
     }
   });
 

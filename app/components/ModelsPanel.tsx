@@ -4,7 +4,7 @@ import { useState } from 'react';
 import { DEMO_MODEL_ID, DEMO_MODEL_NAME, MODEL_PRESETS } from '../models/presets.ts';
 import { formatBytes, formatDuration, type StoredModel } from '../storage/models.ts';
 import type { DownloadState, ModelsApi } from '../storage/use-models.ts';
-import { useCloseOnEscape } from './use-close-on-escape.ts';
+import { Modal } from './Modal.tsx';
 
 function ProgressBar({ state, total }: { state: DownloadState; total: number | null }) {
   const bytesTotal = state.bytesTotal ?? total;
@@ -90,138 +90,133 @@ export function ModelsPanel({
   onClose: () => void;
 }) {
   const [url, setUrl] = useState('');
-  useCloseOnEscape(onClose);
   const storedIds = new Set(api.models.map((m) => m.id));
   const completeIds = new Set(api.models.filter((m) => m.complete).map((m) => m.id));
   const select = (model: StoredModel | null) => {
     if (model?.complete) onSelect(model.id);
   };
   return (
-    <div className="modal-backdrop">
-      <div className="modal" role="dialog" aria-modal="true" aria-labelledby="models-title" data-testid="models-panel">
-        <header className="modal-header">
-          <h2 id="models-title">Models</h2>
-          <button type="button" className="icon" onClick={onClose} aria-label="Close">
-            ✕
-          </button>
-        </header>
-        {api.error && (
-          <div className="alert" role="alert" data-testid="models-error">
-            {api.error}
+    <Modal titleId="models-title" testId="models-panel" onClose={onClose}>
+      <header className="modal-header">
+        <h2 id="models-title">Models</h2>
+        <button type="button" className="icon" onClick={onClose} aria-label="Close">
+          ✕
+        </button>
+      </header>
+      {api.error && (
+        <div className="alert" role="alert" data-testid="models-error">
+          {api.error}
+        </div>
+      )}
+      <section>
+        <h3>Stored on this device</h3>
+        {api.quota && (
+          <div className="quota" data-testid="storage-quota">
+            <div className="bar">
+              <div
+                className="bar-fill bar-scratch"
+                style={{
+                  width: `${api.quota.quota ? Math.min(100, (api.quota.usage / api.quota.quota) * 100) : 0}%`,
+                }}
+              />
+            </div>
+            <span className="muted small">
+              {formatBytes(api.quota.usage)} used of {formatBytes(api.quota.quota)} available to this site
+            </span>
           </div>
         )}
-        <section>
-          <h3>Stored on this device</h3>
-          {api.quota && (
-            <div className="quota" data-testid="storage-quota">
-              <div className="bar">
-                <div
-                  className="bar-fill bar-scratch"
-                  style={{
-                    width: `${api.quota.quota ? Math.min(100, (api.quota.usage / api.quota.quota) * 100) : 0}%`,
-                  }}
-                />
-              </div>
-              <span className="muted small">
-                {formatBytes(api.quota.usage)} used of {formatBytes(api.quota.quota)} available to this site
-              </span>
-            </div>
-          )}
-          {api.models.length === 0 ? (
-            <p className="muted">No models stored yet. Download one below or open a .gguf file.</p>
-          ) : (
-            <ul className="stored-list">
-              {api.models.map((model) => (
-                <StoredRow
-                  key={model.id}
-                  model={model}
-                  api={api}
-                  selected={model.id === selectedId}
-                  onSelect={onSelect}
-                />
-              ))}
-            </ul>
-          )}
-        </section>
-        <section>
-          <h3>Open a file</h3>
-          <label className="file-button">
-            <input
-              type="file"
-              accept=".gguf"
-              data-testid="model-file-input"
-              onChange={async (event) => {
-                const file = event.target.files?.[0];
-                event.target.value = '';
-                if (file) select(await api.importFile(file));
-              }}
-            />
-            <span className="button-like">Choose a .gguf file…</span>
-          </label>
-          <span className="muted small"> A copy is stored so it also works offline.</span>
-        </section>
-        <section>
-          <h3>Download</h3>
-          <ul className="preset-list">
-            {api.demoAvailable && (
-              <li className="preset" data-testid="preset-demo">
-                <div>
-                  <div className="stored-name">{DEMO_MODEL_NAME}</div>
-                  <div className="muted small">
-                    Trained by the project, shipped with this app; the page starts on it
-                  </div>
-                </div>
-                <button
-                  type="button"
-                  disabled={storedIds.has(DEMO_MODEL_ID)}
-                  onClick={async () => select(await api.downloadDemo())}
-                >
-                  {storedIds.has(DEMO_MODEL_ID) ? (completeIds.has(DEMO_MODEL_ID) ? 'Stored' : 'In list') : 'Get'}
-                </button>
-              </li>
-            )}
-            {api.demoAvailable === false && (
-              <li className="preset muted small" data-testid="preset-demo-missing">
-                The demo model is not available here (not part of this build, or offline).
-              </li>
-            )}
-            {MODEL_PRESETS.map((preset) => (
-              <li className="preset" key={preset.id} data-testid={`preset-${preset.id}`}>
-                <div>
-                  <div className="stored-name">{preset.label}</div>
-                  <div className="muted small">
-                    {preset.repo} · {preset.file} · ≈{formatBytes(preset.approxBytes)} (approx.) · {preset.note}
-                  </div>
-                </div>
-                <button
-                  type="button"
-                  disabled={storedIds.has(preset.id)}
-                  onClick={async () => select(await api.downloadPreset(preset))}
-                >
-                  {storedIds.has(preset.id) ? (completeIds.has(preset.id) ? 'Stored' : 'In list') : 'Download'}
-                </button>
-              </li>
+        {api.models.length === 0 ? (
+          <p className="muted">No models stored yet. Download one below or open a .gguf file.</p>
+        ) : (
+          <ul className="stored-list">
+            {api.models.map((model) => (
+              <StoredRow
+                key={model.id}
+                model={model}
+                api={api}
+                selected={model.id === selectedId}
+                onSelect={onSelect}
+              />
             ))}
           </ul>
-          <form
-            className="url-form"
-            onSubmit={async (event) => {
-              event.preventDefault();
-              if (url.trim()) select(await api.downloadUrl(url.trim()));
+        )}
+      </section>
+      <section>
+        <h3>Open a file</h3>
+        <label className="file-button">
+          <input
+            type="file"
+            accept=".gguf"
+            data-testid="model-file-input"
+            onChange={async (event) => {
+              const file = event.target.files?.[0];
+              event.target.value = '';
+              if (file) select(await api.importFile(file));
             }}
-          >
-            <input
-              type="url"
-              placeholder="https://…/model.gguf"
-              value={url}
-              onChange={(e) => setUrl(e.target.value)}
-              aria-label="GGUF URL"
-              data-testid="model-url"
-            />
-            <button type="submit">Download URL</button>
-          </form>
-        </section>
-      </div>
-    </div>
+          />
+          <span className="button-like">Choose a .gguf file…</span>
+        </label>
+        <span className="muted small"> A copy is stored so it also works offline.</span>
+      </section>
+      <section>
+        <h3>Download</h3>
+        <ul className="preset-list">
+          {api.demoAvailable && (
+            <li className="preset" data-testid="preset-demo">
+              <div>
+                <div className="stored-name">{DEMO_MODEL_NAME}</div>
+                <div className="muted small">Trained by the project, shipped with this app; the page starts on it</div>
+              </div>
+              <button
+                type="button"
+                disabled={storedIds.has(DEMO_MODEL_ID)}
+                onClick={async () => select(await api.downloadDemo())}
+              >
+                {storedIds.has(DEMO_MODEL_ID) ? (completeIds.has(DEMO_MODEL_ID) ? 'Stored' : 'In list') : 'Get'}
+              </button>
+            </li>
+          )}
+          {api.demoAvailable === false && (
+            <li className="preset muted small" data-testid="preset-demo-missing">
+              The demo model is not available here (not part of this build, or offline).
+            </li>
+          )}
+          {MODEL_PRESETS.map((preset) => (
+            <li className="preset" key={preset.id} data-testid={`preset-${preset.id}`}>
+              <div>
+                <div className="stored-name">{preset.label}</div>
+                <div className="muted small">
+                  {preset.repo} · {preset.file} · ≈{formatBytes(preset.approxBytes)} (approx.) · {preset.note}
+                </div>
+              </div>
+              <button
+                type="button"
+                disabled={storedIds.has(preset.id)}
+                onClick={async () => select(await api.downloadPreset(preset))}
+              >
+                {storedIds.has(preset.id) ? (completeIds.has(preset.id) ? 'Stored' : 'In list') : 'Download'}
+              </button>
+            </li>
+          ))}
+        </ul>
+        <form
+          className="url-form"
+          onSubmit={async (event) => {
+            event.preventDefault();
+            if (url.trim()) select(await api.downloadUrl(url.trim()));
+          }}
+        >
+          <input
+            type="url"
+            placeholder="https://…/model.gguf"
+            value={url}
+            onChange={(e) => setUrl(e.target.value)}
+            aria-label="GGUF URL"
+            data-testid="model-url"
+          />
+          <button type="submit">Download URL</button>
+        </form>
+      </section>
+    </Modal>
   );
 }

@@ -1,7 +1,7 @@
 /** Generation and engine settings. KV mode and budget take effect when the model (re)loads. */
 import type { StoredModel } from '../storage/models.ts';
 import type { Settings } from '../storage/settings.ts';
-import { useCloseOnEscape } from './use-close-on-escape.ts';
+import { Modal } from './Modal.tsx';
 
 export function SettingsPanel({
   settings,
@@ -14,7 +14,6 @@ export function SettingsPanel({
   onChange: (patch: Partial<Settings>) => void;
   onClose: () => void;
 }) {
-  useCloseOnEscape(onClose);
   const numberField = (
     key: 'temperature' | 'topP' | 'maxTokens' | 'kvBudgetMiB',
     label: string,
@@ -39,94 +38,86 @@ export function SettingsPanel({
     </label>
   );
   return (
-    <div className="modal-backdrop">
-      <div
-        className="modal narrow"
-        role="dialog"
-        aria-modal="true"
-        aria-labelledby="settings-title"
-        data-testid="settings-panel"
-      >
-        <header className="modal-header">
-          <h2 id="settings-title">Settings</h2>
-          <button type="button" className="icon" onClick={onClose} aria-label="Close">
-            ✕
-          </button>
-        </header>
-        <section>
-          <h3>Model</h3>
-          <label className="field">
-            <span>Stored model (manage them from the model button)</span>
-            <select
-              value={settings.modelId ?? ''}
-              data-testid="setting-model"
-              onChange={(e) => onChange({ modelId: e.target.value || null })}
-            >
-              <option value="">None</option>
-              {models
-                .filter((m) => m.complete)
-                .map((m) => (
-                  <option key={m.id} value={m.id}>
-                    {m.name}
-                  </option>
-                ))}
-            </select>
-          </label>
-        </section>
-        <section>
-          <h3>KV cache</h3>
-          <div className="segmented" role="radiogroup" aria-label="KV mode">
-            {(['int2', 'f16'] as const).map((mode) => (
-              <label key={mode} className={settings.kv === mode ? 'on' : ''}>
-                <input
-                  type="radio"
-                  name="kv"
-                  value={mode}
-                  checked={settings.kv === mode}
-                  data-testid={`kv-${mode}`}
-                  onChange={() => onChange({ kv: mode })}
-                />
-                {mode === 'int2' ? 'int2 (~2-bit, ~7× more context)' : 'f16 (exact)'}
-              </label>
-            ))}
-          </div>
-          {numberField('kvBudgetMiB', 'KV budget (MiB of GPU memory)', 1, 8192, 1)}
-          <p className="hint">
-            int2 is the default; a model whose K/V rows do not split into 2-bit groups loads f16 instead (the model chip
-            and the stats show the mode in use). Changing these reloads the model before the next message.
-          </p>
-        </section>
-        <section>
-          <h3>Sampling</h3>
-          {numberField('temperature', 'Temperature (0 = greedy)', 0, 2, 0.05)}
-          {numberField('topP', 'Top-p', 0.01, 1, 0.01)}
-          {numberField('maxTokens', 'Max new tokens', 1, 8192, 1)}
-        </section>
-        <section>
-          <h3>New chats</h3>
-          <label className="field">
-            <span>Default system prompt</span>
-            <textarea
-              rows={3}
-              value={settings.defaultSystemPrompt}
-              onChange={(e) => onChange({ defaultSystemPrompt: e.target.value })}
-            />
-          </label>
-        </section>
-        <section>
-          <h3>Downloads</h3>
-          <label className="field">
-            <span>Model hub base URL</span>
-            <input
-              type="url"
-              value={settings.hubBaseUrl}
-              data-testid="setting-hub"
-              onChange={(e) => onChange({ hubBaseUrl: e.target.value })}
-            />
-          </label>
-          <p className="hint">Presets download from &lt;base&gt;/&lt;repo&gt;/resolve/main/&lt;file&gt;.</p>
-        </section>
-      </div>
-    </div>
+    <Modal titleId="settings-title" testId="settings-panel" narrow onClose={onClose}>
+      <header className="modal-header">
+        <h2 id="settings-title">Settings</h2>
+        <button type="button" className="icon" onClick={onClose} aria-label="Close">
+          ✕
+        </button>
+      </header>
+      <section>
+        <h3>Model</h3>
+        <label className="field">
+          <span>Stored model (manage them from the model button)</span>
+          <select
+            value={settings.modelId ?? ''}
+            data-testid="setting-model"
+            onChange={(e) => onChange({ modelId: e.target.value || null })}
+          >
+            <option value="">None</option>
+            {models
+              .filter((m) => m.complete)
+              .map((m) => (
+                <option key={m.id} value={m.id}>
+                  {m.name}
+                </option>
+              ))}
+          </select>
+        </label>
+      </section>
+      <section>
+        <h3>KV cache</h3>
+        <div className="segmented" role="radiogroup" aria-label="KV mode">
+          {(['int2', 'f16'] as const).map((mode) => (
+            <label key={mode} className={settings.kv === mode ? 'on' : ''}>
+              <input
+                type="radio"
+                name="kv"
+                value={mode}
+                checked={settings.kv === mode}
+                data-testid={`kv-${mode}`}
+                onChange={() => onChange({ kv: mode })}
+              />
+              {mode === 'int2' ? 'int2 (~2-bit, ~7× more context)' : 'f16 (exact)'}
+            </label>
+          ))}
+        </div>
+        {numberField('kvBudgetMiB', 'KV budget (MiB of GPU memory)', 1, 8192, 1)}
+        <p className="hint">
+          int2 is the default; a model whose K/V rows do not split into 2-bit groups loads f16 instead (the model chip
+          and the stats show the mode in use). Changing these reloads the model before the next message.
+        </p>
+      </section>
+      <section>
+        <h3>Sampling</h3>
+        {numberField('temperature', 'Temperature (0 = greedy)', 0, 2, 0.05)}
+        {numberField('topP', 'Top-p', 0.01, 1, 0.01)}
+        {numberField('maxTokens', 'Max new tokens', 1, 8192, 1)}
+      </section>
+      <section>
+        <h3>New chats</h3>
+        <label className="field">
+          <span>Default system prompt</span>
+          <textarea
+            rows={3}
+            value={settings.defaultSystemPrompt}
+            onChange={(e) => onChange({ defaultSystemPrompt: e.target.value })}
+          />
+        </label>
+      </section>
+      <section>
+        <h3>Downloads</h3>
+        <label className="field">
+          <span>Model hub base URL</span>
+          <input
+            type="url"
+            value={settings.hubBaseUrl}
+            data-testid="setting-hub"
+            onChange={(e) => onChange({ hubBaseUrl: e.target.value })}
+          />
+        </label>
+        <p className="hint">Presets download from &lt;base&gt;/&lt;repo&gt;/resolve/main/&lt;file&gt;.</p>
+      </section>
+    </Modal>
   );
 }
