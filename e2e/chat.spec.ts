@@ -404,6 +404,13 @@ test.describe('chat page', () => {
     await page.waitForTimeout(300);
     expect(await page.evaluate(() => (window as { __pwned?: number }).__pwned)).toBeUndefined();
     await shot(page, testInfo, '08-hostile-markdown-as-text');
+    // The code block's copy button copies its code as text, the markup in it included.
+    await page.context().grantPermissions(['clipboard-read', 'clipboard-write']);
+    await bubble.getByTestId('copy-code').click();
+    await expect(bubble.getByTestId('copy-code')).toHaveText('Copied');
+    expect(await page.evaluate(() => navigator.clipboard.readText())).toBe(
+      '<iframe src="javascript:alert(1)"></iframe>',
+    );
 
     // A phone-sized window: one column, the conversation list behind the menu button.
     await page.setViewportSize({ width: 390, height: 844 });
