@@ -484,17 +484,17 @@ describe.skipIf(!modelPath || !goldenPath)('LongtabEngine API on stories260K', (
   });
 });
 
-describe('kv omitted on a model whose K/V rows form no 2-bit groups', () => {
-  it('loads f16, and ModelInfo and the stats say f16 (rows of 5 heads × 64: 320 values, no groups of 128)', async () => {
-    // SmolLM2-360M's KV shape, with random weights: one layer, small vocabulary.
-    const bytes = modelFixtureGguf({
+describe('kv omitted: the 2-bit cache where the K/V rows form 2-bit groups, else f16', () => {
+  const fixture = (heads: number, headDim: number) =>
+    modelFixtureGguf({
       architecture: 'llama',
       weightType: GgmlType.F32,
-      dim: 320,
+      dim: heads * headDim,
       layers: 1,
-      heads: 5,
-      kvHeads: 5,
-      headDim: 64,
+      heads,
+      kvHeads: heads,
+      // The fixture's type lists the common head sizes; it writes any even one.
+      headDim: headDim as 64,
       ffnDim: 64,
       vocab: 300,
       tiedOutput: true,
@@ -503,6 +503,22 @@ describe('kv omitted on a model whose K/V rows form no 2-bit groups', () => {
       seed: 7,
       contextLength: 256,
     });
+
+  it("takes int2 on SmolLM2-360M's rows (5 heads × 64: one group of 320); an asked-for group of 128 fails", async () => {
+    const bytes = fixture(5, 64);
+    const engine = createNodeEngine({ gpu: ctx.gpu });
+    const info = await engine.load(new Blob([bytes]), { kvBudgetBytes: 1 << 20, calibrate: 'off' });
+    expect(info.kv).toBe('int2');
+    const reply = await engine.completions.create({ prompt: 'ab', max_tokens: 4, temperature: 0 });
+    expect(reply.choices[0].finish_reason).toMatch(/^(length|stop)$/);
+    await expect(
+      engine.load(new Blob([bytes]), { kv: 'int2', kvBudgetBytes: 1 << 20, experimental: { groupSize: 128 } }),
+    ).rejects.toThrow(/group size 128 must divide the row width 320/);
+    engine.destroy();
+  });
+
+  it('loads f16 on rows of 3 heads × 40 (120 values, no whole 2-bit words), and ModelInfo and the stats say f16', async () => {
+    const bytes = fixture(3, 40);
     const engine = createNodeEngine({ gpu: ctx.gpu });
     const info = await engine.load(new Blob([bytes]), { kvBudgetBytes: 1 << 20 });
     expect(info.kv).toBe('f16');
@@ -515,7 +531,7 @@ describe('kv omitted on a model whose K/V rows form no 2-bit groups', () => {
     expect(stats.kv.holds.tokens).toBe(stats.kv.holds.f16Tokens);
     // An explicit int2 still asks for the 2-bit cache, and fails where the model cannot take it.
     await expect(engine.load(new Blob([bytes]), { kv: 'int2', kvBudgetBytes: 1 << 20 })).rejects.toThrow(
-      /group size 128 must divide the row width 320/,
+      /group size 120 must be a multiple of 16/,
     );
     engine.destroy();
   });
