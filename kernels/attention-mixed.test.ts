@@ -11,6 +11,18 @@ import {
 
 const ctx = withTestGpu();
 
+/** One layer of head size 64 with wide rows (kvHeads × 64 values) in groups of `group`, pages of 8. */
+function wideRows(heads: number, kvHeads: number, group: number): MixedCase {
+  return {
+    layers: 1,
+    heads,
+    kvHeads,
+    headDim: 64,
+    pool: { pageTokens: 8, sink: 8, window: 8, keyFormat: { groupSize: group }, valueFormat: { groupSize: group } },
+    chunks: [24, 1, 1, 9, 1],
+  };
+}
+
 /**
  * Two layers of hd 8, 1:1, pages of 4; -14: a rollback into a quant page, which the next write promotes (and a later
  * step demotes again).
@@ -48,29 +60,9 @@ describe('attention over mixed f16 / quant pages', () => {
     ],
     ['hd 64, 2:1, a prefill chunk over 320 keys (2 splits)', MIXED_TWO_SPLIT_PREFILL],
     // Rows wider than the demotion's 256 invocations, which rank up to 4 values each in one pass: 832 values.
-    [
-      'hd 64, 1:1, 13 KV heads: rows of 832, groups of 64',
-      {
-        layers: 1,
-        heads: 13,
-        kvHeads: 13,
-        headDim: 64,
-        pool: { pageTokens: 8, sink: 8, window: 8, keyFormat: { groupSize: 64 }, valueFormat: { groupSize: 64 } },
-        chunks: [24, 1, 1, 9, 1],
-      },
-    ],
+    ['hd 64, 1:1, 13 KV heads: rows of 832, groups of 64', wideRows(13, 13, 64)],
     // SmolLM2-360M's rows: 5 KV heads of 64, 3:1, in the default group of the whole row (320 values).
-    [
-      'hd 64, 3:1, 5 KV heads: rows of 320 in one group',
-      {
-        layers: 1,
-        heads: 15,
-        kvHeads: 5,
-        headDim: 64,
-        pool: { pageTokens: 8, sink: 8, window: 8, keyFormat: { groupSize: 320 }, valueFormat: { groupSize: 320 } },
-        chunks: [24, 1, 1, 9, 1],
-      },
-    ],
+    ['hd 64, 3:1, 5 KV heads: rows of 320 in one group', wideRows(15, 5, 320)],
     // Long enough for decode to use several splits of >= 64 keys, each over f16 and quant pages.
     [
       'hd 8, 2:1, stories260K-like, several decode splits',

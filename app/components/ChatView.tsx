@@ -1,22 +1,9 @@
 /** The chat column: messages (markdown for replies, plain text for the user's), and the composer. */
 import { useEffect, useRef, useState } from 'react';
 import type { Conversation, StoredMessage } from '../storage/conversations.ts';
+import { CopyButton } from './CopyButton.tsx';
 import { Markdown } from './Markdown.tsx';
 import { copyableText } from './message-text.ts';
-
-async function copyText(text: string): Promise<void> {
-  try {
-    await navigator.clipboard.writeText(text);
-  } catch {
-    // Clipboard permission denied (or an insecure context): fall back to a hidden textarea.
-    const area = document.createElement('textarea');
-    area.value = text;
-    document.body.append(area);
-    area.select();
-    document.execCommand('copy');
-    area.remove();
-  }
-}
 
 function MessageView({
   message,
@@ -29,7 +16,6 @@ function MessageView({
   busy: boolean;
   onRegenerate: () => void;
 }) {
-  const [copied, setCopied] = useState(false);
   return (
     <article
       className={`message ${message.role}`}
@@ -67,18 +53,7 @@ function MessageView({
               {message.stats.completionTokens} tokens · {message.stats.decodeTokensPerSecond.toFixed(1)} tok/s
             </span>
           )}
-          <button
-            type="button"
-            className="ghost"
-            data-testid="copy-message"
-            onClick={async () => {
-              await copyText(copyableText(message.content));
-              setCopied(true);
-              setTimeout(() => setCopied(false), 1500);
-            }}
-          >
-            {copied ? 'Copied' : 'Copy'}
-          </button>
+          <CopyButton className="ghost" testId="copy-message" text={() => copyableText(message.content)} />
           {isLast && (
             <button type="button" className="ghost" data-testid="regenerate" disabled={busy} onClick={onRegenerate}>
               Regenerate

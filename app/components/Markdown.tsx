@@ -4,18 +4,19 @@
  * the text it is, never parsed (rawHtmlAsText), there is no dangerouslySetInnerHTML, and links are kept only for
  * http(s). Code blocks get a copy button.
  */
-import { type ComponentProps, type ReactNode, useRef, useState } from 'react';
+import { type ComponentProps, type ReactNode, useRef } from 'react';
 import ReactMarkdown, { type Components } from 'react-markdown';
 import rehypeHighlight from 'rehype-highlight';
 import remarkGfm from 'remark-gfm';
+import { CopyButton } from './CopyButton.tsx';
 
-/** Raw HTML nodes (block or inline) become text nodes with the same characters, which React escapes. */
 interface MarkdownNode {
   type: string;
   value?: string;
   children?: MarkdownNode[];
 }
 
+/** Raw HTML nodes (block or inline) become text nodes with the same characters, which React escapes. */
 function rawHtmlAsText() {
   const visit = (node: MarkdownNode) => {
     node.children = node.children?.map((child) => {
@@ -36,29 +37,16 @@ function safeUrl(url: string): string {
 
 function CodeBlock({ children }: { children?: ReactNode }) {
   const ref = useRef<HTMLPreElement>(null);
-  const [copied, setCopied] = useState(false);
   const language = /language-([\w+-]+)/.exec(codeClassName(children) ?? '')?.[1] ?? '';
   return (
     <div className="code-block">
       <div className="code-head">
         <span className="code-lang">{language}</span>
-        <button
-          type="button"
+        <CopyButton
           className="code-copy"
-          data-testid="copy-code"
-          onClick={() => {
-            const text = (ref.current?.querySelector('code')?.textContent ?? '').replace(/\n$/, '');
-            void navigator.clipboard?.writeText(text).then(
-              () => {
-                setCopied(true);
-                setTimeout(() => setCopied(false), 1500);
-              },
-              () => {},
-            );
-          }}
-        >
-          {copied ? 'Copied' : 'Copy'}
-        </button>
+          testId="copy-code"
+          text={() => (ref.current?.querySelector('code')?.textContent ?? '').replace(/\n$/, '')}
+        />
       </div>
       <pre ref={ref} data-lang={language || undefined}>
         {children}

@@ -92,13 +92,11 @@ export function fidelityVariant(
   options: { groupSize?: number; calibrated?: CalibratedKv | null } = {},
 ): FidelityVariant {
   // The pool's default group (runtime/kv/quant-format.ts defaultGroupSize) and clip quantile (1: min/max) unless fitted.
-  const format = (bits: 1 | 2, clip = { key: 1, value: 1 }) => {
-    const groupSize = options.groupSize ?? defaultGroupSize(shape.kvHeads, shape.headDim);
-    return {
-      key: { bits, groupSize, clipQuantile: clip.key },
-      value: { bits, groupSize, clipQuantile: clip.value },
-    };
-  };
+  const groupSize = options.groupSize ?? defaultGroupSize(shape.kvHeads, shape.headDim);
+  const format = (bits: 1 | 2, clip = { key: 1, value: 1 }) => ({
+    key: { bits, groupSize, clipQuantile: clip.key },
+    value: { bits, groupSize, clipQuantile: clip.value },
+  });
   switch (name) {
     case 'f32':
       return { name, format: null, rotation: null, storage: 'f32' };
@@ -113,7 +111,6 @@ export function fidelityVariant(
       const plan = options.calibrated?.plan;
       if (!options.calibrated || !plan)
         throw new InvalidRequestError("'int2' needs calibrated rotations with a precision plan (longtab calibrate).");
-      const groupSize = options.groupSize ?? defaultGroupSize(shape.kvHeads, shape.headDim);
       return {
         name,
         format: format(2),
