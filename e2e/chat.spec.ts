@@ -195,7 +195,7 @@ test.describe('chat page', () => {
     expect(statNumber(await page.getByTestId('stat-ttft').textContent())).toBeGreaterThan(0);
     expect(statNumber(await page.getByTestId('stat-context').textContent())).toBeGreaterThan(0);
     await expect(page.getByTestId('mem-weights')).not.toContainText(/^weights0 B$/);
-    // A new user's page runs the 2-bit cache (stories260K's rows of 4 × 8 form one group of 32).
+    // A new user's page runs the 2-bit cache (stories260K's rows of 4 × 8, in groups of 128 over four positions).
     await expect(page.getByTestId('model-chip')).toContainText('int2 KV');
     await expect(page.getByTestId('stat-kv-mode')).toHaveText('int2');
     // Its 64 MiB hold the model's whole context (2048) in either mode; the plan is one format for every layer.

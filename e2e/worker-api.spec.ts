@@ -101,7 +101,7 @@ test.describe('engine worker API (Chromium, real worker)', () => {
       };
     }, modelUrl);
 
-    // kv omitted: the 2-bit cache, which stories260K allows (rows of 4 × 8 form one group of 32).
+    // kv omitted: the 2-bit cache, which stories260K allows (rows of 4 × 8, in groups of 128 over four positions).
     expect(result.info).toMatchObject({ architecture: 'llama', layers: 5, vocab: 512, kv: 'int2' });
     // Progress: phases in order, bytes never going back within a phase, upload complete.
     const phases = result.progress.map((p) => p.phase).filter((p, i, all) => all[i - 1] !== p);

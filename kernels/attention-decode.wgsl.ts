@@ -12,6 +12,8 @@ export interface DecodeQuantShape {
   kGroup: number;
   vBits: 1 | 2 | 4;
   vGroup: number;
+  /** Consecutive positions per stored row (quant-format's positionsPerRow; 1 unless a group is wider than a row). */
+  rowTokens: number;
 }
 
 /** What a decode-attention build is specialized for: one query token, the GQA group's rows of one KV head. */
@@ -128,9 +130,9 @@ export function attentionDecodeSource(shape: AttentionDecodeShape): string {
           ${addDims('8u * c', 's')}
         }`;
   // A code word holds K_PER codes; 8 at a time become k0, k1 (dims d..d+7 of the head).
-  const quantScore = `let row = (entry & 0xffffffu) * params.quantPageWords + params.quantKOffset + inPage * params.kRowWords;
+  const quantScore = `let row = (entry & 0xffffffu) * params.quantPageWords + params.quantKOffset + (inPage / ROW_TOKENS) * params.kRowWords;
         for (var g = 0u; g < (HD / K_GE) * one; g++) {
-          let e0 = kvh * HD + g * K_GE;
+          let e0 = (inPage % ROW_TOKENS) * params.kvHeads * HD + kvh * HD + g * K_GE;
           let lohi = unpack2x16float(slabWord(slot, row + params.kCodeWords + e0 / K_GROUP));
 ${groups((g) => `          var d${g} = vec4<f32>(0.0);`)}
           ${
@@ -177,8 +179,8 @@ ${groups((g) => `          s${g} += lohi.x * qsum[g * RG + ${g}u] + lohi.y * d${
         }`;
   // The invocation's 2·WPT values lie in one code word and one group (a group is a multiple of a word's codes, >= 8).
   const quantValue = `{
-          let row = (entry & 0xffffffu) * params.quantPageWords + params.quantVOffset + inPage * params.vRowWords;
-          let e0 = kvh * HD + part * DIMS;
+          let row = (entry & 0xffffffu) * params.quantPageWords + params.quantVOffset + (inPage / ROW_TOKENS) * params.vRowWords;
+          let e0 = (inPage % ROW_TOKENS) * params.kvHeads * HD + kvh * HD + part * DIMS;
           let codes = slabWord(slot, row + e0 / V_PER) >> ((e0 % V_PER) * V_BITS);
           let lohi = unpack2x16float(slabWord(slot, row + params.vCodeWords + e0 / V_GROUP));
           for (var i = 0u; i < DIMS / 4u; i++) {
@@ -222,6 +224,7 @@ const V_BITS: u32 = ${quant.vBits}u;
 const V_MASK: u32 = ${(1 << quant.vBits) - 1}u;
 const V_PER: u32 = ${32 / quant.vBits}u;
 const V_GROUP: u32 = ${quant.vGroup}u;
+const ROW_TOKENS: u32 = ${quant.rowTokens}u; // positions per stored row
 var<workgroup> qsum: array<vec4<f32>, ${RG * (HD / kGE)}>; // [group of the head][row group]: Σ of scaled q`
     : ''
 }

@@ -63,6 +63,25 @@ describe('attention over mixed f16 / quant pages', () => {
     ['hd 64, 1:1, 13 KV heads: rows of 832, groups of 64', wideRows(13, 13, 64)],
     // SmolLM2-360M's rows: 5 KV heads of 64, 3:1, in the default group of the whole row (320 values).
     ['hd 64, 3:1, 5 KV heads: rows of 320 in one group', wideRows(15, 5, 320)],
+    // 4:1 GQA on one KV head of 64: the default groups of 128 span two positions (a stored row holds both).
+    ['hd 64, 4:1, one KV head: groups of 128 over two positions', wideRows(4, 1, 128)],
+    [
+      'hd 8, 2:1, 4 KV heads (rows of 32): groups of 128 over four positions, 1-bit values, a rollback',
+      {
+        layers: 2,
+        heads: 8,
+        kvHeads: 4,
+        headDim: 8,
+        pool: {
+          pageTokens: 8,
+          sink: 8,
+          window: 8,
+          keyFormat: { groupSize: 128 },
+          valueFormat: { groupSize: 128, bits: 1 },
+        },
+        chunks: [20, 1, 1, 1, 9, 1, -13, 1, 1, 8, 1, 9, 1],
+      },
+    ],
     // Long enough for decode to use several splits of >= 64 keys, each over f16 and quant pages.
     [
       'hd 8, 2:1, stories260K-like, several decode splits',

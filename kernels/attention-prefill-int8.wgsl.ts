@@ -275,10 +275,10 @@ export function int8AttentionStagingWgsl(HD: number, quant: DecodeQuantShape | n
   const quantFetch = (p: 'k' | 'v', per: number) => `
       {
         let row = (entry & 0xffffffu) * params.quantPageWords + params.quant${p.toUpperCase()}Offset +
-          (key % params.pageTokens) * params.${p}RowWords;
+          quantRow(key % params.pageTokens) * params.${p}RowWords;
         for (var wi = 0u; wi < ${HALF / per}u; wi++) {
           // A code word never straddles groups (groupSize is a multiple of 32 / bits).
-          let e0 = kvh * HD + half * ${HALF}u + wi * ${per}u;
+          let e0 = quantRowStart(key % params.pageTokens) + kvh * HD + half * ${HALF}u + wi * ${per}u;
           f.${p}Codes[wi] = slabWord(slot, row + e0 / ${per}u);
           f.${p}LoHi[wi] = slabWord(slot, row + params.${p}CodeWords + e0 / params.${p}Group);
         }

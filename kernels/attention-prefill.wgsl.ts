@@ -104,9 +104,9 @@ export function attentionPrefillSource(shape: AttentionPrefillShape): string {
       if ((entry >> 28u) == 1u) {
         let slot = (entry >> 24u) & 0xfu;
         let row = (entry & 0xffffffu) * params.quantPageWords + params.quant${p.toUpperCase()}Offset +
-          (key % params.pageTokens) * params.${p}RowWords;
+          quantRow(key % params.pageTokens) * params.${p}RowWords;
         // A code word never straddles groups (groupSize is a multiple of 32 / bits).
-        let e0 = kvh * HD + w * ${per}u;
+        let e0 = quantRowStart(key % params.pageTokens) + kvh * HD + w * ${per}u;
         f.${p}Codes = slabWord(slot, row + e0 / ${per}u);
         f.${p}LoHi = slabWord(slot, row + params.${p}CodeWords + e0 / params.${p}Group);
         f.kind |= ${flag}u;

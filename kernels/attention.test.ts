@@ -403,7 +403,7 @@ describe('prefill kernel', () => {
     expect(shape(128, 32768)).toEqual({ rows: 16, blockKeys: 16, bytes: 27264 });
     expect(shape(128, 16384)).toBeNull();
     expect(shape(96, 49152)).toBeNull();
-    expect(shape(64, 49152, { kBits: 2, kGroup: 48, vBits: 2, vGroup: 64 })).toBeNull();
+    expect(shape(64, 49152, { kBits: 2, kGroup: 48, vBits: 2, vGroup: 64, rowTokens: 1 })).toBeNull();
   });
 
   it.each([1, 4])(

@@ -166,7 +166,15 @@ function layerQuantShape(b: Pick<AttentionBinding, 'pool' | 'layer'>): DecodeQua
   const quant = b.pool.quant ?? null;
   const key = quant?.rows(b.layer, 0).format;
   const value = quant?.rows(b.layer, 1).format;
-  return key && value ? { kBits: key.bits, kGroup: key.groupSize, vBits: value.bits, vGroup: value.groupSize } : null;
+  return quant && key && value
+    ? {
+        kBits: key.bits,
+        kGroup: key.groupSize,
+        vBits: value.bits,
+        vGroup: value.groupSize,
+        rowTokens: quant.positionsPerRow,
+      }
+    : null;
 }
 
 /** What of a device the choice of an attention kernel reads (a GpuContext, or an adapter profile in docs tables). */
@@ -392,7 +400,7 @@ export async function int8PrefillAttentionCompiles(
   products: 'int8' | 'int8-dot',
 ): Promise<boolean> {
   const limit = gpu.limits.maxComputeWorkgroupStorageSize;
-  const int2 = { kBits: 2, kGroup: headDim, vBits: 2, vGroup: headDim } as const;
+  const int2 = { kBits: 2, kGroup: headDim, vBits: 2, vGroup: headDim, rowTokens: 1 } as const;
   for (const quant of [null, int2]) {
     let sources: (string | null)[] = [null];
     if (products === 'int8' && gpu.features.subgroupMatrixI8) {
@@ -564,7 +572,7 @@ export function prepareAttention(gpu: GpuContext, label: string, b: AttentionBin
 
 /** A pipeline label's part for a pool's quant formats ('' for an f16-only pool). */
 function formatsLabel(quant: DecodeQuantShape | null): string {
-  return quant ? `-k${quant.kBits}g${quant.kGroup}-v${quant.vBits}g${quant.vGroup}` : '';
+  return quant ? `-k${quant.kBits}g${quant.kGroup}-v${quant.vBits}g${quant.vGroup}-t${quant.rowTokens}` : '';
 }
 
 /**
@@ -620,6 +628,7 @@ function attentionParams(
       value.format.groupSize,
       value.codeWords,
       value.rowWords,
+      quant.positionsPerRow,
     );
   }
   return uniformBuffer(gpu, `${label}.params`, words, 'uuuuuuuufuuuu'.padEnd(words.length, 'u'));

@@ -92,16 +92,20 @@ export function splitTileWgsl(rows: string): string {
 const QUANT_PARAMS = `
   quantPageWords: u32, quantKOffset: u32, quantVOffset: u32, quantBlock: u32,
   kBits: u32, kGroup: u32, kCodeWords: u32, kRowWords: u32,
-  vBits: u32, vGroup: u32, vCodeWords: u32, vRowWords: u32,`;
+  vBits: u32, vGroup: u32, vCodeWords: u32, vRowWords: u32,
+  rowTokens: u32,`;
 
-/** The Params uniform of the split, decode and prefill kernels (the words kernels/attention.ts writes). */
+/**
+ * The Params uniform of the split, decode and prefill kernels (the words kernels/attention.ts writes); with quant
+ * pages, also where a position lies in them (QUANT_ROW_WGSL, reading the uniform the kernel binds as `params`).
+ */
 export function attentionParamsWgsl(quant: boolean): string {
   return `struct Params {
   kOffset: u32, vOffset: u32, pageWords: u32, pageTokens: u32,
   heads: u32, kvHeads: u32, headDim: u32, splits: u32,
   scale: f32, rows: u32, minChunk: u32, int8Keys: u32,
   splitRows: u32,${quant ? QUANT_PARAMS : ''}
-}`;
+}${quant ? QUANT_ROW_WGSL : ''}`;
 }
 
 /**
@@ -119,6 +123,14 @@ export function attentionBindingsWgsl(quant: boolean): string {
 }
 
 /**
+ * Where a position of a quant page lies: its stored row (a stored row holds params.rowTokens consecutive positions,
+ * runtime/kv/quant-format.ts) and the index of its first value in that row (add kvh · headDim for its KV head).
+ */
+const QUANT_ROW_WGSL = `
+fn quantRow(inPage: u32) -> u32 { return inPage / params.rowTokens; }
+fn quantRowStart(inPage: u32) -> u32 { return (inPage % params.rowTokens) * params.kvHeads * params.headDim; }`;
+
+/**
  * Dequantizes the KV head's part of `n` rows of one kind (K or V) of a quant page into `target` as f32 bits, from key
  * `to` of the tile on. When a code word lies inside one head (headDim a multiple of the codes per word: 2-bit codes
  * and headDim 64 or 128), its codes become whole vec4 stores; otherwise each code is placed on its own.
@@ -128,14 +140,16 @@ function quantRowLoader(name: string, target: string, p: 'k' | 'v', offset: stri
   let bits = params.${p}Bits;
   let perWord = 32u / bits;
   let mask = (1u << bits) - 1u;
-  let firstE = kvh * params.headDim;
-  let firstWord = firstE / perWord;
-  let words = (firstE + params.headDim - 1u) / perWord - firstWord + 1u;
+  // A stored row of several positions holds each position's codes in whole words (quant-format's rule), so every
+  // position's head spans the same number of words.
+  let headE = kvh * params.headDim;
+  let words = (headE + params.headDim - 1u) / perWord - headE / perWord + 1u;
   let wholeWords = params.headDim % perWord == 0u;
   for (var i = lid; i < n * words; i += 64u) {
     let j = i / words;
-    let w = firstWord + i % words;
-    let row = page + params.${offset} + (inPage + j) * params.${p}RowWords;
+    let firstE = quantRowStart(inPage + j) + headE;
+    let w = firstE / perWord + i % words;
+    let row = page + params.${offset} + quantRow(inPage + j) * params.${p}RowWords;
     let codes = quantWord(slot, row + w);
     // A code word never straddles groups (groupSize is a multiple of 32 / bits).
     let lohi = unpack2x16float(quantWord(slot, row + params.${p}CodeWords + (w * perWord) / params.${p}Group));

@@ -24,6 +24,8 @@ export interface KvQuantPages {
   pageWords: number;
   key: KvRowFormat;
   value: KvRowFormat;
+  /** Consecutive positions per stored row (runtime/kv/quant-format.ts `positionsPerRow`): rows of a page = pageTokens / it. */
+  positionsPerRow: number;
   rows(layer: number, kv: 0 | 1): KvQuantRows;
   layerOffsetWords(layer: number, kv: 0 | 1): number;
   /** [count, 0, 0, 0, src0, dst0, ...]. */
@@ -50,9 +52,9 @@ function formatWords({ format: f, codeWords, rowWords }: KvQuantRows): number[] 
 function requireQuant(pool: KvMixedPageSource): KvQuantPages {
   const quant = pool.quant;
   if (!quant) throw new InvalidRequestError('KV demotion needs a pool in quant mode');
-  if (quant.key.width > KV_DEMOTE_MAX_WIDTH) {
+  if (quant.key.width * quant.positionsPerRow > KV_DEMOTE_MAX_WIDTH) {
     throw new InvalidRequestError(
-      `The quantized KV cache supports rows of at most ${KV_DEMOTE_MAX_WIDTH} values (kvHeads × headDim), got ${quant.key.width}.`,
+      `The quantized KV cache supports rows of at most ${KV_DEMOTE_MAX_WIDTH} values (kvHeads × headDim), got ${quant.key.width * quant.positionsPerRow}.`,
     );
   }
   return quant;
@@ -91,7 +93,7 @@ export function prepareKvDemote(
       pool.headDim,
       quant.key.width,
       maxJobs,
-      0,
+      quant.positionsPerRow,
       0,
       ...formatWords(quant.rows(b.layer, 0)),
       ...formatWords(quant.rows(b.layer, 1)),
@@ -104,7 +106,7 @@ export function prepareKvDemote(
     computePipeline(gpu, 'kv-demote', kvDemoteWgsl),
     pool,
     [b.jobs ?? quant.jobs, params],
-    workgroupGrid(gpu, maxJobs * 2 * pool.pageTokens),
+    workgroupGrid(gpu, maxJobs * 2 * (pool.pageTokens / quant.positionsPerRow)),
     [params],
   );
 }
@@ -138,7 +140,7 @@ export function prepareKvPromote(
         pool.layerOffsetWords(layer, 1),
         quant.layerOffsetWords(layer, 0),
         quant.layerOffsetWords(layer, 1),
-        0,
+        quant.positionsPerRow,
         pool.headDim,
         pool.pageTokens,
         pool.pageWords,

@@ -4,7 +4,7 @@
  */
 import { wgslConstants } from './wgsl-constants.ts';
 
-/** Maximum row width (kvHeads × headDim) the demotion kernel holds in workgroup memory. */
+/** Maximum stored row width (kvHeads × headDim × positions per row) the demotion kernel holds in workgroup memory. */
 export const KV_DEMOTE_MAX_WIDTH = 2048;
 
 /**
@@ -39,7 +39,8 @@ fn slabStore(slot: u32, index: u32, value: u32) {
 `;
 
 /**
- * Quantizes rows of f16 pages into quant pages, for one layer. Workgroup = one row: (job, kv, token in page), job j
+ * Quantizes rows of f16 pages into quant pages, for one layer. Workgroup = one stored row (rowTokens consecutive
+ * positions, runtime/kv/quant-format.ts): (job, kv, stored row in page), job j
  * being the pair (f16 entry, quant entry) at jobs[4 + 2j]; jobs[0] is this step's job count (the grid is sized for
  * the most a step can carry; surplus workgroups exit at once). Per group, exactly as quantizeRow: lo and hi are the
  * values of ranks loRank and hiRank (= round((1-q)(n-1)) and round(q(n-1)), computed on the CPU) in the group's
@@ -54,7 +55,7 @@ export const kvDemoteWgsl =
 struct Params {
   f16K: u32, f16V: u32, quantK: u32, quantV: u32,
   f16PageWords: u32, quantPageWords: u32, pageTokens: u32, headDim: u32,
-  width: u32, maxJobs: u32, _p0: u32, _p1: u32,
+  width: u32, maxJobs: u32, rowTokens: u32, _p1: u32,
   k: Format, v: Format,
 }
 
@@ -80,10 +81,13 @@ var<workgroup> groupParam: array<u32, MAX_WIDTH / 8u>;
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
   let id = wg.y * groups.x + wg.x;
-  let job = id / (2u * params.pageTokens);
+  let pageRows = params.pageTokens / params.rowTokens;
+  let job = id / (2u * pageRows);
   if (job >= jobs[0] || job >= params.maxJobs) { return; }
-  let kv = (id / params.pageTokens) % 2u;
-  let t = id % params.pageTokens;
+  let kv = (id / pageRows) % 2u;
+  let r = id % pageRows;
+  // The stored row's values: position r·rowTokens + i / width, value i % width of that position's row.
+  let width = params.width * params.rowTokens;
   let src = jobs[4u + 2u * job];
   let dst = jobs[5u + 2u * job];
   var f = params.k;
@@ -95,20 +99,21 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: v
     dstBase = params.quantV;
   }
   srcBase += (src & 0xffffffu) * params.f16PageWords;
-  dstBase += (dst & 0xffffffu) * params.quantPageWords + t * f.rowWords;
+  dstBase += (dst & 0xffffffu) * params.quantPageWords + r * f.rowWords;
   let srcSlot = (src >> 24u) & 0xfu;
   let dstSlot = (dst >> 24u) & 0xfu;
   let headPairs = params.headDim / 2u;
 
-  for (var i = lid; i < params.width; i += WG) {
-    let h = i / params.headDim;
+  for (var i = lid; i < width; i += WG) {
+    let t = r * params.rowTokens + i / params.width;
+    let h = (i % params.width) / params.headDim;
     let d = i % params.headDim;
     let word = slabLoad(srcSlot, srcBase + (h * params.pageTokens + t) * headPairs + d / 2u);
     vals[i] = unpack2x16float(word)[d % 2u];
   }
   workgroupBarrier();
   let size = f.groupSize;
-  let groupCount = params.width / size;
+  let groupCount = width / size;
   if (f.loRank == 0u && f.hiRank == size - 1u) {
     // Plain min/max (clip quantile 1, the default) by scans: spans of 8 values, one an invocation (a group is whole
     // spans: 32 / bits divides it; a row of at most 2048 = 8·WG values has at most WG spans), then one invocation a
@@ -119,7 +124,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: v
     // (bench/results/2026-12-01-nvidia-h200-session22-demote-kernel-first.json). The scans measured several times
     // faster than the rank loop below (bench/results/2026-12-01-nvidia-h200-session22-demote-kernel.json).
     let first = 8u * lid;
-    if (first < params.width) {
+    if (first < width) {
       var lo = vals[first];
       var hi = lo;
       var loAt = first;
@@ -155,13 +160,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: v
     // (measured a little faster than one value a pass:
     // bench/results/2026-12-01-nvidia-h200-session20-kernel-experiments.txt; past the row, a value is the row's
     // last again and its rank unused).
-    for (var i0 = lid; i0 < params.width; i0 += 4u * WG) {
+    for (var i0 = lid; i0 < width; i0 += 4u * WG) {
       var at: array<u32, 4>;
       var x: array<f32, 4>;
       var base: array<u32, 4>;
       var rank = array<u32, 4>();
       for (var k = 0u; k < 4u; k++) {
-        at[k] = min(i0 + k * WG, params.width - 1u);
+        at[k] = min(i0 + k * WG, width - 1u);
         x[k] = vals[at[k]];
         base[k] = (at[k] / size) * size;
       }
@@ -172,7 +177,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: v
         }
       }
       for (var k = 0u; k < 4u; k++) {
-        if (i0 + k * WG < params.width) {
+        if (i0 + k * WG < width) {
           let g = at[k] / size;
           if (rank[k] == f.loRank) { groupLo[g] = x[k]; }
           if (rank[k] == f.hiRank) { groupHi[g] = x[k]; }
@@ -184,19 +189,19 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: v
   let maxCode = (1u << f.bits) - 1u;
   // The rounded lo and scale reach the coding loop through workgroup memory as packed halves: lavapipe folds
   // unpack2x16float(pack2x16float(x)) back to x within one expression, which skips the f16 rounding.
-  for (var g = lid; g < params.width / size; g += WG) {
+  for (var g = lid; g < width / size; g += WG) {
     let loBits = pack2x16float(vec2<f32>(groupLo[g], 0.0)) & 0xffffu;
     groupParam[g] = loBits;
   }
   workgroupBarrier();
-  for (var g = lid; g < params.width / size; g += WG) {
+  for (var g = lid; g < width / size; g += WG) {
     let lo = unpack2x16float(groupParam[g]).x;
     let scaleBits = pack2x16float(vec2<f32>(max(groupHi[g] - lo, 0.0) / f32(maxCode), 0.0)) & 0xffffu;
     groupParam[g] = groupParam[g] | (scaleBits << 16u);
     slabStore(dstSlot, dstBase + f.codeWords + g, groupParam[g]);
   }
   workgroupBarrier();
-  for (var g = lid; g < params.width / size; g += WG) {
+  for (var g = lid; g < width / size; g += WG) {
     let p = unpack2x16float(groupParam[g]);
     groupLo[g] = p.x;
     groupScale[g] = p.y;
@@ -235,7 +240,7 @@ export const kvPromoteWgsl =
   /* wgsl */ `
 struct Params {
   f16KeyOffset: u32, f16ValueOffset: u32, quantKeyOffset: u32, quantValueOffset: u32,
-  _unused: u32, headDim: u32, pageTokens: u32, f16PageWords: u32,
+  rowTokens: u32, headDim: u32, pageTokens: u32, f16PageWords: u32,
   quantPageWords: u32, jobs: u32, width: u32, _pad: u32,
   k: Format, v: Format,
 }
@@ -267,17 +272,18 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: v
   let src = jobs[2u * job];
   let dst = jobs[2u * job + 1u];
   var f = params.k;
-  var row = params.quantKeyOffset + t * params.k.rowWords;
+  var row = params.quantKeyOffset + (t / params.rowTokens) * params.k.rowWords;
   var f16Offset = params.f16KeyOffset;
   if (kv == 1u) {
     f = params.v;
-    row = params.quantValueOffset + t * params.v.rowWords;
+    row = params.quantValueOffset + (t / params.rowTokens) * params.v.rowWords;
     f16Offset = params.f16ValueOffset;
   }
   let slot = (src >> 24u) & 0xfu;
   row += (src & 0xffffffu) * params.quantPageWords;
   let e = 2u * pair;
-  let value = vec2<f32>(dequantize(slot, row, f, e), dequantize(slot, row, f, e + 1u));
+  let stored = (t % params.rowTokens) * params.width + e; // the value's index in its stored row
+  let value = vec2<f32>(dequantize(slot, row, f, stored), dequantize(slot, row, f, stored + 1u));
   let headPairs = params.headDim / 2u;
   let h = e / params.headDim;
   let d = e % params.headDim;

@@ -157,15 +157,15 @@ export async function runMixed(
       const words = await readUint32(gpu, pool.slabBindings()[slab], quant.pageWords, page * quant.pageWords);
       for (let l = 0; l < layers; l++) {
         for (const kv of [0, 1] as const) {
-          const { format, rowWords: rowWordCount } = quant.rows(l, kv);
-          for (let t = 0; t < pool.pageTokens; t++) {
-            const pos = i * pool.pageTokens + t;
-            const offset = quant.layerOffsetWords(l, kv) + t * rowWordCount;
+          const { format, rowWords: rowWordCount, codeWords } = quant.rows(l, kv);
+          const perRow = quant.positionsPerRow;
+          for (let r = 0; r < pool.pageTokens / perRow; r++) {
+            const pos = i * pool.pageTokens + r * perRow; // the stored row's first position
+            const offset = quant.layerOffsetWords(l, kv) + r * rowWordCount;
             const gpuRow = words.slice(offset, offset + rowWordCount);
-            const source = (kv === 0 ? stored.k : stored.v)[l].slice(pos * width, (pos + 1) * width);
+            const source = (kv === 0 ? stored.k : stored.v)[l].slice(pos * width, (pos + perRow) * width);
             const cpuRow = quantizeRow(source, format);
             if (!checked.has(`${entry}:${pos}`)) {
-              const codeWords = rowWordCount - format.width / format.groupSize;
               const perWord = 32 / format.bits;
               for (let w = 0; w < rowWordCount; w++) {
                 if (w >= codeWords) mismatchedParams += gpuRow[w] === cpuRow[w] ? 0 : 1;
@@ -173,9 +173,9 @@ export async function runMixed(
                   for (let i = 0; i < perWord; i++)
                     if (((gpuRow[w] ^ cpuRow[w]) >>> (i * format.bits)) & ((1 << format.bits) - 1)) mismatchedCodes++;
               }
-              values += format.width;
+              values += source.length;
             }
-            (kv === 0 ? stored.k : stored.v)[l].splice(pos * width, width, ...dequantizeRow(gpuRow, format));
+            (kv === 0 ? stored.k : stored.v)[l].splice(pos * width, perRow * width, ...dequantizeRow(gpuRow, format));
           }
         }
       }

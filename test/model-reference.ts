@@ -18,7 +18,7 @@ import type { RopeScaling } from '../kernels/rope.ts';
 import { sourceFromPath } from '../runtime/gguf/node-source.ts';
 import { parseGguf } from '../runtime/gguf/parse.ts';
 import type { KvPrecisionPlan } from '../runtime/kv/precision-plan.ts';
-import { dequantizeRow, quantizeRow } from '../runtime/kv/quant-format.ts';
+import { roundTripRows } from '../runtime/kv/quant-format.ts';
 
 interface Matrix {
   type: GgmlType;
@@ -258,8 +258,12 @@ export async function referenceLogProbs(
     const quantized = kq
       ? (rows: Float64Array[], side: 'key' | 'value') => {
           const precision = kq.plan?.[l][side] ?? { bits: kq.bits, clipQuantile: 1 };
-          const format = { width: kvHeads * headDim, groupSize: kq.groupSize, ...precision };
-          return rows.map((row) => Float64Array.from(dequantizeRow(quantizeRow(row, format), format)));
+          const width = kvHeads * headDim;
+          const back = roundTripRows(
+            rows.flatMap((row) => Array.from(row)),
+            { width, groupSize: kq.groupSize, ...precision },
+          );
+          return rows.map((_, t) => Float64Array.from(back.subarray(t * width, (t + 1) * width)));
         }
       : null;
     const kq8 = quantized ? { k: quantized(ks, 'key'), v: quantized(vs, 'value') } : null;

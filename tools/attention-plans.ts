@@ -11,7 +11,7 @@ import { LAYER_SHAPES } from '../bench/models.ts';
 import type { AttentionDevice, AttentionProducts } from '../kernels/attention.ts';
 import { keysInt8Bytes } from '../kernels/attention-prefill-int8.wgsl.ts';
 import { planGraphAttention } from '../runtime/kv/paged-attention.ts';
-import { defaultGroupSize } from '../runtime/kv/quant-format.ts';
+import { defaultGroupSize, positionsPerRow } from '../runtime/kv/quant-format.ts';
 import { markdownTable } from './markdown-table.ts';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
@@ -104,8 +104,9 @@ export function renderAttentionPlans(): string {
     const rows: string[][] = [];
     for (const shape of LAYER_SHAPES) {
       const group = defaultGroupSize(shape.kvHeads, shape.headDim);
+      const rowTokens = positionsPerRow({ width: shape.kvHeads * shape.headDim, groupSize: group });
       for (const kv of ['f16', 'int2'] as const) {
-        const quant = kv === 'int2' ? ({ kBits: 2, kGroup: group, vBits: 2, vGroup: group } as const) : null;
+        const quant = kv === 'int2' ? ({ kBits: 2, kGroup: group, vBits: 2, vGroup: group, rowTokens } as const) : null;
         for (const maxTokens of GRAPHS) {
           const products: AttentionProducts = device.features.subgroupMatrixI8 ? 'int8' : 'f32';
           const graph = {

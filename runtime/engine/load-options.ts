@@ -8,6 +8,7 @@
  * no GPU; resolveKvMode reads the model's shape only.
  */
 import { InvalidRequestError } from '../../core/errors.ts';
+import { DEFAULT_PAGE_TOKENS } from '../kv/page-ledger.ts';
 import { quantPageLayout } from '../kv/quant-layout.ts';
 import {
   type EngineLoadOptions,
@@ -88,9 +89,10 @@ export function int2Unfit(
 ): string | null {
   const format = { bits: options.codeBits ?? LOAD_DEFAULTS.codeBits, groupSize: options.groupSize };
   try {
-    // The pool's own check of the formats, on a one-layer, one-token page.
+    // The pool's own check of the formats, on a one-layer page of the pool's size.
     const { kvHeads, headDim } = model;
-    quantPageLayout({ kvHeads, headDim, layers: 1, pageTokens: 1, keyFormat: format, valueFormat: format });
+    const pageTokens = DEFAULT_PAGE_TOKENS;
+    quantPageLayout({ kvHeads, headDim, layers: 1, pageTokens, keyFormat: format, valueFormat: format });
   } catch (error) {
     if (error instanceof InvalidRequestError) return error.message;
     throw error;

@@ -19,7 +19,7 @@
  */
 import { InvalidRequestError } from '../../core/errors.ts';
 import type { KvPrecisionPlan } from '../kv/precision-plan.ts';
-import { defaultGroupSize, dequantizeRow, type QuantRowFormat, quantizeRow, roundToF16 } from '../kv/quant-format.ts';
+import { defaultGroupSize, type QuantRowFormat, roundToF16, roundTripRows } from '../kv/quant-format.ts';
 import { rotationSet } from '../kv/rotation.ts';
 
 export interface AttentionShape {
@@ -239,11 +239,7 @@ function cacheView(
   const formats = variantFormats(variant, layer);
   const quantize = (rows: Float32Array, format: Omit<QuantRowFormat, 'width'> | null) => {
     if (!format) return rows;
-    const f: QuantRowFormat = { ...format, width };
-    const out = new Float32Array(rows.length);
-    for (let t = 0; t < tokens; t++)
-      out.set(dequantizeRow(quantizeRow(rows.subarray(t * width, (t + 1) * width), f), f), t * width);
-    return out;
+    return roundTripRows(rows, { ...format, width });
   };
   const quantKeys = formats ? quantize(keys, formats.key) : null;
   const quantValues = formats ? quantize(values, formats.value) : null;

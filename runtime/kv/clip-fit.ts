@@ -3,7 +3,7 @@
  * model's own rows with the least attention error, measured with the exact quantizer the cache uses. Pure CPU
  * arithmetic over rows the calibration captured (runtime/calibration/calibrate.ts).
  */
-import { defaultGroupSize, dequantizeRow, type QuantRowFormat, quantizeRow, roundToF16 } from './quant-format.ts';
+import { defaultGroupSize, type QuantRowFormat, roundToF16, roundTripRows } from './quant-format.ts';
 
 /**
  * Clip quantiles tried for K and for V (the `clipQuantile` of runtime/kv/quant-format.ts; 1 = plain min/max). OSCAR
@@ -78,11 +78,12 @@ export async function fitClipQuantiles(
     const layerValue = grid.map(() => 0);
     for (const [g, clipQuantile] of grid.entries()) {
       const f: QuantRowFormat = { ...format, clipQuantile };
+      const kBack = roundTripRows(rk, f);
+      const vBack = roundTripRows(rv, f);
       for (let t = 0; t < n; t++) {
-        const kRow = rk.subarray(t * width, (t + 1) * width);
-        const kErr = difference(dequantizeRow(quantizeRow(kRow, f), f), kRow);
-        const vRow = rv.subarray(t * width, (t + 1) * width);
-        const vErr = difference(dequantizeRow(quantizeRow(vRow, f), f), vRow);
+        const row = (x: Float32Array | Float64Array) => x.subarray(t * width, (t + 1) * width);
+        const kErr = difference(row(kBack), row(rk));
+        const vErr = difference(row(vBack), row(rv));
         for (let h = 0; h < kvHeads; h++) {
           layerKey[g] += quadratic(kErr, h * d, metric[h], d);
           let norm = 0;

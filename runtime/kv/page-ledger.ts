@@ -79,12 +79,15 @@ export interface KvPoolStats extends KvKindStats {
   quant: KvKindStats;
 }
 
+/** Positions per page where the pool's options name none. */
+export const DEFAULT_PAGE_TOKENS = 16;
+
 /**
  * The f16 share of a 'quant' pool unless f16BudgetBytes is given: the sink and window pages of up to two live
  * sequences, plus a step's new pages and the pages it demotes (which return to the free list only at the next step).
  */
 export function defaultQuantF16Bytes(options: KvPoolOptions): number {
-  const pageTokens = options.pageTokens ?? 16;
+  const pageTokens = options.pageTokens ?? DEFAULT_PAGE_TOKENS;
   const pageBytes = options.layers * 2 * options.kvHeads * pageTokens * options.headDim * 2;
   const sinkPages = Math.ceil((options.sink ?? 64) / pageTokens);
   const windowPages = Math.ceil((options.window ?? 256) / pageTokens) + 2;
@@ -118,7 +121,7 @@ export interface KvPoolGeometry {
  */
 export function kvPoolGeometry(options: KvPoolOptions, bindingBytes: number): KvPoolGeometry {
   const { layers, kvHeads, headDim, budgetBytes } = options;
-  const pageTokens = options.pageTokens ?? 16;
+  const pageTokens = options.pageTokens ?? DEFAULT_PAGE_TOKENS;
   const maxStepTokens = options.maxStepTokens ?? 512;
   for (const [name, value] of Object.entries({ layers, kvHeads, headDim, pageTokens, maxStepTokens })) {
     if (!Number.isInteger(value) || value < 1) throw new InvalidRequestError(`KV pool: ${name} must be >= 1`);

@@ -7,10 +7,14 @@ import {
   effectiveBitsPerElement,
   f16Bits,
   f16BitsToNumber,
+  positionsPerRow,
   type QuantRowFormat,
   quantizeRow,
   roundToF16,
+  roundTripRows,
   rowWords,
+  storedRowWidth,
+  validateQuantRowFormat,
 } from './quant-format.ts';
 
 describe('quantized KV row format', () => {
@@ -84,16 +88,50 @@ describe('quantized KV row format', () => {
       ['6 heads of 64: 128 values, two heads', 6, 64, 128],
       ['7 heads of 64: no whole heads but the row hold 128 and divide it', 7, 64, 448],
       ['10 heads of 48: 5 heads, the fewest that hold 128 and divide 10', 10, 48, 240],
-      ['one head of 64: the row', 1, 64, 64],
-      ['stories260K: 4 heads of 8, the row of 32', 4, 8, 32],
+      ['one head of 64 (4:1 GQA): 128 values over two positions', 1, 64, 128],
+      ['stories260K: 4 heads of 8, 128 values over four positions', 4, 8, 128],
+      ['one head of 96: the row (128 is no multiple of it)', 1, 96, 96],
+      ['2 heads of 8: the row (16 values; a position fills no 1-bit word)', 2, 8, 16],
       ['heads of 160: one head a group', 4, 160, 160],
     ];
     for (const [name, kvHeads, headDim, group] of cases) {
       expect(defaultGroupSize(kvHeads, headDim), name).toBe(group);
       const width = kvHeads * headDim;
-      expect(width % group, name).toBe(0);
+      expect(width % group === 0 || group % width === 0, name).toBe(true);
+      expect(validateQuantRowFormat({ width, groupSize: group, bits: 2, clipQuantile: 1 }), name).toBeNull();
       // A group lies inside one head or holds whole heads (the attention kernels' rule).
       expect(headDim % group === 0 || group % headDim === 0, name).toBe(true);
     }
+  });
+
+  it('a group wider than a row spans positions: a stored row holds them in order, as one row of their values', () => {
+    const f: QuantRowFormat = { width: 64, groupSize: 128, bits: 2, clipQuantile: 1 };
+    expect(positionsPerRow(f)).toBe(2);
+    expect(storedRowWidth(f)).toBe(128);
+    expect(rowWords(f)).toBe(8 + 1); // 256 bits of codes, one (lo, scale) pair for both positions
+    expect(effectiveBitsPerElement(f, 1000, 0)).toBeCloseTo(2.25, 10);
+    const random = seededRandom(7);
+    const a = Float32Array.from({ length: 64 }, () => random() * 2 - 1);
+    const b = Float32Array.from({ length: 64 }, () => random() * 8 - 4); // the wider range sets the shared scale
+    const words = quantizeRow([...a, ...b], f);
+    const back = dequantizeRow(words, f);
+    const alone = dequantizeRow(quantizeRow([...b, ...b], f), f);
+    expect(back.subarray(64)).toEqual(alone.subarray(64)); // one group: b's range decides, a is coded on it
+    const step = f16BitsToNumber(words[8] >>> 16);
+    expect(step).toBeGreaterThan(7 / 3 - 0.1);
+    for (let i = 0; i < 64; i++) expect(Math.abs(back[i] - a[i])).toBeLessThanOrEqual(step / 2 + 1e-6);
+    // Three positions: the last stored row repeats the third in its missing place.
+    const rows = Float32Array.from({ length: 3 * 64 }, () => random() - 0.5);
+    const trip = roundTripRows(rows, f);
+    const last = dequantizeRow(quantizeRow([...rows.subarray(128), ...rows.subarray(128)], f), f);
+    expect(trip.subarray(0, 128)).toEqual(dequantizeRow(quantizeRow(rows.subarray(0, 128), f), f));
+    expect(trip.subarray(128)).toEqual(last.subarray(0, 64));
+    expect(() => quantizeRow(a, f)).toThrow(RangeError);
+  });
+
+  it('rejects groups over positions where a position would not fill whole code words', () => {
+    expect(validateQuantRowFormat({ width: 16, groupSize: 32, bits: 2, clipQuantile: 1 })).toMatch(/multiple of 32/);
+    expect(validateQuantRowFormat({ width: 64, groupSize: 192, bits: 2, clipQuantile: 1 })).toBeNull();
+    expect(validateQuantRowFormat({ width: 64, groupSize: 96, bits: 2, clipQuantile: 1 })).toMatch(/divide/);
   });
 });

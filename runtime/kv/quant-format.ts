@@ -1,19 +1,23 @@
 /**
  * The quantized KV row format (INT2 by default; 1-bit exists as the weak control, 4-bit for boosted layers).
  *
- * A row is one token's K (or V) of one layer: `width = kvHeads × headDim` values (already rotated). It is cut into
- * groups of `groupSize` consecutive values (a group may span heads when headDim < groupSize). Per group, an
- * asymmetric uniform quantizer with `levels = 2^bits`:
+ * A token's K (or V) of one layer is `width = kvHeads × headDim` values (already rotated). A stored row is one token,
+ * or, where `groupSize` is a multiple of `width` (rows narrower than a group), `groupSize / width` consecutive
+ * positions, their values one after the other (`positionsPerRow`, `storedRowWidth`). A stored row is cut into groups
+ * of `groupSize` consecutive values (a group may span heads when headDim < groupSize, and positions when width <
+ * groupSize). Per group, an asymmetric uniform quantizer with `levels = 2^bits`:
  *     lo, hi = the (1-q) and q quantiles of the group (q = clipQuantile; q = 1 is plain min/max)
  *     scale = (hi - lo) / (levels - 1), both lo and scale rounded to f16 BEFORE coding
  *     code  = clamp(round((x - lo) / scale), 0, levels - 1);   x̂ = lo + code · scale
- * Storage of a row, in u32 words: `width × bits / 32` code words (value i at bit (i mod (32/bits))·bits of word
- * i / (32/bits)), then one word per group = pack2x16float(lo, scale) (lo in the low half).
+ * Storage of a stored row, in u32 words: `storedRowWidth × bits / 32` code words (value i at bit (i mod (32/bits))·bits
+ * of word i / (32/bits)), then one word per group = pack2x16float(lo, scale) (lo in the low half).
  * Effective bits per element: bits + 32 / groupSize (2.25 at groupSize 128).
  */
 
 export interface QuantRowFormat {
+  /** Values of one token's row: kvHeads × headDim. */
   width: number;
+  /** Values per (lo, scale) pair: a divisor of width, or a multiple of it (then a group spans positions). */
   groupSize: number;
   bits: 1 | 2 | 4;
   clipQuantile: number;
@@ -24,13 +28,17 @@ export const PREFERRED_GROUP_VALUES = 128;
 
 /**
  * The quant group of a row of `kvHeads` heads of `headDim` values when none is asked for: 128 values where they
- * divide the row and lie inside one head or hold whole heads (the attention kernels' rule), a row of at most 128
- * values as one group, else the fewest whole heads that hold at least 128 values and divide the row. Rows of 5 or 3 heads of 64 (SmolLM2-360M, SmolLM-135M) so take one group of 320 or
- * 192 values, not groups of one head, whose pairs would cost 0.5 bits an element and leave no room in the plan's
- * 2.5-bit budget for the 2-bit codes themselves.
+ * divide the row and lie inside one head or hold whole heads (the attention kernels' rule); a row narrower than 128
+ * that divides it (one KV head of 64: 4:1 GQA at head_dim 64) in groups of 128 over consecutive positions, whose
+ * pairs cost 0.25 bits an element, not the 0.5 bits of a pair per row; else the fewest whole heads that hold at least
+ * 128 values and divide the row. Rows of 5 or 3 heads of 64 (SmolLM2-360M, SmolLM-135M) so take one group of 320 or
+ * 192 values. Pairs of 0.5 bits would leave no room in the plan's 2.5-bit budget for the 2-bit codes themselves.
  */
 export function defaultGroupSize(kvHeads: number, headDim: number): number {
   const width = kvHeads * headDim;
+  if (width < PREFERRED_GROUP_VALUES && PREFERRED_GROUP_VALUES % width === 0 && width % 32 === 0) {
+    return PREFERRED_GROUP_VALUES;
+  }
   if (width <= PREFERRED_GROUP_VALUES) return width;
   const fitsHeads = headDim % PREFERRED_GROUP_VALUES === 0 || PREFERRED_GROUP_VALUES % headDim === 0;
   if (fitsHeads && width % PREFERRED_GROUP_VALUES === 0) return PREFERRED_GROUP_VALUES;
@@ -40,18 +48,35 @@ export function defaultGroupSize(kvHeads: number, headDim: number): number {
   return width;
 }
 
+/** Consecutive positions in one stored row: groupSize / width where a group is wider than a token's row, else 1. */
+export function positionsPerRow(f: Pick<QuantRowFormat, 'width' | 'groupSize'>): number {
+  return f.groupSize > f.width ? f.groupSize / f.width : 1;
+}
+
+/** Values of one stored row: width × positionsPerRow. */
+export function storedRowWidth(f: Pick<QuantRowFormat, 'width' | 'groupSize'>): number {
+  return f.width * positionsPerRow(f);
+}
+
 export function codeWordsPerRow(f: QuantRowFormat): number {
-  return (f.width * f.bits) / 32;
+  return (storedRowWidth(f) * f.bits) / 32;
 }
 
 export function rowWords(f: QuantRowFormat): number {
-  return codeWordsPerRow(f) + f.width / f.groupSize;
+  return codeWordsPerRow(f) + storedRowWidth(f) / f.groupSize;
 }
 
 export function validateQuantRowFormat(f: QuantRowFormat): string | null {
   if (![1, 2, 4].includes(f.bits)) return `bits must be 1, 2 or 4, got ${f.bits}`;
+  if (Number.isInteger(f.groupSize) && f.groupSize > f.width && f.groupSize % f.width === 0) {
+    // A group over positions: each position's codes fill whole words under every code width (1, 2 or 4 bits).
+    if (f.width % 32 !== 0) {
+      return `a group of ${f.groupSize} values spans positions, so the row width ${f.width} (kvHeads × headDim) must be a multiple of 32`;
+    }
+    return f.clipQuantile > 0.5 && f.clipQuantile <= 1 ? null : `clip quantile ${f.clipQuantile} must be in (0.5, 1]`;
+  }
   if (!Number.isInteger(f.groupSize) || f.groupSize < 32 / f.bits || f.width % f.groupSize !== 0) {
-    return `group size ${f.groupSize} must divide the row width ${f.width} (kvHeads × headDim) and be at least ${32 / f.bits}`;
+    return `group size ${f.groupSize} must divide the row width ${f.width} (kvHeads × headDim) or be a multiple of it, and be at least ${32 / f.bits}`;
   }
   if (f.groupSize % (32 / f.bits) !== 0) return `group size ${f.groupSize} must be a multiple of ${32 / f.bits}`;
   if (!(f.clipQuantile > 0.5 && f.clipQuantile <= 1)) return `clip quantile ${f.clipQuantile} must be in (0.5, 1]`;
@@ -115,13 +140,16 @@ export function quantileOfSorted(sorted: ArrayLike<number>, q: number): number {
   return sorted[rank];
 }
 
-/** Quantizes one row; returns its words (codes then group parameters). */
+/** Quantizes one stored row (storedRowWidth values); returns its words (codes then group parameters). */
 export function quantizeRow(values: ArrayLike<number>, f: QuantRowFormat): Uint32Array {
+  if (values.length !== storedRowWidth(f)) {
+    throw new RangeError(`quantizeRow: ${values.length} values for a stored row of ${storedRowWidth(f)}`);
+  }
   const out = new Uint32Array(rowWords(f));
   const perWord = 32 / f.bits;
   const levels = (1 << f.bits) - 1;
   const codeWords = codeWordsPerRow(f);
-  const groups = f.width / f.groupSize;
+  const groups = storedRowWidth(f) / f.groupSize;
   for (let g = 0; g < groups; g++) {
     const group = Array.from({ length: f.groupSize }, (_, i) => values[g * f.groupSize + i]);
     const sorted = group.slice().sort((a, b) => a - b);
@@ -138,12 +166,13 @@ export function quantizeRow(values: ArrayLike<number>, f: QuantRowFormat): Uint3
   return out;
 }
 
+/** The values of one stored row (storedRowWidth of them). */
 export function dequantizeRow(words: Uint32Array, f: QuantRowFormat): Float32Array {
-  const out = new Float32Array(f.width);
+  const out = new Float32Array(storedRowWidth(f));
   const perWord = 32 / f.bits;
   const mask = (1 << f.bits) - 1;
   const codeWords = codeWordsPerRow(f);
-  for (let i = 0; i < f.width; i++) {
+  for (let i = 0; i < out.length; i++) {
     const param = words[codeWords + Math.floor(i / f.groupSize)];
     const lo = f16BitsToNumber(param & 0xffff);
     const scale = f16BitsToNumber(param >>> 16);
@@ -153,8 +182,30 @@ export function dequantizeRow(words: Uint32Array, f: QuantRowFormat): Float32Arr
   return out;
 }
 
+/**
+ * What consecutive positions read back from quant rows (quantizeRow, then dequantizeRow): `rows` holds their token
+ * rows of `f.width` values, the first at a position that starts a stored row (a page start, position 0). Where the
+ * last stored row lacks positions (emulations over any count of tokens; a pool's quant pages are whole), the last
+ * position's row stands in for the missing ones.
+ */
+export function roundTripRows(rows: ArrayLike<number>, f: QuantRowFormat): Float32Array {
+  const tokens = rows.length / f.width;
+  const perRow = positionsPerRow(f);
+  const out = new Float32Array(rows.length);
+  const stored = new Float32Array(storedRowWidth(f));
+  for (let t0 = 0; t0 < tokens; t0 += perRow) {
+    for (let j = 0; j < perRow; j++) {
+      const t = Math.min(t0 + j, tokens - 1);
+      for (let i = 0; i < f.width; i++) stored[j * f.width + i] = rows[t * f.width + i];
+    }
+    const back = dequantizeRow(quantizeRow(stored, f), f);
+    out.set(back.subarray(0, Math.min(perRow, tokens - t0) * f.width), t0 * f.width);
+  }
+  return out;
+}
+
 /** Effective bits per element of a cache holding `tokens` positions, `f16Tokens` of them in 16-bit pages. */
 export function effectiveBitsPerElement(f: QuantRowFormat, tokens: number, f16Tokens: number): number {
-  const quantBits = (rowWords(f) * 32) / f.width;
+  const quantBits = (rowWords(f) * 32) / storedRowWidth(f);
   return (f16Tokens * 16 + (tokens - f16Tokens) * quantBits) / tokens;
 }

@@ -1,11 +1,12 @@
 /**
  * The layout of a quant page: `pageTokens` positions of one sequence for every layer, each row (one token's K or V of
  * one layer, `width = kvHeads*headDim` values) in the format of runtime/kv/quant-format.ts (codes, then one
- * (lo, scale) f16 pair per group; K and V may have different formats). Word layout:
+ * (lo, scale) f16 pair per group; K and V may have different formats). A stored row holds `positionsPerRow`
+ * consecutive positions (more than one only where a group is wider than a row). Word layout:
  *
- *     [layer][kv: 0 = K, 1 = V][token in page][rowWords(layer, kv)]
+ *     [layer][kv: 0 = K, 1 = V][stored row in page: token / positionsPerRow][rowWords(layer, kv)]
  *
- * `pageWords = pageTokens * Σ_layers (keyRowWords + valueRowWords)`. Each layer's K and V rows have their own code
+ * `pageWords = (pageTokens / positionsPerRow) * Σ_layers (keyRowWords + valueRowWords)`. Each layer's K and V rows have their own code
  * bits and clip quantile, in the K format's groups: a precision plan (runtime/kv/precision-plan.ts) chosen by the
  * calibration, or one format for every layer, with the layers listed in `boostLayers` at 4 bits unclipped (KITTY's
  * boosted precision at the grain of a layer, docs/kv-cache.md).
@@ -15,6 +16,7 @@ import { assertPlan, type KvLayerPrecision, type KvPrecisionPlan } from './preci
 import {
   codeWordsPerRow,
   defaultGroupSize,
+  positionsPerRow,
   type QuantRowFormat,
   rowWords,
   validateQuantRowFormat,
@@ -36,6 +38,8 @@ export interface KvQuantPageLayout {
   /** The K and V formats of the layers not boosted. */
   key: QuantRowFormat;
   value: QuantRowFormat;
+  /** Consecutive positions per stored row (every layer and side: they share the K format's groups). */
+  positionsPerRow: number;
   /** Layers whose K and V use the boost format (ascending). */
   boostLayers: readonly number[];
   /** Per layer, the K and V code bits and clip quantiles the rows are stored with. */
@@ -77,6 +81,20 @@ export function quantPageLayout(shape: {
   const { layers, pageTokens } = shape;
   const key = resolveFormat(shape, shape.keyFormat, 'keyFormat');
   const value = resolveFormat(shape, shape.valueFormat, 'valueFormat');
+  const rowPositions = positionsPerRow(key);
+  if (positionsPerRow(value) !== rowPositions) {
+    throw new InvalidRequestError(
+      `KV pool: K groups of ${key.groupSize} and V groups of ${value.groupSize} must span the same positions.`,
+      { option: 'valueFormat' },
+    );
+  }
+  if (pageTokens % rowPositions !== 0) {
+    throw new InvalidRequestError(
+      `KV pool: groups of ${key.groupSize} values span ${rowPositions} positions, which must divide the page's ${pageTokens}.`,
+      { option: 'keyFormat' },
+    );
+  }
+  const pageRows = pageTokens / rowPositions;
   const requested = Array.from(shape.boostLayers ?? []); // holes of a sparse array become undefined
   for (const layer of requested) {
     if (typeof layer !== 'number' || !Number.isInteger(layer) || layer < 0 || layer >= layers) {
@@ -124,15 +142,16 @@ export function quantPageLayout(shape: {
   let pageWords = 0;
   for (const [k, v] of layerRows) {
     layerStart.push(pageWords);
-    pageWords += pageTokens * (k.rowWords + v.rowWords);
+    pageWords += pageRows * (k.rowWords + v.rowWords);
   }
   return {
     pageWords,
     key,
     value,
+    positionsPerRow: rowPositions,
     boostLayers,
     plan,
     rows: (layer, kv) => layerRows[layer][kv],
-    layerOffsetWords: (layer, kv) => layerStart[layer] + kv * pageTokens * layerRows[layer][0].rowWords,
+    layerOffsetWords: (layer, kv) => layerStart[layer] + kv * pageRows * layerRows[layer][0].rowWords,
   };
 }
