@@ -11,6 +11,7 @@ import { SettingsPanel } from './components/SettingsPanel.tsx';
 import { Sidebar } from './components/Sidebar.tsx';
 import { EMPTY_PERF, type Perf, StatsPanel } from './components/StatsPanel.tsx';
 import { errorCode, errorMessage, pageDebug } from './engine/engine-client.ts';
+import { type SamplingFields, samplingFields } from './engine/sampling-request.ts';
 import type { ChatMessageParam, LoadProgress } from './engine/types.ts';
 import { type EngineStatus, type LoadRequest, useEngine } from './engine/use-engine.ts';
 import { DEMO_MODEL_ID, DEMO_MODEL_NAME } from './models/presets.ts';
@@ -24,10 +25,12 @@ import {
   type StoredMessage,
   saveConversation,
   titleFrom,
+  withEditedMessage,
 } from './storage/conversations.ts';
 import { formatBytes, openModelFile } from './storage/models.ts';
 import { DEFAULT_SETTINGS, loadSettings, type Settings, saveSettings } from './storage/settings.ts';
 import { useModels } from './storage/use-models.ts';
+import { applyTheme } from './theme.ts';
 
 const SAVE_EVERY_MS = 400;
 const SAMPLE_EVERY_MS = 500;
@@ -39,6 +42,8 @@ interface LongtabDebug {
   destroyDevice(): Promise<void>;
   /** The messages of the last chat request the page sent (what the model saw). */
   lastRequest: ChatMessageParam[] | null;
+  /** The sampling fields of that request. */
+  lastSampling: SamplingFields | null;
 }
 
 function debugHooks(): LongtabDebug | undefined {
@@ -93,6 +98,11 @@ function ChatApp() {
     })();
   }, []);
 
+  const theme = settings?.theme;
+  useEffect(() => {
+    if (theme) applyTheme(theme);
+  }, [theme]);
+
   const updateSettings = useCallback((patch: Partial<Settings>) => {
     setSettings((current) => {
       const next = { ...(current ?? DEFAULT_SETTINGS), ...patch };
@@ -146,7 +156,7 @@ function ChatApp() {
   useEffect(() => {
     if (!pageDebug()) return;
     const w = window as { longtabDebug?: LongtabDebug };
-    w.longtabDebug = { destroyDevice, lastRequest: null };
+    w.longtabDebug = { destroyDevice, lastRequest: null, lastSampling: null };
     return () => {
       delete w.longtabDebug;
     };
@@ -204,14 +214,16 @@ function ChatApp() {
           if (m.role === 'assistant' && (m.status === 'error' || !m.content)) continue;
           history.push({ role: m.role, content: m.content });
         }
+        const sampling = samplingFields(settings);
         const hooks = debugHooks();
-        if (hooks) hooks.lastRequest = history;
+        if (hooks) {
+          hooks.lastRequest = history;
+          hooks.lastSampling = sampling;
+        }
         const stream = await engine.chat.completions.create({
           messages: history,
           stream: true,
-          max_tokens: settings.maxTokens,
-          temperature: settings.temperature,
-          top_p: settings.topP,
+          ...sampling,
           conversation_id: conversation.id,
           context_overflow: 'drop_oldest_turns',
         });
@@ -315,6 +327,17 @@ function ChatApp() {
     if (!messages.length) return;
     await generate({ ...active, messages });
   }, [active, busy, generate]);
+
+  const editAndResend = useCallback(
+    async (messageId: string, text: string) => {
+      if (!active || busy) return;
+      const next = withEditedMessage(active, messageId, text);
+      if (!next) return;
+      await putConversation(next);
+      await generate(next);
+    },
+    [active, busy, generate, putConversation],
+  );
 
   const stop = useCallback(() => streamRef.current?.abort(), []);
 
@@ -488,6 +511,7 @@ function ChatApp() {
           onSend={(text) => void send(text)}
           onStop={stop}
           onRegenerate={() => void regenerate()}
+          onEditResend={(messageId, text) => void editAndResend(messageId, text)}
           onSystemPrompt={(systemPrompt) => active && void putConversation({ ...active, systemPrompt })}
         />
       </div>

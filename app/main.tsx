@@ -1,7 +1,16 @@
 import { StrictMode } from 'react';
 import { createRoot } from 'react-dom/client';
 import { App } from './App.tsx';
+import { loadSettings } from './storage/settings.ts';
+import { applyTheme } from './theme.ts';
 import './styles.css';
+
+// The saved theme as early as the settings answer, so the splash and the no-WebGPU page wear it too (the chat page
+// applies later changes).
+loadSettings()
+  .then((settings) => applyTheme(settings.theme))
+  // Without them the page keeps the browser's preference; the chat page's own load of the settings reports failures.
+  .catch(() => {});
 
 const container = document.getElementById('root');
 if (!container) throw new Error('index.html has no #root element');

@@ -4,43 +4,139 @@ import type { Conversation, StoredMessage } from '../storage/conversations.ts';
 import { CopyButton } from './CopyButton.tsx';
 import { Markdown } from './Markdown.tsx';
 import { copyableText } from './message-text.ts';
+import { useCloseOnEscape } from './use-close-on-escape.ts';
+
+/** A user message's text back in an editor: Enter (or Send) replaces the message, Escape (or Cancel) keeps it. */
+function MessageEditor({
+  initial,
+  canSend,
+  onSend,
+  onCancel,
+}: {
+  initial: string;
+  /** False while a reply streams or the model is not ready. */
+  canSend: boolean;
+  onSend: (text: string) => void;
+  onCancel: () => void;
+}) {
+  const [text, setText] = useState(initial);
+  useCloseOnEscape(onCancel);
+  const submit = () => {
+    const trimmed = text.trim();
+    if (trimmed && canSend) onSend(trimmed);
+  };
+  return (
+    <form
+      className="message-editor"
+      onSubmit={(e) => {
+        e.preventDefault();
+        submit();
+      }}
+    >
+      <textarea
+        value={text}
+        rows={Math.min(8, Math.max(2, text.split('\n').length))}
+        aria-label="Edit message"
+        data-testid="edit-input"
+        // biome-ignore lint/a11y/noAutofocus: the person asked to edit this message; the editor is where they type next
+        autoFocus
+        onChange={(e) => setText(e.target.value)}
+        onKeyDown={(e) => {
+          if (e.key === 'Enter' && !e.shiftKey && !e.nativeEvent.isComposing) {
+            e.preventDefault();
+            submit();
+          }
+        }}
+      />
+      <div className="editor-actions">
+        <button type="button" className="ghost" onClick={onCancel} data-testid="edit-cancel">
+          Cancel
+        </button>
+        <button type="submit" className="primary" disabled={!canSend || !text.trim()} data-testid="edit-send">
+          Send
+        </button>
+      </div>
+    </form>
+  );
+}
 
 function MessageView({
   message,
   isLast,
   busy,
+  canSend,
+  editing,
   onRegenerate,
+  onEdit,
+  onEditCancel,
+  onEditSend,
 }: {
   message: StoredMessage;
   isLast: boolean;
   busy: boolean;
+  canSend: boolean;
+  editing: boolean;
   onRegenerate: () => void;
+  onEdit: () => void;
+  onEditCancel: () => void;
+  onEditSend: (text: string) => void;
 }) {
-  return (
-    <article
-      className={`message ${message.role}`}
-      data-testid={`message-${message.role}`}
-      data-status={message.status}
-      aria-label={message.role === 'user' ? 'You' : 'Assistant'}
-    >
-      <div className="bubble">
-        {message.role === 'assistant' ? (
-          message.content ? (
-            <Markdown text={message.content} />
-          ) : message.status === 'streaming' ? (
-            <span className="typing" role="status" aria-label="thinking">
-              <i />
-              <i />
-              <i />
-            </span>
-          ) : (
-            <span className="muted">(no text)</span>
-          )
+  if (message.role === 'user') {
+    // The Edit row sits beside the article, not in it: the article holds only what was written.
+    return (
+      <div className="message user">
+        {editing ? (
+          <MessageEditor
+            initial={message.content}
+            canSend={canSend && !busy}
+            onSend={onEditSend}
+            onCancel={onEditCancel}
+          />
         ) : (
-          <div className="user-text">{message.content}</div>
+          <>
+            <article className="user-turn" data-testid="message-user" data-status={message.status} aria-label="You">
+              <div className="bubble">
+                <div className="user-text">{message.content}</div>
+              </div>
+            </article>
+            <div className="message-meta">
+              <button
+                type="button"
+                className="ghost"
+                data-testid="edit-message"
+                disabled={busy || !canSend}
+                title="Edit this message; sending it replaces the conversation from here on"
+                onClick={onEdit}
+              >
+                Edit
+              </button>
+            </div>
+          </>
         )}
       </div>
-      {message.role === 'assistant' && message.status !== 'streaming' && (
+    );
+  }
+  return (
+    <article
+      className="message assistant"
+      data-testid="message-assistant"
+      data-status={message.status}
+      aria-label="Assistant"
+    >
+      <div className="bubble">
+        {message.content ? (
+          <Markdown text={message.content} />
+        ) : message.status === 'streaming' ? (
+          <span className="typing" role="status" aria-label="thinking">
+            <i />
+            <i />
+            <i />
+          </span>
+        ) : (
+          <span className="muted">(no text)</span>
+        )}
+      </div>
+      {message.status !== 'streaming' && (
         <div className="message-meta">
           {message.status === 'stopped' && <span className="tag">stopped</span>}
           {message.status === 'interrupted' && <span className="tag">interrupted</span>}
@@ -74,6 +170,7 @@ export function ChatView({
   onSend,
   onStop,
   onRegenerate,
+  onEditResend,
   onSystemPrompt,
 }: {
   conversation: Conversation | null;
@@ -85,9 +182,14 @@ export function ChatView({
   onSend: (text: string) => void;
   onStop: () => void;
   onRegenerate: () => void;
+  /** Replaces a user message with `text`, drops the messages after it and asks for a new reply. */
+  onEditResend: (messageId: string, text: string) => void;
   onSystemPrompt: (text: string) => void;
 }) {
   const [draft, setDraft] = useState('');
+  // An editor belongs to the conversation it was opened in: another one shows none.
+  const [editing, setEditing] = useState<{ conversationId: string; messageId: string } | null>(null);
+  const editingId = editing && editing.conversationId === conversation?.id ? editing.messageId : null;
   const [showSystem, setShowSystem] = useState(false);
   const scroller = useRef<HTMLDivElement>(null);
   const messages = conversation?.messages ?? [];
@@ -144,7 +246,15 @@ export function ChatView({
             message={message}
             isLast={index === messages.length - 1}
             busy={busy}
+            canSend={canSend}
+            editing={message.id === editingId}
             onRegenerate={onRegenerate}
+            onEdit={() => conversation && setEditing({ conversationId: conversation.id, messageId: message.id })}
+            onEditCancel={() => setEditing(null)}
+            onEditSend={(text) => {
+              setEditing(null);
+              onEditResend(message.id, text);
+            }}
           />
         ))}
       </div>

@@ -1,7 +1,79 @@
-/** Generation and engine settings. KV mode and budget take effect when the model (re)loads. */
+/**
+ * Generation, engine and appearance settings. KV mode and budget take effect when the model (re)loads. A typed value
+ * that breaks its rule (settings.ts) is kept in its field with the rule beside it, and not saved until it is fixed.
+ */
+import { useId, useState } from 'react';
 import type { StoredModel } from '../storage/models.ts';
-import type { Settings } from '../storage/settings.ts';
+import {
+  type Checked,
+  checkNumberSetting,
+  checkSeed,
+  formatStopSequences,
+  NUMBER_SETTINGS,
+  type NumberSettingKey,
+  parseStopSequences,
+  type Settings,
+  THEME_CHOICES,
+} from '../storage/settings.ts';
 import { Modal } from './Modal.tsx';
+
+const THEME_LABELS = { system: 'System', light: 'Light', dark: 'Dark' } as const;
+
+/** A field that saves what is typed once it checks out, and otherwise says what is wrong with it. */
+function CheckedField<T>({
+  label,
+  initial,
+  check,
+  onValid,
+  testId,
+  multiline = false,
+  inputMode,
+  hint,
+}: {
+  label: string;
+  initial: string;
+  check: (text: string) => Checked<T>;
+  onValid: (value: T) => void;
+  testId: string;
+  multiline?: boolean;
+  inputMode?: 'decimal' | 'numeric';
+  hint?: string;
+}) {
+  const [text, setText] = useState(initial);
+  const [error, setError] = useState<string | null>(null);
+  const id = useId();
+  const errorId = `${id}-error`;
+  const onText = (next: string) => {
+    setText(next);
+    const checked = check(next);
+    setError(checked.ok ? null : checked.error);
+    if (checked.ok) onValid(checked.value);
+  };
+  const shared = {
+    id,
+    value: text,
+    'data-testid': testId,
+    'aria-invalid': error !== null,
+    'aria-describedby': error !== null ? errorId : undefined,
+  };
+  return (
+    <div className="field">
+      <label htmlFor={id}>{label}</label>
+      {multiline ? (
+        <textarea rows={2} {...shared} onChange={(e) => onText(e.target.value)} />
+      ) : (
+        <input type="text" inputMode={inputMode} {...shared} onChange={(e) => onText(e.target.value)} />
+      )}
+      {error !== null ? (
+        <span className="field-error" role="alert" id={errorId} data-testid={`${testId}-error`}>
+          {error}
+        </span>
+      ) : (
+        hint && <span className="hint">{hint}</span>
+      )}
+    </div>
+  );
+}
 
 export function SettingsPanel({
   settings,
@@ -14,29 +86,19 @@ export function SettingsPanel({
   onChange: (patch: Partial<Settings>) => void;
   onClose: () => void;
 }) {
-  const numberField = (
-    key: 'temperature' | 'topP' | 'maxTokens' | 'kvBudgetMiB',
-    label: string,
-    min: number,
-    max: number,
-    step: number,
-  ) => (
-    <label className="field">
-      <span>{label}</span>
-      <input
-        type="number"
-        min={min}
-        max={max}
-        step={step}
-        value={settings[key]}
-        data-testid={`setting-${key}`}
-        onChange={(e) => {
-          const value = Number(e.target.value);
-          if (Number.isFinite(value)) onChange({ [key]: Math.min(max, Math.max(min, value)) });
-        }}
+  const numberField = (key: NumberSettingKey, label: string) => {
+    const rule = NUMBER_SETTINGS[key];
+    return (
+      <CheckedField
+        label={label}
+        initial={String(settings[key])}
+        check={(text) => checkNumberSetting(key, text)}
+        onValid={(value) => onChange({ [key]: value })}
+        testId={`setting-${key}`}
+        inputMode={rule.integer ? 'numeric' : 'decimal'}
       />
-    </label>
-  );
+    );
+  };
   return (
     <Modal titleId="settings-title" testId="settings-panel" narrow onClose={onClose}>
       <header className="modal-header">
@@ -82,7 +144,7 @@ export function SettingsPanel({
             </label>
           ))}
         </div>
-        {numberField('kvBudgetMiB', 'KV budget (MiB of GPU memory)', 1, 8192, 1)}
+        {numberField('kvBudgetMiB', 'KV budget (MiB of GPU memory)')}
         <p className="hint">
           int2 is the default; a model whose K/V rows do not split into 2-bit groups loads f16 instead (the model chip
           and the stats show the mode in use). Changing these reloads the model before the next message.
@@ -90,9 +152,48 @@ export function SettingsPanel({
       </section>
       <section>
         <h3>Sampling</h3>
-        {numberField('temperature', 'Temperature (0 = greedy)', 0, 2, 0.05)}
-        {numberField('topP', 'Top-p', 0.01, 1, 0.01)}
-        {numberField('maxTokens', 'Max new tokens', 1, 8192, 1)}
+        {numberField('temperature', 'Temperature (0 = greedy)')}
+        {numberField('topP', 'Top-p (1 = off)')}
+        {numberField('topK', 'Top-k (0 = off)')}
+        {numberField('minP', 'Min-p (0 = off)')}
+        {numberField('repetitionPenalty', 'Repetition penalty (1 = off)')}
+        {numberField('maxTokens', 'Max new tokens')}
+        <CheckedField
+          label="Seed (empty = a new random one for each reply)"
+          initial={settings.seed === null ? '' : String(settings.seed)}
+          check={checkSeed}
+          onValid={(seed) => onChange({ seed })}
+          testId="setting-seed"
+          inputMode="numeric"
+          hint="With a seed, the same conversation gets the same reply again."
+        />
+        <CheckedField
+          label="Stop sequences (one a line; \n is a line break)"
+          initial={formatStopSequences(settings.stop)}
+          check={parseStopSequences}
+          onValid={(stop) => onChange({ stop })}
+          testId="setting-stop"
+          multiline
+          hint="The reply ends before the first one it would write."
+        />
+      </section>
+      <section>
+        <h3>Appearance</h3>
+        <div className="segmented" role="radiogroup" aria-label="Theme">
+          {THEME_CHOICES.map((theme) => (
+            <label key={theme} className={settings.theme === theme ? 'on' : ''}>
+              <input
+                type="radio"
+                name="theme"
+                value={theme}
+                checked={settings.theme === theme}
+                data-testid={`theme-${theme}`}
+                onChange={() => onChange({ theme })}
+              />
+              {THEME_LABELS[theme]}
+            </label>
+          ))}
+        </div>
       </section>
       <section>
         <h3>New chats</h3>

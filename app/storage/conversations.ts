@@ -2,7 +2,7 @@
  * Conversations live in IndexedDB (idb-keyval), one record per conversation, written on every change and every
  * few hundred milliseconds while a reply streams: a reload, a crash or a lost GPU device loses at most that much.
  */
-import { createStore, del, get, set, values } from 'idb-keyval';
+import { createStore, del, get, set, type UseStore, values } from 'idb-keyval';
 
 export type MessageStatus = 'done' | 'streaming' | 'stopped' | 'error' | 'interrupted';
 
@@ -27,7 +27,12 @@ export interface Conversation {
   updatedAt: number;
 }
 
-const store = createStore('longtab-chat', 'conversations');
+let store: UseStore | null = null;
+/** Opened on first use, so importing this module (its pure functions, in unit tests) needs no IndexedDB. */
+function conversationStore(): UseStore {
+  store ??= createStore('longtab-chat', 'conversations');
+  return store;
+}
 
 export function newId(prefix: string): string {
   return `${prefix}-${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 8)}`;
@@ -40,7 +45,7 @@ export function newConversation(systemPrompt: string): Conversation {
 
 /** All conversations, newest first. A reply that was streaming when the page died is marked interrupted. */
 export async function loadConversations(): Promise<Conversation[]> {
-  const all = await values<Conversation>(store);
+  const all = await values<Conversation>(conversationStore());
   for (const conversation of all) {
     for (const message of conversation.messages) {
       if (message.status === 'streaming') message.status = 'interrupted';
@@ -50,19 +55,39 @@ export async function loadConversations(): Promise<Conversation[]> {
 }
 
 export async function saveConversation(conversation: Conversation): Promise<void> {
-  await set(conversation.id, conversation, store);
+  await set(conversation.id, conversation, conversationStore());
 }
 
 export async function deleteConversation(id: string): Promise<void> {
-  await del(id, store);
+  await del(id, conversationStore());
 }
 
 export async function getConversation(id: string): Promise<Conversation | undefined> {
-  return get<Conversation>(id, store);
+  return get<Conversation>(id, conversationStore());
 }
 
 /** A title from the first user message: its first line, shortened. */
 export function titleFrom(text: string): string {
   const line = text.trim().split('\n')[0] ?? '';
   return line.length > 48 ? `${line.slice(0, 47)}…` : line || 'New chat';
+}
+
+/**
+ * The conversation with one of its user messages rewritten and every message after it dropped, ready for a new reply;
+ * null when `messageId` is not a user message of it. A title that was made from the first message follows the edit.
+ * The engine's cache for the conversation compares token prefixes, so the next request re-prefills from the first
+ * token that differs: nothing of the dropped turns is reused.
+ */
+export function withEditedMessage(conversation: Conversation, messageId: string, text: string): Conversation | null {
+  const index = conversation.messages.findIndex((m) => m.id === messageId);
+  const message = conversation.messages[index];
+  if (message?.role !== 'user') return null;
+  const firstUser = conversation.messages.find((m) => m.role === 'user');
+  const titleFollows = firstUser === message && conversation.title === titleFrom(message.content);
+  return {
+    ...conversation,
+    title: titleFollows ? titleFrom(text) : conversation.title,
+    messages: [...conversation.messages.slice(0, index), { ...message, content: text }],
+    updatedAt: Date.now(),
+  };
 }

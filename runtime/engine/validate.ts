@@ -10,8 +10,9 @@ import type { ContextOverflowPolicy, SpecialTokensInContent } from './api-types.
 
 const MAX_MESSAGES = 10_000;
 const MAX_TEXT_CHARS = 16 << 20;
-const MAX_STOP_STRINGS = 4;
-const MAX_STOP_CHARS = 256;
+/** Limits on a request's `stop`: strings, and characters of each (the chat page's settings check them too). */
+export const MAX_STOP_STRINGS = 4;
+export const MAX_STOP_CHARS = 256;
 const MAX_ID_CHARS = 256;
 const MAX_TOKENS_LIMIT = 1 << 20;
 
