@@ -24,7 +24,7 @@ import { logProbability } from '../eval/perplexity.ts';
 import { type ClipFitFormat, type FittedClip, fitClipQuantiles, resolveClipFormat } from '../kv/clip-fit.ts';
 import { createKvAttention, PagedKvAttention } from '../kv/paged-attention.ts';
 import { KvPagePool } from '../kv/pool.ts';
-import { type KvPrecisionPlan, uniformPlan } from '../kv/precision-plan.ts';
+import { type KvPrecisionPlan, planEffectiveBits, uniformPlan } from '../kv/precision-plan.ts';
 import { covarianceRotation, type KvRotation } from '../kv/rotation.ts';
 import type { StoredRotations } from '../kv/rotation-store.ts';
 import type { ModelConfig } from '../model/config.ts';
@@ -38,14 +38,17 @@ import {
   DEFAULT_PLAN_BUDGET,
   DEFAULT_PROBE,
   type LayerScores,
+  type MeasuredPlan,
   type PlanChoice,
   type ProbeLoss,
+  pickMeasuredPlan,
   probePlan,
   type RetrievalProbe,
   retrievalProbe,
   SIDE_CANDIDATES,
   type SideScore,
   sideScore,
+  withoutOneBitSides,
 } from './precision-search.ts';
 
 export interface CalibratedRotations {
@@ -512,5 +515,29 @@ export async function chooseKvPrecisionPlan(
     options.onLayer?.(l);
   }
   const share = { sink: policy.sink, window: policy.window, pageTokens: policy.pageTokens };
-  return { ...choosePlan(scores, { groupSize, share, budget: options.budget ?? DEFAULT_PLAN_BUDGET }), scores };
+  const budget = options.budget ?? DEFAULT_PLAN_BUDGET;
+  // The knapsack's plans, each measured as a whole (their side costs need not add up), and the baseline where it fits.
+  const baselinePlan = uniformPlan(c.layers, BASELINE_SIDE, BASELINE_SIDE);
+  const measured: Array<MeasuredPlan & { error: number }> = [];
+  const seen = new Set<string>();
+  for (const from of [scores, withoutOneBitSides(scores)]) {
+    let choice: PlanChoice;
+    try {
+      choice = choosePlan(from, { groupSize, share, budget });
+    } catch (error) {
+      if (from !== scores && error instanceof InvalidRequestError) continue; // 2-bit sides do not fit the budget
+      throw error;
+    }
+    const key = JSON.stringify(choice.plan);
+    if (seen.has(key)) continue;
+    seen.add(key);
+    const loss = await measureProbeLoss(gpu, c, weights, probe, layout(choice.plan), options);
+    measured.push({ ...choice, loss });
+  }
+  const baselineBits = planEffectiveBits(baselinePlan, groupSize, share, budget.tokens);
+  if (baselineBits <= budget.bitsPerElement + 1e-9 && !seen.has(JSON.stringify(baselinePlan))) {
+    measured.push({ plan: baselinePlan, bitsPerElement: baselineBits, loss: baseline, error: 0 });
+  }
+  const { loss: _loss, ...kept } = pickMeasuredPlan(measured);
+  return { ...kept, scores };
 }

@@ -2,7 +2,15 @@ import { describe, expect, it } from 'vitest';
 import { seededRandom } from '../../test/random.ts';
 import { DEFAULT_QUANT_POLICY, quantizedRange } from '../eval/fidelity.ts';
 import { planEffectiveBits } from '../kv/precision-plan.ts';
-import { choosePlan, type LayerScores, retrievalProbe, SIDE_CANDIDATES, type SideScore } from './precision-search.ts';
+import {
+  choosePlan,
+  type LayerScores,
+  pickMeasuredPlan,
+  retrievalProbe,
+  SIDE_CANDIDATES,
+  type SideScore,
+  withoutOneBitSides,
+} from './precision-search.ts';
 
 function randomScores(random: () => number, layers: number): LayerScores[] {
   const side = (): SideScore[] =>
@@ -81,5 +89,43 @@ describe('retrievalProbe', () => {
       expect(probe.tokens[t + 1]).toBe(probe.tokens[t] + 1);
     }
     expect(() => retrievalProbe(text.slice(0, 300), DEFAULT_QUANT_POLICY)).toThrow(/needs 768 tokens/);
+  });
+});
+
+describe('pickMeasuredPlan', () => {
+  const side = (bits: 1 | 2 | 4) => ({ bits, clipQuantile: 1 });
+  const plan = (bits: 1 | 2 | 4) => [{ key: side(bits), value: side(bits) }];
+
+  it('keeps the plan whose loss measured as a whole is least, not the one whose side costs sum least', () => {
+    // The knapsack's plan (1-bit sides its costs called free) measures worse than the 2-bit fallback.
+    const knapsack = { plan: plan(1), bitsPerElement: 1.6, loss: { copy: 2.9, plain: 4.4 }, error: -0.001 };
+    const fallback = { plan: plan(2), bitsPerElement: 2.4, loss: { copy: 2.5, plain: 4.3 }, error: 0 };
+    expect(pickMeasuredPlan([knapsack, fallback])).toBe(fallback);
+    expect(pickMeasuredPlan([fallback, knapsack])).toBe(fallback);
+  });
+
+  it('ties go to fewer bits, then to the earlier plan; an empty list throws', () => {
+    const a = { plan: plan(4), bitsPerElement: 4.3, loss: { copy: 1, plain: 2 } };
+    const b = { plan: plan(2), bitsPerElement: 2.4, loss: { copy: 2, plain: 1 } };
+    const c = { plan: plan(2), bitsPerElement: 2.4, loss: { copy: 1.5, plain: 1.5 } };
+    expect(pickMeasuredPlan([a, b, c])).toBe(b);
+    expect(() => pickMeasuredPlan([])).toThrow();
+  });
+});
+
+describe('withoutOneBitSides', () => {
+  it('drops the 1-bit candidates of every side and keeps the rest in order', () => {
+    const scores = randomScores(seededRandom(7), 3);
+    const kept = withoutOneBitSides(scores);
+    for (const [l, layer] of kept.entries()) {
+      for (const s of ['key', 'value'] as const) {
+        expect(layer[s].map((x) => x.candidate)).toEqual(
+          scores[l][s].map((x) => x.candidate).filter((c) => c.bits > 1),
+        );
+      }
+    }
+    // The knapsack over what is left picks no 1-bit side.
+    const choice = choosePlan(kept, { groupSize: 128, share: { sink: 64, window: 256, pageTokens: 16 } });
+    expect(choice.plan.every((l) => l.key.bits > 1 && l.value.bits > 1)).toBe(true);
   });
 });

@@ -13,9 +13,12 @@
  *   - plain rows: ordinary text whose history holds quantized pages (what perplexity feels);
  * the two means summed. Measuring the end of the network, not one layer's attention, weighs each layer by how much
  * the model's output depends on it: a layer that carries the copying shows it, whichever side it needs.
- * The plan is the choice of one candidate per side with the least total cost whose effective bits at the budget's
- * context (sink, window and scales counted) stay within the budget: an exact multiple-choice knapsack over the sides'
- * code bits.
+ * The knapsack's plan is the choice of one candidate per side with the least total cost whose effective bits at the
+ * budget's context (sink, window and scales counted) stay within the budget: an exact multiple-choice knapsack over
+ * the sides' code bits. Single-side costs do not add up where many sides go to 1 bit at once (a held-out model's
+ * plan with six 1-bit value sides cost +7.1% perplexity: docs/results/2026-12-03-heldout3-h200.md), so the plan
+ * kept is the one with the least loss measured as a whole (`pickMeasuredPlan`) among the knapsack's plan, the
+ * knapsack's plan without 1-bit candidates, and the baseline where it fits the budget.
  */
 import { InvalidRequestError } from '../../core/errors.ts';
 import type { QuantPolicy } from '../eval/fidelity.ts';
@@ -228,4 +231,32 @@ export function choosePlan(
     bitsPerElement: planEffectiveBits(plan, options.groupSize, options.share, tokens),
     error: picked.reduce((s, p) => s + p.error, 0),
   };
+}
+
+/** The candidates of `scores` at 2 bits or more: the knapsack's second plan, with no side at 1 bit. */
+export function withoutOneBitSides(scores: readonly LayerScores[]): LayerScores[] {
+  const keep = (list: SideScore[]) => list.filter((s) => s.candidate.bits > 1);
+  return scores.map((l) => ({ key: keep(l.key), value: keep(l.value) }));
+}
+
+/** A plan the calibration measured as a whole: its probe loss through the real forward. */
+export interface MeasuredPlan {
+  plan: KvLayerPrecision[];
+  bitsPerElement: number;
+  loss: ProbeLoss;
+}
+
+/**
+ * The measured plan with the least probe loss (copy + plain, the sum the side costs estimate); ties go to fewer bits,
+ * then to the earlier entry. Throws on an empty list.
+ */
+export function pickMeasuredPlan<T extends MeasuredPlan>(plans: readonly T[]): T {
+  if (plans.length === 0) throw new Error('pickMeasuredPlan: no plan');
+  let best = plans[0];
+  for (const p of plans.slice(1)) {
+    const a = p.loss.copy + p.loss.plain;
+    const b = best.loss.copy + best.loss.plain;
+    if (below(a, b, 1e-9) || (!below(b, a, 1e-9) && p.bitsPerElement < best.bitsPerElement - 1e-9)) best = p;
+  }
+  return best;
 }
