@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import { InvalidRequestError } from '../core/errors.ts';
 import type { GpuContext } from '../core/gpu/device.ts';
 import { encodeDispatches } from '../core/gpu/dispatch.ts';
 import { readUint32 } from '../core/gpu/readback.ts';
@@ -6,7 +7,7 @@ import { withTestGpu } from '../test/gpu.ts';
 import { randomFloats, seededRandom } from '../test/random.ts';
 import { mutateShaders } from '../test/shader-mutation.ts';
 import { argmaxReference, sampleReference } from './reference/sample.ts';
-import { prepareSampler, type SamplerParams, samplingUniform } from './sample.ts';
+import { prepareSampler, type SamplerParams, samplingUniform, tokenMaskWords } from './sample.ts';
 import type { sampleWgsl } from './sample.wgsl.ts';
 
 const ctx = withTestGpu();
@@ -20,6 +21,8 @@ interface Run {
   /** One draw per step, in order; the history ring carries over between them as in decode. */
   steps: number[];
   historyCapacity?: number;
+  /** A token mask for every step (Sampler.setMask). */
+  mask?: Uint32Array;
 }
 
 /** Runs the sampler once per step (one submit each, as decode does) and returns the sampled ids. */
@@ -39,6 +42,7 @@ async function sampleOnGpu(
     historyCapacity: run.historyCapacity ?? 64,
   });
   sampler.resetHistory(run.history ?? []);
+  if (run.mask) sampler.setMask(run.mask);
   run.steps.forEach((step, i) => {
     sampler.setParams(run.params, step);
     const encoder = gpu.device.createCommandEncoder({ label: 'sample-test' });
@@ -239,6 +243,107 @@ describe('sampler: masked logits', () => {
       expect(ids[i]).toBe(sampleReference(logits, params, seen.slice(-4), samplingUniform(params.seed, step)).choice);
       seen.push(ids[i]);
     });
+  });
+});
+
+/** A random token mask over `vocab` ids allowing about `share` of them (at least one), and the logits it leaves. */
+function randomMask(random: () => number, logits: Float32Array, share: number) {
+  const mask = new Uint32Array(tokenMaskWords(logits.length));
+  const allowed: number[] = [];
+  logits.forEach((_, i) => {
+    if (random() < share) allowed.push(i);
+  });
+  if (allowed.length === 0) allowed.push(Math.floor(random() * logits.length));
+  for (const i of allowed) mask[i >>> 5] |= 1 << (i & 31);
+  const masked = logits.map((l, i) => ((mask[i >>> 5] >>> (i & 31)) & 1 ? l : Number.NEGATIVE_INFINITY));
+  return { mask, masked, allowed: new Set(allowed) };
+}
+
+describe('sampler: token mask', () => {
+  it('draws only allowed ids, as the reference does on the logits with every other id at -Infinity', async () => {
+    const random = seededRandom(41);
+    for (let c = 0; c < 10; c++) {
+      const vocab = [37, 512, 4099, 9000][c % 4];
+      const logits = randomFloats(random, vocab, 3);
+      const { mask, masked, allowed } = randomMask(random, logits, [0.002, 0.05, 0.5, 0.9][c % 4]);
+      const params = { ...randomParams(random, vocab), ...(c % 3 === 0 ? { temperature: 0 } : {}) };
+      // The history holds the best forbidden ids, so a penalty below 1 would lift them if the mask did not hold.
+      const history = Array.from(logits.keys())
+        .filter((i) => !allowed.has(i))
+        .sort((a, b) => logits[b] - logits[a])
+        .slice(0, 8);
+      const steps = [c, c + 100];
+      const { ids } = await sampleOnGpu(ctx.gpu, {
+        logits,
+        params: { ...params, repetitionPenalty: 0.8 },
+        history,
+        steps,
+        mask,
+      });
+      const seen = history.slice();
+      steps.forEach((step, i) => {
+        expect(allowed.has(ids[i])).toBe(true);
+        const ref = sampleReference(
+          masked,
+          { ...params, repetitionPenalty: 0.8 },
+          seen.slice(-64),
+          samplingUniform(params.seed, step),
+        );
+        if (!ref.nearBoundary) expect(ids[i]).toBe(ref.choice);
+        seen.push(ids[i]);
+      });
+    }
+  });
+
+  it('null lifts the mask; a mask of the wrong size or with no allowed id is refused', async () => {
+    const logits = randomFloats(seededRandom(42), 100, 3);
+    const best = logits.indexOf(Math.max(...logits));
+    const output = ctx.gpu.allocator.createStorage('sampled', 'scratch', 4);
+    const buffer = ctx.gpu.allocator.createStorage('logits', 'scratch', logits);
+    const sampler = prepareSampler(ctx.gpu, 'mask-test', { logits: buffer, vocab: 100, output });
+    const run = async () => {
+      sampler.setParams(GREEDY, 0);
+      const encoder = ctx.gpu.device.createCommandEncoder();
+      const pass = encoder.beginComputePass();
+      encodeDispatches(pass, sampler.dispatches);
+      pass.end();
+      ctx.gpu.device.queue.submit([encoder.finish()]);
+      return (await readUint32(ctx.gpu, output, 1))[0];
+    };
+    const other = (best + 1) % 100;
+    const only = new Uint32Array(tokenMaskWords(100));
+    only[other >>> 5] = 1 << (other & 31);
+    sampler.setMask(only);
+    expect(await run()).toBe(other);
+    sampler.setMask(null);
+    expect(await run()).toBe(best);
+    expect(() => sampler.setMask(new Uint32Array(3))).toThrow(InvalidRequestError);
+    // Bits past the vocabulary (ids 100..127 of the last word) allow nothing.
+    const beyond = new Uint32Array(4);
+    beyond[3] = 0xfffffff0;
+    expect(() => sampler.setMask(beyond)).toThrow(/allows no token/);
+    // A refused mask leaves the sampler as it was: unmasked.
+    expect(await run()).toBe(best);
+    sampler.release();
+    ctx.gpu.allocator.release(output);
+    ctx.gpu.allocator.release(buffer);
+  });
+
+  it('a copy pass that ignores the mask is caught', async () => {
+    const broken = mutateShaders(ctx.gpu, {
+      label: 'sample.copy',
+      edit: (code) => code.replace('params.masked == 0u ||', 'true ||'),
+    });
+    const random = seededRandom(43);
+    let outside = 0;
+    for (let c = 0; c < 6; c++) {
+      const logits = randomFloats(random, 512, 3);
+      const { mask, allowed } = randomMask(random, logits, 0.1);
+      const { ids } = await sampleOnGpu(broken.gpu, { logits, params: { ...GREEDY, seed: c }, steps: [c], mask });
+      if (!allowed.has(ids[0])) outside++;
+    }
+    expect(broken.mutated).toEqual(['sample.copy']);
+    expect(outside).toBeGreaterThan(3);
   });
 });
 

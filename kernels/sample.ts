@@ -46,6 +46,11 @@ export interface Sampler {
   readonly historyCapacity: number;
   /** Writes the parameter uniform for the next submit; `step` (a u32 counter) picks the random number. */
   setParams(params: SamplerParams, step: number): void;
+  /**
+   * The ids the next draws may take (a grammar's allowed next tokens): bit i % 32 of word i / 32 allows id i, in
+   * ceil(vocab / 32) words; null lets every id through. Uploaded with the step; stays until the next call.
+   */
+  setMask(mask: Uint32Array | null): void;
   /** Replaces the history ring with the last `historyCapacity` of `ids` (the prompt), oldest first. */
   resetHistory(ids: readonly number[]): void;
   release(): void;
@@ -81,9 +86,26 @@ export function historyRingWords(ids: readonly number[], capacity: number): Uint
 
 const PARAM_KINDS = 'ufufffuuuuuu';
 
-function paramWords(vocab: number, capacity: number, p: SamplerParams, step: number): number[] {
+/** The uniform's word index of `masked` (Params in sample.wgsl.ts). */
+const MASKED_WORD = 10;
+
+function paramWords(vocab: number, capacity: number, p: SamplerParams, step: number, masked: boolean): number[] {
   const [lo, hi] = splitSeed(p.seed);
-  return [vocab, p.temperature, p.topK, p.topP, p.minP, p.repetitionPenalty, lo, hi, step >>> 0, capacity, 0, 0];
+  const words = [vocab, p.temperature, p.topK, p.topP, p.minP, p.repetitionPenalty, lo, hi, step >>> 0, capacity];
+  return [...words, masked ? 1 : 0, 0];
+}
+
+/** Words of a token mask over `vocab` ids. */
+export function tokenMaskWords(vocab: number): number {
+  return Math.ceil(vocab / 32);
+}
+
+/** Whether `mask` allows at least one id below `vocab`. */
+function allowsAny(mask: Uint32Array, vocab: number): boolean {
+  const full = Math.floor(vocab / 32);
+  for (let w = 0; w < full; w++) if (mask[w] !== 0) return true;
+  const rest = vocab % 32;
+  return rest > 0 && (mask[full] & ((2 ** rest - 1) >>> 0)) !== 0;
 }
 
 function packParams(words: number[], view: DataView): void {
@@ -118,8 +140,10 @@ export function prepareSampler(gpu: GpuContext, label: string, b: SamplerBinding
   const scratch = gpu.allocator.createStorage(`${label}.scratch`, 'scratch', scratchWords * 4);
   const state = gpu.allocator.createStorage(`${label}.state`, 'scratch', 32);
   const history = gpu.allocator.createStorage(`${label}.history`, 'scratch', historyRingWords([], capacity));
-  const params = uniformBuffer(gpu, `${label}.params`, paramWords(vocab, capacity, GREEDY, 0), PARAM_KINDS);
-  const owned: GPUBuffer[] = [work, scratch, state, history, params];
+  const params = uniformBuffer(gpu, `${label}.params`, paramWords(vocab, capacity, GREEDY, 0, false), PARAM_KINDS);
+  const mask = gpu.allocator.createStorage(`${label}.mask`, 'scratch', tokenMaskWords(vocab) * 4);
+  const owned: GPUBuffer[] = [work, scratch, state, history, params, mask];
+  let masked = false;
 
   const dispatches: PreparedDispatch[] = [];
   const add = (name: keyof typeof sampleWgsl, buffers: GPUBuffer[], workgroups: number, extra: GPUBuffer[] = []) => {
@@ -135,7 +159,7 @@ export function prepareSampler(gpu: GpuContext, label: string, b: SamplerBinding
   };
 
   // The sampler's buffers ride on the first dispatch so that releaseDispatches(sampler.dispatches) frees them too.
-  add('copy', [b.logits, work, params], Math.ceil(vocab / SAMPLE_WORKGROUP), owned);
+  add('copy', [b.logits, work, params, mask], Math.ceil(vocab / SAMPLE_WORKGROUP), owned);
   add('penalty', [b.logits, work, history, params], 1);
   add('partialMax', [work, scratch, params], groups);
   add('reduceMax', [scratch, state, b.output, history, params], 1);
@@ -158,8 +182,24 @@ export function prepareSampler(gpu: GpuContext, label: string, b: SamplerBinding
     vocab,
     historyCapacity: capacity,
     setParams(p: SamplerParams, step: number): void {
-      packParams(paramWords(vocab, capacity, p, step), paramView);
+      packParams(paramWords(vocab, capacity, p, step, masked), paramView);
       gpu.device.queue.writeBuffer(params, 0, paramView.buffer);
+    },
+    setMask(words: Uint32Array | null): void {
+      if (words !== null) {
+        if (words.length !== tokenMaskWords(vocab)) {
+          throw new InvalidRequestError(
+            `Sampler '${label}': a token mask over ${vocab} ids has ${tokenMaskWords(vocab)} words, got ${words.length}.`,
+          );
+        }
+        if (!allowsAny(words, vocab)) {
+          throw new InvalidRequestError(`Sampler '${label}': the token mask allows no token, so nothing can be drawn.`);
+        }
+        gpu.device.queue.writeBuffer(mask, 0, words.buffer, words.byteOffset, words.byteLength);
+      }
+      masked = words !== null;
+      const flag = new Uint32Array([masked ? 1 : 0]);
+      gpu.device.queue.writeBuffer(params, MASKED_WORD * 4, flag.buffer);
     },
     resetHistory(ids: readonly number[]): void {
       const words = historyRingWords(ids, capacity);

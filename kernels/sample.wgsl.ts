@@ -29,6 +29,9 @@ const NONE: u32 = 0xffffffffu;
 const NO_BIN: u32 = 256u;
 const MODE_COUNT: u32 = 0u;
 const MODE_MASS: u32 = 1u;
+// The logit of a token the mask forbids: the lowest f32 (WGSL has no -Infinity constant). Its weight in every pass
+// is 0 next to any allowed logit, and the penalty leaves it alone.
+const FORBIDDEN: f32 = -3.4028234e38;
 
 struct Params {
   vocab: u32,
@@ -41,7 +44,8 @@ struct Params {
   seedHi: u32,
   step: u32,
   historyCapacity: u32,
-  pad0: u32,
+  // 1: the copy pass keeps only the ids whose bit is set in the token mask (a grammar's allowed next tokens).
+  masked: u32,
   pad1: u32,
 }
 
@@ -108,17 +112,24 @@ fn uniformDraw(p: Params) -> f32 {
 
 `;
 
-/** work[i] = logits[i]: the penalties then edit `work` in place. */
+/**
+ * work[i] = logits[i], or FORBIDDEN where the token mask (bit i % 32 of word i / 32) forbids i while a mask is on;
+ * the penalties then edit `work` in place.
+ */
 const copyWgsl =
   common +
   /* wgsl */ `
 @group(0) @binding(0) var<storage, read> logits: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
 @group(0) @binding(2) var<uniform> params: Params;
+@group(0) @binding(3) var<storage, read> tokenMask: array<u32>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-  if (gid.x < params.vocab) { work[gid.x] = logits[gid.x]; }
+  let i = gid.x;
+  if (i >= params.vocab) { return; }
+  let allowed = params.masked == 0u || ((tokenMask[i / 32u] >> (i % 32u)) & 1u) == 1u;
+  work[i] = select(FORBIDDEN, logits[i], allowed);
 }
 `;
 
@@ -141,7 +152,8 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>) {
   let stored = min(history[0], params.historyCapacity);
   for (var j = lid.x; j < stored; j += WG) {
     let id = history[1u + j];
-    if (id < params.vocab) {
+    // A token the mask forbids stays forbidden.
+    if (id < params.vocab && work[id] > FORBIDDEN) {
       let l = logits[id];
       work[id] = select(l * params.penalty, l / params.penalty, l > 0.0);
     }
