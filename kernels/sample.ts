@@ -186,6 +186,7 @@ export function prepareSampler(gpu: GpuContext, label: string, b: SamplerBinding
       gpu.device.queue.writeBuffer(params, 0, paramView.buffer);
     },
     setMask(words: Uint32Array | null): void {
+      if (words === null && !masked) return;
       if (words !== null) {
         if (words.length !== tokenMaskWords(vocab)) {
           throw new InvalidRequestError(

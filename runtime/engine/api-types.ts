@@ -162,7 +162,23 @@ interface SamplingRequest {
   seed?: number;
   /** Up to 4 strings; generation ends before the first one that appears (it is not returned). */
   stop?: string | string[];
+  /** What the reply must be (default `{ type: 'text' }`); decoding is constrained token by token on the GPU. */
+  response_format?: ResponseFormat;
 }
+
+/**
+ * A reply's format, as OpenAI's `response_format`: JSON, JSON that a schema accepts (`strict` defaults to true:
+ * no keys beyond the schema's), or plain text; longtab extension `grammar`: an EBNF grammar in xgrammar's dialect
+ * (GBNF-like), whose start rule is `root`.
+ */
+export type ResponseFormat =
+  | { type: 'text' }
+  | { type: 'json_object' }
+  | {
+      type: 'json_schema';
+      json_schema: { name: string; description?: string; schema?: Record<string, unknown>; strict?: boolean };
+    }
+  | { type: 'grammar'; grammar: string };
 
 export interface ChatCompletionRequest extends SamplingRequest {
   messages: ChatMessageParam[];

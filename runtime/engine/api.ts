@@ -11,6 +11,7 @@ import { ContextOverflowError, InvalidRequestError, ModelNotLoadedError } from '
 import type { ByteSource } from '../../core/gguf-types.ts';
 import { acquireGpu, type GpuContext } from '../../core/gpu/device.ts';
 import { sourceFromBlob, sourceFromUrl } from '../gguf/sources.ts';
+import { ResponseFormatCompiler, type TokenConstraint } from '../grammar/constraint.ts';
 import type { RotationCache, StoredRotations } from '../kv/rotation-store.ts';
 import { resolveSamplingParams } from '../sampling/params.ts';
 import { type ChatMessage, chatTemplateFromMetadata, encodeConversation } from '../tokenizer/chat-template.ts';
@@ -29,6 +30,7 @@ import type {
   LongtabEngineApi,
   ModelInfo,
   ModelSource,
+  ResponseFormat,
   SpecialTokensInContent,
 } from './api-types.ts';
 import { BackgroundCalibration, defaultCalibrationTokens } from './background-calibration.ts';
@@ -178,6 +180,8 @@ export class LongtabEngine implements LongtabEngineApi {
   private readonly listeners = new Set<(stats: EngineStats) => void>();
   /** Background calibration of the KV rotations (load with rotation 'calibrated' and none fitted yet). */
   private calibration: BackgroundCalibration | null = null;
+  /** The loaded model's response-format compiler, made on the first constrained request. */
+  private formats: Promise<ResponseFormatCompiler> | null = null;
   /** When the queue last became empty (null while a request runs or waits), and who waits for that. */
   private idleAt: number | null = 0;
   private idleWaiters: Array<() => void> = [];
@@ -497,6 +501,38 @@ export class LongtabEngine implements LongtabEngineApi {
     const requestedMaxTokens = run.maxTokens;
     const cache = this.cache!;
     const ids = prompt.ids;
+    // The format compiles first: an invalid schema or grammar fails the request before the cache is touched.
+    const constraint = await this.constraintOf(runner, r.responseFormat);
+    try {
+      return await this.generateWith(runner, entry, prompt, run, constraint);
+    } finally {
+      constraint?.dispose();
+    }
+  }
+
+  /** The constraint of a request's format (null for text), from the loaded model's compiler. */
+  private async constraintOf(runner: ModelRunner, format: ResponseFormat): Promise<TokenConstraint | null> {
+    if (format.type === 'text') return null;
+    const pending = (this.formats ??= ResponseFormatCompiler.create(
+      runner.tokenizer.grammarVocabulary(runner.config.vocab),
+    ));
+    pending.catch(() => {
+      if (this.formats === pending) this.formats = null;
+    });
+    return (await pending).constraint(format);
+  }
+
+  private async generateWith(
+    runner: ModelRunner,
+    entry: CachedSequence,
+    prompt: PreparedPrompt,
+    run: GenerationRun,
+    constraint: TokenConstraint | null,
+  ): Promise<RunOutcome> {
+    const { request: r, onText, systemPrefilled, startsText } = run;
+    const requestedMaxTokens = run.maxTokens;
+    const cache = this.cache!;
+    const ids = prompt.ids;
     const maxTokens = Math.max(0, Math.min(requestedMaxTokens, this.capacity() - ids.length + 1));
     const reuse = Math.min(commonPrefixLength(entry.ids, ids), ids.length - 1);
     cache.makeRoom([entry], entry.seq, reuse, ids.length + maxTokens);
@@ -515,6 +551,7 @@ export class LongtabEngine implements LongtabEngineApi {
       maxTokens,
       sampling: resolveSamplingParams(r.sampling),
       signal: run.signal,
+      ...(constraint ? { constraint } : {}),
       onToken: (id) => {
         let piece = decoder.push(id);
         // SentencePiece's dummy-prefix space on the first word of a text is not part of the reply (as in decode()).
@@ -734,6 +771,8 @@ export class LongtabEngine implements LongtabEngineApi {
   }
 
   private unloadNow(): void {
+    this.formats?.then((f) => f.dispose()).catch(() => undefined);
+    this.formats = null;
     this.cache?.clear();
     this.cache = null;
     this.modelRunner?.unload();

@@ -5,6 +5,7 @@ import type { GpuContext } from '../../core/gpu/device.ts';
 import { readFloat32 } from '../../core/gpu/readback.ts';
 import { type AttentionProducts, prefillAttentionProducts } from '../../kernels/attention.ts';
 import { parseGguf } from '../gguf/parse.ts';
+import type { TokenConstraint } from '../grammar/constraint.ts';
 import { createKvAttention } from '../kv/paged-attention.ts';
 import { KvPagePool, type KvPoolOptions, type KvSequence } from '../kv/pool.ts';
 import type { KvRotation } from '../kv/rotation.ts';
@@ -120,6 +121,11 @@ export interface GenerateRequest {
   /** Stop at the model's end-of-generation tokens (default true). */
   stopAtEog?: boolean;
   signal?: AbortSignal;
+  /**
+   * The response format's constraint: before each draw its mask of allowed ids goes to the sampler, after it the id
+   * drawn advances it. Decode then waits for each id before the next step (the mask depends on it).
+   */
+  constraint?: TokenConstraint;
 }
 
 /** Generation into a sequence the caller owns (a conversation), reusing the KV it already holds. */
@@ -458,6 +464,7 @@ export class ModelRunner {
         tpotMs: decodeTokens > 0 ? (end - firstTokenAt) / decodeTokens : 0,
       };
     };
+    const constraint = request.constraint;
     let pending: Promise<number> | null = null;
     for (let position = reused; position < prompt.length; position += chunk) {
       if (request.signal?.aborted) {
@@ -466,8 +473,10 @@ export class ModelRunner {
       }
       const ids = prompt.slice(position, position + chunk);
       const last = position + ids.length === prompt.length;
-      pending = m.runner.submit({ seq, position, ids, sample: last ? { params, step: step++ } : undefined });
+      const mask = last && constraint ? await constraint.nextMask() : undefined;
+      pending = m.runner.submit({ seq, position, ids, sample: last ? { params, step: step++, mask } : undefined });
     }
+    if (constraint && pending) return this.decodeConstrained(m, seq, request, params, constraint, pending, step, usage);
     // Decode keeps one step queued ahead of the host: the step that feeds token k (its id copied on the GPU from the
     // sampler's output) is submitted before token k is read back, so the GPU never idles through the readback, the
     // encoding of the next step and the handling of token k. When token k ends the reply, the step queued for it was
@@ -516,6 +525,58 @@ export class ModelRunner {
         // Wait for the look-ahead step so its readback buffer is unmapped and its pages are no longer written.
         await ahead.catch(() => undefined);
         m.pool.truncate(seq, aheadPosition);
+      }
+    }
+    return { ids: generated, finishReason, usage: usage(generated.length, firstTokenAt, performance.now()) };
+  }
+
+  /**
+   * Decode under a response format: each step's mask follows from the id before it, so no step is queued ahead.
+   * Ends with 'stop' when the format ends (its stop token drawn) or at the reply's other ends, as `run`.
+   */
+  private async decodeConstrained(
+    m: LoadedModel,
+    seq: KvSequence,
+    request: SequenceGenerateRequest,
+    params: SamplingParams,
+    constraint: TokenConstraint,
+    first: Promise<number>,
+    firstStep: number,
+    usage: (generated: number, firstTokenAt: number, end: number) => GenerationUsage,
+  ): Promise<GenerateResult> {
+    const prompt = request.promptIds;
+    const generated: number[] = [];
+    let finishReason: FinishReason = 'length';
+    let step = firstStep;
+    let pending: Promise<number> | null = first;
+    let firstTokenAt = performance.now();
+    while (pending) {
+      const next = await pending;
+      pending = null;
+      if (generated.length === 0) firstTokenAt = performance.now();
+      if (request.maxTokens === 0) break;
+      constraint.accept(next);
+      generated.push(next);
+      if (request.onToken?.(next) === false || constraint.terminated) {
+        finishReason = 'stop';
+        break;
+      }
+      if ((request.stopAtEog ?? true) && m.tokenizer.isEndOfGeneration(next)) {
+        finishReason = 'stop';
+        break;
+      }
+      if (generated.length === request.maxTokens) break;
+      if (request.signal?.aborted) {
+        finishReason = 'abort';
+        break;
+      }
+      const mask = await constraint.nextMask();
+      const position = prompt.length + generated.length - 1;
+      try {
+        pending = m.runner.submit({ seq, position, ids: null, sample: { params, step: step++, mask } });
+      } catch (error) {
+        // The pool is full: the reply ends here, as at the context limit.
+        if (!(error instanceof ContextOverflowError)) throw error;
       }
     }
     return { ids: generated, finishReason, usage: usage(generated.length, firstTokenAt, performance.now()) };

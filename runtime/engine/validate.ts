@@ -6,7 +6,7 @@
 import { InvalidRequestError } from '../../core/errors.ts';
 import type { SamplingParams } from '../sampling/params.ts';
 import type { ChatMessage } from '../tokenizer/chat-template.ts';
-import type { ContextOverflowPolicy, SpecialTokensInContent } from './api-types.ts';
+import type { ContextOverflowPolicy, ResponseFormat, SpecialTokensInContent } from './api-types.ts';
 
 const MAX_MESSAGES = 10_000;
 const MAX_TEXT_CHARS = 16 << 20;
@@ -99,6 +99,7 @@ const SAMPLING_FIELDS = [
   'stop',
   'stream',
   'model',
+  'response_format',
 ] as const;
 
 export interface ValidatedSampling {
@@ -106,6 +107,52 @@ export interface ValidatedSampling {
   sampling: Partial<SamplingParams>;
   stop: string[];
   stream: boolean;
+  /** The reply's format; 'text' when none was given. */
+  responseFormat: ResponseFormat;
+}
+
+/** OpenAI's rule for a json_schema's name: letters, digits, '_' and '-', at most 64. */
+const SCHEMA_NAME = /^[A-Za-z0-9_-]{1,64}$/;
+
+/** The request's `response_format`, checked for shape (the grammar engine checks the schema or grammar itself). */
+function validateResponseFormat(value: unknown): ResponseFormat {
+  if (value === undefined || value === null) return { type: 'text' };
+  const f = checkObject('response_format', value, ['type', 'json_schema', 'grammar']);
+  switch (f.type) {
+    case 'text':
+    case 'json_object':
+      checkObject('response_format', value, ['type']);
+      return { type: f.type };
+    case 'json_schema': {
+      checkObject('response_format', value, ['type', 'json_schema']);
+      const j = checkObject('response_format.json_schema', f.json_schema, ['name', 'description', 'schema', 'strict']);
+      if (typeof j.name !== 'string' || !SCHEMA_NAME.test(j.name)) {
+        failField('response_format.json_schema.name', j.name, "use 1-64 letters, digits, '_' or '-'");
+      }
+      const description = optionalString('response_format.json_schema.description', j.description, MAX_TEXT_CHARS);
+      if (j.schema !== undefined && !isPlainObject(j.schema)) {
+        failField('response_format.json_schema.schema', j.schema, 'use a JSON Schema object');
+      }
+      const strict = optionalBoolean('response_format.json_schema.strict', j.strict);
+      return {
+        type: 'json_schema',
+        json_schema: {
+          name: j.name,
+          ...(description !== undefined ? { description } : {}),
+          ...(j.schema !== undefined ? { schema: j.schema as Record<string, unknown> } : {}),
+          ...(strict !== undefined ? { strict } : {}),
+        },
+      };
+    }
+    case 'grammar':
+      checkObject('response_format', value, ['type', 'grammar']);
+      if (typeof f.grammar !== 'string' || f.grammar.trim().length === 0 || f.grammar.length > MAX_TEXT_CHARS) {
+        failField('response_format.grammar', f.grammar, 'use a non-empty EBNF grammar whose start rule is `root`');
+      }
+      return { type: 'grammar', grammar: f.grammar };
+    default:
+      return failField('response_format.type', f.type, "use 'text', 'json_object', 'json_schema' or 'grammar'");
+  }
 }
 
 function validateSampling(r: Record<string, unknown>): ValidatedSampling {
@@ -145,7 +192,13 @@ function validateSampling(r: Record<string, unknown>): ValidatedSampling {
     }
   }
   optionalString('model', r.model, MAX_ID_CHARS);
-  return { maxTokens, sampling, stop, stream: optionalBoolean('stream', r.stream) ?? false };
+  return {
+    maxTokens,
+    sampling,
+    stop,
+    stream: optionalBoolean('stream', r.stream) ?? false,
+    responseFormat: validateResponseFormat(r.response_format),
+  };
 }
 
 /**

@@ -25,8 +25,11 @@ export interface StepRequest {
   ids: readonly number[] | null;
   /** Which logits the step computes (default: 'last' when it samples, else 'none'). */
   logits?: LogitsMode;
-  /** Sample the last token's logits: `submit` returns the promise of the chosen id. Needs a runner with sampling. */
-  sample?: { params: SamplerParams; step: number };
+  /**
+   * Sample the last token's logits: `submit` returns the promise of the chosen id. Needs a runner with sampling.
+   * `mask`: the ids the draw may take (a response format's constraint, Sampler.setMask); absent = any.
+   */
+  sample?: { params: SamplerParams; step: number; mask?: Uint32Array };
   /** Commands recorded in the step's submit before the forward (e.g. clearing capture buffers). */
   before?: (encoder: GPUCommandEncoder) => void;
   /** Commands recorded in the step's submit after the forward (e.g. copying captures to a staging buffer). */
@@ -150,7 +153,10 @@ export class StepRunner {
     if (sample && logits !== 'last') throw new RangeError("StepRunner: sampling reads the 'last' logits");
     this.pool.writeStep(seq, position, tokens);
     this.transformer.writeStep(ids, position, tokens);
-    if (sampling && sample) sampling.sampler.setParams(sample.params, sample.step);
+    if (sampling && sample) {
+      sampling.sampler.setMask(sample.mask ?? null);
+      sampling.sampler.setParams(sample.params, sample.step);
+    }
     return logits;
   }
 

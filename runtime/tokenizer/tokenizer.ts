@@ -10,9 +10,11 @@
  * Special tokens are split out before either path, as llama.cpp's `tokenizer_st_partition` does: user-defined tokens
  * always, control and unknown tokens only with `parseSpecial`.
  */
+
 import { BPE } from '@huggingface/tokenizers';
 import { InvalidRequestError } from '../../core/errors.ts';
 import type { GgufMetadata } from '../../core/gguf-types.ts';
+import type { GrammarVocabulary } from '../grammar/constraint.ts';
 import { BytePreTokenizer, CHAR_TO_BYTE } from './pretokenizer.ts';
 import { type SentencePieceVocab, sentencePieceEncode } from './sentencepiece.ts';
 import { type GgufVocab, readVocab, TokenType } from './vocab.ts';
@@ -187,6 +189,20 @@ export class GgufTokenizer {
 
   isEndOfGeneration(id: number): boolean {
     return this.vocab.eogIds.has(id);
+  }
+
+  /**
+   * The vocabulary as the grammar engine reads it (runtime/grammar/constraint.ts): control tokens as '' so that no
+   * format's text can contain one, the end-of-generation ids as its stop tokens. `vocabSize` is the model's logits.
+   */
+  grammarVocabulary(vocabSize: number): GrammarVocabulary {
+    return {
+      tokens: this.vocab.tokens.map((text, id) => (this.vocab.types[id] === TokenType.Control ? '' : text)),
+      kind: this.model === 'gpt2' ? 'byte_level' : 'byte_fallback',
+      prependSpace: this.model === 'llama' && this.vocab.addSpacePrefix,
+      stopIds: [...this.vocab.eogIds].sort((a, b) => a - b),
+      vocabSize,
+    };
   }
 
   /** Incremental decoding for generated tokens: pieces as llama.cpp's token_to_piece gives them, joined as UTF-8. */
