@@ -5,11 +5,13 @@
  */
 import { useCallback, useEffect, useMemo, useRef, useState } from 'react';
 import { ChatView } from './components/ChatView.tsx';
-import { ModelsPanel } from './components/ModelsPanel.tsx';
+import { Modal } from './components/Modal.tsx';
+import { type FitContext, ModelsPanel } from './components/ModelsPanel.tsx';
 import { checkWebGpu, NoWebGpu, type WebGpuCheck } from './components/NoWebGpu.tsx';
 import { SettingsPanel } from './components/SettingsPanel.tsx';
 import { Sidebar } from './components/Sidebar.tsx';
 import { EMPTY_PERF, type Perf, StatsPanel } from './components/StatsPanel.tsx';
+import { saveTextFile } from './components/save-file.ts';
 import { errorCode, errorMessage, pageDebug } from './engine/engine-client.ts';
 import { type SamplingFields, samplingFields } from './engine/sampling-request.ts';
 import type { ChatMessageParam, LoadProgress } from './engine/types.ts';
@@ -17,7 +19,15 @@ import { type EngineStatus, type LoadRequest, useEngine } from './engine/use-eng
 import { DEMO_MODEL_ID, DEMO_MODEL_NAME } from './models/presets.ts';
 import { useDefaultModel } from './models/use-default-model.ts';
 import {
+  conversationMarkdown,
+  conversationsFileText,
+  fileNameFrom,
+  parseConversationsFile,
+  withUnusedIds,
+} from './storage/conversation-file.ts';
+import {
   type Conversation,
+  deleteAllConversations,
   deleteConversation,
   loadConversations,
   newConversation,
@@ -72,7 +82,7 @@ function ChatApp() {
   const [activeId, setActiveId] = useState<string | null>(null);
   const [busy, setBusy] = useState(false);
   const [perf, setPerf] = useState<Perf>(EMPTY_PERF);
-  const [panel, setPanel] = useState<'models' | 'settings' | null>(null);
+  const [panel, setPanel] = useState<'models' | 'settings' | 'delete-all' | null>(null);
   const [sidebarOpen, setSidebarOpen] = useState(false);
   const closeSidebar = useCallback(() => setSidebarOpen(false), []);
   // On a phone the stats start folded away (the Stats button opens them below the chat).
@@ -360,6 +370,47 @@ function ChatApp() {
     [activeId, newChat, forget],
   );
 
+  const exportAll = useCallback(() => {
+    const day = new Date().toISOString().slice(0, 10);
+    saveTextFile(
+      `longtab-conversations-${day}.json`,
+      conversationsFileText(conversationsRef.current),
+      'application/json',
+    );
+  }, []);
+
+  const exportActive = useCallback(() => {
+    if (active) saveTextFile(fileNameFrom(active.title, 'md'), conversationMarkdown(active), 'text/markdown');
+  }, [active]);
+
+  /** Adds a file's conversations beside the stored ones; a taken id gets a new one, so nothing is overwritten. */
+  const importConversations = useCallback(async (file: File): Promise<string> => {
+    const imported = parseConversationsFile(await file.text());
+    const fresh = withUnusedIds(
+      imported,
+      conversationsRef.current.map((c) => c.id),
+      () => newId('c'),
+    );
+    for (const conversation of fresh) await saveConversation(conversation);
+    setConversations((list) => [...list, ...fresh].sort((a, b) => b.updatedAt - a.updatedAt));
+    const renamed = fresh.filter((c, i) => c.id !== imported[i]!.id).length;
+    const plural = (n: number) => (n === 1 ? '' : 's');
+    if (fresh.length === 0) return `${file.name} holds no conversations; nothing was added.`;
+    return (
+      `Imported ${fresh.length} conversation${plural(fresh.length)} from ${file.name}` +
+      (renamed ? ` (${renamed} got a new id: one with the same id was already here).` : '.')
+    );
+  }, []);
+
+  const deleteAll = useCallback(async () => {
+    const ids = conversationsRef.current.map((c) => c.id);
+    await deleteAllConversations();
+    await Promise.all(ids.map((id) => forget(id)));
+    setConversations([]);
+    setPanel(null);
+    await newChat();
+  }, [forget, newChat]);
+
   if (!settings) return <div className="splash">Opening your conversations…</div>;
 
   // What the page shows about the model: the engine's state, except that a chosen model not loaded yet reads as
@@ -372,6 +423,19 @@ function ChatApp() {
     (engineState.status === 'ready' || engineState.status === 'idle');
   const status: EngineStatus = deviceLost ? 'error' : fetchingDefault || pending ? 'loading' : engineState.status;
   const demoDownload = models.downloads[DEMO_MODEL_ID];
+  const adapter = engineState.stats?.adapter ?? null;
+  const fitContext: FitContext = {
+    kvBudgetBytes: Math.round(settings.kvBudgetMiB * 1024 * 1024),
+    gpu: adapter && {
+      maxBufferSize: adapter.maxBufferSize,
+      maxStorageBufferBindingSize: adapter.maxStorageBufferBindingSize,
+      peakBytes: engineState.stats?.memory.peak ?? 0,
+    },
+    runningModelId:
+      status === 'ready' && loadRequest !== null && engineState.loadedKey === loadRequest.key
+        ? (selectedModel?.id ?? null)
+        : null,
+  };
   const loadProgress: LoadProgress | null = fetchingDefault
     ? demoDownload
       ? { phase: 'download', bytesDone: demoDownload.bytesDone, bytesTotal: demoDownload.bytesTotal ?? 0 }
@@ -520,6 +584,7 @@ function ChatApp() {
         <ModelsPanel
           api={models}
           selectedId={settings.modelId}
+          fit={fitContext}
           onSelect={(modelId) => {
             updateSettings({ modelId });
             setPanel(null);
@@ -531,9 +596,43 @@ function ChatApp() {
         <SettingsPanel
           settings={settings}
           models={models.models}
+          data={{
+            count: conversations.length,
+            activeTitle: active?.title ?? null,
+            busy,
+            exportAll,
+            exportActive,
+            importFile: importConversations,
+            askDeleteAll: () => setPanel('delete-all'),
+          }}
           onChange={updateSettings}
           onClose={() => setPanel(null)}
         />
+      )}
+      {panel === 'delete-all' && (
+        <Modal titleId="delete-all-title" testId="delete-all-dialog" narrow onClose={() => setPanel(null)}>
+          <header className="modal-header">
+            <h2 id="delete-all-title">Delete all conversations?</h2>
+          </header>
+          <p>
+            {conversations.length === 1 ? 'The conversation' : `All ${conversations.length} conversations`} and their
+            messages are removed from this device. Export them first (Settings) to keep a copy.
+          </p>
+          <div className="confirm-actions">
+            <button type="button" onClick={() => setPanel(null)} data-testid="delete-all-cancel">
+              Cancel
+            </button>
+            <button
+              type="button"
+              className="danger"
+              disabled={busy}
+              onClick={() => void deleteAll()}
+              data-testid="delete-all-confirm"
+            >
+              Delete all
+            </button>
+          </div>
+        </Modal>
       )}
     </div>
   );

@@ -1,6 +1,7 @@
 /** Model management: presets from the hub, the demo model, any URL, a local file; stored models; storage quota. */
 
 import { useState } from 'react';
+import { fitLabel, type GpuEvidence, modelFit } from '../models/model-fit.ts';
 import { DEMO_MODEL_ID, DEMO_MODEL_NAME, MODEL_PRESETS } from '../models/presets.ts';
 import { formatBytes, formatDuration, type StoredModel } from '../storage/models.ts';
 import type { DownloadState, ModelsApi } from '../storage/use-models.ts';
@@ -23,16 +24,51 @@ function ProgressBar({ state, total }: { state: DownloadState; total: number | n
   );
 }
 
+/** What the picker weighs each model against: the KV budget from settings and what the engine knows of the GPU. */
+export interface FitContext {
+  kvBudgetBytes: number;
+  gpu: GpuEvidence | null;
+  /** The model loaded now with the current KV budget. */
+  runningModelId: string | null;
+}
+
+function FitLabel({
+  modelId,
+  modelBytes,
+  context,
+}: {
+  modelId: string;
+  modelBytes: number | null;
+  context: FitContext;
+}) {
+  const fit = modelFit(
+    { modelBytes, kvBudgetBytes: context.kvBudgetBytes, running: modelId === context.runningModelId },
+    context.gpu,
+  );
+  return (
+    <div
+      className={`fit fit-${fit.verdict} small`}
+      data-testid="model-fit"
+      data-verdict={fit.verdict}
+      title={fit.reason}
+    >
+      {fitLabel(fit)}
+    </div>
+  );
+}
+
 function StoredRow({
   model,
   api,
   selected,
   onSelect,
+  fit,
 }: {
   model: StoredModel;
   api: ModelsApi;
   selected: boolean;
   onSelect: (id: string) => void;
+  fit: FitContext;
 }) {
   const download = api.downloads[model.id];
   return (
@@ -47,6 +83,11 @@ function StoredRow({
               : `${formatBytes(model.storedBytes)}${model.totalBytes ? ` of ${formatBytes(model.totalBytes)}` : ''} · incomplete`}
           {model.error ? ` · ${model.error}` : ''}
         </div>
+        <FitLabel
+          modelId={model.id}
+          modelBytes={model.totalBytes ?? (model.complete ? model.storedBytes : null)}
+          context={fit}
+        />
         {download && <ProgressBar state={download} total={model.totalBytes} />}
       </div>
       <div className="stored-actions">
@@ -81,11 +122,13 @@ function StoredRow({
 export function ModelsPanel({
   api,
   selectedId,
+  fit,
   onSelect,
   onClose,
 }: {
   api: ModelsApi;
   selectedId: string | null;
+  fit: FitContext;
   onSelect: (id: string) => void;
   onClose: () => void;
 }) {
@@ -136,6 +179,7 @@ export function ModelsPanel({
                 api={api}
                 selected={model.id === selectedId}
                 onSelect={onSelect}
+                fit={fit}
               />
             ))}
           </ul>
@@ -188,6 +232,7 @@ export function ModelsPanel({
                 <div className="muted small">
                   {preset.repo} · {preset.file} · ≈{formatBytes(preset.approxBytes)} (approx.) · {preset.note}
                 </div>
+                <FitLabel modelId={preset.id} modelBytes={preset.approxBytes} context={fit} />
               </div>
               <button
                 type="button"

@@ -15,6 +15,7 @@ import {
   type Settings,
   THEME_CHOICES,
 } from '../storage/settings.ts';
+import { ConversationData, type ConversationDataActions } from './ConversationData.tsx';
 import { Modal } from './Modal.tsx';
 
 const THEME_LABELS = { system: 'System', light: 'Light', dark: 'Dark' } as const;
@@ -78,11 +79,14 @@ function CheckedField<T>({
 export function SettingsPanel({
   settings,
   models,
+  data,
   onChange,
   onClose,
 }: {
   settings: Settings;
   models: StoredModel[];
+  /** Export, import and delete-all of the conversations. */
+  data: ConversationDataActions;
   onChange: (patch: Partial<Settings>) => void;
   onClose: () => void;
 }) {
@@ -206,6 +210,7 @@ export function SettingsPanel({
           />
         </label>
       </section>
+      <ConversationData actions={data} />
       <section>
         <h3>Downloads</h3>
         <label className="field">

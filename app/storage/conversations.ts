@@ -2,7 +2,7 @@
  * Conversations live in IndexedDB (idb-keyval), one record per conversation, written on every change and every
  * few hundred milliseconds while a reply streams: a reload, a crash or a lost GPU device loses at most that much.
  */
-import { createStore, del, get, set, type UseStore, values } from 'idb-keyval';
+import { clear, createStore, del, get, set, type UseStore, values } from 'idb-keyval';
 
 export type MessageStatus = 'done' | 'streaming' | 'stopped' | 'error' | 'interrupted';
 
@@ -60,6 +60,11 @@ export async function saveConversation(conversation: Conversation): Promise<void
 
 export async function deleteConversation(id: string): Promise<void> {
   await del(id, conversationStore());
+}
+
+/** Removes every stored conversation. */
+export async function deleteAllConversations(): Promise<void> {
+  await clear(conversationStore());
 }
 
 export async function getConversation(id: string): Promise<Conversation | undefined> {
