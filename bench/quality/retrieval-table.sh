@@ -54,7 +54,11 @@ for entry in $MODELS; do
   pids="${pids:-} $!"
 done
 # A call has a time limit: past BUDGET_S (default 540) the evaluations still running are stopped, and what finished
-# (each eval writes its JSON at the end, its log line by line) still comes back.
+# (each eval writes its JSON at the end, its log line by line) still comes back. The watchdog stops every process
+# whose command line holds $CLI: a call whose own command names it (e.g. a warm-up `run.sh .gpu/longtab.mjs ...`
+# before this script) is stopped with them and returns nothing.
+# Several models side by side share the GPU: four models with copy and perplexity beside passkey and recall in a
+# second instance ran past 555 s; three models with copy and perplexity took 262 s on the H200.
 ( sleep ${BUDGET_S:-540}; pkill -f "$CLI" ) 2>/dev/null &
 watchdog=$!
 wait $pids
