@@ -311,4 +311,65 @@ test.describe('engine worker API (Chromium, real worker)', () => {
     expect(result.stillWorks).toBe(3);
     expect(pageErrors).toEqual([]);
   });
+
+  test('response_format in the worker: the grammar engine loads there, replies meet their schema and grammar', async ({
+    page,
+  }) => {
+    const pageErrors = await open(page);
+    const result = await page.evaluate(async (url) => {
+      const { createEngine } = window.harness!;
+      const engine = createEngine();
+      await engine.load(url, { kv: 'f16', kvBudgetBytes: 1 << 20 });
+      const schema = {
+        type: 'object',
+        properties: { name: { type: 'string', maxLength: 12 }, age: { type: 'integer', minimum: 1, maximum: 9 } },
+        required: ['name', 'age'],
+        additionalProperties: false,
+      };
+      const json = await engine.completions.create({
+        prompt: 'Lily',
+        max_tokens: 48,
+        temperature: 0.8,
+        seed: 2,
+        response_format: { type: 'json_schema', json_schema: { name: 'child', schema } },
+      });
+      const grammar = await engine.completions.create({
+        prompt: 'Lily',
+        max_tokens: 16,
+        temperature: 1,
+        seed: 4,
+        response_format: { type: 'grammar', grammar: 'root ::= "The ball is " ("red" | "blue") "."' },
+      });
+      let bad: unknown = null;
+      try {
+        await engine.completions.create({
+          prompt: 'Lily',
+          response_format: { type: 'grammar', grammar: 'root ::= (' },
+        });
+      } catch (error) {
+        bad = { code: (error as { code?: string }).code, details: (error as { details?: unknown }).details };
+      }
+      const after = await engine.completions.create({ prompt: 'Lily', max_tokens: 4 });
+      engine.terminate();
+      return {
+        json: { text: json.choices[0].text, finish: json.choices[0].finish_reason },
+        grammar: grammar.choices[0].text,
+        bad,
+        after: after.choices[0].text.length,
+      };
+    }, modelUrl);
+    if (result.json.finish === 'stop') {
+      const value = JSON.parse(result.json.text) as { name: unknown; age: unknown };
+      expect(Object.keys(value).sort()).toEqual(['age', 'name']);
+      expect(typeof value.name).toBe('string');
+      expect(Number.isInteger(value.age) && (value.age as number) >= 1 && (value.age as number) <= 9).toBe(true);
+    } else {
+      expect(result.json.finish).toBe('length');
+      expect(result.json.text.startsWith('{"name"')).toBe(true);
+    }
+    expect(result.grammar).toMatch(/^The ball is (red|blue)\.$/);
+    expect(result.bad).toMatchObject({ code: 'invalid-request', details: { field: 'response_format.grammar' } });
+    expect(result.after).toBeGreaterThan(0);
+    expect(pageErrors).toEqual([]);
+  });
 });

@@ -572,7 +572,10 @@ export function prepareAttention(gpu: GpuContext, label: string, b: AttentionBin
 
 /** A pipeline label's part for a pool's quant formats ('' for an f16-only pool). */
 function formatsLabel(quant: DecodeQuantShape | null): string {
-  return quant ? `-k${quant.kBits}g${quant.kGroup}-v${quant.vBits}g${quant.vGroup}-t${quant.rowTokens}` : '';
+  if (!quant) return '';
+  // Positions per stored row only where a group spans several (labels of one-position rows stay as they were).
+  const rows = quant.rowTokens > 1 ? `-t${quant.rowTokens}` : '';
+  return `-k${quant.kBits}g${quant.kGroup}-v${quant.vBits}g${quant.vGroup}${rows}`;
 }
 
 /**

@@ -4,7 +4,7 @@
  * needs no more than the engine has already held on this device. The engine splits weights and KV pages into buffers
  * within the limits, so the limits bound one thing only: the KV cache's buffer slots cap the budget it can use.
  */
-import { MAX_KV_SLABS } from '../../runtime/kv/page-ledger.ts';
+import { MAX_KV_SLABS } from '../../workers/index.ts';
 import { formatBytes } from '../storage/models.ts';
 
 /** What the engine has shown about this device (its stats once a model has loaded). */

@@ -5,7 +5,7 @@
  * sampling rules are the engine's (runtime/engine/validate.ts), so a request built from settings is never refused.
  */
 import { createStore, get, set, type UseStore } from 'idb-keyval';
-import { MAX_STOP_CHARS, MAX_STOP_STRINGS } from '../../runtime/engine/validate.ts';
+import { MAX_STOP_CHARS, MAX_STOP_STRINGS } from '../../workers/index.ts';
 import type { KvMode } from '../engine/types.ts';
 
 export const THEME_CHOICES = ['system', 'light', 'dark'] as const;
