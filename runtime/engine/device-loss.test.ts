@@ -69,14 +69,17 @@ describe.skipIf(!modelPath || !goldenPath)('device loss on stories260K', () => {
     expect(failure).toBeInstanceOf(DeviceLostError);
     expect((failure as DeviceLostError).code).toBe('device-lost');
     expect((failure as DeviceLostError).message).toMatch(/reload the model/i);
-    expect(seen).toEqual(golden.greedy_ids.slice(1, 4));
+    // Decode queues one step ahead of the host: the step for token 4 may have finished and been read back before the
+    // loss, and then it is delivered (it is a correct token). Nothing after it can be.
+    expect(seen.length === 3 || seen.length === 4).toBe(true);
+    expect(seen).toEqual(golden.greedy_ids.slice(1, 1 + seen.length));
     // A lost engine answers every later call with the same typed error instead of hanging or crashing.
     await expect(engine.generate({ promptIds: [bos], maxTokens: 4 })).rejects.toBeInstanceOf(DeviceLostError);
 
     const fresh = new ModelRunner(await separateDevice());
     await fresh.load(source, { kvBudgetBytes: 4 << 20 });
     const resumed = await fresh.generate({ promptIds: [bos, ...seen], maxTokens: 20, stopAtEog: false });
-    expect(resumed.ids).toEqual(golden.greedy_ids.slice(4, 24));
+    expect(resumed.ids).toEqual(golden.greedy_ids.slice(1 + seen.length, 21 + seen.length));
     fresh.unload();
     await source.close?.();
   });
