@@ -13,6 +13,7 @@ import { join, resolve } from 'node:path';
 import { expect, type Page, type TestInfo, test } from '@playwright/test';
 import { type FaultLog, faultLog } from '../test/regressions/fault-log.ts';
 import { STORIES260K, sharedRoot } from '../test/shared.ts';
+import { chat, collectPageErrors, pickModelFile } from './fixtures/chat-page.ts';
 import { type HubServerOptions, startHubServer } from './fixtures/hub-server.ts';
 
 const modelFile = join(sharedRoot, STORIES260K);
@@ -39,12 +40,6 @@ async function shot(page: Page, testInfo: TestInfo, name: string): Promise<void>
   await testInfo.attach(name, { path, contentType: 'image/png' });
 }
 
-function collectPageErrors(page: Page): string[] {
-  const errors: string[] = [];
-  page.on('pageerror', (error) => errors.push(error.message));
-  return errors;
-}
-
 async function openModels(page: Page): Promise<void> {
   if (!(await page.getByTestId('models-panel').isVisible())) await page.getByTestId('model-chip').click();
   await expect(page.getByTestId('models-panel')).toBeVisible();
@@ -58,29 +53,6 @@ async function downloadPresetFrom(page: Page, hubBase: string): Promise<void> {
   await page.keyboard.press('Escape');
   await openModels(page);
   await page.getByTestId(`preset-${PRESET.id}`).getByRole('button', { name: 'Download' }).click();
-}
-
-async function pickStoriesFile(page: Page): Promise<void> {
-  await openModels(page);
-  await page.getByTestId('model-file-input').setInputFiles(modelFile);
-  await expect(page.getByTestId('models-panel')).toBeHidden();
-  // The chosen model, never the default demo model that may have been loading meanwhile.
-  await expect(page.getByTestId('model-chip')).toContainText('stories260K');
-  await expect(page.getByTestId('model-chip')).toHaveAttribute('data-status', 'ready', { timeout: 90_000 });
-  await expect(page.getByTestId('model-chip')).toContainText('stories260K');
-}
-
-/** Sends a message and waits for the reply to finish; returns its text. */
-async function chat(page: Page, text: string): Promise<string> {
-  const replies = page.getByTestId('message-assistant');
-  const before = await replies.count();
-  await page.getByTestId('composer-input').fill(text);
-  await page.getByTestId('send').click();
-  await expect(replies).toHaveCount(before + 1);
-  const reply = replies.nth(before);
-  await expect(reply).not.toHaveAttribute('data-status', 'streaming', { timeout: 150_000 });
-  await expect(reply).toHaveAttribute('data-status', 'done');
-  return ((await reply.locator('.bubble').textContent()) ?? '').trim();
 }
 
 async function setMaxTokens(page: Page, maxTokens: number): Promise<void> {
@@ -184,7 +156,7 @@ test.describe('chat page', () => {
     await expect(page.getByTestId(`preset-${PRESET.id}`)).toContainText('approx.');
     await expect(page.getByTestId('storage-quota')).toBeVisible();
     await shot(page, testInfo, '02-models-panel');
-    await pickStoriesFile(page);
+    await pickModelFile(page, modelFile);
     await setMaxTokens(page, 3);
 
     const reply = await chat(page, 'Once upon a time');
@@ -295,7 +267,7 @@ test.describe('chat page', () => {
     await expect(note).toContainText(/Could not load broken-arch(\.gguf)?: Architecture 'llamb' is not supported/);
 
     // Recovery: the working model loads; the failed reply's note still says what happened, and points nowhere.
-    await pickStoriesFile(page);
+    await pickModelFile(page, modelFile);
     await expect(page.getByTestId('engine-error')).toHaveCount(0);
     await expect(note).toContainText("Architecture 'llamb' is not supported");
     await expect(note).not.toContainText('see the message above');
@@ -348,6 +320,14 @@ test.describe('chat page', () => {
           await page.keyboard.press('Shift+Tab');
           expect(await inside(dialog), `${dialog}: Shift+Tab ${i + 1}`).toBe(true);
         }
+        // A control removed while it has focus (as a finished download's Pause is) gives focus back to the dialog.
+        await page.getByTestId(dialog).evaluate((e) => {
+          const gone = document.createElement('button');
+          e.append(gone);
+          gone.focus();
+          gone.remove();
+        });
+        await expect.poll(() => inside(dialog), `${dialog} keeps focus when its focused control goes away`).toBe(true);
         // A modal dialog (the page behind it inert: it takes no clicks or focus while the dialog is open).
         expect(await page.getByTestId(dialog).evaluate((e) => e.matches(':modal'))).toBe(true);
         if (how === 'Escape') await page.keyboard.press('Escape');
@@ -610,7 +590,7 @@ test.describe('chat page', () => {
     });
     try {
       await page.goto('/');
-      await pickStoriesFile(page);
+      await pickModelFile(page, modelFile);
       await page.getByTestId('open-settings').click();
       await page.getByTestId('setting-hub').fill(hub.hubBase);
       await page.keyboard.press('Escape');

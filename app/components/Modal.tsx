@@ -30,7 +30,8 @@ function keepTabInside(event: KeyboardEvent<HTMLDialogElement>): void {
  * A modal dialog on the platform's `<dialog>`: `showModal()` makes the rest of the page inert, so Tab cycles inside
  * it and the page behind takes no clicks; Tab and Shift+Tab wrap around its controls rather than leave for the
  * browser's own; focus moves into it when it opens and goes back to the control that had it (the button that opened
- * it) when it closes; Escape closes it through `onClose`, as its ✕ does.
+ * it) when it closes, and back into it when the control that had it goes away; Escape closes it through `onClose`,
+ * as its ✕ does.
  */
 export function Modal({
   titleId,
@@ -52,7 +53,14 @@ export function Modal({
     if (!dialog) return;
     const opener = document.activeElement instanceof HTMLElement ? document.activeElement : null;
     dialog.showModal();
+    // A control that goes away while it has focus (a finished download's Pause) leaves focus on the page's body,
+    // outside the dialog: focus goes back to the dialog's first control.
+    const refocus = new MutationObserver(() => {
+      if (dialog.open && !dialog.contains(document.activeElement)) (tabStops(dialog)[0] ?? dialog).focus();
+    });
+    refocus.observe(dialog, { childList: true, subtree: true });
     return () => {
+      refocus.disconnect();
       if (dialog.open) dialog.close();
       if (opener?.isConnected) opener.focus();
     };
