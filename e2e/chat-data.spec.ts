@@ -10,6 +10,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { type Download, expect, type Page, test } from '@playwright/test';
 import { STORIES260K, sharedRoot } from '../test/shared.ts';
+import { chat, collectPageErrors, pickModelFile, setSettings } from './fixtures/chat-page.ts';
 
 const modelFile = join(sharedRoot, STORIES260K);
 const haveModel = existsSync(modelFile);
@@ -26,43 +27,6 @@ interface ExportedFile {
     systemPrompt: string;
     messages: Array<{ role: string; content: string }>;
   }>;
-}
-
-function collectPageErrors(page: Page): string[] {
-  const errors: string[] = [];
-  page.on('pageerror', (error) => errors.push(error.message));
-  return errors;
-}
-
-async function pickStoriesFile(page: Page): Promise<void> {
-  if (!(await page.getByTestId('models-panel').isVisible())) await page.getByTestId('model-chip').click();
-  await page.getByTestId('model-file-input').setInputFiles(modelFile);
-  await expect(page.getByTestId('models-panel')).toBeHidden();
-  await expect(page.getByTestId('model-chip')).toHaveAttribute('data-status', 'ready', { timeout: 90_000 });
-  await expect(page.getByTestId('model-chip')).toContainText('stories260K');
-}
-
-async function setSettings(page: Page, fields: Record<string, string>): Promise<void> {
-  await page.getByTestId('open-settings').click();
-  for (const [key, value] of Object.entries(fields)) {
-    await page.getByTestId(`setting-${key}`).fill(value);
-    await expect(page.getByTestId(`setting-${key}-error`)).toHaveCount(0);
-  }
-  await page.keyboard.press('Escape');
-  await expect(page.getByTestId('settings-panel')).toHaveCount(0);
-}
-
-/** Sends a message and waits for the reply to finish; returns its text. */
-async function chat(page: Page, text: string): Promise<string> {
-  const replies = page.getByTestId('message-assistant');
-  const before = await replies.count();
-  await page.getByTestId('composer-input').fill(text);
-  await page.getByTestId('send').click();
-  await expect(replies).toHaveCount(before + 1);
-  const reply = replies.nth(before);
-  await expect(reply).not.toHaveAttribute('data-status', 'streaming', { timeout: 150_000 });
-  await expect(reply).toHaveAttribute('data-status', 'done');
-  return ((await reply.locator('.bubble').textContent()) ?? '').trim();
 }
 
 /** Every conversation in the app's IndexedDB as "title | system prompt | role:content …", sorted (what a reload shows). */
@@ -105,7 +69,7 @@ test.describe('chat data', () => {
     test.setTimeout(300_000);
     const errors = collectPageErrors(page);
     await page.goto('/');
-    await pickStoriesFile(page);
+    await pickModelFile(page, modelFile);
     await setSettings(page, { temperature: '0', maxTokens: '8' });
 
     const firstReply = await chat(page, 'Once upon a time');
@@ -217,7 +181,7 @@ test.describe('chat data', () => {
     test.skip(!haveModel, 'stories260K is missing');
     const errors = collectPageErrors(page);
     await page.goto('/');
-    await pickStoriesFile(page);
+    await pickModelFile(page, modelFile);
     await page.getByTestId('model-chip').click();
     const stories = page.getByTestId('stored-model').filter({ hasText: 'stories260K' });
     await expect(stories.getByTestId('model-fit')).toHaveText('fits');

@@ -9,6 +9,7 @@ import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { expect, type Page, test } from '@playwright/test';
 import { STORIES260K, sharedRoot } from '../test/shared.ts';
+import { chat, collectPageErrors, pickModelFile, replyText, setSettings } from './fixtures/chat-page.ts';
 
 const modelFile = join(sharedRoot, STORIES260K);
 const haveModel = existsSync(modelFile);
@@ -20,49 +21,6 @@ interface DebugWindow {
     lastRequest: Array<{ role: string; content: string }> | null;
     lastSampling: Record<string, unknown> | null;
   };
-}
-
-function collectPageErrors(page: Page): string[] {
-  const errors: string[] = [];
-  page.on('pageerror', (error) => errors.push(error.message));
-  return errors;
-}
-
-async function pickStoriesFile(page: Page): Promise<void> {
-  if (!(await page.getByTestId('models-panel').isVisible())) await page.getByTestId('model-chip').click();
-  await page.getByTestId('model-file-input').setInputFiles(modelFile);
-  await expect(page.getByTestId('models-panel')).toBeHidden();
-  await expect(page.getByTestId('model-chip')).toContainText('stories260K');
-  await expect(page.getByTestId('model-chip')).toHaveAttribute('data-status', 'ready', { timeout: 90_000 });
-  await expect(page.getByTestId('model-chip')).toContainText('stories260K');
-}
-
-/** Opens Settings, fills the given fields (by test id suffix), closes it. */
-async function setSettings(page: Page, fields: Record<string, string>): Promise<void> {
-  await page.getByTestId('open-settings').click();
-  for (const [key, value] of Object.entries(fields)) {
-    await page.getByTestId(`setting-${key}`).fill(value);
-    await expect(page.getByTestId(`setting-${key}-error`)).toHaveCount(0);
-  }
-  await page.keyboard.press('Escape');
-  await expect(page.getByTestId('settings-panel')).toHaveCount(0);
-}
-
-async function replyText(page: Page, index: number): Promise<string> {
-  const reply = page.getByTestId('message-assistant').nth(index);
-  await expect(reply).not.toHaveAttribute('data-status', 'streaming', { timeout: 150_000 });
-  await expect(reply).toHaveAttribute('data-status', 'done');
-  return ((await reply.locator('.bubble').textContent()) ?? '').trim();
-}
-
-/** Sends a message and waits for the reply to finish; returns its text. */
-async function chat(page: Page, text: string): Promise<string> {
-  const replies = page.getByTestId('message-assistant');
-  const before = await replies.count();
-  await page.getByTestId('composer-input').fill(text);
-  await page.getByTestId('send').click();
-  await expect(replies).toHaveCount(before + 1);
-  return replyText(page, before);
 }
 
 /** Regenerates the last reply and returns the new one. */
@@ -130,7 +88,7 @@ test.describe('chat settings', () => {
     test.setTimeout(480_000);
     const errors = collectPageErrors(page);
     await page.goto('/?debug=1');
-    await pickStoriesFile(page);
+    await pickModelFile(page, modelFile);
     await setSettings(page, { temperature: '0', maxTokens: '12' });
 
     const greedy = await chat(page, 'Once upon a time');
@@ -247,7 +205,7 @@ test.describe('chat settings', () => {
     test.setTimeout(420_000);
     const errors = collectPageErrors(page);
     await page.goto('/?debug=1');
-    await pickStoriesFile(page);
+    await pickModelFile(page, modelFile);
     await setSettings(page, { temperature: '0', maxTokens: '8' });
 
     const first = await chat(page, 'Once upon a time');

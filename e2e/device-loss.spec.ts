@@ -10,6 +10,7 @@ import { join } from 'node:path';
 import { expect, type Page, type TestInfo, test } from '@playwright/test';
 import { faultLog } from '../test/regressions/fault-log.ts';
 import { STORIES260K, sharedRoot } from '../test/shared.ts';
+import { pickModelFile } from './fixtures/chat-page.ts';
 
 const modelFile = join(sharedRoot, STORIES260K);
 const haveModel = existsSync(modelFile);
@@ -31,15 +32,6 @@ async function shot(page: Page, testInfo: TestInfo, name: string): Promise<void>
   const path = testInfo.outputPath(`${name}.png`);
   await page.screenshot({ path });
   await testInfo.attach(name, { path, contentType: 'image/png' });
-}
-
-async function pickStoriesFile(page: Page): Promise<void> {
-  if (!(await page.getByTestId('models-panel').isVisible())) await page.getByTestId('model-chip').click();
-  await page.getByTestId('model-file-input').setInputFiles(modelFile);
-  await expect(page.getByTestId('models-panel')).toBeHidden();
-  await expect(page.getByTestId('model-chip')).toContainText('stories260K');
-  await expect(page.getByTestId('model-chip')).toHaveAttribute('data-status', 'ready', { timeout: 90_000 });
-  await expect(page.getByTestId('model-chip')).toContainText('stories260K');
 }
 
 async function setMaxTokens(page: Page, maxTokens: number): Promise<void> {
@@ -91,7 +83,7 @@ test.describe('device loss in the chat page', () => {
 
     await page.goto('/?debug=1');
     await expect.poll(() => page.evaluate(() => typeof (window as DebugWindow).longtabDebug)).toBe('object');
-    await pickStoriesFile(page);
+    await pickModelFile(page, modelFile);
     await setMaxTokens(page, 64);
 
     const replies = page.getByTestId('message-assistant');

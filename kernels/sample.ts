@@ -48,7 +48,8 @@ export interface Sampler {
   setParams(params: SamplerParams, step: number): void;
   /**
    * The ids the next draws may take (a grammar's allowed next tokens): bit i % 32 of word i / 32 allows id i, in
-   * ceil(vocab / 32) words; null lets every id through. Uploaded with the step; stays until the next call.
+   * ceil(vocab / 32) words; null lets every id through. Takes effect with the next `setParams` (whose uniform says
+   * whether a mask applies) and stays until the next call.
    */
   setMask(mask: Uint32Array | null): void;
   /** Replaces the history ring with the last `historyCapacity` of `ids` (the prompt), oldest first. */
@@ -86,13 +87,10 @@ export function historyRingWords(ids: readonly number[], capacity: number): Uint
 
 const PARAM_KINDS = 'ufufffuuuuuu';
 
-/** The uniform's word index of `masked` (Params in sample.wgsl.ts). */
-const MASKED_WORD = 10;
-
 function paramWords(vocab: number, capacity: number, p: SamplerParams, step: number, masked: boolean): number[] {
   const [lo, hi] = splitSeed(p.seed);
-  const words = [vocab, p.temperature, p.topK, p.topP, p.minP, p.repetitionPenalty, lo, hi, step >>> 0, capacity];
-  return [...words, masked ? 1 : 0, 0];
+  const penalty = p.repetitionPenalty;
+  return [vocab, p.temperature, p.topK, p.topP, p.minP, penalty, lo, hi, step >>> 0, capacity, masked ? 1 : 0, 0];
 }
 
 /** Words of a token mask over `vocab` ids. */
@@ -186,7 +184,6 @@ export function prepareSampler(gpu: GpuContext, label: string, b: SamplerBinding
       gpu.device.queue.writeBuffer(params, 0, paramView.buffer);
     },
     setMask(words: Uint32Array | null): void {
-      if (words === null && !masked) return;
       if (words !== null) {
         if (words.length !== tokenMaskWords(vocab)) {
           throw new InvalidRequestError(
@@ -199,8 +196,6 @@ export function prepareSampler(gpu: GpuContext, label: string, b: SamplerBinding
         gpu.device.queue.writeBuffer(mask, 0, words.buffer, words.byteOffset, words.byteLength);
       }
       masked = words !== null;
-      const flag = new Uint32Array([masked ? 1 : 0]);
-      gpu.device.queue.writeBuffer(params, MASKED_WORD * 4, flag.buffer);
     },
     resetHistory(ids: readonly number[]): void {
       const words = historyRingWords(ids, capacity);

@@ -497,12 +497,8 @@ export class LongtabEngine implements LongtabEngineApi {
     prompt: PreparedPrompt,
     run: GenerationRun,
   ): Promise<RunOutcome> {
-    const { request: r, onText, systemPrefilled, startsText } = run;
-    const requestedMaxTokens = run.maxTokens;
-    const cache = this.cache!;
-    const ids = prompt.ids;
     // The format compiles first: an invalid schema or grammar fails the request before the cache is touched.
-    const constraint = await this.constraintOf(runner, r.responseFormat);
+    const constraint = await this.constraintOf(runner, run.request.responseFormat);
     try {
       return await this.generateWith(runner, entry, prompt, run, constraint);
     } finally {

@@ -504,17 +504,9 @@ export class ModelRunner {
         if (generated.length === 0) firstTokenAt = performance.now();
         if (request.maxTokens === 0) break;
         generated.push(next);
-        if (request.onToken?.(next) === false) {
-          finishReason = 'stop';
-          break;
-        }
-        if ((request.stopAtEog ?? true) && m.tokenizer.isEndOfGeneration(next)) {
-          finishReason = 'stop';
-          break;
-        }
-        if (generated.length === request.maxTokens) break;
-        if (request.signal?.aborted) {
-          finishReason = 'abort';
+        const end = this.replyEnd(m, request, generated);
+        if (end) {
+          finishReason = end;
           break;
         }
         pending = ahead;
@@ -528,6 +520,19 @@ export class ModelRunner {
       }
     }
     return { ids: generated, finishReason, usage: usage(generated.length, firstTokenAt, performance.now()) };
+  }
+
+  /**
+   * Why the reply ends with its last id (`generated` holds it), or null to go on; calls `onToken` with it. The
+   * checks of both decode loops, in order: the caller stops it, an end-of-generation id, max_tokens, an abort.
+   */
+  private replyEnd(m: LoadedModel, request: SequenceGenerateRequest, generated: number[]): FinishReason | null {
+    const id = generated[generated.length - 1];
+    if (request.onToken?.(id) === false) return 'stop';
+    if ((request.stopAtEog ?? true) && m.tokenizer.isEndOfGeneration(id)) return 'stop';
+    if (generated.length === request.maxTokens) return 'length';
+    if (request.signal?.aborted) return 'abort';
+    return null;
   }
 
   /**
@@ -557,17 +562,9 @@ export class ModelRunner {
       if (request.maxTokens === 0) break;
       constraint.accept(next);
       generated.push(next);
-      if (request.onToken?.(next) === false || constraint.terminated) {
-        finishReason = 'stop';
-        break;
-      }
-      if ((request.stopAtEog ?? true) && m.tokenizer.isEndOfGeneration(next)) {
-        finishReason = 'stop';
-        break;
-      }
-      if (generated.length === request.maxTokens) break;
-      if (request.signal?.aborted) {
-        finishReason = 'abort';
+      const end = this.replyEnd(m, request, generated);
+      if (end || constraint.terminated) {
+        finishReason = constraint.terminated ? 'stop' : end!;
         break;
       }
       const mask = await constraint.nextMask();

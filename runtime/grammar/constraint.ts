@@ -7,7 +7,7 @@
 import type { CompiledGrammar, GrammarCompiler, GrammarMatcher, TokenizerInfo } from '@mlc-ai/web-xgrammar';
 import { InvalidRequestError } from '../../core/errors.ts';
 import type { ResponseFormat } from '../engine/api-types.ts';
-import { loadXgrammar } from './xgrammar.ts';
+import { loadXgrammar, type XgrammarModule } from './xgrammar.ts';
 
 /** The vocabulary as the grammar engine reads it (GgufTokenizer.grammarVocabulary). */
 export interface GrammarVocabulary {
@@ -37,9 +37,9 @@ export interface TokenConstraint {
 /** Compiles the formats of one model's requests (the tokenizer's tables are built once). */
 export class ResponseFormatCompiler {
   private constructor(
+    private readonly xgrammar: XgrammarModule,
     private readonly info: TokenizerInfo,
     private readonly compiler: GrammarCompiler,
-    private readonly matcherOf: (compiled: CompiledGrammar) => Promise<GrammarMatcher>,
   ) {}
 
   static async create(vocab: GrammarVocabulary): Promise<ResponseFormatCompiler> {
@@ -52,9 +52,7 @@ export class ResponseFormatCompiler {
       [...vocab.stopIds],
     );
     const compiler = await xgrammar.GrammarCompiler.createGrammarCompiler(info, true);
-    return new ResponseFormatCompiler(info, compiler, (compiled) =>
-      xgrammar.GrammarMatcher.createGrammarMatcher(compiled),
-    );
+    return new ResponseFormatCompiler(xgrammar, info, compiler);
   }
 
   /** The constraint of `format`; null for plain text. An invalid schema or grammar is an InvalidRequestError. */
@@ -78,7 +76,7 @@ export class ResponseFormatCompiler {
       const field = format.type === 'grammar' ? 'response_format.grammar' : 'response_format.json_schema.schema';
       throw new InvalidRequestError(`${field}: the grammar engine cannot compile it: ${errorText(error)}`, { field });
     }
-    const matcher = await this.matcherOf(compiled);
+    const matcher = await this.xgrammar.GrammarMatcher.createGrammarMatcher(compiled);
     compiled.dispose();
     return new MatcherConstraint(matcher);
   }
