@@ -563,8 +563,12 @@ export class ModelRunner {
       constraint.accept(next);
       generated.push(next);
       const end = this.replyEnd(m, request, generated);
-      if (end || constraint.terminated) {
-        finishReason = constraint.terminated ? 'stop' : end!;
+      if (constraint.terminated) {
+        finishReason = 'stop';
+        break;
+      }
+      if (end) {
+        finishReason = end;
         break;
       }
       const mask = await constraint.nextMask();
