@@ -26,6 +26,8 @@ RETRIEVAL_MODES=${RETRIEVAL_MODES:-$MODES}
 RETRIEVAL_TRIALS=${RETRIEVAL_TRIALS:-$TRIALS}
 work=${WORK:-/tmp/retrieval-table}
 rm -rf $work && mkdir -p $work
+# What has finished so far, as the call returns it (a call killed at its limit returns the last pack).
+pack() { part=$(mktemp $OUT/.pack.XXXXXX) && chmod 644 $part && tar czf $part -C $work --exclude='*-cache' . && mv $part $OUT/$(basename $work).tar.gz; }
 # The kit unpacks its loader libraries on its first run: once here, not in four processes at once.
 $KIT/run.sh $CLI info --help > /dev/null 2>&1 || true
 for entry in $MODELS; do
@@ -39,6 +41,7 @@ for entry in $MODELS; do
       *) $L calibrate --model "$path" > $work/$name-calibrate.json 2> $work/$name-calibrate.log ;;
     esac
     for step in $STEPS; do
+      [ -e $work/stopped ] && break  # past the budget: no step starts after the watchdog
       case $step in
         copy) $L eval --task copy --model "$path" --text "$TEXT" --lengths 2048 --distances 512,1024,1536 --trials $TRIALS \
           --kv $MODES --chunk 128 --json > $work/$name-copy.json 2> $work/$name-copy.log ;;
@@ -48,20 +51,24 @@ for entry in $MODELS; do
           --kv $RETRIEVAL_MODES --chunk 128 --json > $work/$name-$step.json 2> $work/$name-$step.log ;;
         *) echo "unknown step $step" >&2; exit 2 ;;
       esac
+      pack
     done
     echo "$name: $(( $(date +%s) - start )) s" >> $work/times.txt
   ) &
   pids="${pids:-} $!"
 done
-# A call has a time limit: past BUDGET_S (default 540) the evaluations still running are stopped, and what finished
-# (each eval writes its JSON at the end, its log line by line) still comes back. The watchdog stops every process
+# A call has a time limit: past BUDGET_S (default 540) the evaluations still running are stopped, no later step
+# starts (a second step used to start after the first was stopped, and ran the call past its limit with nothing
+# returned), and what finished (each eval writes its JSON at the end, its log line by line) still comes back, packed
+# after every step as well as at the end. The watchdog stops every process
 # whose command line holds $CLI: a call whose own command names it (e.g. a warm-up `run.sh .gpu/longtab.mjs ...`
 # before this script) is stopped with them and returns nothing.
 # Several models side by side share the GPU: four models with copy and perplexity beside passkey and recall in a
-# second instance ran past 555 s; three models with copy and perplexity took 262 s on the H200.
-( sleep ${BUDGET_S:-540}; pkill -f "$CLI" ) 2>/dev/null &
+# second instance ran past 555 s; three models with copy and perplexity took 262 s on the H200; three models with
+# passkey and recall ran past 560 s (stopped by the call's limit: run one of the two steps a call).
+( sleep ${BUDGET_S:-540}; touch $work/stopped; pkill -f "$CLI" ) 2>/dev/null &
 watchdog=$!
 wait $pids
 kill $watchdog 2>/dev/null
 cat $work/times.txt 2>/dev/null
-tar czf $OUT/$(basename $work).tar.gz -C $work --exclude='*-cache' .
+pack
