@@ -45,8 +45,8 @@ import {
   probePlan,
   type RetrievalProbe,
   retrievalProbe,
-  SIDE_CANDIDATES,
   type SideScore,
+  sideCandidates,
   sideScore,
   withoutOneBitSides,
 } from './precision-search.ts';
@@ -497,12 +497,15 @@ export async function chooseKvPrecisionPlan(
     layout(uniformPlan(c.layers, BASELINE_SIDE, BASELINE_SIDE)),
     options,
   );
+  const share = { sink: policy.sink, window: policy.window, pageTokens: policy.pageTokens };
+  const budget = options.budget ?? DEFAULT_PLAN_BUDGET;
+  const candidates = sideCandidates(c.layers, { groupSize, share, budget });
   const scores: LayerScores[] = [];
   for (let l = 0; l < c.layers; l++) {
     const layer: Partial<LayerScores> = {};
     for (const side of ['key', 'value'] as const) {
       const list: SideScore[] = [];
-      for (const candidate of SIDE_CANDIDATES) {
+      for (const candidate of candidates[side]) {
         const same = candidate.bits === BASELINE_SIDE.bits && candidate.clipQuantile === BASELINE_SIDE.clipQuantile;
         const loss = same
           ? baseline
@@ -514,8 +517,6 @@ export async function chooseKvPrecisionPlan(
     scores.push(layer as LayerScores);
     options.onLayer?.(l);
   }
-  const share = { sink: policy.sink, window: policy.window, pageTokens: policy.pageTokens };
-  const budget = options.budget ?? DEFAULT_PLAN_BUDGET;
   // The knapsack's plans, each measured as a whole (their side costs need not add up), and the baseline where it fits.
   const baselinePlan = uniformPlan(c.layers, BASELINE_SIDE, BASELINE_SIDE);
   const measured: Array<MeasuredPlan & { error: number }> = [];

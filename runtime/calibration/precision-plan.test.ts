@@ -43,6 +43,8 @@ describe.skipIf(!storiesPath || !storiesText)('the calibration chooses a precisi
     const again = await chooseKvPrecisionPlan(gpu, config, weights, text, first, 32, { policy: storiesPolicy });
     expect(again!.plan).toEqual(first.plan!.plan);
     expect(again!.scores).toEqual(first.plan!.scores);
+    // Rows of 32 values: no plan with 2-bit keys fits the budget, so keys are measured at 1 bit as well.
+    expect(first.plan!.scores.every((l) => l.key.some((s) => s.candidate.bits === 1))).toBe(true);
     // Within the default budget at 32K positions, under the sink and window the probe was built for.
     const share = { sink: 16, window: 128, pageTokens: 16 };
     expect(planEffectiveBits(first.plan!.plan, 32, share, 32768)).toBeLessThanOrEqual(2.5 + 1e-9);

@@ -9,6 +9,7 @@ import {
   retrievalProbe,
   SIDE_CANDIDATES,
   type SideScore,
+  sideCandidates,
   withoutOneBitSides,
 } from './precision-search.ts';
 
@@ -22,6 +23,27 @@ function randomScores(random: () => number, layers: number): LayerScores[] {
     });
   return Array.from({ length: layers }, () => ({ key: side(), value: side() }));
 }
+
+describe('sideCandidates', () => {
+  const share = { sink: 64, window: 256, pageTokens: 16 };
+  const budget = { bitsPerElement: 2.5, tokens: 32768 };
+
+  it('keeps keys off 1 bit where a plan with 2-bit keys and 1-bit values fits the budget', () => {
+    const { key, value } = sideCandidates(8, { groupSize: 128, share, budget });
+    expect(value).toEqual(SIDE_CANDIDATES);
+    expect(key).toEqual(SIDE_CANDIDATES.filter((c) => c.bits !== 1));
+    expect(key.length).toBe(SIDE_CANDIDATES.length - 1);
+  });
+
+  it('offers keys 1 bit where nothing else fits: rows of 32 values, whose scales cost a bit an element', () => {
+    const { key } = sideCandidates(8, { groupSize: 32, share, budget });
+    expect(key).toEqual(SIDE_CANDIDATES);
+    // The boundary is the pool's accounting: 2-bit keys with 1-bit values over the budget at groups of 32.
+    const plan = [{ key: { bits: 2 as const, clipQuantile: 1 }, value: { bits: 1 as const, clipQuantile: 1 } }];
+    expect(planEffectiveBits(plan, 32, share, budget.tokens)).toBeGreaterThan(budget.bitsPerElement);
+    expect(planEffectiveBits(plan, 128, share, budget.tokens)).toBeLessThanOrEqual(budget.bitsPerElement);
+  });
+});
 
 describe('choosePlan', () => {
   const share = { sink: 64, window: 256, pageTokens: 16 };

@@ -28,6 +28,7 @@ import {
   type KvLayerPrecision,
   type KvSidePrecision,
   planEffectiveBits,
+  uniformPlan,
 } from '../kv/precision-plan.ts';
 
 /** The formats each side may take: 1 bit, 2 bits at a few clip quantiles, 4 bits unclipped. */
@@ -38,6 +39,23 @@ export const SIDE_CANDIDATES: readonly KvSidePrecision[] = [
   { bits: 2, clipQuantile: 0.92 },
   { bits: 4, clipQuantile: 1 },
 ];
+
+/**
+ * The candidates of keys and of values under `budget`. Keys take 1 bit only where no plan with 2-bit keys fits
+ * (narrow rows, whose scales leave few code bits): every held-out plan with a 1-bit key side lost retrieval and
+ * perplexity far beyond what the probe measured, while plans with 1-bit values and 2-bit keys did not
+ * (docs/results/2026-12-03-heldout4-h200.md).
+ */
+export function sideCandidates(
+  layers: number,
+  options: { groupSize: number; share: KvF16Share; budget: { bitsPerElement: number; tokens: number } },
+): { key: readonly KvSidePrecision[]; value: readonly KvSidePrecision[] } {
+  const { groupSize, share, budget } = options;
+  const cheapestWithTwoBitKeys = uniformPlan(layers, { bits: 2, clipQuantile: 1 }, { bits: 1, clipQuantile: 1 });
+  const fits =
+    planEffectiveBits(cheapestWithTwoBitKeys, groupSize, share, budget.tokens) <= budget.bitsPerElement + 1e-9;
+  return { key: fits ? SIDE_CANDIDATES.filter((c) => c.bits > 1) : SIDE_CANDIDATES, value: SIDE_CANDIDATES };
+}
 
 /** The candidate every other side holds while one side is measured. */
 export const BASELINE_SIDE: KvSidePrecision = { bits: 2, clipQuantile: 1 };
@@ -98,7 +116,7 @@ export function retrievalProbe(
   return { tokens, copyRows, plainRows };
 }
 
-/** Per layer, per side, per candidate (SIDE_CANDIDATES order): what it adds to the baseline's two losses. */
+/** Per layer, per side, per candidate (`sideCandidates` order): what it adds to the baseline's two losses. */
 export interface SideScore {
   candidate: KvSidePrecision;
   /** Added mean negative log-likelihood (nats) at the copy rows. */
