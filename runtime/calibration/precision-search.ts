@@ -31,7 +31,7 @@ import {
   uniformPlan,
 } from '../kv/precision-plan.ts';
 
-/** The formats each side may take: 1 bit, 2 bits at a few clip quantiles, 4 bits unclipped. */
+/** The formats a side may take: 1 bit, 2 bits at a few clip quantiles, 4 bits unclipped (keys: `sideCandidates`). */
 export const SIDE_CANDIDATES: readonly KvSidePrecision[] = [
   { bits: 1, clipQuantile: 1 },
   { bits: 2, clipQuantile: 1 },
@@ -51,7 +51,7 @@ export function sideCandidates(
   options: { groupSize: number; share: KvF16Share; budget: { bitsPerElement: number; tokens: number } },
 ): { key: readonly KvSidePrecision[]; value: readonly KvSidePrecision[] } {
   const { groupSize, share, budget } = options;
-  const cheapestWithTwoBitKeys = uniformPlan(layers, { bits: 2, clipQuantile: 1 }, { bits: 1, clipQuantile: 1 });
+  const cheapestWithTwoBitKeys = uniformPlan(layers, BASELINE_SIDE, { bits: 1, clipQuantile: 1 });
   const fits =
     planEffectiveBits(cheapestWithTwoBitKeys, groupSize, share, budget.tokens) <= budget.bitsPerElement + 1e-9;
   return { key: fits ? SIDE_CANDIDATES.filter((c) => c.bits > 1) : SIDE_CANDIDATES, value: SIDE_CANDIDATES };
