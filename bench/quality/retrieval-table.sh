@@ -60,13 +60,13 @@ done
 # A call has a time limit: past BUDGET_S (default 540) the evaluations still running are stopped, no later step
 # starts (a second step used to start after the first was stopped, and ran the call past its limit with nothing
 # returned), and what finished (each eval writes its JSON at the end, its log line by line) still comes back, packed
-# after every step as well as at the end. The watchdog stops every process
-# whose command line holds $CLI: a call whose own command names it (e.g. a warm-up `run.sh .gpu/longtab.mjs ...`
-# before this script) is stopped with them and returns nothing.
+# after every step as well as at the end. The watchdog stops the evaluation each model's shell is running (its
+# child: the kit's run.sh execs node), not processes found by name: the kit runs a copy of $CLI, so a command line
+# that holds $CLI is the call's own.
 # Several models side by side share the GPU: four models with copy and perplexity beside passkey and recall in a
 # second instance ran past 555 s; three models with copy and perplexity took 262 s on the H200; three models with
 # passkey and recall ran past 560 s (stopped by the call's limit: run one of the two steps a call).
-( sleep ${BUDGET_S:-540}; touch $work/stopped; pkill -f "$CLI" ) 2>/dev/null &
+( sleep ${BUDGET_S:-540}; touch $work/stopped; for pid in $pids; do pkill -P $pid; done ) 2>/dev/null &
 watchdog=$!
 wait $pids
 kill $watchdog 2>/dev/null
