@@ -28,9 +28,10 @@
  * INT8_ATTENTION_QUANTIZATION_BOUND. `--check-int8` first runs the reference cases and broken kernels of
  * kernels/attention-prefill-int8.test.ts for both (CI's adapters skip the tensor-core ones). `--tokens` sets the
  * prefill chunk (128); `--kernels int8,int8-pages` times only those (the split kernel still runs as their reference,
- * untimed unless listed).
+ * untimed unless listed). Without `--prefill`, `--kernels decode,decode-staged` times only those decode variants
+ * (and the split kernel, the int2 runs' reference).
  *
- *   npx tsx bench/attention-kernels.ts [--kv f16|int2] [--prefill [--splits N,M] [--kernels A,B]] [--tokens 128]
+ *   npx tsx bench/attention-kernels.ts [--kv f16|int2] [--kernels A,B] [--prefill [--splits N,M]] [--tokens 128]
  *                                      [--check-int8] [--ablate-int8]
  *                                      [--contexts 1024,8192,32768]
  *                                      [--shapes llama-3.2-1b,qwen2.5-0.5b,qwen3-4b] [--out FILE.json]
@@ -119,6 +120,9 @@ const decodeSource = (s: LayerShape, quant: DecodeQuantShape | null, unrolled = 
 const decodeEdit = (edit: (code: string) => string) => (s: LayerShape, quant: DecodeQuantShape | null) => ({
   decode: edited(decodeSource(s, quant), edit),
 });
+/** The decode build of the shape with its quant keys' V words staged by phase A (stagedValues). */
+const stagedSource = (s: LayerShape, quant: DecodeQuantShape | null) =>
+  attentionDecodeSource({ headDim: s.headDim, rows: s.heads / s.kvHeads, quant, unrolled: false, stagedValues: true });
 /** An ablation of the decode kernel: its build with `edit` applied, timed only. */
 const decodeAblation = (name: string, edit: (code: string) => string): Variant => ({
   name,
@@ -246,6 +250,28 @@ const QUANT_VARIANTS: Variant[] = [
       },
     }),
   ),
+  // Phase A copies each quant key's V words into workgroup memory for phase C (same results); and that build with
+  // 4 keys a value batch (phase C's loads come from workgroup memory there).
+  { name: 'decode-staged', decodeKernel: true, sources: (s, quant) => ({ decode: stagedSource(s, quant) }) },
+  {
+    name: 'decode-staged-batch4',
+    decodeKernel: true,
+    sources: (s, quant) => {
+      const source = stagedSource(s, quant);
+      const own = Number(/const BATCH: u32 = (\d+)u;/.exec(source)?.[1]);
+      if (own === 4) return null;
+      return {
+        decode: edited(source, (c) =>
+          c
+            .replace(/const BATCH: u32 = \d+u;/, 'const BATCH: u32 = 4u;')
+            .replace(
+              /var vals: array<vec4<f32>, (\d+)>;/,
+              (_, n) => `var vals: array<vec4<f32>, ${(Number(n) / own) * 4}>;`,
+            ),
+        ),
+      };
+    },
+  },
   // Ablations: quant value loads replaced by a constant; quant key code loads replaced by a constant.
   decodeAblation('abl-noQuantV', (c) =>
     c.replace(/let codes = slabWord\(slot, row \+ e0 \/ V_PER\)[^;]*;/, 'let codes = key;'),
@@ -276,6 +302,18 @@ const QUANT_VARIANTS: Variant[] = [
       .replaceAll(/qt\[\([^()]*?(?: \+ (\d)u)?\) \* RG \+ \d+u\]/g, (_, e?: string) => `qr${e ?? 0}`),
   ),
 ];
+
+/**
+ * The decode variants a run times: all of `list` and the phase ablations, or (`--kernels`) those named, with the
+ * split kernel first where the list has one (the int2 runs' reference).
+ */
+function decodeVariants(list: Variant[], only: string[] | undefined): Variant[] {
+  const all = [...list, ...PHASE_ABLATIONS];
+  if (!only) return all;
+  const named = variantsNamed(all, only);
+  const split = list.find((v) => v.name === 'split');
+  return split && !only.includes('split') ? [split, ...named] : named;
+}
 
 /** Layer 0's attention for one decode step, as the runtime's decode graph binds it, with the variant's knobs. */
 function decodeStepBinding(
@@ -374,7 +412,7 @@ function f16ReferenceRatio(
   return maxToleranceRatio(actual, expected, 2e-5, 2e-4);
 }
 
-async function benchShape(gpu: GpuContext, shape: LayerShape, contexts: number[]) {
+async function benchShape(gpu: GpuContext, shape: LayerShape, contexts: number[], only?: string[]) {
   const { heads, kvHeads, headDim } = shape;
   const { pool, q, k, v, output, data, release } = layerSetup(gpu, shape, contexts, 'f16');
   const fill = [prepareKvAppend(gpu, 'fill', { pool, layer: 0, k, v, tokens: FILL_CHUNK })];
@@ -386,7 +424,7 @@ async function benchShape(gpu: GpuContext, shape: LayerShape, contexts: number[]
     pool.writeStep(seq, context - 1, 1);
     pool.submitPending(); // page copies and promotions the step asked for
     const row: Record<string, unknown> = { shape: shape.name, context };
-    for (const variant of [...VARIANTS, ...PHASE_ABLATIONS]) {
+    for (const variant of decodeVariants(VARIANTS, only)) {
       const sources = variant.sources?.(shape, null);
       if (sources === null) continue;
       const binding = decodeStepBinding(pool, shape, variant, q, output);
@@ -410,7 +448,7 @@ async function benchShape(gpu: GpuContext, shape: LayerShape, contexts: number[]
   return rows;
 }
 
-async function benchQuantShape(gpu: GpuContext, shape: LayerShape, contexts: number[]) {
+async function benchQuantShape(gpu: GpuContext, shape: LayerShape, contexts: number[], only?: string[]) {
   const { heads, headDim } = shape;
   const { pool, q, k, v, output, release } = layerSetup(gpu, shape, contexts, 'quant');
   // The formats the runtime's decode build reads, as prepareAttention derives them.
@@ -429,7 +467,7 @@ async function benchQuantShape(gpu: GpuContext, shape: LayerShape, contexts: num
     submitDispatches(gpu, 'fill', fill.append);
     const row: Record<string, unknown> = { shape: shape.name, kv: 'int2', context, quantPages: pool.stats() };
     let expected: Float32Array | null = null;
-    for (const variant of [...QUANT_VARIANTS, ...PHASE_ABLATIONS]) {
+    for (const variant of decodeVariants(QUANT_VARIANTS, only)) {
       const sources = variant.sources?.(shape, quant);
       if (sources === null) continue;
       const binding = decodeStepBinding(pool, shape, variant, q, variant.decodeKernel ? output : reference);
@@ -875,7 +913,7 @@ for (const count of prefillSplitCounts) {
   }
 }
 const onlyKernels = values.kernels?.split(',');
-if (onlyKernels && !values.prefill) throw new Error('--kernels picks prefill kernels: use it with --prefill');
+if (onlyKernels && values.roofline) throw new Error('--kernels picks prefill or decode kernels, not roofline ones');
 const kinds = (values.kv ?? (values.roofline ? 'f16,int2' : 'f16')).split(',');
 if (kinds.some((kind) => kind !== 'f16' && kind !== 'int2') || (kinds.length > 1 && !values.roofline)) {
   throw new Error(`--kv f16|int2${values.roofline ? ' (or both: f16,int2)' : ''}, got ${values.kv}`);
@@ -1004,7 +1042,7 @@ for (const shape of layerShapesNamed(shapesArg)) {
       );
       results.push(...rows);
     }
-  } else results.push(...(await (kv === 'int2' ? benchQuantShape : benchShape)(gpu, shape, contexts)));
+  } else results.push(...(await (kv === 'int2' ? benchQuantShape : benchShape)(gpu, shape, contexts, onlyKernels)));
 }
 if (values.out)
   writeFileSync(

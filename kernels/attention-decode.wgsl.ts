@@ -32,6 +32,12 @@ export interface AttentionDecodeShape {
    * kept for bench/attention-kernels.ts to compare.
    */
   unrolled: boolean;
+  /**
+   * Quant builds only: phase A, which already holds each key's page-table entry and row, also copies the key's V code
+   * words and (lo, scale) words of this head into workgroup memory, and phase C reads them from there: one load
+   * chain a key instead of two, and phase C without page arithmetic or global loads for quant keys.
+   */
+  stagedValues?: boolean;
 }
 
 const WG = 128;
@@ -53,7 +59,13 @@ export function attentionDecodeWorkgroupBytes(shape: AttentionDecodeShape): numb
   const rowGroups = Math.ceil(rows / 4);
   const groupsPerHead = quant ? headDim / Math.min(quant.kGroup, headDim) : 0;
   const vec4s = rowGroups * (headDim + attentionDecodeSubKeys(rows) + REDUCERS + 2 + groupsPerHead) + rows;
-  return 16 * vec4s + 4 * attentionDecodeSubKeys(rows);
+  const staged = quant && shape.stagedValues ? stagedValueWords(headDim, quant) : 0;
+  return 16 * vec4s + 4 * attentionDecodeSubKeys(rows) * (1 + staged);
+}
+
+/** Words a staged build keeps per key of a pass: the head's V code words and its (lo, scale) words. */
+function stagedValueWords(headDim: number, quant: DecodeQuantShape): number {
+  return headDim / (32 / quant.vBits) + Math.max(1, headDim / quant.vGroup);
 }
 
 /**
@@ -178,11 +190,38 @@ ${groups((g) => `          s${g} += lohi.x * qsum[g * RG + ${g}u] + lohi.y * d${
           vals[u] = vec4<f32>(unpack2x16float(h.x), unpack2x16float(h.y));
         }`;
   // The invocation's 2·WPT values lie in one code word and one group (a group is a multiple of a word's codes, >= 8).
-  const quantValue = `{
-          let row = (entry & 0xffffffu) * params.quantPageWords + params.quantVOffset + (inPage / ROW_TOKENS) * params.vRowWords;
+  const staged = quant !== null && shape.stagedValues === true;
+  const quantValueLoads = staged
+    ? `let codes = vStage[jk * V_WH + (part * DIMS) / V_PER] >> (((part * DIMS) % V_PER) * V_BITS);
+          let lohi = unpack2x16float(vStageLoHi[jk * V_GH + (part * DIMS) / V_GE]);`
+    : `let row = (entry & 0xffffffu) * params.quantPageWords + params.quantVOffset + (inPage / ROW_TOKENS) * params.vRowWords;
           let e0 = (inPage % ROW_TOKENS) * params.kvHeads * HD + kvh * HD + part * DIMS;
           let codes = slabWord(slot, row + e0 / V_PER) >> ((e0 % V_PER) * V_BITS);
-          let lohi = unpack2x16float(slabWord(slot, row + params.vCodeWords + e0 / V_GROUP));
+          let lohi = unpack2x16float(slabWord(slot, row + params.vCodeWords + e0 / V_GROUP));`;
+  // Phase A's copy of a quant key's V words (staged builds): the head's code words from the first of its row (a
+  // multiple of a word: headDim is a multiple of 32), four at a time where 16-byte aligned, then its groups' words.
+  const stageValue = staged
+    ? `
+        {
+          let vrow = (entry & 0xffffffu) * params.quantPageWords + params.quantVOffset + (inPage / ROW_TOKENS) * params.vRowWords;
+          let v0 = (inPage % ROW_TOKENS) * params.kvHeads * HD + kvh * HD;
+          let at = vrow + v0 / V_PER;
+          if (V_WH % 4u == 0u && (at & 3u) == 0u) {
+            for (var w = 0u; w < V_WH; w += 4u) {
+              let quad = slabQuad(slot, at / 4u + w / 4u);
+              vStage[j * V_WH + w] = quad.x; vStage[j * V_WH + w + 1u] = quad.y;
+              vStage[j * V_WH + w + 2u] = quad.z; vStage[j * V_WH + w + 3u] = quad.w;
+            }
+          } else {
+            for (var w = 0u; w < V_WH; w++) { vStage[j * V_WH + w] = slabWord(slot, at + w); }
+          }
+          for (var g = 0u; g < V_GH; g++) {
+            vStageLoHi[j * V_GH + g] = slabWord(slot, vrow + params.vCodeWords + v0 / V_GROUP + g);
+          }
+        }`
+    : '';
+  const quantValue = `{
+          ${quantValueLoads}
           for (var i = 0u; i < DIMS / 4u; i++) {
             let c = codes >> (4u * i * V_BITS);
             vals[(DIMS / 4u) * u + i] = vec4<f32>(lohi.x) + lohi.y * vec4<f32>(f32(c & V_MASK), f32((c >> V_BITS) & V_MASK),
@@ -225,7 +264,17 @@ const V_MASK: u32 = ${(1 << quant.vBits) - 1}u;
 const V_PER: u32 = ${32 / quant.vBits}u;
 const V_GROUP: u32 = ${quant.vGroup}u;
 const ROW_TOKENS: u32 = ${quant.rowTokens}u; // positions per stored row
-var<workgroup> qsum: array<vec4<f32>, ${RG * (HD / kGE)}>; // [group of the head][row group]: Σ of scaled q`
+var<workgroup> qsum: array<vec4<f32>, ${RG * (HD / kGE)}>; // [group of the head][row group]: Σ of scaled q${
+        staged
+          ? `
+const V_WH: u32 = ${HD / (32 / quant.vBits)}u; // V code words of a head
+const V_GH: u32 = ${Math.max(1, HD / quant.vGroup)}u; // ... and its groups' (lo, scale) words
+const V_GE: u32 = ${Math.min(quant.vGroup, HD)}u; // elements of a head in one V group
+// The pass's quant keys' V words of this head ([key][word]), copied by phase A for phase C.
+var<workgroup> vStage: array<u32, ${attentionDecodeSubKeys(ROWS) * (HD / (32 / quant.vBits))}>;
+var<workgroup> vStageLoHi: array<u32, ${attentionDecodeSubKeys(ROWS) * Math.max(1, HD / quant.vGroup)}>;`
+          : ''
+      }`
     : ''
 }
 
@@ -292,7 +341,7 @@ ${groups((g) => `      var s${g} = vec4<f32>(NONE);`)}
         let inPage = key % params.pageTokens;
         let slot = (entry >> 24u) & 0xfu;
 ${groups((g) => `        s${g} = vec4<f32>(0.0);`)}
-        ${quant ? `if ((entry >> 28u) == 1u) {\n        ${quantScore}\n        } else {\n        ${f16Score}\n        }` : f16Score}
+        ${quant ? `if ((entry >> 28u) == 1u) {\n        ${quantScore}${stageValue}\n        } else {\n        ${f16Score}\n        }` : f16Score}
       }
 ${groups((g) => `      sc[j * RG + ${g}u] = s${g};`)}
     }
