@@ -253,6 +253,16 @@ const QUANT_VARIANTS: Variant[] = [
   // Phase A copies each quant key's V words into workgroup memory for phase C (same results); and that build with
   // 4 keys a value batch (phase C's loads come from workgroup memory there).
   { name: 'decode-staged', decodeKernel: true, sources: (s, quant) => ({ decode: stagedSource(s, quant) }) },
+  // The staged build in 128-key passes: half its workgroup memory (more workgroups resident an SM).
+  {
+    name: 'decode-staged-sub128',
+    decodeKernel: true,
+    sources: (s, quant) => {
+      const source = stagedSource(s, quant);
+      if (!source.includes('const SUB: u32 = 256u;')) return null;
+      return { decode: edited(source, (c) => c.replace('const SUB: u32 = 256u;', 'const SUB: u32 = 128u;')) };
+    },
+  },
   {
     name: 'decode-staged-batch4',
     decodeKernel: true,

@@ -118,8 +118,6 @@ export function attentionDecodeSource(shape: AttentionDecodeShape): string {
   // not gain from smaller batches).
   const BATCH = quant && RG === 1 ? 1 : WPT === 4 ? 4 : 8;
   const SUB = attentionDecodeSubKeys(ROWS);
-  // Key slices summed per round of the combine: sc holds SUB·RG vec4s, one slice's accumulators HD·RG.
-  const SPR = Math.floor(SUB / HD);
   const range = (n: number) => Array.from({ length: n }, (_, i) => i);
   const groups = (f: (g: number) => string, sep = '\n') => range(RG).map(f).join(sep);
   const kGE = quant ? Math.min(quant.kGroup, HD) : 0;
@@ -249,7 +247,8 @@ const DIMS: u32 = ${DIMS}u; // ... its dims
 const TPK: u32 = ${TPK}u; // invocations per key in phase C
 const KS: u32 = ${KS}u; // key slices of phase C (WG / TPK)
 const BATCH: u32 = ${BATCH}u; // keys loaded before use in phase C
-const SPR: u32 = ${SPR}u; // key slices summed per round at the end
+// Key slices summed per round at the end: sc holds SUB·RG vec4s, one slice's accumulators HD·RG.
+const SPR: u32 = SUB / HD;
 const RS: u32 = ${REDUCERS}u; // reducers per row group in phase B
 const NONE: f32 = -1e30;
 ${
@@ -271,8 +270,8 @@ const V_WH: u32 = ${HD / (32 / quant.vBits)}u; // V code words of a head
 const V_GH: u32 = ${Math.max(1, HD / quant.vGroup)}u; // ... and its groups' (lo, scale) words
 const V_GE: u32 = ${Math.min(quant.vGroup, HD)}u; // elements of a head in one V group
 // The pass's quant keys' V words of this head ([key][word]), copied by phase A for phase C.
-var<workgroup> vStage: array<u32, ${attentionDecodeSubKeys(ROWS) * (HD / (32 / quant.vBits))}>;
-var<workgroup> vStageLoHi: array<u32, ${attentionDecodeSubKeys(ROWS) * Math.max(1, HD / quant.vGroup)}>;`
+var<workgroup> vStage: array<u32, SUB * V_WH>;
+var<workgroup> vStageLoHi: array<u32, SUB * V_GH>;`
           : ''
       }`
     : ''
@@ -280,11 +279,11 @@ var<workgroup> vStageLoHi: array<u32, ${attentionDecodeSubKeys(ROWS) * Math.max(
 
 var<workgroup> qt: array<vec4<f32>, ${HD * RG}>; // [dim][row group]: the scaled query rows, transposed
 // Scores, then p, of the pass ([key][row group]); at the end, one key slice's accumulators.
-var<workgroup> sc: array<vec4<f32>, ${SUB * RG}>;
+var<workgroup> sc: array<vec4<f32>, SUB * RG>;
 var<workgroup> red: array<vec4<f32>, ${REDUCERS * RG}>;
 var<workgroup> runMax: array<vec4<f32>, RG>; // running max before the pass
 var<workgroup> newMax: array<vec4<f32>, RG>; // ... and after it
-var<workgroup> combSum: array<vec4<f32>, ${SPR * RG}>;
+var<workgroup> combSum: array<vec4<f32>, SPR * RG>;
 // The page-table entry of each key of the pass (phase A loads them; phase C reads them here instead of from the
 // table, one dependent global load less per key).
 var<workgroup> entries: array<u32, SUB>;
