@@ -157,11 +157,13 @@ function ChatApp() {
   }, [settings, selectedModel]);
 
   // Load the selected model as soon as it (or the KV setup) changes, so the stats show it before the first message.
+  // A load that failed is not started again by itself (a stored model list that changes meanwhile makes a new request
+  // of the same key): its error stays until a message or another choice asks again.
   useEffect(() => {
-    if (!loadRequest || busy || deviceLost) return;
+    if (!loadRequest || busy || deviceLost || engineState.failedKey === loadRequest.key) return;
     const timer = setTimeout(() => void ensure(loadRequest), 300);
     return () => clearTimeout(timer);
-  }, [loadRequest, busy, deviceLost, ensure]);
+  }, [loadRequest, busy, deviceLost, ensure, engineState.failedKey]);
 
   useEffect(() => {
     if (!pageDebug()) return;

@@ -31,6 +31,11 @@ export interface EngineState {
   loadingKey: string | null;
   progress: LoadProgress | null;
   error: { code: string | null; message: string } | null;
+  /**
+   * Key of the request whose load failed last (null once a load starts): the page does not load it again by itself,
+   * only for a message or another choice.
+   */
+  failedKey: string | null;
   stats: EngineStats | null;
 }
 
@@ -52,6 +57,7 @@ export function useEngine() {
     loadingKey: null,
     progress: null,
     error: null,
+    failedKey: null,
     stats: null,
   });
 
@@ -92,7 +98,14 @@ export function useEngine() {
     async (request: LoadRequest): Promise<ChatEngine | null> => {
       wantedRef.current = request.key;
       const wanted = () => wantedRef.current === request.key;
-      setState((s) => ({ ...s, status: 'loading', loadingKey: request.key, error: null, progress: null }));
+      setState((s) => ({
+        ...s,
+        status: 'loading',
+        loadingKey: request.key,
+        error: null,
+        failedKey: null,
+        progress: null,
+      }));
       loadedRef.current = null;
       try {
         const { engine } = await handle();
@@ -133,6 +146,7 @@ export function useEngine() {
             loadedLabel: null,
             loadingKey: null,
             error: { code, message },
+            failedKey: request.key,
           }));
         }
         if (code === 'device-lost') await discard();
@@ -163,7 +177,14 @@ export function useEngine() {
       const previous = loadingRef.current?.done;
       if (previous) {
         // Until the superseded load ends, the page shows this one as the model coming.
-        setState((s) => ({ ...s, status: 'loading', loadingKey: request.key, error: null, progress: null }));
+        setState((s) => ({
+          ...s,
+          status: 'loading',
+          loadingKey: request.key,
+          error: null,
+          failedKey: null,
+          progress: null,
+        }));
       }
       const done = (async () => {
         await previous?.catch(() => null);
