@@ -28,7 +28,7 @@
  * INT8_ATTENTION_QUANTIZATION_BOUND. `--check-int8` first runs the reference cases and broken kernels of
  * kernels/attention-prefill-int8.test.ts for both (CI's adapters skip the tensor-core ones). `--tokens` sets the
  * prefill chunk (128); `--kernels int8,int8-pages` times only those (the split kernel still runs as their reference,
- * untimed unless listed). Without `--prefill`, `--kernels decode,decode-staged` times only those decode variants
+ * untimed unless listed). Without `--prefill`, `--kernels decode,decode-sub128` times only those decode variants
  * (and the split kernel, the int2 runs' reference).
  *
  *   npx tsx bench/attention-kernels.ts [--kv f16|int2] [--kernels A,B] [--prefill [--splits N,M]] [--tokens 128]
@@ -120,9 +120,6 @@ const decodeSource = (s: LayerShape, quant: DecodeQuantShape | null, unrolled = 
 const decodeEdit = (edit: (code: string) => string) => (s: LayerShape, quant: DecodeQuantShape | null) => ({
   decode: edited(decodeSource(s, quant), edit),
 });
-/** The decode build of the shape with its quant keys' V words staged by phase A (stagedValues). */
-const stagedSource = (s: LayerShape, quant: DecodeQuantShape | null) =>
-  attentionDecodeSource({ headDim: s.headDim, rows: s.heads / s.kvHeads, quant, unrolled: false, stagedValues: true });
 /** An ablation of the decode kernel: its build with `edit` applied, timed only. */
 const decodeAblation = (name: string, edit: (code: string) => string): Variant => ({
   name,
@@ -250,41 +247,10 @@ const QUANT_VARIANTS: Variant[] = [
       },
     }),
   ),
-  // Phase A copies each quant key's V words into workgroup memory for phase C (same results); and that build with
-  // 4 keys a value batch (phase C's loads come from workgroup memory there).
-  { name: 'decode-staged', decodeKernel: true, sources: (s, quant) => ({ decode: stagedSource(s, quant) }) },
-  // The staged build in 128-key passes: half its workgroup memory (more workgroups resident an SM).
-  {
-    name: 'decode-staged-sub128',
-    decodeKernel: true,
-    sources: (s, quant) => {
-      const source = stagedSource(s, quant);
-      if (!source.includes('const SUB: u32 = 256u;')) return null;
-      return { decode: edited(source, (c) => c.replace('const SUB: u32 = 256u;', 'const SUB: u32 = 128u;')) };
-    },
-  },
-  {
-    name: 'decode-staged-batch4',
-    decodeKernel: true,
-    sources: (s, quant) => {
-      const source = stagedSource(s, quant);
-      const own = Number(/const BATCH: u32 = (\d+)u;/.exec(source)?.[1]);
-      if (own === 4) return null;
-      return {
-        decode: edited(source, (c) =>
-          c
-            .replace(/const BATCH: u32 = \d+u;/, 'const BATCH: u32 = 4u;')
-            .replace(
-              /var vals: array<vec4<f32>, (\d+)>;/,
-              (_, n) => `var vals: array<vec4<f32>, ${(Number(n) / own) * 4}>;`,
-            ),
-        ),
-      };
-    },
-  },
   // Ablations: quant value loads replaced by a constant; quant key code loads replaced by a constant.
+  // (The V code words phase A stages for phase C, where 16-byte aligned as in the bench's pools.)
   decodeAblation('abl-noQuantV', (c) =>
-    c.replace(/let codes = slabWord\(slot, row \+ e0 \/ V_PER\)[^;]*;/, 'let codes = key;'),
+    c.replace('let quad = slabQuad(slot, at / 4u + w / 4u);', 'let quad = vec4<u32>(at + w);'),
   ),
   decodeAblation('abl-noQuantK', (c) => c.replace('quad = slabQuad(slot, at / 4u);', 'quad = vec4<u32>(at);')),
   // Phase A on quant pages without the loop over a group's code words (their loads and products): what is left is

@@ -32,12 +32,6 @@ export interface AttentionDecodeShape {
    * kept for bench/attention-kernels.ts to compare.
    */
   unrolled: boolean;
-  /**
-   * Quant builds only: phase A, which already holds each key's page-table entry and row, also copies the key's V code
-   * words and (lo, scale) words of this head into workgroup memory, and phase C reads them from there: one load
-   * chain a key instead of two, and phase C without page arithmetic or global loads for quant keys.
-   */
-  stagedValues?: boolean;
 }
 
 const WG = 128;
@@ -45,25 +39,32 @@ const WG = 128;
 /** Invocations per row group that reduce a pass's scores to its maxima. */
 const REDUCERS = 32;
 
-/** Keys scored per pass of the split loop: their scores live in shared memory (a vec4 per 4 rows and key, <= 8 KiB). */
-export function attentionDecodeSubKeys(rows: number): number {
-  return Math.ceil(rows / 4) * 256 * 16 <= 8192 ? 256 : 128;
+/**
+ * Keys per pass of the split loop: 256 where the pass's scores (a vec4 per 4 rows and key) and its per-key words (the
+ * page entry; a quant build's staged V words) each fit 8 KiB of workgroup memory, else 128. Qwen3-4B's staged build
+ * (head size 128) in passes of 256 ran slower than the unstaged one below 128K, in passes of 128 faster at every
+ * context; head size 64 was fastest in passes of 256
+ * (bench/results/2026-12-04-nvidia-h200-attention-decode-staged-sub128.json).
+ */
+export function attentionDecodeSubKeys(shape: Pick<AttentionDecodeShape, 'headDim' | 'rows' | 'quant'>): number {
+  const keyWords = 1 + (shape.quant ? stagedValueWords(shape.headDim, shape.quant) : 0);
+  return Math.ceil(shape.rows / 4) * 256 * 16 <= 8192 && 256 * 4 * keyWords <= 8192 ? 256 : 128;
 }
 
 /**
  * Workgroup storage of a decode build: q rows, the pass's scores, the reductions, Σq per quant group, the pass's
- * page-table entries.
+ * page-table entries and (quant builds) its staged V words.
  */
 export function attentionDecodeWorkgroupBytes(shape: AttentionDecodeShape): number {
   const { headDim, rows, quant } = shape;
+  const sub = attentionDecodeSubKeys(shape);
   const rowGroups = Math.ceil(rows / 4);
   const groupsPerHead = quant ? headDim / Math.min(quant.kGroup, headDim) : 0;
-  const vec4s = rowGroups * (headDim + attentionDecodeSubKeys(rows) + REDUCERS + 2 + groupsPerHead) + rows;
-  const staged = quant && shape.stagedValues ? stagedValueWords(headDim, quant) : 0;
-  return 16 * vec4s + 4 * attentionDecodeSubKeys(rows) * (1 + staged);
+  const vec4s = rowGroups * (headDim + sub + REDUCERS + 2 + groupsPerHead) + rows;
+  return 16 * vec4s + 4 * sub * (1 + (quant ? stagedValueWords(headDim, quant) : 0));
 }
 
-/** Words a staged build keeps per key of a pass: the head's V code words and its (lo, scale) words. */
+/** Words a quant build stages per key of a pass: the head's V code words and its groups' (lo, scale) words. */
 function stagedValueWords(headDim: number, quant: DecodeQuantShape): number {
   return headDim / (32 / quant.vBits) + Math.max(1, headDim / quant.vGroup);
 }
@@ -93,9 +94,13 @@ export function quantGroupsFitHeads(headDim: number, quant: DecodeQuantShape | n
  * one multiply-add serves 4 rows and the code does not grow with the group. A pass has three phases:
  *   A. scores: each invocation takes whole keys and scores them against every row, reading the key straight from its
  *      page (f16 words; for a quant page its code words: q·k = lo·Σq + scale·Σ q_i·c_i per group, Σq precomputed);
+ *      for a quant key it also copies the head's V code and (lo, scale) words into workgroup memory, so a key's
+ *      page is read by one chain of loads (phase C reading its own was 1.2-1.6× slower at 128K on the H200:
+ *      bench/results/2026-12-04-nvidia-h200-attention-decode-staged.json);
  *   B. the pass's row maxima (a two-level reduction), the running maxima, and p = exp(score − max) in place;
  *   C. values: invocation (slice, part) accumulates p·v over every KS-th key for all rows and 2·WPT dims, reading
- *      one vec4 of f16 words (or one code word and its group's lo/scale) per key, several keys' loads at a time.
+ *      one vec4 of f16 words per key from its page, several keys' loads at a time (or a quant key's staged code word
+ *      and its group's lo/scale).
  * There is no tile loop: the keys of a pass are read by independent loads, a few barriers per SUB keys. The key
  * slices are summed through shared memory at the end. Output as the split kernel's (attentionPartialSource):
  * splits = 1 the normalized rows, else (max, sum, Σ p·V) per (head, split) for the merge pass. Params and bindings
@@ -117,7 +122,7 @@ export function attentionDecodeSource(shape: AttentionDecodeShape): string {
   // faster with one key: bench/results/2026-11-30-nvidia-h200-session10-attention-int2-batch{,1}.json; f16 builds did
   // not gain from smaller batches).
   const BATCH = quant && RG === 1 ? 1 : WPT === 4 ? 4 : 8;
-  const SUB = attentionDecodeSubKeys(ROWS);
+  const SUB = attentionDecodeSubKeys(shape);
   const range = (n: number) => Array.from({ length: n }, (_, i) => i);
   const groups = (f: (g: number) => string, sep = '\n') => range(RG).map(f).join(sep);
   const kGE = quant ? Math.min(quant.kGroup, HD) : 0;
@@ -187,19 +192,9 @@ ${groups((g) => `          s${g} += lohi.x * qsum[g * RG + ${g}u] + lohi.y * d${
           let h = select(q4.xy, q4.zw, (w0 & 2u) != 0u);
           vals[u] = vec4<f32>(unpack2x16float(h.x), unpack2x16float(h.y));
         }`;
-  // The invocation's 2·WPT values lie in one code word and one group (a group is a multiple of a word's codes, >= 8).
-  const staged = quant !== null && shape.stagedValues === true;
-  const quantValueLoads = staged
-    ? `let codes = vStage[jk * V_WH + (part * DIMS) / V_PER] >> (((part * DIMS) % V_PER) * V_BITS);
-          let lohi = unpack2x16float(vStageLoHi[jk * V_GH + (part * DIMS) / V_GE]);`
-    : `let row = (entry & 0xffffffu) * params.quantPageWords + params.quantVOffset + (inPage / ROW_TOKENS) * params.vRowWords;
-          let e0 = (inPage % ROW_TOKENS) * params.kvHeads * HD + kvh * HD + part * DIMS;
-          let codes = slabWord(slot, row + e0 / V_PER) >> ((e0 % V_PER) * V_BITS);
-          let lohi = unpack2x16float(slabWord(slot, row + params.vCodeWords + e0 / V_GROUP));`;
-  // Phase A's copy of a quant key's V words (staged builds): the head's code words from the first of its row (a
-  // multiple of a word: headDim is a multiple of 32), four at a time where 16-byte aligned, then its groups' words.
-  const stageValue = staged
-    ? `
+  // Phase A's copy of a quant key's V words: the head's code words from the first of its row (a multiple of a word:
+  // headDim is a multiple of 32), four at a time where 16-byte aligned, then its groups' (lo, scale) words.
+  const stageValue = `
         {
           let vrow = (entry & 0xffffffu) * params.quantPageWords + params.quantVOffset + (inPage / ROW_TOKENS) * params.vRowWords;
           let v0 = (inPage % ROW_TOKENS) * params.kvHeads * HD + kvh * HD;
@@ -216,10 +211,12 @@ ${groups((g) => `          s${g} += lohi.x * qsum[g * RG + ${g}u] + lohi.y * d${
           for (var g = 0u; g < V_GH; g++) {
             vStageLoHi[j * V_GH + g] = slabWord(slot, vrow + params.vCodeWords + v0 / V_GROUP + g);
           }
-        }`
-    : '';
+        }`;
+  // The invocation's 2·WPT values lie in one code word and one group (a group is a multiple of a word's codes, >= 8),
+  // read from the pass's staged words.
   const quantValue = `{
-          ${quantValueLoads}
+          let codes = vStage[jk * V_WH + (part * DIMS) / V_PER] >> (((part * DIMS) % V_PER) * V_BITS);
+          let lohi = unpack2x16float(vStageLoHi[jk * V_GH + (part * DIMS) / V_GE]);
           for (var i = 0u; i < DIMS / 4u; i++) {
             let c = codes >> (4u * i * V_BITS);
             vals[(DIMS / 4u) * u + i] = vec4<f32>(lohi.x) + lohi.y * vec4<f32>(f32(c & V_MASK), f32((c >> V_BITS) & V_MASK),
@@ -263,17 +260,13 @@ const V_MASK: u32 = ${(1 << quant.vBits) - 1}u;
 const V_PER: u32 = ${32 / quant.vBits}u;
 const V_GROUP: u32 = ${quant.vGroup}u;
 const ROW_TOKENS: u32 = ${quant.rowTokens}u; // positions per stored row
-var<workgroup> qsum: array<vec4<f32>, ${RG * (HD / kGE)}>; // [group of the head][row group]: Σ of scaled q${
-        staged
-          ? `
+var<workgroup> qsum: array<vec4<f32>, ${RG * (HD / kGE)}>; // [group of the head][row group]: Σ of scaled q
 const V_WH: u32 = ${HD / (32 / quant.vBits)}u; // V code words of a head
 const V_GH: u32 = ${Math.max(1, HD / quant.vGroup)}u; // ... and its groups' (lo, scale) words
 const V_GE: u32 = ${Math.min(quant.vGroup, HD)}u; // elements of a head in one V group
 // The pass's quant keys' V words of this head ([key][word]), copied by phase A for phase C.
 var<workgroup> vStage: array<u32, SUB * V_WH>;
 var<workgroup> vStageLoHi: array<u32, SUB * V_GH>;`
-          : ''
-      }`
     : ''
 }
 

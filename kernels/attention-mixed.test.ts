@@ -114,6 +114,24 @@ describe('attention over mixed f16 / quant pages', () => {
     expect(r.worst).toBeLessThanOrEqual(1);
   });
 
+  // The decode kernel's phase C reads each quant key's V words where phase A staged them: reading the pass's first
+  // key's instead (codes, then scales) must fail the comparison, at head size 64 (passes of 256 keys) and 128 (128).
+  it.each<[string, MixedCase, (code: string) => string]>([
+    [
+      'codes of the wrong key, hd 64',
+      MIXED_HD64_GQA,
+      (c) => c.replace('vStage[jk * V_WH + (part * DIMS) / V_PER]', 'vStage[(part * DIMS) / V_PER]'),
+    ],
+    [
+      'scales of the wrong key, hd 128',
+      MIXED_HD128_K2_V4,
+      (c) => c.replace('vStageLoHi[jk * V_GH + (part * DIMS) / V_GE]', 'vStageLoHi[(part * DIMS) / V_GE]'),
+    ],
+  ])('catches a broken decode kernel: %s', async (_, c, edit) => {
+    const r = await runMixed(ctx.gpu, c, 4242, { mutation: { label: /^attention-decode-/, edit } });
+    expect(r.worst).toBeGreaterThan(1);
+  });
+
   // Values with ties and zeros of both signs (runMixed's `ties`): the demotion's min/max scans must pick the first
   // minimum and the last maximum, as quantizeRow's stable ranks do, and its rank loop (clip quantiles below 1) the
   // same ranks.

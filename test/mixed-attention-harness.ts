@@ -26,6 +26,7 @@ import {
   int8PrefillServes,
 } from './attention-harness.ts';
 import { maxToleranceRatio, randomFloats, seededRandom, withTies } from './random.ts';
+import { mutateShaders, type ShaderMutation } from './shader-mutation.ts';
 
 export interface MixedCase {
   layers: number;
@@ -63,6 +64,8 @@ export async function runMixed(
      * of quantizeRow's stable ranks) shows in the bits of its f16 parameters.
      */
     ties?: boolean;
+    /** A broken attention kernel (the tests of the tests): the layers' attention compiles with it. */
+    mutation?: ShaderMutation;
   } = {},
 ) {
   const tolerance = opts.tolerance ?? ATTENTION_F32_TOLERANCE;
@@ -79,7 +82,8 @@ export async function runMixed(
     pool.destroy();
     throw new Error(`mixed attention: the ${opts.prefillProducts} prefill kernel does not serve this pool here`);
   }
-  const backend = new PagedKvAttention(gpu, pool, { heads, prefillProducts: opts.prefillProducts });
+  const attentionGpu = opts.mutation ? mutateShaders(gpu, opts.mutation).gpu : gpu;
+  const backend = new PagedKvAttention(attentionGpu, pool, { heads, prefillProducts: opts.prefillProducts });
   const f32 = (n: number) => gpu.allocator.createStorage('test', 'scratch', n * 4);
   const q = f32(maxTokens * heads * headDim);
   const k = Array.from({ length: layers }, () => f32(maxTokens * width));
