@@ -42,6 +42,11 @@ describe('attention over mixed f16 / quant pages', () => {
     ['hd 64, 4:1, group 128 spans both heads, pages of 8', MIXED_HD64_GQA],
     ['hd 128, 4:1, K 2-bit group 64 clipped 0.96, V 4-bit clipped 0.9, no sink', MIXED_HD128_K2_V4],
     ['hd 64, 1:1, 1-bit keys, sink not a whole page (rounded up)', MIXED_ONE_BIT_KEYS],
+    // Two V code words a head: the decode kernel stages them a word at a time, not as a vec4.
+    [
+      'hd 64, 4:1, 1-bit values in groups of 64',
+      { ...MIXED_HD64_GQA, pool: { ...MIXED_HD64_GQA.pool, valueFormat: { bits: 1, groupSize: 64 } } },
+    ],
     [
       'hd 8, 1:1, layer 1 boosted to 4 bits: a rollback promotes rows of both formats',
       { ...HD8_ROLLBACK, pool: { ...HD8_ROLLBACK.pool, boostLayers: [1] } },
