@@ -7,6 +7,7 @@ import Ajv from 'ajv';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { GgufMetadata } from '../../core/gguf-types.ts';
 import { seededRandom } from '../../test/random.ts';
+import { randomSchema } from '../../test/random-schema.ts';
 import { STORIES260K, sharedPath } from '../../test/shared.ts';
 import { bpeTokenizerMetadata } from '../../tools/fixtures/tokenizer-fixtures.ts';
 import type { ResponseFormat } from '../engine/api-types.ts';
@@ -74,47 +75,6 @@ async function walk(
     ids.push(id);
   }
   return null;
-}
-
-/** A random JSON schema of objects, arrays, enums, bounded numbers, booleans and required keys. */
-function randomSchema(random: () => number, depth = 0): Record<string, unknown> {
-  const pick = <T>(xs: readonly T[]): T => xs[Math.floor(random() * xs.length)];
-  const kind =
-    depth >= 2
-      ? pick(['string', 'integer', 'number', 'boolean', 'enum'] as const)
-      : pick(['object', 'object', 'array', 'integer', 'enum'] as const);
-  switch (kind) {
-    case 'object': {
-      const keys = Array.from(
-        { length: 1 + Math.floor(random() * 3) },
-        (_, i) => `${pick(['name', 'age', 'tags', 'ok', 'v'])}${i}`,
-      );
-      const properties = Object.fromEntries(keys.map((k) => [k, randomSchema(random, depth + 1)]));
-      return { type: 'object', properties, required: keys.filter(() => random() < 0.7), additionalProperties: false };
-    }
-    case 'array':
-      return { type: 'array', items: randomSchema(random, depth + 1), minItems: 1, maxItems: 3 };
-    case 'integer': {
-      const minimum = Math.floor(random() * 20) - 10;
-      return { type: 'integer', minimum, maximum: minimum + Math.floor(random() * 50) };
-    }
-    case 'number':
-      // No bounds: the grammar engine (xgrammar 0.1.27) bounds integers but not other numbers (a walk spelled 5.8
-      // under maximum 5).
-      return { type: 'number' };
-    case 'boolean':
-      return { type: 'boolean' };
-    case 'enum':
-      return {
-        enum: pick([
-          ['red', 'green', 'blue'],
-          ['yes', 'no'],
-          [1, 2, 3],
-        ]),
-      };
-    default:
-      return { type: 'string', maxLength: 12 };
-  }
 }
 
 const stories = sharedPath(STORIES260K);
