@@ -55,7 +55,11 @@ import {
   prepareAttention,
 } from '../kernels/attention.ts';
 import { attentionMergeSource } from '../kernels/attention.wgsl.ts';
-import { attentionDecodeSource, type DecodeQuantShape } from '../kernels/attention-decode.wgsl.ts';
+import {
+  attentionDecodePassKeys,
+  attentionDecodeSource,
+  type DecodeQuantShape,
+} from '../kernels/attention-decode.wgsl.ts';
 import { attentionPrefillDotShape } from '../kernels/attention-prefill-dot.wgsl.ts';
 import {
   type AttentionPrefillInt8Shape,
@@ -115,7 +119,13 @@ type Variant = {
 };
 /** The decode build of the shape: as the runtime builds it (attentionDecodeShape: loops), or unrolled. */
 const decodeSource = (s: LayerShape, quant: DecodeQuantShape | null, unrolled = false) =>
-  attentionDecodeSource({ headDim: s.headDim, rows: s.heads / s.kvHeads, quant, unrolled });
+  attentionDecodeSource({
+    headDim: s.headDim,
+    rows: s.heads / s.kvHeads,
+    quant,
+    unrolled,
+    passKeys: attentionDecodePassKeys({ headDim: s.headDim, rows: s.heads / s.kvHeads, quant }),
+  });
 /** The decode build of the shape with `edit` applied: an ablation. */
 const decodeEdit = (edit: (code: string) => string) => (s: LayerShape, quant: DecodeQuantShape | null) => ({
   decode: edited(decodeSource(s, quant), edit),

@@ -32,6 +32,8 @@ export interface AttentionDecodeShape {
    * kept for bench/attention-kernels.ts to compare.
    */
   unrolled: boolean;
+  /** Keys per pass of the split loop: attentionDecodePassKeys, or 128 where 256 would not fit the device. */
+  passKeys: 128 | 256;
 }
 
 const WG = 128;
@@ -40,13 +42,13 @@ const WG = 128;
 const REDUCERS = 32;
 
 /**
- * Keys per pass of the split loop: 256 where the pass's scores (a vec4 per 4 rows and key) and its per-key words (the
- * page entry; a quant build's staged V words) each fit 8 KiB of workgroup memory, else 128. Qwen3-4B's staged build
- * (head size 128) in passes of 256 ran slower than the unstaged one below 128K, in passes of 128 faster at every
- * context; head size 64 was fastest in passes of 256
+ * Keys per pass the decode kernel prefers: 256 where the pass's scores (a vec4 per 4 rows and key) and its per-key
+ * words (the page entry; a quant build's staged V words) each fit 8 KiB of workgroup memory, else 128. Qwen3-4B's
+ * staged build (head size 128) in passes of 256 ran slower than the unstaged one below 128K, in passes of 128 faster
+ * at every context; head size 64 was fastest in passes of 256
  * (bench/results/2026-12-04-nvidia-h200-attention-decode-staged-sub128.json).
  */
-export function attentionDecodeSubKeys(shape: Pick<AttentionDecodeShape, 'headDim' | 'rows' | 'quant'>): number {
+export function attentionDecodePassKeys(shape: Pick<AttentionDecodeShape, 'headDim' | 'rows' | 'quant'>): 128 | 256 {
   const keyWords = 1 + (shape.quant ? stagedValueWords(shape.headDim, shape.quant) : 0);
   return Math.ceil(shape.rows / 4) * 256 * 16 <= 8192 && 256 * 4 * keyWords <= 8192 ? 256 : 128;
 }
@@ -57,7 +59,7 @@ export function attentionDecodeSubKeys(shape: Pick<AttentionDecodeShape, 'headDi
  */
 export function attentionDecodeWorkgroupBytes(shape: AttentionDecodeShape): number {
   const { headDim, rows, quant } = shape;
-  const sub = attentionDecodeSubKeys(shape);
+  const sub = shape.passKeys;
   const rowGroups = Math.ceil(rows / 4);
   const groupsPerHead = quant ? headDim / Math.min(quant.kGroup, headDim) : 0;
   const vec4s = rowGroups * (headDim + sub + REDUCERS + 2 + groupsPerHead) + rows;
@@ -122,7 +124,7 @@ export function attentionDecodeSource(shape: AttentionDecodeShape): string {
   // faster with one key: bench/results/2026-11-30-nvidia-h200-session10-attention-int2-batch{,1}.json; f16 builds did
   // not gain from smaller batches).
   const BATCH = quant && RG === 1 ? 1 : WPT === 4 ? 4 : 8;
-  const SUB = attentionDecodeSubKeys(shape);
+  const SUB = shape.passKeys;
   const range = (n: number) => Array.from({ length: n }, (_, i) => i);
   const groups = (f: (g: number) => string, sep = '\n') => range(RG).map(f).join(sep);
   const kGE = quant ? Math.min(quant.kGroup, HD) : 0;

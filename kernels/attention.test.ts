@@ -326,6 +326,7 @@ describe('decode kernel', () => {
       rows: 7,
       quant: null,
       unrolled: !gpu.adapter.isFallbackAdapter,
+      passKeys: 256,
     });
     const decode = edit(original);
     expect(decode).not.toBe(original);

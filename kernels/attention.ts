@@ -17,6 +17,7 @@ import {
 } from './attention.wgsl.ts';
 import {
   type AttentionDecodeShape,
+  attentionDecodePassKeys,
   attentionDecodeSource,
   attentionDecodeSupports,
   attentionDecodeWorkgroupBytes,
@@ -238,9 +239,15 @@ function decodeShapeOf(device: AttentionDevice, g: AttentionGraphShape): Attenti
     headDim: g.headDim,
     rows: g.heads / g.kvHeads,
     quant: g.quant,
+    passKeys: attentionDecodePassKeys({ headDim: g.headDim, rows: g.heads / g.kvHeads, quant: g.quant }),
   };
   if (!attentionDecodeSupports(shape)) return null;
-  return attentionDecodeWorkgroupBytes(shape) <= device.limits.maxComputeWorkgroupStorageSize ? shape : null;
+  // A device with less workgroup memory (16 KiB, WebGPU's default limit) takes shorter passes before the split kernel.
+  const limit = device.limits.maxComputeWorkgroupStorageSize;
+  for (const passKeys of [shape.passKeys, 128] as const) {
+    if (attentionDecodeWorkgroupBytes({ ...shape, passKeys }) <= limit) return { ...shape, passKeys };
+  }
+  return null;
 }
 
 /** The f32 prefill kernel's shape for a graph, or null where another kernel serves it. */
@@ -366,7 +373,7 @@ export function planAttentionKernel(device: AttentionDevice, g: AttentionGraphSh
   }
   const decode = decodeShapeOf(device, g);
   if (decode) {
-    const label = `attention-decode-hd${headDim}-r${decode.rows}${decode.unrolled ? '' : '-loops'}${formatsLabel(decode.quant)}`;
+    const label = `attention-decode-hd${headDim}-r${decode.rows}-keys${decode.passKeys}${decode.unrolled ? '' : '-loops'}${formatsLabel(decode.quant)}`;
     return { kernel: 'decode', shape: decode, label, rows };
   }
   const label = `${g.quant ? 'attention-mixed' : 'attention-partial'}-${shape.blockKeys}-hd${headDim}-r${rows}`;

@@ -18,5 +18,9 @@ describe('docs/attention-plans.md', () => {
     expect(defaults).toMatch(/\| qwen3-4b .* \| f16 \| prefill 1024 \| split \|/);
     for (const table of [h200, lavapipe, defaults])
       expect(table).toMatch(/\| int2 \| decode \| decode \| .* \| merge \|/);
+    // Qwen2.5-0.5B's 2-bit decode build in passes of 256 keys needs more than 16 KiB: there it takes passes of 128
+    // rather than the split kernel.
+    expect(h200).toMatch(/\| qwen2\.5-0\.5b .* \| int2 \| decode \| decode \| `attention-decode-hd64-r7-keys256-/);
+    expect(defaults).toMatch(/\| qwen2\.5-0\.5b .* \| int2 \| decode \| decode \| `attention-decode-hd64-r7-keys128-/);
   });
 });
