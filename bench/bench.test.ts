@@ -23,7 +23,8 @@ describe('npm run bench -- --quick', () => {
     dirs.push(dir);
     const lines: string[] = [];
     const options = parseBenchArgs(
-      ['--quick', '--out', dir, '--models-dir', join(dir, 'models'), '--name', 'quick'],
+      // 8192 is past the quick model's context length (4096): every runtime's row there is skipped, saying so.
+      ['--quick', '--contexts', '64,256,8192', '--out', dir, '--models-dir', join(dir, 'models'), '--name', 'quick'],
       (l) => lines.push(l),
     );
     const { jsonPath, mdPath } = await runBench(options);
@@ -37,17 +38,30 @@ describe('npm run bench -- --quick', () => {
       kv: string;
       context: number;
       status: string;
+      reason?: string;
       prefillChunk?: number;
+      decodeTokensPerSecond?: number;
+      vsOwnF16?: { decode: number };
     }>;
-    const longtabF16 = rows.filter((r) => r.runtime === 'longtab' && r.kv === 'f16');
+    const past = rows.filter((r) => r.context === 8192);
+    expect(past).toHaveLength(4);
+    for (const r of past) expect([r.status, r.reason]).toEqual(['skipped', "beyond the model's context length (4096)"]);
+    const longtabF16 = rows.filter((r) => r.runtime === 'longtab' && r.kv === 'f16' && r.context < 8192);
     expect(longtabF16.map((r) => [r.context, r.status])).toEqual([
       [64, 'ok'],
       [256, 'ok'],
     ]);
-    // int2 is either measured or reported as not available (never silently missing).
-    const int2 = rows.filter((r) => r.runtime === 'longtab' && r.kv === 'int2');
+    // int2 is either measured or reported as not available (never silently missing); measured, it carries its decode
+    // rate over the f16 row's of the same context.
+    const int2 = rows.filter((r) => r.runtime === 'longtab' && r.kv === 'int2' && r.context < 8192);
     expect(int2).toHaveLength(2);
-    for (const r of int2) expect(['ok', 'not available']).toContain(r.status);
+    for (const r of int2) {
+      expect(['ok', 'not available']).toContain(r.status);
+      if (r.status !== 'ok') continue;
+      const f16 = longtabF16.find((f) => f.context === r.context)!;
+      expect(r.vsOwnF16?.decode).toBeCloseTo(r.decodeTokensPerSecond! / f16.decodeTokensPerSecond!, 10);
+    }
+    expect(longtabF16.every((r) => r.vsOwnF16 === undefined)).toBe(true);
     // Each longtab row records its prefill chunk, and the int2 load's budget gives it the chunk the f16 load takes
     // (a budget too small for it once left the 2-bit rows of short contexts on smaller chunks).
     for (const r of [...longtabF16, ...int2].filter((r) => r.status === 'ok')) {
@@ -56,7 +70,7 @@ describe('npm run bench -- --quick', () => {
     }
     // llama.cpp rows exist for both KV types (CPU build here).
     for (const kv of ['f16', 'q4_0']) {
-      expect(rows.filter((r) => r.runtime === 'llama.cpp' && r.kv === kv)).toHaveLength(2);
+      expect(rows.filter((r) => r.runtime === 'llama.cpp' && r.kv === kv)).toHaveLength(3);
     }
     const md = await readFile(mdPath, 'utf8');
     expect(md).toContain('| model | weights | runtime |');

@@ -49,6 +49,8 @@ export interface BenchRow {
   graph?: DecodeGraphCounts;
   /** longtab rows: this row ÷ llama.cpp's row of the same model, weights and context, per llama.cpp KV type. */
   vsLlama?: Record<string, { decode: number | null; prefill: number | null; ttft: number | null }>;
+  /** longtab rows of another KV mode: decode tok/s ÷ the longtab f16 row's of the same model, weights and context. */
+  vsOwnF16?: { decode: number };
 }
 
 export interface BenchModelEntry {
@@ -155,10 +157,10 @@ export function renderMarkdown(report: BenchReport): string {
   );
   lines.push('');
   lines.push(
-    '| model | weights | runtime | KV | ctx | fill | prefill tok/s | TTFT ms | decode tok/s | TPOT ms median (p10–p90) | KV B/tok | GPU MiB | read MB/tok | GB/s | disp/submit per tok | decode ×llama f16 / q4_0 | prefill ×llama f16 |',
+    '| model | weights | runtime | KV | ctx | fill | prefill tok/s | TTFT ms | decode tok/s | TPOT ms median (p10–p90) | KV B/tok | GPU MiB | read MB/tok | GB/s | disp/submit per tok | decode ×llama f16 / q4_0 | prefill ×llama f16 | decode ÷ own f16 |',
   );
   lines.push(
-    '| --- | --- | --- | --- | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- | --- | --- |',
+    '| --- | --- | --- | --- | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- | --- | --- | ---: |',
   );
   const stalledLlama = new Set(
     report.rows
@@ -170,7 +172,7 @@ export function renderMarkdown(report: BenchReport): string {
   for (const r of report.rows) {
     if (r.status !== 'ok') {
       lines.push(
-        `| ${r.model} | ${r.weights} | ${r.runtime} | ${r.kv} | ${r.context} | ${r.status} | ${(r.reason ?? '').replaceAll('|', '/').slice(0, 120)} | | | | | | | | | | |`,
+        `| ${r.model} | ${r.weights} | ${r.runtime} | ${r.kv} | ${r.context} | ${r.status} | ${(r.reason ?? '').replaceAll('|', '/').slice(0, 120)} | | | | | | | | | | | |`,
       );
       continue;
     }
@@ -198,6 +200,7 @@ export function renderMarkdown(report: BenchReport): string {
         g ? `${g.dispatches} / ${fmt(g.submitsPerToken, 0)}` : '–',
         r.vsLlama ? `${ratio(r.vsLlama.f16?.decode)} / ${ratio(r.vsLlama.q4_0?.decode)}` : '',
         r.vsLlama ? ratio(r.vsLlama.f16?.prefill) + mark(againstStalled) : '',
+        r.vsOwnF16 ? fmt(r.vsOwnF16.decode, 2) : '',
       ]
         .join(' | ')
         .replace(/^/, '| ')

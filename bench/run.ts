@@ -58,14 +58,14 @@ export interface BenchOptions {
 }
 
 const QUICK_DEFAULTS = { contexts: [64, 256], decodeSteps: 8, repeats: 2 };
-const FULL_DEFAULTS = { contexts: [1024, 8192, 32768], decodeSteps: 64, repeats: 5 };
+const FULL_DEFAULTS = { contexts: [1024, 8192, 32768, 65536, 131072], decodeSteps: 64, repeats: 5 };
 
 const USAGE = `Usage: npm run bench -- [flags]   (or: node .gpu/bench.mjs [flags] on the GPU host)
   --quick                 tiny 2-layer model, contexts 64/256, 8 decode steps, 2 repeats
   --models ids            ${BENCH_MODELS.map((m) => m.id).join(',')} (default: all)
   --weights mixes         ${WEIGHT_MIXES.join(',')} (default: both; quick: q4_0)
   --kv modes              longtab KV modes: f16,int2 (default both; int2 rows say 'not available' until it loads)
-  --contexts list         default 1024,8192,32768
+  --contexts list         default 1024,8192,32768,65536,131072 (rows past a model's context length are skipped)
   --decode-steps n        default 64
   --repeats n             timed repeats after warm-up, default 5
   --fill auto|prefill|fast  how the KV is filled before decode (default auto, see BENCH.md)
@@ -362,7 +362,6 @@ export async function runBench(
   }
 
   const engine = new EngineRunner(gpu);
-  const maxContext = Math.max(...options.contexts);
   try {
     for (const shape of options.models) {
       for (const mix of options.weights) {
@@ -392,7 +391,7 @@ export async function runBench(
         });
         await save();
         const llamaRows = await runLlamaRows(llama, file, options, log, overBudget, report, save);
-        await runEngineRows(engine, file, options, maxContext, log, overBudget, report, save, llamaRows);
+        await runEngineRows(engine, file, options, log, overBudget, report, save, llamaRows);
       }
     }
     report.finished = true;
@@ -408,6 +407,11 @@ export async function runBench(
     releaseNodeGpu();
   }
   return { report, jsonPath, mdPath };
+}
+
+/** Why a row past the model's context length does not run. */
+function beyondContext(file: BenchModelFile): string {
+  return `beyond the model's context length (${file.shape.contextLength})`;
 }
 
 async function runLlamaRows(
@@ -427,6 +431,10 @@ async function runLlamaRows(
       const row: BenchRow = { ...base, kv, context, status: 'skipped', reason: '' };
       rows.push(row);
       report.rows.push(row);
+      if (context > file.shape.contextLength) {
+        row.reason = beyondContext(file);
+        continue;
+      }
       if (!llama) {
         row.status = 'not available';
         row.reason = report.llama.available ? 'llama.cpp not started' : report.llama.reason;
@@ -496,7 +504,6 @@ async function runEngineRows(
   engine: EngineRunner,
   file: BenchModelFile,
   options: BenchOptions,
-  maxContext: number,
   log: (line: string) => void,
   overBudget: () => boolean,
   report: BenchReport,
@@ -504,9 +511,15 @@ async function runEngineRows(
   llamaRows: BenchRow[],
 ): Promise<void> {
   const base = { runtime: 'longtab' as const, model: file.shape.id, weights: file.mix };
+  const fits = (context: number) => context <= file.shape.contextLength;
+  // The pool is sized for the longest context the model takes.
+  const longest = Math.max(0, ...options.contexts.filter(fits));
   for (const kv of options.kv) {
-    const rows = options.contexts.map((context): BenchRow => ({ ...base, kv, context, status: 'skipped', reason: '' }));
-    report.rows.push(...rows);
+    const all = options.contexts.map((context): BenchRow => ({ ...base, kv, context, status: 'skipped', reason: '' }));
+    report.rows.push(...all);
+    for (const row of all) if (!fits(row.context)) row.reason = beyondContext(file);
+    const rows = all.filter((row) => fits(row.context));
+    if (rows.length === 0) continue;
     if (overBudget()) {
       for (const row of rows) row.reason = 'run budget reached';
       continue;
@@ -514,7 +527,7 @@ async function runEngineRows(
     log(`longtab ${file.shape.id} ${file.mix} kv=${kv}: loading`);
     let loaded: Awaited<ReturnType<EngineRunner['load']>>;
     try {
-      loaded = await engine.load(file, kv, maxContext, options.prefillChunk, {
+      loaded = await engine.load(file, kv, longest, options.prefillChunk, {
         prefillMatmul: options.prefillMatmul,
         prefillAttention: options.prefillAttention,
       });
@@ -596,6 +609,18 @@ async function runEngineRows(
                 : null,
             ttft: row.ttftMs && l.ttftMs ? l.ttftMs.median / row.ttftMs.median : null,
           };
+        }
+        const ownF16 = report.rows.find(
+          (r) =>
+            r.runtime === 'longtab' &&
+            r.kv === 'f16' &&
+            r.model === row.model &&
+            r.weights === row.weights &&
+            r.context === context &&
+            r.status === 'ok',
+        );
+        if (kv !== 'f16' && ownF16?.decodeTokensPerSecond && row.decodeTokensPerSecond) {
+          row.vsOwnF16 = { decode: row.decodeTokensPerSecond / ownF16.decodeTokensPerSecond };
         }
         if (fill === 'prefill') estimate = { context, seconds: (t.ttftMs?.median ?? 0) / 1000 };
         log(
