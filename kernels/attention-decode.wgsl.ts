@@ -54,15 +54,16 @@ export function attentionDecodePassKeys(shape: Pick<AttentionDecodeShape, 'headD
 }
 
 /**
- * Workgroup storage of a decode build: q rows, the pass's scores, the reductions, Σq per quant group, the pass's
- * page-table entries and (quant builds) its staged V words.
+ * Workgroup storage of a decode build, as its WGSL declares it: q rows, the pass's scores, the reductions, the running
+ * maxima, Σq per quant group, the combine's sums (SPR = SUB / HD slices), the pass's page-table entries and (quant
+ * builds) its staged V words.
  */
 export function attentionDecodeWorkgroupBytes(shape: AttentionDecodeShape): number {
   const { headDim, rows, quant } = shape;
   const sub = shape.passKeys;
   const rowGroups = Math.ceil(rows / 4);
   const groupsPerHead = quant ? headDim / Math.min(quant.kGroup, headDim) : 0;
-  const vec4s = rowGroups * (headDim + sub + REDUCERS + 2 + groupsPerHead) + rows;
+  const vec4s = rowGroups * (headDim + sub + REDUCERS + 2 + groupsPerHead + sub / headDim);
   return 16 * vec4s + 4 * sub * (1 + (quant ? stagedValueWords(headDim, quant) : 0));
 }
 
