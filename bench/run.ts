@@ -610,18 +610,6 @@ async function runEngineRows(
             ttft: row.ttftMs && l.ttftMs ? l.ttftMs.median / row.ttftMs.median : null,
           };
         }
-        const ownF16 = report.rows.find(
-          (r) =>
-            r.runtime === 'longtab' &&
-            r.kv === 'f16' &&
-            r.model === row.model &&
-            r.weights === row.weights &&
-            r.context === context &&
-            r.status === 'ok',
-        );
-        if (kv !== 'f16' && ownF16?.decodeTokensPerSecond && row.decodeTokensPerSecond) {
-          row.vsOwnF16 = { decode: row.decodeTokensPerSecond / ownF16.decodeTokensPerSecond };
-        }
         if (fill === 'prefill') estimate = { context, seconds: (t.ttftMs?.median ?? 0) / 1000 };
         log(
           `  prefill ${row.prefillTokensPerSecond?.toFixed(1) ?? '–'} tok/s, decode ${row.decodeTokensPerSecond?.toFixed(1)} tok/s, ${result.graph.dispatches} dispatches/token`,
@@ -634,6 +622,17 @@ async function runEngineRows(
       await save();
     }
   }
+  // Each other KV mode's decode over the f16 rows' of this model (after every mode ran: --kv may list f16 last).
+  const own = report.rows.filter(
+    (r) => r.runtime === 'longtab' && r.model === base.model && r.weights === base.weights,
+  );
+  for (const row of own) {
+    const f16 = own.find((r) => r.kv === 'f16' && r.context === row.context && r.status === 'ok');
+    if (row.kv !== 'f16' && row.status === 'ok' && row.decodeTokensPerSecond && f16?.decodeTokensPerSecond) {
+      row.vsOwnF16 = { decode: row.decodeTokensPerSecond / f16.decodeTokensPerSecond };
+    }
+  }
+  await save();
   await engine.unload();
 }
 
