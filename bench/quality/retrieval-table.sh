@@ -38,7 +38,7 @@ for entry in $MODELS; do
     start=$(date +%s)
     case " ${EMBEDDED:-} " in
       *" $name "*) ;;
-      *) $L calibrate --model "$path" > $work/$name-calibrate.json 2> $work/$name-calibrate.log ;;
+      *) [ -e $work/stopped ] || $L calibrate --model "$path" > $work/$name-calibrate.json 2> $work/$name-calibrate.log ;;
     esac
     for step in $STEPS; do
       [ -e $work/stopped ] && break  # past the budget: no step starts after the watchdog
@@ -66,7 +66,10 @@ done
 # Several models side by side share the GPU: four models with copy and perplexity beside passkey and recall in a
 # second instance ran past 555 s; three models with copy and perplexity took 262 s on the H200; three models with
 # passkey and recall ran past 560 s (stopped by the call's limit: run one of the two steps a call).
-( sleep ${BUDGET_S:-540}; touch $work/stopped; for pid in $pids; do pkill -P $pid; done ) 2>/dev/null &
+# Its sleep is stopped with it (an orphaned sleep would hold the call's output open); the second pass catches a step
+# that began just before the stop file.
+( sleep ${BUDGET_S:-540} & s=$!; trap 'kill $s; exit 0' TERM; wait $s
+  touch $work/stopped; for pass in 1 2; do for pid in $pids; do pkill -P $pid; done; sleep 2; done ) 2>/dev/null &
 watchdog=$!
 wait $pids
 kill $watchdog 2>/dev/null
