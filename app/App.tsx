@@ -88,7 +88,7 @@ function ChatApp() {
   // On a phone the stats start folded away (the Stats button opens them below the chat).
   const [statsOpen, setStatsOpen] = useState(() => window.matchMedia('(min-width: 901px)').matches);
   const [chatError, setChatError] = useState<string | null>(null);
-  const { state: engineState, ensure, reportError, forget, destroyDevice, lastLoadError } = useEngine();
+  const { state: engineState, ensure, reportError, forget, destroyDevice, lastLoadError, forgetFailure } = useEngine();
   // After a lost device the page waits for the person (Reload model, or a new message) instead of reloading by itself.
   const deviceLost = engineState.error?.code === 'device-lost';
   const models = useModels(settings?.hubBaseUrl ?? DEFAULT_SETTINGS.hubBaseUrl);
@@ -164,6 +164,12 @@ function ChatApp() {
     const timer = setTimeout(() => void ensure(loadRequest), 300);
     return () => clearTimeout(timer);
   }, [loadRequest, busy, deviceLost, ensure, engineState.failedKey]);
+  // Another request meanwhile (another model or KV setup, or none while the model is stored again) ends the hold: back
+  // on the failed key, the page loads it again.
+  const requestKey = loadRequest?.key ?? null;
+  useEffect(() => {
+    if (engineState.failedKey !== null && engineState.failedKey !== requestKey) forgetFailure();
+  }, [requestKey, engineState.failedKey, forgetFailure]);
 
   useEffect(() => {
     if (!pageDebug()) return;

@@ -32,8 +32,8 @@ export interface EngineState {
   progress: LoadProgress | null;
   error: { code: string | null; message: string } | null;
   /**
-   * Key of the request whose load failed last (null once a load starts): the page does not load it again by itself,
-   * only for a message or another choice.
+   * Key of the request whose load failed last (null once a load starts, or once the page asks for another key or
+   * none): the page does not load it again by itself, only for a message or another choice.
    */
   failedKey: string | null;
   stats: EngineStats | null;
@@ -258,5 +258,8 @@ export function useEngine() {
   );
 
   const lastLoadError = useCallback(() => loadErrorRef.current, []);
-  return { state, load, ensure, engine, reportError, discard, forget, destroyDevice, lastLoadError };
+  /** Ends what a failed load's key holds back (the page asks for another model, or none, meanwhile). */
+  const forgetFailure = useCallback(() => setState((s) => (s.failedKey === null ? s : { ...s, failedKey: null })), []);
+
+  return { state, load, ensure, engine, reportError, discard, forget, destroyDevice, lastLoadError, forgetFailure };
 }
