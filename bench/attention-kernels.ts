@@ -118,14 +118,10 @@ type Variant = {
   ablation?: boolean;
 };
 /** The decode build of the shape: as the runtime builds it (attentionDecodeShape: loops), or unrolled. */
-const decodeSource = (s: LayerShape, quant: DecodeQuantShape | null, unrolled = false) =>
-  attentionDecodeSource({
-    headDim: s.headDim,
-    rows: s.heads / s.kvHeads,
-    quant,
-    unrolled,
-    passKeys: attentionDecodePassKeys({ headDim: s.headDim, rows: s.heads / s.kvHeads, quant }),
-  });
+const decodeSource = (s: LayerShape, quant: DecodeQuantShape | null, unrolled = false) => {
+  const layer = { headDim: s.headDim, rows: s.heads / s.kvHeads, quant };
+  return attentionDecodeSource({ ...layer, unrolled, passKeys: attentionDecodePassKeys(layer) });
+};
 /** The decode build of the shape with `edit` applied: an ablation. */
 const decodeEdit = (edit: (code: string) => string) => (s: LayerShape, quant: DecodeQuantShape | null) => ({
   decode: edited(decodeSource(s, quant), edit),

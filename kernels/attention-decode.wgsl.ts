@@ -49,8 +49,7 @@ const REDUCERS = 32;
  * (bench/results/2026-12-04-nvidia-h200-attention-decode-staged-sub128.json).
  */
 export function attentionDecodePassKeys(shape: Pick<AttentionDecodeShape, 'headDim' | 'rows' | 'quant'>): 128 | 256 {
-  const keyWords = 1 + (shape.quant ? stagedValueWords(shape.headDim, shape.quant) : 0);
-  return Math.ceil(shape.rows / 4) * 256 * 16 <= 8192 && 256 * 4 * keyWords <= 8192 ? 256 : 128;
+  return Math.ceil(shape.rows / 4) * 256 * 16 <= 8192 && 256 * 4 * wordsPerPassKey(shape) <= 8192 ? 256 : 128;
 }
 
 /**
@@ -64,12 +63,15 @@ export function attentionDecodeWorkgroupBytes(shape: AttentionDecodeShape): numb
   const rowGroups = Math.ceil(rows / 4);
   const groupsPerHead = quant ? headDim / Math.min(quant.kGroup, headDim) : 0;
   const vec4s = rowGroups * (headDim + sub + REDUCERS + 2 + groupsPerHead + sub / headDim);
-  return 16 * vec4s + 4 * sub * (1 + (quant ? stagedValueWords(headDim, quant) : 0));
+  return 16 * vec4s + 4 * sub * wordsPerPassKey(shape);
 }
 
-/** Words a quant build stages per key of a pass: the head's V code words and its groups' (lo, scale) words. */
-function stagedValueWords(headDim: number, quant: DecodeQuantShape): number {
-  return headDim / (32 / quant.vBits) + Math.max(1, headDim / quant.vGroup);
+/**
+ * Words a build keeps per key of a pass: its page-table entry and, in a quant build, the head's staged V code words
+ * and its groups' (lo, scale) words.
+ */
+function wordsPerPassKey({ headDim, quant }: Pick<AttentionDecodeShape, 'headDim' | 'quant'>): number {
+  return 1 + (quant ? headDim / (32 / quant.vBits) + Math.max(1, headDim / quant.vGroup) : 0);
 }
 
 /**

@@ -231,20 +231,19 @@ export function attentionGraphShape(
 /** The decode kernel's shape for a graph, or null where another kernel serves it. */
 function decodeShapeOf(device: AttentionDevice, g: AttentionGraphShape): AttentionDecodeShape | null {
   if (g.maxTokens !== 1 || g.decodeKernel === false) return null;
+  const layer = { headDim: g.headDim, rows: g.heads / g.kvHeads, quant: g.quant };
   const shape: AttentionDecodeShape = {
     // Every build keeps its loops: measured faster than unrolled builds on large GPUs for both page kinds, and CPU
     // drivers compile loops several times faster (bench/attention-kernels.ts;
     // bench/results/2026-12-01-nvidia-h200-session13-attention-decode-int2-raw-unrolled.json).
     unrolled: false,
-    headDim: g.headDim,
-    rows: g.heads / g.kvHeads,
-    quant: g.quant,
-    passKeys: attentionDecodePassKeys({ headDim: g.headDim, rows: g.heads / g.kvHeads, quant: g.quant }),
+    ...layer,
+    passKeys: attentionDecodePassKeys(layer),
   };
   if (!attentionDecodeSupports(shape)) return null;
   // A device with less workgroup memory (16 KiB, WebGPU's default limit) takes shorter passes before the split kernel.
   const limit = device.limits.maxComputeWorkgroupStorageSize;
-  for (const passKeys of [shape.passKeys, 128] as const) {
+  for (const passKeys of new Set([shape.passKeys, 128] as const)) {
     if (attentionDecodeWorkgroupBytes({ ...shape, passKeys }) <= limit) return { ...shape, passKeys };
   }
   return null;
