@@ -39,6 +39,11 @@ export interface EngineState {
   stats: EngineStats | null;
 }
 
+/** The page's state while `key` is the model coming: no error, no failure held, no progress yet. */
+function loadingState(s: EngineState, key: string): EngineState {
+  return { ...s, status: 'loading', loadingKey: key, error: null, failedKey: null, progress: null };
+}
+
 export function useEngine() {
   const handleRef = useRef<Promise<EngineHandle> | null>(null);
   const unsubscribeRef = useRef<(() => void) | null>(null);
@@ -98,14 +103,7 @@ export function useEngine() {
     async (request: LoadRequest): Promise<ChatEngine | null> => {
       wantedRef.current = request.key;
       const wanted = () => wantedRef.current === request.key;
-      setState((s) => ({
-        ...s,
-        status: 'loading',
-        loadingKey: request.key,
-        error: null,
-        failedKey: null,
-        progress: null,
-      }));
+      setState((s) => loadingState(s, request.key));
       loadedRef.current = null;
       try {
         const { engine } = await handle();
@@ -177,14 +175,7 @@ export function useEngine() {
       const previous = loadingRef.current?.done;
       if (previous) {
         // Until the superseded load ends, the page shows this one as the model coming.
-        setState((s) => ({
-          ...s,
-          status: 'loading',
-          loadingKey: request.key,
-          error: null,
-          failedKey: null,
-          progress: null,
-        }));
+        setState((s) => loadingState(s, request.key));
       }
       const done = (async () => {
         await previous?.catch(() => null);
