@@ -438,7 +438,7 @@ async function benchQuantShape(gpu: GpuContext, shape: LayerShape, contexts: num
   if (!quant) throw new Error(`the decode kernel does not serve ${shape.name} on an int2 pool`);
   const reference = gpu.allocator.createStorage('bench', 'scratch', heads * headDim * 4);
   // The runtime's own append + demotion for prefill chunks of FILL_CHUNK tokens.
-  const fill = new PagedKvAttention(gpu, pool, { heads }).prepareLayer(0, { q, k, v, output }, FILL_CHUNK);
+  const fill = new PagedKvAttention(gpu, pool, { heads }).prepareLayer(0, { q, k, v, output }, FILL_CHUNK, null);
   const seq = pool.createSequence();
   const rows: Record<string, unknown>[] = [];
   for (const context of contexts) {
@@ -537,7 +537,7 @@ async function benchRoofline(
   }
   const reference = gpu.allocator.createStorage('bench', 'scratch', heads * headDim * 4);
   // The runtime's own append (+ demotion in a quant pool) for prefill chunks of FILL_CHUNK tokens.
-  const fill = kvAttention.prepareLayer(0, { q, k, v, output }, FILL_CHUNK);
+  const fill = kvAttention.prepareLayer(0, { q, k, v, output }, FILL_CHUNK, null);
   const seq = pool.createSequence();
   const rows: RooflineRow[] = [];
   for (const context of contexts) {
@@ -762,7 +762,12 @@ async function benchPrefillShape(
   const outputs = [0, 1, 2].map(() => buffer(tokens * heads * headDim));
   const qs = randomFloats(seededRandom(3), tokens * heads * headDim, 2);
   gpu.device.queue.writeBuffer(q, 0, qs.buffer, qs.byteOffset, qs.byteLength);
-  const fill = new PagedKvAttention(gpu, pool, { heads }).prepareLayer(0, { q, k, v, output: outputs[0] }, FILL_CHUNK);
+  const fill = new PagedKvAttention(gpu, pool, { heads }).prepareLayer(
+    0,
+    { q, k, v, output: outputs[0] },
+    FILL_CHUNK,
+    null,
+  );
   const seq = pool.createSequence();
   const rows: Record<string, unknown>[] = [];
   for (const context of contexts) {

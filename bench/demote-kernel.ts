@@ -145,7 +145,7 @@ async function benchShape(
     withTies(data, kvHeads * headDim);
     gpu.device.queue.writeBuffer(target, 0, data.buffer, data.byteOffset, data.byteLength);
   }
-  const layer = new PagedKvAttention(gpu, pool, { heads }).prepareLayer(0, { q, k, v, output }, tokens);
+  const layer = new PagedKvAttention(gpu, pool, { heads }).prepareLayer(0, { q, k, v, output }, tokens, null);
   const seq = pool.createSequence();
   // Two steps run (the second demotes the first's pages past the sink and window), the third is only planned: its
   // demotions, the pages that left the window since, are in the jobs buffer, as in a long prefill.

@@ -54,10 +54,25 @@ fn slabWord(slot: u32, i: u32) -> u32 { return slabQuad(slot, i / 4u)[i % 4u]; }
 }
 
 /**
+ * `kvStore(entry, word, value)`: writes one u32 (two halves) of the page named by a page-table entry
+ * (kind << 28 | slab << 24 | page); needs read_write `slab0..3` and `params.pageWords` in scope (runtime/kv/pool.ts has
+ * the page layout).
+ */
+export const kvStoreWgsl = /* wgsl */ `
+fn kvStore(entry: u32, word: u32, value: u32) {
+  let index = (entry & 0xffffffu) * params.pageWords + word;
+  switch ((entry >> 24u) & 0xfu) {
+    case 0u: { slab0[index] = value; }
+    case 1u: { slab1[index] = value; }
+    case 2u: { slab2[index] = value; }
+    default: { slab3[index] = value; }
+  }
+}
+`;
+
+/**
  * Writes the step's K and V rows (f32 [tokens, kvHeads*headDim]) into their pages as packed f16.
- * One invocation per (token, kv head, dim pair); invocations past step.tokens do nothing. `kvStore` writes one u32
- * (two halves) of the page named by a page-table entry (kind << 28 | slab << 24 | page); runtime/kv/pool.ts has the
- * page layout.
+ * One invocation per (token, kv head, dim pair); invocations past step.tokens do nothing.
  */
 export const kvAppendWgsl =
   KV_STEP_WGSL +
@@ -74,16 +89,7 @@ struct Params { kOffset: u32, vOffset: u32, pageWords: u32, pageTokens: u32, kvH
 @group(0) @binding(7) var<storage, read_write> slab2: array<u32>;
 @group(0) @binding(8) var<storage, read_write> slab3: array<u32>;
 
-fn kvStore(entry: u32, word: u32, value: u32) {
-  let index = (entry & 0xffffffu) * params.pageWords + word;
-  switch ((entry >> 24u) & 0xfu) {
-    case 0u: { slab0[index] = value; }
-    case 1u: { slab1[index] = value; }
-    case 2u: { slab2[index] = value; }
-    default: { slab3[index] = value; }
-  }
-}
-
+${kvStoreWgsl}
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {

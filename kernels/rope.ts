@@ -112,6 +112,12 @@ export interface RopeBinding {
   headNorm?: { q: GPUBuffer; k: GPUBuffer; eps: number };
 }
 
+/**
+ * A layer's RoPE as the model defines it, without the tensors it applies to: what the forward pass hands the KV cache,
+ * which applies it to q and k before it stores k (kernels/rope-append.ts fuses it with the store in decode steps).
+ */
+export type RopeStage = Omit<RopeBinding, 'q' | 'k' | 'tokens'>;
+
 /** RoPE on a step's q and k (in place) as one dispatch, after their per-head RMSNorm when `headNorm` is given. */
 export function prepareRope(gpu: GpuContext, label: string, b: RopeBinding): PreparedDispatch {
   const norm = b.headNorm;
@@ -151,4 +157,16 @@ export function prepareRope(gpu: GpuContext, label: string, b: RopeBinding): Pre
       : linearInvocationGrid((b.tokens * (b.heads + b.kvHeads) * b.ropeDim) / 2, 64),
     owned: [params],
   };
+}
+
+/** RoPE from a stage (`rope`, null: q and k are final) on `tokens` rows of q and k: its one dispatch, or none. */
+export function prepareRopeStage(
+  gpu: GpuContext,
+  label: string,
+  rope: RopeStage | null,
+  q: GPUBuffer,
+  k: GPUBuffer,
+  tokens: number,
+): PreparedDispatch[] {
+  return rope ? [prepareRope(gpu, label, { ...rope, q, k, tokens })] : [];
 }

@@ -2,25 +2,11 @@ import { rmsScaleWgsl } from './rmsnorm.wgsl.ts';
 import { wgslConstants } from './wgsl-constants.ts';
 
 /**
- * Rotary position embedding, in place, on a step's q and k in one dispatch: rows of `heads * headDim` f32 values
- * in q and of `kvHeads * headDim` in k. Row t has position `step.position + t`. Only the first `ropeDim` dims of each
- * head rotate. Layout NORMAL (llama): pairs (2i, 2i+1). Layout NEOX (qwen2/qwen3): pairs (i, i + ropeDim/2).
- * theta_i = pos * base^(-2i/ropeDim) / freqFactor[i] (freqFactor: the per-pair divisors of Llama 3's rope_freqs and
- * linear or YaRN scaling, kernels/rope.ts ropeFrequencyDivisors; or ones); cos and sin are scaled by `magnitude`.
+ * `ropePair(i, t)`: pair i of a head, its two dims within the head and the cos and sin of its angle at token t of the
+ * step. Needs `params` with ropeDim, neox, base and magnitude, `step.position` and `freqFactors` in scope (the RoPE
+ * kernels here and the fused decode store, kernels/rope-append.wgsl.ts).
  */
-const ropeCommonWgsl = /* wgsl */ `
-struct Params {
-  tokens: u32, heads: u32, kvHeads: u32, headDim: u32, ropeDim: u32, neox: u32, base: f32, eps: f32, magnitude: f32,
-}
-struct Step { position: u32, tokens: u32, _p0: u32, _p1: u32 }
-
-@group(0) @binding(0) var<storage, read_write> q: array<f32>;
-@group(0) @binding(1) var<storage, read_write> k: array<f32>;
-@group(0) @binding(2) var<storage, read> freqFactors: array<f32>;
-@group(0) @binding(3) var<uniform> params: Params;
-@group(0) @binding(4) var<uniform> step: Step;
-
-/** Pair i of a head: its two dims within the head, and the cos and sin of its angle at token t of the step. */
+export const ropePairWgsl = /* wgsl */ `
 struct RopePair { a: u32, b: u32, c: f32, s: f32 }
 fn ropePair(i: u32, t: u32) -> RopePair {
   let half = params.ropeDim / 2u;
@@ -33,6 +19,27 @@ fn ropePair(i: u32, t: u32) -> RopePair {
   return RopePair(a, b, cos(theta) * params.magnitude, sin(theta) * params.magnitude);
 }
 `;
+
+/**
+ * Rotary position embedding, in place, on a step's q and k in one dispatch: rows of `heads * headDim` f32 values
+ * in q and of `kvHeads * headDim` in k. Row t has position `step.position + t`. Only the first `ropeDim` dims of each
+ * head rotate. Layout NORMAL (llama): pairs (2i, 2i+1). Layout NEOX (qwen2/qwen3): pairs (i, i + ropeDim/2).
+ * theta_i = pos * base^(-2i/ropeDim) / freqFactor[i] (freqFactor: the per-pair divisors of Llama 3's rope_freqs and
+ * linear or YaRN scaling, kernels/rope.ts ropeFrequencyDivisors; or ones); cos and sin are scaled by `magnitude`.
+ */
+const ropeCommonWgsl =
+  /* wgsl */ `
+struct Params {
+  tokens: u32, heads: u32, kvHeads: u32, headDim: u32, ropeDim: u32, neox: u32, base: f32, eps: f32, magnitude: f32,
+}
+struct Step { position: u32, tokens: u32, _p0: u32, _p1: u32 }
+
+@group(0) @binding(0) var<storage, read_write> q: array<f32>;
+@group(0) @binding(1) var<storage, read_write> k: array<f32>;
+@group(0) @binding(2) var<storage, read> freqFactors: array<f32>;
+@group(0) @binding(3) var<uniform> params: Params;
+@group(0) @binding(4) var<uniform> step: Step;
+` + ropePairWgsl;
 
 /** One invocation per rotated pair of q or k. */
 export const ropeWgsl =

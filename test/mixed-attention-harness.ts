@@ -91,7 +91,7 @@ export async function runMixed(
   const out = Array.from({ length: layers }, () => f32(maxTokens * heads * headDim));
   const graph = (t: number): PreparedDispatch[] =>
     Array.from({ length: layers }, (_, l) => {
-      const p = backend.prepareLayer(l, { q, k: k[l], v: v[l], output: out[l] }, t);
+      const p = backend.prepareLayer(l, { q, k: k[l], v: v[l], output: out[l] }, t, null);
       return [...p.append, ...p.attention];
     }).flat();
   const prefill = graph(maxTokens);

@@ -19,6 +19,7 @@ import type { PreparedDispatch } from '../../core/gpu/dispatch.ts';
 import { readFloat32 } from '../../core/gpu/readback.ts';
 import { prepareCovariance, prepareKeyEnergy } from '../../kernels/covariance.ts';
 import { prepareAddInPlace } from '../../kernels/elementwise.ts';
+import { prepareRopeStage, type RopeStage } from '../../kernels/rope.ts';
 import { DEFAULT_QUANT_POLICY, type QuantPolicy } from '../eval/fidelity.ts';
 import { logProbability } from '../eval/perplexity.ts';
 import { type ClipFitFormat, type FittedClip, fitClipQuantiles, resolveClipFormat } from '../kv/clip-fit.ts';
@@ -103,8 +104,15 @@ class MomentCapture implements KvAttentionBackend {
     private readonly capture: Capture | null,
   ) {}
 
-  prepareLayer(layer: number, b: { q: GPUBuffer; k: GPUBuffer; v: GPUBuffer; output: GPUBuffer }, maxTokens: number) {
+  prepareLayer(
+    layer: number,
+    b: { q: GPUBuffer; k: GPUBuffer; v: GPUBuffer; output: GPUBuffer },
+    maxTokens: number,
+    rope: RopeStage | null,
+  ) {
     const { gpu, config: c, step, moments, capture } = this;
+    // The moments are of q and k as the cache sees them: RoPE first, here.
+    const roped = prepareRopeStage(gpu, `blk.${layer}.rope`, rope, b.q, b.k, maxTokens);
     const firstMatrix = layer * c.kvHeads;
     const width = c.kvHeads * c.headDim;
     const copies: PreparedDispatch[] = capture
@@ -150,8 +158,8 @@ class MomentCapture implements KvAttentionBackend {
               step,
             }),
           ];
-    const inner = this.inner.prepareLayer(layer, b, maxTokens);
-    return { append: [...copies, ...moment, ...inner.append], attention: inner.attention };
+    const inner = this.inner.prepareLayer(layer, b, maxTokens, null);
+    return { append: [...roped, ...copies, ...moment, ...inner.append], attention: inner.attention };
   }
 }
 

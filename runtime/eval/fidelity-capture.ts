@@ -8,6 +8,7 @@
 import type { GpuContext } from '../../core/gpu/device.ts';
 import type { PreparedDispatch } from '../../core/gpu/dispatch.ts';
 import { prepareAddInPlace } from '../../kernels/elementwise.ts';
+import { prepareRopeStage, type RopeStage } from '../../kernels/rope.ts';
 import { createKvAttention } from '../kv/paged-attention.ts';
 import { KvPagePool, type KvPoolOptions } from '../kv/pool.ts';
 import type { KvRotation } from '../kv/rotation.ts';
@@ -31,8 +32,14 @@ class AttentionCapture implements KvAttentionBackend {
     private readonly widths: Record<Kind, number>,
   ) {}
 
-  prepareLayer(layer: number, b: { q: GPUBuffer; k: GPUBuffer; v: GPUBuffer; output: GPUBuffer }, maxTokens: number) {
+  prepareLayer(
+    layer: number,
+    b: { q: GPUBuffer; k: GPUBuffer; v: GPUBuffer; output: GPUBuffer },
+    maxTokens: number,
+    rope: RopeStage | null,
+  ) {
     const into = this.buffers[layer];
+    const roped = prepareRopeStage(this.gpu, `blk.${layer}.rope`, rope, b.q, b.k, maxTokens);
     const copy = (kind: Kind, from: GPUBuffer): PreparedDispatch[] => {
       const target = into[kind];
       if (!target) return [];
@@ -44,9 +51,9 @@ class AttentionCapture implements KvAttentionBackend {
         }),
       ];
     };
-    const inner = this.inner.prepareLayer(layer, b, maxTokens);
+    const inner = this.inner.prepareLayer(layer, b, maxTokens, null);
     return {
-      append: [...copy('q', b.q), ...copy('k', b.k), ...copy('v', b.v), ...inner.append],
+      append: [...roped, ...copy('q', b.q), ...copy('k', b.k), ...copy('v', b.v), ...inner.append],
       attention: [...inner.attention, ...copy('output', b.output)],
     };
   }

@@ -1,16 +1,22 @@
 import { describe, expect, it } from 'vitest';
-import { releaseDispatches, submitDispatches } from '../../core/gpu/dispatch.ts';
+import { InvalidRequestError } from '../../core/errors.ts';
+import { releaseDispatches, submitDispatches, uniformBuffer } from '../../core/gpu/dispatch.ts';
 import { readFloat32 } from '../../core/gpu/readback.ts';
+import { prepareAttention } from '../../kernels/attention.ts';
 import { attentionReference } from '../../kernels/reference/attention.ts';
+import type { RopeStage } from '../../kernels/rope.ts';
 import { withLimits, withTestGpu } from '../../test/gpu.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../../test/random.ts';
 import { PagedKvAttention, prefillSplitsFor, splitsWithinBinding } from './paged-attention.ts';
 import { KvPagePool } from './pool.ts';
+import { covarianceRotation, multiply, rotationSet, transpose, transposedMatrices } from './rotation.ts';
 
 const ctx = withTestGpu();
 
 // One prefill split's partials here: 6 tokens × 8 heads × (8 + 2) floats = 1920 bytes.
 const SPLIT_BYTES = 1920;
+// 21 prefill tokens × 8 heads × (64 + 2) floats: one prefill split's partials (44,352 bytes); a decode split's is 2,112.
+const PREFILL_SPLIT_BYTES = 44352;
 
 describe('PagedKvAttention', () => {
   it("fits a graph's splits to the storage binding, counting the records of its largest step", () => {
@@ -46,7 +52,7 @@ describe('PagedKvAttention', () => {
         output: f32(maxTokens * heads * headDim),
       };
       const graphs = [maxTokens, 1].map((t) => {
-        const { append, attention } = backend.prepareLayer(3, bufs, t);
+        const { append, attention } = backend.prepareLayer(3, bufs, t, null);
         if (t > 1) {
           expect(attention.length).toBe(prefillAttentionDispatches);
           const partials = attention.flatMap((d) => d.owned).filter((b) => b.label.endsWith('.partials'));
@@ -96,4 +102,144 @@ describe('PagedKvAttention', () => {
       expect(worst).toBeLessThanOrEqual(1);
     },
   );
+});
+
+describe('PagedKvAttention with rotations', () => {
+  it.each([
+    // Decode graphs un-rotate in their merge pass, prefill graphs in a rotate dispatch of their own: after the rows
+    // merge, or
+    ['prefill un-rotation after the rows merge', undefined, undefined],
+    // with storage bindings that hold one prefill split's partials, in a prefill graph without a merge pass (decode
+    // graphs, whose splits' partials are smaller, still merge).
+    ['prefill un-rotation without a merge pass', PREFILL_SPLIT_BYTES + 100, undefined],
+    // Decode steps finish q, k and v in one dispatch (rope-append) where the device binds its 11 storage buffers; on
+    // an adapter with the WebGPU default of 8, in RoPE, rotate and kv-append dispatches.
+    ['decode on the spec default of 8 storage buffers', undefined, 8],
+  ] as const)(
+    'gives the same attention output as the unrotated cache (Hadamard and calibrated rotations; %s)',
+    async (_, bindingLimit, storageLimit) => {
+      const { gpu } = ctx;
+      const before = gpu.allocator.snapshot().totalBuffers;
+      // Prefill steps of 21 and 19 tokens: the prefill build's blocks cut short.
+      const [layers, heads, kvHeads, headDim, maxTokens] = [2, 8, 2, 64, 21];
+      const random = seededRandom(42);
+      // Layer 0: Hadamard; layer 1: a calibrated rotation per KV head, for K and for V (not symmetric, unlike the
+      // Hadamard matrix: an un-rotation by R instead of Rᵀ, or by another head's matrix, cannot pass).
+      const keyRotations = rotationSet('hadamard', layers, kvHeads, headDim);
+      const valueRotations = rotationSet('hadamard', layers, kvHeads, headDim);
+      const calibrated = () => {
+        const a = Float64Array.from(randomFloats(random, headDim * headDim, 1));
+        return covarianceRotation(multiply(transpose(a, headDim), a, headDim), headDim);
+      };
+      for (let h = 0; h < kvHeads; h++) {
+        keyRotations.set(calibrated(), (kvHeads + h) * headDim * headDim);
+        valueRotations.set(calibrated(), (kvHeads + h) * headDim * headDim);
+      }
+      const rotations = {
+        key: gpu.allocator.createStorage('rk', 'kv', keyRotations),
+        value: gpu.allocator.createStorage('rv', 'kv', valueRotations),
+        valueTransposed: gpu.allocator.createStorage('rvt', 'kv', transposedMatrices(valueRotations, headDim)),
+      };
+      const f32 = (n: number) => gpu.allocator.createStorage('test', 'scratch', n * 4);
+      // Both caches apply the same RoPE (Llama's layout) to q and k before they store k: the rotated one with its
+      // rotation, in the same dispatch in decode steps.
+      const freqFactors = gpu.allocator.createStorage('freq', 'weights', new Float32Array(headDim / 2).fill(1));
+      const step = uniformBuffer(gpu, 'step', [0, 0, 0, 0], 'uuuu');
+      const rope: RopeStage = {
+        freqFactors,
+        step,
+        heads,
+        kvHeads,
+        headDim,
+        ropeDim: headDim,
+        base: 10000,
+        layout: 'normal',
+      };
+      const run = async (rotated: boolean) => {
+        const pool = new KvPagePool(gpu, { layers, kvHeads, headDim, budgetBytes: 1 << 20 });
+        const limits = {
+          ...(rotated && bindingLimit !== undefined ? { maxStorageBufferBindingSize: bindingLimit } : {}),
+          ...(storageLimit !== undefined ? { maxStorageBuffersPerShaderStage: storageLimit } : {}),
+        };
+        const backend = new PagedKvAttention(withLimits(gpu, limits), pool, {
+          heads,
+          rotations: rotated ? rotations : undefined,
+        });
+        const bufs = {
+          q: f32(maxTokens * heads * headDim),
+          k: f32(maxTokens * kvHeads * headDim),
+          v: f32(maxTokens * kvHeads * headDim),
+          output: f32(maxTokens * heads * headDim),
+        };
+        const data = seededRandom(7);
+        const seq = pool.createSequence();
+        const outputs: Float32Array[] = [];
+        let lastKeys: Float32Array = new Float32Array();
+        const graphs = new Map<number, ReturnType<typeof backend.prepareLayer>[]>();
+        for (const tokens of [21, 19, 1, 1]) {
+          if (!graphs.has(tokens)) {
+            const layers = [0, 1].map((l) => backend.prepareLayer(l, bufs, tokens, rope));
+            const ownDispatch = layers.map((g) => g.attention.some((d) => d.label.endsWith('.unrotate_out')));
+            expect(ownDispatch).toEqual(layers.map(() => rotated && tokens > 1));
+            const fused = layers.map((g) => g.append.some((d) => d.label.endsWith('.rope_append')));
+            expect(fused).toEqual(layers.map(() => tokens === 1 && storageLimit === undefined));
+            graphs.set(tokens, layers);
+          }
+          gpu.device.queue.writeBuffer(step, 0, Uint32Array.of(seq.length, tokens, 0, 0));
+          pool.beginStep(seq, tokens);
+          pool.submitPending(); // page copies and promotions the step asked for
+          for (const layer of [0, 1]) {
+            gpu.device.queue.writeBuffer(bufs.q, 0, randomFloats(data, tokens * heads * headDim, 2));
+            gpu.device.queue.writeBuffer(bufs.k, 0, randomFloats(data, tokens * kvHeads * headDim, 2));
+            gpu.device.queue.writeBuffer(bufs.v, 0, randomFloats(data, tokens * kvHeads * headDim, 1));
+            const g = graphs.get(tokens)![layer];
+            submitDispatches(gpu, 'step', [...g.append, ...g.attention]);
+            outputs.push(await readFloat32(gpu, bufs.output, tokens * heads * headDim));
+            // The cache really holds rotated keys: a prefill step rotates k in place before it stores it.
+            if (tokens > 1) lastKeys = await readFloat32(gpu, bufs.k, tokens * kvHeads * headDim);
+          }
+        }
+        for (const gs of graphs.values()) for (const g of gs) releaseDispatches(gpu, [...g.append, ...g.attention]);
+        for (const b of Object.values(bufs)) gpu.allocator.release(b);
+        pool.destroy();
+        return { outputs, lastKeys };
+      };
+      const { outputs: reference, lastKeys: plainKeys } = await run(false);
+      const { outputs: rotated, lastKeys: rotatedKeys } = await run(true);
+      expect(maxToleranceRatio(rotatedKeys, plainKeys, 1e-3, 1e-3)).toBeGreaterThan(1);
+      for (let i = 0; i < reference.length; i++) {
+        // Rotated values are rounded to f16 in a different basis: equal within f16 rounding of the outputs.
+        expect(maxToleranceRatio(rotated[i], reference[i], 3e-3, 3e-3)).toBeLessThanOrEqual(1);
+      }
+      for (const b of [rotations.key, rotations.value, rotations.valueTransposed, freqFactors, step]) {
+        gpu.allocator.release(b);
+      }
+      expect(gpu.allocator.snapshot().totalBuffers).toBe(before);
+    },
+  );
+
+  it('refuses an output rotation in the merge pass of a prefill graph or of a graph without one', () => {
+    const { gpu } = ctx;
+    const [heads, headDim] = [4, 64];
+    const pool = new KvPagePool(gpu, { layers: 1, kvHeads: 2, headDim, budgetBytes: 1 << 20 });
+    const matrices = gpu.allocator.createStorage('r', 'kv', new Float32Array(2 * headDim * headDim));
+    const q = gpu.allocator.createStorage('q', 'scratch', 8 * heads * headDim * 4);
+    const output = gpu.allocator.createStorage('o', 'scratch', 8 * heads * headDim * 4);
+    const binding = { pool, layer: 0, q, output, heads, scale: 1, minChunkKeys: 2 };
+    const outputRotation = { matrices, firstMatrix: 0, headsPerMatrix: 2 };
+    // Prefill graphs un-rotate with the rotate kernel's blocks build; a single split has no merge pass.
+    for (const [maxTokens, splits] of [
+      [8, 4],
+      [1, 1],
+    ]) {
+      expect(() => prepareAttention(gpu, 'refused', { ...binding, maxTokens, splits, outputRotation })).toThrow(
+        InvalidRequestError,
+      );
+    }
+    const decode = prepareAttention(gpu, 'decode', { ...binding, maxTokens: 1, splits: 4, outputRotation });
+    expect(decode.some((d) => d.pipeline.label.endsWith('-rotated'))).toBe(true);
+    releaseDispatches(gpu, decode);
+    for (const b of [matrices, q, output]) gpu.allocator.release(b);
+    pool.destroy();
+  });
 });

@@ -14,10 +14,11 @@ import {
 } from '../../kernels/attention.ts';
 import { prepareKvAppend } from '../../kernels/kv-append.ts';
 import { prepareKvDemote } from '../../kernels/kv-demote.ts';
+import { prepareRopeStage, type RopeStage } from '../../kernels/rope.ts';
+import { prepareRopeAppend, ropeAppendFits } from '../../kernels/rope-append.ts';
 import { prepareRotate } from '../../kernels/rotate.ts';
 import type { KvAttentionBackend } from '../model/transformer.ts';
 import type { KvPagePool } from './pool.ts';
-import { type LayerOutputRotation, RotatedKvAttention } from './rotated-attention.ts';
 import { type KvRotation, rotationSet, transposedMatrices } from './rotation.ts';
 
 export interface PagedAttentionOptions {
@@ -32,6 +33,28 @@ export interface PagedAttentionOptions {
    * where the device runs them (kernels/attention.ts; ModelRunner.load's prefillAttention).
    */
   prefillProducts?: AttentionProducts;
+  /**
+   * The rotated cache's matrices (createKvAttention uploads them): q and k are multiplied by R_K after RoPE and v by
+   * R_V before they are stored, so q·k is unchanged; the attention output is multiplied back by R_Vᵀ. Absent: the
+   * cache stores K/V as they are.
+   */
+  rotations?: KvRotations;
+}
+
+/**
+ * The rotation matrices of a rotated cache, f32 [layers × kvHeads × headDim × headDim] row-major, KV head h of layer
+ * l at matrix l·kvHeads + h (query heads of a GQA group use their KV head's).
+ */
+export interface KvRotations {
+  key: GPUBuffer;
+  value: GPUBuffer;
+  /**
+   * `value` with each matrix transposed (or `value` itself where its matrices are symmetric), for the un-rotation
+   * dispatch of graphs without a merge pass: a product with Rᵀ read row-wise from it is a plain product, whose matrix
+   * loads coalesce (measured faster than reading R column-wise:
+   * bench/results/2026-12-01-nvidia-h200-session22-rotate-kernel.json, from `bench/rotate-kernel.ts`).
+   */
+  valueTransposed: GPUBuffer;
 }
 
 /** Decode: fewest keys per split. */
@@ -173,12 +196,13 @@ export function planGraphAttention(
 }
 
 /**
- * The paged cache as the forward pass sees it: per layer, the append of this step's k/v (preceded, in quant mode, by
- * the demotion of the pages that left the window) and the attention of its queries over f16 and quant pages. Every
- * dispatch binds the pool's KvStep uniform: call `pool.writeStep` (or `pool.beginStep`) before each submit, with
- * tokens <= the maxTokens the graph was prepared for.
+ * The paged cache as the forward pass sees it: per layer, `append` finishes this step's q and k (RoPE; the rotation
+ * of a rotated cache, which takes v too) and stores k and v, after the demotion of the pages that left the window
+ * (quant mode); `attention` attends this step's queries over f16 and quant pages, and un-rotates the output of a
+ * rotated cache. Every dispatch binds the pool's KvStep uniform: call `pool.writeStep` (or `pool.beginStep`) before
+ * each submit, with tokens <= the maxTokens the graph was prepared for.
  */
-export class PagedKvAttention {
+export class PagedKvAttention implements KvAttentionBackend {
   readonly pool: KvPagePool;
   private readonly gpu: GpuContext;
   private readonly options: PagedAttentionOptions;
@@ -222,24 +246,75 @@ export class PagedKvAttention {
   }
 
   /**
-   * With `outputRotation`, the output is un-rotated too: by the merge pass of a decode graph with splits, else (prefill
-   * graphs, a single split) by a rotate dispatch of its own.
+   * `rope`: the RoPE q and k still need (null: they are final). A decode graph finishes q, k and v and stores k and v
+   * in one dispatch (kernels/rope-append.ts) where the device runs it; otherwise RoPE, the rotation and the store are
+   * a dispatch each.
    */
   prepareLayer(
     layer: number,
     buffers: { q: GPUBuffer; k: GPUBuffer; v: GPUBuffer; output: GPUBuffer },
     maxTokens: number,
-    outputRotation?: LayerOutputRotation,
+    rope: RopeStage | null,
   ): { append: PreparedDispatch[]; attention: PreparedDispatch[] } {
     const { gpu, pool, options } = this;
+    const { rotations } = options;
     const label = `kv.layer${layer}.t${maxTokens}`;
-    const append = prepareKvAppend(gpu, `${label}.append`, {
-      pool,
-      layer,
-      k: buffers.k,
-      v: buffers.v,
-      tokens: maxTokens,
-    });
+    const firstMatrix = layer * pool.kvHeads;
+    const headsPerMatrix = options.heads / pool.kvHeads;
+    const demote: PreparedDispatch[] = [];
+    if (pool.quant) {
+      const dispatch = prepareKvDemote(gpu, `${label}.demote`, { pool, layer });
+      // Pages leave the f16 window on one decode step in pageTokens: the other steps skip the dispatch. (Set on the
+      // dispatch itself: its bind group is a getter that follows slab growth, which a copy would freeze.)
+      dispatch.idle = () => pool.stepDemotions === 0;
+      demote.push(dispatch);
+    }
+    const append: PreparedDispatch[] = [];
+    const fused =
+      maxTokens === 1 &&
+      rope !== null &&
+      ropeAppendFits(gpu, { headNorm: rope.headNorm !== undefined, rotate: rotations !== undefined }, pool.headDim);
+    if (fused) {
+      append.push(
+        ...demote,
+        prepareRopeAppend(gpu, `blk.${layer}.rope_append`, {
+          pool,
+          layer,
+          ...buffers,
+          rope,
+          rotation: rotations && { key: rotations.key, value: rotations.value, firstMatrix },
+        }),
+      );
+    } else {
+      append.push(...prepareRopeStage(gpu, `blk.${layer}.rope`, rope, buffers.q, buffers.k, maxTokens));
+      if (rotations) {
+        const part = (x: GPUBuffer, rotation: GPUBuffer, heads: number) => ({
+          x,
+          rotation,
+          firstMatrix,
+          heads,
+          headsPerMatrix: heads / pool.kvHeads,
+          transpose: false,
+        });
+        // q is final (RoPE applied) before the store, so it is rotated with k and v in one dispatch.
+        append.push(
+          prepareRotate(gpu, `blk.${layer}.rotate_qkv`, {
+            parts: [
+              part(buffers.q, rotations.key, options.heads),
+              part(buffers.k, rotations.key, pool.kvHeads),
+              part(buffers.v, rotations.value, pool.kvHeads),
+            ],
+            step: pool.step,
+            maxTokens,
+            headDim: pool.headDim,
+          }),
+        );
+      }
+      append.push(
+        ...demote,
+        prepareKvAppend(gpu, `${label}.append`, { pool, layer, k: buffers.k, v: buffers.v, tokens: maxTokens }),
+      );
+    }
     const plan = this.plan(layer, maxTokens);
     const { splits, splitRows } = plan;
     let partials: GPUBuffer | undefined;
@@ -272,7 +347,7 @@ export class PagedKvAttention {
       pool.adopt(this.keysInt8);
     }
     const keysInt8 = int8?.converted ? this.keysInt8! : undefined;
-    const unrotateInMerge = plan.unrotate === 'merge';
+    const unrotateInMerge = rotations !== undefined && plan.unrotate === 'merge';
     const attention = prepareAttention(gpu, `${label}.attention`, {
       pool,
       layer,
@@ -287,18 +362,17 @@ export class PagedKvAttention {
       prefillProducts: options.prefillProducts,
       partials,
       keysInt8,
-      outputRotation: unrotateInMerge ? outputRotation : undefined,
+      outputRotation: unrotateInMerge ? { matrices: rotations.value, firstMatrix, headsPerMatrix } : undefined,
       plan: plan.kernel,
     });
     if (ownPartials) attention[0]!.owned.push(ownPartials);
-    if (outputRotation && !unrotateInMerge) {
-      const { transposed, firstMatrix, headsPerMatrix } = outputRotation;
+    if (rotations && !unrotateInMerge) {
       attention.push(
         prepareRotate(gpu, `${label}.unrotate_out`, {
           parts: [
             {
               x: buffers.output,
-              rotation: transposed,
+              rotation: rotations.valueTransposed,
               firstMatrix,
               heads: options.heads,
               headsPerMatrix,
@@ -311,21 +385,13 @@ export class PagedKvAttention {
         }),
       );
     }
-    if (!pool.quant) return { append: [append], attention };
-    const demote = prepareKvDemote(gpu, `${label}.demote`, { pool, layer });
-    // Pages leave the f16 window on one decode step in pageTokens: the other steps skip the dispatch. (Set on the
-    // dispatch itself: its bind group is a getter that follows slab growth, which a copy would freeze.)
-    demote.idle = () => pool.stepDemotions === 0;
-    return {
-      append: [demote, append],
-      attention,
-    };
+    return { append, attention };
   }
 }
 
 /**
- * The KV backend the forward pass uses for `pool`: PagedKvAttention, wrapped in RotatedKvAttention when the cache
- * stores K/V rotated (`rotation`). The rotation matrices (one per layer and KV head; calibrated ones differ for K and
+ * The KV backend the forward pass uses for `pool`: PagedKvAttention, with the rotations where the cache stores K/V
+ * rotated (`rotation`). The rotation matrices (one per layer and KV head; calibrated ones differ for K and
  * V and come with the value matrices transposed too) are uploaded once, category 'kv', and live as long as the pool.
  */
 export function createKvAttention(
@@ -334,8 +400,7 @@ export function createKvAttention(
   options: PagedAttentionOptions & { rotation: KvRotation },
 ): KvAttentionBackend {
   const { rotation } = options;
-  const paged = new PagedKvAttention(gpu, pool, options);
-  if (rotation.kind === 'none') return paged;
+  if (rotation.kind === 'none') return new PagedKvAttention(gpu, pool, options);
   const { layers, kvHeads, headDim } = pool;
   const matrixFloats = layers * kvHeads * headDim * headDim;
   if (
@@ -357,7 +422,7 @@ export function createKvAttention(
     pool.adopt(buffer);
     return buffer;
   };
-  const rotations =
+  const rotations: KvRotations =
     rotation.kind === 'calibrated'
       ? {
           key: upload('calibrated.key', rotation.key),
@@ -369,5 +434,5 @@ export function createKvAttention(
           const shared = upload('hadamard', rotationSet('hadamard', layers, kvHeads, headDim));
           return { key: shared, value: shared, valueTransposed: shared };
         })();
-  return new RotatedKvAttention(gpu, paged, rotations, { heads: options.heads, kvHeads, headDim }, pool.step);
+  return new PagedKvAttention(gpu, pool, { ...options, rotations });
 }

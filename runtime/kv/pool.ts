@@ -54,7 +54,8 @@
  * pages are needed, never copied; `releaseFreeSlabs()` destroys trailing slabs none of whose pages is in use (the
  * conversation cache calls it once every conversation is deleted). Kernels bind MAX_KV_SLABS = 4 slab slots, so
  * every kernel stays at <= 7 storage bindings (4 slabs + page table + 2 activations) under the spec default of 8,
- * for both kinds together:
+ * for both kinds together (the one exception, the fused decode store of kernels/rope-append.ts, needs 9 to 13 and
+ * gives way to separate dispatches on an adapter that has fewer):
  * - mode 'f16': slots 0..3 are f16 slabs (a quarter of the budget each), exactly as before;
  * - mode 'quant': slots 0..1 are f16 slabs, slots 2..3 quant slabs. The budget is split: `f16BudgetBytes` (default:
  *   min(2, maxSequences) sequences' sink + window + 2 pages plus `maxStepTokens` (default 512) positions, at most

@@ -15,20 +15,23 @@ import {
   releaseInt8Activations,
 } from '../../kernels/matmul-int8.ts';
 import { prepareRmsNorm } from '../../kernels/rmsnorm.ts';
-import { prepareRope, ropeMagnitude } from '../../kernels/rope.ts';
+import { type RopeStage, ropeMagnitude } from '../../kernels/rope.ts';
 import type { ModelConfig } from './config.ts';
 import type { ModelWeights } from './weights.ts';
 
 /**
- * What the forward pass needs from the KV cache: per layer, a dispatch that stores this step's k/v and one
- * that computes attention of this step's queries over the sequence's pages. The cache binds its own per-step
- * uniform (positions, page table slice), which `beginStep` writes before the submit.
+ * What the forward pass needs from the KV cache: per layer, the dispatches that take this step's q, k and v from the
+ * projections, apply `rope` to q and k (null: they are final) and store k/v (`append`), and those that compute the
+ * attention of this step's queries over the sequence's pages (`attention`). The cache owns everything between the
+ * projections and the attention output, so it can fuse it (kernels/rope-append.ts). It binds its own per-step uniform
+ * (positions, page table slice), which `beginStep` writes before the submit.
  */
 export interface KvAttentionBackend {
   prepareLayer(
     layer: number,
     buffers: { q: GPUBuffer; k: GPUBuffer; v: GPUBuffer; output: GPUBuffer },
     maxTokens: number,
+    rope: RopeStage | null,
   ): { append: PreparedDispatch[]; attention: PreparedDispatch[] };
 }
 
@@ -335,26 +338,20 @@ export class Transformer {
           { label: `${p}.v`, weight: l.v, output: b.v, bias: l.vBias },
         ]),
       );
-      // Qwen3 normalizes each head's q and k before RoPE: the RoPE dispatch does both (a decode step is bound by
-      // dispatch gaps, not arithmetic).
-      body.push(
-        prepareRope(gpu, `${p}.rope`, {
-          q: b.q,
-          k: b.k,
-          freqFactors: w.ropeFreqFactors,
-          step: b.step,
-          tokens,
-          heads: c.heads,
-          kvHeads: c.kvHeads,
-          headDim: c.headDim,
-          ropeDim: c.ropeDim,
-          base: c.ropeBase,
-          layout: c.ropeLayout,
-          magnitude: ropeMagnitude(c.ropeScaling),
-          headNorm: l.qNorm && l.kNorm ? { q: l.qNorm, k: l.kNorm, eps: c.rmsEps } : undefined,
-        }),
-      );
-      const kv = this.kv.prepareLayer(i, { q: b.q, k: b.k, v: b.v, output: b.attention }, tokens);
+      // RoPE (with Qwen3's per-head q/k norm first) is applied by the cache, with the store of k and v.
+      const rope: RopeStage = {
+        freqFactors: w.ropeFreqFactors,
+        step: b.step,
+        heads: c.heads,
+        kvHeads: c.kvHeads,
+        headDim: c.headDim,
+        ropeDim: c.ropeDim,
+        base: c.ropeBase,
+        layout: c.ropeLayout,
+        magnitude: ropeMagnitude(c.ropeScaling),
+        headNorm: l.qNorm && l.kNorm ? { q: l.qNorm, k: l.kNorm, eps: c.rmsEps } : undefined,
+      };
+      const kv = this.kv.prepareLayer(i, { q: b.q, k: b.k, v: b.v, output: b.attention }, tokens, rope);
       body.push(...kv.append, ...kv.attention);
       // The residual connections are added by the projections themselves (accumulate): x += o·attention.
       body.push(
