@@ -10,6 +10,8 @@
  *     [--tokens 128 [--prefill-matmul auto|f32] [--prefill-attention auto|f32]]   (the prefill chunk that ends a
  *     prompt of `context` tokens; the engine is loaded with that prefill chunk, so the fill and the pool's f16 share
  *     follow it) [--ablate]   (each role's marginal cost: the step timed without its dispatches)
+ *     [--steady 64]   (instead: 64 decode steps back to back as the engine runs them, after 64 untimed ones: wall
+ *     time a step against its GPU time, from timestamps at each step's ends; where the two differ, the host bounds)
  *   npx tsx bench/profile-decode.ts --quick
  */
 
@@ -142,6 +144,104 @@ export async function profileDecode(
   }
 }
 
+/** Decode steps back to back as the engine runs them: what each takes on the GPU, and the host's wall time a step. */
+export interface SteadyDecode {
+  steps: number;
+  /** Wall time a step, host: the engine's TPOT (submit of the next step, then the wait for this one's id). */
+  wallMs: number;
+  /** GPU time of a step's submit, first to last command (timestamps of empty passes at both ends), median. */
+  gpuMs: number;
+  /** GPU idle between one step's end and the next one's start, median: where it is near wallMs − gpuMs, the host bounds. */
+  gapMs: number;
+}
+
+/**
+ * `steps` decode steps ending at `context`, each fed from the last one's sampled id and submitted before the host
+ * waits for that id, as ModelRunner's generation loop does (after as many untimed steps to raise the clocks). Each
+ * step's submit carries an empty compute pass with a timestamp at its start and one at its end.
+ */
+export async function steadyDecode(runner: EngineRunner, context: number, steps: number): Promise<SteadyDecode> {
+  const engine = runner.engine;
+  const m = engine.loaded;
+  if (!m) throw new Error('load first');
+  const { gpu, pool } = engine;
+  if (!gpu.features.timestampQuery) throw new Error('profile-decode needs the timestamp-query feature');
+  const seq = pool.createSequence();
+  const querySet = gpu.device.createQuerySet({ label: 'bench.steady', type: 'timestamp', count: 2 * steps });
+  const resolved = gpu.allocator.createBuffer({
+    label: 'bench.steady',
+    category: 'scratch',
+    size: 16 * steps,
+    usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC,
+  });
+  const readback = gpu.allocator.createBuffer({
+    label: 'bench.steady.readback',
+    category: 'staging',
+    size: 16 * steps,
+    usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+  });
+  try {
+    const first = context - 2 * steps;
+    if (first < 1) throw new Error(`--steady ${steps}: the context must exceed twice the steps`);
+    pool.reserve(seq, context);
+    const chunk = m.transformer.maxTokens;
+    for (let position = 0; position < first; position += chunk) {
+      pool.writeStep(seq, position, Math.min(chunk, first - position));
+    }
+    const stamp = (index: number | null, end: boolean) =>
+      index === null
+        ? undefined
+        : (encoder: GPUCommandEncoder) =>
+            encoder
+              .beginComputePass({
+                label: 'bench.stamp',
+                timestampWrites: end
+                  ? { querySet, endOfPassWriteIndex: index }
+                  : { querySet, beginningOfPassWriteIndex: index },
+              })
+              .end();
+    const run = async (from: number, count: number, timed: boolean): Promise<number> => {
+      const submit = (i: number) =>
+        m.runner.submit({
+          seq,
+          position: from + i,
+          ids: i === 0 ? [1] : null,
+          sample: { params: GREEDY_SAMPLING, step: i },
+          before: stamp(timed ? 2 * i : null, false),
+          after: stamp(timed ? 2 * i + 1 : null, true),
+        });
+      let pending = submit(0);
+      const start = performance.now();
+      for (let i = 1; i < count; i++) {
+        const next = submit(i);
+        await pending;
+        pending = next;
+      }
+      await pending;
+      return (performance.now() - start) / (count - 1);
+    };
+    await run(first, steps, false);
+    const wallMs = await run(first + steps, steps, true);
+    const encoder = gpu.device.createCommandEncoder({ label: 'bench.steady' });
+    encoder.resolveQuerySet(querySet, 0, 2 * steps, resolved, 0);
+    encoder.copyBufferToBuffer(resolved, 0, readback, 0, 16 * steps);
+    gpu.device.queue.submit([encoder.finish()]);
+    await readback.mapAsync(GPUMapMode.READ);
+    const ticks = new BigUint64Array(readback.getMappedRange().slice(0));
+    readback.unmap();
+    const ms = (a: bigint, b: bigint) => Number(b - a) / 1e6;
+    const busy = Array.from({ length: steps }, (_, i) => ms(ticks[2 * i], ticks[2 * i + 1]));
+    const gaps = Array.from({ length: steps - 1 }, (_, i) => ms(ticks[2 * i + 1], ticks[2 * i + 2]));
+    gpu.throwIfErrors();
+    return { steps, wallMs, gpuMs: spread(busy).median, gapMs: spread(gaps).median };
+  } finally {
+    pool.free(seq);
+    querySet.destroy();
+    gpu.allocator.release(resolved);
+    gpu.allocator.release(readback);
+  }
+}
+
 async function main(): Promise<void> {
   const args = process.argv.slice(2);
   const flag = (name: string) => {
@@ -156,6 +256,7 @@ async function main(): Promise<void> {
   const reps = Number(flag('reps') ?? 3);
   const tokens = Number(flag('tokens') ?? 1);
   const ablate = args.includes('--ablate');
+  const steady = flag('steady') === undefined ? 0 : Number(flag('steady'));
   const log = (line: string) => process.stderr.write(`[profile] ${line}\n`);
   const file = await ensureModelFile(shape, mix, 1, flag('models-dir') ?? join(tmpdir(), 'longtab-bench'), log);
   const gpu = await acquireGpu({ gpu: await nodeGpu() });
@@ -169,6 +270,13 @@ async function main(): Promise<void> {
     const chunk = tokens > 1 ? tokens : undefined;
     const loaded = await runner.load(file, kv, context, chunk, { prefillMatmul, prefillAttention });
     if (!loaded.available) throw new Error(`kv ${kv} is not available: ${loaded.reason}`);
+    if (steady > 0) {
+      const d = await steadyDecode(runner, context, steady);
+      process.stdout.write(
+        `${shape.name} ${mix}, KV ${kv}, context ${context}, ${d.steps} decode steps back to back: wall ${d.wallMs.toFixed(3)} ms a step, GPU ${d.gpuMs.toFixed(3)} ms a step, GPU idle between steps ${d.gapMs.toFixed(3)} ms (medians), adapter ${gpu.adapter.description || gpu.adapter.device}\n`,
+      );
+      return;
+    }
     const p = await profileDecode(runner, context, reps, tokens, ablate);
     const total = p.roles.reduce((s, r) => s + r.ms, 0);
     const lines = [
