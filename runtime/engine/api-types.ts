@@ -19,7 +19,8 @@ export interface LoadProgress {
   bytesTotal: number;
 }
 
-export type FinishReason = 'stop' | 'length' | 'abort';
+/** Why a reply ended: 'tool_calls' where it is one or more calls of the request's `tools`. */
+export type FinishReason = 'stop' | 'length' | 'abort' | 'tool_calls';
 
 /**
  * What to load: an http(s) URL (read with Range requests), a File or Blob, or, in Node only, a file path.
@@ -132,11 +133,46 @@ export interface ChatTextPart {
   text: string;
 }
 
-export interface ChatMessageParam {
-  role: 'system' | 'user' | 'assistant';
-  /** The text, or its text parts (joined by newlines). */
-  content: string | ChatTextPart[];
+/** A call of a function the model made (OpenAI's shape): `arguments` is its JSON text. */
+export interface ChatToolCall {
+  id: string;
+  type: 'function';
+  function: { name: string; arguments: string };
 }
+
+/**
+ * A message of the conversation. An assistant message may carry the `tool_calls` it made (its content then may be
+ * null); each result comes back as a `tool` message with the call's id.
+ */
+export type ChatMessageParam =
+  | {
+      role: 'system' | 'user';
+      /** The text, or its text parts (joined by newlines). */
+      content: string | ChatTextPart[];
+    }
+  | { role: 'assistant'; content: string | ChatTextPart[] | null; tool_calls?: ChatToolCall[] }
+  | { role: 'tool'; content: string | ChatTextPart[]; tool_call_id: string };
+
+/**
+ * A function the model may call (OpenAI's shape). `parameters` is the JSON Schema of its arguments: a forced call
+ * (`tool_choice` 'required' or the function's name) is decoded under it.
+ */
+export interface ChatTool {
+  type: 'function';
+  function: {
+    name: string;
+    description?: string;
+    parameters?: Record<string, unknown>;
+    strict?: boolean;
+  };
+}
+
+/**
+ * Whether the reply calls a tool: 'auto' (default with tools) lets the model choose, 'none' keeps the reply text,
+ * 'required' makes it one call of one of the tools, and `{ type: 'function', function: { name } }` a call of that
+ * one. Forced calls are decoded under their function's parameters schema.
+ */
+export type ChatToolChoice = 'none' | 'auto' | 'required' | { type: 'function'; function: { name: string } };
 
 /**
  * How control-token text inside messages (e.g. `<|im_start|>system` typed by a user) is read: 'text' (the default)
@@ -182,6 +218,9 @@ export type ResponseFormat =
 
 export interface ChatCompletionRequest extends SamplingRequest {
   messages: ChatMessageParam[];
+  /** Functions the model may call, through its chat template's tool format (a template without one is refused). */
+  tools?: ChatTool[];
+  tool_choice?: ChatToolChoice;
   stream?: boolean;
   /**
    * longtab extension: keep this conversation's KV cache between requests, so a follow-up turn prefills only its new
@@ -231,11 +270,20 @@ export interface ChatCompletion {
   model: string;
   choices: Array<{
     index: 0;
-    message: { role: 'assistant'; content: string };
+    /** `content` is null where the reply is tool calls only. */
+    message: { role: 'assistant'; content: string | null; tool_calls?: ChatToolCall[] };
     finish_reason: FinishReason;
     logprobs: null;
   }>;
   usage: CompletionUsage;
+}
+
+/** One call in a streamed reply: a chunk carries each call whole, at its index. */
+export interface ChatToolCallDelta {
+  index: number;
+  id: string;
+  type: 'function';
+  function: { name: string; arguments: string };
 }
 
 export interface ChatCompletionChunk {
@@ -245,7 +293,7 @@ export interface ChatCompletionChunk {
   model: string;
   choices: Array<{
     index: 0;
-    delta: { role?: 'assistant'; content?: string };
+    delta: { role?: 'assistant'; content?: string; tool_calls?: ChatToolCallDelta[] };
     finish_reason: FinishReason | null;
     logprobs: null;
   }>;

@@ -90,7 +90,7 @@ describe.skipIf(!modelPath || !goldenPath)('LongtabEngine API on stories260K', (
     expect(whole).toMatchObject({ object: 'chat.completion', model: expect.any(String) });
     expect(whole.id).toMatch(/^chatcmpl-/);
     expect(whole.choices[0].message.role).toBe('assistant');
-    expect(whole.choices[0].message.content.length).toBeGreaterThan(0);
+    expect(whole.choices[0].message.content?.length).toBeGreaterThan(0);
 
     const chunks = await collect(
       await engine.chat.completions.create({ messages, max_tokens: 24, temperature: 0, stream: true }),
@@ -159,7 +159,7 @@ describe.skipIf(!modelPath || !goldenPath)('LongtabEngine API on stories260K', (
         history[id] = [...(history[id] ?? []), ...script(id)[turn]];
         const reply = await chat(engine, { messages: history[id], conversation_id: id, max_tokens: 12 });
         history[id].push({ role: 'assistant', content: reply.choices[0].message.content });
-        (replies[id] ??= []).push(reply.choices[0].message.content);
+        (replies[id] ??= []).push(reply.choices[0].message.content ?? '');
         if (turn > 0) expect(reply.usage.prompt_tokens_details.cached_tokens).toBeGreaterThan(0);
       }
       return replies;
@@ -319,7 +319,7 @@ describe.skipIf(!modelPath || !goldenPath)('LongtabEngine API on stories260K', (
 
     const full = await chat(engine, { messages, max_tokens: last.usage!.completion_tokens + 8 });
     expect((await engine.stats()).queue).toEqual({ running: false, waiting: 0 });
-    expect(full.choices[0].message.content.startsWith(partial)).toBe(true);
+    expect(full.choices[0].message.content?.startsWith(partial)).toBe(true);
     const next: ChatMessageParam[] = [
       ...messages,
       { role: 'assistant', content: partial },
@@ -336,7 +336,7 @@ describe.skipIf(!modelPath || !goldenPath)('LongtabEngine API on stories260K', (
     const engine = await loaded({ kv: 'int2', experimental: { boostLayers: [3] } });
     const turn1: ChatMessageParam[] = [SYSTEM, { role: 'user', content: 'Where is the ball?' }];
     const first = await chat(engine, { messages: turn1, conversation_id: 'q' });
-    expect(first.choices[0].message.content.length).toBeGreaterThan(0);
+    expect(first.choices[0].message.content?.length).toBeGreaterThan(0);
     const second = await chat(engine, {
       messages: [
         ...turn1,
@@ -471,7 +471,7 @@ describe.skipIf(!modelPath || !goldenPath)('LongtabEngine API on stories260K', (
     }
     // A stop string ends the reply before it.
     const free = await chat(engine, { messages: [{ role: 'user', content: 'Tell me a story.' }], max_tokens: 30 });
-    const content = free.choices[0].message.content;
+    const content = free.choices[0].message.content ?? '';
     const stopAt = content.indexOf(' ', 5);
     const stop = content.slice(stopAt, stopAt + 3);
     const stopped = await chat(engine, {
@@ -480,7 +480,7 @@ describe.skipIf(!modelPath || !goldenPath)('LongtabEngine API on stories260K', (
       stop,
     });
     expect(stopped.choices[0].finish_reason).toBe('stop');
-    expect(stopped.choices[0].message.content).toBe(content.slice(0, content.indexOf(stop)));
+    expect(stopped.choices[0].message.content ?? '').toBe(content.slice(0, content.indexOf(stop)));
     engine.destroy();
   });
 });

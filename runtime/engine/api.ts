@@ -20,6 +20,8 @@ import type {
   ChatCompletion,
   ChatCompletionChunk,
   ChatCompletionRequest,
+  ChatToolCall,
+  ChatToolCallDelta,
   Completion,
   CompletionRequest,
   CompletionStream,
@@ -38,6 +40,7 @@ import { type CachedSequence, ConversationCache, commonPrefixLength } from './co
 import { f16TokensInBudget, planStats } from './kv-stats.ts';
 import { parseLoadOptions } from './load-options.ts';
 import { type FinishReason, type GenerateResult, type LoadProgress, ModelRunner } from './model-runner.ts';
+import { forcedCallFrame, forcedCallSchema, ToolCallReader, type ToolFormat, toolFormatOf } from './tool-calls.ts';
 import {
   type ValidatedChatRequest,
   type ValidatedSampling,
@@ -141,14 +144,34 @@ function newId(prefix: string): string {
 
 /** What one request produced, before it is shaped as a ChatCompletion or a Completion. */
 interface RunOutcome {
+  /** The reply's text (a chat reply with tools: its content, the calls taken out). */
   text: string;
+  /** A chat reply's calls of the request's tools (none without tools). */
+  toolCalls: ChatToolCall[];
   finishReason: FinishReason;
   usage: CompletionUsage;
+}
+
+/** What a chat reply lets out as it is read: content, and calls of the request's tools. */
+interface ChatDelta {
+  content?: string;
+  tool_calls?: ChatToolCallDelta[];
+}
+
+/** A chat request's tools as its reply meets them: their format, and the frame of a forced call. */
+interface ToolPlan {
+  format: ToolFormat;
+  /** A forced call ('required' or a named function): the reply is decoded under `constraint`'s schema. */
+  forced: { frame: { prefix: string; suffix: string }; format: ResponseFormat } | null;
 }
 
 interface GenerationRun {
   maxTokens: number;
   request: ValidatedSampling;
+  /** The format the reply is decoded under: the request's, or a forced tool call's. */
+  format: ResponseFormat;
+  /** Where a compile error of `format`'s schema points. */
+  formatField?: string;
   signal: AbortSignal;
   onText: (text: string) => void;
   /** System-prompt tokens prefilled for this request before it ran (reported as prefilled, not cached). */
@@ -315,13 +338,13 @@ export class LongtabEngine implements LongtabEngineApi {
     });
     if (r.stream) {
       return this.streamed(
-        (controller, onText) => this.runChat(r, controller, onText),
+        (controller, push) => this.runChat(r, controller, (delta) => push(chunk(delta, null))),
         (stream) => stream.push(chunk({ role: 'assistant', content: '' }, null)),
-        (text) => chunk({ content: text }, null),
         (outcome) => chunk({}, outcome.finishReason, outcome.usage),
       );
     }
     const outcome = await this.submit((controller) => this.runChat(r, controller, () => {}));
+    const calls = outcome.toolCalls;
     return {
       id,
       object: 'chat.completion',
@@ -330,7 +353,11 @@ export class LongtabEngine implements LongtabEngineApi {
       choices: [
         {
           index: 0,
-          message: { role: 'assistant', content: outcome.text },
+          message: {
+            role: 'assistant',
+            content: calls.length > 0 && outcome.text.length === 0 ? null : outcome.text,
+            ...(calls.length > 0 ? { tool_calls: calls } : {}),
+          },
           finish_reason: outcome.finishReason,
           logprobs: null,
         },
@@ -353,9 +380,8 @@ export class LongtabEngine implements LongtabEngineApi {
     });
     if (r.stream) {
       return this.streamed(
-        (controller, onText) => this.runText(r, controller, onText),
+        (controller, push) => this.runText(r, controller, (text) => push(completion(text, null))),
         () => {},
-        (text) => completion(text, null),
         (outcome) => completion('', outcome.finishReason, outcome.usage),
       );
     }
@@ -363,11 +389,10 @@ export class LongtabEngine implements LongtabEngineApi {
     return completion(outcome.text, outcome.finishReason, outcome.usage);
   }
 
-  /** Starts a queued request whose text arrives as chunks; the stream is returned at once. */
+  /** Starts a queued request whose reply arrives as chunks (`run` pushes them); the stream is returned at once. */
   private streamed<T>(
-    run: (controller: AbortController, onText: (text: string) => void) => Promise<RunOutcome>,
+    run: (controller: AbortController, push: (chunk: T) => void) => Promise<RunOutcome>,
     start: (stream: ChunkStream<T>) => void,
-    delta: (text: string) => T,
     finish: (outcome: RunOutcome) => T,
   ): CompletionStream<T> {
     let controller: AbortController | null = null;
@@ -380,7 +405,7 @@ export class LongtabEngine implements LongtabEngineApi {
     this.submit((c) => {
       controller = c;
       if (abortedEarly) c.abort();
-      return run(c, (text) => stream.push(delta(text)));
+      return run(c, (chunk) => stream.push(chunk));
     }).then(
       (outcome) => {
         stream.push(finish(outcome));
@@ -431,25 +456,53 @@ export class LongtabEngine implements LongtabEngineApi {
   private async runChat(
     r: ValidatedChatRequest,
     controller: AbortController,
-    onText: (text: string) => void,
+    onDelta: (delta: ChatDelta) => void,
   ): Promise<RunOutcome> {
     const runner = this.requireRunner();
     const cache = this.cache!;
     const maxTokens = r.maxTokens ?? DEFAULT_MAX_TOKENS;
-    const prompt = this.prepareChat(r);
+    const tools = this.toolPlan(r);
+    const prompt = this.prepareChat(r, tools);
     // Aborted while it waited in the queue: nothing ran, nothing changed.
     if (controller.signal.aborted) return this.aborted(prompt.ids.length, prompt.droppedMessages);
     const entry = r.conversationId ? cache.conversation(r.conversationId) : cache.temporary();
+    // With tools, the reply's text goes through the reader, which takes the calls out of it.
+    const reader = tools && new ToolCallReader(tools.format, r.tools, () => newId('call'));
+    const content: string[] = [];
+    const calls: ChatToolCall[] = [];
+    const deliver = (reading: { content: string; calls: ChatToolCall[] }) => {
+      if (reading.content.length > 0) {
+        content.push(reading.content);
+        onDelta({ content: reading.content });
+      }
+      for (const call of reading.calls) {
+        onDelta({ tool_calls: [{ index: calls.length, ...call }] });
+        calls.push(call);
+      }
+    };
+    const frame = tools?.forced?.frame;
+    if (reader && frame) deliver(reader.push(frame.prefix));
     try {
       const systemPrefilled = await cache.attach(entry, prompt.systemIds);
-      return await this.generate(runner, entry, prompt, {
+      const outcome = await this.generate(runner, entry, prompt, {
         maxTokens,
         request: r,
+        format: tools?.forced?.format ?? r.responseFormat,
+        ...(tools?.forced ? { formatField: 'tools' } : {}),
         signal: controller.signal,
-        onText,
+        onText: reader ? (text) => deliver(reader.push(text)) : (text) => onDelta({ content: text }),
         systemPrefilled,
         startsText: true,
       });
+      if (!reader) return outcome;
+      if (frame && outcome.finishReason === 'stop') deliver(reader.push(frame.suffix));
+      deliver(reader.flush());
+      return {
+        ...outcome,
+        text: content.join(''),
+        toolCalls: calls,
+        finishReason: calls.length > 0 && outcome.finishReason !== 'abort' ? 'tool_calls' : outcome.finishReason,
+      };
     } catch (error) {
       // Whatever the sequence holds after a failure is not trusted: the next turn re-prefills.
       cache.evict(entry);
@@ -479,6 +532,7 @@ export class LongtabEngine implements LongtabEngineApi {
       return await this.generate(runner, entry, prompt, {
         maxTokens,
         request: r,
+        format: r.responseFormat,
         signal: controller.signal,
         onText,
         systemPrefilled: 0,
@@ -498,7 +552,7 @@ export class LongtabEngine implements LongtabEngineApi {
     run: GenerationRun,
   ): Promise<RunOutcome> {
     // The format compiles first: an invalid schema or grammar fails the request before the cache is touched.
-    const constraint = await this.constraintOf(runner, run.request.responseFormat);
+    const constraint = await this.constraintOf(runner, run.format, run.formatField);
     try {
       return await this.generateWith(runner, entry, prompt, run, constraint);
     } finally {
@@ -507,7 +561,11 @@ export class LongtabEngine implements LongtabEngineApi {
   }
 
   /** The constraint of a request's format (null for text), from the loaded model's compiler. */
-  private async constraintOf(runner: ModelRunner, format: ResponseFormat): Promise<TokenConstraint | null> {
+  private async constraintOf(
+    runner: ModelRunner,
+    format: ResponseFormat,
+    field?: string,
+  ): Promise<TokenConstraint | null> {
     if (format.type === 'text') return null;
     const pending = (this.formats ??= ResponseFormatCompiler.create(
       runner.tokenizer.grammarVocabulary(runner.config.vocab),
@@ -515,7 +573,8 @@ export class LongtabEngine implements LongtabEngineApi {
     pending.catch(() => {
       if (this.formats === pending) this.formats = null;
     });
-    return (await pending).constraint(format);
+    // A forced tool call (formatField set) is written on one line, as the chat templates write calls.
+    return (await pending).constraint(format, field ? { field, oneLine: true } : {});
   }
 
   private async generateWith(
@@ -573,6 +632,7 @@ export class LongtabEngine implements LongtabEngineApi {
     const cached = Math.max(0, u.cachedTokens - systemPrefilled);
     return {
       text,
+      toolCalls: [],
       finishReason: result.finishReason,
       usage: {
         prompt_tokens: u.promptTokens,
@@ -594,6 +654,7 @@ export class LongtabEngine implements LongtabEngineApi {
   private aborted(promptTokens: number, droppedMessages: number): RunOutcome {
     return {
       text: '',
+      toolCalls: [],
       finishReason: 'abort',
       usage: {
         prompt_tokens: promptTokens,
@@ -616,12 +677,18 @@ export class LongtabEngine implements LongtabEngineApi {
    * Renders and tokenizes the conversation. When it does not fit one sequence: ContextOverflowError, or with
    * 'drop_oldest_turns' the oldest non-system messages go first (the last message always stays).
    */
-  private prepareChat(r: ValidatedChatRequest): PreparedPrompt {
+  private prepareChat(r: ValidatedChatRequest, tools: ToolPlan | null): PreparedPrompt {
     let messages = r.messages;
     let dropped = 0;
     const capacity = this.capacity();
+    const variables = r.tools.length > 0 ? { tools: r.tools } : undefined;
+    const replyPrefix = tools?.forced?.frame.prefix;
     for (;;) {
-      const ids = this.encodeChat(messages, true, r.specialTokensInContent);
+      const ids = this.encodeChat(messages, r.specialTokensInContent, {
+        addGenerationPrompt: true,
+        variables,
+        replyPrefix,
+      });
       const fits = ids.length <= capacity;
       const first = messages.findIndex((m) => m.role !== 'system');
       // Dropping turns stops one token short of the capacity: ModelRunner.run reserves the prompt plus one position, so a
@@ -632,7 +699,9 @@ export class LongtabEngine implements LongtabEngineApi {
         const system = messages[0]?.role === 'system' && messages.length > 1 ? [messages[0]] : null;
         return {
           ids,
-          systemIds: system ? this.encodeChat(system, false, r.specialTokensInContent) : null,
+          systemIds: system
+            ? this.encodeChat(system, r.specialTokensInContent, { addGenerationPrompt: false, variables })
+            : null,
           droppedMessages: dropped,
         };
       }
@@ -644,11 +713,36 @@ export class LongtabEngine implements LongtabEngineApi {
 
   private encodeChat(
     messages: ChatMessage[],
-    addGenerationPrompt: boolean,
     specialTokensInContent: SpecialTokensInContent,
+    options: { addGenerationPrompt: boolean; variables?: Record<string, unknown>; replyPrefix?: string },
   ): number[] {
     const tokenizer = this.requireRunner().tokenizer;
-    return encodeConversation(tokenizer, this.template, messages, { addGenerationPrompt, specialTokensInContent });
+    return encodeConversation(tokenizer, this.template, messages, { ...options, specialTokensInContent });
+  }
+
+  /**
+   * A request's tools as the loaded model's template writes calls (null where the reply is text: no tools, or
+   * tool_choice 'none'). A template with no tool format cannot call tools: InvalidRequestError.
+   */
+  private toolPlan(r: ValidatedChatRequest): ToolPlan | null {
+    if (r.tools.length === 0 || r.toolChoice === 'none') return null;
+    const format = toolFormatOf(this.template);
+    if (!format) {
+      throw new InvalidRequestError(
+        "This model's chat template has no tool-call format, so it cannot call tools: use a model whose template has one (Qwen2.5, Qwen3, Llama 3.1 and later, SmolLM3), or describe the functions in the messages yourself.",
+        { field: 'tools' },
+      );
+    }
+    const choice = r.toolChoice;
+    if (choice === 'auto') return { format, forced: null };
+    const schema = forcedCallSchema(format, r.tools, choice);
+    return {
+      format,
+      forced: {
+        frame: forcedCallFrame(format),
+        format: { type: 'json_schema', json_schema: { name: 'tool_call', schema, strict: true } },
+      },
+    };
   }
 
   private checkFits(promptTokens: number): void {

@@ -170,7 +170,8 @@ describe.skipIf(!modelPath || !goldenPath)('device loss on stories260K', () => {
       { role: 'assistant', content: r1 },
       { role: 'user', content: 'What happened next?' },
     ];
-    const r2 = (await reference.chat.completions.create({ ...request, messages: turn2 })).choices[0].message.content;
+    const r2 =
+      (await reference.chat.completions.create({ ...request, messages: turn2 })).choices[0].message.content ?? '';
     reference.destroy();
 
     // The same conversation on a device that is lost while the second reply streams.

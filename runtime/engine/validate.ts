@@ -6,7 +6,13 @@
 import { InvalidRequestError } from '../../core/errors.ts';
 import type { SamplingParams } from '../sampling/params.ts';
 import type { ChatMessage } from '../tokenizer/chat-template.ts';
-import type { ContextOverflowPolicy, ResponseFormat, SpecialTokensInContent } from './api-types.ts';
+import type {
+  ChatTool,
+  ChatToolChoice,
+  ContextOverflowPolicy,
+  ResponseFormat,
+  SpecialTokensInContent,
+} from './api-types.ts';
 
 const MAX_MESSAGES = 10_000;
 const MAX_TEXT_CHARS = 16 << 20;
@@ -231,12 +237,98 @@ export interface ValidatedChatRequest extends ValidatedSampling {
   conversationId: string | undefined;
   overflow: ContextOverflowPolicy;
   specialTokensInContent: SpecialTokensInContent;
+  /** The request's tools (empty without), and how the reply may call them ('none' without tools). */
+  tools: ChatTool[];
+  toolChoice: ChatToolChoice;
+}
+
+const MAX_TOOLS = 128;
+/** OpenAI's rule for a function's name: letters, digits, '_' and '-', at most 64. */
+const FUNCTION_NAME = /^[A-Za-z0-9_-]{1,64}$/;
+
+function validateTools(value: unknown): ChatTool[] {
+  if (value === undefined || value === null) return [];
+  if (!Array.isArray(value) || value.length === 0 || value.length > MAX_TOOLS) {
+    failField('tools', value, `use a non-empty array of at most ${MAX_TOOLS} { type: 'function', function } tools`);
+  }
+  const names = new Set<string>();
+  return value.map((tool, i): ChatTool => {
+    const t = checkObject(`tools[${i}]`, tool, ['type', 'function']);
+    if (t.type !== 'function') failField(`tools[${i}].type`, t.type, "use 'function' (the one tool type)");
+    const f = checkObject(`tools[${i}].function`, t.function, ['name', 'description', 'parameters', 'strict']);
+    if (typeof f.name !== 'string' || !FUNCTION_NAME.test(f.name)) {
+      failField(`tools[${i}].function.name`, f.name, "use 1-64 letters, digits, '_' or '-'");
+    }
+    if (names.has(f.name)) failField(`tools[${i}].function.name`, f.name, 'each tool needs a name of its own');
+    names.add(f.name);
+    const description = optionalString(`tools[${i}].function.description`, f.description, MAX_TEXT_CHARS);
+    if (f.parameters !== undefined && !isPlainObject(f.parameters)) {
+      failField(`tools[${i}].function.parameters`, f.parameters, 'use a JSON Schema object');
+    }
+    const strict = optionalBoolean(`tools[${i}].function.strict`, f.strict);
+    return {
+      type: 'function',
+      function: {
+        name: f.name,
+        ...(description !== undefined ? { description } : {}),
+        ...(f.parameters !== undefined ? { parameters: f.parameters as Record<string, unknown> } : {}),
+        ...(strict !== undefined ? { strict } : {}),
+      },
+    };
+  });
+}
+
+function validateToolChoice(value: unknown, tools: readonly ChatTool[]): ChatToolChoice {
+  if (value === undefined || value === null) return tools.length > 0 ? 'auto' : 'none';
+  if (tools.length === 0) failField('tool_choice', JSON.stringify(value), 'a tool choice needs `tools`');
+  if (value === 'none' || value === 'auto' || value === 'required') return value;
+  if (typeof value === 'string') {
+    failField('tool_choice', value, "use 'none', 'auto', 'required' or { type: 'function', function: { name } }");
+  }
+  const c = checkObject('tool_choice', value, ['type', 'function']);
+  if (c.type !== 'function') failField('tool_choice.type', c.type, "use 'function'");
+  const f = checkObject('tool_choice.function', c.function, ['name']);
+  if (typeof f.name !== 'string' || !tools.some((t) => t.function.name === f.name)) {
+    failField(
+      'tool_choice.function.name',
+      f.name,
+      `name one of the tools (${tools.map((t) => t.function.name).join(', ')})`,
+    );
+  }
+  return { type: 'function', function: { name: f.name } };
+}
+
+/**
+ * An assistant message's calls as the chat template reads them: each call's arguments as an object where they are
+ * JSON (templates write them with \`tojson\`), else the text.
+ */
+function validateToolCalls(field: string, value: unknown): Array<Record<string, unknown>> {
+  if (!Array.isArray(value) || value.length === 0 || value.length > MAX_TOOLS) {
+    failField(field, value, `use a non-empty array of at most ${MAX_TOOLS} calls`);
+  }
+  return value.map((call, j) => {
+    const c = checkObject(`${field}[${j}]`, call, ['id', 'type', 'function']);
+    const id = optionalString(`${field}[${j}].id`, c.id, MAX_ID_CHARS);
+    if (c.type !== 'function') failField(`${field}[${j}].type`, c.type, "use 'function'");
+    const f = checkObject(`${field}[${j}].function`, c.function, ['name', 'arguments']);
+    if (typeof f.name !== 'string' || !FUNCTION_NAME.test(f.name)) {
+      failField(`${field}[${j}].function.name`, f.name, "use 1-64 letters, digits, '_' or '-'");
+    }
+    const text = optionalString(`${field}[${j}].function.arguments`, f.arguments, MAX_TEXT_CHARS) ?? '{}';
+    let args: unknown = text;
+    try {
+      args = JSON.parse(text);
+    } catch {}
+    return { ...(id !== undefined ? { id } : {}), type: 'function', function: { name: f.name, arguments: args } };
+  });
 }
 
 export function validateChatRequest(request: unknown): ValidatedChatRequest {
   const r = checkObject('chat.completions.create request', request, [
     ...SAMPLING_FIELDS,
     'messages',
+    'tools',
+    'tool_choice',
     'conversation_id',
     'context_overflow',
     'special_tokens_in_content',
@@ -247,13 +339,35 @@ export function validateChatRequest(request: unknown): ValidatedChatRequest {
   if (r.messages.length > MAX_MESSAGES)
     failField('messages', `${r.messages.length} messages`, `use at most ${MAX_MESSAGES}`);
   const messages = r.messages.map((m, i): ChatMessage => {
-    const message = checkObject(`messages[${i}]`, m, ['role', 'content', 'name']);
-    if (message.role !== 'system' && message.role !== 'user' && message.role !== 'assistant') {
-      failField(`messages[${i}].role`, message.role, "use 'system', 'user' or 'assistant'");
+    const message = checkObject(`messages[${i}]`, m, ['role', 'content', 'name', 'tool_calls', 'tool_call_id']);
+    const { role } = message;
+    if (role !== 'system' && role !== 'user' && role !== 'assistant' && role !== 'tool') {
+      failField(`messages[${i}].role`, role, "use 'system', 'user', 'assistant' or 'tool'");
     }
-    const content = messageText(`messages[${i}].content`, message.content);
+    if (message.tool_calls !== undefined && role !== 'assistant') {
+      failField(`messages[${i}].tool_calls`, '[…]', 'only an assistant message carries tool calls');
+    }
+    if ((message.tool_call_id !== undefined) !== (role === 'tool')) {
+      failField(
+        `messages[${i}].tool_call_id`,
+        message.tool_call_id,
+        "a 'tool' message, and only one, names the call it answers",
+      );
+    }
+    const toolCalls =
+      message.tool_calls === undefined ? undefined : validateToolCalls(`messages[${i}].tool_calls`, message.tool_calls);
+    // An assistant message that only calls tools has no content.
+    const content =
+      (message.content === null || message.content === undefined) && toolCalls
+        ? ''
+        : messageText(`messages[${i}].content`, message.content);
     if (content.length > MAX_TEXT_CHARS) failField(`messages[${i}].content`, '(long)', 'too long');
-    return { role: message.role, content };
+    return {
+      role,
+      content,
+      ...(toolCalls ? { tool_calls: toolCalls } : {}),
+      ...(role === 'tool' ? { tool_call_id: validateId(`messages[${i}].tool_call_id`, message.tool_call_id) } : {}),
+    };
   });
   const conversationId = optionalString('conversation_id', r.conversation_id, MAX_ID_CHARS);
   if (conversationId === '') failField('conversation_id', conversationId, 'use a non-empty string');
@@ -265,7 +379,16 @@ export function validateChatRequest(request: unknown): ValidatedChatRequest {
   if (specialTokensInContent !== 'text' && specialTokensInContent !== 'tokens') {
     failField('special_tokens_in_content', specialTokensInContent, "use 'text' (the default) or 'tokens'");
   }
-  return { ...validateSampling(r), messages, conversationId, overflow, specialTokensInContent };
+  const tools = validateTools(r.tools);
+  const toolChoice = validateToolChoice(r.tool_choice, tools);
+  const sampling = validateSampling(r);
+  if (tools.length > 0 && toolChoice !== 'none' && sampling.responseFormat.type !== 'text') {
+    throw new InvalidRequestError(
+      "response_format and tools cannot be combined: a reply is either calls of the tools or text in the format. Pass tool_choice: 'none' to have the reply in the format.",
+      { field: 'response_format' },
+    );
+  }
+  return { ...sampling, messages, conversationId, overflow, specialTokensInContent, tools, toolChoice };
 }
 
 export interface ValidatedCompletionRequest extends ValidatedSampling {

@@ -55,26 +55,38 @@ export class ResponseFormatCompiler {
     return new ResponseFormatCompiler(xgrammar, info, compiler);
   }
 
-  /** The constraint of `format`; null for plain text. An invalid schema or grammar is an InvalidRequestError. */
-  async constraint(format: ResponseFormat): Promise<TokenConstraint | null> {
+  /**
+   * The constraint of `format`; null for plain text. An invalid schema or grammar is an InvalidRequestError naming
+   * `options.field` (default: where the format puts it in `response_format`). JSON is indented by 2 spaces, or on
+   * one line with `options.oneLine` (`{"a": 1, "b": 2}`: how chat templates write a tool call).
+   */
+  async constraint(
+    format: ResponseFormat,
+    options: { field?: string; oneLine?: boolean } = {},
+  ): Promise<TokenConstraint | null> {
+    const { field } = options;
+    // xgrammar's indent: -1 for one line.
+    const indent = options.oneLine ? -1 : 2;
     if (format.type === 'text') return null;
     let compiled: CompiledGrammar;
     try {
       // JSON in one fixed layout (no free whitespace): a small model can otherwise spend its tokens on blank lines.
-      if (format.type === 'json_object') compiled = await this.compiler.compileJSONSchema('{"type":"object"}', false);
-      else if (format.type === 'json_schema') {
+      if (format.type === 'json_object') {
+        compiled = await this.compiler.compileJSONSchema('{"type":"object"}', false, indent);
+      } else if (format.type === 'json_schema') {
         const schema = JSON.stringify(format.json_schema.schema ?? { type: 'object' });
         compiled = await this.compiler.compileJSONSchema(
           schema,
           false,
-          undefined,
+          indent,
           undefined,
           format.json_schema.strict ?? true,
         );
       } else compiled = await this.compiler.compileGrammar(format.grammar, 'root');
     } catch (error) {
-      const field = format.type === 'grammar' ? 'response_format.grammar' : 'response_format.json_schema.schema';
-      throw new InvalidRequestError(`${field}: the grammar engine cannot compile it: ${errorText(error)}`, { field });
+      const at =
+        field ?? (format.type === 'grammar' ? 'response_format.grammar' : 'response_format.json_schema.schema');
+      throw new InvalidRequestError(`${at}: the grammar engine cannot compile it: ${errorText(error)}`, { field: at });
     }
     const matcher = await this.xgrammar.GrammarMatcher.createGrammarMatcher(compiled);
     compiled.dispose();

@@ -88,15 +88,42 @@ export function encodeConversation(
   tokenizer: ConversationTokenizer,
   template: string,
   messages: readonly ChatMessage[],
-  options: { addGenerationPrompt: boolean; specialTokensInContent: 'text' | 'tokens' },
+  options: {
+    addGenerationPrompt: boolean;
+    specialTokensInContent: 'text' | 'tokens';
+    /** Template variables beside the messages (`tools`). */
+    variables?: Record<string, unknown>;
+    /** Text the reply starts with, after the generation prompt (a forced tool call's opening tag). */
+    replyPrefix?: string;
+  },
 ): number[] {
   const bos = tokenizer.bosId !== undefined ? tokenizer.tokenText(tokenizer.bosId) : '';
-  const text = renderChatTemplate(template, {
-    messages: [...messages],
-    add_generation_prompt: options.addGenerationPrompt,
-    bos_token: bos,
-    eos_token: tokenizer.eosId !== undefined ? tokenizer.tokenText(tokenizer.eosId) : '',
-  });
+  if (options.specialTokensInContent === 'text') {
+    // Tool calls and tools are written by the template through `tojson`, not as a message's content: text in them
+    // that spells a control token could not be kept text, so it is refused.
+    const structured: Array<[string, unknown]> = [
+      ...messages.flatMap(
+        (m, i): Array<[string, unknown]> => (m.tool_calls ? [[`messages[${i}].tool_calls`, m.tool_calls]] : []),
+      ),
+      ...Object.entries(options.variables ?? {}),
+    ];
+    for (const [field, value] of structured) {
+      if (tokenizer.hasControlText(JSON.stringify(value))) {
+        throw new InvalidRequestError(
+          `${field} holds control-token text, which the chat template would read as control tokens: remove it, or pass special_tokens_in_content: 'tokens'.`,
+          { field },
+        );
+      }
+    }
+  }
+  const text =
+    renderChatTemplate(template, {
+      ...options.variables,
+      messages: [...messages],
+      add_generation_prompt: options.addGenerationPrompt,
+      bos_token: bos,
+      eos_token: tokenizer.eosId !== undefined ? tokenizer.tokenText(tokenizer.eosId) : '',
+    }) + (options.replyPrefix ?? '');
   // A template that writes BOS itself must not get a second one from the tokenizer.
   const addSpecial = !(bos && text.startsWith(bos));
   const literalSpans =
