@@ -2,7 +2,6 @@ import { KV_STEP_WGSL, kvStoreWgsl } from './kv-append.wgsl.ts';
 import { rmsScaleWgsl } from './rmsnorm.wgsl.ts';
 import { ROPE_HEAD_NORM_MAX_DIM, ropePairWgsl } from './rope.wgsl.ts';
 import {
-  PREFETCHED_ROW_MAX_DIM,
   prefetchedRowProductWgsl,
   ROW_MATRIX_DECLARATION,
   ROW_PRODUCT_PARTIALS,
