@@ -54,9 +54,10 @@ export function shortCommit(raw: string): string {
   return m ? m[1].slice(0, 12) + (m[2] ?? '') : UNKNOWN;
 }
 
-/** The machine a file's name gives: `<date>-nvidia-h200-...`, `...-h200...`, `...-lavapipe...`. */
+/** The machine a file's name gives: `<date>-nvidia-h200-...`, `...-h200...`, `...-nvidia-h100-...`, `...-lavapipe...`. */
 export function machineFromName(name: string): string | null {
   if (/(^|-)nvidia-h200(-|\.|$)/.test(name) || /(^|-)h200(-|\.|$)/.test(name)) return 'nvidia-h200';
+  if (/(^|-)nvidia-h100(-|\.|$)/.test(name)) return 'nvidia-h100';
   if (/(^|-)lavapipe(-|\.|$)/.test(name)) return 'lavapipe';
   return null;
 }
