@@ -19,6 +19,21 @@ export function releaseDispatches(gpu: GpuContext, dispatches: readonly Prepared
   for (const d of dispatches) for (const b of d.owned) gpu.allocator.release(b);
 }
 
+/**
+ * The dispatches `prepare` pushes into the list it is given; if it throws (a kernel refusing a shape), those prepared
+ * so far are released first, so a failed graph leaves no buffer behind.
+ */
+export function prepareAllOrNone(gpu: GpuContext, prepare: (made: PreparedDispatch[]) => void): PreparedDispatch[] {
+  const made: PreparedDispatch[] = [];
+  try {
+    prepare(made);
+  } catch (error) {
+    releaseDispatches(gpu, made);
+    throw error;
+  }
+  return made;
+}
+
 const pipelineCache = new WeakMap<GPUDevice, Map<string, GPUComputePipeline>>();
 
 /** Compiles a WGSL compute shader once per device and code string. */

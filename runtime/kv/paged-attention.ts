@@ -1,6 +1,6 @@
 import { InvalidRequestError } from '../../core/errors.ts';
 import type { GpuContext } from '../../core/gpu/device.ts';
-import type { PreparedDispatch } from '../../core/gpu/dispatch.ts';
+import { type PreparedDispatch, prepareAllOrNone, releaseDispatches } from '../../core/gpu/dispatch.ts';
 import {
   type AttentionDevice,
   type AttentionGraphShape,
@@ -256,27 +256,43 @@ export class PagedKvAttention implements KvAttentionBackend {
     maxTokens: number,
     rope: RopeStage | null,
   ): { append: PreparedDispatch[]; attention: PreparedDispatch[] } {
+    // A layer that cannot be prepared (a kernel refusing a shape) leaves no buffer behind.
+    const { gpu } = this;
+    const append = prepareAllOrNone(gpu, (made) => this.prepareAppend(made, layer, buffers, maxTokens, rope));
+    try {
+      const attention = prepareAllOrNone(gpu, (made) => this.prepareAttention(made, layer, buffers, maxTokens));
+      return { append, attention };
+    } catch (error) {
+      releaseDispatches(gpu, append);
+      throw error;
+    }
+  }
+
+  /** Pushes a layer's append (its demotion, then RoPE, the rotation and the store, fused or not) into `made`. */
+  private prepareAppend(
+    made: PreparedDispatch[],
+    layer: number,
+    buffers: { q: GPUBuffer; k: GPUBuffer; v: GPUBuffer; output: GPUBuffer },
+    maxTokens: number,
+    rope: RopeStage | null,
+  ): void {
     const { gpu, pool, options } = this;
     const { rotations } = options;
     const label = `kv.layer${layer}.t${maxTokens}`;
     const firstMatrix = layer * pool.kvHeads;
-    const headsPerMatrix = options.heads / pool.kvHeads;
-    const demote: PreparedDispatch[] = [];
     if (pool.quant) {
       const dispatch = prepareKvDemote(gpu, `${label}.demote`, { pool, layer });
       // Pages leave the f16 window on one decode step in pageTokens: the other steps skip the dispatch. (Set on the
       // dispatch itself: its bind group is a getter that follows slab growth, which a copy would freeze.)
       dispatch.idle = () => pool.stepDemotions === 0;
-      demote.push(dispatch);
+      made.push(dispatch);
     }
-    const append: PreparedDispatch[] = [];
     const fused =
       maxTokens === 1 &&
       rope !== null &&
       ropeAppendFits(gpu, { headNorm: rope.headNorm !== undefined, rotate: rotations !== undefined }, pool.headDim);
     if (fused) {
-      append.push(
-        ...demote,
+      made.push(
         prepareRopeAppend(gpu, `blk.${layer}.rope_append`, {
           pool,
           layer,
@@ -286,7 +302,7 @@ export class PagedKvAttention implements KvAttentionBackend {
         }),
       );
     } else {
-      append.push(...prepareRopeStage(gpu, `blk.${layer}.rope`, rope, buffers.q, buffers.k, maxTokens));
+      made.push(...prepareRopeStage(gpu, `blk.${layer}.rope`, rope, buffers.q, buffers.k, maxTokens));
       if (rotations) {
         const part = (x: GPUBuffer, rotation: GPUBuffer, heads: number) => ({
           x,
@@ -297,7 +313,7 @@ export class PagedKvAttention implements KvAttentionBackend {
           transpose: false,
         });
         // q is final (RoPE applied) before the store, so it is rotated with k and v in one dispatch.
-        append.push(
+        made.push(
           prepareRotate(gpu, `blk.${layer}.rotate_qkv`, {
             parts: [
               part(buffers.q, rotations.key, options.heads),
@@ -310,11 +326,24 @@ export class PagedKvAttention implements KvAttentionBackend {
           }),
         );
       }
-      append.push(
-        ...demote,
+      made.push(
         prepareKvAppend(gpu, `${label}.append`, { pool, layer, k: buffers.k, v: buffers.v, tokens: maxTokens }),
       );
     }
+  }
+
+  /** Pushes a layer's attention (the planned kernel, its merge, the un-rotation of a rotated cache) into `made`. */
+  private prepareAttention(
+    made: PreparedDispatch[],
+    layer: number,
+    buffers: { q: GPUBuffer; k: GPUBuffer; v: GPUBuffer; output: GPUBuffer },
+    maxTokens: number,
+  ): void {
+    const { gpu, pool, options } = this;
+    const { rotations } = options;
+    const label = `kv.layer${layer}.t${maxTokens}`;
+    const firstMatrix = layer * pool.kvHeads;
+    const headsPerMatrix = options.heads / pool.kvHeads;
     const plan = this.plan(layer, maxTokens);
     const { splits, splitRows } = plan;
     let partials: GPUBuffer | undefined;
@@ -348,26 +377,36 @@ export class PagedKvAttention implements KvAttentionBackend {
     }
     const keysInt8 = int8?.converted ? this.keysInt8! : undefined;
     const unrotateInMerge = rotations !== undefined && plan.unrotate === 'merge';
-    const attention = prepareAttention(gpu, `${label}.attention`, {
-      pool,
-      layer,
-      q: buffers.q,
-      output: buffers.output,
-      heads: options.heads,
-      maxTokens,
-      scale: options.scale ?? 1 / Math.sqrt(pool.headDim),
-      splits,
-      splitRows,
-      minChunkKeys: plan.minChunkKeys,
-      prefillProducts: options.prefillProducts,
-      partials,
-      keysInt8,
-      outputRotation: unrotateInMerge ? { matrices: rotations.value, firstMatrix, headsPerMatrix } : undefined,
-      plan: plan.kernel,
-    });
-    if (ownPartials) attention[0]!.owned.push(ownPartials);
+    let kernel: PreparedDispatch[];
+    try {
+      kernel = prepareAttention(gpu, `${label}.attention`, {
+        pool,
+        layer,
+        q: buffers.q,
+        output: buffers.output,
+        heads: options.heads,
+        maxTokens,
+        scale: options.scale ?? 1 / Math.sqrt(pool.headDim),
+        splits,
+        splitRows,
+        minChunkKeys: plan.minChunkKeys,
+        prefillProducts: options.prefillProducts,
+        partials,
+        keysInt8,
+        outputRotation: unrotateInMerge ? { matrices: rotations.value, firstMatrix, headsPerMatrix } : undefined,
+        plan: plan.kernel,
+      });
+    } catch (error) {
+      if (ownPartials) {
+        gpu.allocator.release(ownPartials);
+        this.sharedPartials.delete(maxTokens);
+      }
+      throw error;
+    }
+    if (ownPartials) kernel[0]!.owned.push(ownPartials);
+    made.push(...kernel);
     if (rotations && !unrotateInMerge) {
-      attention.push(
+      made.push(
         prepareRotate(gpu, `${label}.unrotate_out`, {
           parts: [
             {
@@ -385,7 +424,6 @@ export class PagedKvAttention implements KvAttentionBackend {
         }),
       );
     }
-    return { append, attention };
   }
 }
 

@@ -41,6 +41,13 @@ describe.skipIf(!modelPath || !goldenPath)(
       const file = await parseGguf(sourceFromBytes(bytes));
       const setValue = (key: string, value: number | string) => (entries: GgufMetadataEntry[]) =>
         entries.map((e) => (e.key === key ? { ...e, value } : e));
+      const addValue = (key: string, value: number, type: 'f32' | 'u32') => (entries: GgufMetadataEntry[]) => [
+        ...entries.filter((e) => e.key !== key),
+        { key, value, type },
+      ];
+      // A per-layer array, as llama.cpp also reads some hyperparameters.
+      const setArray = (key: string, values: number[]) => (entries: GgufMetadataEntry[]) =>
+        entries.map((e) => (e.key === key ? { key, value: values, type: 'u32[]' as const } : e));
       const cases: Array<{ name: string; bytes: Uint8Array; error: new (...args: never[]) => Error; message: RegExp }> =
         [
           {
@@ -73,6 +80,37 @@ describe.skipIf(!modelPath || !goldenPath)(
             error: CorruptModelFileError,
             message: /contradicts|shape/,
           },
+          // Values the forward pass divides by or pairs up, named by key before any buffer is made.
+          {
+            name: 'RMS epsilon NaN',
+            bytes: variant(bytes, file, { metadata: setValue('llama.attention.layer_norm_rms_epsilon', Number.NaN) }),
+            error: CorruptModelFileError,
+            message: /layer_norm_rms_epsilon is NaN/,
+          },
+          {
+            name: 'RoPE base 0',
+            bytes: variant(bytes, file, { metadata: addValue('llama.rope.freq_base', 0, 'f32') }),
+            error: CorruptModelFileError,
+            message: /rope\.freq_base is 0/,
+          },
+          {
+            name: 'odd RoPE dimension',
+            bytes: variant(bytes, file, { metadata: setValue('llama.rope.dimension_count', 7) }),
+            error: CorruptModelFileError,
+            message: /rope\.dimension_count is 7.*even/,
+          },
+          {
+            name: 'KV heads that do not divide the heads',
+            bytes: variant(bytes, file, { metadata: setValue('llama.attention.head_count_kv', 3) }),
+            error: CorruptModelFileError,
+            message: /head_count_kv is 3.*divide the 8/,
+          },
+          {
+            name: 'KV heads per layer, not all the same',
+            bytes: variant(bytes, file, { metadata: setArray('llama.attention.head_count_kv', [4, 4, 2, 4, 4]) }),
+            error: UnsupportedModelError,
+            message: /head_count_kv per layer \(4, 4, 2, 4, 4\)/,
+          },
         ];
       const engine = new ModelRunner(gpu);
       const baseline = gpu.allocator.snapshot();
@@ -85,9 +123,15 @@ describe.skipIf(!modelPath || !goldenPath)(
         expect(after.totalBytes, `${c.name}: GPU bytes left behind`).toBe(baseline.totalBytes);
       }
       const golden = JSON.parse(readFileSync(goldenPath!, 'utf8')) as { greedy_ids: number[] };
-      await engine.load(sourceFromBytes(bytes), { kv: 'f16' });
-      const result = await engine.generate({ promptIds: [golden.greedy_ids[0]], maxTokens: 20, stopAtEog: false });
-      expect(result.ids).toEqual(golden.greedy_ids.slice(1, 21));
+      // The real model, and the same with its KV head count written per layer (all alike): both give the golden ids.
+      for (const model of [
+        bytes,
+        variant(bytes, file, { metadata: setArray('llama.attention.head_count_kv', [4, 4, 4, 4, 4]) }),
+      ]) {
+        await engine.load(sourceFromBytes(model), { kv: 'f16' });
+        const result = await engine.generate({ promptIds: [golden.greedy_ids[0]], maxTokens: 20, stopAtEog: false });
+        expect(result.ids).toEqual(golden.greedy_ids.slice(1, 21));
+      }
       engine.unload();
       expect(gpu.allocator.snapshot().totalBuffers).toBe(baseline.totalBuffers);
     });

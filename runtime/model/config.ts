@@ -77,7 +77,7 @@ export function readModelConfig(file: GgufFile): ModelConfig {
   const architecture = arch as Architecture;
   const tensors = new Map<string, GgufTensorInfo>(file.tensors.map((t) => [t.name, t]));
   const dim = metaNumber(meta, `${arch}.embedding_length`);
-  const heads = metaNumber(meta, `${arch}.attention.head_count`);
+  const heads = perLayer(meta, `${arch}.attention.head_count`) ?? metaNumber(meta, `${arch}.attention.head_count`);
   const headDim = metaOptionalNumber(meta, `${arch}.attention.key_length`) ?? dim / heads;
   const embedding = tensors.get('token_embd.weight');
   const tokens = meta['tokenizer.ggml.tokens'];
@@ -91,9 +91,9 @@ export function readModelConfig(file: GgufFile): ModelConfig {
     layers: metaNumber(meta, `${arch}.block_count`),
     dim,
     heads,
-    kvHeads: metaOptionalNumber(meta, `${arch}.attention.head_count_kv`) ?? heads,
+    kvHeads: perLayer(meta, `${arch}.attention.head_count_kv`) ?? heads,
     headDim,
-    ffnDim: metaNumber(meta, `${arch}.feed_forward_length`),
+    ffnDim: perLayer(meta, `${arch}.feed_forward_length`) ?? metaNumber(meta, `${arch}.feed_forward_length`),
     vocab,
     contextLength: metaOptionalNumber(meta, `${arch}.context_length`) ?? 2048,
     rmsEps: metaOptionalNumber(meta, `${arch}.attention.layer_norm_rms_epsilon`) ?? 1e-5,
@@ -107,8 +107,48 @@ export function readModelConfig(file: GgufFile): ModelConfig {
     ropeFreqFactors: architecture === 'llama' && tensors.has('rope_freqs.weight'),
   };
   checkShape(config, file.tensors.length);
+  checkValues(config, arch);
   refuseUnusedMetadata(meta, config);
   return config;
+}
+
+/**
+ * A hyperparameter that llama.cpp also reads per layer (an array, one value a layer): its one value where every layer
+ * has the same (as converters write it for uniform models), undefined where the key is absent. Layers that differ
+ * (OpenELM-style models) need a forward pass with per-layer shapes: UnsupportedModelError naming the key.
+ */
+function perLayer(meta: GgufMetadata, key: string): number | undefined {
+  const value = meta[key];
+  if (!Array.isArray(value)) return metaOptionalNumber(meta, key);
+  const values = value.map((v) => (typeof v === 'bigint' ? Number(v) : v));
+  const first = values[0];
+  if (values.length === 0 || typeof first !== 'number' || values.some((v) => v !== first)) {
+    throw new UnsupportedModelError(
+      `The model sets ${key} per layer (${values.slice(0, 8).join(', ')}${values.length > 8 ? ', …' : ''}); longtab runs models whose layers all have the same shape.`,
+      { key },
+    );
+  }
+  return first;
+}
+
+/**
+ * Values the forward pass divides by, takes the square root of or pairs up: a file whose values make no model is
+ * damaged (CorruptModelFileError naming the key), found here rather than as NaN logits or a kernel's error.
+ */
+function checkValues(c: ModelConfig, arch: string): void {
+  const fail = (key: string, value: number, rule: string) => {
+    throw new CorruptModelFileError(
+      `The model's ${arch}.${key} is ${value}, which ${rule}: the file is damaged or was made by a broken converter.`,
+      { key: `${arch}.${key}`, value },
+    );
+  };
+  if (!(Number.isFinite(c.rmsEps) && c.rmsEps > 0))
+    fail('attention.layer_norm_rms_epsilon', c.rmsEps, 'must be a positive number');
+  if (!(Number.isFinite(c.ropeBase) && c.ropeBase > 0)) fail('rope.freq_base', c.ropeBase, 'must be a positive number');
+  if (c.ropeDim % 2 !== 0) fail('rope.dimension_count', c.ropeDim, 'must be even (RoPE rotates pairs of dims)');
+  if (c.heads % c.kvHeads !== 0) {
+    fail('attention.head_count_kv', c.kvHeads, `must divide the ${c.heads} query heads (each KV head serves a group)`);
+  }
 }
 
 /**

@@ -1,6 +1,12 @@
 import type { GgmlType } from '../../core/gguf-types.ts';
 import type { GpuContext } from '../../core/gpu/device.ts';
-import { encodeDispatches, type PreparedDispatch, releaseDispatches, uniformBuffer } from '../../core/gpu/dispatch.ts';
+import {
+  encodeDispatches,
+  type PreparedDispatch,
+  prepareAllOrNone,
+  releaseDispatches,
+  uniformBuffer,
+} from '../../core/gpu/dispatch.ts';
 import { prepareSwiglu } from '../../kernels/elementwise.ts';
 import { prepareEmbedding } from '../../kernels/embedding.ts';
 import { type MatmulBinding, prepareMatmul, prepareMatvecGroup, prepareMatvecSwiglu } from '../../kernels/matmul.ts';
@@ -265,7 +271,12 @@ export class Transformer {
   graph(tokens: number): ForwardGraph {
     let g = this.graphs.get(tokens);
     if (!g) {
-      g = this.buildGraph(tokens);
+      // A graph that cannot be prepared (a kernel refusing a shape) releases what it prepared before it throws.
+      let logits: PreparedDispatch[] = [];
+      const body = prepareAllOrNone(this.gpu, (made) => {
+        logits = this.buildGraph(tokens, made);
+      });
+      g = { tokens, body, logits };
       this.graphs.set(tokens, g);
     }
     return g;
@@ -313,9 +324,9 @@ export class Transformer {
     return this.allLogits;
   }
 
-  private buildGraph(tokens: number): ForwardGraph {
+  /** Pushes the body of the graph of `tokens` tokens into `body` as it is prepared; returns its logits dispatches. */
+  private buildGraph(tokens: number, body: PreparedDispatch[]): PreparedDispatch[] {
     const { gpu, config: c, weights: w, buffers: b } = this;
-    const body: PreparedDispatch[] = [];
     body.push(...prepareEmbedding(gpu, 'embed', { weight: w.embedding, tokenIds: b.tokenIds, output: b.x, tokens }));
     for (let i = 0; i < c.layers; i++) {
       const l = w.layers[i];
@@ -407,14 +418,13 @@ export class Transformer {
         eps: c.rmsEps,
       }),
     );
-    const logits = prepareMatmul(gpu, 'output', {
+    return prepareMatmul(gpu, 'output', {
       weight: w.output,
       bias: w.outputBias,
       input: b.lastHidden,
       output: b.logits,
       tokens: 1,
     });
-    return { tokens, body, logits };
   }
 
   release(): void {
