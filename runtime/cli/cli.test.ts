@@ -246,7 +246,35 @@ describe.skipIf(!modelPath || !goldenPath)('longtab CLI on stories260K', () => {
     await expect(checkModesFitModel(['f16', 'int2-none+L4'], modelPath!)).resolves.toBeUndefined();
   });
 
-  it('a missing file is a clear error with a non-zero exit code', async () => {
-    await expect(longtab('info', '/nonexistent/model.gguf')).rejects.toMatchObject({ code: 1 });
+  // Dawn may print its own warnings first; the CLI's is the last line.
+  it('a missing file, a directory or a missing text file: one line naming the path, exit code 1, no stack trace', async () => {
+    const oneLine = (pattern: RegExp) => ({ code: 1, stderr: expect.stringMatching(pattern) });
+    const refusals: Array<[string[], RegExp]> = [
+      [
+        ['info', '/nonexistent/model.gguf'],
+        /(^|\n)longtab: InvalidRequestError: .*\/nonexistent\/model\.gguf: there is no file at that path\.\n$/,
+      ],
+      [
+        ['info', '/tmp'],
+        /(^|\n)longtab: InvalidRequestError: Cannot open the model file \/tmp: it is a directory\.\n$/,
+      ],
+      [
+        ['eval', '--model', '/tmp', '--text', 'README.md', '--kv', 'f16'],
+        /(^|\n)longtab: InvalidRequestError: Cannot open the model file \/tmp: it is a directory\.\n$/,
+      ],
+      // The text is read before the model: a wrong text path fails at once.
+      [
+        ['eval', '--model', '/tmp', '--text', '/nonexistent/text.txt', '--kv', 'f16'],
+        /(^|\n)longtab: InvalidRequestError: Cannot read the text file \/nonexistent\/text\.txt: there is no file at that path\.\n$/,
+      ],
+    ];
+    for (const [args, pattern] of refusals) {
+      const failure = await longtab(...args).then(
+        () => null,
+        (error: { code: number; stderr: string }) => error,
+      );
+      expect(failure, args.join(' ')).toMatchObject(oneLine(pattern));
+      expect(failure!.stderr, args.join(' ')).not.toMatch(/\n\s+at /);
+    }
   });
 });

@@ -1,4 +1,3 @@
-import { readFileSync } from 'node:fs';
 import { InvalidRequestError } from '../../core/errors.ts';
 import type { GpuContext } from '../../core/gpu/device.ts';
 import type { EngineLoadOptions, PrefillAttention } from '../engine/api-types.ts';
@@ -17,7 +16,7 @@ import {
   RetrievalTaskBuilder,
   runCell,
 } from '../eval/retrieval.ts';
-import { sourceFromPath } from '../gguf/node-source.ts';
+import { readTextFromPath, sourceFromPath } from '../gguf/node-source.ts';
 import { parseGguf } from '../gguf/parse.ts';
 import { nodeRotationCache } from '../kv/rotation-cache-node.ts';
 import { readModelConfig } from '../model/config.ts';
@@ -139,6 +138,8 @@ export async function runEval(args: ParsedArgs, gpu: GpuContext): Promise<number
   const texts = [stringFlag(args, 'text'), ...args.positional].filter((t): t is string => Boolean(t));
   if (texts.length === 0)
     throw new InvalidRequestError('Usage: longtab eval --model FILE --text FILE [FILE...] --ctx N --kv MODE');
+  // The texts are read before anything loads: a wrong path fails at once, not after the model.
+  const textContents = texts.map((path) => readTextFromPath(path, 'the text file'));
   const ctx = numberFlag(args, 'ctx', 512);
   const maxWindows = numberFlag(args, 'max-windows', Number.POSITIVE_INFINITY);
   const modes = evalModes(args);
@@ -161,8 +162,8 @@ export async function runEval(args: ParsedArgs, gpu: GpuContext): Promise<number
       // the window for the evaluation to measure what decoding sees.
       await engine.load(source, evalLoadOptions(args, mode));
       const ids: number[] = [];
-      for (const path of texts)
-        for (const id of engine.tokenizer.encode(readFileSync(path, 'utf8'), { addSpecial: false })) ids.push(id);
+      for (const text of textContents)
+        for (const id of engine.tokenizer.encode(text, { addSpecial: false })) ids.push(id);
       const started = performance.now();
       const result = await perplexity(engine, ids, ctx, engine.config.vocab, { maxWindows });
       // One line per mode as it finishes: a run cut short (a GPU host's time limit) still leaves its finished rows.
@@ -286,6 +287,7 @@ export async function runRetrievalEval(args: ParsedArgs, gpu: GpuContext): Promi
   const texts = [stringFlag(args, 'text'), ...args.positional].filter((t): t is string => Boolean(t));
   if (texts.length === 0)
     throw new InvalidRequestError(`Usage: longtab eval --task ${task} --text FILLER.txt [FILE...]: the filler text.`);
+  const textContents = texts.map((path) => readTextFromPath(path, 'the text file'));
   const modes = evalModes(args);
   await prepareModes(gpu, modes, modelPath);
   const lengths = numberListFlag(args, 'lengths', [1024, 2048]);
@@ -329,8 +331,8 @@ export async function runRetrievalEval(args: ParsedArgs, gpu: GpuContext): Promi
           );
         }
         const filler: number[] = [];
-        for (const path of texts)
-          for (const id of engine.tokenizer.encode(readFileSync(path, 'utf8'), { addSpecial: false })) filler.push(id);
+        for (const text of textContents)
+          for (const id of engine.tokenizer.encode(text, { addSpecial: false })) filler.push(id);
         builder = new RetrievalTaskBuilder(engine.tokenizer, filler, settings, seed);
         // A cell that cannot be built (the context too short for what it holds) is skipped and reported.
         for (const length of lengths) {

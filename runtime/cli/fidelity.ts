@@ -1,4 +1,3 @@
-import { readFileSync } from 'node:fs';
 import { InvalidRequestError } from '../../core/errors.ts';
 import type { ByteSource, GgufFile } from '../../core/gguf-types.ts';
 import type { GpuContext } from '../../core/gpu/device.ts';
@@ -19,7 +18,7 @@ import {
   summarize,
 } from '../eval/fidelity.ts';
 import { captureAttentionInputs } from '../eval/fidelity-capture.ts';
-import { sourceFromPath } from '../gguf/node-source.ts';
+import { readTextFromPath, sourceFromPath } from '../gguf/node-source.ts';
 import { defaultGroupSize } from '../kv/quant-format.ts';
 import { nodeRotationCache } from '../kv/rotation-cache-node.ts';
 import { findStoredRotations } from '../kv/rotation-store.ts';
@@ -39,6 +38,7 @@ export async function runFidelity(args: ParsedArgs, gpu: GpuContext): Promise<nu
   const modelPath = stringFlag(args, 'model') ?? defaultModelPath();
   const textPath = stringFlag(args, 'text') ?? args.positional[0];
   if (!textPath) throw new InvalidRequestError('Usage: longtab fidelity --model FILE --text FILE --ctx N');
+  const text = readTextFromPath(textPath, 'the text file');
   const windows = numberFlag(args, 'windows', 1);
   const modes = (stringFlag(args, 'modes') ?? FIDELITY_MODES.join(',')).split(',').filter(Boolean);
   const policy: QuantPolicy = {
@@ -67,7 +67,7 @@ export async function runFidelity(args: ParsedArgs, gpu: GpuContext): Promise<nu
       throw new InvalidRequestError(
         `--ctx ${ctx}: no query would read a quantized page; it must exceed sink pages + one page + window = ${firstQuery}.`,
       );
-    const ids = engine.tokenizer.encode(readFileSync(textPath, 'utf8'), { addSpecial: false });
+    const ids = engine.tokenizer.encode(text, { addSpecial: false });
     const available = Math.floor(ids.length / ctx);
     if (available < windows)
       throw new InvalidRequestError(`${textPath} holds ${ids.length} tokens: ${available} windows of ${ctx}.`);

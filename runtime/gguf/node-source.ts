@@ -2,32 +2,46 @@
  * The ByteSource for a local file in Node (CLI, tools, tests). Only Node entry points import this module, so browser
  * bundles never pull in `node:fs`.
  */
+import { readFileSync } from 'node:fs';
 import { type FileHandle, open } from 'node:fs/promises';
 import { basename } from 'node:path';
 import { CorruptModelFileError, InvalidRequestError } from '../../core/errors.ts';
 import type { ByteSource } from '../../core/gguf-types.ts';
 import { checkReadRange } from './sources.ts';
 
-/** Opens `path` for positioned reads; call `close()` when done with it. */
+/** Why a path could not be read as a file, in words (a Node error's code). */
+function unreadable(error: unknown): string {
+  const code = (error as NodeJS.ErrnoException).code;
+  if (code === 'ENOENT') return 'there is no file at that path';
+  if (code === 'EACCES' || code === 'EPERM') return 'permission denied';
+  if (code === 'EISDIR') return 'it is a directory';
+  return (error as Error).message;
+}
+
+/**
+ * Opens `path` for positioned reads; call `close()` when done with it. A path that is missing, unreadable or not a
+ * file (a directory opens on Linux, and fails only at its first read) is an InvalidRequestError naming it.
+ */
 export async function sourceFromPath(path: string): Promise<ByteSource> {
   let handle: FileHandle;
   try {
     handle = await open(path, 'r');
   } catch (error) {
-    const code = (error as NodeJS.ErrnoException).code;
-    const reason =
-      code === 'ENOENT'
-        ? 'there is no file at that path'
-        : code === 'EACCES' || code === 'EPERM'
-          ? 'permission denied'
-          : code === 'EISDIR'
-            ? 'it is a directory'
-            : (error as Error).message;
-    throw new InvalidRequestError(`Cannot open the model file ${path}: ${reason}.`, { path, code });
+    throw new InvalidRequestError(`Cannot open the model file ${path}: ${unreadable(error)}.`, {
+      path,
+      code: (error as NodeJS.ErrnoException).code,
+    });
   }
   let size: number;
   try {
-    size = (await handle.stat()).size;
+    const stat = await handle.stat();
+    if (!stat.isFile()) {
+      throw new InvalidRequestError(
+        `Cannot open the model file ${path}: ${stat.isDirectory() ? 'it is a directory' : 'it is not a regular file'}.`,
+        { path },
+      );
+    }
+    size = stat.size;
   } catch (error) {
     await handle.close();
     throw error;
@@ -56,4 +70,13 @@ export async function sourceFromPath(path: string): Promise<ByteSource> {
       await handle.close();
     },
   };
+}
+
+/** A text file's contents (UTF-8); a path that cannot be read is an InvalidRequestError naming it and `what` it is. */
+export function readTextFromPath(path: string, what: string): string {
+  try {
+    return readFileSync(path, 'utf8');
+  } catch (error) {
+    throw new InvalidRequestError(`Cannot read ${what} ${path}: ${unreadable(error)}.`, { path });
+  }
 }

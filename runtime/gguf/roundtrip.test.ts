@@ -252,9 +252,13 @@ describe('ByteSources', () => {
     expect(server.ranges.every((range) => range !== null)).toBe(true);
   });
 
-  it('report a missing local file as a request error naming the path', async () => {
+  it('report a missing local file, and a directory, as request errors naming the path', async () => {
     await expect(sourceFromPath('/nonexistent/model.gguf')).rejects.toThrow(
       /Cannot open the model file \/nonexistent\/model.gguf: there is no file at that path/,
+    );
+    // A directory opens on Linux and would fail only at its first read, with an untyped EISDIR.
+    await expect(sourceFromPath('/tmp')).rejects.toThrow(
+      new InvalidRequestError('Cannot open the model file /tmp: it is a directory.'),
     );
   });
 
