@@ -257,9 +257,9 @@ describe('ByteSources', () => {
       /Cannot open the model file \/nonexistent\/model.gguf: there is no file at that path/,
     );
     // A directory opens on Linux and would fail only at its first read, with an untyped EISDIR.
-    await expect(sourceFromPath('/tmp')).rejects.toThrow(
-      new InvalidRequestError('Cannot open the model file /tmp: it is a directory.'),
-    );
+    const directory = sourceFromPath('/tmp');
+    await expect(directory).rejects.toBeInstanceOf(InvalidRequestError);
+    await expect(directory).rejects.toThrow('Cannot open the model file /tmp: it is a directory.');
   });
 
   it('reject reads past the end as a truncated file', async () => {
