@@ -209,12 +209,12 @@ describe('rope-append kernel (RoPE, rotation and the KV store of a decode step)'
 
   it('catches broken kernels: q heads rotated by the first KV head, k stored at the values', async () => {
     const wrongMatrix = mutateShaders(ctx.gpu, {
-      label: 'rope-append-rotated-prefetched',
+      label: 'rope-append-rotated',
       edit: (code) => code.replace('if (isQ) { m = head / params.groupHeads; }', ''),
     });
     const calibrated: Case = { ...base, rotation: 'calibrated', heads: 8, kvHeads: 2 };
     expect((await runCase(wrongMatrix.gpu, calibrated)).q).toBeGreaterThan(1);
-    expect(wrongMatrix.mutated).toEqual(['rope-append-rotated-prefetched']);
+    expect(wrongMatrix.mutated).toEqual(['rope-append-rotated']);
     const swapped = mutateShaders(ctx.gpu, {
       label: 'rope-append',
       edit: (code) => code.replace('first += params.kOffset', 'first += params.vOffset'),
