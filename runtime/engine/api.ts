@@ -14,7 +14,12 @@ import { sourceFromBlob, sourceFromUrl } from '../gguf/sources.ts';
 import { ResponseFormatCompiler, type TokenConstraint } from '../grammar/constraint.ts';
 import type { RotationCache, StoredRotations } from '../kv/rotation-store.ts';
 import { resolveSamplingParams } from '../sampling/params.ts';
-import { type ChatMessage, chatTemplateFromMetadata, encodeConversation } from '../tokenizer/chat-template.ts';
+import {
+  type ChatMessage,
+  chatTemplateFromMetadata,
+  encodeConversation,
+  probeChatTemplate,
+} from '../tokenizer/chat-template.ts';
 import { StopStringMatcher } from '../tokenizer/stop-strings.ts';
 import type {
   ChatCompletion,
@@ -246,8 +251,17 @@ export class LongtabEngine implements LongtabEngineApi {
         await bytes.close?.();
       }
       const loaded = runner.loaded!;
+      const template = chatTemplateFromMetadata(loaded.file.metadata);
+      try {
+        // A template that cannot render a short conversation within its limits refuses the model now, not at the
+        // first request.
+        probeChatTemplate(template);
+      } catch (error) {
+        runner.unload();
+        throw error;
+      }
       this.cache = new ConversationCache(runner);
-      this.template = chatTemplateFromMetadata(loaded.file.metadata);
+      this.template = template;
       const meta = loaded.file.metadata['tokenizer.chat_template'];
       this.modelInfo = {
         name: loaded.config.name,

@@ -1,11 +1,14 @@
+import { Template } from '@huggingface/jinja';
 import { describe, expect, it } from 'vitest';
 import { InvalidRequestError, UnsupportedModelError } from '../../core/errors.ts';
 import type { GgufMetadata } from '../../core/gguf-types.ts';
 import { bpeTokenizerMetadata } from '../../tools/fixtures/tokenizer-fixtures.ts';
 import {
+  CHAT_TEMPLATE_LIMITS,
   type ChatMessage,
   chatTemplateFromMetadata,
   FALLBACK_CHAT_TEMPLATE,
+  probeChatTemplate,
   renderChatTemplate,
 } from './chat-template.ts';
 import { GgufTokenizer } from './tokenizer.ts';
@@ -95,5 +98,56 @@ describe('chat templates', () => {
     expect(() => renderChatTemplate(strict, { messages: conversation })).toThrow(InvalidRequestError);
     expect(() => renderChatTemplate(strict, { messages: conversation })).toThrow(/must start with user/);
     expect(() => renderChatTemplate('{% for %}', { messages: conversation })).toThrow(UnsupportedModelError);
+  });
+
+  it('renders the real templates exactly as the library itself does, under the limits', () => {
+    for (const name of ['llama3', 'qwen3'] as const) {
+      const template = chatTemplateFromMetadata(metadataOf(name));
+      const context = { messages: conversation, add_generation_prompt: true, bos_token: '<s>', eos_token: '</s>' };
+      expect(renderChatTemplate(template, context)).toBe(new Template(template).render(context));
+    }
+    const dated = "{{ strftime_now('%d %b %Y') }}|{{ range(3, 0, -1) | join(',') }}|{{ None is none }}";
+    expect(renderChatTemplate(dated, { messages: [] })).toMatch(/^\d\d [A-Z][a-z]{2} \d{4}\|3,2,1\|true$/);
+  });
+});
+
+describe('chat templates under limits (a template is a program from a model file)', () => {
+  const refuses = (template: string, messages: ChatMessage[], pattern: RegExp) => {
+    const started = performance.now();
+    let refusal: unknown = null;
+    try {
+      renderChatTemplate(template, { messages });
+    } catch (error) {
+      refusal = error;
+    }
+    expect(refusal).toBeInstanceOf(InvalidRequestError);
+    expect((refusal as Error).message).toMatch(pattern);
+    // Each refusal comes within seconds, not after the process runs out of memory (or after 15 s a request).
+    expect(performance.now() - started).toBeLessThan(30_000);
+  };
+
+  it('a range past its item limit, a string that doubles, a loop past its steps, output past its size', () => {
+    refuses('{% for i in range(2147483647) %}x{% endfor %}', conversation, /range\(\) of 2147483647 items/);
+    refuses('{% for i in range(1000000) %}{% endfor %}', conversation, /range\(\) of 1000000 items/);
+    refuses(
+      "{% set ns = namespace(s='abcdefgh') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s }}",
+      conversation,
+      /a value of \d+ items/,
+    );
+    refuses(
+      '{% for i in range(60000) %}{% for j in range(60000) %}{% endfor %}{% endfor %}',
+      conversation,
+      new RegExp(`more than ${CHAT_TEMPLATE_LIMITS.stepsFloor + CHAT_TEMPLATE_LIMITS.stepsPerMessage * 4} steps`),
+    );
+    const page = [{ role: 'user', content: 'y'.repeat(4000) }];
+    refuses('{% for i in range(60000) %}{{ messages[0].content }}{% endfor %}', page, /output past \d+ characters/);
+  });
+
+  it("checks a model's template when it loads: past the limits refused, a picky template left to the requests", () => {
+    expect(() => probeChatTemplate('{% for i in range(2147483647) %}x{% endfor %}')).toThrow(UnsupportedModelError);
+    const noSystem =
+      "{% if messages[0].role == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}ok";
+    expect(() => probeChatTemplate(noSystem)).not.toThrow();
+    expect(() => probeChatTemplate(chatTemplateFromMetadata(metadataOf('qwen3')))).not.toThrow();
   });
 });

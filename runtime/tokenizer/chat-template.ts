@@ -4,7 +4,7 @@
  * run sandboxed: attribute access only reaches the interpreter's own members (`''.constructor`,
  * `messages.__proto__` are undefined), there are no globals, and the only callables are its built-ins.
  */
-import { Template } from '@huggingface/jinja';
+import { Environment, Interpreter, Template } from '@huggingface/jinja';
 import { InvalidRequestError, UnsupportedModelError } from '../../core/errors.ts';
 import type { GgufMetadata } from '../../core/gguf-types.ts';
 import type { EncodeOptions } from './tokenizer.ts';
@@ -54,13 +54,167 @@ function compile(template: string): Template {
   return compiled;
 }
 
-/** Renders `template` for a conversation. A template that rejects the conversation throws InvalidRequestError. */
+/**
+ * What a template may spend on one conversation. A template is a program from a model file: a loop over
+ * `range(2147483647)` ran the process out of memory, past any `try`, and `range(10**6)` took seconds on every
+ * request. Steps are the interpreter's evaluations and blocks (a loop's every iteration is one), at most a floor plus
+ * a number per message (Qwen3's template takes about 55 a message); a `range` holds at most `rangeItems` items; any
+ * value, and everything the template writes counted at every level it passes through, at most a floor plus a
+ * multiple of the conversation's own size.
+ */
+export const CHAT_TEMPLATE_LIMITS = {
+  stepsFloor: 1_000_000,
+  stepsPerMessage: 1_000,
+  rangeItems: 65_536,
+  outputFloorChars: 16 << 20,
+} as const;
+
+/** A render that went past CHAT_TEMPLATE_LIMITS. */
+class TemplateLimitExceeded extends Error {}
+
+/** The interpreter's own evaluation methods, reached to count them (the library declares them private). */
+interface InterpreterInternals {
+  evaluate(statement: unknown, environment: unknown): { value: unknown };
+  evaluateBlock(statements: unknown, environment: unknown): { value: string };
+}
+
+/** Python's range, refusing more than CHAT_TEMPLATE_LIMITS.rangeItems items before it makes any. */
+function limitedRange(start: number, stop?: number, step = 1): number[] {
+  const [from, to] = stop === undefined ? [0, start] : [start, stop];
+  if (step === 0) throw new Error('range() step must not be zero');
+  const count = Math.max(0, Math.ceil((to - from) / step));
+  if (!(count <= CHAT_TEMPLATE_LIMITS.rangeItems)) {
+    throw new TemplateLimitExceeded(`range() of ${count} items (at most ${CHAT_TEMPLATE_LIMITS.rangeItems})`);
+  }
+  return Array.from({ length: count }, (_, i) => from + i * step);
+}
+
+const MONTHS = [
+  'January',
+  'February',
+  'March',
+  'April',
+  'May',
+  'June',
+  'July',
+  'August',
+  'September',
+  'October',
+  'November',
+  'December',
+];
+
+/** The current date in a strftime format (%Y %m %d %b %B %H %M %S %%), as Llama 3.1's template asks for it. */
+function strftimeNow(format: string): string {
+  const now = new Date();
+  const two = (n: number) => String(n).padStart(2, '0');
+  const fields: Record<string, string> = {
+    Y: String(now.getFullYear()),
+    m: two(now.getMonth() + 1),
+    d: two(now.getDate()),
+    b: MONTHS[now.getMonth()].slice(0, 3),
+    B: MONTHS[now.getMonth()],
+    H: two(now.getHours()),
+    M: two(now.getMinutes()),
+    S: two(now.getSeconds()),
+    '%': '%',
+  };
+  return format.replace(/%([YmdbBHMS%])/g, (_, field: string) => fields[field]);
+}
+
+/**
+ * `compiled` rendered with `items` under CHAT_TEMPLATE_LIMITS, with the globals a template expects (those of
+ * @huggingface/jinja's own render; `range` limited). The limits are counted on this render's interpreter alone.
+ */
+function renderLimited(compiled: Template, items: Record<string, unknown>): string {
+  const environment = new Environment();
+  const globals: Record<string, unknown> = {
+    false: false,
+    true: true,
+    none: null,
+    False: false,
+    True: true,
+    None: null,
+    raise_exception: (message: unknown) => {
+      throw new Error(String(message));
+    },
+    range: limitedRange,
+    strftime_now: strftimeNow,
+  };
+  for (const [name, value] of Object.entries({ ...globals, ...items })) environment.set(name, value);
+  const interpreter = new Interpreter(environment);
+  const internals = interpreter as unknown as InterpreterInternals;
+  const proto = Object.getPrototypeOf(interpreter) as InterpreterInternals;
+  const outputChars = CHAT_TEMPLATE_LIMITS.outputFloorChars + 8 * JSON.stringify(items).length;
+  const messages = Array.isArray(items.messages) ? items.messages.length : 0;
+  const maxSteps = CHAT_TEMPLATE_LIMITS.stepsFloor + CHAT_TEMPLATE_LIMITS.stepsPerMessage * messages;
+  let steps = 0;
+  let written = 0;
+  const step = () => {
+    if (++steps > maxSteps) throw new TemplateLimitExceeded(`more than ${maxSteps} steps`);
+  };
+  internals.evaluate = (statement, scope) => {
+    step();
+    const result = proto.evaluate.call(interpreter, statement, scope);
+    const value = result.value;
+    if ((typeof value === 'string' || Array.isArray(value)) && value.length > outputChars) {
+      throw new TemplateLimitExceeded(`a value of ${value.length} items (at most ${outputChars})`);
+    }
+    return result;
+  };
+  internals.evaluateBlock = (statements, scope) => {
+    // A loop's iterations are blocks, empty ones too: each counts.
+    step();
+    const result = proto.evaluateBlock.call(interpreter, statements, scope);
+    written += result.value.length;
+    if (written > outputChars) throw new TemplateLimitExceeded(`output past ${outputChars} characters`);
+    return result;
+  };
+  return String(interpreter.run(compiled.parsed).value);
+}
+
+/**
+ * Renders `template` for a conversation, under CHAT_TEMPLATE_LIMITS. A template that rejects the conversation, or
+ * goes past a limit, throws InvalidRequestError.
+ */
 export function renderChatTemplate(template: string, context: ChatTemplateContext): string {
   const compiled = compile(template);
   try {
-    return compiled.render({ add_generation_prompt: true, ...context });
+    return renderLimited(compiled, { add_generation_prompt: true, ...context });
   } catch (error) {
+    if (error instanceof TemplateLimitExceeded) {
+      throw new InvalidRequestError(
+        `The model's chat template went past its limits rendering this conversation (${error.message}): a template that needs that much is broken or hostile.`,
+        { limit: error.message },
+      );
+    }
+    // A RangeError from the engine (a string past V8's length limit) is the same kind of failure.
     throw new InvalidRequestError(`The model's chat template rejected this conversation: ${(error as Error).message}`);
+  }
+}
+
+/**
+ * A model's template checked when the model loads: a short conversation (system, user, assistant, user) must render
+ * within CHAT_TEMPLATE_LIMITS, or the model is refused; a template that refuses that conversation itself (some reject
+ * a system message) is left to the requests.
+ */
+export function probeChatTemplate(template: string): void {
+  try {
+    renderChatTemplate(template, {
+      messages: [
+        { role: 'system', content: 'You are a helpful assistant.' },
+        { role: 'user', content: 'Hello.' },
+        { role: 'assistant', content: 'Hello! How can I help?' },
+        { role: 'user', content: 'What is 2 + 2?' },
+      ],
+    });
+  } catch (error) {
+    if (error instanceof InvalidRequestError && error.details.limit !== undefined) {
+      throw new UnsupportedModelError(
+        `This model's chat template went past its limits on a four-message conversation (${String(error.details.limit)}): it is broken or hostile, so the model is refused.`,
+      );
+    }
+    if (!(error instanceof InvalidRequestError)) throw error;
   }
 }
 
