@@ -6,13 +6,9 @@ import { describe, expect, it } from 'vitest';
 import type { RopeStage } from '../../kernels/rope.ts';
 import { withTestGpu } from '../../test/gpu.ts';
 import { STORIES260K, sharedPath } from '../../test/shared.ts';
-import { sourceFromPath } from '../gguf/node-source.ts';
-import { parseGguf } from '../gguf/parse.ts';
+import { loadStoriesModel } from '../../test/stories-model.ts';
 import { PagedKvAttention } from '../kv/paged-attention.ts';
-import { KvPagePool } from '../kv/pool.ts';
-import { readModelConfig } from './config.ts';
 import { Transformer } from './transformer.ts';
-import { loadModelWeights, releaseModelWeights } from './weights.ts';
 
 const ctx = withTestGpu();
 const modelPath = sharedPath(STORIES260K);
@@ -38,16 +34,8 @@ class RefusingLayer extends PagedKvAttention {
 describe.skipIf(!modelPath)('Transformer graphs', () => {
   it('a graph refused at its fourth layer throws and leaves every buffer it prepared released', async () => {
     const { gpu } = ctx;
-    const source = await sourceFromPath(modelPath!);
-    const file = await parseGguf(source);
-    const config = readModelConfig(file);
-    const weights = await loadModelWeights(gpu, file, source, config);
-    const pool = new KvPagePool(gpu, {
-      layers: config.layers,
-      kvHeads: config.kvHeads,
-      headDim: config.headDim,
-      budgetBytes: 1 << 20,
-    });
+    const model = await loadStoriesModel(gpu, modelPath!);
+    const { config, weights, pool } = model;
     const transformer = new Transformer(gpu, config, weights, new RefusingLayer(gpu, pool, config, 3), 16);
     const before = gpu.allocator.snapshot();
     for (const tokens of [1, 16]) expect(() => transformer.graph(tokens)).toThrow(/layer 3/);
@@ -55,7 +43,6 @@ describe.skipIf(!modelPath)('Transformer graphs', () => {
     expect(after.totalBuffers).toBe(before.totalBuffers);
     expect(after.totalBytes).toBe(before.totalBytes);
     transformer.release();
-    pool.destroy();
-    releaseModelWeights(gpu, weights);
+    await model.release();
   });
 });

@@ -2,13 +2,9 @@ import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
 import { withTestGpu } from '../../test/gpu.ts';
 import { STORIES260K, STORIES260K_GOLDEN, sharedPath } from '../../test/shared.ts';
-import { sourceFromPath } from '../gguf/node-source.ts';
-import { parseGguf } from '../gguf/parse.ts';
+import { loadStoriesModel } from '../../test/stories-model.ts';
 import { PagedKvAttention } from '../kv/paged-attention.ts';
-import { KvPagePool } from '../kv/pool.ts';
-import { readModelConfig } from '../model/config.ts';
 import { Transformer } from '../model/transformer.ts';
-import { loadModelWeights, releaseModelWeights } from '../model/weights.ts';
 import { GREEDY_SAMPLING } from '../sampling/params.ts';
 import { StepRunner } from './step-runner.ts';
 
@@ -47,16 +43,8 @@ describe.skipIf(!modelPath || !goldenPath)('StepRunner (stories260K)', () => {
     const steps = 24;
     const gpu = ctx.gpu;
     const baseline = gpu.allocator.snapshot().totalBuffers;
-    const source = await sourceFromPath(modelPath!);
-    const file = await parseGguf(source);
-    const config = readModelConfig(file);
-    const weights = await loadModelWeights(gpu, file, source, config);
-    const pool = new KvPagePool(gpu, {
-      layers: config.layers,
-      kvHeads: config.kvHeads,
-      headDim: config.headDim,
-      budgetBytes: 1 << 20,
-    });
+    const model = await loadStoriesModel(gpu, modelPath!);
+    const { config, weights, pool } = model;
     const transformer = new Transformer(gpu, config, weights, new PagedKvAttention(gpu, pool, config), 1);
     const runner = new StepRunner(gpu, { pool, transformer, sampling: { label: 'test' } });
     const seq = pool.createSequence();
@@ -86,9 +74,7 @@ describe.skipIf(!modelPath || !goldenPath)('StepRunner (stories260K)', () => {
       pool.free(seq);
       runner.release();
       transformer.release();
-      pool.destroy();
-      releaseModelWeights(gpu, weights);
-      await source.close?.();
+      await model.release();
     }
     expect(gpu.allocator.snapshot().totalBuffers).toBe(baseline);
   });
