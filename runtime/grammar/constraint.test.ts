@@ -123,6 +123,34 @@ describe.each(vocabularies)('response formats on the %s vocabulary', (_, load) =
     expect(ended).toBeGreaterThanOrEqual(9);
   }, 120_000);
 
+  it('on random prefixes, the mask of a constraint advanced token by token equals a fresh one fed the prefix whole', async () => {
+    // The reference is the grammar engine itself, started again: what the engine's mask is after `prefix`, whatever
+    // state the constraint carried from step to step. Schemas of the property tests; tool calls on one line.
+    const random = seededRandom(13);
+    for (let trial = 0; trial < 4; trial++) {
+      const format: ResponseFormat = {
+        type: 'json_schema',
+        json_schema: { name: `p${trial}`, schema: randomSchema(random) },
+      };
+      const options = trial % 2 === 0 ? {} : { oneLine: true };
+      const walker = (await compiler.constraint(format, options))!;
+      const prefix: number[] = [];
+      for (let step = 0; step < 24 && !walker.terminated; step++) {
+        const mask = await walker.nextMask();
+        const fresh = (await compiler.constraint(format, options))!;
+        for (const id of prefix) fresh.accept(id);
+        expect(Array.from(await fresh.nextMask()), `after ${prefix.length} tokens`).toEqual(Array.from(mask));
+        fresh.dispose();
+        const allowed = allowedIds(mask, vocab).filter((id) => !tokenizer.isEndOfGeneration(id));
+        if (allowed.length === 0) break;
+        const id = allowed[Math.floor(random() * allowed.length)];
+        walker.accept(id);
+        prefix.push(id);
+      }
+      walker.dispose();
+    }
+  }, 120_000);
+
   it('json_object spells one JSON object; a grammar spells its language; control tokens are never allowed', async () => {
     const random = seededRandom(7);
     const object = (await compiler.constraint({ type: 'json_object' }))!;
