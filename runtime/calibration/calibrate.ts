@@ -15,7 +15,7 @@
 
 import { InvalidRequestError } from '../../core/errors.ts';
 import type { GpuContext } from '../../core/gpu/device.ts';
-import type { PreparedDispatch } from '../../core/gpu/dispatch.ts';
+import { type PreparedDispatch, releaseDispatches } from '../../core/gpu/dispatch.ts';
 import { readFloat32 } from '../../core/gpu/readback.ts';
 import { prepareCovariance, prepareKeyEnergy } from '../../kernels/covariance.ts';
 import { prepareAddInPlace } from '../../kernels/elementwise.ts';
@@ -158,8 +158,14 @@ class MomentCapture implements KvAttentionBackend {
               step,
             }),
           ];
-    const inner = this.inner.prepareLayer(layer, b, maxTokens, null);
-    return { append: [...roped, ...copies, ...moment, ...inner.append], attention: inner.attention };
+    const own = [...roped, ...copies, ...moment];
+    try {
+      const inner = this.inner.prepareLayer(layer, b, maxTokens, null);
+      return { append: [...own, ...inner.append], attention: inner.attention };
+    } catch (error) {
+      releaseDispatches(gpu, own);
+      throw error;
+    }
   }
 }
 

@@ -139,6 +139,16 @@ class ChunkStream<T> implements CompletionStream<T> {
   }
 }
 
+/** Whether `text` is one JSON value, whole. */
+function isWholeJson(text: string): boolean {
+  try {
+    JSON.parse(text);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 function newId(prefix: string): string {
   const random =
     typeof crypto !== 'undefined' && 'randomUUID' in crypto
@@ -494,8 +504,9 @@ export class LongtabEngine implements LongtabEngineApi {
         calls.push(call);
       }
     };
+    // A forced call is read once it is whole: its JSON is the reply, framed as the template writes calls.
     const frame = tools?.forced?.frame;
-    if (reader && frame) deliver(reader.push(frame.prefix));
+    const feed = reader && !frame ? (text: string) => deliver(reader.push(text)) : () => {};
     try {
       const systemPrefilled = await cache.attach(entry, prompt.systemIds);
       const outcome = await this.generate(runner, entry, prompt, {
@@ -504,18 +515,24 @@ export class LongtabEngine implements LongtabEngineApi {
         format: tools?.forced?.format ?? r.responseFormat,
         ...(tools?.forced ? { formatField: 'tools' } : {}),
         signal: controller.signal,
-        onText: reader ? (text) => deliver(reader.push(text)) : (text) => onDelta({ content: text }),
+        onText: reader ? feed : (text) => onDelta({ content: text }),
         systemPrefilled,
         startsText: true,
       });
       if (!reader) return outcome;
-      if (frame && outcome.finishReason === 'stop') deliver(reader.push(frame.suffix));
+      if (frame) {
+        // The call is whole when its JSON is (the grammar's end); cut short (max_tokens, a stop string, abort) the
+        // reply is its text as written, without the frame.
+        if (isWholeJson(outcome.text)) deliver(reader.push(frame.prefix + outcome.text + frame.suffix));
+        else deliver({ content: outcome.text, calls: [] });
+      }
       deliver(reader.flush());
       return {
         ...outcome,
         text: content.join(''),
         toolCalls: calls,
-        finishReason: calls.length > 0 && outcome.finishReason !== 'abort' ? 'tool_calls' : outcome.finishReason,
+        // A reply cut short says so even where calls before the cut were read.
+        finishReason: calls.length > 0 && outcome.finishReason === 'stop' ? 'tool_calls' : outcome.finishReason,
       };
     } catch (error) {
       // Whatever the sequence holds after a failure is not trusted: the next turn re-prefills.
@@ -713,9 +730,7 @@ export class LongtabEngine implements LongtabEngineApi {
         const system = messages[0]?.role === 'system' && messages.length > 1 ? [messages[0]] : null;
         return {
           ids,
-          systemIds: system
-            ? this.encodeChat(system, r.specialTokensInContent, { addGenerationPrompt: false, variables })
-            : null,
+          systemIds: system ? this.systemPrefix(system, ids, r.specialTokensInContent, variables) : null,
           droppedMessages: dropped,
         };
       }
@@ -732,6 +747,27 @@ export class LongtabEngine implements LongtabEngineApi {
   ): number[] {
     const tokenizer = this.requireRunner().tokenizer;
     return encodeConversation(tokenizer, this.template, messages, { ...options, specialTokensInContent });
+  }
+
+  /**
+   * The system message rendered alone, for conversations to share its KV: where it is the prefix of the whole
+   * conversation's ids. A template may not render it alone (Llama 3.1's puts the tools into the first user message,
+   * and refuses a conversation without one), or render it otherwise: then nothing is shared (null).
+   */
+  private systemPrefix(
+    system: ChatMessage[],
+    ids: readonly number[],
+    specialTokensInContent: SpecialTokensInContent,
+    variables: Record<string, unknown> | undefined,
+  ): number[] | null {
+    let prefix: number[];
+    try {
+      prefix = this.encodeChat(system, specialTokensInContent, { addGenerationPrompt: false, variables });
+    } catch (error) {
+      if (error instanceof InvalidRequestError) return null;
+      throw error;
+    }
+    return commonPrefixLength(prefix, ids) === prefix.length ? prefix : null;
   }
 
   /**

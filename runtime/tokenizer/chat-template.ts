@@ -182,21 +182,22 @@ export function renderChatTemplate(template: string, context: ChatTemplateContex
   try {
     return renderLimited(compiled, { add_generation_prompt: true, ...context });
   } catch (error) {
-    if (error instanceof TemplateLimitExceeded) {
+    // A RangeError is V8's own limit (a string past its longest): the same kind of failure, caught one step later.
+    if (error instanceof TemplateLimitExceeded || error instanceof RangeError) {
       throw new InvalidRequestError(
         `The model's chat template went past its limits rendering this conversation (${error.message}): a template that needs that much is broken or hostile.`,
         { limit: error.message },
       );
     }
-    // A RangeError from the engine (a string past V8's length limit) is the same kind of failure.
     throw new InvalidRequestError(`The model's chat template rejected this conversation: ${(error as Error).message}`);
   }
 }
 
 /**
  * A model's template checked when the model loads: a short conversation (system, user, assistant, user) must render
- * within CHAT_TEMPLATE_LIMITS, or the model is refused; a template that refuses that conversation itself (some reject
- * a system message) is left to the requests.
+ * within CHAT_TEMPLATE_LIMITS, or the model is refused. A template that refuses that conversation itself (some reject
+ * a system message), or that the Jinja library cannot parse, is left to the chat requests: the model still serves
+ * raw completions.
  */
 export function probeChatTemplate(template: string): void {
   try {
@@ -214,7 +215,7 @@ export function probeChatTemplate(template: string): void {
         `This model's chat template went past its limits on a four-message conversation (${String(error.details.limit)}): it is broken or hostile, so the model is refused.`,
       );
     }
-    if (!(error instanceof InvalidRequestError)) throw error;
+    if (!(error instanceof InvalidRequestError || error instanceof UnsupportedModelError)) throw error;
   }
 }
 
