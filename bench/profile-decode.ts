@@ -151,7 +151,10 @@ export interface SteadyDecode {
   wallMs: number;
   /** GPU time of a step's submit, first to last command (timestamps of empty passes at both ends), median. */
   gpuMs: number;
-  /** GPU idle between one step's end and the next one's start, median: where it is near wallMs − gpuMs, the host bounds. */
+  /**
+   * GPU idle between one step's end and the next one's start, median (the start stamp follows the step's page work,
+   * which counts here): where it is near wallMs − gpuMs, the host bounds.
+   */
   gapMs: number;
 }
 
@@ -210,15 +213,15 @@ export async function steadyDecode(runner: EngineRunner, context: number, steps:
           before: stamp(timed ? 2 * i : null, false),
           after: stamp(timed ? 2 * i + 1 : null, true),
         });
-      let pending = submit(0);
       const start = performance.now();
+      let pending = submit(0);
       for (let i = 1; i < count; i++) {
         const next = submit(i);
         await pending;
         pending = next;
       }
       await pending;
-      return (performance.now() - start) / (count - 1);
+      return (performance.now() - start) / count;
     };
     await run(first, steps, false);
     const wallMs = await run(first + steps, steps, true);

@@ -207,7 +207,7 @@ describe('rope-append kernel (RoPE, rotation and the KV store of a decode step)'
     expect(pages).toBeLessThanOrEqual(1);
   });
 
-  it('catches broken kernels: q heads rotated by the first KV head, k stored at the values', async () => {
+  it("catches broken kernels: q heads rotated by another head's matrix (their own index's), k stored at the values", async () => {
     const wrongMatrix = mutateShaders(ctx.gpu, {
       label: 'rope-append-rotated',
       edit: (code) => code.replace('if (isQ) { m = head / params.groupHeads; }', ''),
