@@ -104,6 +104,39 @@ describe('PagedKvAttention', () => {
   );
 });
 
+describe('PagedKvAttention on a shape its attention refuses', () => {
+  it('throws and releases what the layer had prepared (its demotion and fused store, before the attention)', () => {
+    const { gpu } = ctx;
+    // Heads of 256 dims: the fused store takes them, the attention kernels do not.
+    const [heads, kvHeads, headDim] = [4, 2, 256];
+    const pool = new KvPagePool(gpu, { layers: 1, kvHeads, headDim, budgetBytes: 1 << 22, kv: 'quant' });
+    const f32 = (n: number) => gpu.allocator.createStorage('test', 'scratch', n * 4);
+    const bufs = {
+      q: f32(heads * headDim),
+      k: f32(kvHeads * headDim),
+      v: f32(kvHeads * headDim),
+      output: f32(heads * headDim),
+    };
+    const freqFactors = f32(headDim / 2);
+    const step = uniformBuffer(gpu, 'step', [0, 1, 0, 0], 'uuuu');
+    const rope: RopeStage = {
+      freqFactors,
+      step,
+      heads,
+      kvHeads,
+      headDim,
+      ropeDim: headDim,
+      base: 10000,
+      layout: 'normal',
+    };
+    const before = gpu.allocator.snapshot();
+    expect(() => new PagedKvAttention(gpu, pool, { heads }).prepareLayer(0, bufs, 1, rope)).toThrow(/headDim <= 128/);
+    expect(gpu.allocator.snapshot().totalBuffers).toBe(before.totalBuffers);
+    for (const b of [...Object.values(bufs), freqFactors, step]) gpu.allocator.release(b);
+    pool.destroy();
+  });
+});
+
 describe('PagedKvAttention with rotations', () => {
   it.each([
     // Decode graphs un-rotate in their merge pass, prefill graphs in a rotate dispatch of their own: after the rows
