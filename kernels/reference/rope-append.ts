@@ -1,6 +1,5 @@
-import type { RopeLayout, RopeScaling } from '../rope.ts';
 import { rmsnormReference } from './rmsnorm.ts';
-import { ropeReference } from './rope.ts';
+import { type RopeReferenceOptions, ropeReference } from './rope.ts';
 import { rotateReference } from './rotate.ts';
 
 /**
@@ -8,23 +7,17 @@ import { rotateReference } from './rotate.ts';
  * q and k multiplied by their KV head's R_K and v by R_V (rotation). Returns the finished q, k and v in f32; the
  * kernel stores k and v as f16.
  */
-export function ropeAppendReference(input: {
-  q: Float32Array;
-  k: Float32Array;
-  v: Float32Array;
-  heads: number;
-  kvHeads: number;
-  headDim: number;
-  ropeDim: number;
-  base: number;
-  layout: RopeLayout;
-  position: number;
-  freqFactors?: Float32Array;
-  scaling?: RopeScaling;
-  headNorm?: { q: Float32Array; k: Float32Array; eps: number };
-  /** Matrices [n, headDim, headDim] row-major; KV head h uses matrix firstMatrix + h. */
-  rotation?: { key: Float32Array; value: Float32Array; firstMatrix: number };
-}): { q: Float32Array; k: Float32Array; v: Float32Array } {
+export function ropeAppendReference(
+  input: Omit<RopeReferenceOptions, 'tokens'> & {
+    q: Float32Array;
+    k: Float32Array;
+    v: Float32Array;
+    kvHeads: number;
+    headNorm?: { q: Float32Array; k: Float32Array; eps: number };
+    /** Matrices [n, headDim, headDim] row-major; KV head h uses matrix firstMatrix + h. */
+    rotation?: { key: Float32Array; value: Float32Array; firstMatrix: number };
+  },
+): { q: Float32Array; k: Float32Array; v: Float32Array } {
   const { heads, kvHeads, headDim, headNorm, rotation } = input;
   const rope = { ...input, tokens: 1 };
   const qNormed = headNorm ? rmsnormReference(input.q, headNorm.q, heads, headDim, headNorm.eps) : input.q;

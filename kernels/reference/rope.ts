@@ -35,21 +35,21 @@ export function ropeAngleReference(
   };
 }
 
+/** What ropeReference rotates: `tokens` rows of `heads` heads from `position`, and the model's RoPE. */
+export interface RopeReferenceOptions {
+  tokens: number;
+  heads: number;
+  headDim: number;
+  ropeDim: number;
+  base: number;
+  layout: RopeLayout;
+  position: number;
+  freqFactors?: Float32Array;
+  scaling?: RopeScaling;
+}
+
 /** CPU reference for kernels/rope.wgsl (f64 trigonometry). Returns a rotated copy. */
-export function ropeReference(
-  x: Float32Array,
-  options: {
-    tokens: number;
-    heads: number;
-    headDim: number;
-    ropeDim: number;
-    base: number;
-    layout: RopeLayout;
-    position: number;
-    freqFactors?: Float32Array;
-    scaling?: RopeScaling;
-  },
-): Float32Array {
+export function ropeReference(x: Float32Array, options: RopeReferenceOptions): Float32Array {
   const { tokens, heads, headDim, ropeDim, base, layout, position } = options;
   const y = Float32Array.from(x);
   const half = ropeDim / 2;
