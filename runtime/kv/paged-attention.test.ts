@@ -13,6 +13,24 @@ import { covarianceRotation, multiply, rotationSet, transpose, transposedMatrice
 
 const ctx = withTestGpu();
 
+/**
+ * Llama's RoPE (adjacent pairs, no frequency factors) for q and k of these heads, as the forward pass hands it to the
+ * cache; its step uniform (position, tokens) is the test's to write, and both buffers to release.
+ */
+function llamaRope(heads: number, kvHeads: number, headDim: number): RopeStage {
+  const { gpu } = ctx;
+  return {
+    freqFactors: gpu.allocator.createStorage('freq', 'weights', new Float32Array(headDim / 2).fill(1)),
+    step: uniformBuffer(gpu, 'step', [0, 1, 0, 0], 'uuuu'),
+    heads,
+    kvHeads,
+    headDim,
+    ropeDim: headDim,
+    base: 10000,
+    layout: 'normal',
+  };
+}
+
 // One prefill split's partials here: 6 tokens × 8 heads × (8 + 2) floats = 1920 bytes.
 const SPLIT_BYTES = 1920;
 // 21 prefill tokens × 8 heads × (64 + 2) floats: one prefill split's partials (44,352 bytes); a decode split's is 2,112.
@@ -117,22 +135,11 @@ describe('PagedKvAttention on a shape its attention refuses', () => {
       v: f32(kvHeads * headDim),
       output: f32(heads * headDim),
     };
-    const freqFactors = f32(headDim / 2);
-    const step = uniformBuffer(gpu, 'step', [0, 1, 0, 0], 'uuuu');
-    const rope: RopeStage = {
-      freqFactors,
-      step,
-      heads,
-      kvHeads,
-      headDim,
-      ropeDim: headDim,
-      base: 10000,
-      layout: 'normal',
-    };
+    const rope = llamaRope(heads, kvHeads, headDim);
     const before = gpu.allocator.snapshot();
     expect(() => new PagedKvAttention(gpu, pool, { heads }).prepareLayer(0, bufs, 1, rope)).toThrow(/headDim <= 128/);
     expect(gpu.allocator.snapshot().totalBuffers).toBe(before.totalBuffers);
-    for (const b of [...Object.values(bufs), freqFactors, step]) gpu.allocator.release(b);
+    for (const b of [...Object.values(bufs), rope.freqFactors, rope.step]) gpu.allocator.release(b);
     pool.destroy();
   });
 });
@@ -176,18 +183,8 @@ describe('PagedKvAttention with rotations', () => {
       const f32 = (n: number) => gpu.allocator.createStorage('test', 'scratch', n * 4);
       // Both caches apply the same RoPE (Llama's layout) to q and k before they store k: the rotated one with its
       // rotation, in the same dispatch in decode steps.
-      const freqFactors = gpu.allocator.createStorage('freq', 'weights', new Float32Array(headDim / 2).fill(1));
-      const step = uniformBuffer(gpu, 'step', [0, 0, 0, 0], 'uuuu');
-      const rope: RopeStage = {
-        freqFactors,
-        step,
-        heads,
-        kvHeads,
-        headDim,
-        ropeDim: headDim,
-        base: 10000,
-        layout: 'normal',
-      };
+      const rope = llamaRope(heads, kvHeads, headDim);
+      const { step } = rope;
       const run = async (rotated: boolean) => {
         const pool = new KvPagePool(gpu, { layers, kvHeads, headDim, budgetBytes: 1 << 20 });
         const limits = {
@@ -244,7 +241,7 @@ describe('PagedKvAttention with rotations', () => {
         // Rotated values are rounded to f16 in a different basis: equal within f16 rounding of the outputs.
         expect(maxToleranceRatio(rotated[i], reference[i], 3e-3, 3e-3)).toBeLessThanOrEqual(1);
       }
-      for (const b of [rotations.key, rotations.value, rotations.valueTransposed, freqFactors, step]) {
+      for (const b of [rotations.key, rotations.value, rotations.valueTransposed, rope.freqFactors, step]) {
         gpu.allocator.release(b);
       }
       expect(gpu.allocator.snapshot().totalBuffers).toBe(before);
