@@ -176,7 +176,7 @@ interface ChatDelta {
 /** A chat request's tools as its reply meets them: their format, and the frame of a forced call. */
 interface ToolPlan {
   format: ToolFormat;
-  /** A forced call ('required' or a named function): the reply is decoded under `constraint`'s schema. */
+  /** A forced call ('required' or a named function): the reply is decoded under `format`, the call's schema. */
   forced: { frame: { prefix: string; suffix: string }; format: ResponseFormat } | null;
 }
 
@@ -185,8 +185,8 @@ interface GenerationRun {
   request: ValidatedSampling;
   /** The format the reply is decoded under: the request's, or a forced tool call's. */
   format: ResponseFormat;
-  /** Where a compile error of `format`'s schema points. */
-  formatField?: string;
+  /** How `format` compiles (ResponseFormatCompiler.constraint): where its errors point, its JSON's layout. */
+  formatOptions?: { field?: string; oneLine?: boolean };
   signal: AbortSignal;
   onText: (text: string) => void;
   /** System-prompt tokens prefilled for this request before it ran (reported as prefilled, not cached). */
@@ -513,7 +513,8 @@ export class LongtabEngine implements LongtabEngineApi {
         maxTokens,
         request: r,
         format: tools?.forced?.format ?? r.responseFormat,
-        ...(tools?.forced ? { formatField: 'tools' } : {}),
+        // A forced call is written on one line, as the chat templates write calls.
+        ...(tools?.forced ? { formatOptions: { field: 'tools', oneLine: true } } : {}),
         signal: controller.signal,
         onText: reader ? feed : (text) => onDelta({ content: text }),
         systemPrefilled,
@@ -583,7 +584,7 @@ export class LongtabEngine implements LongtabEngineApi {
     run: GenerationRun,
   ): Promise<RunOutcome> {
     // The format compiles first: an invalid schema or grammar fails the request before the cache is touched.
-    const constraint = await this.constraintOf(runner, run.format, run.formatField);
+    const constraint = await this.constraintOf(runner, run.format, run.formatOptions);
     try {
       return await this.generateWith(runner, entry, prompt, run, constraint);
     } finally {
@@ -595,7 +596,7 @@ export class LongtabEngine implements LongtabEngineApi {
   private async constraintOf(
     runner: ModelRunner,
     format: ResponseFormat,
-    field?: string,
+    options: { field?: string; oneLine?: boolean } = {},
   ): Promise<TokenConstraint | null> {
     if (format.type === 'text') return null;
     const pending = (this.formats ??= ResponseFormatCompiler.create(
@@ -604,8 +605,7 @@ export class LongtabEngine implements LongtabEngineApi {
     pending.catch(() => {
       if (this.formats === pending) this.formats = null;
     });
-    // A forced tool call (formatField set) is written on one line, as the chat templates write calls.
-    return (await pending).constraint(format, field ? { field, oneLine: true } : {});
+    return (await pending).constraint(format, options);
   }
 
   private async generateWith(
