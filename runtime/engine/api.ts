@@ -57,8 +57,11 @@ import {
 export * from './api-types.ts';
 
 const DEFAULT_MAX_TOKENS = 256;
-/** Live stats go out every this many generated tokens (and after each request). */
-const STATS_EVERY_TOKENS = 16;
+/**
+ * Live stats during a reply: once its prompt is in (the first token), then at most this often, so context and KV
+ * used move as tokens arrive without a snapshot per token on a fast GPU (and always after each request).
+ */
+const STATS_EVERY_MS = 100;
 
 export interface LongtabEngineOptions {
   /**
@@ -625,7 +628,7 @@ export class LongtabEngine implements LongtabEngineApi {
     const decoder = runner.tokenizer.createStreamDecoder({ skipSpecial: true });
     const stops = new StopStringMatcher(r.stop);
     let text = '';
-    let sinceStats = 0;
+    let statsAt: number | null = null;
     const emit = (piece: string) => {
       if (piece.length === 0) return;
       text += piece;
@@ -650,8 +653,9 @@ export class LongtabEngine implements LongtabEngineApi {
           piece = piece.slice(1);
         const out = stops.push(piece);
         emit(out.text);
-        if (++sinceStats >= STATS_EVERY_TOKENS) {
-          sinceStats = 0;
+        const now = performance.now();
+        if (statsAt === null || now - statsAt >= STATS_EVERY_MS) {
+          statsAt = now;
           this.notify();
         }
         return out.stop !== undefined ? false : undefined;
