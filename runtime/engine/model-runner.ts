@@ -123,7 +123,7 @@ export interface GenerateRequest {
   signal?: AbortSignal;
   /**
    * The response format's constraint: before each draw its mask of allowed ids goes to the sampler, after it the id
-   * drawn advances it. Decode then waits for each id before the next step (the mask depends on it).
+   * drawn advances it. Each draw then waits for the id before it (the mask depends on it); the forward does not.
    */
   constraint?: TokenConstraint;
 }
@@ -536,7 +536,11 @@ export class ModelRunner {
   }
 
   /**
-   * Decode under a response format: each step's mask follows from the id before it, so no step is queued ahead.
+   * Decode under a response format. Each draw's mask follows from the id before it, so the draw cannot be queued
+   * ahead; the forward can: the step that feeds token k (its id copied on the GPU) is submitted before token k is read
+   * back, and its draw (StepRunner.submitDraw) after the host has accepted token k and built the next mask. The GPU
+   * runs the forward while the host reads the id and computes the mask. When token k ends the reply, the forward
+   * queued for it was one too many: its K/V (position k) is truncated away, as in `run`'s look-ahead.
    * Ends with 'stop' when the format ends (its stop token drawn) or at the reply's other ends, as `run`.
    */
   private async decodeConstrained(
@@ -555,30 +559,42 @@ export class ModelRunner {
     let step = firstStep;
     let pending: Promise<number> | null = first;
     let firstTokenAt = performance.now();
-    while (pending) {
-      const next = await pending;
-      pending = null;
-      if (generated.length === 0) firstTokenAt = performance.now();
-      if (request.maxTokens === 0) break;
-      constraint.accept(next);
-      generated.push(next);
-      const end = this.replyEnd(m, request, generated);
-      if (constraint.terminated) {
-        finishReason = 'stop';
-        break;
+    // The position of a forward queued ahead whose draw is not submitted yet, else null.
+    let forwardAhead: number | null = null;
+    try {
+      while (pending) {
+        const position = prompt.length + generated.length;
+        if (generated.length + 1 < request.maxTokens && !request.signal?.aborted) {
+          try {
+            m.runner.submit({ seq, position, ids: null, logits: 'last' });
+            forwardAhead = position;
+          } catch (error) {
+            // The pool is full: the reply ends after the pending token, as at the context limit.
+            if (!(error instanceof ContextOverflowError)) throw error;
+          }
+        }
+        const next = await pending;
+        pending = null;
+        if (generated.length === 0) firstTokenAt = performance.now();
+        if (request.maxTokens === 0) break;
+        constraint.accept(next);
+        generated.push(next);
+        const end = this.replyEnd(m, request, generated);
+        if (constraint.terminated) {
+          finishReason = 'stop';
+          break;
+        }
+        if (end) {
+          finishReason = end;
+          break;
+        }
+        if (forwardAhead === null) break;
+        const mask = await constraint.nextMask();
+        pending = m.runner.submitDraw({ params, step: step++, mask });
+        forwardAhead = null;
       }
-      if (end) {
-        finishReason = end;
-        break;
-      }
-      const mask = await constraint.nextMask();
-      const position = prompt.length + generated.length - 1;
-      try {
-        pending = m.runner.submit({ seq, position, ids: null, sample: { params, step: step++, mask } });
-      } catch (error) {
-        // The pool is full: the reply ends here, as at the context limit.
-        if (!(error instanceof ContextOverflowError)) throw error;
-      }
+    } finally {
+      if (forwardAhead !== null) m.pool.truncate(seq, forwardAhead);
     }
     return { ids: generated, finishReason, usage: usage(generated.length, firstTokenAt, performance.now()) };
   }

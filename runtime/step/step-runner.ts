@@ -3,7 +3,8 @@
  * (and the logits, the sampler and the copy of the chosen id) → submit → read the id back. Every caller that runs
  * the model goes through `StepRunner.submit`: generation, prefill, teacher forcing, calibration, the attention
  * captures of the evaluation and the bench, so the protocol (one submit per step, only the sampled id read back)
- * holds everywhere by construction.
+ * holds everywhere by construction. Constrained decode alone takes two submits a token (`submitDraw`): its draw
+ * waits for a mask the host computes from the id before.
  */
 import { LongtabError } from '../../core/errors.ts';
 import type { GpuContext } from '../../core/gpu/device.ts';
@@ -124,17 +125,26 @@ export class StepRunner {
     }
     transformer.encode(encoder, tokens, logits);
     let readback: GPUBuffer | null = null;
-    if (sampling) {
-      const pass = encoder.beginComputePass({ label: 'sample' });
-      encodeDispatches(pass, sampling.sampler.dispatches);
-      pass.end();
-      readback = sampling.readbacks[this.nextReadback];
-      this.nextReadback = (this.nextReadback + 1) % READBACK_SLOTS;
-      encoder.copyBufferToBuffer(sampling.sampledId, 0, readback, 0, 4);
-    }
+    if (sampling) readback = this.encodeDraw(encoder, sampling);
     request.after?.(encoder);
     gpu.device.queue.submit([encoder.finish()]);
     return readback ? this.readId(readback) : null;
+  }
+
+  /**
+   * Draws from the last logits of the step submitted before (one with `logits: 'last'` and no `sample`), in a submit
+   * of its own, and returns the promise of the chosen id. Constrained decode splits a step so: the forward that feeds
+   * the previous id is queued before that id is read back, and only the draw waits for the mask the host computes
+   * from it, so the GPU runs the forward while the host reads the id and builds the mask.
+   */
+  submitDraw(sample: { params: SamplerParams; step: number; mask?: Uint32Array }): Promise<number> {
+    const sampling = this.requireSampling();
+    sampling.sampler.setMask(sample.mask ?? null);
+    sampling.sampler.setParams(sample.params, sample.step);
+    const encoder = this.gpu.device.createCommandEncoder({ label: 'draw' });
+    const readback = this.encodeDraw(encoder, sampling);
+    this.gpu.device.queue.submit([encoder.finish()]);
+    return this.readId(readback);
   }
 
   /**
@@ -175,6 +185,17 @@ export class StepRunner {
     this.sampling.sampler.release();
     this.gpu.allocator.release(this.sampling.sampledId);
     for (const b of this.sampling.readbacks) this.gpu.allocator.release(b);
+  }
+
+  /** The sampler's pass and the copy of its id to the next readback buffer, which it returns. */
+  private encodeDraw(encoder: GPUCommandEncoder, sampling: NonNullable<StepRunner['sampling']>): GPUBuffer {
+    const pass = encoder.beginComputePass({ label: 'sample' });
+    encodeDispatches(pass, sampling.sampler.dispatches);
+    pass.end();
+    const readback = sampling.readbacks[this.nextReadback];
+    this.nextReadback = (this.nextReadback + 1) % READBACK_SLOTS;
+    encoder.copyBufferToBuffer(sampling.sampledId, 0, readback, 0, 4);
+    return readback;
   }
 
   private requireSampling(): NonNullable<StepRunner['sampling']> {
