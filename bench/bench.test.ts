@@ -7,6 +7,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { defaultPrefillChunk } from '../runtime/engine/model-runner.ts';
+import { BENCH_FORMATS, runConstrainedBench } from './constrained-decode.ts';
 import { benchKvBudgetBytes } from './engine-runner.ts';
 import { BENCH_MODELS } from './models.ts';
 import { renderMarkdown, validateReport } from './report.ts';
@@ -114,6 +115,36 @@ describe('npm run bench -- --quick', () => {
         };
         expect(defaultPrefillChunk(true, pool), `${shape.id} at ${context}`).toBe(1024);
       }
+    }
+  });
+});
+
+describe('bench/constrained-decode.ts', () => {
+  it('times text and each format on one load; a format row is its median over the text row', {
+    timeout: 300_000,
+  }, async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'longtab-constrained-test-'));
+    try {
+      const { rows } = await runConstrainedBench({
+        models: ['quick-tiny'],
+        weights: ['q4_0'],
+        kv: ['f16'],
+        context: 96,
+        decodeSteps: 6,
+        repeats: 2,
+        modelsDir: dir,
+        log: () => {},
+      });
+      expect(rows.map((r) => r.format)).toEqual(['text', ...Object.keys(BENCH_FORMATS)]);
+      const text = rows[0];
+      expect(text.steps).toBe(2 * 6);
+      expect(text.vsText).toBe(1);
+      for (const row of rows.slice(1)) {
+        expect(row.steps).toBeGreaterThan(0);
+        expect(row.vsText).toBeCloseTo(row.tpotMs.median / text.tpotMs.median, 12);
+      }
+    } finally {
+      await rm(dir, { recursive: true, force: true });
     }
   });
 });

@@ -12,6 +12,7 @@ import type { PrefillAttention } from '../runtime/engine/api-types.ts';
 import { parseLoadOptions } from '../runtime/engine/load-options.ts';
 import { type KvMode, ModelRunner } from '../runtime/engine/model-runner.ts';
 import { sourceFromPath } from '../runtime/gguf/node-source.ts';
+import type { TokenConstraint } from '../runtime/grammar/constraint.ts';
 import { defaultQuantF16Bytes } from '../runtime/kv/pool.ts';
 import type { PrefillMatmul } from '../runtime/model/transformer.ts';
 import type { BenchModelFile } from './models.ts';
@@ -36,6 +37,8 @@ export interface EngineRowResult {
   fill: FillMode;
   promptTokens: number;
   timing: RowTiming;
+  /** Every timed decode step's wall time, repeat after repeat. */
+  stepMs: number[];
   /** Measured from the pool after the run: bytes of pages the sequence holds / its length. */
   kvBytesPerToken: number;
   memory: MemorySnapshot;
@@ -193,6 +196,8 @@ export class EngineRunner {
     fill: FillMode;
     budgetMs: number;
     promptIds: number[];
+    /** A response format's constraint for each run (constrained decode); absent = plain text. */
+    constraint?: () => Promise<TokenConstraint>;
   }): Promise<EngineRowResult> {
     const m = this.engine.loaded;
     if (!m || !this.file) throw new Error('load first');
@@ -203,6 +208,7 @@ export class EngineRunner {
 
     const runOnce = async (ids: number[], tokens: number, mode: FillMode, counting: boolean) => {
       const seq = pool.createSequence();
+      let constraint: TokenConstraint | undefined;
       try {
         let reuseTokens = 0;
         if (mode === 'fast') {
@@ -216,6 +222,7 @@ export class EngineRunner {
           }
           reuseTokens = ids.length - 1;
         }
+        constraint = await request.constraint?.();
         const stamps: number[] = [];
         let counter: ReturnType<typeof countQueueCalls> | null = null;
         let countedFrom = { submits: 0, writeBuffers: 0 };
@@ -225,6 +232,7 @@ export class EngineRunner {
           maxTokens: tokens,
           stopAtEog: false,
           sampling: { temperature: 0 },
+          constraint,
           onToken: () => {
             stamps.push(performance.now());
             if (counting && stamps.length === 1) {
@@ -254,6 +262,7 @@ export class EngineRunner {
         const stats = pool.stats();
         return { repeat, calls, seqLength: seq.length, stats, memory: this.engine.memory() };
       } finally {
+        constraint?.dispose();
         pool.free(seq);
       }
     };
@@ -292,6 +301,7 @@ export class EngineRunner {
       fill,
       promptTokens: prompt,
       timing: summarize(repeats, request.repeats, fill === 'prefill'),
+      stepMs: repeats.flatMap((r) => r.stepMs),
       kvBytesPerToken,
       memory: last.memory,
       kvPool: {

@@ -191,7 +191,7 @@ export function parseBenchArgs(argv: readonly string[], log: (line: string) => v
 }
 
 /** The commit the bench runs (the GPU bundle has it built in; `+dirty` when the working tree has changes). */
-function sourceCommit(): string {
+export function sourceCommit(): string {
   if (process.env.LONGTAB_BENCH_COMMIT) return process.env.LONGTAB_BENCH_COMMIT;
   try {
     const head = execFileSync('git', ['rev-parse', 'HEAD'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] });
@@ -216,7 +216,7 @@ function slug(text: string): string {
 }
 
 /** Short adapter name for file names: 'nvidia-h200', 'lavapipe', 'swiftshader'. */
-function adapterSlug(gpu: GpuContext): string {
+export function adapterSlug(gpu: GpuContext): string {
   const a = gpu.adapter;
   const text = `${a.vendor} ${a.device} ${a.description}`;
   if (/llvmpipe|lavapipe/i.test(text)) return 'lavapipe';
@@ -231,7 +231,7 @@ function isCpuAdapter(gpu: GpuContext): boolean {
 }
 
 /** Random prompt ids (BOS first), the same for both runtimes. */
-function promptIds(vocab: number, length: number, seed: number): number[] {
+export function promptIds(vocab: number, length: number, seed: number): number[] {
   let a = seed >>> 0 || 1;
   const ids = [1];
   while (ids.length < length) {

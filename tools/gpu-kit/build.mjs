@@ -13,6 +13,7 @@
  *   .gpu/rotate-kernel.mjs      bench/rotate-kernel.ts (the prefill rotation by workgroup layout, checked against each other)
  *   .gpu/int8-matmul.mjs   bench/int8-matmul.ts (the tensor-core int8 matmul: its randomized checks, then its speed
  *                          against the f32 kernels)
+ *   .gpu/constrained-decode.mjs  bench/constrained-decode.ts (decode TPOT under a response format ÷ plain text)
  *   .gpu/longtab.mjs       the longtab CLI (tools/gpu-kit/longtab-cli.ts): evaluations on the GPU host
  *   .gpu/wgsl-dump.mjs     tools/wgsl-dump/main.ts (`npm run wgsl:dump`: every pipeline the runtime compiles for a
  *                          model, on the host's device)
@@ -97,6 +98,7 @@ try {
   await benchBuild('demote-kernel.ts', 'demote-kernel.mjs');
   await benchBuild('rotate-kernel.ts', 'rotate-kernel.mjs');
   await benchBuild('int8-matmul.ts', 'int8-matmul.mjs');
+  await benchBuild('constrained-decode.ts', 'constrained-decode.mjs');
   await benchBuild('tools/gpu-kit/longtab-cli.ts', 'longtab.mjs');
   await benchBuild('tools/wgsl-dump/main.ts', 'wgsl-dump.mjs');
 } catch {

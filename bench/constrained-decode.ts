@@ -1,0 +1,208 @@
+/**
+ * Constrained decode against plain decode: the TPOT of greedy decode under a response format (the grammar engine's
+ * mask computed on the host and uploaded each step; runtime/grammar/constraint.ts) over the TPOT of the same load,
+ * context and prompt without one. Rows alternate text and the formats repeat by repeat, so drift on the host hits both.
+ * Bench models as `npm run bench` (bench/models.ts: real shapes and real vocabulary sizes).
+ *
+ *   npx tsx bench/constrained-decode.ts [--models llama-3.2-1b,qwen3-4b] [--weights q4_0] [--kv f16,int2]
+ *                                       [--context 1024] [--decode-steps 64] [--repeats 5] [--out FILE.json]
+ *   on the GPU host: node .gpu/constrained-decode.mjs … (npm run bench:bundle)
+ *
+ * A format may end before its steps (its stop token drawn): the row says how many steps it timed.
+ */
+import { mkdir, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { dirname, join, resolve } from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { parseArgs } from 'node:util';
+import { acquireGpu } from '../core/gpu/device.ts';
+import { nodeGpu, releaseNodeGpu } from '../core/gpu/node.ts';
+import type { ResponseFormat } from '../runtime/engine/api-types.ts';
+import type { KvMode } from '../runtime/engine/model-runner.ts';
+import { ResponseFormatCompiler } from '../runtime/grammar/constraint.ts';
+import { EngineRunner } from './engine-runner.ts';
+import { BENCH_MODELS, ensureModelFile, QUICK_MODEL, WEIGHT_MIXES, type WeightMix } from './models.ts';
+import { adapterSlug, promptIds, sourceCommit } from './run.ts';
+import { spread } from './stats.ts';
+
+/** The formats timed against plain text: any JSON object, and a schema with a string, an integer and an enum. */
+export const BENCH_FORMATS: Record<string, ResponseFormat> = {
+  json_object: { type: 'json_object' },
+  json_schema: {
+    type: 'json_schema',
+    json_schema: {
+      name: 'record',
+      schema: {
+        type: 'object',
+        properties: {
+          title: { type: 'string' },
+          year: { type: 'integer', minimum: 0, maximum: 3000 },
+          kind: { enum: ['book', 'article', 'letter'] },
+          notes: { type: 'array', items: { type: 'string' } },
+        },
+        required: ['title', 'year', 'kind', 'notes'],
+        additionalProperties: false,
+      },
+    },
+  },
+};
+
+export interface ConstrainedRow {
+  model: string;
+  weights: WeightMix;
+  kv: KvMode;
+  context: number;
+  format: 'text' | keyof typeof BENCH_FORMATS;
+  /** Decode steps timed over all repeats (a format that ends early times fewer). */
+  steps: number;
+  tpotMs: { median: number; p10: number; p90: number };
+  /** Median TPOT ÷ the text row's of the same load. */
+  vsText: number | null;
+}
+
+export async function runConstrainedBench(options: {
+  models: string[];
+  weights: WeightMix[];
+  kv: KvMode[];
+  context: number;
+  decodeSteps: number;
+  repeats: number;
+  modelsDir: string;
+  log: (line: string) => void;
+}) {
+  const dawn = await nodeGpu();
+  const gpu = await acquireGpu({ gpu: dawn, onError: (e) => options.log(`WebGPU error: ${e.message}`) });
+  const rows: ConstrainedRow[] = [];
+  const engine = new EngineRunner(gpu);
+  try {
+    for (const id of options.models) {
+      const shape = [...BENCH_MODELS, QUICK_MODEL].find((m) => m.id === id);
+      if (!shape) throw new Error(`unknown model ${id}; known: ${BENCH_MODELS.map((m) => m.id).join(', ')}`);
+      for (const weights of options.weights) {
+        const file = await ensureModelFile(shape, weights, 1, options.modelsDir, options.log);
+        for (const kv of options.kv) {
+          const loaded = await engine.load(file, kv, options.context, undefined);
+          if (!loaded.available) {
+            options.log(`${id} ${weights} ${kv}: not available: ${loaded.reason}`);
+            continue;
+          }
+          const runner = engine.engine;
+          const compiler = await ResponseFormatCompiler.create(runner.tokenizer.grammarVocabulary(runner.config.vocab));
+          try {
+            const prompt = promptIds(shape.vocab, options.context - options.decodeSteps, 1);
+            const formats = ['text', ...Object.keys(BENCH_FORMATS)] as ConstrainedRow['format'][];
+            const steps = new Map<string, number[]>(formats.map((f) => [f, []]));
+            for (let r = 0; r < options.repeats; r++) {
+              for (const format of formats) {
+                const constraint =
+                  format === 'text'
+                    ? undefined
+                    : async () => {
+                        const c = await compiler.constraint(BENCH_FORMATS[format]);
+                        if (!c) throw new Error(`${format} has no constraint`);
+                        return c;
+                      };
+                const row = await engine.measure({
+                  context: options.context,
+                  decodeSteps: options.decodeSteps,
+                  repeats: 1,
+                  fill: 'prefill',
+                  budgetMs: Number.POSITIVE_INFINITY,
+                  promptIds: prompt,
+                  constraint,
+                });
+                steps.get(format)?.push(...row.stepMs);
+              }
+            }
+            const text = spread(steps.get('text') ?? []).median;
+            for (const format of formats) {
+              const all = steps.get(format) ?? [];
+              const s = spread(all);
+              const row: ConstrainedRow = {
+                model: id,
+                weights,
+                kv,
+                context: options.context,
+                format,
+                steps: all.length,
+                tpotMs: { median: s.median, p10: s.p10, p90: s.p90 },
+                vsText: all.length > 0 ? s.median / text : null,
+              };
+              rows.push(row);
+              options.log(JSON.stringify(row));
+            }
+          } finally {
+            compiler.dispose();
+          }
+        }
+      }
+    }
+  } finally {
+    await engine.unload();
+    gpu.destroy();
+    releaseNodeGpu();
+  }
+  return { adapter: { ...gpu.adapter }, slug: adapterSlug(gpu), commit: sourceCommit(), rows };
+}
+
+export function renderConstrainedMarkdown(rows: readonly ConstrainedRow[]): string {
+  const lines = [
+    '| model | weights | KV | context | format | steps | TPOT ms (p10–p90) | ÷ text |',
+    '| --- | --- | --- | ---: | --- | ---: | ---: | ---: |',
+  ];
+  for (const r of rows) {
+    const t = r.tpotMs;
+    lines.push(
+      `| ${r.model} | ${r.weights} | ${r.kv} | ${r.context} | ${r.format} | ${r.steps} | ${t.median.toFixed(3)} (${t.p10.toFixed(3)}–${t.p90.toFixed(3)}) | ${r.vsText === null ? '—' : r.vsText.toFixed(3)} |`,
+    );
+  }
+  return `${lines.join('\n')}\n`;
+}
+
+async function main(): Promise<void> {
+  const { values } = parseArgs({
+    options: {
+      models: { type: 'string', default: 'llama-3.2-1b,qwen3-4b' },
+      weights: { type: 'string', default: 'q4_0' },
+      kv: { type: 'string', default: 'f16,int2' },
+      context: { type: 'string', default: '1024' },
+      'decode-steps': { type: 'string', default: '64' },
+      repeats: { type: 'string', default: '5' },
+      'models-dir': { type: 'string', default: join(tmpdir(), 'longtab-bench') },
+      out: { type: 'string' },
+    },
+  });
+  const log = (line: string) =>
+    process.stderr.write(`[constrained ${new Date().toISOString().slice(11, 19)}] ${line}\n`);
+  const weights = values.weights.split(',') as WeightMix[];
+  for (const w of weights) if (!WEIGHT_MIXES.includes(w)) throw new Error(`unknown weight mix ${w}`);
+  const result = await runConstrainedBench({
+    models: values.models.split(','),
+    weights,
+    kv: values.kv.split(',') as KvMode[],
+    context: Number(values.context),
+    decodeSteps: Number(values['decode-steps']),
+    repeats: Number(values.repeats),
+    modelsDir: values['models-dir'],
+    log,
+  });
+  const markdown = renderConstrainedMarkdown(result.rows);
+  process.stdout.write(markdown);
+  if (values.out) {
+    await mkdir(dirname(values.out), { recursive: true });
+    const { slug: _, ...report } = result;
+    await writeFile(values.out, `${JSON.stringify({ ...report, date: new Date().toISOString() }, null, 1)}\n`);
+    await writeFile(values.out.replace(/\.json$/, '.md'), markdown);
+  }
+}
+
+const entry = process.argv[1];
+if (entry && import.meta.url === pathToFileURL(resolve(entry)).href) {
+  main().then(
+    () => process.exit(0),
+    (error) => {
+      process.stderr.write(`${error instanceof Error ? (error.stack ?? error.message) : String(error)}\n`);
+      process.exit(1);
+    },
+  );
+}
