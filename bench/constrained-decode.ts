@@ -21,8 +21,8 @@ import type { ResponseFormat } from '../runtime/engine/api-types.ts';
 import type { KvMode } from '../runtime/engine/model-runner.ts';
 import { ResponseFormatCompiler } from '../runtime/grammar/constraint.ts';
 import { EngineRunner } from './engine-runner.ts';
-import { BENCH_MODELS, ensureModelFile, QUICK_MODEL, WEIGHT_MIXES, type WeightMix } from './models.ts';
-import { adapterSlug, promptIds, sourceCommit } from './run.ts';
+import { adapterSlug, sourceCommit } from './machine.ts';
+import { BENCH_MODELS, ensureModelFile, promptIds, QUICK_MODEL, WEIGHT_MIXES, type WeightMix } from './models.ts';
 import { spread } from './stats.ts';
 
 /** The formats timed against plain text: any JSON object, and a schema with a string, an integer and an enum. */

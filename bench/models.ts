@@ -372,3 +372,16 @@ export async function ensureModelFile(
   log(`generated ${path} in ${generateSeconds.toFixed(1)} s`);
   return { ...base, generated: true, generateSeconds };
 }
+
+/** Random prompt ids (BOS first), the same for both runtimes. */
+export function promptIds(vocab: number, length: number, seed: number): number[] {
+  let a = seed >>> 0 || 1;
+  const ids = [1];
+  while (ids.length < length) {
+    a ^= a << 13;
+    a ^= a >>> 17;
+    a ^= a << 5;
+    ids.push(3 + ((a >>> 0) % (vocab - 3)));
+  }
+  return ids;
+}

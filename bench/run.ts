@@ -4,23 +4,24 @@
  * rewritten after every row so an interrupted run keeps what it measured.
  */
 
-import { execFileSync } from 'node:child_process';
 import { mkdir, writeFile } from 'node:fs/promises';
 import { cpus, tmpdir, totalmem } from 'node:os';
 import { join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
-import { acquireGpu, type GpuContext } from '../core/gpu/device.ts';
+import { acquireGpu } from '../core/gpu/device.ts';
 import { nodeGpu, releaseNodeGpu } from '../core/gpu/node.ts';
 import type { PrefillAttention } from '../runtime/engine/api-types.ts';
 import type { KvMode } from '../runtime/engine/model-runner.ts';
 import type { PrefillMatmul } from '../runtime/model/transformer.ts';
 import { EngineRunner, type FillMode } from './engine-runner.ts';
 import { type LlamaBackend, LlamaCppRunner, type LlamaKvType, llamaKvBytesPerToken } from './llama-cpp.ts';
+import { adapterSlug, isCpuAdapter, sourceCommit } from './machine.ts';
 import {
   BENCH_MODELS,
   type BenchModelFile,
   type BenchModelShape,
   ensureModelFile,
+  promptIds,
   QUICK_MODEL,
   WEIGHT_MIXES,
   type WeightMix,
@@ -188,59 +189,6 @@ export function parseBenchArgs(argv: readonly string[], log: (line: string) => v
     if (c <= options.decodeSteps + 1) throw new Error(`context ${c} must exceed decode steps + 1`);
   }
   return options;
-}
-
-/** The commit the bench runs (the GPU bundle has it built in; `+dirty` when the working tree has changes). */
-export function sourceCommit(): string {
-  if (process.env.LONGTAB_BENCH_COMMIT) return process.env.LONGTAB_BENCH_COMMIT;
-  try {
-    const head = execFileSync('git', ['rev-parse', 'HEAD'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] });
-    const dirty = execFileSync('git', ['status', '--porcelain', '--untracked-files=no'], {
-      encoding: 'utf8',
-      stdio: ['ignore', 'pipe', 'ignore'],
-    });
-    return `${head.trim()}${dirty.trim() ? '+dirty' : ''}`;
-  } catch {
-    return 'unknown';
-  }
-}
-
-function slug(text: string): string {
-  return (
-    text
-      .toLowerCase()
-      .replace(/[^a-z0-9]+/g, '-')
-      .replace(/^-|-$/g, '')
-      .slice(0, 40) || 'unknown'
-  );
-}
-
-/** Short adapter name for file names: 'nvidia-h200', 'lavapipe', 'swiftshader'. */
-export function adapterSlug(gpu: GpuContext): string {
-  const a = gpu.adapter;
-  const text = `${a.vendor} ${a.device} ${a.description}`;
-  if (/llvmpipe|lavapipe/i.test(text)) return 'lavapipe';
-  if (/swiftshader/i.test(text)) return 'swiftshader';
-  return slug(a.device || a.description || a.vendor);
-}
-
-/** A CPU Vulkan driver (lavapipe/llvmpipe, SwiftShader) rather than a GPU: llama.cpp then runs on the CPU. */
-function isCpuAdapter(gpu: GpuContext): boolean {
-  const a = gpu.adapter;
-  return a.isFallbackAdapter || /llvmpipe|lavapipe|swiftshader|cpu/i.test(`${a.vendor} ${a.device} ${a.description}`);
-}
-
-/** Random prompt ids (BOS first), the same for both runtimes. */
-export function promptIds(vocab: number, length: number, seed: number): number[] {
-  let a = seed >>> 0 || 1;
-  const ids = [1];
-  while (ids.length < length) {
-    a ^= a << 13;
-    a ^= a >>> 17;
-    a ^= a << 5;
-    ids.push(3 + ((a >>> 0) % (vocab - 3)));
-  }
-  return ids;
 }
 
 function bytesRead(file: BenchModelFile, kvBytesPerToken: number, meanPosition: number) {
