@@ -3,8 +3,18 @@
  * already in memory. Each read fetches only the range asked for, so a multi-gigabyte model is never held whole.
  * The Node file source lives in node-source.ts so browser bundles never see `node:fs`.
  */
-import { AbortedError, CorruptModelFileError, DownloadFailedError, InvalidRequestError } from '../../core/errors.ts';
+import { CorruptModelFileError, DownloadFailedError, InvalidRequestError } from '../../core/errors.ts';
 import type { ByteSource } from '../../core/gguf-types.ts';
+import {
+  fetchRemote,
+  ifRangeOf,
+  isContentEncoded,
+  parseContentRange,
+  type RemoteTimeouts,
+  sameVersion,
+  totalOfContentRange,
+  versionOf,
+} from '../../core/remote-file.ts';
 
 /**
  * Rejects reads outside [0, size). Callers (the parser, streamTensorBytes) check bounds against the file size first,
@@ -64,8 +74,8 @@ export function sourceFromBlob(blob: Blob, name?: string): ByteSource {
   };
 }
 
-export interface UrlSourceOptions {
-  /** Injected for tests and for callers that wrap fetch (auth headers, caching); defaults to globalThis.fetch. */
+export interface UrlSourceOptions extends RemoteTimeouts {
+  /** Injected for callers that wrap fetch (auth headers, caching); defaults to globalThis.fetch. */
   fetch?: typeof fetch;
   signal?: AbortSignal;
 }
@@ -74,39 +84,63 @@ export interface UrlSourceOptions {
  * A source over a URL that serves HTTP Range requests (Hugging Face, most CDNs, `vite` and `npx serve`).
  * The size comes from a one-byte Range probe (`Content-Range: bytes 0-0/SIZE`), which also proves the server honours
  * ranges; HEAD is only a fallback because compressed responses often omit Content-Length there.
+ * Every read asks for the probe's version of the file (`If-Range` with its ETag or Last-Modified) and checks the
+ * response's Content-Range and version, so a file replaced on the server mid-load fails with a DownloadFailedError
+ * instead of splicing two files. Each request has the deadlines of `RemoteTimeouts` (30 s by default).
  */
 export async function sourceFromUrl(url: string, options: UrlSourceOptions = {}): Promise<ByteSource> {
   const fetchImpl = options.fetch ?? globalThis.fetch;
   const signal = options.signal;
-  const probe = await fetchOrThrow(fetchImpl, url, { headers: { Range: 'bytes=0-0' }, signal }, 'probe');
-  let size: number | null = null;
-  if (probe.status === 206) {
-    size = totalFromContentRange(probe.headers.get('Content-Range'));
-    await discardBody(probe);
-  } else {
-    await discardBody(probe);
-    if (probe.ok) {
+  const timeouts: RemoteTimeouts = {
+    headersTimeoutMs: options.headersTimeoutMs,
+    chunkTimeoutMs: options.chunkTimeoutMs,
+  };
+  // Browsers send `Accept-Encoding: identity` with every Range request themselves (and drop this header); Node's
+  // fetch does not, and a range of a compressed body is not a range of the file.
+  const identity = { 'Accept-Encoding': 'identity' };
+  const probe = await fetchRemote(
+    fetchImpl,
+    url,
+    { headers: { ...identity, Range: 'bytes=0-0' }, signal, what: 'probe' },
+    timeouts,
+  );
+  await probe.cancel();
+  if (probe.response.status !== 206) {
+    if (probe.response.ok) {
       throw new DownloadFailedError(
-        `${url} answered a Range request with HTTP ${probe.status} instead of 206: the server does not support Range requests, which loading a model in pieces needs. Serve the file from a server that does (most static servers and CDNs do), or pick the file from disk.`,
-        { url, status: probe.status },
+        `${url} answered a Range request with HTTP ${probe.response.status} instead of 206: the server does not support Range requests, which loading a model in pieces needs. Serve the file from a server that does (most static servers and CDNs do), or pick the file from disk.`,
+        { url, status: probe.response.status },
       );
     }
-    throw httpError(url, probe.status, 'probe');
+    throw httpError(url, probe.response.status, 'probe');
   }
-  if (size === null) {
-    const head = await fetchOrThrow(fetchImpl, url, { method: 'HEAD', signal }, 'HEAD');
-    await discardBody(head);
-    const length = Number(head.headers.get('Content-Length'));
-    if (!head.ok || !Number.isSafeInteger(length) || length <= 0) {
+  const version = versionOf(probe.response.headers);
+  const ifRange = ifRangeOf(version);
+  let size = totalOfContentRange(probe.response.headers.get('Content-Range'));
+  if (size === null || size <= 0) {
+    const head = await fetchRemote(
+      fetchImpl,
+      url,
+      { method: 'HEAD', headers: identity, signal, what: 'HEAD' },
+      timeouts,
+    );
+    await head.cancel();
+    const length = Number(head.response.headers.get('Content-Length'));
+    if (!head.response.ok || isContentEncoded(head.response.headers) || !Number.isSafeInteger(length) || length <= 0) {
       throw new DownloadFailedError(
-        `Could not learn the size of ${url}: neither Content-Range nor Content-Length was usable (HTTP ${head.status}).`,
-        { url, status: head.status },
+        `Could not learn the size of ${url}: neither Content-Range nor Content-Length was usable (HTTP ${head.response.status}).`,
+        { url, status: head.response.status },
       );
     }
     size = length;
   }
   const fileSize = size;
   const name = nameFromUrl(url);
+  const changed = (range: string, how: string) =>
+    new DownloadFailedError(
+      `${url} changed on the server while it was loading (${how} for ${range}). Nothing of the new file was used; load the model again.`,
+      { url, range, changed: true },
+    );
 
   return {
     name,
@@ -115,51 +149,43 @@ export async function sourceFromUrl(url: string, options: UrlSourceOptions = {})
       checkReadRange({ name, size: fileSize }, offset, length);
       if (length === 0) return new Uint8Array(0);
       const range = `bytes=${offset}-${offset + length - 1}`;
-      const response = await fetchOrThrow(fetchImpl, url, { headers: { Range: range }, signal }, range);
+      const headers: Record<string, string> = { ...identity, Range: range };
+      if (ifRange) headers['If-Range'] = ifRange;
+      const request = await fetchRemote(fetchImpl, url, { headers, signal, what: range }, timeouts);
+      const { response } = request;
       if (response.status !== 206) {
-        await discardBody(response);
+        await request.cancel();
+        // With If-Range, a server whose file no longer matches sends the whole new file.
+        if (response.ok && ifRange) throw changed(range, `HTTP ${response.status} instead of 206 to If-Range`);
         throw httpError(url, response.status, range);
       }
-      const servedStart = startFromContentRange(response.headers.get('Content-Range'));
-      if (servedStart !== null && servedStart !== offset) {
-        await discardBody(response);
+      const served = parseContentRange(response.headers.get('Content-Range'));
+      if (served?.total != null && served.total !== fileSize) {
+        await request.cancel();
+        throw changed(range, `it is now ${served.total} bytes, not ${fileSize}`);
+      }
+      if (!sameVersion(version, response.headers)) {
+        await request.cancel();
+        throw changed(range, 'another ETag or Last-Modified');
+      }
+      if (served && served.start !== offset) {
+        await request.cancel();
         throw new DownloadFailedError(
-          `${url} answered ${range} with bytes starting at ${servedStart}: the server or a proxy mangled the Range request.`,
-          { url, range, servedStart },
+          `${url} answered ${range} with bytes starting at ${served.start}: the server or a proxy mangled the Range request.`,
+          { url, range, servedStart: served.start },
         );
       }
-      let buffer: ArrayBuffer;
-      try {
-        buffer = await response.arrayBuffer();
-      } catch (error) {
-        throw networkError(url, range, error, signal);
-      }
-      if (buffer.byteLength !== length) {
+      // A body longer than the range is cut at the range, never buffered whole.
+      const bytes = await request.readUpTo(length);
+      if (bytes.byteLength !== length) {
         throw new DownloadFailedError(
-          `${url} returned ${buffer.byteLength} bytes for ${range} (expected ${length}): the download was cut short or the file changed on the server. Try again.`,
-          { url, range, received: buffer.byteLength },
+          `${url} returned ${bytes.byteLength} bytes for ${range} (expected ${length}): the download was cut short or the file changed on the server. Try again.`,
+          { url, range, received: bytes.byteLength },
         );
       }
-      return new Uint8Array(buffer);
+      return bytes;
     },
   };
-}
-
-async function fetchOrThrow(fetchImpl: typeof fetch, url: string, init: RequestInit, what: string): Promise<Response> {
-  try {
-    return await fetchImpl(url, init);
-  } catch (error) {
-    throw networkError(url, what, error, init.signal ?? undefined);
-  }
-}
-
-function networkError(url: string, what: string, cause: unknown, signal: AbortSignal | undefined): Error {
-  if (signal?.aborted) return new AbortedError(`Loading ${url} was aborted.`);
-  const reason = cause instanceof Error ? cause.message : String(cause);
-  return new DownloadFailedError(
-    `Network error while reading ${url} (${what}): ${reason}. Check the connection and that the server allows this origin (CORS), then try again.`,
-    { url, what, cause: reason },
-  );
 }
 
 function httpError(url: string, status: number, what: string): DownloadFailedError {
@@ -172,29 +198,6 @@ function httpError(url: string, status: number, what: string): DownloadFailedErr
           ? ' The server says the range lies outside the file; the file may have changed.'
           : '';
   return new DownloadFailedError(`${url} answered HTTP ${status} for ${what}.${hint}`, { url, status, what });
-}
-
-/** Parses the total out of `bytes 0-0/12345`; null when absent or `*`. */
-function totalFromContentRange(header: string | null): number | null {
-  const match = header ? /\/\s*(\d+)\s*$/.exec(header) : null;
-  if (!match) return null;
-  const total = Number(match[1]);
-  return Number.isSafeInteger(total) && total > 0 ? total : null;
-}
-
-/** Parses the start out of `bytes 100-199/12345`; null when absent. */
-function startFromContentRange(header: string | null): number | null {
-  const match = header ? /^\s*bytes\s+(\d+)-/.exec(header) : null;
-  return match ? Number(match[1]) : null;
-}
-
-/** Frees the connection; a server that ignored Range would otherwise go on sending the whole file. */
-async function discardBody(response: Response): Promise<void> {
-  try {
-    await response.body?.cancel();
-  } catch {
-    // Nothing to free.
-  }
 }
 
 function nameFromUrl(url: string): string {
