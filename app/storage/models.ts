@@ -3,11 +3,26 @@
  * IndexedDB. A download resumes from the last byte on disk with an HTTP Range request, and a file is marked complete
  * only when its size on disk equals the total the server announced (Content-Range total or Content-Length). A server
  * that sends more than it announced, or has nothing more to send short of it, has a file of another size than it says:
- * those bytes are discarded, never kept as a start to resume from.
+ * those bytes are discarded, never kept as a start to resume from. A resume asks for the version of the file the first
+ * bytes came from (`If-Range` with its ETag or Last-Modified, kept in the record) and checks the answer's version and
+ * total: bytes of two versions are never spliced into one file. Each request has deadlines (core/remote-file.ts).
  * Model files are far too big for the service worker's precache, which holds only the app shell.
  */
 import { createStore, del, get, set, values } from 'idb-keyval';
+import { AbortedError, DownloadFailedError } from '../../core/errors.ts';
 import { GGUF_MAGIC } from '../../core/gguf-types.ts';
+import {
+  fetchRemote,
+  ifRangeOf,
+  isContentEncoded,
+  parseContentRange,
+  type RemoteFileVersion,
+  type RemoteResponse,
+  type RemoteTimeouts,
+  sameVersion,
+  totalOfContentRange,
+  versionOf,
+} from '../../core/remote-file.ts';
 
 export interface StoredModel {
   id: string;
@@ -23,6 +38,8 @@ export interface StoredModel {
   complete: boolean;
   addedAt: number;
   error?: string;
+  /** The ETag and Last-Modified of the response the stored bytes came from, for a resume to ask for that version. */
+  version?: RemoteFileVersion;
 }
 
 export interface DownloadProgress {
@@ -49,7 +66,7 @@ const MODELS_DIR = 'models';
 /** In a worker, bytes are flushed to disk (and the record updated) this often: a crash loses at most this much. */
 const CHECKPOINT_EVERY_BYTES = 8 * 1024 * 1024;
 
-interface ModelFileWriter {
+export interface ModelFileWriter {
   write(chunk: Uint8Array, at: number): Promise<void>;
   /** Makes the bytes written so far durable; absent where that would cost a copy of the whole file. */
   checkpoint?(): Promise<void>;
@@ -104,6 +121,25 @@ async function openWriter(handle: FileSystemFileHandle, truncate: boolean): Prom
       await writable.close();
     },
   };
+}
+
+/**
+ * Where downloads keep records and bytes: IndexedDB and OPFS in the page (`browserModelStorage`). The download logic
+ * below uses only this, so it runs the same against any store of files (tests use a temporary folder).
+ */
+export interface ModelStorage {
+  getRecord(id: string): Promise<StoredModel | undefined>;
+  putRecord(model: StoredModel): Promise<void>;
+  /** Removes the record and the bytes. */
+  deleteModel(id: string): Promise<void>;
+  /** Bytes stored for the model so far (0 when none). */
+  storedSize(id: string): Promise<number>;
+  /** Opens the model's file for writing, emptied first with `truncate`. */
+  openWriter(id: string, truncate: boolean): Promise<ModelFileWriter>;
+  /** Removes the bytes (none stored is fine); the record stays. */
+  removeFile(id: string): Promise<void>;
+  /** Space left for new bytes, or null when the store does not say. */
+  freeBytes(): Promise<number | null>;
 }
 
 export function opfsAvailable(): boolean {
@@ -175,6 +211,25 @@ export async function deleteModel(id: string): Promise<void> {
   await del(id, store);
 }
 
+/** The page's store: records in IndexedDB, bytes in OPFS (models/<id>.gguf). */
+export const browserModelStorage: ModelStorage = {
+  getRecord: getModel,
+  putRecord: putModel,
+  deleteModel,
+  async storedSize(id) {
+    const handle = await fileHandle(id, false);
+    return handle ? (await handle.getFile()).size : 0;
+  },
+  async openWriter(id, truncate) {
+    return openWriter((await fileHandle(id, true))!, truncate);
+  },
+  removeFile: removeModelFile,
+  async freeBytes() {
+    const estimate = await navigator.storage.estimate?.().catch(() => null);
+    return estimate?.quota !== undefined && estimate.usage !== undefined ? estimate.quota - estimate.usage : null;
+  },
+};
+
 /** Registers a model to download (or returns the existing record for that id). */
 export async function addRemoteModel(entry: {
   id: string;
@@ -213,24 +268,25 @@ function quotaMessage(name: string, needed: number | null): string {
   return `Not enough storage for ${name}${size}. Delete stored models or free disk space, then resume: the bytes already saved are kept, and the model stays marked incomplete.`;
 }
 
-/** Content-Range: bytes a-b/total → total (null when '*'). */
-function rangeTotal(header: string | null): number | null {
-  const match = header?.match(/\/(\d+)\s*$/);
-  return match ? Number(match[1]) : null;
-}
-
-function rangeStart(header: string | null): number | null {
-  const match = header?.match(/bytes\s+(\d+)-/);
-  return match ? Number(match[1]) : null;
-}
-
 /**
  * The server's file is not the size it announced (it changed after announcing it, or the server misreports it). The
  * bytes on disk cannot be trusted as the start of either file, so they are removed and the record starts from nothing.
  */
-async function rejectWrongSize(model: StoredModel, announced: number, received: number): Promise<never> {
-  await removeModelFile(model.id);
-  await putModel({ ...model, totalBytes: null, storedBytes: 0, complete: false, error: 'wrong size; nothing kept' });
+async function rejectWrongSize(
+  storage: ModelStorage,
+  model: StoredModel,
+  announced: number,
+  received: number,
+): Promise<never> {
+  await storage.removeFile(model.id);
+  await storage.putRecord({
+    ...model,
+    totalBytes: null,
+    storedBytes: 0,
+    complete: false,
+    version: undefined,
+    error: 'wrong size; nothing kept',
+  });
   // Exact counts: a wrong size may be off by a few bytes, which formatBytes would round away.
   const sent = received > announced ? 'sent more than that' : `sent only ${received.toLocaleString('en-US')}`;
   throw new ModelDownloadError(
@@ -240,24 +296,51 @@ async function rejectWrongSize(model: StoredModel, announced: number, received: 
 }
 
 /**
- * Downloads (or resumes) a stored model. Retries a dropped connection a few times from the last byte on disk.
+ * The file on the server is another version than the stored bytes' (another ETag, Last-Modified or size): those bytes
+ * are removed and the record starts from nothing, so the next attempt (downloadModel retries) starts from byte 0.
+ */
+async function restartChangedFile(storage: ModelStorage, model: StoredModel, how: string): Promise<never> {
+  await storage.removeFile(model.id);
+  await storage.putRecord({ ...model, totalBytes: null, storedBytes: 0, complete: false, version: undefined });
+  throw new ModelDownloadError(
+    'download-failed',
+    `The file on the server changed since the stored part of ${model.name} was downloaded (${how}); starting over from the first byte.`,
+  );
+}
+
+export interface DownloadOptions extends RemoteTimeouts {
+  /** Where records and bytes go; the page's IndexedDB and OPFS by default. */
+  storage?: ModelStorage;
+  /** Defaults to globalThis.fetch. */
+  fetch?: typeof fetch;
+  /** Wait before the n-th retry of a failed attempt: n × this (ms; default 300). */
+  retryDelayMs?: number;
+}
+
+/**
+ * Downloads (or resumes) a stored model. Retries a dropped connection a few times from the last byte on disk, and a
+ * file that changed on the server from byte 0. A server that stops sending fails an attempt after the deadlines of
+ * `RemoteTimeouts` (30 s for the headers and for each chunk by default), so a stalled download ends in
+ * ModelDownloadError('download-failed') after 4 attempts.
  * Resolves with the completed record; rejects with ModelDownloadError leaving the record incomplete.
  */
 export async function downloadModel(
   id: string,
   onProgress: (progress: DownloadProgress) => void,
   signal?: AbortSignal,
+  options: DownloadOptions = {},
 ): Promise<StoredModel> {
   const attempts = 4;
+  const delay = options.retryDelayMs ?? 300;
   let lastError: unknown = null;
   for (let attempt = 0; attempt < attempts; attempt++) {
     try {
-      return await downloadOnce(id, onProgress, signal);
+      return await downloadOnce(id, onProgress, signal, options);
     } catch (error) {
       lastError = error;
       if (error instanceof ModelDownloadError && error.code !== 'download-failed') throw error;
       if (signal?.aborted) throw new ModelDownloadError('aborted', 'Download paused.');
-      await new Promise((resolve) => setTimeout(resolve, 300 * (attempt + 1)));
+      if (attempt + 1 < attempts) await new Promise((resolve) => setTimeout(resolve, delay * (attempt + 1)));
     }
   }
   throw lastError instanceof ModelDownloadError
@@ -265,87 +348,107 @@ export async function downloadModel(
     : new ModelDownloadError('download-failed', `Download failed: ${String(lastError)}`);
 }
 
+/** A network failure, a passed deadline or an abort, as the ModelDownloadError the page shows. */
+function requestFailed(error: unknown, signal: AbortSignal | undefined): ModelDownloadError {
+  if (signal?.aborted || error instanceof AbortedError) return new ModelDownloadError('aborted', 'Download paused.');
+  if (error instanceof ModelDownloadError) return error;
+  return new ModelDownloadError('download-failed', error instanceof Error ? error.message : String(error));
+}
+
 async function downloadOnce(
   id: string,
   onProgress: (progress: DownloadProgress) => void,
-  signal?: AbortSignal,
+  signal: AbortSignal | undefined,
+  options: DownloadOptions,
 ): Promise<StoredModel> {
-  const model = await getModel(id);
+  const storage = options.storage ?? browserModelStorage;
+  const fetchImpl = options.fetch ?? globalThis.fetch;
+  const model = await storage.getRecord(id);
   if (!model?.url) throw new ModelDownloadError('download-failed', 'Unknown model, or one that has no URL.');
   if (model.complete) return model;
-  const handle = (await fileHandle(id, true))!;
-  let start = (await handle.getFile()).size;
+  const url = model.url;
+  let start = await storage.storedSize(id);
+  const stored: RemoteFileVersion | null = start > 0 && model.version ? model.version : null;
 
-  let response: Response;
-  try {
-    response = await fetch(model.url, {
-      headers: start > 0 ? { Range: `bytes=${start}-` } : {},
-      signal,
-      cache: 'no-store',
-    });
-  } catch (error) {
-    if (signal?.aborted) throw new ModelDownloadError('aborted', 'Download paused.');
-    throw new ModelDownloadError('download-failed', `Could not reach ${model.url}: ${String(error)}`);
+  const headers: Record<string, string> = {};
+  if (start > 0) {
+    headers.Range = `bytes=${start}-`;
+    // Only the stored bytes' version may continue them; another one comes back whole (200) and starts over.
+    const ifRange = stored ? ifRangeOf(stored) : null;
+    if (ifRange) headers['If-Range'] = ifRange;
   }
+  let request: RemoteResponse;
+  try {
+    request = await fetchRemote(fetchImpl, url, { headers, signal, cache: 'no-store', what: 'download' }, options);
+  } catch (error) {
+    throw requestFailed(error, signal);
+  }
+  const { response } = request;
 
   let total: number | null;
   let truncate = false;
   if (response.status === 416 && start > 0) {
     // Asked past the end: the file may already be whole. Ask for the size with a one-byte range.
-    await response.body?.cancel();
-    const announced = await probeTotal(model.url, signal);
-    if (announced !== null && announced !== start) return rejectWrongSize(model, announced, start);
-    return finish(model, handle, announced);
+    await request.cancel();
+    const probe = await probeFile(fetchImpl, url, signal, options);
+    if (stored && probe && !sameVersion(stored, probe.headers)) {
+      return restartChangedFile(storage, model, 'another ETag or Last-Modified');
+    }
+    const announced = probe?.total ?? null;
+    if (announced !== null && announced !== start) return rejectWrongSize(storage, model, announced, start);
+    return finish(storage, model, announced);
   }
   if (response.status === 206) {
-    total = rangeTotal(response.headers.get('Content-Range'));
-    const served = rangeStart(response.headers.get('Content-Range'));
-    if (served !== start) {
-      await response.body?.cancel();
-      throw new ModelDownloadError('download-failed', `The server sent bytes from ${served}, not ${start}.`);
+    const range = parseContentRange(response.headers.get('Content-Range'));
+    total = range?.total ?? null;
+    if (range?.start !== start) {
+      await request.cancel();
+      throw new ModelDownloadError('download-failed', `The server sent bytes from ${range?.start}, not ${start}.`);
+    }
+    if (stored && !sameVersion(stored, response.headers)) {
+      await request.cancel();
+      return restartChangedFile(storage, model, 'another ETag or Last-Modified');
+    }
+    if (total !== null && model.totalBytes !== null && model.totalBytes !== total) {
+      await request.cancel();
+      return restartChangedFile(storage, model, `${total} bytes, not ${model.totalBytes}`);
     }
   } else if (response.ok) {
-    // No Range support (or a fresh start): write from byte 0.
+    // No Range support, a fresh start, or (after If-Range) a new version of the file: write from byte 0. A body sent
+    // with a Content-Encoding arrives decoded, so its Content-Length (the compressed size) is not the file's.
     const length = response.headers.get('Content-Length');
-    total = length === null ? null : Number(length);
+    total = length === null || isContentEncoded(response.headers) ? null : Number(length);
     truncate = start > 0;
     start = 0;
   } else {
-    await response.body?.cancel();
+    await request.cancel();
     // Nothing stored and nothing to resume: no row is left behind for it.
-    if (start === 0 && response.status >= 400 && response.status < 500) await deleteModel(model.id);
+    if (start === 0 && response.status >= 400 && response.status < 500) await storage.deleteModel(model.id);
     throw new ModelDownloadError(
       response.status === 404 ? 'not-found' : 'download-failed',
-      `${model.url} answered ${response.status} ${response.statusText}.${start === 0 ? ' Nothing was stored.' : ''}`,
+      `${url} answered ${response.status} ${response.statusText}.${start === 0 ? ' Nothing was stored.' : ''}`,
     );
   }
   if (!response.body) throw new ModelDownloadError('download-failed', 'The response has no body.');
-  if (total !== null && model.totalBytes !== null && model.totalBytes !== total && start > 0) {
-    // The file on the server changed since the bytes on disk were written: start over.
-    await response.body.cancel();
-    const writable = await handle.createWritable({ keepExistingData: false });
-    await writable.close();
-    await putModel({ ...model, totalBytes: total, storedBytes: 0 });
-    throw new ModelDownloadError('download-failed', 'The file on the server changed; starting over.');
-  }
   // From byte 0, the body must be a GGUF file: a server that answers a missing file with its app page (200,
   // text/html, as vite and any SPA host do) must not become a stored model, let alone the selected one.
   const contentType = response.headers.get('Content-Type') ?? '';
   if (start === 0 && /^text\/html\b/i.test(contentType)) {
-    await response.body.cancel();
-    return rejectNotAModel(model, `the server sent a web page (${contentType}), not a model file`);
+    await request.cancel();
+    return rejectNotAModel(storage, model, `the server sent a web page (${contentType}), not a model file`);
   }
+  const version = start === 0 ? versionOf(response.headers) : stored;
   model.totalBytes = total;
+  model.version = version ?? undefined;
   model.error = undefined;
-  await putModel(model);
+  await storage.putRecord(model);
 
   if (total !== null) {
-    const estimate = await navigator.storage.estimate?.().catch(() => null);
-    const free = estimate?.quota !== undefined && estimate.usage !== undefined ? estimate.quota - estimate.usage : null;
+    const free = await storage.freeBytes();
     if (free !== null && total - start > free) {
-      await response.body.cancel();
+      await request.cancel();
       const message = quotaMessage(model.name, total - start);
-      await putModel({ ...model, error: 'not enough storage' });
+      await storage.putRecord({ ...model, error: 'not enough storage' });
       throw new ModelDownloadError('storage-quota', message);
     }
   }
@@ -371,99 +474,125 @@ async function downloadOnce(
     });
   };
 
-  const writer = await openWriter(handle, truncate);
+  const writer = await storage.openWriter(id, truncate);
   let sinceCheckpoint = 0;
   /** Set when the body runs past the announced total: where it would have ended up. */
   let overrun: number | null = null;
-  const reader = response.body.getReader();
   /** From byte 0: the first bytes, held back until they show the GGUF magic (null once checked, or on a resume). */
   let unchecked: Uint8Array<ArrayBuffer> | null = start === 0 ? new Uint8Array(0) : null;
   let notAModel = false;
+  const write = async (value: Uint8Array): Promise<boolean> => {
+    if (value.byteLength === 0) return true;
+    if (total !== null && written + value.byteLength > total) {
+      // Stop before writing past the announced size, so a server that never stops cannot fill the disk.
+      overrun = written + value.byteLength;
+      return false;
+    }
+    await writer.write(value, written);
+    written += value.byteLength;
+    sinceCheckpoint += value.byteLength;
+    if (sinceCheckpoint >= CHECKPOINT_EVERY_BYTES && writer.checkpoint) {
+      await writer.checkpoint();
+      await storage.putRecord({ ...model, storedBytes: written });
+      sinceCheckpoint = 0;
+    }
+    report();
+    return true;
+  };
   report();
   try {
-    for (;;) {
-      const next = await reader.read();
-      let value = next.value;
-      if (unchecked !== null) {
-        if (value) unchecked = concatBytes(unchecked, value);
-        if (!next.done && unchecked.byteLength < GGUF_MAGIC_BYTES) continue;
-        if (!startsWithGgufMagic(unchecked)) {
-          notAModel = true;
-          await reader.cancel();
-          break;
-        }
-        value = unchecked;
-        unchecked = null;
+    await request.readChunks(async (value) => {
+      if (unchecked === null) return write(value);
+      unchecked = concatBytes(unchecked, value);
+      if (unchecked.byteLength < GGUF_MAGIC_BYTES) return true;
+      if (!startsWithGgufMagic(unchecked)) {
+        notAModel = true;
+        return false;
       }
-      if (!value || value.byteLength === 0) {
-        if (next.done) break;
-        continue;
-      }
-      if (total !== null && written + value.byteLength > total) {
-        // Stop before writing past the announced size, so a server that never stops cannot fill the disk.
-        overrun = written + value.byteLength;
-        await reader.cancel();
-        break;
-      }
-      await writer.write(value, written);
-      written += value.byteLength;
-      sinceCheckpoint += value.byteLength;
-      if (sinceCheckpoint >= CHECKPOINT_EVERY_BYTES && writer.checkpoint) {
-        await writer.checkpoint();
-        await putModel({ ...model, storedBytes: written });
-        sinceCheckpoint = 0;
-      }
-      report();
-      if (next.done) break;
+      const first = unchecked;
+      unchecked = null;
+      return write(first);
+    });
+    // A body shorter than the magic number ends with the bytes still held back.
+    if (unchecked !== null && !notAModel) {
+      if (startsWithGgufMagic(unchecked)) await write(unchecked);
+      else notAModel = true;
     }
     await writer.close();
   } catch (error) {
     // Whatever reached the disk stays (the next try resumes from it); the record stays incomplete either way.
     await writer.close().catch(() => {});
-    const storedBytes = (await handle.getFile()).size;
+    const storedBytes = await storage.storedSize(id);
     if (isQuotaError(error)) {
       const message = quotaMessage(model.name, total);
-      await putModel({ ...model, storedBytes, error: 'not enough storage' });
+      await storage.putRecord({ ...model, storedBytes, error: 'not enough storage' });
       throw new ModelDownloadError('storage-quota', message);
     }
-    await putModel({ ...model, storedBytes });
+    await storage.putRecord({ ...model, storedBytes });
     if (signal?.aborted) throw new ModelDownloadError('aborted', 'Download paused.');
-    throw new ModelDownloadError('download-failed', `The connection dropped at ${formatBytes(written)}: ${error}`);
+    const reason = error instanceof DownloadFailedError ? error.message : String(error);
+    throw new ModelDownloadError('download-failed', `The connection dropped at ${formatBytes(written)}: ${reason}`);
   }
-  if (notAModel) return rejectNotAModel(model, 'its first bytes are not a GGUF header');
-  if (overrun !== null) return rejectWrongSize(model, total!, overrun);
-  // A compressed response (vite preview gzips the demo model) carries no length: ask for it with a one-byte range.
-  const announced = total ?? (await probeTotal(model.url, signal));
+  if (notAModel) return rejectNotAModel(storage, model, 'its first bytes are not a GGUF header');
+  if (overrun !== null) return rejectWrongSize(storage, model, total!, overrun);
+  let announced = total;
+  if (announced === null) {
+    // A compressed response (vite preview gzips the demo model) carries no usable length: ask for it with a one-byte
+    // range, which must be of the same version.
+    const probe = await probeFile(fetchImpl, url, signal, options);
+    if (probe && version && !sameVersion(version, probe.headers)) {
+      return restartChangedFile(storage, model, 'another ETag or Last-Modified');
+    }
+    announced = probe?.total ?? null;
+  }
   // The body ended cleanly (a cut connection errors instead). Past the announced size, or short of it without a byte
   // more than we asked from, the server's file is another size; short after some bytes, the next try resumes.
   if (announced !== null && (written > announced || (written < announced && written === start))) {
-    return rejectWrongSize(model, announced, written);
+    return rejectWrongSize(storage, model, announced, written);
   }
-  return finish(model, handle, announced);
+  return finish(storage, model, announced);
 }
 
-/** The file's size from a one-byte Range request (its Content-Range total), or null when the server does not say. */
-async function probeTotal(url: string, signal?: AbortSignal): Promise<number | null> {
-  const probe = await fetch(url, { headers: { Range: 'bytes=0-0' }, signal, cache: 'no-store' }).catch(() => null);
-  if (signal?.aborted) throw new ModelDownloadError('aborted', 'Download paused.');
-  if (!probe) return null;
-  await probe.body?.cancel();
-  return probe.status === 206 ? rangeTotal(probe.headers.get('Content-Range')) : null;
+/** The file's size (a one-byte Range request's Content-Range total) and version, or null when the server does not say. */
+async function probeFile(
+  fetchImpl: typeof fetch,
+  url: string,
+  signal: AbortSignal | undefined,
+  timeouts: RemoteTimeouts,
+): Promise<{ total: number | null; headers: Headers } | null> {
+  let probe: RemoteResponse;
+  try {
+    probe = await fetchRemote(
+      fetchImpl,
+      url,
+      { headers: { Range: 'bytes=0-0' }, signal, cache: 'no-store', what: 'size probe' },
+      timeouts,
+    );
+  } catch {
+    if (signal?.aborted) throw new ModelDownloadError('aborted', 'Download paused.');
+    return null;
+  }
+  await probe.cancel();
+  if (probe.response.status !== 206) return null;
+  return {
+    total: totalOfContentRange(probe.response.headers.get('Content-Range')),
+    headers: probe.response.headers,
+  };
 }
 
-async function finish(model: StoredModel, handle: FileSystemFileHandle, total: number | null): Promise<StoredModel> {
-  const size = (await handle.getFile()).size;
+async function finish(storage: ModelStorage, model: StoredModel, total: number | null): Promise<StoredModel> {
+  const size = await storage.storedSize(model.id);
   if (total === null) {
     // Without an announced size a short file cannot be told from a whole one: refuse to mark it complete.
-    await putModel({ ...model, storedBytes: size, error: 'The server did not say how big the file is.' });
+    await storage.putRecord({ ...model, storedBytes: size, error: 'The server did not say how big the file is.' });
     throw new ModelDownloadError('size-mismatch', 'The server did not announce the file size; it cannot be verified.');
   }
   if (size !== total) {
-    await putModel({ ...model, totalBytes: total, storedBytes: size });
+    await storage.putRecord({ ...model, totalBytes: total, storedBytes: size });
     throw new ModelDownloadError('download-failed', `Stored ${size} of ${total} bytes.`);
   }
   const complete: StoredModel = { ...model, totalBytes: total, storedBytes: size, complete: true, error: undefined };
-  await putModel(complete);
+  await storage.putRecord(complete);
   return complete;
 }
 
@@ -488,8 +617,8 @@ function concatBytes(a: Uint8Array, b: Uint8Array): Uint8Array<ArrayBuffer> {
  * What the URL serves is not a model: the record and any bytes are removed (there is nothing to resume), so the
  * list shows no row for it and nothing can select it; the message says what came back.
  */
-async function rejectNotAModel(model: StoredModel, what: string): Promise<never> {
-  await deleteModel(model.id);
+async function rejectNotAModel(storage: ModelStorage, model: StoredModel, what: string): Promise<never> {
+  await storage.deleteModel(model.id);
   throw new ModelDownloadError(
     'not-a-model',
     `${model.url} is not a GGUF model: ${what}. Nothing was stored, and the model in use is unchanged. Check the address (a missing file often comes back as a web page).`,
@@ -527,7 +656,7 @@ export async function importLocalFile(file: File): Promise<StoredModel> {
     }
     throw error;
   }
-  return finish(model, handle, file.size);
+  return finish(browserModelStorage, model, file.size);
 }
 
 export interface StorageQuota {
