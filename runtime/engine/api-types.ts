@@ -70,6 +70,12 @@ export interface EngineLoadOptions {
   calibrate?: 'background' | 'off';
   /** Called in phase order download → parse → upload → calibrate (through the worker the client proxies it). */
   onProgress?: (progress: LoadProgress) => void;
+  /**
+   * URL sources: the longest wait, in ms, for each response's headers and for each chunk of its body (1..3 600 000;
+   * default 30 000 each). A server silent for longer fails the load with a DownloadFailedError, so a stalled load ends
+   * within headersTimeoutMs + chunkTimeoutMs of its last byte.
+   */
+  network?: { headersTimeoutMs?: number; chunkTimeoutMs?: number };
   /** Research knobs (evaluations, benchmarks): they may change or go between versions. */
   experimental?: ExperimentalLoadOptions;
 }

@@ -7,10 +7,11 @@
  * only the rest.
  */
 
-import { ContextOverflowError, InvalidRequestError, ModelNotLoadedError } from '../../core/errors.ts';
+import { AbortedError, ContextOverflowError, InvalidRequestError, ModelNotLoadedError } from '../../core/errors.ts';
 import type { ByteSource } from '../../core/gguf-types.ts';
 import { acquireGpu, type GpuContext } from '../../core/gpu/device.ts';
-import { sourceFromBlob, sourceFromUrl } from '../gguf/sources.ts';
+import type { RemoteTimeouts } from '../../core/remote-file.ts';
+import { abortableSource, sourceFromBlob, sourceFromUrl } from '../gguf/sources.ts';
 import { ResponseFormatCompiler, type TokenConstraint } from '../grammar/constraint.ts';
 import type { RotationCache, StoredRotations } from '../kv/rotation-store.ts';
 import { resolveSamplingParams } from '../sampling/params.ts';
@@ -43,7 +44,7 @@ import type {
 import { BackgroundCalibration, defaultCalibrationTokens } from './background-calibration.ts';
 import { type CachedSequence, ConversationCache, commonPrefixLength } from './conversations.ts';
 import { f16TokensInBudget, planStats } from './kv-stats.ts';
-import { parseLoadOptions } from './load-options.ts';
+import { type ParsedLoadOptions, parseLoadOptions } from './load-options.ts';
 import { type FinishReason, type GenerateResult, type LoadProgress, ModelRunner } from './model-runner.ts';
 import { forcedCallFrame, forcedCallSchema, ToolCallReader, type ToolFormat, toolFormatOf } from './tool-calls.ts';
 import {
@@ -250,52 +251,72 @@ export class LongtabEngine implements LongtabEngineApi {
     return this.enqueue(async () => {
       await this.stopCalibration();
       this.unloadNow();
-      const gpu = await this.gpu();
-      const runner = (this.modelRunner ??= new ModelRunner(gpu));
-      const bytes = await this.openSource(source, onProgress);
+      // abort(), unload() and destroy() end the load through this controller, at its next read or request.
+      const controller = new AbortController();
+      this.current = controller;
       try {
-        await runner.load(bytes, {
-          ...parsed,
-          onProgress,
-          rotationCache: this.options.rotationCache,
-          missingCalibration: parsed.calibrate === 'off' ? 'error' : 'hadamard',
-        });
+        return await this.loadNow(source, parsed, onProgress, controller.signal);
       } finally {
-        await bytes.close?.();
+        this.current = null;
       }
-      const loaded = runner.loaded!;
-      const template = chatTemplateFromMetadata(loaded.file.metadata);
-      try {
-        // A template that cannot render a short conversation within its limits refuses the model now, not at the
-        // first request.
-        probeChatTemplate(template);
-      } catch (error) {
-        runner.unload();
-        throw error;
-      }
-      this.cache = new ConversationCache(runner);
-      this.template = template;
-      const meta = loaded.file.metadata['tokenizer.chat_template'];
-      this.modelInfo = {
-        name: loaded.config.name,
-        architecture: loaded.config.architecture,
-        layers: loaded.config.layers,
-        vocab: loaded.config.vocab,
-        contextLength: loaded.config.contextLength,
-        contextCapacity: this.capacity(),
-        kv: loaded.kv.mode,
-        hasChatTemplate: typeof meta === 'string' && meta.trim().length > 0,
-      };
-      if (loaded.kv.calibrationNeeded && loaded.kv.digest) {
-        this.startCalibration(
-          runner,
-          loaded.kv.digest,
-          parsed.calibrationTokens ?? defaultCalibrationTokens(loaded.config),
-        );
-      }
-      this.notify();
-      return this.modelInfo;
     });
+  }
+
+  private async loadNow(
+    source: ModelSource,
+    parsed: ParsedLoadOptions,
+    onProgress: (p: LoadProgress) => void,
+    signal: AbortSignal,
+  ): Promise<ModelInfo> {
+    const gpu = await this.gpu();
+    const runner = (this.modelRunner ??= new ModelRunner(gpu));
+    const bytes = abortableSource(await this.openSource(source, onProgress, parsed, signal), signal);
+    try {
+      await runner.load(bytes, {
+        ...parsed,
+        onProgress,
+        rotationCache: this.options.rotationCache,
+        missingCalibration: parsed.calibrate === 'off' ? 'error' : 'hadamard',
+      });
+    } finally {
+      await bytes.close?.();
+    }
+    if (signal.aborted) {
+      runner.unload();
+      throw new AbortedError('Loading the model was aborted.');
+    }
+    const loaded = runner.loaded!;
+    const template = chatTemplateFromMetadata(loaded.file.metadata);
+    try {
+      // A template that cannot render a short conversation within its limits refuses the model now, not at the
+      // first request.
+      probeChatTemplate(template);
+    } catch (error) {
+      runner.unload();
+      throw error;
+    }
+    this.cache = new ConversationCache(runner);
+    this.template = template;
+    const meta = loaded.file.metadata['tokenizer.chat_template'];
+    this.modelInfo = {
+      name: loaded.config.name,
+      architecture: loaded.config.architecture,
+      layers: loaded.config.layers,
+      vocab: loaded.config.vocab,
+      contextLength: loaded.config.contextLength,
+      contextCapacity: this.capacity(),
+      kv: loaded.kv.mode,
+      hasChatTemplate: typeof meta === 'string' && meta.trim().length > 0,
+    };
+    if (loaded.kv.calibrationNeeded && loaded.kv.digest) {
+      this.startCalibration(
+        runner,
+        loaded.kv.digest,
+        parsed.calibrationTokens ?? defaultCalibrationTokens(loaded.config),
+      );
+    }
+    this.notify();
+    return this.modelInfo;
   }
 
   async unload(): Promise<void> {
@@ -812,7 +833,12 @@ export class LongtabEngine implements LongtabEngineApi {
     return pool.maxPagesPerSequence * pool.pageTokens;
   }
 
-  private async openSource(source: ModelSource, onProgress: (p: LoadProgress) => void): Promise<ByteSource> {
+  private async openSource(
+    source: ModelSource,
+    onProgress: (p: LoadProgress) => void,
+    timeouts: RemoteTimeouts,
+    signal: AbortSignal,
+  ): Promise<ByteSource> {
     if (typeof Blob !== 'undefined' && source instanceof Blob) return sourceFromBlob(source);
     if (typeof source !== 'string' && !(source instanceof URL)) {
       throw new InvalidRequestError('load(source): pass an http(s) URL, a File or a Blob (or, in Node, a file path).');
@@ -831,7 +857,11 @@ export class LongtabEngine implements LongtabEngineApi {
       });
     }
     onProgress({ phase: 'download', bytesDone: 0, bytesTotal: 0 });
-    const bytes = await sourceFromUrl(url.href);
+    const bytes = await sourceFromUrl(url.href, {
+      signal,
+      headersTimeoutMs: timeouts.headersTimeoutMs,
+      chunkTimeoutMs: timeouts.chunkTimeoutMs,
+    });
     onProgress({ phase: 'download', bytesDone: 0, bytesTotal: bytes.size });
     return bytes;
   }

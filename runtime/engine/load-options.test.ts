@@ -31,6 +31,8 @@ const DEFAULTS: ParsedLoadOptions = {
   rotation: undefined,
   calibrate: 'background',
   onProgress: undefined,
+  headersTimeoutMs: 30_000,
+  chunkTimeoutMs: 30_000,
   sink: 64,
   window: 256,
   groupSize: undefined,
@@ -70,6 +72,7 @@ describe('parseLoadOptions', () => {
       rotation: 'calibrated',
       calibrate: 'off',
       onProgress,
+      network: { headersTimeoutMs: 1, chunkTimeoutMs: 3_600_000 },
       experimental: {
         sink: 0,
         window: 0,
@@ -82,9 +85,9 @@ describe('parseLoadOptions', () => {
         calibrationTokens: 16,
       },
     };
-    const { experimental, ...top } = input;
+    const { experimental, network, ...top } = input;
     const parsed = parseLoadOptions(input);
-    expect(parsed).toEqual({ ...top, ...experimental });
+    expect(parsed).toEqual({ ...top, ...network, ...experimental });
     expect(parsed.onProgress).toBe(onProgress);
     // Its own copy of the layer list.
     expect(parsed.boostLayers).not.toBe(experimental?.boostLayers);
@@ -132,6 +135,9 @@ describe('parseLoadOptions', () => {
     ],
     ['calibrate', { calibrate: 'now' as 'off' }, /calibrate = "now" is invalid: use 'background' or 'off'/],
     ['onProgress', { onProgress: 5 as unknown as () => void }, /onProgress = 5 is invalid: use a function/],
+    ['network.headersTimeoutMs', { network: { headersTimeoutMs: 0 } }, /network\.headersTimeoutMs = 0 .*1\.\.3600000/],
+    ['network.chunkTimeoutMs', { network: { chunkTimeoutMs: 3_600_001 } }, /network\.chunkTimeoutMs = 3600001/],
+    ['timeoutMs', { network: { timeoutMs: 5 } as never }, /load options network: unknown field 'timeoutMs'/],
     ['experimental.sink', { experimental: { sink: -1 } }, /experimental\.sink = -1 is invalid: use an integer >= 0/],
     ['experimental.window', { experimental: { window: 0.5 } }, /experimental\.window = 0.5/],
     ['experimental.groupSize', { experimental: { groupSize: 0 } }, /experimental\.groupSize = 0 .*1\.\.65536/],
@@ -189,7 +195,7 @@ describe('parseLoadOptions', () => {
   it('rejects unknown fields with the known ones, and says where a research knob belongs', () => {
     const unknown = rejection({ kv: 'f16', contextSize: 4096 });
     expect(unknown.message).toBe(
-      "load options: unknown field 'contextSize'. Supported fields: kv, kvBudgetBytes, maxSequences, maxContextTokens, prefillChunk, rotation, calibrate, onProgress, experimental.",
+      "load options: unknown field 'contextSize'. Supported fields: kv, kvBudgetBytes, maxSequences, maxContextTokens, prefillChunk, rotation, calibrate, onProgress, network, experimental.",
     );
     expect(unknown.details.field).toBe('contextSize');
     for (const knob of [

@@ -8,6 +8,7 @@
  * no GPU; resolveKvMode reads the model's shape only.
  */
 import { InvalidRequestError } from '../../core/errors.ts';
+import { DEFAULT_CHUNK_TIMEOUT_MS, DEFAULT_HEADERS_TIMEOUT_MS } from '../../core/remote-file.ts';
 import { DEFAULT_PAGE_TOKENS } from '../kv/page-ledger.ts';
 import { quantPageLayout } from '../kv/quant-layout.ts';
 import {
@@ -35,6 +36,9 @@ export interface ParsedLoadOptions {
   rotation: KvRotation | undefined;
   calibrate: 'background' | 'off';
   onProgress: ((progress: LoadProgress) => void) | undefined;
+  /** URL sources' deadlines (ms): for a response's headers, and for each chunk of its body. */
+  headersTimeoutMs: number;
+  chunkTimeoutMs: number;
   // ExperimentalLoadOptions, flat: only the public shape sets them apart.
   sink: number;
   window: number;
@@ -132,8 +136,17 @@ const PUBLIC_FIELDS = Object.keys({
   rotation: true,
   calibrate: true,
   onProgress: true,
+  network: true,
   experimental: true,
 } satisfies Record<keyof EngineLoadOptions, true>);
+
+const NETWORK_FIELDS = Object.keys({
+  headersTimeoutMs: true,
+  chunkTimeoutMs: true,
+} satisfies Record<keyof NonNullable<EngineLoadOptions['network']>, true>);
+
+/** The longest deadline a caller may set: an hour. */
+const MAX_TIMEOUT_MS = 3_600_000;
 
 const EXPERIMENTAL_FIELDS = Object.keys({
   sink: true,
@@ -198,6 +211,7 @@ export function parseLoadOptions(input: unknown): ParsedLoadOptions {
         );
   const x =
     o.experimental === undefined ? {} : checkObject('load options experimental', o.experimental, EXPERIMENTAL_FIELDS);
+  const network = o.network === undefined ? {} : checkObject('load options network', o.network, NETWORK_FIELDS);
   const kv = choice('kv', o.kv, ['f16', 'int2'], undefined);
   if (x.codeBits !== undefined && x.codeBits !== 1 && x.codeBits !== 2) {
     failField('experimental.codeBits', x.codeBits, 'use 1 or 2');
@@ -216,6 +230,10 @@ export function parseLoadOptions(input: unknown): ParsedLoadOptions {
     rotation: choice('rotation', o.rotation, ROTATIONS, undefined),
     calibrate: choice('calibrate', o.calibrate, ['background', 'off'], LOAD_DEFAULTS.calibrate),
     onProgress: o.onProgress as ParsedLoadOptions['onProgress'],
+    headersTimeoutMs:
+      integer('network.headersTimeoutMs', network.headersTimeoutMs, 1, MAX_TIMEOUT_MS) ?? DEFAULT_HEADERS_TIMEOUT_MS,
+    chunkTimeoutMs:
+      integer('network.chunkTimeoutMs', network.chunkTimeoutMs, 1, MAX_TIMEOUT_MS) ?? DEFAULT_CHUNK_TIMEOUT_MS,
     sink: integer('experimental.sink', x.sink, 0) ?? LOAD_DEFAULTS.sink,
     window: integer('experimental.window', x.window, 0) ?? LOAD_DEFAULTS.window,
     groupSize: integer('experimental.groupSize', x.groupSize, 1, 1 << 16),

@@ -3,7 +3,7 @@
  * already in memory. Each read fetches only the range asked for, so a multi-gigabyte model is never held whole.
  * The Node file source lives in node-source.ts so browser bundles never see `node:fs`.
  */
-import { CorruptModelFileError, DownloadFailedError, InvalidRequestError } from '../../core/errors.ts';
+import { AbortedError, CorruptModelFileError, DownloadFailedError, InvalidRequestError } from '../../core/errors.ts';
 import type { ByteSource } from '../../core/gguf-types.ts';
 import {
   fetchRemote,
@@ -71,6 +71,22 @@ export function sourceFromBlob(blob: Blob, name?: string): ByteSource {
       }
       return new Uint8Array(buffer);
     },
+  };
+}
+
+/**
+ * `source` whose reads fail with an AbortedError once `signal` aborts: a load (parse, weight upload) stops at its
+ * next read, whatever the source.
+ */
+export function abortableSource(source: ByteSource, signal: AbortSignal): ByteSource {
+  return {
+    name: source.name,
+    size: source.size,
+    async read(offset, length) {
+      if (signal.aborted) throw new AbortedError(`Loading ${source.name} was aborted.`);
+      return source.read(offset, length);
+    },
+    close: source.close && (() => source.close!()),
   };
 }
 
