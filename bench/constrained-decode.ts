@@ -25,23 +25,46 @@ import { adapterSlug, sourceCommit } from './machine.ts';
 import { BENCH_MODELS, ensureModelFile, promptIds, QUICK_MODEL, WEIGHT_MIXES, type WeightMix } from './models.ts';
 import { spread } from './stats.ts';
 
-/** The formats timed against plain text: any JSON object, and a schema with a string, an integer and an enum. */
+/**
+ * The formats timed against plain text. Fields are bounded, so a reply walks through keys, numbers, enums and short
+ * strings rather than staying in one string. (`json_object` is left out: greedy decode on random weights closes the
+ * object at once, so it times no steps.)
+ */
 export const BENCH_FORMATS: Record<string, ResponseFormat> = {
-  json_object: { type: 'json_object' },
-  json_schema: {
+  record: {
     type: 'json_schema',
     json_schema: {
       name: 'record',
       schema: {
         type: 'object',
         properties: {
-          title: { type: 'string' },
+          title: { type: 'string', maxLength: 24 },
           year: { type: 'integer', minimum: 0, maximum: 3000 },
           kind: { enum: ['book', 'article', 'letter'] },
-          notes: { type: 'array', items: { type: 'string' } },
+          notes: { type: 'array', items: { type: 'string', maxLength: 12 } },
         },
         required: ['title', 'year', 'kind', 'notes'],
         additionalProperties: false,
+      },
+    },
+  },
+  records: {
+    type: 'json_schema',
+    json_schema: {
+      name: 'records',
+      schema: {
+        type: 'array',
+        minItems: 24,
+        items: {
+          type: 'object',
+          properties: {
+            id: { type: 'integer', minimum: 0, maximum: 999 },
+            tag: { type: 'string', maxLength: 6 },
+            ok: { type: 'boolean' },
+          },
+          required: ['id', 'tag', 'ok'],
+          additionalProperties: false,
+        },
       },
     },
   },
