@@ -52,6 +52,45 @@ function countingSource(bytes: Uint8Array): ByteSource & { largestRead: number }
   return source;
 }
 
+/** A GGUF file with one u8 array of `items` items per key, written directly (writeGguf would build each array in JS). */
+function u8ArraysFile(keys: string[], items: number): Uint8Array {
+  const size = 24 + keys.reduce((sum, key) => sum + 8 + key.length + 4 + 4 + 8 + items, 0);
+  const file = new Uint8Array(size);
+  const view = new DataView(file.buffer);
+  view.setUint32(0, 0x46554747, true);
+  view.setUint32(4, 3, true);
+  view.setBigUint64(8, 0n, true);
+  view.setBigUint64(16, BigInt(keys.length), true);
+  let at = 24;
+  for (const key of keys) {
+    view.setBigUint64(at, BigInt(key.length), true);
+    file.set(new TextEncoder().encode(key), at + 8);
+    at += 8 + key.length;
+    view.setUint32(at, GgufValueType.ARRAY, true);
+    view.setUint32(at + 4, GgufValueType.UINT8, true);
+    view.setBigUint64(at + 8, BigInt(items), true);
+    at += 16;
+    file.fill(7, at, at + items);
+    at += items;
+  }
+  return file;
+}
+
+/** Records the furthest byte any read reached, to prove the parser stopped before reading what it refused. */
+function countingReadsSource(bytes: Uint8Array): ByteSource & { furthestByte: number } {
+  const inner = sourceFromBytes(bytes, 'hostile.gguf');
+  const source = {
+    name: inner.name,
+    size: inner.size,
+    furthestByte: 0,
+    read(offset: number, length: number) {
+      source.furthestByte = Math.max(source.furthestByte, offset + length);
+      return inner.read(offset, length);
+    },
+  };
+  return source;
+}
+
 describe('parseGguf on hostile input', () => {
   it('rejects a file that is not GGUF', async () => {
     await expect(parseBytes(new TextEncoder().encode('PK\u0003\u0004 a zip file'))).rejects.toThrow(/not a GGUF file/);
@@ -102,6 +141,32 @@ describe('parseGguf on hostile input', () => {
     file.set(header);
     new DataView(file.buffer).setBigUint64(FIRST_VALUE + 4, BigInt(items), true);
     await expect(parseBytes(file)).rejects.toThrow(/implausibly many/);
+  });
+
+  it('caps the items of all metadata arrays together, before allocating the one past the cap', async () => {
+    // Three u8 arrays of 6M items: each under the cap of one array, 18M together (about 150 MB as JS arrays).
+    const file = u8ArraysFile(['a', 'b', 'c'], 6_000_000);
+    const source = countingReadsSource(file);
+    const parsing = parseGguf(source);
+    await expect(parsing).rejects.toBeInstanceOf(CorruptModelFileError);
+    await expect(parsing).rejects.toThrow(
+      /metadata arrays hold more than 16777216 items in all \(at "c", 6000000 items\), far more than any real model's/,
+    );
+    // Refused at the third array's count: none of its items was read.
+    expect(source.furthestByte).toBeLessThan(file.byteLength - 6_000_000 + 1024 * 1024);
+    // Small arrays parse, their items intact.
+    const small = await parseBytes(u8ArraysFile(['a', 'b', 'c'], 1000));
+    expect(small.metadata.c).toEqual(new Array(1000).fill(7));
+  });
+
+  it('caps the memory the parsed header may take (maxHeapBytes), before allocating what would pass it', async () => {
+    const strings = Array.from({ length: 1000 }, (_, i) => `${i}`.padEnd(1000, 'x'));
+    const file = writeGguf({ metadata: [{ key: 'tokens', value: strings }] });
+    const parsing = parseGguf(sourceFromBytes(file, 'hostile.gguf'), { maxHeapBytes: 1 << 20 });
+    await expect(parsing).rejects.toBeInstanceOf(CorruptModelFileError);
+    await expect(parsing).rejects.toThrow(/its header would take more than 1 MiB of memory once parsed/);
+    // The default budget holds it (a real vocabulary takes tens of MiB).
+    expect((await parseBytes(file)).metadata.tokens).toEqual(strings);
   });
 
   it('rejects huge tensor and metadata counts', async () => {

@@ -32,6 +32,16 @@ import {
 export interface ParseGgufOptions {
   /** Bytes fetched per header read; 1 MiB keeps URL sources to a few requests for typical vocabularies. */
   windowBytes?: number;
+  /**
+   * Items all metadata arrays may hold together (default 2^24, some 16 times a 256k-token vocabulary's tokens,
+   * scores, types and merges).
+   */
+  maxArrayItems?: number;
+  /**
+   * Memory the parsed header may take, as estimated before each allocation (default 512 MiB; a 256k-token
+   * vocabulary takes a few tens of MiB): a file's claims cannot make parsing take more than this.
+   */
+  maxHeapBytes?: number;
 }
 
 const DEFAULT_WINDOW_BYTES = 1024 * 1024;
@@ -46,6 +56,18 @@ const MAX_STRING_BYTES = 64 * 1024 * 1024;
  */
 const MAX_ARRAY_ITEMS = 1 << 24;
 const MAX_ENTRIES = 1 << 20;
+const DEFAULT_MAX_TOTAL_ARRAY_ITEMS = 1 << 24;
+const DEFAULT_MAX_HEAP_BYTES = 512 * 1024 * 1024;
+/**
+ * Estimated heap bytes per parsed item, charged before it is allocated: an array slot (8), plus a heap number where a
+ * value may not fit a small integer, plus a string's header and its characters (2 bytes each at worst), a tensor
+ * info's object and shape.
+ */
+const HEAP_SLOT = 8;
+const HEAP_NUMBER = 16;
+const HEAP_STRING = 32;
+const HEAP_ARRAY = 32;
+const HEAP_TENSOR_INFO = 160;
 /** Smallest encodings, used to reject counts that cannot fit in the bytes left. */
 const MIN_STRING_BYTES = 8;
 const MIN_KV_BYTES = MIN_STRING_BYTES + 4 + 1;
@@ -53,7 +75,10 @@ const MIN_TENSOR_INFO_BYTES = MIN_STRING_BYTES + 4 + 8 + 4 + 8;
 const MIN_NESTED_ARRAY_BYTES = 4 + 8;
 
 export async function parseGguf(source: ByteSource, options: ParseGgufOptions = {}): Promise<GgufFile> {
-  const reader = new HeaderReader(source, options.windowBytes ?? DEFAULT_WINDOW_BYTES);
+  const reader = new HeaderReader(source, options.windowBytes ?? DEFAULT_WINDOW_BYTES, {
+    arrayItems: options.maxArrayItems ?? DEFAULT_MAX_TOTAL_ARRAY_ITEMS,
+    heapBytes: options.maxHeapBytes ?? DEFAULT_MAX_HEAP_BYTES,
+  });
   const fileName = source.name;
 
   if (source.size < 4 || (await reader.u32('the magic number')) !== GGUF_MAGIC) {
@@ -88,6 +113,7 @@ export async function parseGguf(source: ByteSource, options: ParseGgufOptions = 
 
   const tensors: GgufTensorInfo[] = [];
   const tensorNames = new Set<string>();
+  reader.charge(tensorCount * HEAP_TENSOR_INFO, `${tensorCount} tensor infos`);
   for (let i = 0; i < tensorCount; i++) {
     const name = await reader.string(`the name of tensor ${i}`);
     if (tensorNames.has(name)) throw reader.corrupt(`the tensor name "${name}" appears twice`);
@@ -172,10 +198,30 @@ class HeaderReader {
   private windowStart = 0;
   private readonly decoder = new TextDecoder('utf-8');
 
+  /** What is left of the parse's budgets (ParseGgufOptions.maxArrayItems and maxHeapBytes). */
+  private arrayItemsLeft: number;
+  private heapBytesLeft: number;
+  private readonly budget: { arrayItems: number; heapBytes: number };
+
   constructor(
     private readonly source: ByteSource,
     private readonly windowBytes: number,
-  ) {}
+    budget: { arrayItems: number; heapBytes: number },
+  ) {
+    this.budget = budget;
+    this.arrayItemsLeft = budget.arrayItems;
+    this.heapBytesLeft = budget.heapBytes;
+  }
+
+  /** Takes `bytes` of estimated heap from the budget before they are allocated, or refuses the file. */
+  charge(bytes: number, what: string): void {
+    this.heapBytesLeft -= bytes;
+    if (this.heapBytesLeft < 0) {
+      throw this.corrupt(
+        `its header would take more than ${mib(this.budget.heapBytes)} of memory once parsed (at ${what}), far more than a real model's vocabulary and tensor list`,
+      );
+    }
+  }
 
   get remaining(): number {
     return this.source.size - this.position;
@@ -238,6 +284,7 @@ class HeaderReader {
       throw this.corrupt(`${what} claims ${length} bytes but only ${this.remaining} are left`);
     }
     if (length > MAX_STRING_BYTES) throw this.corrupt(`${what} is ${length} bytes long, implausibly long`);
+    this.charge(HEAP_STRING + 2 * length, what);
     const at = this.has(length) ? this.position - this.windowStart : await this.need(length, what);
     this.position += length;
     return this.decoder.decode(this.window.subarray(at, at + length));
@@ -269,6 +316,19 @@ class HeaderReader {
           ? MIN_NESTED_ARRAY_BYTES
           : (itemSize ?? 1);
     const count = await this.count(`the item count of "${key}"`, minItemBytes, MAX_ARRAY_ITEMS);
+    this.arrayItemsLeft -= count;
+    if (this.arrayItemsLeft < 0) {
+      throw this.corrupt(
+        `its metadata arrays hold more than ${this.budget.arrayItems} items in all (at "${key}", ${count} items), far more than any real model's`,
+      );
+    }
+    const boxed =
+      itemTypeId === GgufValueType.FLOAT32 ||
+      itemTypeId === GgufValueType.FLOAT64 ||
+      itemTypeId === GgufValueType.UINT32 ||
+      itemTypeId === GgufValueType.UINT64 ||
+      itemTypeId === GgufValueType.INT64;
+    this.charge(HEAP_ARRAY + count * (HEAP_SLOT + (boxed ? HEAP_NUMBER : 0)), `"${key}", ${count} items`);
     const items: GgufValue[] = [];
 
     if (itemSize !== undefined) {
@@ -335,6 +395,10 @@ class HeaderReader {
         throw this.corrupt(`metadata "${key}" has value type id ${typeId}, which GGUF does not define`);
     }
   }
+}
+
+function mib(bytes: number): string {
+  return `${Math.round(bytes / (1024 * 1024))} MiB`;
 }
 
 function exactNumber(value: bigint): number | bigint {
