@@ -1,4 +1,9 @@
-import { ContextOverflowError, InvalidRequestError, ModelNotLoadedError } from '../../core/errors.ts';
+import {
+  ContextOverflowError,
+  CorruptModelFileError,
+  InvalidRequestError,
+  ModelNotLoadedError,
+} from '../../core/errors.ts';
 import type { ByteSource, GgufFile } from '../../core/gguf-types.ts';
 import type { MemorySnapshot } from '../../core/gpu/allocator.ts';
 import type { GpuContext } from '../../core/gpu/device.ts';
@@ -237,6 +242,14 @@ export class ModelRunner {
       }
     }
     const tokenizer = GgufTokenizer.fromMetadata(file.metadata);
+    // Every token id the tokenizer makes indexes a row of the embedding, and every row the sampler draws must decode:
+    // a mismatch would fail mid-generation, blaming the prompt, instead of here, naming the file.
+    if (tokenizer.vocabSize !== config.vocab) {
+      throw new CorruptModelFileError(
+        `${source.name}: its tokenizer has ${tokenizer.vocabSize} tokens (tokenizer.ggml.tokens) but its token embedding has ${config.vocab} rows (token_embd.weight); each token needs exactly one row. The file is damaged or was written by a broken converter: download or convert it again.`,
+        { tokens: tokenizer.vocabSize, embeddingRows: config.vocab },
+      );
+    }
     progress({ phase: 'parse', bytesDone: source.size, bytesTotal: source.size });
     const weights = await loadModelWeights(gpu, file, source, config, (p) => {
       // A lost device fails the load now rather than after reading and uploading the rest of the file.

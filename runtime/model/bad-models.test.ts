@@ -48,6 +48,16 @@ describe.skipIf(!modelPath || !goldenPath)(
       // A per-layer array, as llama.cpp also reads some hyperparameters.
       const setArray = (key: string, values: number[]) => (entries: GgufMetadataEntry[]) =>
         entries.map((e) => (e.key === key ? { key, value: values, type: 'u32[]' as const } : e));
+      /** The vocabulary arrays (tokens, scores, types) cut or grown to `count(n)` entries. */
+      const withTokens = (count: (n: number) => number) => (entries: GgufMetadataEntry[]) =>
+        entries.map((e) => {
+          if (!e.key.startsWith('tokenizer.ggml.') || !Array.isArray(e.value)) return e;
+          const values = e.value as (string | number)[];
+          const n = count(values.length);
+          const grown = values.slice(0, n);
+          while (grown.length < n) grown.push(typeof values[0] === 'string' ? `<extra_${grown.length}>` : 0);
+          return { ...e, value: grown };
+        });
       const cases: Array<{ name: string; bytes: Uint8Array; error: new (...args: never[]) => Error; message: RegExp }> =
         [
           {
@@ -110,6 +120,19 @@ describe.skipIf(!modelPath || !goldenPath)(
             bytes: variant(bytes, file, { metadata: setArray('llama.attention.head_count_kv', [4, 4, 2, 4, 4]) }),
             error: UnsupportedModelError,
             message: /head_count_kv per layer \(4, 4, 2, 4, 4\)/,
+          },
+          // The tokenizer and the embedding must agree on the vocabulary: one row per token.
+          {
+            name: 'a token more than the embedding has rows',
+            bytes: variant(bytes, file, { metadata: withTokens((n) => n + 1) }),
+            error: CorruptModelFileError,
+            message: /tokenizer has 513 tokens .* token embedding has 512 rows/,
+          },
+          {
+            name: 'a token fewer than the embedding has rows',
+            bytes: variant(bytes, file, { metadata: withTokens((n) => n - 1) }),
+            error: CorruptModelFileError,
+            message: /tokenizer has 511 tokens .* token embedding has 512 rows/,
           },
         ];
       const engine = new ModelRunner(gpu);
