@@ -14,6 +14,7 @@ const stored: Conversation[] = [
   {
     id: 'c-1',
     title: 'The dragon',
+    mode: 'text',
     systemPrompt: 'You tell short stories.\nKeep them kind.',
     messages: [
       { id: 'm-1', role: 'user', content: 'Tell me about a dragon', createdAt: 1000, status: 'done' },
@@ -85,6 +86,9 @@ describe('conversations file', () => {
       'This is not a conversations file longtab can import: conversations[0].messages[1].role should be "user" or "assistant", but it is the text "bot".',
     );
     expect(rejection(fileWith((f) => (f.conversations[1]!.id = ''))).field).toBe('conversations[1].id');
+    expect(rejection(fileWith((f) => (f.conversations[0]!.mode = 'poem'))).message).toBe(
+      'This is not a conversations file longtab can import: conversations[0].mode should be one of chat, text, but it is the text "poem".',
+    );
     expect(rejection(fileWith((f) => (f.conversations[1]!.updatedAt = 'yesterday'))).field).toBe(
       'conversations[1].updatedAt',
     );

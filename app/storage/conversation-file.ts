@@ -3,7 +3,7 @@
  * as Markdown (to read or share). An imported file is checked here, once, field by field, and becomes plain
  * `Conversation` records; nothing past this boundary sees the file's own objects.
  */
-import type { Conversation, MessageStatus, StoredMessage } from './conversations.ts';
+import type { Conversation, ConversationMode, MessageStatus, StoredMessage } from './conversations.ts';
 
 export const CONVERSATIONS_FORMAT = 'longtab-conversations';
 export const CONVERSATIONS_VERSION = 1;
@@ -28,6 +28,7 @@ export class InvalidConversationsFileError extends Error {
 }
 
 const MESSAGE_STATUSES: readonly MessageStatus[] = ['done', 'streaming', 'stopped', 'error', 'interrupted'];
+const CONVERSATION_MODES: readonly ConversationMode[] = ['chat', 'text'];
 
 export function conversationsFileText(conversations: readonly Conversation[]): string {
   const file: ConversationsFile = {
@@ -107,9 +108,12 @@ function message(value: unknown, field: string): StoredMessage {
 function conversation(value: unknown, field: string): Conversation {
   const c = record(value, field);
   if (!Array.isArray(c.messages)) fail(`${field}.messages`, 'a list of messages', c.messages);
+  if (c.mode !== undefined && !CONVERSATION_MODES.includes(c.mode as ConversationMode))
+    fail(`${field}.mode`, `one of ${CONVERSATION_MODES.join(', ')}`, c.mode);
   return {
     id: text(c.id, `${field}.id`, true),
     title: text(c.title, `${field}.title`),
+    ...(c.mode !== undefined ? { mode: c.mode as ConversationMode } : {}),
     systemPrompt: text(c.systemPrompt, `${field}.systemPrompt`),
     messages: c.messages.map((m, i) => message(m, `${field}.messages[${i}]`)),
     createdAt: time(c.createdAt, `${field}.createdAt`),

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { type Conversation, type StoredMessage, titleFrom, withEditedMessage } from './conversations.ts';
+import { type Conversation, passageText, type StoredMessage, titleFrom, withEditedMessage } from './conversations.ts';
 
 function message(id: string, role: StoredMessage['role'], content: string): StoredMessage {
   return { id, role, content, createdAt: 1, status: 'done' };
@@ -40,5 +40,22 @@ describe('withEditedMessage', () => {
   it('refuses a reply or an id the conversation does not have', () => {
     expect(withEditedMessage(conversation, 'a1', 'x')).toBeNull();
     expect(withEditedMessage(conversation, 'missing', 'x')).toBeNull();
+  });
+});
+
+describe('passageText', () => {
+  it('joins a text-mode conversation into the passage the model continues, leaving out failed and empty replies', () => {
+    const failed: StoredMessage = { ...message('a0', 'assistant', 'lost'), status: 'error' };
+    expect(
+      passageText([
+        message('u1', 'user', 'It is a truth universally acknowledged'),
+        message('a1', 'assistant', ', that a single man'),
+        message('u2', 'user', 'must be'),
+        failed,
+        message('a2', 'assistant', ''),
+        message('u3', 'user', '\nChapter 2'),
+      ]),
+    ).toBe('It is a truth universally acknowledged, that a single man must be\nChapter 2');
+    expect(passageText([])).toBe('');
   });
 });

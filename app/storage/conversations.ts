@@ -18,9 +18,17 @@ export interface StoredMessage {
   stats?: { completionTokens: number; decodeTokensPerSecond: number; ttftMs: number };
 }
 
+/**
+ * 'chat': messages through the model's chat template. 'text': the messages are one passage that the model continues
+ * (the completions API), for models that continue text rather than follow instructions, such as the demo model.
+ */
+export type ConversationMode = 'chat' | 'text';
+
 export interface Conversation {
   id: string;
   title: string;
+  /** Absent in conversations stored before text mode existed: chat. */
+  mode?: ConversationMode;
   systemPrompt: string;
   messages: StoredMessage[];
   createdAt: number;
@@ -38,9 +46,24 @@ export function newId(prefix: string): string {
   return `${prefix}-${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 8)}`;
 }
 
-export function newConversation(systemPrompt: string): Conversation {
+export function newConversation(systemPrompt: string, mode: ConversationMode = 'chat'): Conversation {
   const now = Date.now();
-  return { id: newId('c'), title: 'New chat', systemPrompt, messages: [], createdAt: now, updatedAt: now };
+  return { id: newId('c'), title: 'New chat', mode, systemPrompt, messages: [], createdAt: now, updatedAt: now };
+}
+
+/**
+ * A text-mode conversation as the passage the model continues: its messages in order (failed or empty replies left
+ * out). A reply is the model's own continuation, kept as it came; a part the person wrote after it gets a space
+ * where the two would otherwise run together.
+ */
+export function passageText(messages: readonly StoredMessage[]): string {
+  let text = '';
+  for (const m of messages) {
+    if (m.role === 'assistant' && (m.status === 'error' || !m.content)) continue;
+    const joins = m.role === 'assistant' || text === '' || /\s$/.test(text) || /^\s/.test(m.content);
+    text += joins ? m.content : ` ${m.content}`;
+  }
+  return text;
 }
 
 /** All conversations, newest first. A reply that was streaming when the page died is marked interrupted. */
