@@ -4,7 +4,10 @@
  * never loses one.
  */
 import { useCallback, useEffect, useMemo, useRef, useState } from 'react';
+import { softwareAdapterNote } from './components/adapter-note.ts';
 import { ChatView } from './components/ChatView.tsx';
+import { DemoModelNotice } from './components/DemoModelNotice.tsx';
+import { kvHoldsText } from './components/kv-summary.ts';
 import { Modal } from './components/Modal.tsx';
 import { type FitContext, ModelsPanel } from './components/ModelsPanel.tsx';
 import { checkWebGpu, NoWebGpu, type WebGpuCheck } from './components/NoWebGpu.tsx';
@@ -16,7 +19,7 @@ import { errorCode, errorMessage, pageDebug } from './engine/engine-client.ts';
 import { type SamplingFields, samplingFields } from './engine/sampling-request.ts';
 import type { ChatMessageParam, LoadProgress } from './engine/types.ts';
 import { type EngineStatus, type LoadRequest, useEngine } from './engine/use-engine.ts';
-import { DEMO_MODEL_ID, DEMO_MODEL_NAME } from './models/presets.ts';
+import { CHAT_PRESET, DEMO_MODEL_ID, DEMO_MODEL_NAME } from './models/presets.ts';
 import { useDefaultModel } from './models/use-default-model.ts';
 import {
   conversationMarkdown,
@@ -27,11 +30,13 @@ import {
 } from './storage/conversation-file.ts';
 import {
   type Conversation,
+  type ConversationMode,
   deleteAllConversations,
   deleteConversation,
   loadConversations,
   newConversation,
   newId,
+  passageText,
   type StoredMessage,
   saveConversation,
   titleFrom,
@@ -50,8 +55,10 @@ const MAX_SAMPLES = 120;
 interface LongtabDebug {
   /** Destroys the engine worker's GPU device (as a driver reset would). */
   destroyDevice(): Promise<void>;
-  /** The messages of the last chat request the page sent (what the model saw). */
+  /** The messages of the last chat request the page sent (what the model saw); null after a text-mode request. */
   lastRequest: ChatMessageParam[] | null;
+  /** The prompt of the last text-mode (completions) request; null after a chat request. */
+  lastPrompt: string | null;
   /** The sampling fields of that request. */
   lastSampling: SamplingFields | null;
 }
@@ -64,6 +71,17 @@ function progressText(progress: LoadProgress | null): string {
   if (!progress) return 'Starting…';
   const share = progress.bytesTotal ? ` ${Math.round((progress.bytesDone / progress.bytesTotal) * 100)}%` : '';
   return `${progress.phase}${share}`;
+}
+
+/** A chat-mode conversation as the messages the model's chat template gets (failed and empty replies left out). */
+function chatHistory(conversation: Conversation): ChatMessageParam[] {
+  const history: ChatMessageParam[] = [];
+  if (conversation.systemPrompt.trim()) history.push({ role: 'system', content: conversation.systemPrompt });
+  for (const m of conversation.messages) {
+    if (m.role === 'assistant' && (m.status === 'error' || !m.content)) continue;
+    history.push({ role: m.role, content: m.content });
+  }
+  return history;
 }
 
 export function App() {
@@ -174,7 +192,7 @@ function ChatApp() {
   useEffect(() => {
     if (!pageDebug()) return;
     const w = window as { longtabDebug?: LongtabDebug };
-    w.longtabDebug = { destroyDevice, lastRequest: null, lastSampling: null };
+    w.longtabDebug = { destroyDevice, lastRequest: null, lastPrompt: null, lastSampling: null };
     return () => {
       delete w.longtabDebug;
     };
@@ -191,8 +209,9 @@ function ChatApp() {
     if (loadRequest) void ensure(loadRequest);
   }, [loadRequest, ensure]);
 
+  /** Asks for the reply to `conversation`; `sentAt` (performance.now()) is when the person sent it: TTFT counts from there. */
   const generate = useCallback(
-    async (conversation: Conversation) => {
+    async (conversation: Conversation, sentAt: number) => {
       if (!settings || !loadRequest) return;
       setChatError(null);
       setBusy(true);
@@ -215,10 +234,9 @@ function ChatApp() {
         working = { ...working, messages, updatedAt: Date.now() };
       };
       let lastSave = performance.now();
-      const started = performance.now();
       let firstAt: number | null = null;
       let tokens = 0;
-      let sampleAt = started;
+      let sampleAt = performance.now();
       let sampleTokens = 0;
       const series: Perf['series'] = [];
       setPerf((p) => ({ ...p, live: true, tokens: 0, series: [], ttftMs: null, tpotMs: null }));
@@ -226,31 +244,28 @@ function ChatApp() {
         const engine = await ensure(loadRequest);
         // The note stays with the reply: it says what failed, not where to look (that message goes on recovery).
         if (!engine) throw new Error(lastLoadError() ?? 'The model is not loaded.');
-        const history: ChatMessageParam[] = [];
-        if (conversation.systemPrompt.trim()) history.push({ role: 'system', content: conversation.systemPrompt });
-        for (const m of conversation.messages) {
-          if (m.role === 'assistant' && (m.status === 'error' || !m.content)) continue;
-          history.push({ role: m.role, content: m.content });
-        }
         const sampling = samplingFields(settings);
+        // Text mode: the conversation is one passage, continued through the completions API (no chat template).
+        const prompt = conversation.mode === 'text' ? passageText(conversation.messages) : null;
+        const messages = prompt === null ? chatHistory(conversation) : null;
         const hooks = debugHooks();
-        if (hooks) {
-          hooks.lastRequest = history;
-          hooks.lastSampling = sampling;
-        }
-        const stream = await engine.chat.completions.create({
-          messages: history,
-          stream: true,
-          ...sampling,
-          conversation_id: conversation.id,
-          context_overflow: 'drop_oldest_turns',
-        });
+        if (hooks) Object.assign(hooks, { lastRequest: messages, lastPrompt: prompt, lastSampling: sampling });
+        const stream =
+          messages === null
+            ? await engine.completions.create({ prompt: prompt ?? '', stream: true, ...sampling })
+            : await engine.chat.completions.create({
+                messages,
+                stream: true,
+                ...sampling,
+                conversation_id: conversation.id,
+                context_overflow: 'drop_oldest_turns',
+              });
         streamRef.current = stream;
         let content = '';
         let finish: string | null = null;
         for await (const chunk of stream) {
           const choice = chunk.choices[0];
-          const delta = choice?.delta.content;
+          const delta = choice && ('text' in choice ? choice.text : choice.delta.content);
           const now = performance.now();
           if (delta) {
             content += delta;
@@ -268,12 +283,15 @@ function ChatApp() {
             sampleTokens = tokens;
           }
           const live = chunk.usage?.longtab;
+          // TTFT is the person's wait: from the send to the first token on the page, loading and queueing included
+          // (the engine's ttft_ms starts at its prefill).
+          const ttftMs = firstAt === null ? null : firstAt - sentAt;
           setPerf((p) => ({
             ...p,
             live: true,
             tokens,
             series: series.slice(),
-            ttftMs: live?.ttft_ms ?? (firstAt === null ? null : firstAt - started),
+            ttftMs,
             decodeTps:
               live?.decode_tokens_per_second ??
               (firstAt !== null && tokens > 1 && now > firstAt ? ((tokens - 1) * 1000) / (now - firstAt) : p.decodeTps),
@@ -285,7 +303,7 @@ function ChatApp() {
               stats: {
                 completionTokens: chunk.usage.completion_tokens,
                 decodeTokensPerSecond: live?.decode_tokens_per_second ?? 0,
-                ttftMs: live?.ttft_ms ?? 0,
+                ttftMs: ttftMs ?? 0,
               },
             });
           }
@@ -318,6 +336,7 @@ function ChatApp() {
 
   const send = useCallback(
     async (text: string) => {
+      const sentAt = performance.now();
       if (!active) return;
       const message: StoredMessage = {
         id: newId('m'),
@@ -333,38 +352,43 @@ function ChatApp() {
         updatedAt: Date.now(),
       };
       await putConversation(next);
-      await generate(next);
+      await generate(next, sentAt);
     },
     [active, generate, putConversation],
   );
 
   const regenerate = useCallback(async () => {
+    const sentAt = performance.now();
     if (!active || busy) return;
     const messages = active.messages.slice();
     while (messages.length && messages[messages.length - 1]!.role === 'assistant') messages.pop();
     if (!messages.length) return;
-    await generate({ ...active, messages });
+    await generate({ ...active, messages }, sentAt);
   }, [active, busy, generate]);
 
   const editAndResend = useCallback(
     async (messageId: string, text: string) => {
+      const sentAt = performance.now();
       if (!active || busy) return;
       const next = withEditedMessage(active, messageId, text);
       if (!next) return;
       await putConversation(next);
-      await generate(next);
+      await generate(next, sentAt);
     },
     [active, busy, generate, putConversation],
   );
 
   const stop = useCallback(() => streamRef.current?.abort(), []);
 
-  const newChat = useCallback(async () => {
-    const conversation = newConversation(settings?.defaultSystemPrompt ?? DEFAULT_SETTINGS.defaultSystemPrompt);
-    await putConversation(conversation);
-    setActiveId(conversation.id);
-    setSidebarOpen(false);
-  }, [settings, putConversation]);
+  const newChat = useCallback(
+    async (mode: ConversationMode = 'chat') => {
+      const conversation = newConversation(settings?.defaultSystemPrompt ?? DEFAULT_SETTINGS.defaultSystemPrompt, mode);
+      await putConversation(conversation);
+      setActiveId(conversation.id);
+      setSidebarOpen(false);
+    },
+    [settings, putConversation],
+  );
 
   const removeConversation = useCallback(
     async (id: string) => {
@@ -377,6 +401,31 @@ function ChatApp() {
     },
     [activeId, newChat, forget],
   );
+
+  /** The open conversation in `mode`; the next reply reads its messages that way. */
+  const setMode = useCallback(
+    (mode: ConversationMode) => {
+      if (active && !busy) void putConversation({ ...active, mode });
+    },
+    [active, busy, putConversation],
+  );
+
+  /** The demo notice's text mode: the open conversation while it is empty, else a new one. */
+  const startTextMode = useCallback(() => {
+    if (active && active.messages.length === 0) setMode('text');
+    else if (!busy) void newChat('text');
+  }, [active, busy, setMode, newChat]);
+
+  /** The demo notice's chat model, in one step: stored (or resumed, or downloaded) and then chosen. */
+  const getChatModel = useCallback(async () => {
+    const stored = models.models.find((m) => m.id === CHAT_PRESET.id);
+    const done = stored?.complete
+      ? stored
+      : stored
+        ? await models.resume(stored.id)
+        : await models.downloadPreset(CHAT_PRESET);
+    if (done?.complete) updateSettings({ modelId: done.id });
+  }, [models, updateSettings]);
 
   const exportAll = useCallback(() => {
     const day = new Date().toISOString().slice(0, 10);
@@ -431,6 +480,8 @@ function ChatApp() {
     (engineState.status === 'ready' || engineState.status === 'idle');
   const status: EngineStatus = deviceLost ? 'error' : fetchingDefault || pending ? 'loading' : engineState.status;
   const demoDownload = models.downloads[DEMO_MODEL_ID];
+  const chatDownload = models.downloads[CHAT_PRESET.id];
+  const softwareNote = softwareAdapterNote(engineState.stats?.adapter ?? null);
   const adapter = engineState.stats?.adapter ?? null;
   const fitContext: FitContext = {
     kvBudgetBytes: Math.round(settings.kvBudgetMiB * 1024 * 1024),
@@ -570,6 +621,29 @@ function ChatApp() {
             {models.quota && <span className="muted small">Storage: {formatBytes(models.quota.usage)} used</span>}
           </div>
         )}
+        {softwareNote && (
+          <div className="notice" data-testid="software-adapter">
+            <span>{softwareNote}</span>
+          </div>
+        )}
+        {selectedModel?.id === DEMO_MODEL_ID && (
+          <DemoModelNotice
+            textMode={active?.mode === 'text'}
+            chatModel={{
+              preset: CHAT_PRESET,
+              state: chatDownload
+                ? 'downloading'
+                : models.models.some((m) => m.id === CHAT_PRESET.id && m.complete)
+                  ? 'stored'
+                  : 'absent',
+              percent: chatDownload?.bytesTotal
+                ? Math.floor((chatDownload.bytesDone / chatDownload.bytesTotal) * 100)
+                : null,
+            }}
+            onTextMode={startTextMode}
+            onChatModel={() => void getChatModel()}
+          />
+        )}
         <ChatView
           conversation={active}
           busy={busy}
@@ -585,6 +659,7 @@ function ChatApp() {
           onRegenerate={() => void regenerate()}
           onEditResend={(messageId, text) => void editAndResend(messageId, text)}
           onSystemPrompt={(systemPrompt) => active && void putConversation({ ...active, systemPrompt })}
+          onMode={setMode}
         />
       </div>
       {statsOpen && <StatsPanel stats={engineState.stats} perf={perf} model={engineState.model} />}
@@ -604,6 +679,7 @@ function ChatApp() {
         <SettingsPanel
           settings={settings}
           models={models.models}
+          kvHolds={kvHoldsText(engineState.stats)}
           data={{
             count: conversations.length,
             activeTitle: active?.title ?? null,

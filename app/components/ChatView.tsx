@@ -1,6 +1,6 @@
 /** The chat column: messages (markdown for replies, plain text for the user's), and the composer. */
 import { useEffect, useRef, useState } from 'react';
-import type { Conversation, StoredMessage } from '../storage/conversations.ts';
+import type { Conversation, ConversationMode, StoredMessage } from '../storage/conversations.ts';
 import { CopyButton } from './CopyButton.tsx';
 import { Markdown } from './Markdown.tsx';
 import { copyableText } from './message-text.ts';
@@ -172,6 +172,7 @@ export function ChatView({
   onRegenerate,
   onEditResend,
   onSystemPrompt,
+  onMode,
 }: {
   conversation: Conversation | null;
   busy: boolean;
@@ -185,6 +186,7 @@ export function ChatView({
   /** Replaces a user message with `text`, drops the messages after it and asks for a new reply. */
   onEditResend: (messageId: string, text: string) => void;
   onSystemPrompt: (text: string) => void;
+  onMode: (mode: ConversationMode) => void;
 }) {
   const [draft, setDraft] = useState('');
   // An editor belongs to the conversation it was opened in: another one shows none.
@@ -194,6 +196,7 @@ export function ChatView({
   const scroller = useRef<HTMLDivElement>(null);
   const messages = conversation?.messages ?? [];
   const lastContent = messages[messages.length - 1]?.content.length ?? 0;
+  const textMode = conversation?.mode === 'text';
 
   // Follow the stream, unless the reader scrolled up.
   useEffect(() => {
@@ -212,16 +215,36 @@ export function ChatView({
   return (
     <section className="chat" aria-label="Chat">
       <div className="system-row">
-        <button
-          type="button"
-          className="ghost small"
-          onClick={() => setShowSystem((v) => !v)}
-          data-testid="toggle-system"
-        >
-          {showSystem ? '▾' : '▸'} System prompt
-          {!showSystem && conversation?.systemPrompt ? `: ${conversation.systemPrompt.slice(0, 60)}` : ''}
-        </button>
-        {showSystem && (
+        <div className="mode-row">
+          <div className="segmented small" role="radiogroup" aria-label="Conversation mode">
+            {(['chat', 'text'] as const).map((mode) => (
+              <label key={mode} className={(textMode ? 'text' : 'chat') === mode ? 'on' : ''}>
+                <input
+                  type="radio"
+                  name="conversation-mode"
+                  value={mode}
+                  checked={(textMode ? 'text' : 'chat') === mode}
+                  disabled={busy || !conversation}
+                  data-testid={`mode-${mode}`}
+                  onChange={() => onMode(mode)}
+                />
+                {mode === 'chat' ? 'Chat' : 'Continue text'}
+              </label>
+            ))}
+          </div>
+          {!textMode && (
+            <button
+              type="button"
+              className="ghost small"
+              onClick={() => setShowSystem((v) => !v)}
+              data-testid="toggle-system"
+            >
+              {showSystem ? '▾' : '▸'} System prompt
+              {!showSystem && conversation?.systemPrompt ? `: ${conversation.systemPrompt.slice(0, 60)}` : ''}
+            </button>
+          )}
+        </div>
+        {showSystem && !textMode && (
           <textarea
             className="system-prompt"
             rows={2}
@@ -236,7 +259,9 @@ export function ChatView({
       <div className="messages" ref={scroller} data-testid="messages">
         {messages.length === 0 && (
           <div className="empty">
-            <h2>Chat with a model on your own GPU</h2>
+            <h2>
+              {textMode ? 'Write the start of a passage; the model continues it' : 'Chat with a model on your own GPU'}
+            </h2>
             <p className="muted">{modelHint ?? 'Nothing leaves this tab.'}</p>
           </div>
         )}
@@ -268,7 +293,13 @@ export function ChatView({
         <textarea
           value={draft}
           rows={2}
-          placeholder={canSend ? 'Message (Enter to send, Shift+Enter for a new line)' : waitingFor}
+          placeholder={
+            !canSend
+              ? waitingFor
+              : textMode
+                ? 'The start of a passage for the model to continue (Enter to send)'
+                : 'Message (Enter to send, Shift+Enter for a new line)'
+          }
           aria-label="Message"
           data-testid="composer-input"
           onChange={(e) => setDraft(e.target.value)}

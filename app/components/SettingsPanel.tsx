@@ -80,11 +80,14 @@ export function SettingsPanel({
   settings,
   models,
   data,
+  kvHolds,
   onChange,
   onClose,
 }: {
   settings: Settings;
   models: StoredModel[];
+  /** What the loaded model's KV budget holds (kvHoldsText), or null with no model loaded. */
+  kvHolds: string | null;
   /** Export, import and delete-all of the conversations. */
   data: ConversationDataActions;
   onChange: (patch: Partial<Settings>) => void;
@@ -144,11 +147,16 @@ export function SettingsPanel({
                 data-testid={`kv-${mode}`}
                 onChange={() => onChange({ kv: mode })}
               />
-              {mode === 'int2' ? 'int2 (~2-bit, ~7× more context)' : 'f16 (exact)'}
+              {mode === 'int2' ? 'int2 (~2-bit, ~7× the tokens per MiB)' : 'f16 (exact)'}
             </label>
           ))}
         </div>
         {numberField('kvBudgetMiB', 'KV budget (MiB of GPU memory)')}
+        {kvHolds && (
+          <p className="hint" data-testid="settings-kv-holds">
+            With the loaded model: {kvHolds}.
+          </p>
+        )}
         <p className="hint">
           int2 is the default; a model whose K/V rows do not split into 2-bit groups loads f16 instead (the model chip
           and the stats show the mode in use). Changing these reloads the model before the next message.

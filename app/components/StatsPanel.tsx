@@ -1,6 +1,7 @@
 /** Live numbers: speed (with a tok/s chart), context, and GPU memory by category as the allocator counts it. */
 import type { EngineStats, ModelInfo } from '../engine/types.ts';
 import { formatBytes } from '../storage/models.ts';
+import { adapterLabel, softwareAdapterName } from './adapter-note.ts';
 import { kvHoldsText, kvPlanText } from './kv-summary.ts';
 
 export interface PerfSample {
@@ -169,6 +170,12 @@ export function StatsPanel({ stats, perf, model }: { stats: EngineStats | null; 
           <dd>{memory ? formatBytes(memory.kvF16Equivalent) : '—'}</dd>
           <dt>peak</dt>
           <dd>{memory ? formatBytes(memory.peak) : '—'}</dd>
+          <dt>GPU</dt>
+          <dd data-testid="stat-adapter">
+            {stats?.adapter
+              ? `${adapterLabel(stats.adapter)}${softwareAdapterName(stats.adapter) ? ' (software)' : ''}`
+              : '—'}
+          </dd>
         </dl>
       </section>
     </aside>

@@ -39,6 +39,13 @@ describe('the stats panel KV sentences', () => {
     expect(kvHoldsText(stats({ holds: { tokens: 2048, f16Tokens: 2048 } }, 2048))).toBe(
       "int2: 2K tokens in this budget; f16 would hold 2K (capped at the model's context length, 2K)",
     );
+    // Only int2 reaches the context length: the note follows its number, not f16's.
+    expect(kvHoldsText(stats({ holds: { tokens: 2048, f16Tokens: 1024 } }, 2048))).toBe(
+      "int2: 2K tokens in this budget (capped at the model's context length, 2K); f16 would hold 1K",
+    );
+    expect(kvHoldsText(stats({ mode: 'f16', holds: { tokens: 2048, f16Tokens: 2048 } }, 2048))).toBe(
+      "f16: 2K tokens in this budget (capped at the model's context length, 2K)",
+    );
     expect(kvHoldsText(null)).toBeNull();
     expect(kvHoldsText({ ...stats({}), model: null })).toBeNull();
   });

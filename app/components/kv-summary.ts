@@ -15,11 +15,15 @@ export function formatTokens(tokens: number): string {
 export function kvHoldsText(stats: EngineStats | null): string | null {
   if (!stats?.model) return null;
   const { mode, holds } = stats.kv;
-  const held = `${mode}: ${formatTokens(holds.tokens)} tokens in this budget`;
-  const text = mode === 'f16' ? held : `${held}; f16 would hold ${formatTokens(holds.f16Tokens)}`;
   const length = stats.model.contextLength;
-  // Where the model's context length, not the budget, is the limit, the sentence says so.
-  return holds.tokens >= length ? `${text} (capped at the model's context length, ${formatTokens(length)})` : text;
+  // Where the model's context length, not the budget, is the limit, the sentence says so, after the number it caps
+  // (after both where it caps both).
+  const capped = ` (capped at the model's context length, ${formatTokens(length)})`;
+  const held = `${mode}: ${formatTokens(holds.tokens)} tokens in this budget`;
+  if (mode === 'f16') return holds.tokens >= length ? held + capped : held;
+  const f16 = `f16 would hold ${formatTokens(holds.f16Tokens)}`;
+  if (holds.tokens < length) return `${held}; ${f16}`;
+  return holds.f16Tokens >= length ? `${held}; ${f16}${capped}` : `${held}${capped}; ${f16}`;
 }
 
 const PLAN_SOURCES = {

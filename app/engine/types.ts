@@ -6,6 +6,8 @@
 import type {
   ChatCompletionChunk,
   ChatCompletionRequest,
+  Completion,
+  CompletionRequest,
   CompletionStream,
   EngineLoadOptions,
   EngineStats,
@@ -26,6 +28,8 @@ export type {
 } from '../../workers/index.ts';
 
 export type ChatRequest = ChatCompletionRequest & { stream: true };
+/** Raw text continued by the model (the page's text mode). */
+export type TextRequest = CompletionRequest & { stream: true };
 
 /** The load options the page sets (its KV settings); the rest keep their defaults. */
 export type ChatLoadOptions = Pick<EngineLoadOptions, 'kv' | 'kvBudgetBytes' | 'onProgress'>;
@@ -34,6 +38,7 @@ export type ChatLoadOptions = Pick<EngineLoadOptions, 'kv' | 'kvBudgetBytes' | '
 export interface ChatEngine {
   load(source: string | Blob, options: ChatLoadOptions): Promise<ModelInfo>;
   chat: { completions: { create(request: ChatRequest): Promise<CompletionStream<ChatCompletionChunk>> } };
+  completions: { create(request: TextRequest): Promise<CompletionStream<Completion>> };
   stats(): Promise<EngineStats>;
   subscribeStats(listener: (stats: EngineStats) => void): Promise<() => void>;
   deleteConversation(conversationId: string): Promise<void>;

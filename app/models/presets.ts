@@ -51,6 +51,9 @@ export const MODEL_PRESETS: readonly ModelPreset[] = [
   },
 ];
 
+/** The chat model the demo model's notice offers in one step: the small, quick first preset. */
+export const CHAT_PRESET: ModelPreset = MODEL_PRESETS[0]!;
+
 /** `<base>/<repo>/resolve/main/<file>`, the hub's download layout (a local test server mimics it). */
 export function hubUrl(baseUrl: string, repo: string, file: string): string {
   const base = baseUrl.replace(/\/+$/, '');
