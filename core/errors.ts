@@ -86,19 +86,20 @@ export type ContextLimit =
 const SHORTEN =
   "Shorten the prompt or the conversation (a chat request may pass context_overflow: 'drop_oldest_turns')";
 
-function overflowMessage(needed: number, available: number, limit: ContextLimit): string {
+function overflowMessage(needed: number, available: number, limit: ContextLimit, atLeast: boolean): string {
+  const count = `${atLeast ? 'at least ' : ''}${needed}`;
   switch (limit.kind) {
     case 'model-context':
-      return `This request needs ${needed} tokens, but the model's context is ${limit.contextLength} tokens. ${SHORTEN}.`;
+      return `This request needs ${count} tokens, but the model's context is ${limit.contextLength} tokens. ${SHORTEN}.`;
     case 'kv-budget':
       return (
-        `This request needs ${needed} tokens of KV cache, but only ${available} fit the KV budget in the ${limit.kv} KV mode. ` +
+        `This request needs ${count} tokens of KV cache, but only ${available} fit the KV budget in the ${limit.kv} KV mode. ` +
         (limit.kv === 'f16'
           ? `${SHORTEN}, raise kvBudgetBytes, or load with kv: 'int2', which holds several times the tokens in the same budget.`
           : `${SHORTEN}, or raise kvBudgetBytes.`)
       );
     case 'other':
-      return `This request needs ${needed} tokens of KV cache, but only ${available} are available. ${limit.hint}`;
+      return `This request needs ${count} tokens of KV cache, but only ${available} are available. ${limit.hint}`;
   }
 }
 
@@ -106,11 +107,16 @@ export class ContextOverflowError extends LongtabError {
   readonly tokensNeeded: number;
   readonly tokensAvailable: number;
   readonly limit: ContextLimit;
-  constructor(tokensNeeded: number, tokensAvailable: number, limit: ContextLimit) {
-    super('context-overflow', overflowMessage(tokensNeeded, tokensAvailable, limit), {
+  /**
+   * `atLeast`: tokensNeeded is a lower bound, found without tokenizing (a prompt far too long to be worth it), and
+   * the message says so.
+   */
+  constructor(tokensNeeded: number, tokensAvailable: number, limit: ContextLimit, options: { atLeast?: boolean } = {}) {
+    super('context-overflow', overflowMessage(tokensNeeded, tokensAvailable, limit, options.atLeast ?? false), {
       tokensNeeded,
       tokensAvailable,
       limit,
+      ...(options.atLeast ? { atLeast: true } : {}),
     });
     this.tokensNeeded = tokensNeeded;
     this.tokensAvailable = tokensAvailable;

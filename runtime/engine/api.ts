@@ -577,6 +577,8 @@ export class LongtabEngine implements LongtabEngineApi {
     const runner = this.requireRunner();
     const cache = this.cache!;
     const maxTokens = r.maxTokens ?? DEFAULT_MAX_TOKENS;
+    const least = Math.ceil(r.prompt.length / runner.tokenizer.maxTokenChars);
+    if (least > this.capacity()) this.refuseAtLeast(least);
     const ids = runner.tokenizer.encode(r.prompt, { addSpecial: true });
     if (ids.length === 0) throw new InvalidRequestError('The prompt is empty and this model has no BOS token.');
     this.checkFits(ids.length);
@@ -731,38 +733,77 @@ export class LongtabEngine implements LongtabEngineApi {
 
   /**
    * Renders and tokenizes the conversation. When it does not fit one sequence: ContextOverflowError, or with
-   * 'drop_oldest_turns' the oldest non-system messages go first (the last message always stays).
+   * 'drop_oldest_turns' the oldest non-system messages go first (the last message always stays). Costs stay linear in
+   * the conversation: what cannot fit by its user messages' length alone is refused (or dropped) before anything is
+   * tokenized, and the number of turns to drop is found by bisection, a few renders rather than one per dropped turn.
    */
   private prepareChat(r: ValidatedChatRequest, tools: ToolPlan | null): PreparedPrompt {
-    let messages = r.messages;
-    let dropped = 0;
     const capacity = this.capacity();
     const variables = r.tools.length > 0 ? { tools: r.tools } : undefined;
     const replyPrefix = tools?.forced?.frame.prefix;
-    for (;;) {
-      const ids = this.encodeChat(messages, r.specialTokensInContent, {
-        addGenerationPrompt: true,
-        variables,
-        replyPrefix,
-      });
-      const fits = ids.length <= capacity;
-      const first = messages.findIndex((m) => m.role !== 'system');
-      // Dropping turns stops one token short of the capacity: ModelRunner.run reserves the prompt plus one position, so a
-      // prompt of exactly `capacity` tokens failed there (the int2 long session met it).
-      const last = first < 0 || first === messages.length - 1;
-      if ((fits && (ids.length < capacity || last)) || r.overflow === 'error') {
-        if (!fits) this.checkFits(ids.length);
-        const system = messages[0]?.role === 'system' && messages.length > 1 ? [messages[0]] : null;
-        return {
-          ids,
-          systemIds: system ? this.systemPrefix(system, ids, r.specialTokensInContent, variables) : null,
-          droppedMessages: dropped,
-        };
-      }
-      if (last) this.checkFits(ids.length);
-      messages = [...messages.slice(0, first), ...messages.slice(first + 1)];
-      dropped++;
+    const all = r.messages;
+    // Dropping k turns removes the first k non-system messages; the last message always stays.
+    const droppable = all.flatMap((m, i) => (m.role !== 'system' && i < all.length - 1 ? [i] : []));
+    const withoutOldest = (k: number) => {
+      const dropped = new Set(droppable.slice(0, k));
+      return all.filter((_, i) => !dropped.has(i));
+    };
+    const encode = (messages: ChatMessage[]) =>
+      this.encodeChat(messages, r.specialTokensInContent, { addGenerationPrompt: true, variables, replyPrefix });
+    const prepared = (messages: ChatMessage[], ids: number[], dropped: number): PreparedPrompt => {
+      const system = messages[0]?.role === 'system' && messages.length > 1 ? [messages[0]] : null;
+      return {
+        ids,
+        systemIds: system ? this.systemPrefix(system, ids, r.specialTokensInContent, variables) : null,
+        droppedMessages: dropped,
+      };
+    };
+
+    // Lower bounds of each message's tokens from its length (user messages: templates write them whole).
+    const perToken = this.requireRunner().tokenizer.maxTokenChars;
+    const least = all.map((m) => (m.role === 'user' ? Math.ceil(m.content.length / perToken) : 0));
+    let bound = least.reduce((sum, n) => sum + n, 0);
+    const overflow = r.overflow === 'error' ? 0 : droppable.length;
+    let first = 0;
+    while (bound > capacity && first < overflow) bound -= least[droppable[first++]!]!;
+    if (bound > capacity) this.refuseAtLeast(bound);
+
+    // Dropping turns stops one token short of the capacity: ModelRunner.run reserves the prompt plus one position, so a
+    // prompt of exactly `capacity` tokens failed there (the int2 long session met it).
+    const fits = (ids: number[], k: number) => ids.length < capacity || (ids.length === capacity && k === overflow);
+    let messages = withoutOldest(first);
+    let ids = encode(messages);
+    if (r.overflow === 'error' || fits(ids, first)) {
+      this.checkFits(ids.length);
+      return prepared(messages, ids, first);
     }
+    const lastMessages = withoutOldest(overflow);
+    const lastIds = encode(lastMessages);
+    if (!fits(lastIds, overflow)) this.checkFits(lastIds.length);
+    // fits(first) is false and fits(overflow) true: bisect for the fewest turns to drop (more turns, fewer tokens).
+    let lo = first;
+    let hi = overflow;
+    messages = lastMessages;
+    ids = lastIds;
+    while (hi - lo > 1) {
+      const mid = (lo + hi) >>> 1;
+      const midMessages = withoutOldest(mid);
+      const midIds = encode(midMessages);
+      if (fits(midIds, mid)) {
+        hi = mid;
+        messages = midMessages;
+        ids = midIds;
+      } else {
+        lo = mid;
+      }
+    }
+    return prepared(messages, ids, hi);
+  }
+
+  /** A prompt whose length alone shows it cannot fit: refused before it is rendered or tokenized. */
+  private refuseAtLeast(tokens: number): never {
+    const capacity = this.capacity();
+    throw new ContextOverflowError(tokens, capacity, this.requireRunner().pool.limitAt(capacity), { atLeast: true });
   }
 
   private encodeChat(

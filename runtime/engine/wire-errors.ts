@@ -99,6 +99,7 @@ const BUILDERS: Record<LongtabErrorCode, (w: WireError) => LongtabError> = {
       Number(w.details.tokensNeeded ?? 0),
       Number(w.details.tokensAvailable ?? 0),
       wireLimit(w.details.limit, w.message),
+      { atLeast: w.details.atLeast === true },
     ),
   'invalid-request': (w) => new InvalidRequestError(w.message, w.details),
   'model-not-loaded': (w) => new ModelNotLoadedError(w.message),

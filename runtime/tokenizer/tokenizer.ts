@@ -114,6 +114,21 @@ export class GgufTokenizer {
     return new GgufTokenizer(readVocab(meta));
   }
 
+  /**
+   * The most UTF-16 code units of input one token can stand for: its text's length (a byte-level BPE token spells each
+   * byte as one character, SentencePiece spells a space as one '▁'). A text of n units takes at least
+   * ceil(n / maxTokenChars) tokens, which bounds a prompt's length without tokenizing it.
+   */
+  get maxTokenChars(): number {
+    if (this.longestToken === 0) {
+      for (const text of this.vocab.tokens) this.longestToken = Math.max(this.longestToken, text.length);
+      // An unknown character (up to 2 units) may become one <unk> token whatever its text.
+      this.longestToken = Math.max(this.longestToken, 2);
+    }
+    return this.longestToken;
+  }
+  private longestToken = 0;
+
   get addBos(): boolean {
     return this.vocab.addBos;
   }
