@@ -170,6 +170,8 @@ export async function runConstrainedBench(options: {
 
 export function renderConstrainedMarkdown(rows: readonly ConstrainedRow[]): string {
   const lines = [
+    '# Constrained decode: TPOT under a response format ÷ plain text (bench/constrained-decode.ts)',
+    '',
     '| model | weights | KV | context | format | steps | TPOT ms (p10–p90) | ÷ text |',
     '| --- | --- | --- | ---: | --- | ---: | ---: | ---: |',
   ];

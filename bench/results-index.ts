@@ -140,6 +140,10 @@ function describeJson(name: string, j: unknown): ResultDescription {
     const mode = j.prefill === true ? 'prefill' : 'decode';
     const kv = typeof j.kv === 'string' ? j.kv : of('kv') || 'f16';
     d.shows = `attention kernels (bench/attention-kernels.ts), ${mode}, ${kv} pages: ${of('shape')} at ${of('context')} keys`;
+  } else if (Array.isArray(j.rows) && j.rows.some((r) => isObject(r) && 'vsText' in r)) {
+    const rows = j.rows.filter(isObject);
+    const formats = list(rows.map((r) => r.format).filter((f) => f !== 'text'));
+    d.shows = `constrained decode (bench/constrained-decode.ts): ${list(rows.map((r) => r.model))} × ${list(rows.map((r) => r.weights))}, KV ${list(rows.map((r) => r.kv))}, context ${list(rows.map((r) => r.context))}: ${formats} against text`;
   } else if ('clipQuantile' in j) {
     d.shows = `KV demotion kernel (bench/demote-kernel.ts), ${j.tokens}-token step, clip quantile ${j.clipQuantile}: ${of('shape')}`;
   } else if (results.some((r) => 'case' in r)) {
