@@ -1,5 +1,5 @@
 import { KV_STEP_WGSL, kvTileLoaderWgsl } from './kv-append.wgsl.ts';
-import { ROW_PRODUCT_PARTIALS, rowProductWgsl } from './rotate.wgsl.ts';
+import { prefetchedRowProductWgsl, ROW_MATRIX_DECLARATION, ROW_PRODUCT_PARTIALS } from './rotate.wgsl.ts';
 
 /** Query rows (token, head) one workgroup serves. */
 export const ATTENTION_MAX_ROWS = 16;
@@ -440,7 +440,7 @@ export const ATTENTION_MAX_SPLITS = 256;
  * With `rotateOutput` (decode graphs), the merged row is multiplied by Rᵀ of its head's matrix before it is stored
  * (the rotated cache's un-rotation, kernels/rotate.wgsl.ts's product, one dispatch a layer fewer):
  * out_j = Σ_i row_i · R[j][i], R = rotation[(firstMatrix + h / headsPerMatrix) · d² ..] row-major, by the rotate
- * kernel's rowProductWgsl.
+ * kernel's prefetchedRowProductWgsl, whose matrix loads are issued at the start.
  */
 export function attentionMergeSource(rotateOutput: boolean): string {
   const range = (n: number) => Array.from({ length: n }, (_, i) => i);
@@ -451,19 +451,19 @@ export function attentionMergeSource(rotateOutput: boolean): string {
     let merged = (${sumOfEighths('e')}) / total;
     ${rotateOutput ? 'lane[e] = merged;' : 'out[(t * params.heads + h) * params.headDim + e] = merged;'}
   }`;
+  const unrotate = prefetchedRowProductWgsl(true);
   const store = rotateOutput
     ? `${merged}
   workgroupBarrier();
-  let d = params.headDim;
-  let matrix4 = (params.firstMatrix + h / params.headsPerMatrix) * d * d / 4u;
-  ${rowProductWgsl({
-    row: 'lane',
-    matrix: 'rotation',
-    base4: 'matrix4',
-    transpose: 'true',
-    store: (j, value) => `out[(t * params.heads + h) * d + ${j}] = ${value};`,
-  })}`
+  ${unrotate.product('lane', (j, value) => `out[(t * params.heads + h) * d + ${j}] = ${value};`)}`
     : merged;
+  // The head's matrix is known from the start: its loads go out with the partials' (prefetchedRowProductWgsl).
+  const prefetch = rotateOutput
+    ? `let d = params.headDim;
+  let matrix4 = (params.firstMatrix + h / params.headsPerMatrix) * d * d / 4u;
+  ${ROW_MATRIX_DECLARATION}
+  ${unrotate.load('rotation', 'matrix4')}`
+    : '';
   // A tree reduction of lane[0..WG) into lane[0] by `op`.
   const reduce = (op: (a: string, b: string) => string) => `for (var width = WG / 2u; width > 0u; width /= 2u) {
     if (lid < width) { lane[lid] = ${op('lane[lid]', 'lane[lid + width]')}; }
@@ -483,6 +483,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let h = wg.x;
   let t = wg.y;
   if (t >= step.tokens) { return; }
+  ${prefetch}
   let stepSplits = currentStepSplits();
   let chunk = splitChunk(step.length, stepSplits, params.minChunk);
   let splits = (step.length + chunk - 1u) / chunk;

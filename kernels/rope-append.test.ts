@@ -209,12 +209,12 @@ describe('rope-append kernel (RoPE, rotation and the KV store of a decode step)'
 
   it("catches broken kernels: q heads rotated by another head's matrix (their own index's), k stored at the values", async () => {
     const wrongMatrix = mutateShaders(ctx.gpu, {
-      label: 'rope-append-rotated',
+      label: 'rope-append-rotated-prefetched',
       edit: (code) => code.replace('if (isQ) { m = head / params.groupHeads; }', ''),
     });
     const calibrated: Case = { ...base, rotation: 'calibrated', heads: 8, kvHeads: 2 };
     expect((await runCase(wrongMatrix.gpu, calibrated)).q).toBeGreaterThan(1);
-    expect(wrongMatrix.mutated).toEqual(['rope-append-rotated']);
+    expect(wrongMatrix.mutated).toEqual(['rope-append-rotated-prefetched']);
     const swapped = mutateShaders(ctx.gpu, {
       label: 'rope-append',
       edit: (code) => code.replace('first += params.kOffset', 'first += params.vOffset'),

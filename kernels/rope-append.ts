@@ -4,6 +4,7 @@ import { type KvPageSource, kvPoolDispatch } from './kv-append.ts';
 import type { RopeStage } from './rope.ts';
 import { ROPE_HEAD_NORM_MAX_DIM } from './rope.wgsl.ts';
 import { type RopeAppendBuild, ropeAppendStorageBindings, ropeAppendWgsl } from './rope-append.wgsl.ts';
+import { PREFETCHED_ROW_MAX_DIM } from './rotate.wgsl.ts';
 
 /** The rotated cache's matrices for one layer: f32 [n, headDim, headDim] row-major, KV head h at `firstMatrix + h`. */
 export interface RopeAppendRotation {
@@ -30,7 +31,11 @@ export interface RopeAppendBinding {
  * the adapter's limit (9 to 13; the WebGPU default is 8). Otherwise the cache runs RoPE, the rotation and kv-append
  * one after another.
  */
-export function ropeAppendFits(gpu: GpuContext, build: RopeAppendBuild, headDim: number): boolean {
+export function ropeAppendFits(
+  gpu: GpuContext,
+  build: Pick<RopeAppendBuild, 'headNorm' | 'rotate'>,
+  headDim: number,
+): boolean {
   return (
     headDim <= ROPE_HEAD_NORM_MAX_DIM &&
     headDim % 2 === 0 &&
@@ -45,7 +50,12 @@ export function ropeAppendFits(gpu: GpuContext, build: RopeAppendBuild, headDim:
  */
 export function prepareRopeAppend(gpu: GpuContext, label: string, b: RopeAppendBinding): PreparedDispatch {
   const { pool, rope } = b;
-  const build: RopeAppendBuild = { headNorm: rope.headNorm !== undefined, rotate: b.rotation !== undefined };
+  const rotate = b.rotation !== undefined;
+  const build: RopeAppendBuild = {
+    headNorm: rope.headNorm !== undefined,
+    rotate,
+    prefetch: rotate && rope.headDim <= PREFETCHED_ROW_MAX_DIM,
+  };
   if (rope.kvHeads !== pool.kvHeads || rope.headDim !== pool.headDim || rope.heads % rope.kvHeads !== 0) {
     throw new RangeError(
       `rope-append '${label}': ${rope.heads} q heads and ${rope.kvHeads} KV heads of ${rope.headDim} dims do not fit a pool of ${pool.kvHeads} KV heads of ${pool.headDim}`,
@@ -54,7 +64,7 @@ export function prepareRopeAppend(gpu: GpuContext, label: string, b: RopeAppendB
   if (!ropeAppendFits(gpu, build, rope.headDim)) {
     throw new RangeError(`rope-append '${label}': this device cannot run the fused build (ropeAppendFits)`);
   }
-  const name = `rope-append${build.headNorm ? '-head-norm' : ''}${build.rotate ? '-rotated' : ''}`;
+  const name = `rope-append${build.headNorm ? '-head-norm' : ''}${build.rotate ? '-rotated' : ''}${build.prefetch ? '-prefetched' : ''}`;
   const pipeline = computePipeline(gpu, name, ropeAppendWgsl(build));
   const matrixWords = rope.headDim * rope.headDim;
   const firstMatrixWords = (b.rotation?.firstMatrix ?? 0) * matrixWords;

@@ -1,7 +1,12 @@
 import { KV_STEP_WGSL, kvStoreWgsl } from './kv-append.wgsl.ts';
 import { rmsScaleWgsl } from './rmsnorm.wgsl.ts';
 import { ROPE_HEAD_NORM_MAX_DIM, ropePairWgsl } from './rope.wgsl.ts';
-import { ROW_PRODUCT_PARTIALS, rowProductWgsl } from './rotate.wgsl.ts';
+import {
+  prefetchedRowProductWgsl,
+  ROW_MATRIX_DECLARATION,
+  ROW_PRODUCT_PARTIALS,
+  rowProductWgsl,
+} from './rotate.wgsl.ts';
 import { wgslConstants } from './wgsl-constants.ts';
 
 /** What a build of the fused decode store does besides RoPE and the store. */
@@ -10,13 +15,18 @@ export interface RopeAppendBuild {
   headNorm: boolean;
   /** The rotated cache's per-KV-head rotations: q and k by R_K after RoPE, v by R_V. */
   rotate: boolean;
+  /**
+   * Rotated builds for heads of up to PREFETCHED_ROW_MAX_DIM dims load their matrix first, with the row
+   * (prefetchedRowProductWgsl); larger heads load it after RoPE (rowProductWgsl).
+   */
+  prefetch: boolean;
 }
 
 /**
  * Storage bindings of a build: q, k, v, the frequency divisors and the page table; R_K and R_V (rotate); the q and k
  * norm weights (headNorm); after the three uniforms, the four slabs.
  */
-export function ropeAppendStorageBindings(build: RopeAppendBuild): number {
+export function ropeAppendStorageBindings(build: Pick<RopeAppendBuild, 'headNorm' | 'rotate'>): number {
   return 9 + (build.rotate ? 2 : 0) + (build.headNorm ? 2 : 0);
 }
 
@@ -29,6 +39,8 @@ export function ropeAppendStorageBindings(build: RopeAppendBuild): number {
  * Decode only: the step's one token is at `step.position` (RoPE) and `kvStep.position` (its page).
  */
 export function ropeAppendWgsl(build: RopeAppendBuild): string {
+  if (build.prefetch && !build.rotate)
+    throw new RangeError('rope-append: only a rotated build prefetches its matrices');
   // The row product's invocations are laid out for 256 (rowProductWgsl).
   const WG = build.rotate ? 256 : 64;
   const storage = [
@@ -52,6 +64,7 @@ export function ropeAppendWgsl(build: RopeAppendBuild): string {
   ].join('\n');
   const rotateRow = (matrix: string, base4: string) =>
     rowProductWgsl({ row: 'row', matrix, base4, transpose: 'false', store: (j, value) => `row[${j}] = ${value};` });
+  const prefetched = prefetchedRowProductWgsl(false);
   return (
     wgslConstants({ WG, MAX_HEAD_DIM: ROPE_HEAD_NORM_MAX_DIM }) +
     /* wgsl */ `
@@ -80,6 +93,21 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let isV = wg.x >= params.heads + params.kvHeads;
   var head = wg.x;
   if (isV) { head -= params.heads + params.kvHeads; } else if (!isQ) { head -= params.heads; }
+${
+  build.rotate
+    ? `  // The head's rotation: R_V for v, its KV head's R_K for q and k. Its loads go out first, with the row's.
+  var m = head;
+  if (isQ) { m = head / params.groupHeads; }
+  var matrix4 = (params.keyMatrix + m * d * d) / 4u;
+  if (isV) { matrix4 = (params.valueMatrix + head * d * d) / 4u; }
+  ${
+    build.prefetch
+      ? `${ROW_MATRIX_DECLARATION}
+  if (isV) ${prefetched.load('valueRotation', 'matrix4')} else ${prefetched.load('keyRotation', 'matrix4')}`
+      : ''
+  }`
+    : ''
+}
   ${build.headNorm ? 'var sum = 0.0;' : ''}
   for (var i = lid; i < d; i += WG) {
     var x: f32;
@@ -114,14 +142,14 @@ ${
 ${
   build.rotate
     ? `  // The product reads the whole row before its barrier and stores after it: in place.
-  if (isV) {
-    let matrix4 = (params.valueMatrix + head * d * d) / 4u;
+  ${
+    build.prefetch
+      ? prefetched.product('row', (j, v) => `row[${j}] = ${v};`)
+      : `if (isV) {
     ${rotateRow('valueRotation', 'matrix4')}
   } else {
-    var m = head;
-    if (isQ) { m = head / params.groupHeads; }
-    let matrix4 = (params.keyMatrix + m * d * d) / 4u;
     ${rotateRow('keyRotation', 'matrix4')}
+  }`
   }
   workgroupBarrier();`
     : ''

@@ -85,6 +85,103 @@ ${loads((u) => `if (i + ${u}u < last) { a${u % 4} += ${o.row}[i + ${u}u] * ${o.m
 }`;
 }
 
+/** Matrix vec4s an invocation of a prefetched row product holds: all of its share of the matrix for headDim <= 128. */
+const PREFETCHED = 16;
+/** The caller's declaration of the registers prefetchedRowProductWgsl loads into. */
+export const ROW_MATRIX_DECLARATION = `var rowMatrix: array<vec4<f32>, ${PREFETCHED}>;`;
+/** Most head dims prefetchedRowProductWgsl serves. */
+export const PREFETCHED_ROW_MAX_DIM = 128;
+
+/**
+ * rowProductWgsl in two parts, for a kernel that knows its head's matrix before it has the row: `load(matrix, base4)`
+ * (at the kernel's start) issues every matrix load the invocation's share needs into registers (`rowMatrix`,
+ * PREFETCHED vec4s), so they are in flight with the kernel's other loads, and `product(row, store)` (where
+ * rowProductWgsl would be) adds them up against the row and stores as it does, with the same invocation layout and
+ * the same sums in the same order.
+ * For headDim <= 128 (a runtime value: the caller branches to rowProductWgsl past it); `transpose` is fixed by the
+ * build. The loads wait on one round trip to memory where rowProductWgsl's wait on a second one after the row's
+ * (the rotated cache's q/k/v rotation and output un-rotation, each once a layer of a decode step).
+ */
+export function prefetchedRowProductWgsl(transpose: boolean): {
+  load: (matrix: string, base4: string) => string;
+  product: (row: string, store: (j: string, value: string) => string) => string;
+} {
+  // The caller declares the registers (ROW_MATRIX_DECLARATION) where both parts see them.
+  if (transpose) {
+    // Invocation (j, half): vec4s half, half + 2, ... of row j of M, one j per invocation for d <= 128.
+    return {
+      load: (matrix, base4) => `{
+    let quads = d / 4u;
+    let j = lid / 2u;
+    let half = lid % 2u;
+    if (j < d) {
+      for (var u = 0u; u < ${PREFETCHED}u; u++) {
+        if (half + 2u * u < quads) { rowMatrix[u] = ${matrix}[${base4} + j * quads + half + 2u * u]; }
+      }
+    }
+  }`,
+      product: (row, store) => `{
+  let quads = d / 4u;
+  let j = lid / 2u;
+  let half = lid % 2u;
+  if (j < d) {
+    var a = array<vec4<f32>, 4>();
+    for (var u = 0u; u < ${PREFETCHED}u; u++) {
+      let c = half + 2u * u;
+      if (c < quads) {
+        a[u % 4u] += vec4<f32>(${row}[4u * c], ${row}[4u * c + 1u], ${row}[4u * c + 2u], ${row}[4u * c + 3u]) * rowMatrix[u];
+      }
+    }
+    let sum4 = (a[0] + a[1]) + (a[2] + a[3]);
+    partial[2u * j + half] = (sum4.x + sum4.y) + (sum4.z + sum4.w);
+  }
+  workgroupBarrier();
+  for (var j = lid; j < d; j += 256u) { ${store('j', 'partial[2u * j] + partial[2u * j + 1u]')} }
+}`,
+    };
+  }
+  // Invocation (piece, quad): vec4 quad of rows piece·rows .. of M, at most 16 rows for d <= 128.
+  const layout = `let quads = d / 4u;
+    let pieces = 256u / quads;
+    let rows = (d + pieces - 1u) / pieces;
+    let quad = lid % quads;
+    let piece = lid / quads;
+    let first = min(piece * rows, d);
+    let last = min(first + rows, d);`;
+  return {
+    load: (matrix, base4) => `{
+    ${layout}
+    if (piece < pieces) {
+      for (var u = 0u; u < ${PREFETCHED}u; u++) {
+        if (first + u < last) { rowMatrix[u] = ${matrix}[${base4} + (first + u) * quads + quad]; }
+      }
+    }
+  }`,
+    product: (row, store) => `{
+  ${layout}
+  if (piece < pieces) {
+    var a = array<vec4<f32>, 4>();
+    for (var u = 0u; u < ${PREFETCHED}u; u++) {
+      if (first + u < last) { a[u % 4u] += ${row}[first + u] * rowMatrix[u]; }
+    }
+    let sum4 = (a[0] + a[1]) + (a[2] + a[3]);
+    let at = piece * d + 4u * quad;
+    partial[at] = sum4.x;
+    partial[at + 1u] = sum4.y;
+    partial[at + 2u] = sum4.z;
+    partial[at + 3u] = sum4.w;
+  }
+  workgroupBarrier();
+  let used = (d + rows - 1u) / rows;
+  for (var j = lid; j < d; j += 256u) {
+    var sum = 0.0;
+    for (var p = 0u; p < used; p++) { sum += partial[p * d + j]; }
+    ${store('j', 'sum')}
+  }
+}`,
+  };
+}
+
 /**
  * How the prefill build lays out a workgroup: `invocations` invocations in row groups of headDim / 4, each group
  * taking `rowsPerInvocation` rows of the block, each invocation a vec4 of outputs of each. The invocations read the
