@@ -148,3 +148,21 @@ describe('bench/constrained-decode.ts', () => {
     }
   });
 });
+
+describe('npm run bench -- --calibrate', () => {
+  it("parses the switch, and the table names each calibrated row set's plan and its bits", async () => {
+    expect(parseBenchArgs(['--quick', '--calibrate', '--kv', 'int2'], () => {}).calibrate).toBe(true);
+    expect(parseBenchArgs(['--quick'], () => {}).calibrate).toBe(false);
+    const report = JSON.parse(
+      await readFile(new URL('./results/2026-11-30-nvidia-h200-session9-qwen3-4b.json', import.meta.url), 'utf8'),
+    );
+    const plan = { summary: 'K 2-bit clip 0.92, V 2-bit clip 0.92', source: 'calibration', bitsPerElementAt32K: 2.39 };
+    for (const row of report.rows) if (row.kv === 'int2' && row.weights === 'q4_0') row.kvPlan = plan;
+    const notes = renderMarkdown(report)
+      .split('\n')
+      .filter((l) => l.includes(': plan '));
+    expect(notes).toEqual([
+      '- qwen3-4b q4_0 int2: plan K 2-bit clip 0.92, V 2-bit clip 0.92 (calibration; 2.39 bits per element at 32K).',
+    ]);
+  });
+});

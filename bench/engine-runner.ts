@@ -9,11 +9,13 @@ import type { ByteSource } from '../core/gguf-types.ts';
 import type { MemorySnapshot } from '../core/gpu/allocator.ts';
 import type { GpuContext } from '../core/gpu/device.ts';
 import type { PrefillAttention } from '../runtime/engine/api-types.ts';
+import { planStats } from '../runtime/engine/kv-stats.ts';
 import { parseLoadOptions } from '../runtime/engine/load-options.ts';
 import { type KvMode, ModelRunner } from '../runtime/engine/model-runner.ts';
 import { sourceFromPath } from '../runtime/gguf/node-source.ts';
 import type { TokenConstraint } from '../runtime/grammar/constraint.ts';
 import { defaultQuantF16Bytes } from '../runtime/kv/pool.ts';
+import type { RotationCache } from '../runtime/kv/rotation-store.ts';
 import type { PrefillMatmul } from '../runtime/model/transformer.ts';
 import type { BenchModelFile } from './models.ts';
 import { type RowTiming, summarize, type TimedRepeat } from './stats.ts';
@@ -44,6 +46,8 @@ export interface EngineRowResult {
   memory: MemorySnapshot;
   kvPool: { bytesUsed: number; bytesReserved: number; slabs: number; pageTokens: number; pageBytes: number };
   graph: DecodeGraphCounts;
+  /** The quant cache's precision plan (stats().kv.plan); null for an f16 cache. */
+  kvPlan: { summary: string; source: string; bitsPerElementAt32K: number } | null;
   /** Weights read per decode token (every matrix once; the embedding one row unless tied to the output). */
   weightBytesReadPerToken: number;
   /** KV bytes read per decode token at the mean decode position. */
@@ -111,6 +115,11 @@ export function benchKvBudgetBytes(
   return f16BytesPerToken * (maxContext + 64) + 2 * f16Pages;
 }
 
+function planOf(m: NonNullable<ModelRunner['loaded']>): EngineRowResult['kvPlan'] {
+  const plan = planStats(m.pool, m.kv.options);
+  return plan ? { summary: plan.summary, source: plan.source, bitsPerElementAt32K: plan.bitsPerElementAt32K } : null;
+}
+
 export class EngineRunner {
   readonly engine: ModelRunner;
   private source: ByteSource | null = null;
@@ -131,22 +140,24 @@ export class EngineRunner {
     maxContext: number,
     prefillChunk: number | undefined,
     kernels: { prefillMatmul?: PrefillMatmul; prefillAttention?: PrefillAttention } = {},
+    /** Where calibrated rotations are found (with them, int2 runs the calibration's rotations and plan). */
+    rotationCache?: RotationCache,
   ): Promise<EngineLoadResult> {
     await this.unload();
     const s = file.shape;
     const started = performance.now();
     this.source = await sourceFromPath(file.path);
     try {
-      await this.engine.load(
-        this.source,
-        parseLoadOptions({
+      await this.engine.load(this.source, {
+        ...parseLoadOptions({
           kv,
           kvBudgetBytes: benchKvBudgetBytes(s, kv, maxContext),
           maxSequences: 2,
           ...(prefillChunk ? { prefillChunk } : {}),
           experimental: kernels,
         }),
-      );
+        ...(rotationCache ? { rotationCache } : {}),
+      });
     } catch (error) {
       await this.unload();
       if (error instanceof InvalidRequestError && error.details.field === 'kv') {
@@ -318,6 +329,7 @@ export class EngineRunner {
       },
       weightBytesReadPerToken,
       kvBytesReadPerToken: kvBytesPerToken * Math.min(meanPosition, last.seqLength),
+      kvPlan: planOf(m),
     };
   }
 }

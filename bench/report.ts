@@ -51,6 +51,8 @@ export interface BenchRow {
   vsLlama?: Record<string, { decode: number | null; prefill: number | null; ttft: number | null }>;
   /** longtab rows of another KV mode: decode tok/s ÷ the longtab f16 row's of the same model, weights and context. */
   vsOwnF16?: { decode: number };
+  /** longtab quant rows: the cache's precision plan (stats().kv.plan: 'calibration' with --calibrate). */
+  kvPlan?: { summary: string; source: string; bitsPerElementAt32K: number };
 }
 
 export interface BenchModelEntry {
@@ -103,6 +105,8 @@ export interface BenchReport {
     prefillLimitSeconds: number;
     seed: number;
     llama: string;
+    /** int2 rows ran with the plan and rotations the engine's calibration fits (--calibrate), else Hadamard. */
+    calibrate?: boolean;
   };
   llama: (LlamaInfo & { available: true }) | { available: false; reason: string };
   models: BenchModelEntry[];
@@ -208,6 +212,13 @@ export function renderMarkdown(report: BenchReport): string {
     );
   }
   const notes = [...report.notes];
+  const plans = new Map<string, NonNullable<BenchRow['kvPlan']>>();
+  for (const r of report.rows) if (r.kvPlan) plans.set(`${r.model} ${r.weights} ${r.kv}`, r.kvPlan);
+  for (const [row, plan] of plans) {
+    notes.push(
+      `${row}: plan ${plan.summary} (${plan.source}; ${plan.bitsPerElementAt32K.toFixed(2)} bits per element at 32K).`,
+    );
+  }
   if (marked) {
     notes.push(
       '⚠: the median TTFT is over twice the fastest repeat (a stall in one repeat moved it): that prefill rate, and prefill ratios against that llama.cpp row, are unreliable; rerun with 3 or more repeats.',

@@ -10,8 +10,10 @@ import { join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { acquireGpu } from '../core/gpu/device.ts';
 import { nodeGpu, releaseNodeGpu } from '../core/gpu/node.ts';
+import { ensureCalibrated } from '../runtime/cli/calibrate.ts';
 import type { PrefillAttention } from '../runtime/engine/api-types.ts';
 import type { KvMode } from '../runtime/engine/model-runner.ts';
+import { nodeRotationCache } from '../runtime/kv/rotation-cache-node.ts';
 import type { PrefillMatmul } from '../runtime/model/transformer.ts';
 import { EngineRunner, type FillMode } from './engine-runner.ts';
 import { type LlamaBackend, LlamaCppRunner, type LlamaKvType, llamaKvBytesPerToken } from './llama-cpp.ts';
@@ -30,6 +32,8 @@ import { type BenchReport, type BenchRow, REPORT_SCHEMA, renderMarkdown } from '
 
 export interface BenchOptions {
   quick: boolean;
+  /** int2 rows with the engine's calibration (rotations, clip, plan) instead of the Hadamard rotation. */
+  calibrate: boolean;
   models: BenchModelShape[];
   weights: WeightMix[];
   kv: KvMode[];
@@ -73,6 +77,8 @@ const USAGE = `Usage: npm run bench -- [flags]   (or: node .gpu/bench.mjs [flags
   --prefill-limit-s s     auto fill: fast fill when one prefill is estimated to take longer (default 45)
   --row-budget-s s        per row: no further repeat past this (default 60)
   --budget-s s            whole run: later rows are skipped (default: none)
+  --calibrate             int2 rows run what a user gets after the engine's calibration (rotations, clip and precision
+                          plan fitted on the model's own text, cached by the model's digest), not the Hadamard rotation
   --prefill-chunk n       longtab tokens per prefill submit (default: the engine's, 128; 1024 with int8 tensor cores)
   --prefill-matmul m      auto (int8 tensor cores where the GPU has them), f32 or int8-dot (dot4I8Packed; default auto)
   --prefill-attention m   auto (q·k and p·v on int8 tensor cores where the GPU has them), f32 or int8-dot
@@ -104,9 +110,11 @@ function intList(value: string): number[] {
 export function parseBenchArgs(argv: readonly string[], log: (line: string) => void): BenchOptions {
   const flags = new Map<string, string>();
   let quick = false;
+  let calibrate = false;
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i];
     if (arg === '--quick') quick = true;
+    else if (arg === '--calibrate') calibrate = true;
     else if (arg === '--help' || arg === '-h') {
       console.log(USAGE);
       process.exit(0);
@@ -161,6 +169,7 @@ export function parseBenchArgs(argv: readonly string[], log: (line: string) => v
   }
   const options: BenchOptions = {
     quick,
+    calibrate,
     models,
     weights,
     kv,
@@ -276,6 +285,7 @@ export async function runBench(
       rowBudgetSeconds: options.rowBudgetSeconds,
       prefillLimitSeconds: options.prefillLimitSeconds,
       seed: options.seed,
+      calibrate: options.calibrate,
       llama:
         llamaBackend === 'off'
           ? 'off'
@@ -474,11 +484,18 @@ async function runEngineRows(
     }
     log(`longtab ${file.shape.id} ${file.mix} kv=${kv}: loading`);
     let loaded: Awaited<ReturnType<EngineRunner['load']>>;
+    const calibrated = options.calibrate && kv === 'int2';
     try {
-      loaded = await engine.load(file, kv, longest, options.prefillChunk, {
-        prefillMatmul: options.prefillMatmul,
-        prefillAttention: options.prefillAttention,
-      });
+      // What `longtab calibrate` fits (cached by the model's digest); the load then finds it in the cache.
+      if (calibrated && (await ensureCalibrated(engine.gpu, file.path))) log('  calibrated');
+      loaded = await engine.load(
+        file,
+        kv,
+        longest,
+        options.prefillChunk,
+        { prefillMatmul: options.prefillMatmul, prefillAttention: options.prefillAttention },
+        calibrated ? nodeRotationCache() : undefined,
+      );
     } catch (error) {
       for (const row of rows) {
         row.status = 'error';
@@ -544,6 +561,7 @@ async function runEngineRows(
           decodeBytesPerToken: read,
           achievedGBps: read.total / (t.tpotMs.median / 1000) / 1e9,
           graph: result.graph,
+          ...(result.kvPlan ? { kvPlan: result.kvPlan } : {}),
         } satisfies Partial<BenchRow>);
         delete row.reason;
         row.vsLlama = {};
