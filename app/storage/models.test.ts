@@ -12,6 +12,7 @@ import { GgmlType } from '../../core/gguf-types.ts';
 import { writeGguf } from '../../runtime/gguf/writer.ts';
 import { randomBytes } from '../../test/gguf-fixtures.ts';
 import { type FileServer, startFileServer } from '../../test/http-file-server.ts';
+import { describeRefusal, faultLog, isRefusal, rejectionOf } from '../../test/regressions/fault-log.ts';
 import {
   type DownloadOptions,
   type DownloadProgress,
@@ -98,6 +99,8 @@ async function storedEquals(path: string, bytes: Uint8Array): Promise<boolean> {
   return Buffer.from(bytes).equals(await readFile(path));
 }
 
+const log = faultLog('download');
+
 const MONDAY = 'Mon, 01 Jan 2024 00:00:00 GMT';
 const TUESDAY = 'Tue, 02 Jan 2024 00:00:00 GMT';
 
@@ -144,10 +147,25 @@ describe('downloadModel resumes only the same file', () => {
 
       server.file = { bytes: v2, etag: '"v2"', lastModified: TUESDAY };
       const done = await downloadModel('m', () => {}, undefined, { ...options, storage });
-      expect(done.complete).toBe(true);
       // The stored file is v2 whole, not v1's first half spliced onto v2's second.
-      expect(await storedEquals(storage.path('m'), v2)).toBe(true);
+      const whole = await storedEquals(storage.path('m'), v2);
       const resumed = server.requests.filter((headers) => headers.range === `bytes=${512 << 10}-`);
+      log.record({
+        area: 'download',
+        fault: `paused at 512 KiB, then the file replaced by a same-size one with a new ETag (server ${honourIfRange ? 'honours' : 'ignores'} If-Range)`,
+        expected:
+          'the resume asks If-Range with the old ETag, sees the change and starts over; the stored file is the new one whole',
+        outcome: `${resumed.length} resume with If-Range ${resumed[0]?.['if-range'] ?? 'none'}; ${done.complete ? 'complete' : 'incomplete'}; stored file ${whole ? 'is v2 byte for byte' : 'differs from v2'}`,
+        ok:
+          done.complete &&
+          whole &&
+          resumed.length === 1 &&
+          resumed[0]!['if-range'] === '"v1"' &&
+          done.version?.etag === '"v2"' &&
+          done.version?.lastModified === TUESDAY,
+      });
+      expect(done.complete).toBe(true);
+      expect(whole).toBe(true);
       expect(resumed.length).toBe(1);
       expect(resumed[0]!['if-range']).toBe('"v1"');
       expect(done.version).toEqual({ etag: '"v2"', lastModified: TUESDAY });
@@ -161,12 +179,26 @@ describe('downloadModel resumes only the same file', () => {
     await register(storage, server.url);
     await downloadHalfThenPause(storage, 256 << 10, options);
     const done = await downloadModel('m', () => {}, undefined, { ...options, storage });
-    expect(done.complete).toBe(true);
     const last = server.requests.at(-1)!;
+    const sent = server.bodyBytesSent.at(-1);
+    const whole = await storedEquals(storage.path('m'), v1);
+    log.record({
+      area: 'download',
+      fault: 'paused at 256 KiB, the file unchanged (no ETag, a Last-Modified)',
+      expected: 'resumes from byte 262144 with If-Range by Last-Modified, sends only the rest; the stored file whole',
+      outcome: `resumed with ${last.range}, If-Range ${last['if-range'] === MONDAY ? 'Last-Modified' : (last['if-range'] ?? 'none')}; ${sent} bytes sent; stored file ${whole ? 'identical' : 'differs'}`,
+      ok:
+        done.complete &&
+        last.range === `bytes=${256 << 10}-` &&
+        last['if-range'] === MONDAY &&
+        sent === v1.byteLength - (256 << 10) &&
+        whole,
+    });
+    expect(done.complete).toBe(true);
     expect(last.range).toBe(`bytes=${256 << 10}-`);
     expect(last['if-range']).toBe(MONDAY);
-    expect(server.bodyBytesSent.at(-1)).toBe(v1.byteLength - (256 << 10));
-    expect(await storedEquals(storage.path('m'), v1)).toBe(true);
+    expect(sent).toBe(v1.byteLength - (256 << 10));
+    expect(whole).toBe(true);
   });
 
   it('stores a gzip-encoded download whole (its Content-Length is the compressed size, not a changed file)', async () => {
@@ -180,9 +212,17 @@ describe('downloadModel resumes only the same file', () => {
     const storage = folderStorage(dir);
     await register(storage, server.url);
     const done = await downloadModel('m', () => {}, undefined, { ...options, storage });
+    const whole = await storedEquals(storage.path('m'), bytes);
+    log.record({
+      area: 'download',
+      fault: 'a gzip-encoded answer whose Content-Length is the compressed size (a quarter of the file)',
+      expected: 'not taken for a changed or short file: stored whole, the total the file size',
+      outcome: `${done.complete ? 'complete' : 'incomplete'}, total ${done.totalBytes} of ${bytes.byteLength}; stored file ${whole ? 'identical' : 'differs'}`,
+      ok: done.complete && done.totalBytes === bytes.byteLength && whole,
+    });
     expect(server.requests[0]!['accept-encoding']).toMatch(/gzip/);
     expect(done).toMatchObject({ complete: true, totalBytes: bytes.byteLength });
-    expect(await storedEquals(storage.path('m'), bytes)).toBe(true);
+    expect(whole).toBe(true);
   });
 });
 
@@ -192,13 +232,28 @@ describe('downloadModel deadlines', () => {
     server.behaviour.stallAfterBytes = 100 << 10;
     const storage = folderStorage(dir);
     await register(storage, server.url);
-    const download = downloadModel('m', () => {}, undefined, { storage, chunkTimeoutMs: 150, retryDelayMs: 10 });
-    await expect(download).rejects.toBeInstanceOf(ModelDownloadError);
-    await expect(download).rejects.toMatchObject({ code: 'download-failed' });
-    await expect(download).rejects.toThrow(/stopped answering \(download\): no bytes for 0.15 s/);
+    const error = await rejectionOf(
+      downloadModel('m', () => {}, undefined, { storage, chunkTimeoutMs: 150, retryDelayMs: 10 }),
+    );
+    const message = /stopped answering \(download\): no bytes for 0.15 s/;
+    const complete = (await storage.getRecord('m'))!.complete;
+    log.record({
+      area: 'download',
+      fault: 'a server that stops sending after 100 KiB, every attempt (chunkTimeoutMs 150)',
+      expected: 'ModelDownloadError (download-failed) after 4 attempts, each resuming; the model not marked complete',
+      outcome: `${describeRefusal(error, message)}; ${server.requests.length} requests; ${complete ? 'marked complete' : 'not complete'}`,
+      ok:
+        isRefusal(error, ModelDownloadError, message) &&
+        (error as ModelDownloadError).code === 'download-failed' &&
+        server.requests.length === 4 &&
+        !complete,
+    });
+    expect(error).toBeInstanceOf(ModelDownloadError);
+    expect(error).toMatchObject({ code: 'download-failed' });
+    expect((error as Error).message).toMatch(message);
     // Each attempt kept what reached the disk and resumed from it.
     expect(server.requests.length).toBe(4);
-    expect((await storage.getRecord('m'))!.complete).toBe(false);
+    expect(complete).toBe(false);
   });
 
   it('a server that never answers fails it after headersTimeoutMs per attempt', async () => {
@@ -206,8 +261,18 @@ describe('downloadModel deadlines', () => {
     server.behaviour.stallHeaders = true;
     const storage = folderStorage(dir);
     await register(storage, server.url);
-    const download = downloadModel('m', () => {}, undefined, { storage, headersTimeoutMs: 150, retryDelayMs: 10 });
-    await expect(download).rejects.toThrow(/stopped answering \(download\): no response within 0.15 s/);
+    const error = await rejectionOf(
+      downloadModel('m', () => {}, undefined, { storage, headersTimeoutMs: 150, retryDelayMs: 10 }),
+    );
+    const message = /stopped answering \(download\): no response within 0.15 s/;
+    log.record({
+      area: 'download',
+      fault: 'a server that never sends headers (headersTimeoutMs 150)',
+      expected: 'ModelDownloadError saying so, after 4 attempts',
+      outcome: `${describeRefusal(error, message)}; ${server.requests.length} requests`,
+      ok: isRefusal(error, ModelDownloadError, message) && server.requests.length === 4,
+    });
+    expect((error as Error).message).toMatch(message);
     expect(server.requests.length).toBe(4);
   });
 });

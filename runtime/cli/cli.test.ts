@@ -5,6 +5,7 @@ import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
 import { InvalidRequestError } from '../../core/errors.ts';
+import { faultLog } from '../../test/regressions/fault-log.ts';
 import { STORIES260K, STORIES260K_GOLDEN, sharedPath } from '../../test/shared.ts';
 import { pairedPerplexityRatioInterval } from '../eval/perplexity.ts';
 import { parseArgs } from './args.ts';
@@ -16,6 +17,7 @@ const bin = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'bin', 'lo
 const modelPath = sharedPath(STORIES260K);
 const goldenPath = sharedPath(STORIES260K_GOLDEN);
 const tinyStoriesPath = sharedPath('corpora/tinystories/TinyStories-valid-30KB-subset.txt');
+const log = faultLog('cli');
 
 async function longtab(...args: string[]) {
   return run(process.execPath, [bin, ...args], {
@@ -273,6 +275,17 @@ describe.skipIf(!modelPath || !goldenPath)('longtab CLI on stories260K', () => {
         () => null,
         (error: { code: number; stderr: string }) => error,
       );
+      const stackTrace = failure !== null && /\n\s+at /.test(failure.stderr);
+      log.record({
+        area: 'files',
+        fault: `longtab ${args.join(' ')}`,
+        expected: 'exit code 1; one line "longtab: InvalidRequestError: …" naming the path; no stack trace',
+        outcome:
+          failure === null
+            ? 'exit code 0'
+            : `exit code ${failure.code}; ${stackTrace ? 'a stack trace' : `"${failure.stderr.trim().split('\n').at(-1)}"`}`,
+        ok: failure !== null && failure.code === 1 && pattern.test(failure.stderr) && !stackTrace,
+      });
       expect(failure, args.join(' ')).toMatchObject(oneLine(pattern));
       expect(failure!.stderr, args.join(' ')).not.toMatch(/\n\s+at /);
     }

@@ -6,6 +6,7 @@
 import { describe, expect, it, vi } from 'vitest';
 import { ContextOverflowError } from '../../core/errors.ts';
 import { withTestGpu } from '../../test/gpu.ts';
+import { describeRefusal, faultLog } from '../../test/regressions/fault-log.ts';
 import { STORIES260K, sharedPath } from '../../test/shared.ts';
 import { chatTemplateFromMetadata, encodeConversation } from '../tokenizer/chat-template.ts';
 import type { ChatMessageParam, LongtabEngine } from './api.ts';
@@ -13,6 +14,7 @@ import { createNodeEngine } from './node.ts';
 
 const ctx = withTestGpu();
 const modelPath = sharedPath(STORIES260K);
+const log = faultLog('context-cost');
 
 const SYSTEM: ChatMessageParam = { role: 'system', content: 'You tell short stories about Lily.' };
 
@@ -55,10 +57,6 @@ describe.skipIf(!modelPath)('context checks cost what the input costs', () => {
         usage: { prompt_tokens: number; longtab: { dropped_messages: number } };
       };
       const dropped = reply.usage.longtab.dropped_messages;
-      // One per dropped turn would be ~390 renders; bisection over 400 turns takes about log2(400) ≈ 9, plus the
-      // system prompt alone.
-      expect(calls).toBeLessThanOrEqual(14);
-      expect(dropped).toBeGreaterThan(350);
 
       // The fewest: with one turn fewer dropped the prompt would not fit (one position stays free for the reply).
       const runner = engine.runner!;
@@ -68,9 +66,22 @@ describe.skipIf(!modelPath)('context checks cost what the input costs', () => {
           addGenerationPrompt: true,
           specialTokensInContent: 'text',
         }).length;
-      expect(tokens(dropped)).toBe(reply.usage.prompt_tokens);
-      expect(tokens(dropped)).toBeLessThan(128);
-      expect(tokens(dropped - 1)).toBeGreaterThanOrEqual(128);
+      const kept = tokens(dropped);
+      const oneFewer = tokens(dropped - 1);
+      log.record({
+        area: 'context',
+        fault: "a conversation of 400 turns into 128 tokens of context, context_overflow 'drop_oldest_turns'",
+        expected: 'at most 14 tokenizer calls (bisection, not one per dropped turn); the fewest turns dropped',
+        outcome: `${calls} tokenizer calls; ${dropped} messages dropped, ${kept} tokens kept (${oneFewer} with one fewer dropped)`,
+        ok: calls <= 14 && dropped > 350 && kept === reply.usage.prompt_tokens && kept < 128 && oneFewer >= 128,
+      });
+      // One per dropped turn would be ~390 renders; bisection over 400 turns takes about log2(400) ≈ 9, plus the
+      // system prompt alone.
+      expect(calls).toBeLessThanOrEqual(14);
+      expect(dropped).toBeGreaterThan(350);
+      expect(kept).toBe(reply.usage.prompt_tokens);
+      expect(kept).toBeLessThan(128);
+      expect(oneFewer).toBeGreaterThanOrEqual(128);
     } finally {
       engine.destroy();
     }
@@ -87,14 +98,33 @@ describe.skipIf(!modelPath)('context checks cost what the input costs', () => {
             context_overflow: overflow,
           }),
         );
+        const message = /^This request needs at least \d+ tokens of KV cache, but only 128/;
+        log.record({
+          area: 'context',
+          fault: `a 460 000-character user message into 128 tokens of context (chat, context_overflow '${overflow}')`,
+          expected: 'ContextOverflowError before anything is tokenized (0 tokenizer calls)',
+          outcome: `${describeRefusal(result, message)}; ${calls} tokenizer calls`,
+          ok:
+            result instanceof ContextOverflowError &&
+            result.tokensAvailable === 128 &&
+            message.test(result.message) &&
+            calls === 0,
+        });
         expect(result).toBeInstanceOf(ContextOverflowError);
         expect((result as ContextOverflowError).tokensAvailable).toBe(128);
-        expect((result as Error).message).toMatch(/^This request needs at least \d+ tokens of KV cache, but only 128/);
+        expect((result as Error).message).toMatch(message);
         expect(calls).toBe(0);
       }
       const { result, calls } = await watchingEncode(engine, () =>
         engine.completions.create({ prompt: long, max_tokens: 1 }),
       );
+      log.record({
+        area: 'context',
+        fault: 'a 460 000-character prompt into 128 tokens of context (completions)',
+        expected: 'ContextOverflowError before anything is tokenized (0 tokenizer calls)',
+        outcome: `${describeRefusal(result)}; ${calls} tokenizer calls`,
+        ok: result instanceof ContextOverflowError && calls === 0,
+      });
       expect(result).toBeInstanceOf(ContextOverflowError);
       expect(calls).toBe(0);
 
@@ -111,6 +141,19 @@ describe.skipIf(!modelPath)('context checks cost what the input costs', () => {
           context_overflow: 'drop_oldest_turns',
         }),
       );
+      const droppedMessages = (dropping.result as { usage?: { longtab?: { dropped_messages?: number } } }).usage
+        ?.longtab?.dropped_messages;
+      log.record({
+        area: 'context',
+        fault:
+          "the same 460 000-character message as the oldest turn, then a short one (context_overflow 'drop_oldest_turns')",
+        expected: 'the long turn dropped without being tokenized (no text over 1000 characters tokenized); a reply',
+        outcome:
+          droppedMessages === undefined
+            ? describeRefusal(dropping.result)
+            : `replied; ${droppedMessages} message dropped; longest text tokenized ${dropping.longest} characters`,
+        ok: droppedMessages === 1 && dropping.longest < 1000,
+      });
       expect(dropping.result).toMatchObject({ usage: { longtab: { dropped_messages: 1 } } });
       expect(dropping.longest).toBeLessThan(1000);
     } finally {

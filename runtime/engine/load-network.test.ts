@@ -8,12 +8,14 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { AbortedError, DownloadFailedError } from '../../core/errors.ts';
 import { withTestGpu } from '../../test/gpu.ts';
 import { type FileServer, startFileServer } from '../../test/http-file-server.ts';
+import { describeRefusal, faultLog, isRefusal, rejectionOf } from '../../test/regressions/fault-log.ts';
 import { STORIES260K, sharedPath } from '../../test/shared.ts';
 import type { LoadProgress } from './api.ts';
 import { createNodeEngine } from './node.ts';
 
 const ctx = withTestGpu();
 const modelPath = sharedPath(STORIES260K);
+const log = faultLog('load-network');
 
 let server: FileServer | null = null;
 afterEach(async () => {
@@ -44,13 +46,31 @@ describe.skipIf(!modelPath)('engine.load(url) never wedges the engine', () => {
     try {
       // The probe's one byte goes out; every later body stops after 1 KiB.
       server.behaviour.stallAfterBytes = 1024;
-      const stalled = engine.load(server.url, { ...options, network: { headersTimeoutMs: 300, chunkTimeoutMs: 300 } });
-      await expect(stalled).rejects.toBeInstanceOf(DownloadFailedError);
-      await expect(stalled).rejects.toThrow(/model.gguf stopped answering \(bytes=.*\): no bytes for 0.3 s/);
-      expect((await engine.stats()).model).toBeNull();
+      const error = await rejectionOf(
+        engine.load(server.url, { ...options, network: { headersTimeoutMs: 300, chunkTimeoutMs: 300 } }),
+      );
+      const message = /model.gguf stopped answering \(bytes=.*\): no bytes for 0.3 s/;
+      const model = (await engine.stats()).model;
+      log.record({
+        area: 'load',
+        fault: 'engine.load(url) of stories260K from a server whose bodies stop after 1 KiB (chunkTimeoutMs 300)',
+        expected: 'DownloadFailedError saying so; no model loaded',
+        outcome: `${describeRefusal(error, message)}; ${model === null ? 'no model' : 'a model loaded'}`,
+        ok: isRefusal(error, DownloadFailedError, message) && model === null,
+      });
+      expect(error).toBeInstanceOf(DownloadFailedError);
+      expect((error as Error).message).toMatch(message);
+      expect(model).toBeNull();
 
       server.behaviour.stallAfterBytes = null;
       const info = await engine.load(server.url, options);
+      log.record({
+        area: 'load',
+        fault: 'the next engine.load(url) on the same engine, the server healthy again',
+        expected: 'loads',
+        outcome: `loaded, ${info.layers} layers`,
+        ok: info.layers > 0,
+      });
       expect(info.layers).toBeGreaterThan(0);
     } finally {
       engine.destroy();
@@ -62,8 +82,16 @@ describe.skipIf(!modelPath)('engine.load(url) never wedges the engine', () => {
     server.behaviour.stallHeaders = true;
     const engine = createNodeEngine({ gpu: ctx.gpu });
     try {
-      const stalled = engine.load(server.url, { ...options, network: { headersTimeoutMs: 300 } });
-      await expect(stalled).rejects.toThrow(/stopped answering \(probe\): no response within 0.3 s/);
+      const error = await rejectionOf(engine.load(server.url, { ...options, network: { headersTimeoutMs: 300 } }));
+      const message = /stopped answering \(probe\): no response within 0.3 s/;
+      log.record({
+        area: 'load',
+        fault: 'engine.load(url) from a server that never sends headers (headersTimeoutMs 300)',
+        expected: 'DownloadFailedError saying so',
+        outcome: describeRefusal(error, message),
+        ok: isRefusal(error, DownloadFailedError, message),
+      });
+      expect((error as Error).message).toMatch(message);
     } finally {
       engine.destroy();
     }
@@ -84,11 +112,22 @@ describe.skipIf(!modelPath)('engine.load(url) never wedges the engine', () => {
         await started;
         await new Promise((resolve) => setTimeout(resolve, 100));
         await engine[stop]();
-        expect(await outcome).toBeInstanceOf(AbortedError);
-        expect((await engine.stats()).model).toBeNull();
-
+        const error = await outcome;
+        const model = (await engine.stats()).model;
         server.behaviour.stallAfterBytes = null;
-        expect((await engine.load(server.url, options)).layers).toBeGreaterThan(0);
+        const next = await rejectionOf(engine.load(server.url, options));
+        log.record({
+          area: 'load',
+          fault: `${stop}() during engine.load(url) stalled on the network (default 30 s deadlines)`,
+          expected:
+            'AbortedError without waiting out the deadlines; no model loaded; the next load on the same engine runs',
+          outcome: `${describeRefusal(error)}; ${model === null ? 'no model' : 'a model loaded'}; next load ${next === null ? 'loaded' : describeRefusal(next)}`,
+          ok: isRefusal(error, AbortedError) && model === null && next === null,
+        });
+        expect(error).toBeInstanceOf(AbortedError);
+        expect(model).toBeNull();
+        expect(next).toBeNull();
+        expect((await engine.stats()).model).not.toBeNull();
       } finally {
         engine.destroy();
       }

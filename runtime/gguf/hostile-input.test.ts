@@ -3,6 +3,7 @@ import { describe, expect, it } from 'vitest';
 import { CorruptModelFileError, LongtabError, UnsupportedModelError } from '../../core/errors.ts';
 import { type ByteSource, GgmlType, GgufValueType } from '../../core/gguf-types.ts';
 import { metadataForEveryValueType, randomBytes } from '../../test/gguf-fixtures.ts';
+import { describeError, describeRefusal, faultLog, isRefusal, rejectionOf } from '../../test/regressions/fault-log.ts';
 import { parseGguf } from './parse.ts';
 import { sourceFromBytes } from './sources.ts';
 import { writeGguf } from './writer.ts';
@@ -35,6 +36,51 @@ function oneTensorFile(): Uint8Array {
 
 async function parseBytes(bytes: Uint8Array) {
   return parseGguf(sourceFromBytes(bytes, 'hostile.gguf'));
+}
+
+const log = faultLog('header');
+
+/**
+ * Parses `input` expecting a `type` whose message matches `message`; records the attempt for docs/faults.md before
+ * asserting, so a failure shows as a row that is not ok. A countingSource also has its largest read checked.
+ */
+async function expectRefusal(
+  fault: string,
+  input: Uint8Array | (ByteSource & { largestRead?: number }),
+  type: typeof CorruptModelFileError | typeof UnsupportedModelError,
+  message?: RegExp | string,
+): Promise<void> {
+  const source = input instanceof Uint8Array ? sourceFromBytes(input, 'hostile.gguf') : input;
+  const error = await rejectionOf(parseGguf(source));
+  const largestRead = (source as { largestRead?: number }).largestRead;
+  const bounded = largestRead === undefined || largestRead <= source.size;
+  log.record({
+    area: 'header',
+    fault,
+    expected: `${type.name}${message ? ' saying why' : ''}${largestRead === undefined ? '' : '; no read larger than the file'}`,
+    outcome: `${describeRefusal(error, message)}${largestRead === undefined ? '' : `; largest read ${largestRead} of ${source.size} bytes`}`,
+    ok: isRefusal(error, type, message) && bounded,
+  });
+  expect(error, fault).toBeInstanceOf(type);
+  if (message !== undefined) expect((error as Error).message, fault).toMatch(message);
+  expect(largestRead ?? 0, fault).toBeLessThanOrEqual(source.size);
+}
+
+type ParsedFile = Awaited<ReturnType<typeof parseBytes>>;
+
+/** Records a file next to a refused one that a correct parser reads, then asserts it parsed as `check` wants. */
+async function expectParsed(fault: string, bytes: Uint8Array, check: (file: ParsedFile) => boolean): Promise<void> {
+  const parsed = await parseBytes(bytes).catch((error: unknown) => ({ error }));
+  const error = 'error' in parsed ? parsed.error : null;
+  const ok = error === null && check(parsed as ParsedFile);
+  log.record({
+    area: 'header',
+    fault,
+    expected: 'parses, its values intact',
+    outcome: error !== null ? describeError(error) : ok ? 'parsed, values intact' : 'parsed, values differ',
+    ok,
+  });
+  expect(ok, fault).toBe(true);
 }
 
 /** Records the largest single read, to prove no length field turned into a large allocation. */
@@ -93,28 +139,60 @@ function countingReadsSource(bytes: Uint8Array): ByteSource & { furthestByte: nu
 
 describe('parseGguf on hostile input', () => {
   it('rejects a file that is not GGUF', async () => {
-    await expect(parseBytes(new TextEncoder().encode('PK\u0003\u0004 a zip file'))).rejects.toThrow(/not a GGUF file/);
-    await expect(parseBytes(new Uint8Array(0))).rejects.toThrow(CorruptModelFileError);
-    await expect(parseBytes(new TextEncoder().encode('GGU'))).rejects.toThrow(/not a GGUF file/);
+    await expectRefusal(
+      'a zip file',
+      new TextEncoder().encode('PK\u0003\u0004 a zip file'),
+      CorruptModelFileError,
+      /not a GGUF file/,
+    );
+    await expectRefusal('an empty file', new Uint8Array(0), CorruptModelFileError);
+    await expectRefusal('3 bytes: GGU', new TextEncoder().encode('GGU'), CorruptModelFileError, /not a GGUF file/);
   });
 
   it('rejects versions other than 2 and 3, naming big-endian files', async () => {
     const v3 = oneTensorFile();
-    await expect(parseBytes(patched(v3, (v) => v.setUint32(4, 2, true)))).resolves.toMatchObject({ version: 2 });
-    await expect(parseBytes(patched(v3, (v) => v.setUint32(4, 1, true)))).rejects.toThrow(UnsupportedModelError);
-    await expect(parseBytes(patched(v3, (v) => v.setUint32(4, 4, true)))).rejects.toThrow(/version 4/);
-    await expect(parseBytes(patched(v3, (v) => v.setUint32(4, 3, false)))).rejects.toThrow(/big-endian/);
+    await expectParsed(
+      'GGUF version 2',
+      patched(v3, (v) => v.setUint32(4, 2, true)),
+      (f) => f.version === 2,
+    );
+    await expectRefusal(
+      'GGUF version 1',
+      patched(v3, (v) => v.setUint32(4, 1, true)),
+      UnsupportedModelError,
+    );
+    await expectRefusal(
+      'GGUF version 4',
+      patched(v3, (v) => v.setUint32(4, 4, true)),
+      UnsupportedModelError,
+      /version 4/,
+    );
+    await expectRefusal(
+      'a big-endian GGUF file',
+      patched(v3, (v) => v.setUint32(4, 3, false)),
+      UnsupportedModelError,
+      /big-endian/,
+    );
   });
 
   it('rejects a string length larger than the file without allocating it', async () => {
     const file = writeGguf({ metadata: [{ key: 'a', value: 'hello' }] });
-    for (const length of [2n ** 40n, 2n ** 63n, 2n ** 64n - 1n, BigInt(file.length)]) {
-      const source = countingSource(patched(file, (v) => v.setBigUint64(FIRST_VALUE, length, true)));
-      await expect(parseGguf(source)).rejects.toThrow(CorruptModelFileError);
-      expect(source.largestRead).toBeLessThanOrEqual(file.length);
+    for (const [label, length] of [
+      ['2^40', 2n ** 40n],
+      ['2^63', 2n ** 63n],
+      ['2^64 - 1', 2n ** 64n - 1n],
+      ['the file size', BigInt(file.length)],
+    ] as const) {
+      await expectRefusal(
+        `a metadata string length of ${label}`,
+        countingSource(patched(file, (v) => v.setBigUint64(FIRST_VALUE, length, true))),
+        CorruptModelFileError,
+      );
     }
     // The key's own length field, too.
-    await expect(parseBytes(patched(file, (v) => v.setBigUint64(24, 2n ** 50n, true)))).rejects.toThrow(
+    await expectRefusal(
+      'a metadata key length of 2^50',
+      patched(file, (v) => v.setBigUint64(24, 2n ** 50n, true)),
       CorruptModelFileError,
     );
   });
@@ -122,13 +200,22 @@ describe('parseGguf on hostile input', () => {
   it('rejects an array count larger than the file can hold', async () => {
     const file = writeGguf({ metadata: [{ key: 'a', type: 'u32[]', value: [1, 2, 3] }] });
     const countAt = FIRST_VALUE + 4;
-    for (const count of [4n, 2n ** 31n, 2n ** 62n]) {
-      const source = countingSource(patched(file, (v) => v.setBigUint64(countAt, count, true)));
-      await expect(parseGguf(source)).rejects.toThrow(CorruptModelFileError);
-      expect(source.largestRead).toBeLessThanOrEqual(file.length);
+    for (const [label, count] of [
+      ['4 (one past the 3 stored)', 4n],
+      ['2^31', 2n ** 31n],
+      ['2^62', 2n ** 62n],
+    ] as const) {
+      await expectRefusal(
+        `a u32 array count of ${label}`,
+        countingSource(patched(file, (v) => v.setBigUint64(countAt, count, true))),
+        CorruptModelFileError,
+      );
     }
     const strings = writeGguf({ metadata: [{ key: 'a', value: ['x', 'y'] }] });
-    await expect(parseBytes(patched(strings, (v) => v.setBigUint64(countAt, 2n ** 40n, true)))).rejects.toThrow(
+    await expectRefusal(
+      'a string array count of 2^40',
+      patched(strings, (v) => v.setBigUint64(countAt, 2n ** 40n, true)),
+      CorruptModelFileError,
       /item count/,
     );
   });
@@ -140,51 +227,100 @@ describe('parseGguf on hostile input', () => {
     const file = new Uint8Array(header.length + items);
     file.set(header);
     new DataView(file.buffer).setBigUint64(FIRST_VALUE + 4, BigInt(items), true);
-    await expect(parseBytes(file)).rejects.toThrow(/implausibly many/);
+    await expectRefusal(
+      'one u8 array of 2^24 + 1 items, all in the file (17 MB stored, ~136 MB as a JS array)',
+      file,
+      CorruptModelFileError,
+      /implausibly many/,
+    );
   });
 
   it('caps the items of all metadata arrays together, before allocating the one past the cap', async () => {
     // Three u8 arrays of 6M items: each under the cap of one array, 18M together (about 150 MB as JS arrays).
     const file = u8ArraysFile(['a', 'b', 'c'], 6_000_000);
     const source = countingReadsSource(file);
-    const parsing = parseGguf(source);
-    await expect(parsing).rejects.toBeInstanceOf(CorruptModelFileError);
-    await expect(parsing).rejects.toThrow(
-      /metadata arrays hold more than 16777216 items in all \(at "c", 6000000 items\), far more than any real model's/,
-    );
+    const error = await rejectionOf(parseGguf(source));
+    const message =
+      /metadata arrays hold more than 16777216 items in all \(at "c", 6000000 items\), far more than any real model's/;
     // Refused at the third array's count: none of its items was read.
-    expect(source.furthestByte).toBeLessThan(file.byteLength - 6_000_000 + 1024 * 1024);
+    const unread = source.furthestByte < file.byteLength - 6_000_000 + 1024 * 1024;
+    log.record({
+      area: 'header',
+      fault: 'three u8 arrays of 6M items each, all in the file: each under the one-array cap, 18M together',
+      expected: "CorruptModelFileError at the third array's count, before its items are read",
+      outcome: `${describeRefusal(error, message)}; read ${source.furthestByte} of ${file.byteLength} bytes`,
+      ok: isRefusal(error, CorruptModelFileError, message) && unread,
+    });
+    expect(error).toBeInstanceOf(CorruptModelFileError);
+    expect((error as Error).message).toMatch(message);
+    expect(unread).toBe(true);
     // Small arrays parse, their items intact.
-    const small = await parseBytes(u8ArraysFile(['a', 'b', 'c'], 1000));
-    expect(small.metadata.c).toEqual(new Array(1000).fill(7));
+    await expectParsed('three u8 arrays of 1000 items', u8ArraysFile(['a', 'b', 'c'], 1000), (parsed) => {
+      const items = parsed.metadata.c as number[];
+      return items.length === 1000 && items.every((item) => item === 7);
+    });
   });
 
   it('caps the memory the parsed header may take (maxHeapBytes), before allocating what would pass it', async () => {
     const strings = Array.from({ length: 1000 }, (_, i) => `${i}`.padEnd(1000, 'x'));
     const file = writeGguf({ metadata: [{ key: 'tokens', value: strings }] });
-    const parsing = parseGguf(sourceFromBytes(file, 'hostile.gguf'), { maxHeapBytes: 1 << 20 });
-    await expect(parsing).rejects.toBeInstanceOf(CorruptModelFileError);
-    await expect(parsing).rejects.toThrow(/its header would take more than 1 MiB of memory once parsed/);
+    const error = await rejectionOf(parseGguf(sourceFromBytes(file, 'hostile.gguf'), { maxHeapBytes: 1 << 20 }));
+    const message = /its header would take more than 1 MiB of memory once parsed/;
+    log.record({
+      area: 'header',
+      fault: 'a header of 1000 strings of 1000 characters, parsed with maxHeapBytes 1 MiB',
+      expected: 'CorruptModelFileError naming the memory cap',
+      outcome: describeRefusal(error, message),
+      ok: isRefusal(error, CorruptModelFileError, message),
+    });
+    expect(error).toBeInstanceOf(CorruptModelFileError);
+    expect((error as Error).message).toMatch(message);
     // The default budget holds it (a real vocabulary takes tens of MiB).
-    expect((await parseBytes(file)).metadata.tokens).toEqual(strings);
+    await expectParsed('the same header under the default maxHeapBytes (512 MiB)', file, (parsed) => {
+      const tokens = parsed.metadata.tokens as string[];
+      return tokens.length === strings.length && tokens.every((token, i) => token === strings[i]);
+    });
   });
 
   it('rejects huge tensor and metadata counts', async () => {
     const file = oneTensorFile();
-    await expect(parseBytes(patched(file, (v) => v.setBigUint64(8, 2n ** 40n, true)))).rejects.toThrow(/tensor count/);
-    await expect(parseBytes(patched(file, (v) => v.setBigUint64(16, 2n ** 63n, true)))).rejects.toThrow(
+    await expectRefusal(
+      'a tensor count of 2^40',
+      patched(file, (v) => v.setBigUint64(8, 2n ** 40n, true)),
+      CorruptModelFileError,
+      /tensor count/,
+    );
+    await expectRefusal(
+      'a metadata count of 2^63',
+      patched(file, (v) => v.setBigUint64(16, 2n ** 63n, true)),
+      CorruptModelFileError,
       /metadata count/,
     );
-    await expect(parseBytes(patched(file, (v) => v.setBigUint64(8, 3n, true)))).rejects.toThrow(CorruptModelFileError);
+    await expectRefusal(
+      'a tensor count of 3 with 1 tensor stored',
+      patched(file, (v) => v.setBigUint64(8, 3n, true)),
+      CorruptModelFileError,
+    );
   });
 
   it('rejects tensor data that lies outside the file, naming the tensor', async () => {
     const file = oneTensorFile();
-    await expect(parseBytes(file.subarray(0, file.length - 1))).rejects.toThrow(/Tensor w .*truncated/);
-    await expect(parseBytes(patched(file, (v) => v.setBigUint64(TENSOR_OFFSET, 2n ** 40n, true)))).rejects.toThrow(
+    await expectRefusal(
+      "a file cut 1 byte before its tensor's end",
+      file.subarray(0, file.length - 1),
+      CorruptModelFileError,
+      /Tensor w .*truncated/,
+    );
+    await expectRefusal(
+      'a tensor data offset of 2^40',
+      patched(file, (v) => v.setBigUint64(TENSOR_OFFSET, 2n ** 40n, true)),
+      CorruptModelFileError,
       /Tensor w/,
     );
-    await expect(parseBytes(patched(file, (v) => v.setBigUint64(TENSOR_DIM0, 2n ** 20n, true)))).rejects.toThrow(
+    await expectRefusal(
+      'a tensor dimension of 2^20 (data past the end)',
+      patched(file, (v) => v.setBigUint64(TENSOR_DIM0, 2n ** 20n, true)),
+      CorruptModelFileError,
       /Tensor w/,
     );
   });
@@ -200,24 +336,28 @@ describe('parseGguf on hostile input', () => {
       ['partial block', (v) => v.setUint32(TENSOR_TYPE, GgmlType.Q8_0, true), /block size/],
     ];
     for (const [label, edit, message] of cases) {
-      const attempt = parseBytes(patched(file, edit));
-      await expect(attempt, label).rejects.toThrow(CorruptModelFileError);
-      await expect(attempt, label).rejects.toThrow(message);
+      await expectRefusal(`tensor info: ${label}`, patched(file, edit), CorruptModelFileError, message);
     }
   });
 
   it('rejects an unknown tensor type as unsupported, naming the tensor and type id', async () => {
     const file = oneTensorFile();
     for (const typeId of [4, 5, 31, 999]) {
-      const attempt = parseBytes(patched(file, (v) => v.setUint32(TENSOR_TYPE, typeId, true)));
-      await expect(attempt).rejects.toThrow(UnsupportedModelError);
-      await expect(attempt).rejects.toThrow(new RegExp(`Tensor w .*type id ${typeId}`));
+      await expectRefusal(
+        `tensor type id ${typeId} (not a ggml type this runtime knows)`,
+        patched(file, (v) => v.setUint32(TENSOR_TYPE, typeId, true)),
+        UnsupportedModelError,
+        new RegExp(`Tensor w .*type id ${typeId}`),
+      );
     }
   });
 
   it('rejects an undefined metadata value type id, also inside arrays', async () => {
     const file = writeGguf({ metadata: [{ key: 'a', type: 'u32', value: 7 }] });
-    await expect(parseBytes(patched(file, (v) => v.setUint32(FIRST_VALUE_TYPE, 13, true)))).rejects.toThrow(
+    await expectRefusal(
+      'metadata value type id 13',
+      patched(file, (v) => v.setUint32(FIRST_VALUE_TYPE, 13, true)),
+      CorruptModelFileError,
       /value type id 13/,
     );
     const array = writeGguf({ metadata: [{ key: 'a', type: 'u32[]', value: [7] }] });
@@ -229,7 +369,7 @@ describe('parseGguf on hostile input', () => {
         v.setUint32(FIRST_VALUE, itemTypeId, true);
         v.setBigUint64(FIRST_VALUE + 4, count, true);
       });
-      await expect(parseBytes(bad)).rejects.toThrow(CorruptModelFileError);
+      await expectRefusal(`array item type id ${itemTypeId}, ${count} items`, bad, CorruptModelFileError);
     }
   });
 
@@ -243,7 +383,10 @@ describe('parseGguf on hostile input', () => {
     // Second key 'b' follows the first entry: 8 + 1 (key) + 4 (type) + 8 + 1 (value) after @24, then its length.
     const secondKey = 24 + 8 + 1 + 4 + 8 + 1 + 8;
     expect(String.fromCharCode(keys[secondKey])).toBe('b');
-    await expect(parseBytes(patched(keys, (v) => v.setUint8(secondKey, 'a'.charCodeAt(0))))).rejects.toThrow(
+    await expectRefusal(
+      'a metadata key that appears twice',
+      patched(keys, (v) => v.setUint8(secondKey, 'a'.charCodeAt(0))),
+      CorruptModelFileError,
       /"a" appears twice/,
     );
 
@@ -256,7 +399,10 @@ describe('parseGguf on hostile input', () => {
     });
     const secondName = 24 + 8 + 1 + 4 + 8 + 4 + 8 + 8;
     expect(String.fromCharCode(tensors[secondName])).toBe('q');
-    await expect(parseBytes(patched(tensors, (v) => v.setUint8(secondName, 'p'.charCodeAt(0))))).rejects.toThrow(
+    await expectRefusal(
+      'a tensor name that appears twice',
+      patched(tensors, (v) => v.setUint8(secondName, 'p'.charCodeAt(0))),
+      CorruptModelFileError,
       /"p" appears twice/,
     );
   });
@@ -270,10 +416,15 @@ describe('parseGguf on hostile input', () => {
     ] as const) {
       const file = writeGguf({ metadata: [{ key: 'general.alignmenT', type, value }] });
       const bad = patched(file, (v) => v.setUint8(24 + 8 + 16, 't'.charCodeAt(0)));
-      await expect(parseBytes(bad)).rejects.toThrow(/general.alignment is/);
+      await expectRefusal(`general.alignment ${value} (${type})`, bad, CorruptModelFileError, /general.alignment is/);
     }
     const bool = writeGguf({ metadata: [{ key: 'a', value: true }] });
-    await expect(parseBytes(patched(bool, (v) => v.setUint8(FIRST_VALUE, 2)))).rejects.toThrow(/bool/);
+    await expectRefusal(
+      'a bool stored as 2',
+      patched(bool, (v) => v.setUint8(FIRST_VALUE, 2)),
+      CorruptModelFileError,
+      /bool/,
+    );
   });
 
   it('rejects arrays nested deeper than any real file, without exhausting the stack', async () => {
@@ -290,7 +441,7 @@ describe('parseGguf on hostile input', () => {
     const file = new Uint8Array(prefix.length + body.length);
     file.set(prefix);
     file.set(body, prefix.length);
-    await expect(parseBytes(file)).rejects.toThrow(/nests arrays/);
+    await expectRefusal('metadata arrays nested 10 000 deep', file, CorruptModelFileError, /nests arrays/);
   });
 
   it('reports every truncation of a written file as a corrupt file', async () => {
@@ -303,15 +454,22 @@ describe('parseGguf on hostile input', () => {
     });
     const parsed = await parseBytes(file);
     const dataEnd = Math.max(...parsed.tensors.map((t) => t.offset + t.byteLength));
+    const wrong: string[] = [];
     for (let length = 0; length < file.length; length++) {
-      const attempt = parseBytes(file.subarray(0, length));
-      if (length < dataEnd) {
-        await expect(attempt, `truncated to ${length}`).rejects.toThrow(CorruptModelFileError);
-      } else {
-        // Only the last tensor's alignment padding is missing: the data is all there.
-        await expect(attempt).resolves.toBeDefined();
-      }
+      const error = await rejectionOf(parseBytes(file.subarray(0, length)));
+      // Past the data only the last tensor's alignment padding is missing: the data is all there, and it parses.
+      const ok = length < dataEnd ? error instanceof CorruptModelFileError : error === null;
+      if (!ok) wrong.push(`${length} bytes: ${describeError(error)}`);
     }
+    log.record({
+      area: 'header',
+      fault: `every truncation of a ${file.length}-byte file holding every metadata value type and 2 tensors`,
+      expected: 'CorruptModelFileError while tensor data is missing; parses once only padding is missing',
+      outcome: wrong.length === 0 ? `as expected for all ${file.length} lengths` : wrong.slice(0, 3).join('; '),
+      ok: wrong.length === 0,
+      count: file.length,
+    });
+    expect(wrong).toEqual([]);
   });
 
   it('answers random damage with a parse or a typed error, never anything else (fast-check)', async () => {
@@ -334,20 +492,41 @@ describe('parseGguf on hostile input', () => {
         },
       ),
     });
-    await fc.assert(
-      fc.asyncProperty(damage, async ({ cut, flips, overwrites }) => {
-        const bytes = file.slice();
-        const view = new DataView(bytes.buffer);
-        for (const { at, bit } of flips) bytes[at] ^= 1 << bit;
-        for (const { at, value } of overwrites) view.setBigUint64(at, value[0], true);
-        try {
-          await parseBytes(bytes.subarray(0, cut));
-        } catch (error) {
+    const runs = 300;
+    const seed = 20261129;
+    const outcomes = new Map<string, number>();
+    let failure: unknown = null;
+    try {
+      await fc.assert(
+        fc.asyncProperty(damage, async ({ cut, flips, overwrites }) => {
+          const bytes = file.slice();
+          const view = new DataView(bytes.buffer);
+          for (const { at, bit } of flips) bytes[at] ^= 1 << bit;
+          for (const { at, value } of overwrites) view.setBigUint64(at, value[0], true);
+          const error = await rejectionOf(parseBytes(bytes.subarray(0, cut)));
+          const outcome = error === null ? 'parsed' : describeError(error);
+          outcomes.set(outcome, (outcomes.get(outcome) ?? 0) + 1);
+          if (error === null) return;
           if (!(error instanceof LongtabError)) throw error;
           expect(['corrupt-model-file', 'unsupported-model']).toContain(error.code);
-        }
-      }),
-      { numRuns: 300, seed: 20261129 },
-    );
+        }),
+        { numRuns: runs, seed },
+      );
+    } catch (error) {
+      failure = error;
+    }
+    log.record({
+      area: 'header',
+      fault: `random damage (cut, up to 8 bit flips, up to 2 u64 overwrites) of a file holding every value type (fast-check, seed ${seed})`,
+      expected: 'parses, or CorruptModelFileError / UnsupportedModelError; nothing else thrown',
+      outcome:
+        [...outcomes]
+          .sort((a, b) => b[1] - a[1])
+          .map(([outcome, n]) => `${outcome} ×${n}`)
+          .join('; ') + (failure ? `; FAILED: ${(failure as Error).message.split('\n')[0]}` : ''),
+      ok: failure === null,
+      count: runs,
+    });
+    if (failure) throw failure;
   });
 });

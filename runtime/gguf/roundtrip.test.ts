@@ -5,6 +5,7 @@ import { describe, expect, it } from 'vitest';
 import { AbortedError, CorruptModelFileError, DownloadFailedError, InvalidRequestError } from '../../core/errors.ts';
 import { GGML_TYPE_INFO, GgmlType, type GgufMetadataType } from '../../core/gguf-types.ts';
 import { metadataForEveryValueType, randomBytes } from '../../test/gguf-fixtures.ts';
+import { describeRefusal, faultLog, isRefusal, rejectionOf } from '../../test/regressions/fault-log.ts';
 import { sourceFromPath } from './node-source.ts';
 import { parseGguf } from './parse.ts';
 import { streamTensorBytes } from './read-tensor.ts';
@@ -29,6 +30,8 @@ function tensorsOfSeveralTypes(): GgufTensorInput[] {
     make('i32.positions', [9], GgmlType.I32, 8),
   ];
 }
+
+const log = faultLog('file-paths');
 
 describe('writeGguf → parseGguf round trip', () => {
   it('keeps every metadata value type, including 64-bit extremes and nested arrays', async () => {
@@ -253,13 +256,30 @@ describe('ByteSources', () => {
   });
 
   it('report a missing local file, and a directory, as request errors naming the path', async () => {
-    await expect(sourceFromPath('/nonexistent/model.gguf')).rejects.toThrow(
-      /Cannot open the model file \/nonexistent\/model.gguf: there is no file at that path/,
-    );
     // A directory opens on Linux and would fail only at its first read, with an untyped EISDIR.
-    const directory = sourceFromPath('/tmp');
-    await expect(directory).rejects.toBeInstanceOf(InvalidRequestError);
-    await expect(directory).rejects.toThrow('Cannot open the model file /tmp: it is a directory.');
+    for (const [fault, path, message] of [
+      [
+        'a model path with no file (sourceFromPath, as engine.load in Node)',
+        '/nonexistent/model.gguf',
+        /Cannot open the model file \/nonexistent\/model.gguf: there is no file at that path/,
+      ],
+      [
+        'a directory as the model path (sourceFromPath, as engine.load in Node)',
+        '/tmp',
+        'Cannot open the model file /tmp: it is a directory.',
+      ],
+    ] as const) {
+      const error = await rejectionOf(sourceFromPath(path));
+      log.record({
+        area: 'files',
+        fault,
+        expected: 'InvalidRequestError naming the path, before any read',
+        outcome: describeRefusal(error, message),
+        ok: isRefusal(error, InvalidRequestError, message),
+      });
+      expect(error, fault).toBeInstanceOf(InvalidRequestError);
+      expect((error as Error).message, fault).toMatch(message);
+    }
   });
 
   it('reject reads past the end as a truncated file', async () => {

@@ -7,6 +7,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { AbortedError, DownloadFailedError } from '../../core/errors.ts';
 import { randomBytes } from '../../test/gguf-fixtures.ts';
 import { type FileServer, startFileServer } from '../../test/http-file-server.ts';
+import { describeRefusal, faultLog, isRefusal, rejectionOf } from '../../test/regressions/fault-log.ts';
 import { parseGguf } from './parse.ts';
 import { sourceFromBytes, sourceFromUrl } from './sources.ts';
 import { writeGguf } from './writer.ts';
@@ -16,6 +17,27 @@ afterEach(async () => {
   await server?.close();
   server = null;
 });
+
+const log = faultLog('url-source');
+
+/** Records a read or open that must fail with `type` saying `message`, then asserts it. */
+async function expectRefusal(
+  fault: string,
+  attempt: Promise<unknown>,
+  type: typeof DownloadFailedError | typeof AbortedError,
+  message?: RegExp,
+): Promise<void> {
+  const error = await rejectionOf(attempt);
+  log.record({
+    area: 'sources',
+    fault,
+    expected: `${type.name}${message ? ' saying why' : ''}`,
+    outcome: describeRefusal(error, message),
+    ok: isRefusal(error, type, message),
+  });
+  expect(error, fault).toBeInstanceOf(type);
+  if (message) expect((error as Error).message, fault).toMatch(message);
+}
 
 const MONDAY = 'Mon, 01 Jan 2024 00:00:00 GMT';
 const TUESDAY = 'Tue, 02 Jan 2024 00:00:00 GMT';
@@ -28,10 +50,19 @@ describe('sourceFromUrl reads one file, not two', () => {
     });
     server = await startFileServer({ bytes, etag: '"v1"', lastModified: MONDAY });
     const source = await sourceFromUrl(server.url);
-    expect(await parseGguf(source)).toEqual(await parseGguf(sourceFromBytes(bytes, 'model.gguf')));
+    const parsed = await parseGguf(source);
     const reads = server.requests.slice(1);
+    const withIfRange = reads.filter((headers) => headers['if-range'] === '"v1"').length;
+    log.record({
+      area: 'sources',
+      fault: 'a GGUF file served with an ETag, read range by range',
+      expected: 'every read after the probe carries If-Range with the ETag; the file parses as from bytes',
+      outcome: `${withIfRange} of ${reads.length} reads with If-Range "v1"`,
+      ok: reads.length > 0 && withIfRange === reads.length,
+    });
+    expect(parsed).toEqual(await parseGguf(sourceFromBytes(bytes, 'model.gguf')));
     expect(reads.length).toBeGreaterThan(0);
-    expect(reads.every((headers) => headers['if-range'] === '"v1"')).toBe(true);
+    expect(withIfRange).toBe(reads.length);
   });
 
   it('fails a read once the file is replaced by one of the same size with a new ETag (server honours If-Range)', async () => {
@@ -40,9 +71,12 @@ describe('sourceFromUrl reads one file, not two', () => {
     const source = await sourceFromUrl(server.url);
     expect(await source.read(0, 100)).toEqual(first.subarray(0, 100));
     server.file = { bytes: randomBytes(4096, 3), etag: '"v2"', lastModified: TUESDAY };
-    const read = source.read(100, 100);
-    await expect(read).rejects.toBeInstanceOf(DownloadFailedError);
-    await expect(read).rejects.toThrow(/changed on the server while it was loading.*load the model again/);
+    await expectRefusal(
+      'the file replaced mid-load by one of the same size with a new ETag (server honours If-Range)',
+      source.read(100, 100),
+      DownloadFailedError,
+      /changed on the server while it was loading.*load the model again/,
+    );
   });
 
   it('fails it too when the server ignores If-Range and sends the new file with its new ETag', async () => {
@@ -51,7 +85,12 @@ describe('sourceFromUrl reads one file, not two', () => {
     const source = await sourceFromUrl(server.url);
     await source.read(0, 100);
     server.file = { bytes: randomBytes(4096, 3), etag: '"v2"', lastModified: null };
-    await expect(source.read(100, 100)).rejects.toThrow(/changed on the server.*another ETag/);
+    await expectRefusal(
+      'the file replaced mid-load, new ETag, by a server that ignores If-Range',
+      source.read(100, 100),
+      DownloadFailedError,
+      /changed on the server.*another ETag/,
+    );
   });
 
   it('uses Last-Modified where there is no ETag, and a weak ETag only to compare', async () => {
@@ -60,7 +99,12 @@ describe('sourceFromUrl reads one file, not two', () => {
     await byDate.read(0, 10);
     expect(server.requests.at(-1)!['if-range']).toBe(MONDAY);
     server.file = { bytes: randomBytes(4096, 3), etag: null, lastModified: TUESDAY };
-    await expect(byDate.read(10, 10)).rejects.toThrow(/changed on the server/);
+    await expectRefusal(
+      'the file replaced mid-load, no ETag, a new Last-Modified',
+      byDate.read(10, 10),
+      DownloadFailedError,
+      /changed on the server/,
+    );
 
     // A weak ETag may not go into If-Range (servers would then always send the whole file): no If-Range, but the
     // ETag of each answer is still compared.
@@ -69,14 +113,24 @@ describe('sourceFromUrl reads one file, not two', () => {
     await weak.read(0, 10);
     expect(server.requests.at(-1)!['if-range']).toBeUndefined();
     server.file = { bytes: randomBytes(4096, 5), etag: 'W/"w2"', lastModified: null };
-    await expect(weak.read(10, 10)).rejects.toThrow(/changed on the server/);
+    await expectRefusal(
+      'the file replaced mid-load, a new weak ETag (not sent in If-Range)',
+      weak.read(10, 10),
+      DownloadFailedError,
+      /changed on the server/,
+    );
   });
 
   it('fails a read when the Content-Range total says the file is now another size', async () => {
     server = await startFileServer({ bytes: randomBytes(4096, 2), etag: null, lastModified: null });
     const source = await sourceFromUrl(server.url);
     server.file = { bytes: randomBytes(5000, 3), etag: null, lastModified: null };
-    await expect(source.read(0, 10)).rejects.toThrow(/changed on the server.*now 5000 bytes, not 4096/);
+    await expectRefusal(
+      'the file replaced mid-load by one of another size, no ETag or Last-Modified (Content-Range total 5000, not 4096)',
+      source.read(0, 10),
+      DownloadFailedError,
+      /changed on the server.*now 5000 bytes, not 4096/,
+    );
   });
 
   it('cuts an answer longer than the range at the range, without receiving the rest', async () => {
@@ -84,10 +138,20 @@ describe('sourceFromUrl reads one file, not two', () => {
     server = await startFileServer({ bytes, etag: '"big"', lastModified: null });
     server.behaviour.ignoreRangeEnd = true;
     const source = await sourceFromUrl(server.url);
-    expect(await source.read(1000, 100)).toEqual(bytes.subarray(1000, 1100));
+    const read = await source.read(1000, 100);
     // The server stopped when the client hung up: far less than the 48 MiB it had to send went out.
     await new Promise((resolve) => setTimeout(resolve, 100));
-    expect(server.bodyBytesSent.at(-1)!).toBeLessThan(24 << 20);
+    const sent = server.bodyBytesSent.at(-1)!;
+    const exact = read.length === 100 && Buffer.from(read).equals(bytes.subarray(1000, 1100));
+    log.record({
+      area: 'sources',
+      fault: 'a 100-byte range answered with the rest of a 48 MiB file (the server ignores the range end)',
+      expected: 'the read returns the 100 bytes asked for; the client hangs up long before 24 MiB',
+      outcome: `${exact ? 'the 100 bytes' : `${read.length} bytes, not the range`}; server sent ${(sent / 2 ** 20).toFixed(1)} MiB`,
+      ok: exact && sent < 24 << 20,
+    });
+    expect(read).toEqual(bytes.subarray(1000, 1100));
+    expect(sent).toBeLessThan(24 << 20);
   });
 });
 
@@ -95,9 +159,12 @@ describe('sourceFromUrl deadlines', () => {
   it('a server that never answers ends in DownloadFailedError after headersTimeoutMs', async () => {
     server = await startFileServer({ bytes: randomBytes(4096, 7), etag: '"v1"', lastModified: null });
     server.behaviour.stallHeaders = true;
-    const opening = sourceFromUrl(server.url, { headersTimeoutMs: 200 });
-    await expect(opening).rejects.toBeInstanceOf(DownloadFailedError);
-    await expect(opening).rejects.toThrow(/stopped answering \(probe\): no response within 0.2 s/);
+    await expectRefusal(
+      'a server that never sends headers (headersTimeoutMs 200)',
+      sourceFromUrl(server.url, { headersTimeoutMs: 200 }),
+      DownloadFailedError,
+      /stopped answering \(probe\): no response within 0.2 s/,
+    );
   });
 
   it('a body that stops mid-read ends in DownloadFailedError after chunkTimeoutMs', async () => {
@@ -105,9 +172,12 @@ describe('sourceFromUrl deadlines', () => {
     server = await startFileServer({ bytes, etag: '"v1"', lastModified: null });
     const source = await sourceFromUrl(server.url, { chunkTimeoutMs: 200 });
     server.behaviour.stallAfterBytes = 300 << 10;
-    const read = source.read(0, 1 << 20);
-    await expect(read).rejects.toBeInstanceOf(DownloadFailedError);
-    await expect(read).rejects.toThrow(/stopped answering \(bytes=0-1048575\): no bytes for 0.2 s/);
+    await expectRefusal(
+      'a body that stops after 300 KiB of a 1 MiB read (chunkTimeoutMs 200)',
+      source.read(0, 1 << 20),
+      DownloadFailedError,
+      /stopped answering \(bytes=0-1048575\): no bytes for 0.2 s/,
+    );
   });
 
   it('an abort ends a stalled read with AbortedError', async () => {
@@ -117,6 +187,6 @@ describe('sourceFromUrl deadlines', () => {
     server.behaviour.stallHeaders = true;
     const read = source.read(0, 10);
     setTimeout(() => controller.abort(), 50);
-    await expect(read).rejects.toBeInstanceOf(AbortedError);
+    await expectRefusal('abort() during a read whose headers never come', read, AbortedError);
   });
 });

@@ -3,6 +3,7 @@ import { describe, expect, it } from 'vitest';
 import { CorruptModelFileError, UnsupportedModelError } from '../../core/errors.ts';
 import { GgmlType, type GgufFile } from '../../core/gguf-types.ts';
 import { withTestGpu } from '../../test/gpu.ts';
+import { describeRefusal, faultLog, isRefusal, rejectionOf } from '../../test/regressions/fault-log.ts';
 import { STORIES260K, STORIES260K_GOLDEN, sharedPath } from '../../test/shared.ts';
 import { ModelRunner } from '../engine/model-runner.ts';
 import { parseGguf } from '../gguf/parse.ts';
@@ -12,6 +13,7 @@ import { type GgufMetadataEntry, metadataEntriesOf, writeGguf } from '../gguf/wr
 const ctx = withTestGpu();
 const modelPath = sharedPath(STORIES260K);
 const goldenPath = sharedPath(STORIES260K_GOLDEN);
+const log = faultLog('bad-models');
 
 /** stories260K rewritten through the project's GGUF writer with one deliberate defect. */
 function variant(
@@ -138,22 +140,43 @@ describe.skipIf(!modelPath || !goldenPath)(
       const engine = new ModelRunner(gpu);
       const baseline = gpu.allocator.snapshot();
       for (const c of cases) {
-        const attempt = engine.load(sourceFromBytes(c.bytes, c.name), { kv: 'f16' });
-        await expect(attempt, c.name).rejects.toBeInstanceOf(c.error);
-        await expect(engine.load(sourceFromBytes(c.bytes, c.name), { kv: 'f16' }), c.name).rejects.toThrow(c.message);
+        const error = await rejectionOf(engine.load(sourceFromBytes(c.bytes, c.name), { kv: 'f16' }));
         const after = gpu.allocator.snapshot();
-        expect(after.totalBuffers, `${c.name}: GPU buffers left behind`).toBe(baseline.totalBuffers);
-        expect(after.totalBytes, `${c.name}: GPU bytes left behind`).toBe(baseline.totalBytes);
+        const buffersLeft = after.totalBuffers - baseline.totalBuffers;
+        const bytesLeft = after.totalBytes - baseline.totalBytes;
+        log.record({
+          area: 'model',
+          fault: `stories260K: ${c.name}`,
+          expected: `${c.error.name} saying why; 0 GPU buffers, 0 bytes left`,
+          outcome: `${describeRefusal(error, c.message)}; ${buffersLeft} buffers, ${bytesLeft} bytes left`,
+          ok: isRefusal(error, c.error, c.message) && buffersLeft === 0 && bytesLeft === 0,
+        });
+        expect(error, c.name).toBeInstanceOf(c.error);
+        expect((error as Error).message, c.name).toMatch(c.message);
+        expect(buffersLeft, `${c.name}: GPU buffers left behind`).toBe(0);
+        expect(bytesLeft, `${c.name}: GPU bytes left behind`).toBe(0);
       }
       const golden = JSON.parse(readFileSync(goldenPath!, 'utf8')) as { greedy_ids: number[] };
       // The real model, and the same with its KV head count written per layer (all alike): both give the golden ids.
-      for (const model of [
-        bytes,
-        variant(bytes, file, { metadata: setArray('llama.attention.head_count_kv', [4, 4, 4, 4, 4]) }),
-      ]) {
+      for (const [name, model] of [
+        ['the real stories260K, after every refusal, same runner and device', bytes],
+        [
+          'stories260K with its KV head count written per layer, all alike',
+          variant(bytes, file, { metadata: setArray('llama.attention.head_count_kv', [4, 4, 4, 4, 4]) }),
+        ],
+      ] as const) {
         await engine.load(sourceFromBytes(model), { kv: 'f16' });
         const result = await engine.generate({ promptIds: [golden.greedy_ids[0]], maxTokens: 20, stopAtEog: false });
-        expect(result.ids).toEqual(golden.greedy_ids.slice(1, 21));
+        const golden20 = golden.greedy_ids.slice(1, 21);
+        const same = result.ids.length === golden20.length && result.ids.every((id, i) => id === golden20[i]);
+        log.record({
+          area: 'model',
+          fault: name,
+          expected: 'loads; golden greedy ids',
+          outcome: same ? 'golden ids reproduced' : `ids differ: ${result.ids.slice(0, 8).join(',')}…`,
+          ok: same,
+        });
+        expect(result.ids).toEqual(golden20);
       }
       engine.unload();
       expect(gpu.allocator.snapshot().totalBuffers).toBe(baseline.totalBuffers);

@@ -2,6 +2,7 @@ import { Template } from '@huggingface/jinja';
 import { describe, expect, it } from 'vitest';
 import { InvalidRequestError, UnsupportedModelError } from '../../core/errors.ts';
 import type { GgufMetadata } from '../../core/gguf-types.ts';
+import { describeError, describeRefusal, faultLog, isRefusal } from '../../test/regressions/fault-log.ts';
 import { bpeTokenizerMetadata } from '../../tools/fixtures/tokenizer-fixtures.ts';
 import {
   CHAT_TEMPLATE_LIMITS,
@@ -19,6 +20,8 @@ const conversation: ChatMessage[] = [
   { role: 'assistant', content: 'Hello.' },
   { role: 'user', content: 'What is 2+2?' },
 ];
+
+const log = faultLog('templates');
 
 function metadataOf(name: 'llama3' | 'qwen3'): GgufMetadata {
   return Object.fromEntries(bpeTokenizerMetadata(name).map((e) => [e.key, e.value]));
@@ -112,7 +115,7 @@ describe('chat templates', () => {
 });
 
 describe('chat templates under limits (a template is a program from a model file)', () => {
-  const refuses = (template: string, messages: ChatMessage[], pattern: RegExp) => {
+  const refuses = (fault: string, template: string, messages: ChatMessage[], pattern: RegExp) => {
     const started = performance.now();
     let refusal: unknown = null;
     try {
@@ -120,34 +123,88 @@ describe('chat templates under limits (a template is a program from a model file
     } catch (error) {
       refusal = error;
     }
+    const seconds = (performance.now() - started) / 1000;
+    // Each refusal comes within seconds, not after the process runs out of memory (or after 15 s a request).
+    const inTime = seconds < 30;
+    log.record({
+      area: 'chat template',
+      fault,
+      expected: 'InvalidRequestError naming the limit, within 30 s',
+      outcome: `${describeRefusal(refusal, pattern)}${inTime ? '' : `, after ${seconds.toFixed(0)} s`}`,
+      ok: isRefusal(refusal, InvalidRequestError, pattern) && inTime,
+    });
     expect(refusal).toBeInstanceOf(InvalidRequestError);
     expect((refusal as Error).message).toMatch(pattern);
-    // Each refusal comes within seconds, not after the process runs out of memory (or after 15 s a request).
-    expect(performance.now() - started).toBeLessThan(30_000);
+    expect(seconds).toBeLessThan(30);
   };
 
   it('a range past its item limit, a string that doubles, a loop past its steps, output past its size', () => {
-    refuses('{% for i in range(2147483647) %}x{% endfor %}', conversation, /range\(\) of 2147483647 items/);
-    refuses('{% for i in range(1000000) %}{% endfor %}', conversation, /range\(\) of 1000000 items/);
     refuses(
+      'range(2147483647) in a for loop',
+      '{% for i in range(2147483647) %}x{% endfor %}',
+      conversation,
+      /range\(\) of 2147483647 items/,
+    );
+    refuses(
+      'range(1000000), an empty loop',
+      '{% for i in range(1000000) %}{% endfor %}',
+      conversation,
+      /range\(\) of 1000000 items/,
+    );
+    refuses(
+      'a string that doubles 40 times (8 characters to 8 Ti)',
       "{% set ns = namespace(s='abcdefgh') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s }}",
       conversation,
       /a value of \d+ items/,
     );
     refuses(
+      'loops nested 60000 × 60000 (3.6 billion steps), 4 messages',
       '{% for i in range(60000) %}{% for j in range(60000) %}{% endfor %}{% endfor %}',
       conversation,
       new RegExp(`more than ${CHAT_TEMPLATE_LIMITS.stepsFloor + CHAT_TEMPLATE_LIMITS.stepsPerMessage * 4} steps`),
     );
     const page = [{ role: 'user', content: 'y'.repeat(4000) }];
-    refuses('{% for i in range(60000) %}{{ messages[0].content }}{% endfor %}', page, /output past \d+ characters/);
+    refuses(
+      'a 4000-character message written 60000 times (240 M characters of output)',
+      '{% for i in range(60000) %}{{ messages[0].content }}{% endfor %}',
+      page,
+      /output past \d+ characters/,
+    );
   });
 
   it("checks a model's template when it loads: past the limits refused, a picky template left to the requests", () => {
-    expect(() => probeChatTemplate('{% for i in range(2147483647) %}x{% endfor %}')).toThrow(UnsupportedModelError);
+    const probe = (template: string): unknown => {
+      try {
+        probeChatTemplate(template);
+        return null;
+      } catch (error) {
+        return error;
+      }
+    };
+    const hostile = probe('{% for i in range(2147483647) %}x{% endfor %}');
+    log.record({
+      area: 'model load',
+      fault: "a model's template that loops over range(2147483647), checked on a short conversation at load",
+      expected: 'UnsupportedModelError: the model is refused at load',
+      outcome: describeError(hostile),
+      ok: hostile instanceof UnsupportedModelError,
+    });
+    expect(hostile).toBeInstanceOf(UnsupportedModelError);
     const noSystem =
       "{% if messages[0].role == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}ok";
-    expect(() => probeChatTemplate(noSystem)).not.toThrow();
-    expect(() => probeChatTemplate(chatTemplateFromMetadata(metadataOf('qwen3')))).not.toThrow();
+    for (const [fault, template] of [
+      ['a template that raises on a system message (picky, not hostile), checked at load', noSystem],
+      ["Qwen3's real template, checked at load", chatTemplateFromMetadata(metadataOf('qwen3'))],
+    ]) {
+      const error = probe(template);
+      log.record({
+        area: 'model load',
+        fault,
+        expected: 'accepted at load (a request it rejects fails then)',
+        outcome: error === null ? 'accepted' : describeError(error),
+        ok: error === null,
+      });
+      expect(error, fault).toBeNull();
+    }
   });
 });
