@@ -21,11 +21,20 @@ export enum GgmlType {
   Q5_K = 13,
   Q6_K = 14,
   Q8_K = 15,
+  IQ2_XXS = 16,
+  IQ2_XS = 17,
+  IQ3_XXS = 18,
+  IQ1_S = 19,
+  IQ4_NL = 20,
+  IQ3_S = 21,
+  IQ2_S = 22,
+  IQ4_XS = 23,
   I8 = 24,
   I16 = 25,
   I32 = 26,
   I64 = 27,
   F64 = 28,
+  IQ1_M = 29,
   BF16 = 30,
 }
 
@@ -52,6 +61,15 @@ export const GGML_TYPE_INFO: Readonly<Partial<Record<GgmlType, GgmlTypeInfo>>> =
   [GgmlType.Q5_K]: { name: 'Q5_K', blockSize: 256, blockBytes: 176 },
   [GgmlType.Q6_K]: { name: 'Q6_K', blockSize: 256, blockBytes: 210 },
   [GgmlType.Q8_K]: { name: 'Q8_K', blockSize: 256, blockBytes: 292 },
+  [GgmlType.IQ2_XXS]: { name: 'IQ2_XXS', blockSize: 256, blockBytes: 66 },
+  [GgmlType.IQ2_XS]: { name: 'IQ2_XS', blockSize: 256, blockBytes: 74 },
+  [GgmlType.IQ3_XXS]: { name: 'IQ3_XXS', blockSize: 256, blockBytes: 98 },
+  [GgmlType.IQ1_S]: { name: 'IQ1_S', blockSize: 256, blockBytes: 50 },
+  [GgmlType.IQ4_NL]: { name: 'IQ4_NL', blockSize: 32, blockBytes: 18 },
+  [GgmlType.IQ3_S]: { name: 'IQ3_S', blockSize: 256, blockBytes: 110 },
+  [GgmlType.IQ2_S]: { name: 'IQ2_S', blockSize: 256, blockBytes: 82 },
+  [GgmlType.IQ4_XS]: { name: 'IQ4_XS', blockSize: 256, blockBytes: 136 },
+  [GgmlType.IQ1_M]: { name: 'IQ1_M', blockSize: 256, blockBytes: 56 },
   [GgmlType.I8]: { name: 'I8', blockSize: 1, blockBytes: 1 },
   [GgmlType.I16]: { name: 'I16', blockSize: 1, blockBytes: 2 },
   [GgmlType.I32]: { name: 'I32', blockSize: 1, blockBytes: 4 },
@@ -72,6 +90,15 @@ export const SUPPORTED_WEIGHT_TYPES: readonly GgmlType[] = [
   GgmlType.Q4_K,
   GgmlType.Q5_K,
   GgmlType.Q6_K,
+  GgmlType.Q2_K,
+  GgmlType.Q3_K,
+  GgmlType.IQ4_NL,
+  GgmlType.IQ4_XS,
+];
+
+/** The 16 non-linear levels an IQ4_NL or IQ4_XS 4-bit code selects (ggml's kvalues_iq4nl), times the block scale. */
+export const IQ4_NL_LEVELS: readonly number[] = [
+  -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
 
 export type GgufValue = number | bigint | string | boolean | GgufValue[];

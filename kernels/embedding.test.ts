@@ -23,6 +23,10 @@ const TYPES: [string, GgmlType, number][] = [
   ['Q4_K', GgmlType.Q4_K, 512],
   ['Q5_K', GgmlType.Q5_K, 512],
   ['Q6_K', GgmlType.Q6_K, 512],
+  ['Q2_K', GgmlType.Q2_K, 512],
+  ['Q3_K', GgmlType.Q3_K, 512],
+  ['IQ4_NL', GgmlType.IQ4_NL, 288],
+  ['IQ4_XS', GgmlType.IQ4_XS, 512],
 ];
 
 describe('embedding lookup', () => {

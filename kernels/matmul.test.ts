@@ -39,6 +39,10 @@ const TYPES: [string, GgmlType, number][] = [
   ['Q4_K', GgmlType.Q4_K, 768],
   ['Q5_K', GgmlType.Q5_K, 768],
   ['Q6_K', GgmlType.Q6_K, 768],
+  ['Q2_K', GgmlType.Q2_K, 768],
+  ['Q3_K', GgmlType.Q3_K, 768],
+  ['IQ4_NL', GgmlType.IQ4_NL, 288],
+  ['IQ4_XS', GgmlType.IQ4_XS, 768],
 ];
 
 interface Case {
@@ -177,6 +181,10 @@ const LONG_ROWS: [string, GgmlType, number][] = [
   ['Q4_K', GgmlType.Q4_K, 4352],
   ['Q5_K', GgmlType.Q5_K, 1280],
   ['Q6_K', GgmlType.Q6_K, 2304],
+  ['Q2_K', GgmlType.Q2_K, 2304],
+  ['Q3_K', GgmlType.Q3_K, 2304],
+  ['IQ4_NL', GgmlType.IQ4_NL, 1184],
+  ['IQ4_XS', GgmlType.IQ4_XS, 1280],
   ['F16', GgmlType.F16, 1031],
 ];
 
@@ -284,6 +292,87 @@ describe('matmul kernels catch broken code', () => {
       return broken;
     };
     const ratio = await runMatmul(ctx.gpu, GgmlType.Q4_0, 288, { tokens: 7, rows: 37, bias: false, variant }, mutate);
+    expect(changed).toBe(true);
+    expect(ratio).toBeGreaterThan(1);
+  });
+
+  // Each of Q2_K, Q3_K, IQ4_NL and IQ4_XS with one field of its layout misread, in the matvec (tokens = 1) and in the
+  // tiled matmul's dequantization (tokens = 7): a sub-block's min or scale bits, the third bit's position, the nibble
+  // order, one IQ4_NL level (level 8: 1 becomes 0).
+  const LAYOUT_MUTATIONS: [string, GgmlType, number, Case, string, string][] = [
+    [
+      'a Q2_K matvec reading scales as mins',
+      GgmlType.Q2_K,
+      768,
+      { tokens: 1, rows: 37, bias: false },
+      'dm.y * dot(mn,',
+      'dm.y * dot(sc,',
+    ],
+    [
+      'a Q2_K matmul reading the min as the scale',
+      GgmlType.Q2_K,
+      768,
+      { tokens: 7, rows: 37, bias: false },
+      'dm.y * f32(sc >> 4u)',
+      'dm.y * f32(sc & 15u)',
+    ],
+    [
+      'a Q3_K matvec with the third bit of the wrong shift',
+      GgmlType.Q3_K,
+      768,
+      { tokens: 1, rows: 37, bias: false },
+      '(hm >> 3u)',
+      '(hm >> 2u)',
+    ],
+    [
+      'a Q3_K matmul with the third bit of the wrong shift',
+      GgmlType.Q3_K,
+      768,
+      { tokens: 7, rows: 37, bias: false },
+      '(4u * n + j)',
+      '(4u * n + j + 1u)',
+    ],
+    [
+      'an IQ4_NL matvec with one level wrong',
+      GgmlType.IQ4_NL,
+      288,
+      { tokens: 1, rows: 37, bias: false },
+      '0x26190d01u',
+      '0x26190d00u',
+    ],
+    [
+      'an IQ4_NL matmul with the nibbles swapped past 12',
+      GgmlType.IQ4_NL,
+      288,
+      { tokens: 7, rows: 37, bias: false },
+      'e >= 16u',
+      'e >= 12u',
+    ],
+    [
+      'an IQ4_XS matvec with the high scale bits shifted',
+      GgmlType.IQ4_XS,
+      768,
+      { tokens: 1, rows: 37, bias: false },
+      '(16u + 2u * sb)',
+      '(17u + 2u * sb)',
+    ],
+    [
+      'an IQ4_XS matmul with the high scale bits shifted',
+      GgmlType.IQ4_XS,
+      768,
+      { tokens: 7, rows: 37, bias: false },
+      '(16u + 2u * b)',
+      '(17u + 2u * b)',
+    ],
+  ];
+  it.each(LAYOUT_MUTATIONS)('%s fails', async (_, type, K, c, from, to) => {
+    let changed = false;
+    const mutate = (code: string) => {
+      const broken = code.replace(from, to);
+      changed = broken !== code;
+      return broken;
+    };
+    const ratio = await runMatmul(ctx.gpu, type, K, { ...c, variant: '64x64' }, mutate);
     expect(changed).toBe(true);
     expect(ratio).toBeGreaterThan(1);
   });

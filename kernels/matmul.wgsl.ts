@@ -11,8 +11,13 @@
  *   directly, quantized types read x only through `xv(i)` with i a multiple of 4 (see matvecInputWgsl).
  */
 import { UnsupportedModelError } from '../core/errors.ts';
-import { GGML_TYPE_INFO, GgmlType } from '../core/gguf-types.ts';
+import { GGML_TYPE_INFO, GgmlType, IQ4_NL_LEVELS } from '../core/gguf-types.ts';
 import { swigluExpression } from './elementwise.wgsl.ts';
+
+/** IQ4_NL_LEVELS as 4 words of 4 int8 each (level q is byte q % 4 of word q / 4). */
+const iq4LevelWords = [0, 1, 2, 3].map((i) =>
+  IQ4_NL_LEVELS.slice(4 * i, 4 * i + 4).reduce((word, level, b) => word + (level & 255) * 2 ** (8 * b), 0),
+);
 
 const common = /* wgsl */ `
 fn bytes4(v: u32) -> vec4<f32> {
@@ -38,6 +43,23 @@ fn k4_scales(h: vec4<u32>, c: u32) -> vec4<f32> {
   let sh = 16u * (c % 2u);
   return vec4<f32>(f32((sc >> sh) & 255u), f32((sc >> (sh + 8u)) & 255u), f32((mn >> sh) & 255u),
                    f32((mn >> (sh + 8u)) & 255u));
+}
+// The IQ4_NL levels of the 4 codes in the low nibbles of v's bytes (the table as 4 words of int8, picked by shifts
+// rather than an indexed array, which some compilers put in slow local memory).
+fn iq4_level(q: u32) -> f32 {
+  let table = vec4<u32>(${iq4LevelWords.map((v) => `0x${v.toString(16).padStart(8, '0')}u`).join(', ')});
+  return sbyte(table[q >> 2u], q & 3u);
+}
+fn iq4_levels(v: u32) -> vec4<f32> {
+  return vec4<f32>(iq4_level(v & 15u), iq4_level((v >> 8u) & 15u), iq4_level((v >> 16u) & 15u),
+                   iq4_level((v >> 24u) & 15u));
+}
+// The scale (6 bits, minus 32) of sub-block s of a Q3_K block whose 12 scale bytes are the words a, b, c: the low
+// nibble of byte s % 8 (its high nibble for s >= 8), the high 2 bits from bits 2(s / 4) of byte 8 + s % 4.
+fn q3k_scale(a: u32, b: u32, c: u32, s: u32) -> f32 {
+  let low = (select(a, b, s % 8u >= 4u) >> (8u * (s % 4u) + 4u * (s / 8u))) & 15u;
+  let high = (c >> (8u * (s % 4u) + 2u * (s / 4u))) & 3u;
+  return f32(low | (high << 4u)) - 32.0;
 }
 `;
 
@@ -304,6 +326,98 @@ const TYPE_WGSL: Partial<Record<GgmlType, TypeWgsl>> = {
   let q4 = bytes4(((qb >> 4u) & 0x0f0f0f0fu) | (((qh >> 6u) & 0x03030303u) << 4u)) - 32.0;
   return f16lo(w[wb + 52u]) * (sbyte(sw, s % 4u) * dot(q1, xv(xk)) + sbyte(sw, (s + 2u) % 4u) * dot(q2, xv(xk + 32u))
        + sbyte(sw2, s % 4u) * dot(q3, xv(xk + 64u)) + sbyte(sw2, (s + 2u) % 4u) * dot(q4, xv(xk + 96u)));
+}`,
+  },
+  // Q2_K and Q3_K: element 128n + 32j + 16h + l is bits 2j..2j+1 of qs[32n + 16h + l] (qs words 8n + 4h + l/4), in
+  // sub-block s = 8n + 2j + h. A unit is one qs word: 4 elements in each of the 4 sub-blocks j = 0..3.
+  [GgmlType.Q2_K]: {
+    units: 16,
+    dq4: `fn dq4(base: u32, k: u32) -> vec4<f32> {
+  let wb = base + (k / 256u) * 21u;
+  let e = k % 256u; let n = e / 128u; let j = (e % 128u) / 32u; let h = (e % 32u) / 16u; let l = e % 16u;
+  let q = (w[wb + 4u + 8u * n + 4u * h + l / 4u] >> (2u * j)) & 0x03030303u;
+  let s = 8u * n + 2u * j + h;
+  let sc = (w[wb + s / 4u] >> (8u * (s % 4u))) & 255u;
+  let dm = unpack2x16float(w[wb + 20u]);
+  return dm.x * f32(sc & 15u) * bytes4(q) - dm.y * f32(sc >> 4u);
+}`,
+    // The unit's 4 sub-blocks 8n + h + 2j have their (scale, min) bytes at bytes h and h + 2 of scale words 2n and
+    // 2n + 1.
+    dot: `fn unit_dot(base: u32, u: u32, xb: u32) -> f32 {
+  let b = u / 16u; let v = u % 16u; let n = v / 8u; let h = (v % 8u) / 4u;
+  let wb = base + b * 21u; let xk = xb + b * 256u + 128u * n + 16u * h + 4u * (v % 4u);
+  let q = w[wb + 4u + v];
+  let sa = w[wb + 2u * n] >> (8u * h); let sb = w[wb + 2u * n + 1u] >> (8u * h);
+  let sc = vec4<f32>(f32(sa & 15u), f32((sa >> 16u) & 15u), f32(sb & 15u), f32((sb >> 16u) & 15u));
+  let mn = vec4<f32>(f32((sa >> 4u) & 15u), f32((sa >> 20u) & 15u), f32((sb >> 4u) & 15u), f32((sb >> 20u) & 15u));
+  let x0 = xv(xk); let x1 = xv(xk + 32u); let x2 = xv(xk + 64u); let x3 = xv(xk + 96u);
+  let m = 0x03030303u;
+  let qx = vec4<f32>(dot(bytes4(q & m), x0), dot(bytes4((q >> 2u) & m), x1), dot(bytes4((q >> 4u) & m), x2),
+                     dot(bytes4((q >> 6u) & m), x3));
+  let dm = unpack2x16float(w[wb + 20u]);
+  return dm.x * dot(sc, qx) - dm.y * dot(mn, vec4<f32>(hsum(x0), hsum(x1), hsum(x2), hsum(x3)));
+}`,
+  },
+  // Q3_K: as Q2_K, plus the third bit in bit 4n + j of hmask[16h + l] (words 4h + l/4): clear means q - 4.
+  [GgmlType.Q3_K]: {
+    units: 16,
+    dq4: `fn dq4(base: u32, k: u32) -> vec4<f32> {
+  let wb = base + (k / 256u) * 28u;
+  let e = k % 256u; let n = e / 128u; let j = (e % 128u) / 32u; let h = (e % 32u) / 16u; let l = e % 16u;
+  let q = (w[wb + 8u + 8u * n + 4u * h + l / 4u] >> (2u * j)) & 0x03030303u;
+  let hb = (w[wb + 4u * h + l / 4u] >> (4u * n + j)) & 0x01010101u;
+  let sc = q3k_scale(w[wb + 24u], w[wb + 25u], w[wb + 26u], 8u * n + 2u * j + h);
+  return f16lo(w[wb + 27u]) * sc * (bytes4(q) + 4.0 * bytes4(hb) - 4.0);
+}`,
+    dot: `fn unit_dot(base: u32, u: u32, xb: u32) -> f32 {
+  let b = u / 16u; let v = u % 16u; let n = v / 8u; let h = (v % 8u) / 4u;
+  let wb = base + b * 28u; let xk = xb + b * 256u + 128u * n + 16u * h + 4u * (v % 4u);
+  let q = w[wb + 8u + v]; let hm = w[wb + 4u * h + v % 4u] >> (4u * n);
+  let sa = w[wb + 24u]; let sb = w[wb + 25u]; let sh = w[wb + 26u];
+  let s = 8u * n + h;
+  let sc = vec4<f32>(q3k_scale(sa, sb, sh, s), q3k_scale(sa, sb, sh, s + 2u), q3k_scale(sa, sb, sh, s + 4u),
+                     q3k_scale(sa, sb, sh, s + 6u));
+  let m = 0x03030303u; let one = 0x01010101u;
+  let q0 = bytes4(q & m) + 4.0 * bytes4(hm & one) - 4.0;
+  let q1 = bytes4((q >> 2u) & m) + 4.0 * bytes4((hm >> 1u) & one) - 4.0;
+  let q2 = bytes4((q >> 4u) & m) + 4.0 * bytes4((hm >> 2u) & one) - 4.0;
+  let q3 = bytes4((q >> 6u) & m) + 4.0 * bytes4((hm >> 3u) & one) - 4.0;
+  return f16lo(w[wb + 27u]) * dot(sc, vec4<f32>(dot(q0, xv(xk)), dot(q1, xv(xk + 32u)), dot(q2, xv(xk + 64u)),
+                                              dot(q3, xv(xk + 96u))));
+}`,
+  },
+  // IQ4_NL: Q4_0's layout, a code picking one of the 16 IQ4_NL levels instead of q - 8.
+  [GgmlType.IQ4_NL]: {
+    units: 4,
+    dq4: `fn dq4(base: u32, k: u32) -> vec4<f32> {
+  let wb = base + (k / 32u) * 5u;
+  let e = k % 32u;
+  return f16lo(w[wb]) * iq4_levels(w[wb + 1u + (e % 16u) / 4u] >> select(0u, 4u, e >= 16u));
+}`,
+    dot: `fn unit_dot(base: u32, u: u32, xb: u32) -> f32 {
+  let b = u / 4u; let j = u % 4u;
+  let wb = base + b * 5u; let xk = xb + b * 32u + 4u * j;
+  let q = w[wb + 1u + j];
+  return f16lo(w[wb]) * (dot(iq4_levels(q), xv(xk)) + dot(iq4_levels(q >> 4u), xv(xk + 16u)));
+}`,
+  },
+  // IQ4_XS: eight IQ4_NL sub-blocks of 32 (qs words 2 + 4b..), each with the 6-bit scale ls - 32: low nibble from
+  // scales_l (word 1, bits 4b..), high 2 bits from scales_h (the upper half of word 0, bits 2b..).
+  [GgmlType.IQ4_XS]: {
+    units: 32,
+    dq4: `fn dq4(base: u32, k: u32) -> vec4<f32> {
+  let wb = base + (k / 256u) * 34u;
+  let e = k % 256u; let b = e / 32u; let r = e % 32u;
+  let h = w[wb];
+  let ls = ((w[wb + 1u] >> (4u * b)) & 15u) | (((h >> (16u + 2u * b)) & 3u) << 4u);
+  return f16lo(h) * (f32(ls) - 32.0) * iq4_levels(w[wb + 2u + 4u * b + (r % 16u) / 4u] >> (4u * (r / 16u)));
+}`,
+    dot: `fn unit_dot(base: u32, u: u32, xb: u32) -> f32 {
+  let b = u / 32u; let j = u % 32u; let sb = j / 4u;
+  let wb = base + b * 34u; let xk = xb + b * 256u + 32u * sb + 4u * (j % 4u);
+  let h = w[wb]; let q = w[wb + 2u + j];
+  let ls = ((w[wb + 1u] >> (4u * sb)) & 15u) | (((h >> (16u + 2u * sb)) & 3u) << 4u);
+  return f16lo(h) * (f32(ls) - 32.0) * (dot(iq4_levels(q), xv(xk)) + dot(iq4_levels(q >> 4u), xv(xk + 16u)));
 }`,
   },
 };

@@ -45,6 +45,12 @@ const QUANTIZED: Member[] = [
   { type: GgmlType.Q4_K, rows: 21, bias: false },
   { type: GgmlType.Q6_K, rows: 9, bias: false },
 ];
+// The low-bit types of Q2_K/Q3_K/IQ4_XS files (16, 16 and 32 units per block: 48, 48 and 96 units, 64 and 96 threads).
+const LOW_BIT: Member[] = [
+  { type: GgmlType.Q3_K, rows: 37, bias: true },
+  { type: GgmlType.Q2_K, rows: 21, bias: false },
+  { type: GgmlType.IQ4_XS, rows: 9, bias: false },
+];
 const K = 768;
 // Qwen3-4B's rows of 2,560: Q4_K members of 80 units run on 96 threads (not a power of two), Q6_K's 160 on 128.
 const QWEN3_K = 2560;
@@ -101,6 +107,7 @@ describe('matvec group (q, k, v in one dispatch)', () => {
   it.each([
     ['quantized members (x as vec4s)', QUANTIZED],
     ['a dense member (x as scalars) and different thread counts', MIXED],
+    ['Q3_K, Q2_K and IQ4_XS members', LOW_BIT],
   ] as const)(
     '%s: matches the CPU reference for every member and equals one matvec dispatch per weight exactly',
     async (_, spec) => {
@@ -222,6 +229,7 @@ describe('matvec SwiGLU (gate, up and silu(gate)·up in one dispatch)', () => {
     [GgmlType.Q4_K, GgmlType.Q4_K, 37],
     [GgmlType.Q4_K, GgmlType.Q6_K, 22],
     [GgmlType.Q8_0, GgmlType.F16, 9],
+    [GgmlType.IQ4_NL, GgmlType.Q3_K, 11],
     // Gate on 32 threads (24 units), up on 128 (384 words): the workgroup has 128.
     [GgmlType.Q4_K, GgmlType.F16, 13],
   ])(

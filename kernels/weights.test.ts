@@ -33,6 +33,10 @@ const ALL: [string, GgmlType, number][] = [
   ['Q4_K', GgmlType.Q4_K, 256],
   ['Q5_K', GgmlType.Q5_K, 256],
   ['Q6_K', GgmlType.Q6_K, 256],
+  ['Q2_K', GgmlType.Q2_K, 256],
+  ['Q3_K', GgmlType.Q3_K, 256],
+  ['IQ4_NL', GgmlType.IQ4_NL, 32],
+  ['IQ4_XS', GgmlType.IQ4_XS, 256],
 ];
 
 describe('f16 conversion', () => {
@@ -229,10 +233,10 @@ describe('uploadWeight', () => {
   it('rejects types, shapes and sizes it cannot hold, with actionable errors', () => {
     const { gpu } = ctx;
     const before = gpu.allocator.snapshot().totalBuffers;
-    const q2k = GGML_TYPE_INFO[GgmlType.Q2_K]!;
-    expect(() => uploadWeightFromBytes(gpu, 'w', GgmlType.Q2_K, [256, 2], new Uint8Array(q2k.blockBytes * 2))).toThrow(
-      UnsupportedModelError,
-    );
+    const iq3 = GGML_TYPE_INFO[GgmlType.IQ3_XXS]!;
+    expect(() =>
+      uploadWeightFromBytes(gpu, 'w', GgmlType.IQ3_XXS, [256, 2], new Uint8Array(iq3.blockBytes * 2)),
+    ).toThrow(UnsupportedModelError);
     expect(() => uploadWeightFromBytes(gpu, 'w', GgmlType.Q4_0, [48, 2], new Uint8Array(100))).toThrow(/multiple/);
     expect(() => uploadWeightFromBytes(gpu, 'w', GgmlType.Q4_0, [64, 2], new Uint8Array(70))).toThrow(/72 bytes/);
     expect(() => uploadWeightFromBytes(gpu, 'w', GgmlType.F32, [4, 2, 3], new Uint8Array(96))).toThrow(/2-D/);

@@ -19,6 +19,10 @@
  * | Q4_K | 36    | w0 = d | dmin << 16 · w1..3 = scales[12] · w4..35 = qs[128]      (unchanged)               |
  * | Q5_K | 44    | w0 = d | dmin << 16 · w1..3 = scales[12] · w4..11 = qh[32] · w12..43 = qs[128] (unchanged)   |
  * | Q6_K | 53    | w0..31 = ql[128] · w32..47 = qh[64] · w48..51 = scales[16] (int8) · w52 = d (pad above)   |
+ * | Q2_K | 21    | w0..3 = scales[16] · w4..19 = qs[64] · w20 = d | dmin << 16               (unchanged)          |
+ * | Q3_K | 28    | w0..7 = hmask[32] · w8..23 = qs[64] · w24..26 = scales[12] · w27 = d (pad above)           |
+ * | IQ4_NL | 5   | w0 = d (pad above) · w1..4 = qs[16]                                                         |
+ * | IQ4_XS | 34  | w0 = d | scales_h << 16 · w1 = scales_l[4] · w2..33 = qs[128]                (unchanged)     |
  */
 import { GpuOutOfMemoryError, UnsupportedModelError } from '../core/errors.ts';
 import { type ByteSource, GGML_TYPE_INFO, GgmlType, type GgufTensorInfo } from '../core/gguf-types.ts';
@@ -54,6 +58,10 @@ export const WEIGHT_LAYOUTS: Readonly<Partial<Record<GgmlType, WeightLayout>>> =
   [GgmlType.Q4_K]: Q(256, 144, -1),
   [GgmlType.Q5_K]: Q(256, 176, -1),
   [GgmlType.Q6_K]: Q(256, 210, 210),
+  [GgmlType.Q2_K]: Q(256, 84, -1),
+  [GgmlType.Q3_K]: Q(256, 110, 110),
+  [GgmlType.IQ4_NL]: Q(32, 18, 2),
+  [GgmlType.IQ4_XS]: Q(256, 136, -1),
 };
 
 export interface GpuWeightPart {

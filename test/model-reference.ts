@@ -6,7 +6,8 @@
  * `emulateLlamaCpp` adds the conversions llama.cpp's CPU backend applies to activations, so the reference can say
  * which part of a difference to llama.cpp is llama.cpp's own rounding and which is ours:
  * - each matmul input becomes the weight type's "vec_dot" type first: f16 for F16, bf16 for BF16, int8 blocks of 32
- *   with an f16 scale (Q8_0/Q8_1) for Q4_0..Q8_0, int8 blocks of 256 with an f32 scale (Q8_K) for K-quants;
+ *   with an f16 scale (Q8_0/Q8_1) for Q4_0..Q8_0 and IQ4_NL, int8 blocks of 256 with an f32 scale (Q8_K) for K-quants
+ *   and IQ4_XS;
  * - attention (no flash attention) multiplies f16 K by q rounded to f16, and f16 V by the softmax rounded to f16.
  */
 
@@ -53,9 +54,12 @@ export function llamaCppActivation(type: GgmlType, x: Float64Array): Float64Arra
       return x.map(roundF16);
     case GgmlType.BF16:
       return x.map(roundBf16);
+    case GgmlType.Q2_K:
+    case GgmlType.Q3_K:
     case GgmlType.Q4_K:
     case GgmlType.Q5_K:
     case GgmlType.Q6_K:
+    case GgmlType.IQ4_XS:
       return quantizeBlocks(x, 256, (_amax, max) => {
         const inverse = Math.fround(-127 / max);
         return { inverse, scale: Math.fround(1 / inverse) };

@@ -2,7 +2,7 @@
  * CPU dequantization of GGUF weight bytes (the ggml block layouts), the reference the weight kernels are tested
  * against. Written from the format description; element order within each block is spelled out per type.
  */
-import { GGML_TYPE_INFO, GgmlType } from '../../core/gguf-types.ts';
+import { GGML_TYPE_INFO, GgmlType, IQ4_NL_LEVELS } from '../../core/gguf-types.ts';
 
 const f16Scratch = new DataView(new ArrayBuffer(4));
 
@@ -167,6 +167,76 @@ export function dequantize(type: GgmlType, bytes: Uint8Array, count: number): Fl
         }
         break;
       }
+      case GgmlType.Q2_K: {
+        // scales[16], qs[64], d, dmin. Element 128n + 32j + 16h + l (n 0..1, j 0..3, h 0..1, l 0..15) is bits
+        // 2j..2j+1 of qs[32n + 16h + l]; its sub-block s = 8n + 2j + h has scale scales[s] & 15 and min
+        // scales[s] >> 4; value d·scale·q - dmin·min.
+        const d = half(o + 80);
+        const dmin = half(o + 82);
+        for (let n = 0; n < 2; n++) {
+          for (let j = 0; j < 4; j++) {
+            for (let h = 0; h < 2; h++) {
+              const sc = bytes[o + 8 * n + 2 * j + h];
+              for (let l = 0; l < 16; l++) {
+                const q = (bytes[o + 16 + 32 * n + 16 * h + l] >> (2 * j)) & 3;
+                out[y + 128 * n + 32 * j + 16 * h + l] = d * (sc & 0xf) * q - dmin * (sc >> 4);
+              }
+            }
+          }
+        }
+        break;
+      }
+      case GgmlType.Q3_K: {
+        // hmask[32], qs[64], scales[12], d. Element 128n + 32j + 16h + l as in Q2_K: low 2 bits from bits 2j..2j+1
+        // of qs[32n + 16h + l], the third bit is bit 4n + j of hmask[16h + l] (set: q, clear: q - 4). Sub-block
+        // s = 8n + 2j + h has the 6-bit scale (low nibble of scales[s % 8], high if s >= 8) | (bits 2(s/4)..+1 of
+        // scales[8 + s % 4]) << 4; value d·(scale - 32)·q.
+        const d = half(o + 108);
+        const scale = (s: number) => {
+          const low = (bytes[o + 96 + (s % 8)] >> (4 * (s >> 3))) & 0xf;
+          const high = (bytes[o + 104 + (s % 4)] >> (2 * (s >> 2))) & 3;
+          return (low | (high << 4)) - 32;
+        };
+        for (let n = 0; n < 2; n++) {
+          for (let j = 0; j < 4; j++) {
+            for (let h = 0; h < 2; h++) {
+              const dl = d * scale(8 * n + 2 * j + h);
+              for (let l = 0; l < 16; l++) {
+                const low = (bytes[o + 32 + 32 * n + 16 * h + l] >> (2 * j)) & 3;
+                const high = (bytes[o + 16 * h + l] >> (4 * n + j)) & 1;
+                out[y + 128 * n + 32 * j + 16 * h + l] = dl * (low - (high ? 0 : 4));
+              }
+            }
+          }
+        }
+        break;
+      }
+      case GgmlType.IQ4_NL: {
+        // d, qs[16]: as Q4_0, but a code selects one of the 16 IQ4_NL levels: value d·level[q].
+        const d = half(o);
+        for (let j = 0; j < 16; j++) {
+          const q = bytes[o + 2 + j];
+          out[y + j] = d * IQ4_NL_LEVELS[q & 0xf];
+          out[y + j + 16] = d * IQ4_NL_LEVELS[q >> 4];
+        }
+        break;
+      }
+      case GgmlType.IQ4_XS: {
+        // d, scales_h (u16), scales_l[4], qs[128]. Sub-block b (32 elements) is an IQ4_NL block of qs[16b..16b+15]
+        // with scale d·(ls - 32), ls = nibble b % 2 of scales_l[b / 2] | (bits 2b..2b+1 of scales_h) << 4.
+        const d = half(o);
+        const scalesHigh = view.getUint16(o + 2, true);
+        for (let b = 0; b < 8; b++) {
+          const ls = ((bytes[o + 4 + (b >> 1)] >> (4 * (b & 1))) & 0xf) | (((scalesHigh >> (2 * b)) & 3) << 4);
+          const dl = d * (ls - 32);
+          for (let j = 0; j < 16; j++) {
+            const q = bytes[o + 8 + 16 * b + j];
+            out[y + 32 * b + j] = dl * IQ4_NL_LEVELS[q & 0xf];
+            out[y + 32 * b + j + 16] = dl * IQ4_NL_LEVELS[q >> 4];
+          }
+        }
+        break;
+      }
       default:
         throw new Error(`no reference dequantizer for ${info.name}`);
     }
@@ -184,6 +254,10 @@ export const F16_SCALE_OFFSETS: Readonly<Partial<Record<GgmlType, readonly numbe
   [GgmlType.Q4_K]: [0, 2],
   [GgmlType.Q5_K]: [0, 2],
   [GgmlType.Q6_K]: [208],
+  [GgmlType.Q2_K]: [80, 82],
+  [GgmlType.Q3_K]: [108],
+  [GgmlType.IQ4_NL]: [0],
+  [GgmlType.IQ4_XS]: [0],
 };
 
 /**

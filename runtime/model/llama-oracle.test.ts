@@ -39,13 +39,14 @@ import { sourceFromPath } from '../gguf/node-source.ts';
  *    llama.cpp's own rounding, listed in the report this test logs) with about 1.5× headroom:
  *    F32 ≤ 0.008 measured → 0.02 (only attention's f16 q/softmax); F16 0.014 → 0.03 (f16 activations, 2^-11);
  *    BF16 0.086 → 0.15 (bf16 activations, 2^-8); Q8_0 0.20, Q4_0 0.11, Q4_1 0.20, Q5_0 0.30, Q5_1 0.18 → 0.5 (int8
- *    per 32: ≈ 0.5% of the activations' std per matmul); Q4_K 0.41, Q5_K 0.49, Q6_K 0.55 → 0.8 (int8 per 256, the
- *    scale set by the largest of 256 values, K-quant models here also have larger logit margins).
+ *    per 32: ≈ 0.5% of the activations' std per matmul), IQ4_NL 0.23 → 0.5 (int8 per 32); Q4_K 0.41, Q5_K 0.49,
+ *    Q6_K 0.55, Q2_K 0.36, Q3_K 0.58, IQ4_XS 0.36 → 0.8 (int8 per 256, the scale set by the largest of 256 values,
+ *    K-quant models here also have larger logit margins).
  * 3. The CPU reference with llama.cpp's activation rounding emulated (f16/bf16/Q8_0/Q8_1 with its f16 block sum/Q8_K,
  *    f16 q and softmax in attention) vs llama.cpp. Asserted for F32, F16 and BF16 (EMULATION_TOLERANCE), where it
  *    shows that (2)'s differences are llama.cpp's rounding and not a mistake our reference and engine share. For the
- *    quantized types it is reported only: it reproduces llama.cpp bit for bit at most positions (Q8_0 and Q6_K here
- *    at all of them), but from isolated positions on llama.cpp differs by up to ~0.2 (up to 0.4 for the Q5_K model).
+ *    quantized types it is reported only: it reproduces llama.cpp bit for bit at most positions (Q8_0, Q6_K, Q3_K,
+ *    IQ4_NL and IQ4_XS here at all of them), but from isolated positions on llama.cpp differs by up to ~0.2 (up to 0.4 for the Q5_K model).
  *    The cause is not identified: one dot product with ggml's own quantize_row_q8_* and vec_dot (called directly)
  *    matches the emulation exactly, so it is a kernel-path difference inside llama.cpp's matmuls (repacked or tiled
  *    x86 kernels), and which kernels run depends on the CPU.
@@ -64,6 +65,10 @@ const LLAMA_TOLERANCE: Partial<Record<GgmlType, number>> = {
   [GgmlType.Q4_K]: 0.8,
   [GgmlType.Q5_K]: 0.8,
   [GgmlType.Q6_K]: 0.8,
+  [GgmlType.Q2_K]: 0.8,
+  [GgmlType.Q3_K]: 0.8,
+  [GgmlType.IQ4_NL]: 0.5,
+  [GgmlType.IQ4_XS]: 0.8,
 };
 
 /** Measured: F32 ≤ 0.0044, F16 0.0062, BF16 0.032 (single positions; means ≤ 0.0015). */
@@ -211,6 +216,12 @@ const FIXTURES: ModelFixtureSpec[] = [
     ffnDim: 512,
     ropeFreqBase: 1e6,
   }),
+  // The low-bit files users download (issue 43): Q2_K and IQ4_XS models whose ffn_down rows (384) fall back to Q4_0
+  // and IQ4_NL as llama.cpp's recipes do for Qwen2.5-0.5B's 896-wide rows.
+  fixture('llama', GgmlType.Q2_K, { ...base, dim: 256, heads: 2, kvHeads: 2, headDim: 128, ffnDim: 384 }),
+  fixture('qwen3', GgmlType.Q3_K, { ...base, dim: 256, heads: 4, kvHeads: 1, headDim: 64, ffnDim: 512 }),
+  fixture('llama', GgmlType.IQ4_NL, { ...base, dim: 128, heads: 2, kvHeads: 1, headDim: 64, ffnDim: 256 }),
+  fixture('qwen2', GgmlType.IQ4_XS, { ...base, dim: 256, heads: 4, kvHeads: 2, headDim: 64, ffnDim: 384 }),
   // RoPE scaling and optional biases (issue 43): F32 and tiny, so only the variant is measured. YaRN's original
   // contexts are short, so its ramp between kept and interpolated pairs falls inside the head and within 16 tokens.
   ...VARIANT_FIXTURES,
@@ -329,6 +340,9 @@ describe('model fixtures', () => {
     expect(matrixTypeFor(GgmlType.Q4_K, 384)).toBe(GgmlType.Q5_0);
     expect(matrixTypeFor(GgmlType.Q5_K, 384)).toBe(GgmlType.Q5_1);
     expect(matrixTypeFor(GgmlType.Q6_K, 384)).toBe(GgmlType.Q8_0);
+    expect(matrixTypeFor(GgmlType.Q2_K, 384)).toBe(GgmlType.Q4_0);
+    expect(matrixTypeFor(GgmlType.Q3_K, 384)).toBe(GgmlType.Q4_0);
+    expect(matrixTypeFor(GgmlType.IQ4_XS, 384)).toBe(GgmlType.IQ4_NL);
     expect(matrixTypeFor(GgmlType.Q4_K, 512)).toBe(GgmlType.Q4_K);
     expect(() => matrixTypeFor(GgmlType.Q8_0, 48)).toThrow(InvalidRequestError);
   });
