@@ -96,6 +96,27 @@ export const SUPPORTED_WEIGHT_TYPES: readonly GgmlType[] = [
   GgmlType.IQ4_XS,
 ];
 
+/**
+ * The supported file to download instead, for the quantizations longtab refuses (their grids and sign tables are
+ * not implemented): the nearest in size and quality among the supported ones.
+ */
+const NEAREST_SUPPORTED_FILE: Readonly<Partial<Record<GgmlType, string>>> = {
+  [GgmlType.IQ1_S]: 'a Q2_K file',
+  [GgmlType.IQ1_M]: 'a Q2_K file',
+  [GgmlType.IQ2_XXS]: 'a Q2_K or Q3_K_S file',
+  [GgmlType.IQ2_XS]: 'a Q2_K or Q3_K_S file',
+  [GgmlType.IQ2_S]: 'a Q2_K or Q3_K_S file',
+  [GgmlType.IQ3_XXS]: 'a Q3_K_M or Q4_K_M file',
+  [GgmlType.IQ3_S]: 'a Q3_K_M or Q4_K_M file',
+};
+
+/** What a user whose model has weights of an unsupported `type` should do instead, as the end of a sentence. */
+export function unsupportedWeightTypeAdvice(type: GgmlType): string {
+  const nearest = NEAREST_SUPPORTED_FILE[type];
+  if (nearest) return `use ${nearest}`;
+  return `use a model quantized as ${SUPPORTED_WEIGHT_TYPES.map((t) => GGML_TYPE_INFO[t]?.name).join(', ')}`;
+}
+
 /** The 16 non-linear levels an IQ4_NL or IQ4_XS 4-bit code selects (ggml's kvalues_iq4nl), times the block scale. */
 export const IQ4_NL_LEVELS: readonly number[] = [
   -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,

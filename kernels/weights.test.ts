@@ -237,6 +237,9 @@ describe('uploadWeight', () => {
     expect(() =>
       uploadWeightFromBytes(gpu, 'w', GgmlType.IQ3_XXS, [256, 2], new Uint8Array(iq3.blockBytes * 2)),
     ).toThrow(UnsupportedModelError);
+    expect(() =>
+      uploadWeightFromBytes(gpu, 'w', GgmlType.IQ3_XXS, [256, 2], new Uint8Array(iq3.blockBytes * 2)),
+    ).toThrow('Weights of type IQ3_XXS are not supported; use a Q3_K_M or Q4_K_M file.');
     expect(() => uploadWeightFromBytes(gpu, 'w', GgmlType.Q4_0, [48, 2], new Uint8Array(100))).toThrow(/multiple/);
     expect(() => uploadWeightFromBytes(gpu, 'w', GgmlType.Q4_0, [64, 2], new Uint8Array(70))).toThrow(/72 bytes/);
     expect(() => uploadWeightFromBytes(gpu, 'w', GgmlType.F32, [4, 2, 3], new Uint8Array(96))).toThrow(/2-D/);

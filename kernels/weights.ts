@@ -25,7 +25,13 @@
  * | IQ4_XS | 34  | w0 = d | scales_h << 16 · w1 = scales_l[4] · w2..33 = qs[128]                (unchanged)     |
  */
 import { GpuOutOfMemoryError, UnsupportedModelError } from '../core/errors.ts';
-import { type ByteSource, GGML_TYPE_INFO, GgmlType, type GgufTensorInfo } from '../core/gguf-types.ts';
+import {
+  type ByteSource,
+  GGML_TYPE_INFO,
+  GgmlType,
+  type GgufTensorInfo,
+  unsupportedWeightTypeAdvice,
+} from '../core/gguf-types.ts';
 import type { GpuContext } from '../core/gpu/device.ts';
 
 export interface WeightLayout {
@@ -99,7 +105,7 @@ export function weightLayout(type: GgmlType): WeightLayout {
   const layout = WEIGHT_LAYOUTS[type];
   if (!layout) {
     throw new UnsupportedModelError(
-      `Weights of type ${typeName(type)} are not supported; use a model quantized as F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K.`,
+      `Weights of type ${typeName(type)} are not supported; ${unsupportedWeightTypeAdvice(type)}.`,
       { type },
     );
   }

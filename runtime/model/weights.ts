@@ -6,6 +6,7 @@ import {
   type GgufFile,
   type GgufTensorInfo,
   SUPPORTED_WEIGHT_TYPES,
+  unsupportedWeightTypeAdvice,
 } from '../../core/gguf-types.ts';
 import type { GpuContext } from '../../core/gpu/device.ts';
 import { ropeFrequencyDivisors } from '../../kernels/rope.ts';
@@ -124,9 +125,7 @@ export function validateTensors(file: GgufFile, config: ModelConfig): Map<string
     if (isVector ? tensor.type !== GgmlType.F32 : !SUPPORTED_WEIGHT_TYPES.includes(tensor.type)) {
       throw new UnsupportedModelError(
         `Tensor '${name}' has type ${GGML_TYPE_INFO[tensor.type]?.name ?? tensor.type}, which longtab does not run` +
-          (isVector
-            ? ' (norms and biases must be F32).'
-            : `; supported: ${SUPPORTED_WEIGHT_TYPES.map((t) => GGML_TYPE_INFO[t]?.name).join(', ')}.`),
+          (isVector ? ' (norms and biases must be F32).' : `; ${unsupportedWeightTypeAdvice(tensor.type)}.`),
         { tensor: name, type: tensor.type },
       );
     }
