@@ -276,6 +276,36 @@ export class KvPageBook {
     return child;
   }
 
+  /**
+   * A new sequence of `length` positions on fresh private pages of `kinds` (one KV_PAGE_KIND per page, in order),
+   * whose contents the caller writes: a saved sequence coming back. Throws ContextOverflowError, before taking
+   * anything, when a kind has too few pages; `tokensAvailable` names what is free in the error.
+   */
+  adoptPages(kinds: Uint8Array, length: number, tokensAvailable: () => number): KvSequence {
+    if (!Number.isInteger(length) || length < 0 || Math.ceil(length / this.pageTokens) !== kinds.length) {
+      throw new InvalidRequestError(`KV restore: ${kinds.length} pages cannot hold ${length} positions`);
+    }
+    const counts = new Map<PageStore, number>();
+    for (const kind of kinds) {
+      const store = kind === KV_PAGE_KIND.f16 ? this.f16 : this.quant;
+      if (!store) throw new InvalidRequestError('KV restore: quant pages for a pool without them');
+      counts.set(store, (counts.get(store) ?? 0) + 1);
+    }
+    for (const [store, count] of counts) {
+      if (store.available() < count) {
+        throw new ContextOverflowError(length, tokensAvailable(), {
+          kind: 'other',
+          hint: `Restoring a saved sequence needs ${count} free ${store.name} KV pages.`,
+        });
+      }
+    }
+    const seq = this.createSequence();
+    for (const kind of kinds) seq.pages.push(this.allocatePage(kind === KV_PAGE_KIND.f16 ? this.f16 : this.quant!));
+    seq.length = length;
+    this.events.tableChanged(seq, 0, seq.pages.length);
+    return seq;
+  }
+
   free(seq: KvSequence): void {
     this.assertAlive(seq);
     for (const entry of seq.pages) this.releasePage(entry);

@@ -15,6 +15,9 @@ import { MAX_KV_SLABS } from './page-ledger.ts';
 
 export const KV_STEP_BYTES = 16;
 
+/** Most bytes one staging buffer of a sequence's read-back holds (bigger sequences take several). */
+export const STAGING_BYTES = 32 * 2 ** 20;
+
 /** GPU work the bookkeeping asked for, recorded into the next submit. */
 interface PendingWork {
   encode(encoder: GPUCommandEncoder): void;
@@ -153,6 +156,80 @@ export class KvPageStorage implements PageBookEvents {
       },
       release: () => {},
     });
+  }
+
+  /**
+   * The bytes of the pages `entries` (in order, each at its kind's page size), read back after the pending page work:
+   * one copy per run of pages adjacent in one slab, through staging buffers of at most STAGING_BYTES.
+   */
+  async readPages(entries: readonly number[]): Promise<Uint8Array<ArrayBuffer>> {
+    this.submitPending();
+    const runs = this.pageRuns(entries);
+    const total = runs.reduce((sum, run) => sum + run.bytes, 0);
+    const out = new Uint8Array(total);
+    for (let first = 0; first < runs.length; ) {
+      // A batch of runs that fits one staging buffer (a run larger than it goes alone, split by bytes).
+      let last = first;
+      let bytes = runs[first].bytes;
+      while (last + 1 < runs.length && bytes + runs[last + 1].bytes <= STAGING_BYTES) bytes += runs[++last].bytes;
+      const batch = runs.slice(first, last + 1);
+      for (let offset = 0; offset < bytes; offset += STAGING_BYTES) {
+        const size = Math.min(STAGING_BYTES, bytes - offset);
+        const staging = this.gpu.allocator.createBuffer({
+          label: 'kv.save.staging',
+          category: 'staging',
+          size,
+          usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+        });
+        try {
+          const encoder = this.gpu.device.createCommandEncoder({ label: 'kv.save' });
+          let at = 0; // byte of the batch where this run starts
+          for (const run of batch) {
+            const from = Math.max(offset, at);
+            const to = Math.min(offset + size, at + run.bytes);
+            if (from < to)
+              encoder.copyBufferToBuffer(run.slab, run.offset + from - at, staging, from - offset, to - from);
+            at += run.bytes;
+          }
+          this.gpu.device.queue.submit([encoder.finish()]);
+          await staging.mapAsync(GPUMapMode.READ);
+          out.set(new Uint8Array(staging.getMappedRange()), runs[first].at + offset);
+          staging.unmap();
+        } finally {
+          this.gpu.allocator.release(staging);
+        }
+      }
+      first = last + 1;
+    }
+    return out;
+  }
+
+  /** Writes `bytes` (the pages `entries` in order, as readPages gives them) into those pages, before any later submit. */
+  writePages(entries: readonly number[], bytes: Uint8Array): void {
+    const runs = this.pageRuns(entries);
+    const total = runs.reduce((sum, run) => sum + run.bytes, 0);
+    if (total !== bytes.byteLength) throw new RangeError(`KV storage: ${bytes.byteLength} bytes for ${total} of pages`);
+    for (const run of runs) {
+      this.gpu.device.queue.writeBuffer(run.slab, run.offset, bytes.buffer, bytes.byteOffset + run.at, run.bytes);
+    }
+  }
+
+  /** Runs of pages adjacent in one slab: where each lies (slab, byte offset) and where it goes in the bytes (at). */
+  private pageRuns(entries: readonly number[]): Array<{ slab: GPUBuffer; offset: number; bytes: number; at: number }> {
+    const runs: Array<{ slab: GPUBuffer; offset: number; bytes: number; at: number }> = [];
+    let at = 0;
+    for (const entry of entries) {
+      const store = this.storeOf(entry);
+      const { slab: slot, page } = decodePageEntry(entry);
+      const slab = this.slab(store, slot - store.firstSlot);
+      const offset = page * store.pageBytes;
+      const previous = runs[runs.length - 1];
+      if (previous && previous.slab === slab && previous.offset + previous.bytes === offset) {
+        previous.bytes += store.pageBytes;
+      } else runs.push({ slab, offset, bytes: store.pageBytes, at });
+      at += store.pageBytes;
+    }
+    return runs;
   }
 
   pagesPromoted(pairs: ReadonlyArray<readonly [number, number]>): void {

@@ -95,10 +95,10 @@
  *     pool.fork(seq) / pool.truncate(seq, n) / pool.free(seq)     // branches share full pages copy-on-write
  */
 
-import type { ContextLimit } from '../../core/errors.ts';
+import { type ContextLimit, InvalidRequestError } from '../../core/errors.ts';
 import type { GpuContext } from '../../core/gpu/device.ts';
 import { prepareKvDemote, prepareKvPromote } from '../../kernels/kv-demote.ts';
-import type { KvSequence } from './page-book.ts';
+import { decodePageEntry, KV_PAGE_KIND, type KvSequence } from './page-book.ts';
 import {
   defaultQuantF16Bytes,
   FLUSH_BATCH_PAGES,
@@ -130,6 +130,20 @@ export {
 export { KV_STEP_BYTES } from './page-storage.ts';
 export type { KvQuantRows, KvRowFormatOptions } from './quant-layout.ts';
 export type { KvPageCounts, KvPoolMode } from './tiering.ts';
+
+/**
+ * A sequence copied out of GPU memory (`saveSequence`): its pages as they are (quant pages at their bits, f16 ones at
+ * f16), their kinds and its length. Only the pool that saved it can restore it: the bytes are in its page layout and
+ * under its rotations.
+ */
+export interface KvSequenceImage {
+  readonly pool: KvPagePool;
+  readonly length: number;
+  /** KV_PAGE_KIND of each page, in order. */
+  readonly kinds: Uint8Array;
+  /** The pages' bytes, in order, each at its kind's page size. */
+  readonly bytes: Uint8Array<ArrayBuffer>;
+}
 
 /** What the demotion kernel and the mixed attention need to know about quant pages: the layout and the jobs. */
 export interface KvQuantLayout extends KvQuantPageLayout {
@@ -292,6 +306,41 @@ export class KvPagePool {
 
   free(seq: KvSequence): void {
     this.ledger.free(seq);
+  }
+
+  /**
+   * Copies `seq`'s pages to host memory as they are (after the pending page work), for `restoreSequence` to bring
+   * back bit for bit; `seq` itself is untouched. Pages past its length (reserved ahead) are left out.
+   */
+  async saveSequence(seq: KvSequence): Promise<KvSequenceImage> {
+    this.ledger.book.assertAlive(seq);
+    const entries = seq.pages.slice(0, Math.ceil(seq.length / this.pageTokens));
+    const kinds = Uint8Array.from(entries, (entry) => decodePageEntry(entry).kind);
+    const length = seq.length;
+    return { pool: this, length, kinds, bytes: await this.storage.readPages(entries) };
+  }
+
+  /** Pages of each kind restoring `image` takes (compare with `pagesObtainable()`). */
+  pagesToRestore(image: KvSequenceImage): KvPageCounts {
+    let quant = 0;
+    for (const kind of image.kinds) if (kind === KV_PAGE_KIND.quant) quant++;
+    return { f16: image.kinds.length - quant, quant };
+  }
+
+  /**
+   * A new sequence holding what `image` held, on pages of the same kinds; the bytes go up before any later submit.
+   * Call it between steps. Throws ContextOverflowError, before taking anything, when the pages are not obtainable, and InvalidRequestError
+   * for an image of another pool.
+   */
+  restoreSequence(image: KvSequenceImage): KvSequence {
+    if (image.pool !== this) throw new InvalidRequestError('KV restore: the image was saved by another pool');
+    // Pending page work (a flush's demotions) may read pages freed for it: it goes first, the bytes after it; the
+    // last step's retiring pages are free once it is submitted (as releaseFreeSlabs, between steps).
+    this.storage.submitPending();
+    this.ledger.book.settleRetiring();
+    const seq = this.ledger.book.adoptPages(image.kinds, image.length, () => this.tokensAvailable);
+    this.storage.writePages(seq.pages, image.bytes);
+    return seq;
   }
 
   /**
