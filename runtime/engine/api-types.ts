@@ -46,6 +46,11 @@ export interface EngineLoadOptions {
   kv?: KvMode;
   /** Bytes of GPU memory the KV cache may grow to (default 64 MiB). */
   kvBudgetBytes?: number;
+  /**
+   * Bytes of host memory that keep conversations evicted from the GPU budget, their pages as they are, so their next
+   * turn prefills only what is new (default: kvBudgetBytes; 0 re-prefills them instead). Least recently used go first.
+   */
+  hostKvBudgetBytes?: number;
   /** Live KV sequences at once, 1..256 (conversations plus shared system prompts; default 16). */
   maxSequences?: number;
   /** Longest sequence in tokens (default: the model's context length; the budget caps it too). */
@@ -415,6 +420,11 @@ export interface EngineStats {
     /** Sequences evicted (least recently used first) to make room since the model was loaded. */
     evictions: number;
   };
+  /**
+   * Evicted conversations whose pages wait in host memory (hostKvBudgetBytes), and how many were copied out and back
+   * since the model was loaded.
+   */
+  host: { conversations: number; bytes: number; budgetBytes: number; saves: number; restores: number };
   queue: { running: boolean; waiting: number };
   adapter: AdapterStats | null;
 }

@@ -295,7 +295,7 @@ export class LongtabEngine implements LongtabEngineApi {
       runner.unload();
       throw error;
     }
-    this.cache = new ConversationCache(runner);
+    this.cache = new ConversationCache(runner, parsed.hostKvBudgetBytes);
     this.template = template;
     const meta = loaded.file.metadata['tokenizer.chat_template'];
     this.modelInfo = {
@@ -647,7 +647,7 @@ export class LongtabEngine implements LongtabEngineApi {
     const ids = prompt.ids;
     const maxTokens = Math.max(0, Math.min(requestedMaxTokens, this.capacity() - ids.length + 1));
     const reuse = Math.min(commonPrefixLength(entry.ids, ids), ids.length - 1);
-    cache.makeRoom([entry], entry.seq, reuse, ids.length + maxTokens);
+    await cache.makeRoom([entry], entry.seq, reuse, ids.length + maxTokens);
     const decoder = runner.tokenizer.createStreamDecoder({ skipSpecial: true });
     const stops = new StopStringMatcher(r.stop);
     let text = '';
@@ -1048,6 +1048,13 @@ export class LongtabEngine implements LongtabEngineApi {
         capacity,
         conversations: this.cache?.size ?? 0,
         evictions: this.cache?.evictions ?? 0,
+      },
+      host: {
+        conversations: this.cache?.savedCount ?? 0,
+        bytes: this.cache?.hostBytes ?? 0,
+        budgetBytes: this.cache?.hostBudgetBytes ?? 0,
+        saves: this.cache?.saves ?? 0,
+        restores: this.cache?.restores ?? 0,
       },
       queue: { running: this.running, waiting: this.waiting },
       adapter: gpu

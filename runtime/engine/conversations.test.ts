@@ -64,7 +64,7 @@ async function turn(
     needBefore: pool.pagesNeeded(entry.seq, reuse, ids.length + maxTokens),
     obtBefore: pool.pagesObtainable(),
   };
-  cache.makeRoom([entry], entry.seq, reuse, ids.length + maxTokens);
+  await cache.makeRoom([entry], entry.seq, reuse, ids.length + maxTokens);
   if (process.env.DBG)
     console.log(
       'TURN',

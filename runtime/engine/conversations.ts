@@ -8,11 +8,14 @@
  * windows) in a share of its own, which idle conversations fill while 2-bit pages are free: when f16 pages are short
  * and 2-bit ones are not, the least recently used idle sequences are flushed first (their window demoted to 2 bits
  * now: they keep their contents and are not re-prefilled). When that is not enough, or sequence slots run out, the
- * least recently used sequence is evicted; its conversation is re-prefilled when it comes back. Once every
- * conversation is deleted, the cached system prefixes go too and the pool returns its slabs.
+ * least recently used sequence is evicted. An evicted conversation's pages are copied to host memory as they are
+ * (its 2-bit pages at 2 bits, its f16 window at f16: KvPagePool.saveSequence) while the host tier's budget allows,
+ * least recently used saved ones dropped first; its next turn copies them back and prefills only what is new. A
+ * conversation without a saved copy is re-prefilled. Once every conversation is deleted, the cached system prefixes
+ * go too and the pool returns its slabs.
  */
-import { InvalidRequestError } from '../../core/errors.ts';
-import type { KvPagePool, KvSequence } from '../kv/pool.ts';
+import { ContextOverflowError, InvalidRequestError } from '../../core/errors.ts';
+import type { KvPageCounts, KvPagePool, KvSequence, KvSequenceImage } from '../kv/pool.ts';
 import type { ModelRunner } from './model-runner.ts';
 
 export interface CachedSequence {
@@ -22,6 +25,8 @@ export interface CachedSequence {
   /** Token ids of positions [0, seq.length): always `ids.length === seq.length`. */
   ids: number[];
   lastUsed: number;
+  /** While evicted: its sequence in host memory and the ids it holds (null when none was kept). */
+  saved: { image: KvSequenceImage; ids: number[] } | null;
 }
 
 export function commonPrefixLength(a: readonly number[], b: readonly number[]): number {
@@ -39,9 +44,24 @@ export class ConversationCache {
   evictions = 0;
   /** Pages of idle sequences demoted to make room (int2 pools). */
   flushes = 0;
+  /** Evicted conversations copied to host memory, and copied back. */
+  saves = 0;
+  restores = 0;
+  /** Bytes of host memory that saved conversations hold. */
+  hostBytes = 0;
+  readonly hostBudgetBytes: number;
 
-  constructor(runner: ModelRunner) {
+  /** `hostBudgetBytes`: host memory for evicted conversations' pages (0: none are kept). */
+  constructor(runner: ModelRunner, hostBudgetBytes = 0) {
     this.runner = runner;
+    this.hostBudgetBytes = hostBudgetBytes;
+  }
+
+  /** Saved conversations (in host memory). */
+  get savedCount(): number {
+    let n = 0;
+    for (const entry of this.conversations.values()) if (entry.saved) n++;
+    return n;
   }
 
   get size(): number {
@@ -51,7 +71,7 @@ export class ConversationCache {
   conversation(id: string): CachedSequence {
     let entry = this.conversations.get(id);
     if (!entry) {
-      entry = { key: id, kind: 'conversation', seq: null, ids: [], lastUsed: 0 };
+      entry = { key: id, kind: 'conversation', seq: null, ids: [], lastUsed: 0, saved: null };
       this.conversations.set(id, entry);
     }
     this.touch(entry);
@@ -64,7 +84,7 @@ export class ConversationCache {
   }
 
   temporary(): CachedSequence {
-    const entry: CachedSequence = { key: '', kind: 'temporary', seq: null, ids: [], lastUsed: 0 };
+    const entry: CachedSequence = { key: '', kind: 'temporary', seq: null, ids: [], lastUsed: 0, saved: null };
     this.touch(entry);
     return entry;
   }
@@ -76,8 +96,9 @@ export class ConversationCache {
   async attach(entry: CachedSequence, systemIds: number[] | null): Promise<number> {
     if (entry.seq) return 0;
     const pool = this.runner.pool;
+    if (await this.restore(entry)) return 0;
     if (!systemIds || systemIds.length === 0) {
-      this.ensureSlot([entry]);
+      await this.ensureSlot([entry]);
       entry.seq = pool.createSequence();
       entry.ids = [];
       return 0;
@@ -86,9 +107,9 @@ export class ConversationCache {
     let system = this.systems.get(key);
     let prefilled = 0;
     if (!system?.seq) {
-      system = { key, kind: 'system', seq: null, ids: [], lastUsed: 0 };
-      this.ensureSlot([entry]);
-      this.makeRoom([entry], null, 0, systemIds.length);
+      system = { key, kind: 'system', seq: null, ids: [], lastUsed: 0, saved: null };
+      await this.ensureSlot([entry]);
+      await this.makeRoom([entry], null, 0, systemIds.length);
       system.seq = pool.createSequence();
       this.systems.set(key, system);
       try {
@@ -101,8 +122,8 @@ export class ConversationCache {
       prefilled = systemIds.length;
     }
     this.touch(system);
-    this.ensureSlot([entry, system]);
-    this.makeRoom([entry, system], null, 0, 1); // a partly filled last page (f16) is copied at the fork
+    await this.ensureSlot([entry, system]);
+    await this.makeRoom([entry, system], null, 0, 1); // a partly filled last page (f16) is copied at the fork
     entry.seq = pool.fork(system.seq!);
     entry.ids = system.ids.slice(0, entry.seq.length);
     return prefilled;
@@ -115,10 +136,16 @@ export class ConversationCache {
    * Never touches `keep`. Returns when both kinds fit or nothing is left to flush or evict (the pool's own check
    * then throws ContextOverflowError: the request alone does not fit).
    */
-  makeRoom(keep: CachedSequence[], seq: KvSequence | null, position: number, length: number): void {
+  makeRoom(keep: CachedSequence[], seq: KvSequence | null, position: number, length: number): Promise<void> {
+    const pool = this.runner.pool;
+    return this.roomFor(keep, () => pool.pagesNeeded(seq, position, length));
+  }
+
+  /** makeRoom for any need: `need()` is asked again after each flush or eviction. */
+  private async roomFor(keep: CachedSequence[], needed: () => KvPageCounts): Promise<void> {
     const pool = this.runner.pool;
     for (;;) {
-      const need = pool.pagesNeeded(seq, position, length);
+      const need = needed();
       const free = pool.pagesObtainable();
       const f16Short = need.f16 - free.f16;
       const quantSpare = free.quant - need.quant;
@@ -126,7 +153,7 @@ export class ConversationCache {
       if (f16Short > 0 && quantSpare > 0 && this.flushIdle(pool, keep, Math.min(f16Short, quantSpare))) continue;
       const victim = this.leastRecentlyUsed(keep);
       if (!victim) return;
-      this.evict(victim);
+      await this.displace(victim);
     }
   }
 
@@ -145,7 +172,7 @@ export class ConversationCache {
   }
 
   /** Frees a sequence slot if all are taken. */
-  ensureSlot(keep: CachedSequence[]): void {
+  async ensureSlot(keep: CachedSequence[]): Promise<void> {
     const pool = this.runner.pool;
     while (pool.stats().sequences >= pool.maxSequences) {
       const victim = this.leastRecentlyUsed(keep);
@@ -154,14 +181,81 @@ export class ConversationCache {
           `All ${pool.maxSequences} KV sequences are in use by the running request; load with a larger maxSequences.`,
         );
       }
-      this.evict(victim);
+      await this.displace(victim);
     }
   }
 
-  /** Frees the entry's K/V (the conversation is re-prefilled if it comes back). */
+  /** Frees the entry's K/V, and any copy of it in host memory (the conversation is re-prefilled if it comes back). */
   evict(entry: CachedSequence): void {
     if (entry.seq && entry.kind !== 'temporary') this.evictions++;
+    this.forget(entry);
     this.drop(entry);
+  }
+
+  /**
+   * Evicts the entry to make room: a conversation's pages are copied to host memory first where the host budget
+   * holds them (the least recently used saved ones give way), so its next turn restores them.
+   */
+  private async displace(entry: CachedSequence): Promise<void> {
+    const seq = entry.seq;
+    const pool = this.runner.pool;
+    if (entry.kind !== 'conversation' || !seq?.alive || seq.length === 0) return this.evict(entry);
+    const held = pool.stats();
+    const bytes = Math.ceil(seq.length / pool.pageTokens) * Math.max(held.pageBytes, held.quant?.pageBytes ?? 0);
+    if (bytes > this.hostBudgetBytes) return this.evict(entry);
+    const image = await pool.saveSequence(seq);
+    const ids = entry.ids.slice(0, image.length);
+    this.evict(entry);
+    entry.saved = { image, ids };
+    this.hostBytes += image.bytes.byteLength;
+    this.saves++;
+    this.trimHost(entry);
+  }
+
+  /** Drops the least recently used saved conversations until the rest fit the host budget (`keep` last of all). */
+  private trimHost(keep: CachedSequence): void {
+    const saved = [...this.conversations.values()]
+      .filter((e) => e.saved && e !== keep)
+      .sort((a, b) => a.lastUsed - b.lastUsed);
+    for (const entry of [...saved, keep]) {
+      if (this.hostBytes <= this.hostBudgetBytes) return;
+      this.forget(entry);
+    }
+  }
+
+  /**
+   * Brings an evicted conversation's saved pages back into the pool, making room as for a write. Returns false, its
+   * copy dropped, when it has none or the pool cannot hold them (the conversation is then re-prefilled).
+   */
+  private async restore(entry: CachedSequence): Promise<boolean> {
+    const saved = entry.saved;
+    if (!saved) return false;
+    const pool = this.runner.pool;
+    // A copy from before the pool was replaced (other rotations) is not this pool's to restore.
+    if (saved.image.pool !== pool) {
+      this.forget(entry);
+      return false;
+    }
+    await this.ensureSlot([entry]);
+    await this.roomFor([entry], () => pool.pagesToRestore(saved.image));
+    try {
+      entry.seq = pool.restoreSequence(saved.image);
+    } catch (error) {
+      if (!(error instanceof ContextOverflowError)) throw error;
+      this.forget(entry);
+      return false;
+    }
+    entry.ids = saved.ids;
+    this.forget(entry);
+    this.restores++;
+    return true;
+  }
+
+  /** Drops the entry's copy in host memory. */
+  private forget(entry: CachedSequence): void {
+    if (!entry.saved) return;
+    this.hostBytes -= entry.saved.image.bytes.byteLength;
+    entry.saved = null;
   }
 
   /** Frees the entry's K/V without counting an eviction. */
@@ -189,6 +283,7 @@ export class ConversationCache {
   delete(id: string): void {
     const entry = this.conversations.get(id);
     if (!entry) return;
+    this.forget(entry);
     this.drop(entry);
     this.conversations.delete(id);
     if (this.conversations.size > 0) return;
@@ -202,6 +297,7 @@ export class ConversationCache {
     this.systems.clear();
     this.evictions = 0;
     this.flushes = 0;
+    this.hostBytes = 0;
   }
 
   private touch(entry: CachedSequence): void {

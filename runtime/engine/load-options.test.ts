@@ -25,6 +25,7 @@ function rejection(input: unknown): InvalidRequestError {
 const DEFAULTS: ParsedLoadOptions = {
   kv: undefined,
   kvBudgetBytes: 64 * 1024 * 1024,
+  hostKvBudgetBytes: 64 * 1024 * 1024,
   maxSequences: 16,
   maxContextTokens: undefined,
   prefillChunk: undefined,
@@ -66,6 +67,7 @@ describe('parseLoadOptions', () => {
     const input: EngineLoadOptions = {
       kv: 'int2',
       kvBudgetBytes: 1,
+      hostKvBudgetBytes: 0,
       maxSequences: 256,
       maxContextTokens: 1 << 24,
       prefillChunk: 4096,
@@ -123,6 +125,8 @@ describe('parseLoadOptions', () => {
     ['kvBudgetBytes', { kvBudgetBytes: Number.NaN }, /kvBudgetBytes = NaN/],
     ['kvBudgetBytes', { kvBudgetBytes: 2 ** 60 }, /kvBudgetBytes/],
     ['kvBudgetBytes', { kvBudgetBytes: '4096' as unknown as number }, /kvBudgetBytes = "4096"/],
+    ['hostKvBudgetBytes', { hostKvBudgetBytes: -1 }, /^hostKvBudgetBytes = -1 is invalid: use an integer >= 0\.$/],
+    ['hostKvBudgetBytes', { hostKvBudgetBytes: 0.5 }, /hostKvBudgetBytes = 0.5/],
     ['maxSequences', { maxSequences: 0 }, /maxSequences = 0 is invalid: use an integer in 1\.\.256/],
     ['maxSequences', { maxSequences: 257 }, /maxSequences = 257/],
     ['maxContextTokens', { maxContextTokens: 0 }, /maxContextTokens = 0 is invalid: use an integer >= 1/],
@@ -195,7 +199,7 @@ describe('parseLoadOptions', () => {
   it('rejects unknown fields with the known ones, and says where a research knob belongs', () => {
     const unknown = rejection({ kv: 'f16', contextSize: 4096 });
     expect(unknown.message).toBe(
-      "load options: unknown field 'contextSize'. Supported fields: kv, kvBudgetBytes, maxSequences, maxContextTokens, prefillChunk, rotation, calibrate, onProgress, network, experimental.",
+      "load options: unknown field 'contextSize'. Supported fields: kv, kvBudgetBytes, hostKvBudgetBytes, maxSequences, maxContextTokens, prefillChunk, rotation, calibrate, onProgress, network, experimental.",
     );
     expect(unknown.details.field).toBe('contextSize');
     for (const knob of [

@@ -27,6 +27,7 @@ export interface ParsedLoadOptions {
   /** undefined: int2 where the model allows it, else f16 (resolveKvMode, once the model is known). */
   kv: KvMode | undefined;
   kvBudgetBytes: number;
+  hostKvBudgetBytes: number;
   maxSequences: number;
   /** undefined: the model's context length. */
   maxContextTokens: number | undefined;
@@ -130,6 +131,7 @@ export function resolveKvMode(options: Partial<ParsedLoadOptions>, model: KvMode
 const PUBLIC_FIELDS = Object.keys({
   kv: true,
   kvBudgetBytes: true,
+  hostKvBudgetBytes: true,
   maxSequences: true,
   maxContextTokens: true,
   prefillChunk: true,
@@ -219,9 +221,11 @@ export function parseLoadOptions(input: unknown): ParsedLoadOptions {
   if (o.onProgress !== undefined && typeof o.onProgress !== 'function') {
     failField('onProgress', o.onProgress, 'use a function');
   }
+  const kvBudgetBytes = integer('kvBudgetBytes', o.kvBudgetBytes, 1) ?? LOAD_DEFAULTS.kvBudgetBytes;
   const parsed: ParsedLoadOptions = {
     kv,
-    kvBudgetBytes: integer('kvBudgetBytes', o.kvBudgetBytes, 1) ?? LOAD_DEFAULTS.kvBudgetBytes,
+    kvBudgetBytes,
+    hostKvBudgetBytes: integer('hostKvBudgetBytes', o.hostKvBudgetBytes, 0) ?? kvBudgetBytes,
     maxSequences: integer('maxSequences', o.maxSequences, 1, 256) ?? LOAD_DEFAULTS.maxSequences,
     maxContextTokens: integer('maxContextTokens', o.maxContextTokens, 1),
     prefillChunk: integer('prefillChunk', o.prefillChunk, 1, 4096),
