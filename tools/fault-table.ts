@@ -6,6 +6,7 @@
  *   npx vitest run runtime/tokenizer/{chat-template,chat-injection}.test.ts runtime/engine/template-limits.test.ts
  *   npx vitest run runtime/gguf/{hostile-input,url-source,roundtrip}.test.ts runtime/model/bad-models.test.ts
  *   npx vitest run app/storage/models.test.ts runtime/engine/{load-network,context-cost}.test.ts
+ *   npx vitest run app/components/markdown-stream.test.ts
  *   npx vitest run runtime/cli/cli.test.ts
  *   npx playwright test e2e/security.spec.ts e2e/device-loss.spec.ts
  *   npx playwright test e2e/chat.spec.ts -g 'download|full disk|web page'
@@ -34,6 +35,7 @@ const SOURCES: Record<string, string> = {
   download: 'app/storage/models.test.ts',
   'load-network': 'runtime/engine/load-network.test.ts',
   'context-cost': 'runtime/engine/context-cost.test.ts',
+  markdown: 'app/components/markdown-stream.test.ts',
   cli: 'runtime/cli/cli.test.ts',
   'file-paths': 'runtime/gguf/roundtrip.test.ts',
   'special-tokens': 'runtime/tokenizer/chat-injection.test.ts',

@@ -7,7 +7,10 @@
 import { createElement } from 'react';
 import { renderToStaticMarkup } from 'react-dom/server';
 import { describe, expect, it } from 'vitest';
+import { faultLog } from '../../test/regressions/fault-log.ts';
 import { Markdown, MarkdownStream, PLAIN_RUN_MARKUP } from './Markdown.tsx';
+
+const faults = faultLog('markdown');
 
 const oneShot = (text: string) => renderToStaticMarkup(createElement(Markdown, { text }));
 const streamed = (stream: MarkdownStream, text: string) =>
@@ -95,6 +98,13 @@ describe('MarkdownStream', () => {
       return streamReply(text, 4).parsedChars;
     };
     const [small, large] = [work(2), work(4)];
+    faults.record({
+      area: 'markdown',
+      fault: `a reply streamed 4 characters a token, ${2 * REPLY.length} then ${4 * REPLY.length} characters long`,
+      expected: 'characters parsed grow with the reply (1.8-2.2x for twice the text), not with its square',
+      outcome: `${small} then ${large} characters parsed (${(large / small).toFixed(2)}x)`,
+      ok: large / small > 1.8 && large / small < 2.2,
+    });
     expect(large / small).toBeGreaterThan(1.8);
     expect(large / small).toBeLessThan(2.2);
     expect(small).toBeLessThan(REPLY.length * 2 * 20);
@@ -134,6 +144,14 @@ describe('Markdown with runs the parser is quadratic in', () => {
         const text = `# Before\n\n${run}\n\nAfter **that**.`;
         const stream = new MarkdownStream();
         const html = streamed(stream, text);
+        const plain = html.includes(`<p style="white-space:pre-wrap">${run.trimEnd()}</p>`);
+        faults.record({
+          area: 'markdown',
+          fault: `a run of ${n} characters of ${name} in a reply (micromark is quadratic in it)`,
+          expected: 'the run shown as plain text, unparsed; the rest of the reply rendered as Markdown',
+          outcome: `${plain ? 'plain text' : 'parsed'}; ${stream.parsedChars} of ${text.length} characters parsed`,
+          ok: plain && html.includes('<strong>that</strong>') && stream.parsedChars <= text.length - run.length,
+        });
         expect(html).toContain('<h3>Before</h3>');
         expect(html).toContain('<strong>that</strong>');
         expect(html).toContain(`<p style="white-space:pre-wrap">${run.trimEnd()}</p>`);
