@@ -2,10 +2,11 @@
  * examples/embed.html, the README's complete embedding page (issue 38, point 4), in Chromium (SwiftShader WebGPU): as
  * its comment says to run it, from a static server over the repository root with the library built into dist-lib/.
  * With no ?model it runs the demo model from the same server (no hub, nothing off this machine); a load that fails
- * says why on the page. The library is built here into a folder of this test's own, served as /dist-lib/.
+ * says why on the page. The library is built here into a folder of this test's own, served as /dist-lib/. The README's
+ * embedding snippet runs as pasted too, its hub URL answered from the demo file.
  */
 import { execFileSync } from 'node:child_process';
-import { createReadStream, existsSync, mkdtempSync, rmSync, statSync } from 'node:fs';
+import { createReadStream, existsSync, mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -24,6 +25,8 @@ const TYPES: Record<string, string> = {
 };
 
 let libDir = '';
+/** The page the README snippet test serves at /readme-snippet.html. */
+let snippetPage = '';
 let server: Server;
 let origin = '';
 
@@ -45,6 +48,9 @@ test.describe('examples/embed.html', () => {
       timeout: 220_000,
     });
     server = createServer((req, res) => {
+      if (req.url === '/readme-snippet.html') {
+        return void res.writeHead(200, { 'Content-Type': TYPES['.html'] }).end(snippetPage);
+      }
       const file = fileFor(req.url ?? '/');
       if (!file) return void res.writeHead(404).end();
       const size = statSync(file).size;
@@ -88,6 +94,44 @@ test.describe('examples/embed.html', () => {
     await expect(out).not.toHaveAttribute('data-error');
     expect(requests.some((url) => url === `${origin}/public/models/longtab-demo.gguf`)).toBe(true);
     expect(requests.filter((url) => !url.startsWith(origin))).toEqual([]);
+    expect(errors).toEqual([]);
+  });
+
+  test("the README's embedding snippet runs as pasted: the hub model it names (served here from the demo file) streams a reply into its <pre>", async ({
+    page,
+    context,
+  }) => {
+    test.skip(!haveDemo, 'this checkout has no demo model');
+    test.setTimeout(420_000);
+    // The first js block after the README's embedding heading, exactly as a reader copies it.
+    const readme = readFileSync(join(repoRoot, 'README.md'), 'utf8');
+    const section = readme.slice(readme.indexOf('## Embedding the engine in your page'));
+    const snippet = /```js\n([\s\S]*?)```/.exec(section)?.[1];
+    expect(snippet).toContain("from './dist-lib/longtab.js'");
+    const hubUrl = /'(https:\/\/huggingface\.co\/[^']+\.gguf)'/.exec(snippet ?? '')?.[1];
+    expect(hubUrl).toBeDefined();
+    // Nothing leaves this machine: the hub's answers come from the demo file, with the Range support the hub has.
+    const demo = readFileSync(join(repoRoot, 'public/models/longtab-demo.gguf'));
+    await context.route(hubUrl as string, (route) => {
+      const range = /^bytes=(\d+)-(\d*)$/.exec(route.request().headers().range ?? '');
+      const [start, end] = range
+        ? [Number(range[1]), range[2] ? Math.min(Number(range[2]), demo.length - 1) : demo.length - 1]
+        : [0, demo.length - 1];
+      const headers: Record<string, string> = {
+        'Content-Type': 'application/octet-stream',
+        'Accept-Ranges': 'bytes',
+        ETag: '"demo"',
+        'Access-Control-Allow-Origin': '*',
+        'Access-Control-Expose-Headers': 'Content-Range, Content-Length, ETag, Accept-Ranges',
+      };
+      if (range) headers['Content-Range'] = `bytes ${start}-${end}/${demo.length}`;
+      return route.fulfill({ status: range ? 206 : 200, headers, body: demo.subarray(start, end + 1) });
+    });
+    const errors: string[] = [];
+    page.on('pageerror', (error) => errors.push(error.message));
+    snippetPage = `<!doctype html><meta charset="utf-8"><body><script type="module">${snippet}</script></body>`;
+    await page.goto(`${origin}/readme-snippet.html`);
+    await expect(page.locator('pre')).toHaveText(/\S/, { timeout: 400_000 });
     expect(errors).toEqual([]);
   });
 
