@@ -2,7 +2,7 @@
 import type { EngineStats, ModelInfo } from '../engine/types.ts';
 import { formatBytes } from '../storage/models.ts';
 import { adapterLabel, softwareAdapterName } from './adapter-note.ts';
-import { kvHoldsText, kvPlanText } from './kv-summary.ts';
+import { kvHoldsText, kvHostText, kvPlanText } from './kv-summary.ts';
 
 export interface PerfSample {
   t: number;
@@ -168,6 +168,8 @@ export function StatsPanel({ stats, perf, model }: { stats: EngineStats | null; 
           <dd data-testid="stat-kv-bits">{bits === null ? '—' : bits.toFixed(bits === 16 ? 0 : 2)}</dd>
           <dt>KV held as f16 would be</dt>
           <dd>{memory ? formatBytes(memory.kvF16Equivalent) : '—'}</dd>
+          <dt>KV in host memory</dt>
+          <dd data-testid="stat-kv-host">{kvHostText(stats) ?? 'off'}</dd>
           <dt>peak</dt>
           <dd>{memory ? formatBytes(memory.peak) : '—'}</dd>
           <dt>GPU</dt>

@@ -1,7 +1,8 @@
 /** The stats panel's KV sentences from EngineStats as the engine fills them (no GPU, no DOM). */
 import { describe, expect, it } from 'vitest';
 import type { EngineStats } from '../engine/types.ts';
-import { formatTokens, kvHoldsText, kvPlanText } from './kv-summary.ts';
+import { formatBytes } from '../storage/models.ts';
+import { formatTokens, kvHoldsText, kvHostText, kvPlanText } from './kv-summary.ts';
 
 /** The fields the sentences read; the rest of EngineStats does not matter to them. */
 function stats(kv: Partial<EngineStats['kv']>, contextLength = 1 << 20): EngineStats {
@@ -65,5 +66,19 @@ describe('the stats panel KV sentences', () => {
       'Plan, one format for every layer: K 2-bit, V 2-bit; 2.41 bits per element at 32K tokens.',
     );
     expect(kvPlanText(stats({ mode: 'f16', plan: null }))).toBeNull();
+  });
+});
+
+describe('the stats panel host memory line', () => {
+  const withHost = (host: EngineStats['host'] | undefined) => ({ host }) as EngineStats;
+  it('says how many evicted conversations wait in host memory and how much of its budget they take', () => {
+    const host = { conversations: 2, bytes: 3 * 2 ** 20, budgetBytes: 64 * 2 ** 20, saves: 3, restores: 1 };
+    expect(kvHostText(withHost(host))).toBe(
+      `2 conversations, ${formatBytes(3 * 2 ** 20)} of ${formatBytes(64 * 2 ** 20)}`,
+    );
+    expect(kvHostText(withHost({ ...host, conversations: 1 }))).toMatch(/^1 conversation, /);
+    expect(kvHostText(withHost({ ...host, conversations: 0, bytes: 0 }))).toBe(`none of ${formatBytes(64 * 2 ** 20)}`);
+    expect(kvHostText(withHost({ ...host, conversations: 0, bytes: 0, budgetBytes: 0 }))).toBeNull();
+    expect(kvHostText(null)).toBeNull();
   });
 });

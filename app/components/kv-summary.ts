@@ -1,5 +1,9 @@
-/** The stats panel's KV sentences: what the budget holds in each mode, and the precision plan of the 2-bit pages. */
+/**
+ * The stats panel's KV sentences: what the budget holds in each mode, the precision plan of the 2-bit pages, and what
+ * waits in host memory.
+ */
 import type { EngineStats } from '../engine/types.ts';
+import { formatBytes } from '../storage/models.ts';
 
 /** 512, 1.5K, 230K: token counts in units of 1024, as context lengths are named. */
 export function formatTokens(tokens: number): string {
@@ -37,4 +41,17 @@ export function kvPlanText(stats: EngineStats | null): string | null {
   const plan = stats?.kv.plan;
   if (!plan) return null;
   return `Plan, ${PLAN_SOURCES[plan.source]}: ${plan.summary}; ${plan.bitsPerElementAt32K.toFixed(2)} bits per element at 32K tokens.`;
+}
+
+/**
+ * "2 conversations, 3.1 MB of 64 MB": evicted conversations whose pages wait in host memory (stats().host), to come
+ * back without a re-prefill; "none of 64 MB" when none does, null when the host tier is off.
+ */
+export function kvHostText(stats: EngineStats | null): string | null {
+  const host = stats?.host;
+  if (!host || host.budgetBytes === 0) return null;
+  const budget = `of ${formatBytes(host.budgetBytes)}`;
+  if (host.conversations === 0) return `none ${budget}`;
+  const count = `${host.conversations} conversation${host.conversations === 1 ? '' : 's'}`;
+  return `${count}, ${formatBytes(host.bytes)} ${budget}`;
 }
