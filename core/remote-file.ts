@@ -38,14 +38,22 @@ export function ifRangeOf(version: RemoteFileVersion): string | null {
 }
 
 /**
- * Whether a response is of the same file version as `first`: an ETag both carry must match, else a Last-Modified both
- * carry. A response that carries neither cannot be told apart (the Content-Range total is still checked).
+ * Whether a response is of the same file version as `first`: an ETag both carry must match (but for what compression
+ * adds to it: etagCore), else a Last-Modified both carry. A response that carries neither cannot be told apart (the Content-Range total is still checked).
  */
 export function sameVersion(first: RemoteFileVersion, headers: Headers): boolean {
   const now = versionOf(headers);
-  if (first.etag !== null && now.etag !== null) return first.etag === now.etag;
+  if (first.etag !== null && now.etag !== null) return etagCore(first.etag) === etagCore(now.etag);
   if (first.lastModified !== null && now.lastModified !== null) return first.lastModified === now.lastModified;
   return true;
+}
+
+/**
+ * An ETag without what compression adds to it: servers weaken it (nginx's gzip: `W/"x"`) or suffix it (Apache's
+ * mod_deflate: `"x-gzip"`) on a compressed body, which a Range request for the same file never gets.
+ */
+function etagCore(etag: string): string {
+  return etag.replace(/^W\//, '').replace(/-(gzip|br|deflate|zstd)"$/, '"');
 }
 
 /** A body sent with a Content-Encoding (gzip, br): its Content-Length counts the compressed bytes, not the file's. */
