@@ -14,7 +14,7 @@
  * conversation without a saved copy is re-prefilled. Once every conversation is deleted, the cached system prefixes
  * go too and the pool returns its slabs.
  */
-import { ContextOverflowError, InvalidRequestError } from '../../core/errors.ts';
+import { ContextOverflowError, DeviceLostError, InvalidRequestError } from '../../core/errors.ts';
 import type { KvPageCounts, KvPagePool, KvSequence, KvSequenceImage } from '../kv/pool.ts';
 import type { ModelRunner } from './model-runner.ts';
 
@@ -203,7 +203,15 @@ export class ConversationCache {
     const held = pool.stats();
     const bytes = Math.ceil(seq.length / pool.pageTokens) * Math.max(held.pageBytes, held.quant?.pageBytes ?? 0);
     if (bytes > this.hostBudgetBytes) return this.evict(entry);
-    const image = await pool.saveSequence(seq);
+    let image: KvSequenceImage;
+    try {
+      image = await pool.saveSequence(seq);
+    } catch (error) {
+      // A copy that fails (no memory for its staging) still leaves the eviction, which makes the room; a lost
+      // device ends the request.
+      if (error instanceof DeviceLostError) throw error;
+      return this.evict(entry);
+    }
     const ids = entry.ids.slice(0, image.length);
     this.evict(entry);
     entry.saved = { image, ids };
@@ -298,6 +306,8 @@ export class ConversationCache {
     this.evictions = 0;
     this.flushes = 0;
     this.hostBytes = 0;
+    this.saves = 0;
+    this.restores = 0;
   }
 
   private touch(entry: CachedSequence): void {

@@ -160,9 +160,13 @@ export class KvPageStorage implements PageBookEvents {
 
   /**
    * The bytes of the pages `entries` (in order, each at its kind's page size), read back after the pending page work:
-   * one copy per run of pages adjacent in one slab, through staging buffers of at most STAGING_BYTES.
+   * one copy per run of pages adjacent in one slab, through staging buffers of at most `stagingBytes`.
    */
-  async readPages(entries: readonly number[]): Promise<Uint8Array<ArrayBuffer>> {
+  async readPages(entries: readonly number[], stagingBytes = STAGING_BYTES): Promise<Uint8Array<ArrayBuffer>> {
+    // Buffer copies move whole words.
+    if (!Number.isInteger(stagingBytes) || stagingBytes < 4 || stagingBytes % 4 !== 0) {
+      throw new RangeError(`KV storage: a staging buffer of ${stagingBytes} bytes is not a whole number of words`);
+    }
     this.submitPending();
     const runs = this.pageRuns(entries);
     const total = runs.reduce((sum, run) => sum + run.bytes, 0);
@@ -171,10 +175,10 @@ export class KvPageStorage implements PageBookEvents {
       // A batch of runs that fits one staging buffer (a run larger than it goes alone, split by bytes).
       let last = first;
       let bytes = runs[first].bytes;
-      while (last + 1 < runs.length && bytes + runs[last + 1].bytes <= STAGING_BYTES) bytes += runs[++last].bytes;
+      while (last + 1 < runs.length && bytes + runs[last + 1].bytes <= stagingBytes) bytes += runs[++last].bytes;
       const batch = runs.slice(first, last + 1);
-      for (let offset = 0; offset < bytes; offset += STAGING_BYTES) {
-        const size = Math.min(STAGING_BYTES, bytes - offset);
+      for (let offset = 0; offset < bytes; offset += stagingBytes) {
+        const size = Math.min(stagingBytes, bytes - offset);
         const staging = this.gpu.allocator.createBuffer({
           label: 'kv.save.staging',
           category: 'staging',

@@ -310,14 +310,15 @@ export class KvPagePool {
 
   /**
    * Copies `seq`'s pages to host memory as they are (after the pending page work), for `restoreSequence` to bring
-   * back bit for bit; `seq` itself is untouched. Pages past its length (reserved ahead) are left out.
+   * back bit for bit; `seq` itself is untouched. Pages past its length (reserved ahead) are left out. `stagingBytes`:
+   * the largest staging buffer (default STAGING_BYTES; a longer sequence takes several).
    */
-  async saveSequence(seq: KvSequence): Promise<KvSequenceImage> {
+  async saveSequence(seq: KvSequence, options: { stagingBytes?: number } = {}): Promise<KvSequenceImage> {
     this.ledger.book.assertAlive(seq);
     const entries = seq.pages.slice(0, Math.ceil(seq.length / this.pageTokens));
     const kinds = Uint8Array.from(entries, (entry) => decodePageEntry(entry).kind);
     const length = seq.length;
-    return { pool: this, length, kinds, bytes: await this.storage.readPages(entries) };
+    return { pool: this, length, kinds, bytes: await this.storage.readPages(entries, options.stagingBytes) };
   }
 
   /** Pages of each kind restoring `image` takes (compare with `pagesObtainable()`). */

@@ -48,6 +48,9 @@ describe('a KV sequence saved to host memory and restored', () => {
         const again = await pool.saveSequence(restored);
         expect(again.kinds).toEqual(image.kinds);
         expect(Buffer.from(again.bytes).equals(Buffer.from(image.bytes))).toBe(true);
+        // Through staging buffers smaller than a run of pages (runs split across several, odd sizes): the same bytes.
+        const split = await pool.saveSequence(restored, { stagingBytes: 3 * pool.pageBytes + 4 * 37 });
+        expect(Buffer.from(split.bytes).equals(Buffer.from(image.bytes))).toBe(true);
         expect(pool.stats().bytesUsed - before.bytesUsed).toBe(image.bytes.byteLength);
 
         const continuation = async (seq: typeof original) =>
