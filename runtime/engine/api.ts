@@ -248,7 +248,10 @@ export class LongtabEngine implements LongtabEngineApi {
     // Checked before the queue: a bad option fails the call and leaves the loaded model as it was.
     const parsed = parseLoadOptions(options);
     const onProgress = parsed.onProgress ?? (() => {});
+    const epoch = this.abortEpoch;
     return this.enqueue(async () => {
+      // abort() or unload() while the load waited in the queue: it never starts, and the loaded model stays.
+      if (epoch !== this.abortEpoch) throw new AbortedError('Loading the model was aborted before it started.');
       await this.stopCalibration();
       this.unloadNow();
       // abort(), unload() and destroy() end the load through this controller, at its next read or request.
@@ -769,7 +772,7 @@ export class LongtabEngine implements LongtabEngineApi {
     if (bound > capacity) this.refuseAtLeast(bound);
 
     // Dropping turns stops one token short of the capacity: ModelRunner.run reserves the prompt plus one position, so a
-    // prompt of exactly `capacity` tokens failed there (the int2 long session met it).
+    // prompt of exactly `capacity` tokens would fail there.
     const fits = (ids: number[], k: number) => ids.length < capacity || (ids.length === capacity && k === overflow);
     let messages = withoutOldest(first);
     let ids = encode(messages);

@@ -109,10 +109,13 @@ describe.skipIf(!modelPath)('engine.load(url) never wedges the engine', () => {
           () => null,
           (error: unknown) => error,
         );
+        // A second load waits in the queue behind the stalled one: it is ended too, before it starts.
+        const queued = rejectionOf(engine.load(server.url, options));
         await started;
         await new Promise((resolve) => setTimeout(resolve, 100));
         await engine[stop]();
         const error = await outcome;
+        const queuedError = await queued;
         const model = (await engine.stats()).model;
         server.behaviour.stallAfterBytes = null;
         const next = await rejectionOf(engine.load(server.url, options));
@@ -120,11 +123,12 @@ describe.skipIf(!modelPath)('engine.load(url) never wedges the engine', () => {
           area: 'load',
           fault: `${stop}() during engine.load(url) stalled on the network (default 30 s deadlines)`,
           expected:
-            'AbortedError without waiting out the deadlines; no model loaded; the next load on the same engine runs',
-          outcome: `${describeRefusal(error)}; ${model === null ? 'no model' : 'a model loaded'}; next load ${next === null ? 'loaded' : describeRefusal(next)}`,
-          ok: isRefusal(error, AbortedError) && model === null && next === null,
+            'AbortedError without waiting out the deadlines, for the queued load too; no model loaded; the next load on the same engine runs',
+          outcome: `${describeRefusal(error)}; the load queued behind it: ${describeRefusal(queuedError)}; ${model === null ? 'no model' : 'a model loaded'}; next load ${next === null ? 'loaded' : describeRefusal(next)}`,
+          ok: isRefusal(error, AbortedError) && isRefusal(queuedError, AbortedError) && model === null && next === null,
         });
         expect(error).toBeInstanceOf(AbortedError);
+        expect(queuedError).toBeInstanceOf(AbortedError);
         expect(model).toBeNull();
         expect(next).toBeNull();
         expect((await engine.stats()).model).not.toBeNull();
