@@ -1,6 +1,6 @@
 /**
  * Constrained decode queues each step's forward before the id that feeds it is read back, and draws once the host has
- * built the next mask (ModelRunner.decodeConstrained, StepRunner.submitDraw). Checked on the demo model against the
+ * built the next mask (ModelRunner's decode loop, StepRunner.submitDraw). Checked on the demo model against the
  * teacher-forced logits of the same ids: every greedy draw is allowed by the mask a fresh constraint gives for its
  * prefix, and is the best allowed id there (within the tolerance between the decode and prefill graphs). A draw from
  * the previous step's mask or logits fails this; so does a look-ahead forward left in the cache.

@@ -489,23 +489,29 @@ export class ModelRunner {
       const mask = last && constraint ? await constraint.nextMask() : undefined;
       pending = m.runner.submit({ seq, position, ids, sample: last ? { params, step: step++, mask } : undefined });
     }
-    if (constraint && pending) return this.decodeConstrained(m, seq, request, params, constraint, pending, step, usage);
     // Decode keeps one step queued ahead of the host: the step that feeds token k (its id copied on the GPU from the
     // sampler's output) is submitted before token k is read back, so the GPU never idles through the readback, the
-    // encoding of the next step and the handling of token k. When token k ends the reply, the step queued for it was
-    // one too many: its K/V (position k) is truncated away, and seq holds what it held without the look-ahead.
+    // encoding of the next step and the handling of token k. Under a response format the draw of each step waits for
+    // the mask the host computes from the id before it, so only the forward goes ahead (StepRunner.submitDraw draws
+    // once the host has accepted token k and built the mask): the GPU runs the forward while the host reads the id
+    // and computes the mask. When token k ends the reply, the step queued for it was one too many: its K/V
+    // (position k) is truncated away, and seq holds what it held without the look-ahead.
     let firstTokenAt = performance.now();
     const generated: number[] = [];
     let finishReason: FinishReason = 'length';
-    let ahead: Promise<number> | null = null;
-    let aheadPosition = 0;
+    // The step queued ahead: its position, and (plain decode) the promise of the id it draws; null when none is.
+    let ahead: { position: number; id: Promise<number> | null } | null = null;
     try {
       while (pending) {
         const position = prompt.length + generated.length;
         if (generated.length + 1 < request.maxTokens && !request.signal?.aborted) {
           try {
-            ahead = m.runner.submit({ seq, position, ids: null, sample: { params, step: step++ } });
-            aheadPosition = position;
+            if (constraint) {
+              m.runner.submit({ seq, position, ids: null, logits: 'last' });
+              ahead = { position, id: null };
+            } else {
+              ahead = { position, id: m.runner.submit({ seq, position, ids: null, sample: { params, step: step++ } }) };
+            }
           } catch (error) {
             // The pool is full (other sequences hold the rest): the reply ends after the pending token, as at the
             // context limit.
@@ -516,20 +522,29 @@ export class ModelRunner {
         pending = null;
         if (generated.length === 0) firstTokenAt = performance.now();
         if (request.maxTokens === 0) break;
+        constraint?.accept(next);
         generated.push(next);
         const end = this.replyEnd(m, request, generated);
+        if (constraint?.terminated) {
+          // The format ended (its stop token drawn).
+          finishReason = 'stop';
+          break;
+        }
         if (end) {
           finishReason = end;
           break;
         }
-        pending = ahead;
+        if (!ahead) break;
+        pending = constraint
+          ? m.runner.submitDraw({ params, step: step++, mask: await constraint.nextMask() })
+          : ahead.id;
         ahead = null;
       }
     } finally {
       if (ahead) {
-        // Wait for the look-ahead step so its readback buffer is unmapped and its pages are no longer written.
-        await ahead.catch(() => undefined);
-        m.pool.truncate(seq, aheadPosition);
+        // Wait for a look-ahead draw so its readback buffer is unmapped and its pages are no longer written.
+        await ahead.id?.catch(() => undefined);
+        m.pool.truncate(seq, ahead.position);
       }
     }
     return { ids: generated, finishReason, usage: usage(generated.length, firstTokenAt, performance.now()) };
@@ -546,70 +561,6 @@ export class ModelRunner {
     if (generated.length === request.maxTokens) return 'length';
     if (request.signal?.aborted) return 'abort';
     return null;
-  }
-
-  /**
-   * Decode under a response format. Each draw's mask follows from the id before it, so the draw cannot be queued
-   * ahead; the forward can: the step that feeds token k (its id copied on the GPU) is submitted before token k is read
-   * back, and its draw (StepRunner.submitDraw) after the host has accepted token k and built the next mask. The GPU
-   * runs the forward while the host reads the id and computes the mask. When token k ends the reply, the forward
-   * queued for it was one too many: its K/V (position k) is truncated away, as in `run`'s look-ahead.
-   * Ends with 'stop' when the format ends (its stop token drawn) or at the reply's other ends, as `run`.
-   */
-  private async decodeConstrained(
-    m: LoadedModel,
-    seq: KvSequence,
-    request: SequenceGenerateRequest,
-    params: SamplingParams,
-    constraint: TokenConstraint,
-    first: Promise<number>,
-    firstStep: number,
-    usage: (generated: number, firstTokenAt: number, end: number) => GenerationUsage,
-  ): Promise<GenerateResult> {
-    const prompt = request.promptIds;
-    const generated: number[] = [];
-    let finishReason: FinishReason = 'length';
-    let step = firstStep;
-    let pending: Promise<number> | null = first;
-    let firstTokenAt = performance.now();
-    // The position of a forward queued ahead whose draw is not submitted yet, else null.
-    let forwardAhead: number | null = null;
-    try {
-      while (pending) {
-        const position = prompt.length + generated.length;
-        if (generated.length + 1 < request.maxTokens && !request.signal?.aborted) {
-          try {
-            m.runner.submit({ seq, position, ids: null, logits: 'last' });
-            forwardAhead = position;
-          } catch (error) {
-            // The pool is full: the reply ends after the pending token, as at the context limit.
-            if (!(error instanceof ContextOverflowError)) throw error;
-          }
-        }
-        const next = await pending;
-        pending = null;
-        if (generated.length === 0) firstTokenAt = performance.now();
-        if (request.maxTokens === 0) break;
-        constraint.accept(next);
-        generated.push(next);
-        const end = this.replyEnd(m, request, generated);
-        if (constraint.terminated) {
-          finishReason = 'stop';
-          break;
-        }
-        if (end) {
-          finishReason = end;
-          break;
-        }
-        if (forwardAhead === null) break;
-        const mask = await constraint.nextMask();
-        pending = m.runner.submitDraw({ params, step: step++, mask });
-        forwardAhead = null;
-      }
-    } finally {
-      if (forwardAhead !== null) m.pool.truncate(seq, forwardAhead);
-    }
-    return { ids: generated, finishReason, usage: usage(generated.length, firstTokenAt, performance.now()) };
   }
 
   /**
