@@ -149,11 +149,12 @@ test.describe('what the page says about the model and the adapter', () => {
     expect(new Set(midReply).size, JSON.stringify(watch.seen)).toBeGreaterThanOrEqual(2);
     const waited = watch.firstShownAt! - watch.sentAt;
     const ttft = statNumber(await page.getByTestId('stat-ttft').textContent());
-    // The page's own measure starts a moment after the click and ends a moment before the text is drawn.
-    expect(ttft, `shown TTFT against ${waited.toFixed(0)} ms from the send to the first token shown`).toBeLessThan(
-      waited + 2,
-    );
-    expect(ttft).toBeGreaterThan(waited - 150);
+    // The page's own measure starts a moment after the click and ends a moment before the text is drawn, so it lies
+    // inside the test's window; and it covers the wait for the model, not only the prefill (the engine's ttft_ms,
+    // a small part of that wait here).
+    const what = `shown TTFT against ${waited.toFixed(0)} ms from the send to the first token shown`;
+    expect(ttft, what).toBeLessThan(waited + 2);
+    expect(ttft, what).toBeGreaterThan(waited / 2);
     await shot(page, testInfo, 'p4-live-stats');
 
     // stories260K's context (2048) is the cap in both modes, not the 64 MiB budget: the panel and Settings say so.
