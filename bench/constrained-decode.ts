@@ -12,8 +12,7 @@
  */
 import { mkdir, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { dirname, join, resolve } from 'node:path';
-import { pathToFileURL } from 'node:url';
+import { dirname, join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { acquireGpu } from '../core/gpu/device.ts';
 import { nodeGpu, releaseNodeGpu } from '../core/gpu/node.ts';
@@ -21,7 +20,7 @@ import type { ResponseFormat } from '../runtime/engine/api-types.ts';
 import type { KvMode } from '../runtime/engine/model-runner.ts';
 import { ResponseFormatCompiler } from '../runtime/grammar/constraint.ts';
 import { EngineRunner } from './engine-runner.ts';
-import { adapterSlug, sourceCommit } from './machine.ts';
+import { adapterSlug, runAsEntry, sourceCommit } from './machine.ts';
 import { BENCH_MODELS, ensureModelFile, promptIds, QUICK_MODEL, WEIGHT_MIXES, type WeightMix } from './models.ts';
 import { spread } from './stats.ts';
 
@@ -221,13 +220,4 @@ async function main(): Promise<void> {
   }
 }
 
-const entry = process.argv[1];
-if (entry && import.meta.url === pathToFileURL(resolve(entry)).href) {
-  main().then(
-    () => process.exit(0),
-    (error) => {
-      process.stderr.write(`${error instanceof Error ? (error.stack ?? error.message) : String(error)}\n`);
-      process.exit(1);
-    },
-  );
-}
+runAsEntry(import.meta.url, main);

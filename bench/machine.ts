@@ -1,5 +1,7 @@
 /** Which commit the bench runs and on which adapter: for result files' names and headers. */
 import { execFileSync } from 'node:child_process';
+import { resolve } from 'node:path';
+import { pathToFileURL } from 'node:url';
 import type { GpuContext } from '../core/gpu/device.ts';
 
 /** The commit the bench runs (the GPU bundle has it built in; `+dirty` when the working tree has changes). */
@@ -40,4 +42,20 @@ export function adapterSlug(gpu: GpuContext): string {
 export function isCpuAdapter(gpu: GpuContext): boolean {
   const a = gpu.adapter;
   return a.isFallbackAdapter || /llvmpipe|lavapipe|swiftshader|cpu/i.test(`${a.vendor} ${a.device} ${a.description}`);
+}
+
+/**
+ * Runs a bench script's `main` when its module is the process's entry (`node` or `tsx` on that file, or its bundle),
+ * exiting 0 after it, or 1 with the error's stack.
+ */
+export function runAsEntry(moduleUrl: string, main: () => Promise<void>): void {
+  const entry = process.argv[1];
+  if (!entry || moduleUrl !== pathToFileURL(resolve(entry)).href) return;
+  main().then(
+    () => process.exit(0),
+    (error) => {
+      process.stderr.write(`${error instanceof Error ? (error.stack ?? error.message) : String(error)}\n`);
+      process.exit(1);
+    },
+  );
 }

@@ -17,7 +17,6 @@
 
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { pathToFileURL } from 'node:url';
 import { acquireGpu } from '../core/gpu/device.ts';
 import type { PreparedDispatch } from '../core/gpu/dispatch.ts';
 import { nodeGpu, releaseNodeGpu } from '../core/gpu/node.ts';
@@ -27,6 +26,7 @@ import type { PrefillMatmul } from '../runtime/model/transformer.ts';
 import { GREEDY_SAMPLING } from '../runtime/sampling/params.ts';
 import { EngineRunner } from './engine-runner.ts';
 import { timePasses, warmUp } from './gpu-timing.ts';
+import { runAsEntry } from './machine.ts';
 import { BENCH_MODELS, ensureModelFile, QUICK_MODEL, type WeightMix } from './models.ts';
 import { spread } from './stats.ts';
 
@@ -301,13 +301,4 @@ async function main(): Promise<void> {
   }
 }
 
-const entry = process.argv[1];
-if (entry && import.meta.url === pathToFileURL(entry).href) {
-  main().then(
-    () => process.exit(0),
-    (error) => {
-      process.stderr.write(`${error instanceof Error ? (error.stack ?? error.message) : String(error)}\n`);
-      process.exit(1);
-    },
-  );
-}
+runAsEntry(import.meta.url, main);

@@ -7,7 +7,6 @@
 import { mkdir, writeFile } from 'node:fs/promises';
 import { cpus, tmpdir, totalmem } from 'node:os';
 import { join, resolve } from 'node:path';
-import { pathToFileURL } from 'node:url';
 import { acquireGpu } from '../core/gpu/device.ts';
 import { nodeGpu, releaseNodeGpu } from '../core/gpu/node.ts';
 import { ensureCalibrated } from '../runtime/cli/calibrate.ts';
@@ -17,7 +16,7 @@ import { nodeRotationCache } from '../runtime/kv/rotation-cache-node.ts';
 import type { PrefillMatmul } from '../runtime/model/transformer.ts';
 import { EngineRunner, type FillMode } from './engine-runner.ts';
 import { type LlamaBackend, LlamaCppRunner, type LlamaKvType, llamaKvBytesPerToken } from './llama-cpp.ts';
-import { adapterSlug, isCpuAdapter, sourceCommit } from './machine.ts';
+import { adapterSlug, isCpuAdapter, runAsEntry, sourceCommit } from './machine.ts';
 import {
   BENCH_MODELS,
   type BenchModelFile,
@@ -611,13 +610,4 @@ async function main(): Promise<void> {
   log(`wrote ${jsonPath} and ${mdPath}`);
 }
 
-const entry = process.argv[1];
-if (entry && import.meta.url === pathToFileURL(resolve(entry)).href) {
-  main().then(
-    () => process.exit(0),
-    (error) => {
-      process.stderr.write(`${error instanceof Error ? (error.stack ?? error.message) : String(error)}\n`);
-      process.exit(1);
-    },
-  );
-}
+runAsEntry(import.meta.url, main);
