@@ -54,7 +54,7 @@ ${loads((u) => `if (c0 + ${2 * u}u < quads) { a${u % 4} += ${rowQuad(`(c0 + ${2 
       partial[2u * j + half] = (a.x + a.y) + (a.z + a.w);
     }
     workgroupBarrier();
-    for (var j = lid; j < d; j += 256u) { ${o.store('j', 'partial[2u * j] + partial[2u * j + 1u]')} }
+    ${halvesSumWgsl(o.store)}
   } else {
     let pieces = 256u / quads;
     let rows = (d + pieces - 1u) / pieces;
@@ -68,21 +68,36 @@ ${loads((u) => `if (c0 + ${2 * u}u < quads) { a${u % 4} += ${rowQuad(`(c0 + ${2 
 ${loads((u) => `if (i + ${u}u < last) { a${u % 4} += ${o.row}[i + ${u}u] * ${o.matrix}[${o.base4} + (i + ${u}u) * quads + quad]; }`)}
       }
       let a = (a0 + a1) + (a2 + a3);
-      let at = piece * d + 4u * quad;
-      partial[at] = a.x;
-      partial[at + 1u] = a.y;
-      partial[at + 2u] = a.z;
-      partial[at + 3u] = a.w;
+      ${piecePartialWgsl('a')}
     }
     workgroupBarrier();
-    let used = (d + rows - 1u) / rows;
+    ${pieceSumWgsl(o.store)}
+  }
+}`;
+}
+
+/** A row product's (piece, quad) invocation writes its vec4 of partial sums (untransposed layout). */
+function piecePartialWgsl(sum4: string): string {
+  return `let at = piece * d + 4u * quad;
+      partial[at] = ${sum4}.x;
+      partial[at + 1u] = ${sum4}.y;
+      partial[at + 2u] = ${sum4}.z;
+      partial[at + 3u] = ${sum4}.w;`;
+}
+
+/** ... then each output element is the sum of its pieces' partials, stored by `store`. */
+function pieceSumWgsl(store: (j: string, value: string) => string): string {
+  return `let used = (d + rows - 1u) / rows;
     for (var j = lid; j < d; j += 256u) {
       var sum = 0.0;
       for (var p = 0u; p < used; p++) { sum += partial[p * d + j]; }
-      ${o.store('j', 'sum')}
-    }
-  }
-}`;
+      ${store('j', 'sum')}
+    }`;
+}
+
+/** Transposed layout: each output element is the sum of its two invocations' halves, stored by `store`. */
+function halvesSumWgsl(store: (j: string, value: string) => string): string {
+  return `for (var j = lid; j < d; j += 256u) { ${store('j', 'partial[2u * j] + partial[2u * j + 1u]')} }`;
 }
 
 /** Matrix vec4s an invocation of a prefetched row product holds: all of its share of the matrix for headDim <= 128. */
@@ -136,7 +151,7 @@ export function prefetchedRowProductWgsl(transpose: boolean): {
     partial[2u * j + half] = (sum4.x + sum4.y) + (sum4.z + sum4.w);
   }
   workgroupBarrier();
-  for (var j = lid; j < d; j += 256u) { ${store('j', 'partial[2u * j] + partial[2u * j + 1u]')} }
+  ${halvesSumWgsl(store)}
 }`,
     };
   }
@@ -165,19 +180,10 @@ export function prefetchedRowProductWgsl(transpose: boolean): {
       if (first + u < last) { a[u % 4u] += ${row}[first + u] * rowMatrix[u]; }
     }
     let sum4 = (a[0] + a[1]) + (a[2] + a[3]);
-    let at = piece * d + 4u * quad;
-    partial[at] = sum4.x;
-    partial[at + 1u] = sum4.y;
-    partial[at + 2u] = sum4.z;
-    partial[at + 3u] = sum4.w;
+    ${piecePartialWgsl('sum4')}
   }
   workgroupBarrier();
-  let used = (d + rows - 1u) / rows;
-  for (var j = lid; j < d; j += 256u) {
-    var sum = 0.0;
-    for (var p = 0u; p < used; p++) { sum += partial[p * d + j]; }
-    ${store('j', 'sum')}
-  }
+  ${pieceSumWgsl(store)}
 }`,
   };
 }
