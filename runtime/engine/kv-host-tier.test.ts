@@ -97,23 +97,18 @@ describe('conversations kept in host memory while evicted', () => {
         expect(stats.host.conversations).toBe(1);
         expect(stats.host.bytes).toBeLessThanOrEqual(16 * pageBytes);
         // b, evicted last, comes back from host memory; a was dropped and is re-prefilled.
-        const b = await chat(limited, {
-          messages: [
-            { role: 'user', content: opening('Of b.') },
-            { role: 'assistant', content: 'x' },
-            { role: 'user', content: 'y' },
-          ],
-          conversation_id: 'b',
-        });
+        const followUp = (id: string) =>
+          chat(limited, {
+            messages: [
+              { role: 'user', content: opening(`Of ${id}.`) },
+              { role: 'assistant', content: 'x' },
+              { role: 'user', content: 'y' },
+            ],
+            conversation_id: id,
+          });
+        const b = await followUp('b');
         expect(b.usage.prompt_tokens_details?.cached_tokens).toBeGreaterThan(50);
-        const a = await chat(limited, {
-          messages: [
-            { role: 'user', content: opening('Of a.') },
-            { role: 'assistant', content: 'x' },
-            { role: 'user', content: 'y' },
-          ],
-          conversation_id: 'a',
-        });
+        const a = await followUp('a');
         expect(a.usage.prompt_tokens_details?.cached_tokens).toBe(0);
       } finally {
         limited.destroy();
