@@ -137,10 +137,9 @@ export class StepRunner {
    * the previous id is queued before that id is read back, and only the draw waits for the mask the host computes
    * from it, so the GPU runs the forward while the host reads the id and builds the mask.
    */
-  submitDraw(sample: { params: SamplerParams; step: number; mask?: Uint32Array }): Promise<number> {
+  submitDraw(sample: NonNullable<StepRequest['sample']>): Promise<number> {
     const sampling = this.requireSampling();
-    sampling.sampler.setMask(sample.mask ?? null);
-    sampling.sampler.setParams(sample.params, sample.step);
+    this.writeDraw(sampling, sample);
     const encoder = this.gpu.device.createCommandEncoder({ label: 'draw' });
     const readback = this.encodeDraw(encoder, sampling);
     this.gpu.device.queue.submit([encoder.finish()]);
@@ -163,11 +162,14 @@ export class StepRunner {
     if (sample && logits !== 'last') throw new RangeError("StepRunner: sampling reads the 'last' logits");
     this.pool.writeStep(seq, position, tokens);
     this.transformer.writeStep(ids, position, tokens);
-    if (sampling && sample) {
-      sampling.sampler.setMask(sample.mask ?? null);
-      sampling.sampler.setParams(sample.params, sample.step);
-    }
+    if (sampling && sample) this.writeDraw(sampling, sample);
     return logits;
+  }
+
+  /** The draw's mask and sampling parameters, for the next submit that samples. */
+  private writeDraw(sampling: NonNullable<StepRunner['sampling']>, sample: NonNullable<StepRequest['sample']>): void {
+    sampling.sampler.setMask(sample.mask ?? null);
+    sampling.sampler.setParams(sample.params, sample.step);
   }
 
   /**
