@@ -47,8 +47,6 @@ export class ConversationCache {
   /** Evicted conversations copied to host memory, and copied back. */
   saves = 0;
   restores = 0;
-  /** Bytes of host memory that saved conversations hold. */
-  hostBytes = 0;
   readonly hostBudgetBytes: number;
 
   /** `hostBudgetBytes`: host memory for evicted conversations' pages (0: none are kept). */
@@ -62,6 +60,13 @@ export class ConversationCache {
     let n = 0;
     for (const entry of this.conversations.values()) if (entry.saved) n++;
     return n;
+  }
+
+  /** Bytes of host memory that saved conversations hold. */
+  get hostBytes(): number {
+    let bytes = 0;
+    for (const entry of this.conversations.values()) bytes += entry.saved?.image.bytes.byteLength ?? 0;
+    return bytes;
   }
 
   get size(): number {
@@ -215,7 +220,6 @@ export class ConversationCache {
     const ids = entry.ids.slice(0, image.length);
     this.evict(entry);
     entry.saved = { image, ids };
-    this.hostBytes += image.bytes.byteLength;
     this.saves++;
     this.trimHost(entry);
   }
@@ -262,7 +266,6 @@ export class ConversationCache {
   /** Drops the entry's copy in host memory. */
   private forget(entry: CachedSequence): void {
     if (!entry.saved) return;
-    this.hostBytes -= entry.saved.image.bytes.byteLength;
     entry.saved = null;
   }
 
@@ -305,7 +308,6 @@ export class ConversationCache {
     this.systems.clear();
     this.evictions = 0;
     this.flushes = 0;
-    this.hostBytes = 0;
     this.saves = 0;
     this.restores = 0;
   }
