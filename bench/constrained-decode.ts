@@ -21,7 +21,7 @@ import type { KvMode } from '../runtime/engine/model-runner.ts';
 import { ResponseFormatCompiler } from '../runtime/grammar/constraint.ts';
 import { EngineRunner } from './engine-runner.ts';
 import { adapterSlug, runAsEntry, sourceCommit } from './machine.ts';
-import { BENCH_MODELS, ensureModelFile, promptIds, QUICK_MODEL, WEIGHT_MIXES, type WeightMix } from './models.ts';
+import { benchModelNamed, ensureModelFile, promptIds, WEIGHT_MIXES, type WeightMix } from './models.ts';
 import { spread } from './stats.ts';
 
 /**
@@ -98,8 +98,7 @@ export async function runConstrainedBench(options: {
   const engine = new EngineRunner(gpu);
   try {
     for (const id of options.models) {
-      const shape = [...BENCH_MODELS, QUICK_MODEL].find((m) => m.id === id);
-      if (!shape) throw new Error(`unknown model ${id}; known: ${BENCH_MODELS.map((m) => m.id).join(', ')}`);
+      const shape = benchModelNamed(id);
       for (const weights of options.weights) {
         const file = await ensureModelFile(shape, weights, 1, options.modelsDir, options.log);
         for (const kv of options.kv) {

@@ -385,3 +385,10 @@ export function promptIds(vocab: number, length: number, seed: number): number[]
   }
   return ids;
 }
+
+/** The bench model with this id (the quick model too); an unknown id throws, listing the known ones. */
+export function benchModelNamed(id: string): BenchModelShape {
+  const shape = [...BENCH_MODELS, QUICK_MODEL].find((m) => m.id === id);
+  if (!shape) throw new Error(`unknown model ${id}; known: ${BENCH_MODELS.map((m) => m.id).join(', ')}`);
+  return shape;
+}

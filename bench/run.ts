@@ -21,6 +21,7 @@ import {
   BENCH_MODELS,
   type BenchModelFile,
   type BenchModelShape,
+  benchModelNamed,
   ensureModelFile,
   promptIds,
   QUICK_MODEL,
@@ -138,15 +139,7 @@ export function parseBenchArgs(argv: readonly string[], log: (line: string) => v
     return n;
   };
   const modelIds = take('models');
-  const models = quick
-    ? [QUICK_MODEL]
-    : modelIds
-      ? list(modelIds).map((id) => {
-          const m = BENCH_MODELS.find((b) => b.id === id);
-          if (!m) throw new Error(`unknown model ${id}; known: ${BENCH_MODELS.map((b) => b.id).join(', ')}`);
-          return m;
-        })
-      : [...BENCH_MODELS];
+  const models = quick ? [QUICK_MODEL] : modelIds ? list(modelIds).map(benchModelNamed) : [...BENCH_MODELS];
   const weights = list(take('weights') ?? (quick ? 'q4_0' : WEIGHT_MIXES.join(','))) as WeightMix[];
   for (const w of weights) if (!WEIGHT_MIXES.includes(w)) throw new Error(`unknown weight mix ${w}`);
   const kv = list(take('kv') ?? 'f16,int2') as KvMode[];
