@@ -2,6 +2,7 @@ import { InvalidRequestError } from '../core/errors.ts';
 import type { GpuContext } from '../core/gpu/device.ts';
 import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from '../core/gpu/dispatch.ts';
 import {
+  ATTENTION_MAX_HEAD_DIM,
   ATTENTION_MAX_ROW_PAIRS,
   ATTENTION_MAX_ROWS,
   ATTENTION_MAX_SPLITS,
@@ -13,6 +14,7 @@ import {
   attentionMergeSource,
   attentionPartialSource,
   attentionQuantBlockKeys,
+  attentionRunsHeadDim,
   attentionWorkgroupBytes,
 } from './attention.wgsl.ts';
 import {
@@ -468,9 +470,9 @@ export function prepareAttention(gpu: GpuContext, label: string, b: AttentionBin
   const { kvHeads, headDim } = pool;
   const splits = b.splits ?? (maxTokens === 1 ? 32 : 1);
   const splitRows = b.splitRows ?? 0;
-  if (heads % kvHeads !== 0 || headDim > 128 || headDim % 8 !== 0 || splits < 1 || splits > ATTENTION_MAX_SPLITS) {
+  if (heads % kvHeads !== 0 || !attentionRunsHeadDim(headDim) || splits < 1 || splits > ATTENTION_MAX_SPLITS) {
     throw new InvalidRequestError(
-      `attention: needs heads (${heads}) a multiple of kvHeads (${kvHeads}), a headDim <= 128 and a multiple of 8 (${headDim}) and 1 <= splits <= ${ATTENTION_MAX_SPLITS}`,
+      `attention: needs heads (${heads}) a multiple of kvHeads (${kvHeads}), a headDim <= ${ATTENTION_MAX_HEAD_DIM} and a multiple of 8 (${headDim}) and 1 <= splits <= ${ATTENTION_MAX_SPLITS}`,
     );
   }
   // The decode kernel's partial records are always `splits` apart.

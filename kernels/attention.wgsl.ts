@@ -3,6 +3,13 @@ import { prefetchedRowProductWgsl, ROW_MATRIX_DECLARATION, ROW_PRODUCT_PARTIALS 
 
 /** Query rows (token, head) one workgroup serves. */
 export const ATTENTION_MAX_ROWS = 16;
+/** The largest head the split kernel and its merge are built for (the merge's workgroup array holds 8 × this). */
+export const ATTENTION_MAX_HEAD_DIM = 128;
+
+/** Heads the attention kernels run: K/V move as vec4<u32> (8 halves), up to ATTENTION_MAX_HEAD_DIM dims. */
+export function attentionRunsHeadDim(headDim: number): boolean {
+  return Number.isInteger(headDim) && headDim >= 8 && headDim % 8 === 0 && headDim <= ATTENTION_MAX_HEAD_DIM;
+}
 /** rows * headDim/2 <= this (private accumulators per invocation = this / 64). */
 export const ATTENTION_MAX_ROW_PAIRS = 512;
 /**
@@ -475,7 +482,7 @@ const WG: u32 = 256u; // >= ATTENTION_MAX_SPLITS: invocation s holds split s
 const EIGHTHS: u32 = 8u;
 var<workgroup> weight: array<f32, ${ATTENTION_MAX_SPLITS}>;
 var<workgroup> lane: array<f32, WG>;
-var<workgroup> eighth: array<f32, ${8 * 128}>; // [eighth][dim], headDim <= 128
+var<workgroup> eighth: array<f32, ${8 * ATTENTION_MAX_HEAD_DIM}>; // [eighth][dim]
 ${rotateOutput ? `var<workgroup> partial: array<f32, ${ROW_PRODUCT_PARTIALS}>;` : ''}
 
 @compute @workgroup_size(WG)

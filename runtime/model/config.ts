@@ -1,5 +1,6 @@
 import { CorruptModelFileError, UnsupportedModelError } from '../../core/errors.ts';
 import type { GgufFile, GgufMetadata, GgufTensorInfo, GgufValue } from '../../core/gguf-types.ts';
+import { ATTENTION_MAX_HEAD_DIM, attentionRunsHeadDim } from '../../kernels/attention.wgsl.ts';
 import { NO_ROPE_SCALING, type RopeLayout, type RopeScaling } from '../../kernels/rope.ts';
 import { metaNumber, metaOptionalNumber, metaOptionalString, metaString } from '../gguf/metadata.ts';
 
@@ -68,6 +69,7 @@ const ROPE_LAYOUT: Record<Architecture, RopeLayout> = { llama: 'normal', qwen2: 
 export function readModelConfig(file: GgufFile): ModelConfig {
   const meta = file.metadata;
   const arch = metaString(meta, 'general.architecture');
+  refuseMixtureOfExperts(file, arch);
   if (!SUPPORTED_ARCHITECTURES.includes(arch as Architecture)) {
     throw new UnsupportedModelError(
       `Architecture '${arch}' is not supported; longtab runs ${SUPPORTED_ARCHITECTURES.join(', ')} (Llama 2/3, SmolLM, TinyLlama, Mistral, Qwen2/2.5, Qwen3).`,
@@ -110,6 +112,53 @@ export function readModelConfig(file: GgufFile): ModelConfig {
   checkValues(config, arch);
   refuseUnusedMetadata(meta, config);
   return config;
+}
+
+/**
+ * Tensors only a mixture-of-experts model has (llama.cpp's names): the experts' stacked or per-expert FFN matrices,
+ * shared experts, the router and its bias.
+ */
+const EXPERT_TENSOR =
+  /^blk\.\d+\.(ffn_\w*(exps|shexp)|ffn_gate_inp\w*|exp_probs_b\w*|ffn_(gate|up|down)\.\d+)\.(weight|bias)$/;
+
+/** A tensor name that only a mixture-of-experts model has. */
+export function isExpertTensor(name: string): boolean {
+  return EXPERT_TENSOR.test(name);
+}
+
+/**
+ * A mixture-of-experts model (Mixtral in llama files, Qwen2/3-MoE, DeepSeek, OLMoE …), told by its expert count or its
+ * expert tensors, whatever the architecture: refused as such from the header, before any other check could call its
+ * unusual shape damage.
+ */
+function refuseMixtureOfExperts(file: GgufFile, arch: string): void {
+  const key = `${arch}.expert_count`;
+  const count = file.metadata[key];
+  const counts = (Array.isArray(count) ? count : [count]).map((v) => (typeof v === 'bigint' ? Number(v) : v));
+  const experts = counts.find((v): v is number => typeof v === 'number' && v > 0);
+  const tensor = experts === undefined ? file.tensors.find((t) => isExpertTensor(t.name))?.name : undefined;
+  if (experts === undefined && tensor === undefined) return;
+  const evidence = experts !== undefined ? `${key} = ${experts}` : `it has tensor '${tensor}'`;
+  throw new UnsupportedModelError(
+    `The model is a mixture-of-experts model (${arch}, ${evidence}); longtab runs dense models only (${SUPPORTED_ARCHITECTURES.join(', ')} without experts). Pick a dense model of a similar size.`,
+    experts !== undefined ? { key, value: experts, architecture: arch } : { tensor, architecture: arch },
+  );
+}
+
+/**
+ * Heads the attention kernels do not run (kernels/attention.wgsl.ts attentionRunsHeadDim): refused from the header,
+ * not by a kernel after every weight is uploaded. Falcon3 (llama files) and Gemma have heads of 256 dims. Called by
+ * validateTensors once the tensors agree with the metadata, so a file whose head size is damage is called damaged.
+ */
+export function refuseUnsupportedHeads(meta: GgufMetadata, c: ModelConfig): void {
+  if (attentionRunsHeadDim(c.headDim)) return;
+  const arch = c.architecture;
+  const key = `${arch}.attention.key_length`;
+  const from = Object.hasOwn(meta, key) ? key : `${arch}.embedding_length ÷ ${arch}.attention.head_count`;
+  throw new UnsupportedModelError(
+    `The model's attention heads have ${c.headDim} dims (${from}); longtab's attention kernels run heads of up to ${ATTENTION_MAX_HEAD_DIM} dims, in multiples of 8 (as Llama, Qwen, SmolLM and Mistral have). Models with ${c.headDim}-dim heads are not supported yet.`,
+    { key, headDim: c.headDim, maxHeadDim: ATTENTION_MAX_HEAD_DIM },
+  );
 }
 
 /**

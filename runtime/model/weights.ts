@@ -12,7 +12,7 @@ import type { GpuContext } from '../../core/gpu/device.ts';
 import { ropeFrequencyDivisors } from '../../kernels/rope.ts';
 import { type GpuWeight, releaseWeight, uploadWeight } from '../../kernels/weights.ts';
 import { streamTensorBytes } from '../gguf/read-tensor.ts';
-import { biasTensorName, type ModelBias, type ModelConfig } from './config.ts';
+import { biasTensorName, isExpertTensor, type ModelBias, type ModelConfig, refuseUnsupportedHeads } from './config.ts';
 
 export interface LayerWeights {
   attnNorm: GPUBuffer;
@@ -94,7 +94,7 @@ export function expectedTensorShapes(c: ModelConfig): Map<string, number[]> {
 /**
  * Checks presence, shape and type of every tensor before any GPU memory is allocated, and that the forward pass reads
  * every tensor the file has: one it skipped would leave the model answering wrong without a word (llama.cpp refuses
- * such files too).
+ * such files too). Then that the attention kernels run the model's heads.
  */
 export function validateTensors(file: GgufFile, config: ModelConfig): Map<string, GgufTensorInfo> {
   const byName = new Map(file.tensors.map((t) => [t.name, t]));
@@ -102,7 +102,9 @@ export function validateTensors(file: GgufFile, config: ModelConfig): Map<string
   for (const t of file.tensors) {
     if (!expected.has(t.name)) {
       throw new UnsupportedModelError(
-        `The model has tensor '${t.name}', which longtab's ${config.architecture} forward pass does not use: it would answer as if the tensor were absent, so it refuses the file.`,
+        isExpertTensor(t.name)
+          ? `The model has tensor '${t.name}', a mixture-of-experts tensor; longtab runs dense models only. Pick a dense model of a similar size.`
+          : `The model has tensor '${t.name}', which longtab's ${config.architecture} forward pass does not use: it would answer as if the tensor were absent, so it refuses the file.`,
         { tensor: t.name },
       );
     }
@@ -130,6 +132,7 @@ export function validateTensors(file: GgufFile, config: ModelConfig): Map<string
       );
     }
   }
+  refuseUnsupportedHeads(file.metadata, config);
   return byName;
 }
 
