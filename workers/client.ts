@@ -17,6 +17,7 @@ import type {
   LongtabEngineApi,
   ModelInfo,
   ModelSource,
+  StoredKvUsage,
 } from '../runtime/engine/api-types.ts';
 import { fromWireError, isWireError } from '../runtime/engine/wire-errors.ts';
 import {
@@ -167,6 +168,14 @@ class EngineWorkerClient implements EngineClient {
 
   deleteConversation(conversationId: string): Promise<void> {
     return call(this.remote.deleteConversation(conversationId), this.worker);
+  }
+
+  storedKv(): Promise<StoredKvUsage | null> {
+    return call(this.remote.storedKv(), this.worker);
+  }
+
+  clearStoredKv(): Promise<void> {
+    return call(this.remote.clearStoredKv(), this.worker);
   }
 
   abort(): Promise<void> {

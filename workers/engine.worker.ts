@@ -15,6 +15,7 @@ import type {
   EngineStats,
   LoadProgress,
 } from '../runtime/engine/api-types.ts';
+import { opfsKvFileStore } from '../runtime/engine/kv-file-store-opfs.ts';
 import { isPlainObject } from '../runtime/engine/validate.ts';
 import { toWireError } from '../runtime/engine/wire-errors.ts';
 import { indexedDbRotationCache } from '../runtime/kv/rotation-cache-idb.ts';
@@ -32,9 +33,11 @@ const debug = (self as unknown as { name?: string }).name === DEBUG_WORKER_NAME;
 let debugGpu: GpuContext | null = null;
 
 // Calibrated KV rotations (and the background calibration's results, load option `calibrate`) live in IndexedDB:
-// the next worker of this origin finds them under the model's digest and does not calibrate again.
+// the next worker of this origin finds them under the model's digest and does not calibrate again. Conversations'
+// KV below host memory, and what persists across reloads, lives in OPFS where the browser has it.
 const engine = new LongtabEngine({
   rotationCache: indexedDbRotationCache(),
+  ...(typeof navigator.storage?.getDirectory === 'function' ? { kvStore: opfsKvFileStore() } : {}),
   ...(debug ? { gpu: async () => (debugGpu = await acquireGpu()) } : {}),
 });
 const streams = new Map<
@@ -127,6 +130,8 @@ const api: EngineWorkerApi = {
     subscriptions.delete(id);
   },
   deleteConversation: (id) => engine.deleteConversation(id),
+  storedKv: () => engine.storedKv(),
+  clearStoredKv: () => engine.clearStoredKv(),
   abort: () => engine.abort(),
   unload: () => engine.unload(),
   async debug(action) {

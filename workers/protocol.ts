@@ -14,6 +14,7 @@ import type {
   EngineStats,
   LoadProgress,
   ModelInfo,
+  StoredKvUsage,
 } from '../runtime/engine/api-types.ts';
 import { toWireError } from '../runtime/engine/wire-errors.ts';
 
@@ -58,6 +59,8 @@ export interface EngineWorkerApi {
   subscribeStats(listener: (stats: EngineStats) => void): Promise<number>;
   unsubscribeStats(subscription: number): Promise<void>;
   deleteConversation(conversationId: string): Promise<void>;
+  storedKv(): Promise<StoredKvUsage | null>;
+  clearStoredKv(): Promise<void>;
   abort(): Promise<void>;
   unload(): Promise<void>;
   /** Only in a debug worker (see WorkerDebugAction). */
@@ -76,6 +79,8 @@ const SIGNATURES: Record<keyof EngineWorkerApi, { args: number; callbacks: numbe
   subscribeStats: { args: 1, callbacks: [0] },
   unsubscribeStats: { args: 1, callbacks: [] },
   deleteConversation: { args: 1, callbacks: [] },
+  storedKv: { args: 0, callbacks: [] },
+  clearStoredKv: { args: 0, callbacks: [] },
   abort: { args: 0, callbacks: [] },
   unload: { args: 0, callbacks: [] },
   debug: { args: 1, callbacks: [] },

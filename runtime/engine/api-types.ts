@@ -51,6 +51,12 @@ export interface EngineLoadOptions {
    * turn prefills only what is new (default: kvBudgetBytes; 0 re-prefills them instead). Least recently used go first.
    */
   hostKvBudgetBytes?: number;
+  /**
+   * Keep every conversation's KV in the engine's KV store after each turn (a request's `persist` overrides it), so a
+   * conversation resumes without re-prefilling after a reload or in a new engine (default false). Needs an engine
+   * with a KV store (the worker's OPFS, Node's directory).
+   */
+  persist?: boolean;
   /** Live KV sequences at once, 1..256 (conversations plus shared system prompts; default 16). */
   maxSequences?: number;
   /** Longest sequence in tokens (default: the model's context length; the budget caps it too). */
@@ -238,6 +244,12 @@ export interface ChatCompletionRequest extends SamplingRequest {
    * tokens. Without it the request runs in a temporary sequence.
    */
   conversation_id?: string;
+  /**
+   * longtab extension, with conversation_id: keep this conversation's KV in the engine's KV store (OPFS in the
+   * browser, a directory in Node) after each turn, so it resumes without re-prefilling after a reload or in a new
+   * engine; false stops that and removes the stored copy. Default: the load option `persist`.
+   */
+  persist?: boolean;
   /** longtab extension: 'error' (default) throws ContextOverflowError; 'drop_oldest_turns' keeps the system prompt. */
   context_overflow?: ContextOverflowPolicy;
   /** longtab extension: 'text' (default) keeps control-token text in messages as text; 'tokens' parses it. */
@@ -264,6 +276,13 @@ export interface GenerationStats {
   tpot_ms: number;
   /** Prompt messages dropped by the 'drop_oldest_turns' policy. */
   dropped_messages: number;
+  /**
+   * Where the conversation's cached tokens were found: 'gpu' (its KV was resident), 'host' (host memory, copied
+   * back), 'storage' (the KV store, read back), 'none' (nothing cached).
+   */
+  kv_from: 'gpu' | 'host' | 'storage' | 'none';
+  /** Why the conversation's stored KV was not used (it was removed and the history prefilled); absent otherwise. */
+  kv_note?: string;
 }
 
 export interface CompletionUsage {
@@ -425,8 +444,30 @@ export interface EngineStats {
    * since the model was loaded.
    */
   host: { conversations: number; bytes: number; budgetBytes: number; saves: number; restores: number };
+  /**
+   * The KV store below host memory (null: the engine has none): this model's conversations with a copy there and
+   * its bytes, writes and reads since the model was loaded, stored copies found unusable (removed and re-prefilled),
+   * and the last problem for a person to read. `storedKv()` counts every record, of every model.
+   */
+  stored: {
+    conversations: number;
+    bytes: number;
+    saves: number;
+    restores: number;
+    refused: number;
+    note: string | null;
+  } | null;
   queue: { running: boolean; waiting: number };
   adapter: AdapterStats | null;
+}
+
+/** The KV store's contents (`storedKv()`). */
+export interface StoredKvUsage {
+  /** Conversations with stored KV, of every model. */
+  records: number;
+  bytes: number;
+  /** Where the store is ("the origin private file system", a directory). */
+  where: string;
 }
 
 /** The engine as callers see it, in-process (`LongtabEngine`) and through the worker (`createEngine()`). */
@@ -450,8 +491,12 @@ export interface LongtabEngineApi {
    * background calibration: the event a page shows it with). Returns the unsubscribe.
    */
   subscribeStats(listener: (stats: EngineStats) => void): Promise<() => void>;
-  /** Forgets a conversation and frees its KV. */
+  /** Forgets a conversation and frees its KV, its copy in host memory and its record in the KV store. */
   deleteConversation(conversationId: string): Promise<void>;
+  /** What the KV store holds, over every model (null: the engine has no store). */
+  storedKv(): Promise<StoredKvUsage | null>;
+  /** Removes every record of the KV store (conversations then re-prefill their history on their next turn). */
+  clearStoredKv(): Promise<void>;
   /** Ends the running request and every queued one; each returns what it generated with finish_reason 'abort'. */
   abort(): Promise<void>;
   unload(): Promise<void>;

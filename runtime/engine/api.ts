@@ -40,12 +40,15 @@ import type {
   ModelSource,
   ResponseFormat,
   SpecialTokensInContent,
+  StoredKvUsage,
 } from './api-types.ts';
 import { BackgroundCalibration, defaultCalibrationTokens } from './background-calibration.ts';
 import { type CachedSequence, ConversationCache, commonPrefixLength } from './conversations.ts';
+import type { KvFileStore } from './kv-file-store.ts';
 import { f16TokensInBudget, planStats } from './kv-stats.ts';
 import { type ParsedLoadOptions, parseLoadOptions } from './load-options.ts';
 import { type FinishReason, type GenerateResult, type LoadProgress, ModelRunner } from './model-runner.ts';
+import { storedRecordName } from './stored-kv.ts';
 import { forcedCallFrame, forcedCallSchema, ToolCallReader, type ToolFormat, toolFormatOf } from './tool-calls.ts';
 import {
   type ValidatedChatRequest,
@@ -74,6 +77,12 @@ export interface LongtabEngineOptions {
   openPath?: (path: string) => Promise<ByteSource>;
   /** Where calibrated KV rotations are cached (`rotation: 'calibrated'`). */
   rotationCache?: RotationCache;
+  /**
+   * Where conversations' KV goes below host memory and persists (`persist`): the worker's is OPFS
+   * (opfsKvFileStore), Node's a directory (nodeKvFileStore). Without one, evicted conversations past the host budget
+   * are re-prefilled and `persist` is refused.
+   */
+  kvStore?: KvFileStore;
 }
 
 /** A pull-based stream: the producer pushes, `for await` pulls; `return()` (break) aborts the request. */
@@ -210,6 +219,8 @@ export class LongtabEngine implements LongtabEngineApi {
   private gpuContext: GpuContext | null = null;
   private modelRunner: ModelRunner | null = null;
   private cache: ConversationCache | null = null;
+  /** The load option `persist`: whether conversations keep their KV in the store unless a request says otherwise. */
+  private persistDefault = false;
   private modelInfo: ModelInfo | null = null;
   private template = '';
   /** The queue: each request chains on the previous one. */
@@ -247,12 +258,19 @@ export class LongtabEngine implements LongtabEngineApi {
   async load(source: ModelSource, options: EngineLoadOptions = {}): Promise<ModelInfo> {
     // Checked before the queue: a bad option fails the call and leaves the loaded model as it was.
     const parsed = parseLoadOptions(options);
+    if (parsed.persist && !this.options.kvStore) {
+      throw new InvalidRequestError(
+        'Load option persist: this engine has no KV store to keep conversations in (createEngine() in a browser worker has OPFS; Node engines a directory).',
+        { option: 'persist' },
+      );
+    }
     const onProgress = parsed.onProgress ?? (() => {});
     const epoch = this.abortEpoch;
     return this.enqueue(async () => {
       // abort() or unload() while the load waited in the queue: it never starts, and the loaded model stays.
       if (epoch !== this.abortEpoch) throw new AbortedError('Loading the model was aborted before it started.');
       await this.stopCalibration();
+      await this.cache?.releaseStore();
       this.unloadNow();
       // abort(), unload() and destroy() end the load through this controller, at its next read or request.
       const controller = new AbortController();
@@ -298,7 +316,11 @@ export class LongtabEngine implements LongtabEngineApi {
       runner.unload();
       throw error;
     }
-    this.cache = new ConversationCache(runner, parsed.hostKvBudgetBytes);
+    this.cache = new ConversationCache(runner, {
+      hostBudgetBytes: parsed.hostKvBudgetBytes,
+      store: this.options.kvStore ?? null,
+    });
+    this.persistDefault = parsed.persist;
     this.template = template;
     const meta = loaded.file.metadata['tokenizer.chat_template'];
     this.modelInfo = {
@@ -326,6 +348,7 @@ export class LongtabEngine implements LongtabEngineApi {
     this.abortNow();
     await this.enqueue(async () => {
       await this.stopCalibration();
+      await this.cache?.releaseStore();
       this.unloadNow();
     });
     this.notify();
@@ -337,7 +360,27 @@ export class LongtabEngine implements LongtabEngineApi {
 
   async deleteConversation(conversationId: string): Promise<void> {
     const id = validateId('conversation_id', conversationId);
-    await this.enqueue(async () => this.cache?.delete(id));
+    await this.enqueue(async () => {
+      if (this.cache) await this.cache.delete(id);
+      else await this.options.kvStore?.remove(await storedRecordName(id));
+    });
+    this.notify();
+  }
+
+  async storedKv(): Promise<StoredKvUsage | null> {
+    const store = this.options.kvStore;
+    if (!store) return null;
+    const records = await store.records();
+    return { records: records.length, bytes: records.reduce((sum, r) => sum + r.bytes, 0), where: store.where };
+  }
+
+  async clearStoredKv(): Promise<void> {
+    const store = this.options.kvStore;
+    if (!store) return;
+    await this.enqueue(async () => {
+      for (const record of await store.records()) await store.remove(record.name);
+      this.cache?.forgetStored();
+    });
     this.notify();
   }
 
@@ -517,6 +560,7 @@ export class LongtabEngine implements LongtabEngineApi {
     // Aborted while it waited in the queue: nothing ran, nothing changed.
     if (controller.signal.aborted) return this.aborted(prompt.ids.length, prompt.droppedMessages);
     const entry = r.conversationId ? cache.conversation(r.conversationId) : cache.temporary();
+    if (r.conversationId) await this.choosePersist(cache, entry, r.persist);
     // With tools, the reply's text goes through the reader, which takes the calls out of it.
     const reader = tools && new ToolCallReader(tools.format, r.tools, () => newId('call'));
     const content: string[] = [];
@@ -547,6 +591,7 @@ export class LongtabEngine implements LongtabEngineApi {
         systemPrefilled,
         startsText: true,
       });
+      if (entry.persist) this.persistAfter(cache, entry);
       if (!reader) return outcome;
       if (frame) {
         // The call is whole when its JSON is (the grammar's end); cut short (max_tokens, a stop string, abort) the
@@ -570,6 +615,35 @@ export class LongtabEngine implements LongtabEngineApi {
       if (entry.kind === 'temporary') cache.release(entry);
       this.notify();
     }
+  }
+
+  /**
+   * A conversation's persist setting for this request: the request's, else the load option's. Persisting needs a KV
+   * store; a request that stops it removes the stored copy.
+   */
+  private async choosePersist(cache: ConversationCache, entry: CachedSequence, requested: boolean | undefined) {
+    const persist = requested ?? (entry.persist || this.persistDefault);
+    if (persist && !cache.store) {
+      throw new InvalidRequestError(
+        'persist: this engine has no KV store to keep conversations in (createEngine() in a browser worker has OPFS; Node engines a directory).',
+        { field: 'persist' },
+      );
+    }
+    if (!persist) await cache.stopPersisting(entry);
+    entry.persist = persist;
+  }
+
+  /**
+   * Queues the write of a persisting conversation's changed pages to the KV store, after the request that changed
+   * them (its reply is not held up by it) and before the next one.
+   */
+  private persistAfter(cache: ConversationCache, entry: CachedSequence): void {
+    this.enqueue(async () => {
+      // A load or unload since then: that cache and its pool are gone.
+      if (this.cache !== cache || !this.modelRunner?.loaded) return;
+      await cache.persistTurn(entry);
+      this.notify();
+    }).catch(() => {});
   }
 
   private async runText(
@@ -650,6 +724,7 @@ export class LongtabEngine implements LongtabEngineApi {
     const ids = prompt.ids;
     const maxTokens = Math.max(0, Math.min(requestedMaxTokens, this.capacity() - ids.length + 1));
     const reuse = Math.min(commonPrefixLength(entry.ids, ids), ids.length - 1);
+    cache.rewriting(entry, reuse);
     await cache.makeRoom([entry], entry.seq, reuse, ids.length + maxTokens);
     const decoder = runner.tokenizer.createStreamDecoder({ skipSpecial: true });
     const stops = new StopStringMatcher(r.stop);
@@ -707,6 +782,8 @@ export class LongtabEngine implements LongtabEngineApi {
           ttft_ms: u.ttftMs,
           tpot_ms: u.tpotMs,
           dropped_messages: prompt.droppedMessages,
+          kv_from: entry.kind === 'conversation' ? entry.resumed.from : 'none',
+          ...(entry.resumed.note ? { kv_note: entry.resumed.note } : {}),
         },
       },
     };
@@ -729,6 +806,7 @@ export class LongtabEngine implements LongtabEngineApi {
           ttft_ms: 0,
           tpot_ms: 0,
           dropped_messages: droppedMessages,
+          kv_from: 'none',
         },
       },
     };
@@ -1059,6 +1137,13 @@ export class LongtabEngine implements LongtabEngineApi {
         saves: this.cache?.saves ?? 0,
         restores: this.cache?.restores ?? 0,
       },
+      stored: this.cache?.store
+        ? {
+            conversations: this.cache.storedCount,
+            bytes: this.cache.storedBytes,
+            ...this.cache.storedCounts,
+          }
+        : null,
       queue: { running: this.running, waiting: this.waiting },
       adapter: gpu
         ? {

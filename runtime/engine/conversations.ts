@@ -13,10 +13,26 @@
  * least recently used saved ones dropped first; its next turn copies them back and prefills only what is new. A
  * conversation without a saved copy is re-prefilled. Once every conversation is deleted, the cached system prefixes
  * go too and the pool returns its slabs.
+ *
+ * Below host memory is the engine's KV store (OPFS in the browser, a directory in Node: runtime/engine/stored-kv.ts).
+ * A conversation that persists is written there after each turn (only its changed pages) and read back when it
+ * returns to an engine that does not hold it (a reload); one that does not persist goes there only when host memory
+ * drops it (least recently used first) and is removed once read back or when the engine ends. A stored copy that
+ * does not match (another model or setting, a damaged file) is removed and the conversation re-prefilled, with a note.
  */
 import { ContextOverflowError, DeviceLostError, InvalidRequestError } from '../../core/errors.ts';
 import type { KvPageCounts, KvPagePool, KvSequence, KvSequenceImage } from '../kv/pool.ts';
+import { isStorageFull, type KvFileStore } from './kv-file-store.ts';
 import type { ModelRunner } from './model-runner.ts';
+import {
+  imagePages,
+  type PageSource,
+  type StoredCopy,
+  StoredKv,
+  StoredKvRefused,
+  sequencePages,
+  storedRecordName,
+} from './stored-kv.ts';
 
 export interface CachedSequence {
   readonly key: string;
@@ -27,6 +43,42 @@ export interface CachedSequence {
   lastUsed: number;
   /** While evicted: its sequence in host memory and the ids it holds (null when none was kept). */
   saved: { image: KvSequenceImage; ids: number[] } | null;
+  /** Its record in the KV store as the last save left it (null: none). */
+  stored: StoredCopy | null;
+  /** Whether it is written to the KV store after each turn and kept there after the engine ends. */
+  persist: boolean;
+  /** Where the last attach found its KV ('gpu': it had a sequence), and why a stored copy was refused. */
+  resumed: { from: 'gpu' | 'host' | 'storage' | 'none'; note: string | null };
+}
+
+/** What the conversation cache was asked to keep, and where. */
+export interface ConversationCacheOptions {
+  /** Host memory for evicted conversations' pages (0: none are kept there). */
+  hostBudgetBytes?: number;
+  /** The KV store below host memory (null: none). */
+  store?: KvFileStore | null;
+}
+
+/** The KV store's counts in stats(). */
+export interface StoredKvCounts {
+  saves: number;
+  restores: number;
+  /** Stored copies found unusable (and removed). */
+  refused: number;
+  /** The last thing that went wrong with the store, for a person to read (null: nothing). */
+  note: string | null;
+}
+
+function emptyEntry(): Omit<CachedSequence, 'key' | 'kind'> {
+  return {
+    seq: null,
+    ids: [],
+    lastUsed: 0,
+    saved: null,
+    stored: null,
+    persist: false,
+    resumed: { from: 'none', note: null },
+  };
 }
 
 export function commonPrefixLength(a: readonly number[], b: readonly number[]): number {
@@ -48,11 +100,15 @@ export class ConversationCache {
   saves = 0;
   restores = 0;
   readonly hostBudgetBytes: number;
+  readonly store: KvFileStore | null;
+  readonly storedCounts: StoredKvCounts = { saves: 0, restores: 0, refused: 0, note: null };
+  /** Records this cache wrote for conversations that do not persist: removed when read back or by `releaseStore`. */
+  private readonly spilled = new Set<string>();
 
-  /** `hostBudgetBytes`: host memory for evicted conversations' pages (0: none are kept). */
-  constructor(runner: ModelRunner, hostBudgetBytes = 0) {
+  constructor(runner: ModelRunner, options: ConversationCacheOptions = {}) {
     this.runner = runner;
-    this.hostBudgetBytes = hostBudgetBytes;
+    this.hostBudgetBytes = options.hostBudgetBytes ?? 0;
+    this.store = options.store ?? null;
   }
 
   /** Saved conversations (in host memory). */
@@ -69,6 +125,25 @@ export class ConversationCache {
     return bytes;
   }
 
+  /** This model's conversations with a copy in the KV store, and its bytes. */
+  get storedCount(): number {
+    let n = 0;
+    for (const entry of this.conversations.values()) if (entry.stored) n++;
+    return n;
+  }
+
+  get storedBytes(): number {
+    let bytes = 0;
+    for (const entry of this.conversations.values()) bytes += entry.stored?.header.fileBytes ?? 0;
+    return bytes;
+  }
+
+  /** The KV store was emptied: no conversation has a copy there any more (they stay resident otherwise). */
+  forgetStored(): void {
+    for (const entry of this.conversations.values()) entry.stored = null;
+    this.spilled.clear();
+  }
+
   get size(): number {
     return this.conversations.size;
   }
@@ -76,7 +151,7 @@ export class ConversationCache {
   conversation(id: string): CachedSequence {
     let entry = this.conversations.get(id);
     if (!entry) {
-      entry = { key: id, kind: 'conversation', seq: null, ids: [], lastUsed: 0, saved: null };
+      entry = { key: id, kind: 'conversation', ...emptyEntry() };
       this.conversations.set(id, entry);
     }
     this.touch(entry);
@@ -89,7 +164,7 @@ export class ConversationCache {
   }
 
   temporary(): CachedSequence {
-    const entry: CachedSequence = { key: '', kind: 'temporary', seq: null, ids: [], lastUsed: 0, saved: null };
+    const entry: CachedSequence = { key: '', kind: 'temporary', ...emptyEntry() };
     this.touch(entry);
     return entry;
   }
@@ -99,6 +174,7 @@ export class ConversationCache {
    * not cached) or an empty one. Returns the tokens prefilled for the system prefix (0 when it was cached).
    */
   async attach(entry: CachedSequence, systemIds: number[] | null): Promise<number> {
+    entry.resumed = { from: entry.seq ? 'gpu' : 'none', note: null };
     if (entry.seq) return 0;
     const pool = this.runner.pool;
     if (await this.restore(entry)) return 0;
@@ -112,7 +188,7 @@ export class ConversationCache {
     let system = this.systems.get(key);
     let prefilled = 0;
     if (!system?.seq) {
-      system = { key, kind: 'system', seq: null, ids: [], lastUsed: 0, saved: null };
+      system = { key, kind: 'system', ...emptyEntry() };
       await this.ensureSlot([entry]);
       await this.makeRoom([entry], null, 0, systemIds.length);
       system.seq = pool.createSequence();
@@ -190,7 +266,10 @@ export class ConversationCache {
     }
   }
 
-  /** Frees the entry's K/V, and any copy of it in host memory (the conversation is re-prefilled if it comes back). */
+  /**
+   * Frees the entry's K/V and any copy of it in host memory; a copy in the KV store stays (a conversation that comes
+   * back reads it, else it is re-prefilled).
+   */
   evict(entry: CachedSequence): void {
     if (entry.seq && entry.kind !== 'temporary') this.evictions++;
     this.forget(entry);
@@ -199,15 +278,21 @@ export class ConversationCache {
 
   /**
    * Evicts the entry to make room: a conversation's pages are copied to host memory first where the host budget
-   * holds them (the least recently used saved ones give way), so its next turn restores them.
+   * holds them (the least recently used saved ones go to the KV store, or are dropped without one), else straight to
+   * the KV store, so its next turn restores them. A conversation that persists has its stored copy brought up to
+   * date first.
    */
-  private async displace(entry: CachedSequence): Promise<void> {
+  async displace(entry: CachedSequence): Promise<void> {
     const seq = entry.seq;
     const pool = this.runner.pool;
     if (entry.kind !== 'conversation' || !seq?.alive || seq.length === 0) return this.evict(entry);
+    if (entry.persist) await this.persistTurn(entry);
     const held = pool.stats();
     const bytes = Math.ceil(seq.length / pool.pageTokens) * Math.max(held.pageBytes, held.quant?.pageBytes ?? 0);
-    if (bytes > this.hostBudgetBytes) return this.evict(entry);
+    if (bytes > this.hostBudgetBytes) {
+      if (!entry.persist) await this.toStore(entry, sequencePages(pool, seq), entry.ids);
+      return this.evict(entry);
+    }
     let image: KvSequenceImage;
     try {
       image = await pool.saveSequence(seq);
@@ -221,46 +306,165 @@ export class ConversationCache {
     this.evict(entry);
     entry.saved = { image, ids };
     this.saves++;
-    this.trimHost(entry);
+    await this.trimHost(entry);
   }
 
-  /** Drops the least recently used saved conversations until the rest fit the host budget (`keep` last of all). */
-  private trimHost(keep: CachedSequence): void {
+  /**
+   * Drops the least recently used saved conversations until the rest fit the host budget (`keep` last of all); each
+   * goes to the KV store unless its stored copy is current already (or there is no store).
+   */
+  private async trimHost(keep: CachedSequence): Promise<void> {
     const saved = [...this.conversations.values()]
       .filter((e) => e.saved && e !== keep)
       .sort((a, b) => a.lastUsed - b.lastUsed);
     for (const entry of [...saved, keep]) {
       if (this.hostBytes <= this.hostBudgetBytes) return;
+      const host = entry.saved!;
+      if (!entry.persist) await this.toStore(entry, imagePages(host.image), host.ids);
       this.forget(entry);
     }
   }
 
   /**
-   * Brings an evicted conversation's saved pages back into the pool, making room as for a write. Returns false, its
-   * copy dropped, when it has none or the pool cannot hold them (the conversation is then re-prefilled).
+   * Writes a conversation that does not persist to the KV store (a spill: removed when read back or when the engine
+   * ends). Without a store, or when the write fails, its pages are simply dropped.
+   */
+  private async toStore(entry: CachedSequence, pages: PageSource, ids: readonly number[]): Promise<void> {
+    const stored = this.storedKv();
+    if (!stored) return;
+    try {
+      entry.stored = await stored.save(this.runner.pool, entry.key, pages, ids, null, false);
+      this.spilled.add(entry.stored.record);
+      this.storedCounts.saves++;
+    } catch (error) {
+      if (error instanceof DeviceLostError) throw error;
+      await this.storeFailed(entry, error);
+    }
+  }
+
+  /**
+   * Brings the KV store's copy of a conversation that persists up to date with its sequence (only the pages changed
+   * since the last save are written). A failed write (a full quota) removes the copy and leaves a note; the
+   * conversation itself goes on.
+   */
+  async persistTurn(entry: CachedSequence): Promise<void> {
+    const stored = this.storedKv();
+    const seq = entry.seq;
+    if (!stored || !entry.persist || !seq?.alive || seq.length === 0) return;
+    try {
+      entry.stored = await stored.save(
+        this.runner.pool,
+        entry.key,
+        sequencePages(this.runner.pool, seq),
+        entry.ids,
+        entry.stored,
+        true,
+      );
+      this.storedCounts.saves++;
+    } catch (error) {
+      if (error instanceof DeviceLostError) throw error;
+      await this.storeFailed(entry, error);
+    }
+  }
+
+  /** Marks the stored copy of `entry` stale from `position` on (a turn rewrites the sequence from there). */
+  rewriting(entry: CachedSequence, position: number): void {
+    if (entry.stored) {
+      const page = Math.floor(position / this.runner.pool.pageTokens);
+      entry.stored.changedFrom = Math.min(entry.stored.changedFrom, page);
+    }
+  }
+
+  private async storeFailed(entry: CachedSequence, error: unknown): Promise<void> {
+    this.storedCounts.note = isStorageFull(error)
+      ? `The browser's storage for this site is full: a conversation's KV could not be kept on disk, so it will be read again when it returns (${this.store!.where}).`
+      : `A conversation's KV could not be kept on disk (${error instanceof Error ? error.message : String(error)}); it will be read again when it returns.`;
+    await this.removeStored(entry);
+  }
+
+  /** Removes the entry's record from the KV store, if it has one (a failure to remove is left for the next write). */
+  private async removeStored(entry: CachedSequence): Promise<void> {
+    const store = this.store;
+    if (!store || entry.kind !== 'conversation') return;
+    const record = entry.stored?.record ?? (await storedRecordName(entry.key));
+    entry.stored = null;
+    this.spilled.delete(record);
+    await store.remove(record).catch(() => {});
+  }
+
+  /** The store's view for the loaded model's binding (null without a store). */
+  private storedKv(): StoredKv | null {
+    const binding = this.runner.loaded?.kv.binding;
+    return this.store && binding ? new StoredKv(this.store, binding) : null;
+  }
+
+  /**
+   * Brings an evicted conversation's pages back into the pool, making room as for a write: from host memory, else
+   * from the KV store (where it has a copy there, or persists: a conversation this engine has not seen since a
+   * reload). Returns false, the copy dropped, when there is none or the pool cannot hold it (the conversation is then
+   * re-prefilled); a stored copy that does not match is removed, with the reason in `entry.resumed.note`.
    */
   private async restore(entry: CachedSequence): Promise<boolean> {
-    const saved = entry.saved;
-    if (!saved) return false;
     const pool = this.runner.pool;
-    // A copy from before the pool was replaced (other rotations) is not this pool's to restore.
-    if (saved.image.pool !== pool) {
+    const saved = entry.saved;
+    let image: KvSequenceImage;
+    let ids: number[];
+    let from: 'host' | 'storage';
+    let stored: StoredCopy | null = null;
+    if (saved && saved.image.pool === pool) {
+      ({ image, ids } = saved);
+      from = 'host';
+    } else {
+      // A copy from before the pool was replaced (other rotations) is not this pool's to restore.
       this.forget(entry);
-      return false;
+      const found = await this.fromStore(entry);
+      if (!found) return false;
+      ({ image, ids } = found);
+      stored = found.copy;
+      from = 'storage';
     }
     await this.ensureSlot([entry]);
-    await this.roomFor([entry], () => pool.pagesToRestore(saved.image));
+    await this.roomFor([entry], () => pool.pagesToRestore(image));
     try {
-      entry.seq = pool.restoreSequence(saved.image);
+      entry.seq = pool.restoreSequence(image);
     } catch (error) {
       if (!(error instanceof ContextOverflowError)) throw error;
       this.forget(entry);
       return false;
     }
-    entry.ids = saved.ids;
+    entry.ids = ids;
     this.forget(entry);
-    this.restores++;
+    entry.resumed = { from, note: null };
+    if (from === 'host') this.restores++;
+    else {
+      this.storedCounts.restores++;
+      // A spill is read once; a conversation that persists keeps its copy (the same pages, now in the pool).
+      if (entry.persist) entry.stored = stored;
+      else await this.removeStored(entry);
+    }
     return true;
+  }
+
+  /** The entry's copy in the KV store as an image of this pool, or null (none, or refused and removed). */
+  private async fromStore(
+    entry: CachedSequence,
+  ): Promise<{ image: KvSequenceImage; ids: number[]; copy: StoredCopy } | null> {
+    const stored = this.storedKv();
+    if (!stored || entry.kind !== 'conversation' || (!entry.stored && !entry.persist)) return null;
+    try {
+      const found = await stored.load(this.runner.pool, entry.key, this.runner.config.vocab);
+      if (!found) entry.stored = null;
+      return found;
+    } catch (error) {
+      if (error instanceof DeviceLostError) throw error;
+      const reason = error instanceof StoredKvRefused ? error.message : `it could not be read (${String(error)})`;
+      const note = `This conversation's stored KV was not used (${reason}); its history was read again.`;
+      this.storedCounts.refused++;
+      this.storedCounts.note = note;
+      entry.resumed = { from: 'none', note };
+      await this.removeStored(entry);
+      return null;
+    }
   }
 
   /** Drops the entry's copy in host memory. */
@@ -288,22 +492,44 @@ export class ConversationCache {
   }
 
   /**
-   * Forgets a conversation (not counted as an eviction). The last one to go takes the cached system prefixes with it
-   * (only conversations fork them) and the pool's slabs are returned, so the memory is back to its level after load.
+   * Forgets a conversation (not counted as an eviction) and removes its record from the KV store, whether or not
+   * this engine has seen it. The last one to go takes the cached system prefixes with it (only conversations fork
+   * them) and the pool's slabs are returned, so the memory is back to its level after load.
    */
-  delete(id: string): void {
-    const entry = this.conversations.get(id);
-    if (!entry) return;
-    this.forget(entry);
-    this.drop(entry);
-    this.conversations.delete(id);
-    if (this.conversations.size > 0) return;
-    for (const system of [...this.systems.values()]) this.drop(system);
-    this.runner.pool.releaseFreeSlabs();
+  async delete(id: string): Promise<void> {
+    const entry = this.conversations.get(id) ?? { key: id, kind: 'conversation' as const, ...emptyEntry() };
+    if (this.conversations.has(id)) {
+      this.forget(entry);
+      this.drop(entry);
+      this.conversations.delete(id);
+      if (this.conversations.size === 0) {
+        for (const system of [...this.systems.values()]) this.drop(system);
+        this.runner.pool.releaseFreeSlabs();
+      }
+    }
+    await this.removeStored(entry);
+  }
+
+  /**
+   * Stops persisting a conversation (a request that says `persist: false`): its record in the KV store is removed.
+   */
+  async stopPersisting(entry: CachedSequence): Promise<void> {
+    if (!entry.persist) return;
+    entry.persist = false;
+    await this.removeStored(entry);
+  }
+
+  /** Removes the records this cache spilled to the KV store (conversations that do not persist): the engine ends. */
+  async releaseStore(): Promise<void> {
+    const store = this.store;
+    if (!store) return;
+    for (const record of [...this.spilled]) await store.remove(record).catch(() => {});
+    this.spilled.clear();
   }
 
   /** Forgets everything (the pool itself is destroyed by the caller). */
   clear(): void {
+    void this.releaseStore();
     this.conversations.clear();
     this.systems.clear();
     this.evictions = 0;

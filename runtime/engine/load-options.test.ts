@@ -26,6 +26,7 @@ const DEFAULTS: ParsedLoadOptions = {
   kv: undefined,
   kvBudgetBytes: 64 * 1024 * 1024,
   hostKvBudgetBytes: 64 * 1024 * 1024,
+  persist: false,
   maxSequences: 16,
   maxContextTokens: undefined,
   prefillChunk: undefined,
@@ -68,6 +69,7 @@ describe('parseLoadOptions', () => {
       kv: 'int2',
       kvBudgetBytes: 1,
       hostKvBudgetBytes: 0,
+      persist: true,
       maxSequences: 256,
       maxContextTokens: 1 << 24,
       prefillChunk: 4096,
@@ -127,6 +129,7 @@ describe('parseLoadOptions', () => {
     ['kvBudgetBytes', { kvBudgetBytes: '4096' as unknown as number }, /kvBudgetBytes = "4096"/],
     ['hostKvBudgetBytes', { hostKvBudgetBytes: -1 }, /^hostKvBudgetBytes = -1 is invalid: use an integer >= 0\.$/],
     ['hostKvBudgetBytes', { hostKvBudgetBytes: 0.5 }, /hostKvBudgetBytes = 0.5/],
+    ['persist', { persist: 'yes' as unknown as boolean }, /^persist = "yes" is invalid: use true or false\.$/],
     ['maxSequences', { maxSequences: 0 }, /maxSequences = 0 is invalid: use an integer in 1\.\.256/],
     ['maxSequences', { maxSequences: 257 }, /maxSequences = 257/],
     ['maxContextTokens', { maxContextTokens: 0 }, /maxContextTokens = 0 is invalid: use an integer >= 1/],
@@ -199,7 +202,7 @@ describe('parseLoadOptions', () => {
   it('rejects unknown fields with the known ones, and says where a research knob belongs', () => {
     const unknown = rejection({ kv: 'f16', contextSize: 4096 });
     expect(unknown.message).toBe(
-      "load options: unknown field 'contextSize'. Supported fields: kv, kvBudgetBytes, hostKvBudgetBytes, maxSequences, maxContextTokens, prefillChunk, rotation, calibrate, onProgress, network, experimental.",
+      "load options: unknown field 'contextSize'. Supported fields: kv, kvBudgetBytes, hostKvBudgetBytes, persist, maxSequences, maxContextTokens, prefillChunk, rotation, calibrate, onProgress, network, experimental.",
     );
     expect(unknown.details.field).toBe('contextSize');
     for (const knob of [

@@ -28,6 +28,7 @@ export interface ParsedLoadOptions {
   kv: KvMode | undefined;
   kvBudgetBytes: number;
   hostKvBudgetBytes: number;
+  persist: boolean;
   maxSequences: number;
   /** undefined: the model's context length. */
   maxContextTokens: number | undefined;
@@ -132,6 +133,7 @@ const PUBLIC_FIELDS = Object.keys({
   kv: true,
   kvBudgetBytes: true,
   hostKvBudgetBytes: true,
+  persist: true,
   maxSequences: true,
   maxContextTokens: true,
   prefillChunk: true,
@@ -187,6 +189,12 @@ function integer(field: string, value: unknown, min: number, max = Number.MAX_SA
   return value;
 }
 
+function flag(field: string, value: unknown): boolean | undefined {
+  if (value === undefined) return undefined;
+  if (typeof value !== 'boolean') failField(field, value, 'use true or false');
+  return value;
+}
+
 function layerList(field: string, value: unknown): number[] {
   if (value === undefined) return [];
   // Array.from: the holes of a sparse array become undefined, and fail.
@@ -226,6 +234,7 @@ export function parseLoadOptions(input: unknown): ParsedLoadOptions {
     kv,
     kvBudgetBytes,
     hostKvBudgetBytes: integer('hostKvBudgetBytes', o.hostKvBudgetBytes, 0) ?? kvBudgetBytes,
+    persist: flag('persist', o.persist) ?? false,
     maxSequences: integer('maxSequences', o.maxSequences, 1, 256) ?? LOAD_DEFAULTS.maxSequences,
     maxContextTokens: integer('maxContextTokens', o.maxContextTokens, 1),
     prefillChunk: integer('prefillChunk', o.prefillChunk, 1, 4096),

@@ -16,6 +16,7 @@ import { KvPagePool, type KvPoolOptions, type KvSequence } from '../kv/pool.ts';
 import type { KvRotation } from '../kv/rotation.ts';
 import {
   findStoredRotations,
+  modelDigest,
   type RotationCache,
   type StoredRotations,
   withStoredRotations,
@@ -28,6 +29,7 @@ import { StepRunner } from '../step/step-runner.ts';
 import { GgufTokenizer } from '../tokenizer/tokenizer.ts';
 import type { FinishReason, KvMode } from './api-types.ts';
 import { defaultRotation, LOAD_DEFAULTS, type ParsedLoadOptions, resolveKvMode } from './load-options.ts';
+import { kvBinding } from './stored-kv.ts';
 
 export type { FinishReason, KvMode, LoadProgress } from './api-types.ts';
 
@@ -170,6 +172,10 @@ interface LoadedModel {
     calibrationNeeded: boolean;
     /** Whether calibrated rotations bring their precision plan (load option experimental.precisionPlan). */
     precisionPlan: 'calibrated' | 'uniform';
+    /** What stored KV must match to be read into this pool (runtime/engine/stored-kv.ts kvBinding). */
+    binding: string;
+    /** The model's digest (rotation-store modelDigest), whatever the rotation. */
+    identity: string;
   };
 }
 
@@ -250,6 +256,8 @@ export class ModelRunner {
         { tokens: tokenizer.vocabSize, embeddingRows: config.vocab },
       );
     }
+    // The model's identity for stored KV, read while the source is open (sampled bytes, not the whole file).
+    const identity = digest ?? (await modelDigest(file, source));
     progress({ phase: 'parse', bytesDone: source.size, bytesTotal: source.size });
     const weights = await loadModelWeights(gpu, file, source, config, (p) => {
       // A lost device fails the load now rather than after reading and uploading the rest of the file.
@@ -266,13 +274,14 @@ export class ModelRunner {
       poolOptions = { ...poolOptions, maxStepTokens: prefillChunk };
       const kv = this.createKvState(config, weights, poolOptions, rotation, prefillChunk);
       created.push(kv);
+      const binding = await kvBinding(identity, kv.state.pool, rotation);
       const model: LoadedModel = {
         file,
         config,
         tokenizer,
         weights,
         ...kv.state,
-        kv: { mode, options: poolOptions, rotation, digest, calibrationNeeded, precisionPlan },
+        kv: { mode, options: poolOptions, rotation, digest, calibrationNeeded, precisionPlan, binding, identity },
       };
       // Calibrate: one warm-up token through the whole pipeline (first submits compile lazily on some drivers).
       progress({ phase: 'calibrate', bytesDone: 0, bytesTotal: 1 });
@@ -355,9 +364,10 @@ export class ModelRunner {
         next.release();
         throw error;
       }
+      const binding = await kvBinding(m.kv.identity, next.state.pool, rotation);
       const old = { pool: m.pool, transformer: m.transformer, runner: m.runner };
       Object.assign(m, next.state);
-      m.kv = { ...m.kv, options, rotation, calibrationNeeded: false };
+      m.kv = { ...m.kv, options, rotation, calibrationNeeded: false, binding };
       old.runner.release();
       old.transformer.release();
       old.pool.destroy();

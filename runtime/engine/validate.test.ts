@@ -49,4 +49,14 @@ describe('chat request validation', () => {
       /special_tokens_in_content = true is invalid: use 'text'/,
     );
   });
+
+  it('persist is true or false, and only in a conversation', () => {
+    expect(validateChatRequest(user('x')).persist).toBeUndefined();
+    expect(validateChatRequest({ ...user('x'), conversation_id: 'c', persist: true }).persist).toBe(true);
+    expect(validateChatRequest({ ...user('x'), persist: false }).persist).toBe(false);
+    expect(() => validateChatRequest({ ...user('x'), persist: true })).toThrow(/pass a conversation_id with it/);
+    expect(() => validateChatRequest({ ...user('x'), conversation_id: 'c', persist: 1 })).toThrow(
+      /persist = 1 is invalid: use true or false/,
+    );
+  });
 });

@@ -235,6 +235,8 @@ function messageText(field: string, content: unknown): string {
 export interface ValidatedChatRequest extends ValidatedSampling {
   messages: ChatMessage[];
   conversationId: string | undefined;
+  /** Whether the conversation's KV is kept in the KV store (undefined: the load option's choice). */
+  persist: boolean | undefined;
   overflow: ContextOverflowPolicy;
   specialTokensInContent: SpecialTokensInContent;
   /** The request's tools (empty without), and how the reply may call them ('none' without tools). */
@@ -330,6 +332,7 @@ export function validateChatRequest(request: unknown): ValidatedChatRequest {
     'tools',
     'tool_choice',
     'conversation_id',
+    'persist',
     'context_overflow',
     'special_tokens_in_content',
   ]);
@@ -371,6 +374,10 @@ export function validateChatRequest(request: unknown): ValidatedChatRequest {
   });
   const conversationId = optionalString('conversation_id', r.conversation_id, MAX_ID_CHARS);
   if (conversationId === '') failField('conversation_id', conversationId, 'use a non-empty string');
+  const persist = optionalBoolean('persist', r.persist);
+  if (persist && conversationId === undefined) {
+    failField('persist', persist, 'a request keeps its KV only in a conversation: pass a conversation_id with it');
+  }
   const overflow = r.context_overflow ?? 'error';
   if (overflow !== 'error' && overflow !== 'drop_oldest_turns') {
     failField('context_overflow', overflow, "use 'error' or 'drop_oldest_turns'");
@@ -388,7 +395,7 @@ export function validateChatRequest(request: unknown): ValidatedChatRequest {
       { field: 'response_format' },
     );
   }
-  return { ...sampling, messages, conversationId, overflow, specialTokensInContent, tools, toolChoice };
+  return { ...sampling, messages, conversationId, persist, overflow, specialTokensInContent, tools, toolChoice };
 }
 
 export interface ValidatedCompletionRequest extends ValidatedSampling {

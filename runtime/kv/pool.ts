@@ -321,6 +321,56 @@ export class KvPagePool {
     return { pool: this, length, kinds, bytes: await this.storage.readPages(entries, options.stagingBytes) };
   }
 
+  /**
+   * The bytes of some of `seq`'s pages (indexes into `seq.pages`, in the order given), as `saveSequence` copies them:
+   * for a copy kept elsewhere that only adds the pages changed since it was made.
+   */
+  async readSequencePages(seq: KvSequence, pages: readonly number[], stagingBytes?: number): Promise<Uint8Array<ArrayBuffer>> {
+    this.ledger.book.assertAlive(seq);
+    const count = Math.ceil(seq.length / this.pageTokens);
+    for (const page of pages) {
+      if (!Number.isInteger(page) || page < 0 || page >= count) {
+        throw new RangeError(`KV pool: page ${page} of a sequence of ${count} pages`);
+      }
+    }
+    return this.storage.readPages(
+      pages.map((page) => seq.pages[page]),
+      stagingBytes,
+    );
+  }
+
+  /** Bytes of one page of each kind (quant 0 in an f16 pool). */
+  get pageBytesByKind(): { f16: number; quant: number } {
+    return { f16: this.pageBytes, quant: this.quant ? this.quant.pageWords * 4 : 0 };
+  }
+
+  /**
+   * What a page's bytes mean: the pool's geometry and its quant layout (formats, plan, boosted layers). Two pools
+   * with the same key read each other's saved pages alike; the rotation the values were stored under is not part of
+   * it (runtime/engine/stored-kv.ts binds that).
+   */
+  layoutKey(): string {
+    const q = this.quant;
+    return JSON.stringify({
+      mode: this.mode,
+      layers: this.layers,
+      kvHeads: this.kvHeads,
+      headDim: this.headDim,
+      pageTokens: this.pageTokens,
+      pageWords: this.pageWords,
+      sinkPages: this.sinkPages,
+      window: this.window,
+      quant: q && {
+        pageWords: q.pageWords,
+        key: q.key,
+        value: q.value,
+        positionsPerRow: q.positionsPerRow,
+        boostLayers: q.boostLayers,
+        plan: q.plan,
+      },
+    });
+  }
+
   /** Pages of each kind restoring `image` takes (compare with `pagesObtainable()`). */
   pagesToRestore(image: KvSequenceImage): KvPageCounts {
     let quant = 0;

@@ -5,6 +5,7 @@
  */
 import { CorruptModelFileError } from '../../core/errors.ts';
 import type { ByteSource, GgufFile, GgufMetadata } from '../../core/gguf-types.ts';
+import { sha256Hex } from '../../core/sha256.ts';
 import type { ModelConfig } from '../model/config.ts';
 import type { KvPoolOptions } from './pool.ts';
 import { type KvPrecisionPlan, validatePlan } from './precision-plan.ts';
@@ -92,8 +93,7 @@ export async function modelDigest(file: GgufFile, source: ByteSource): Promise<s
     joined.set(s, offset);
     offset += s.byteLength;
   }
-  const hash = new Uint8Array(await crypto.subtle.digest('SHA-256', joined));
-  return Array.from(hash, (b) => b.toString(16).padStart(2, '0')).join('');
+  return sha256Hex(joined);
 }
 
 /** Long arrays (vocabularies) enter the digest by length and a checksum, so the digest input stays small. */
