@@ -9,6 +9,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { defaultPrefillChunk } from '../runtime/engine/model-runner.ts';
 import { BENCH_FORMATS, runConstrainedBench } from './constrained-decode.ts';
 import { benchKvBudgetBytes } from './engine-runner.ts';
+import { RESUME_PATHS, runResumeBench } from './kv-resume.ts';
 import { BENCH_MODELS } from './models.ts';
 import { renderMarkdown, validateReport } from './report.ts';
 import { parseBenchArgs, runBench } from './run.ts';
@@ -164,5 +165,43 @@ describe('npm run bench -- --calibrate', () => {
     expect(notes).toEqual([
       '- qwen3-4b q4_0 int2: plan K 2-bit clip 0.92, V 2-bit clip 0.92 (calibration; 2.39 bits per element at 32K).',
     ]);
+  });
+});
+
+describe('bench/kv-resume.ts', () => {
+  it('times a follow-up turn from each tier; host and store bring the pages back bit for bit, and answer alike', {
+    timeout: 300_000,
+  }, async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'longtab-resume-test-'));
+    try {
+      const { rows } = await runResumeBench({
+        models: ['quick-tiny'],
+        weights: ['q4_0'],
+        kv: ['f16', 'int2'],
+        // Past the 2-bit cache's sink and window (320 positions), so that most pages are 2-bit.
+        context: 800,
+        followUp: 16,
+        continuation: 4,
+        repeats: 1,
+        modelsDir: dir,
+        log: () => {},
+      });
+      expect(rows.map((r) => `${r.kv} ${r.path}`)).toEqual(
+        ['f16', 'int2'].flatMap((kv) => RESUME_PATHS.map((path) => `${kv} ${path}`)),
+      );
+      for (const row of rows) {
+        expect(row.ttftMs.all).toHaveLength(1);
+        expect(row.ttftMs.median).toBeGreaterThan(0);
+        expect(row.bytes).toBeGreaterThan(0);
+        if (row.path === 'host' || row.path === 'store') {
+          expect(row.bitExact, `${row.kv} ${row.path}`).toBe(true);
+          expect(row.sameContinuation, `${row.kv} ${row.path}`).toBe(true);
+          expect(row.saveMs).not.toBeNull();
+        }
+        if (row.path === 'prefill') expect(row.vsPrefill).toBe(1);
+      }
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
   });
 });

@@ -14,6 +14,7 @@
  *   .gpu/int8-matmul.mjs   bench/int8-matmul.ts (the tensor-core int8 matmul: its randomized checks, then its speed
  *                          against the f32 kernels)
  *   .gpu/constrained-decode.mjs  bench/constrained-decode.ts (decode TPOT under a response format ÷ plain text)
+ *   .gpu/kv-resume.mjs     bench/kv-resume.ts (TTFT of a follow-up turn by where the conversation's KV is)
  *   .gpu/longtab.mjs       the longtab CLI (tools/gpu-kit/longtab-cli.ts): evaluations on the GPU host
  *   .gpu/wgsl-dump.mjs     tools/wgsl-dump/main.ts (`npm run wgsl:dump`: every pipeline the runtime compiles for a
  *                          model, on the host's device)
@@ -99,6 +100,7 @@ try {
   await benchBuild('rotate-kernel.ts', 'rotate-kernel.mjs');
   await benchBuild('int8-matmul.ts', 'int8-matmul.mjs');
   await benchBuild('constrained-decode.ts', 'constrained-decode.mjs');
+  await benchBuild('kv-resume.ts', 'kv-resume.mjs');
   await benchBuild('tools/gpu-kit/longtab-cli.ts', 'longtab.mjs');
   await benchBuild('tools/wgsl-dump/main.ts', 'wgsl-dump.mjs');
 } catch {
