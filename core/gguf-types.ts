@@ -190,4 +190,16 @@ export interface ByteSource {
   readonly size: number;
   read(offset: number, length: number): Promise<Uint8Array>;
   close?(): Promise<void>;
+  /**
+   * The files this source joins end to end, in order: the shards of a split GGUF model (runtime/gguf/split.ts), each
+   * a GGUF file of its own. Absent for a single file.
+   */
+  readonly parts?: readonly ByteSourcePart[];
+}
+
+/** One file of a joined source: its name and where its bytes lie in the join. */
+export interface ByteSourcePart {
+  readonly name: string;
+  readonly offset: number;
+  readonly size: number;
 }

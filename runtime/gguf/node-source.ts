@@ -4,10 +4,11 @@
  */
 import { readFileSync } from 'node:fs';
 import { type FileHandle, open } from 'node:fs/promises';
-import { basename } from 'node:path';
+import { basename, dirname, join } from 'node:path';
 import { CorruptModelFileError, InvalidRequestError } from '../../core/errors.ts';
 import type { ByteSource } from '../../core/gguf-types.ts';
-import { checkReadRange } from './sources.ts';
+import { checkReadRange, joinSources } from './sources.ts';
+import { openShards } from './split.ts';
 
 /** Why a path could not be read as a file, in words (a Node error's code). */
 function unreadable(error: unknown): string {
@@ -20,9 +21,27 @@ function unreadable(error: unknown): string {
 
 /**
  * Opens `path` for positioned reads; call `close()` when done with it. A path that is missing, unreadable or not a
- * file (a directory opens on Linux, and fails only at its first read) is an InvalidRequestError naming it.
+ * file (a directory opens on Linux, and fails only at its first read) is an InvalidRequestError naming it. A file
+ * named as a shard of a split model (`NAME-00001-of-00003.gguf`) opens every shard in its folder and joins them
+ * (joinSources); a shard missing there fails the open naming it.
  */
 export async function sourceFromPath(path: string): Promise<ByteSource> {
+  const shards = await openShards(basename(path), async (shard, index, count) => {
+    const shardPath = join(dirname(path), shard);
+    try {
+      return await sourceFromOneFile(shardPath);
+    } catch (error) {
+      if (!(error instanceof InvalidRequestError)) throw error;
+      throw new InvalidRequestError(
+        `Part ${index} of ${count} of the split model could not be opened: ${error.message} A split GGUF model loads from all of its parts, kept side by side in one folder under the names llama.cpp's gguf-split gives them.`,
+        { ...error.details, path: shardPath, shard: index, shards: count },
+      );
+    }
+  });
+  return shards ? joinSources(shards) : sourceFromOneFile(path);
+}
+
+async function sourceFromOneFile(path: string): Promise<ByteSource> {
   let handle: FileHandle;
   try {
     handle = await open(path, 'r');

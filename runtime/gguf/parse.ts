@@ -3,9 +3,10 @@
  * never touches tensor data. Files come from anywhere, so every count and length is checked against the bytes left
  * in the file before anything is allocated for it.
  */
-import { CorruptModelFileError, UnsupportedModelError } from '../../core/errors.ts';
+import { CorruptModelFileError, InvalidRequestError, UnsupportedModelError } from '../../core/errors.ts';
 import {
   type ByteSource,
+  type ByteSourcePart,
   GGML_TYPE_INFO,
   GGUF_MAGIC,
   type GgmlType,
@@ -28,6 +29,8 @@ import {
   tensorByteLength,
   tensorLayoutProblem,
 } from './format.ts';
+import { metaOptionalNumber } from './metadata.ts';
+import { SPLIT_COUNT_KEY, SPLIT_NO_KEY, SPLIT_TENSORS_COUNT_KEY, shardName } from './split.ts';
 
 export interface ParseGgufOptions {
   /** Bytes fetched per header read; 1 MiB keeps URL sources to a few requests for typical vocabularies. */
@@ -74,7 +77,84 @@ const MIN_KV_BYTES = MIN_STRING_BYTES + 4 + 1;
 const MIN_TENSOR_INFO_BYTES = MIN_STRING_BYTES + 4 + 8 + 4 + 8;
 const MIN_NESTED_ARRAY_BYTES = 4 + 8;
 
+/**
+ * The header of a GGUF model: of one file, or of a split model's shards joined in one source (`source.parts`, as
+ * sourceFromPath and sourceFromUrl open them), whose tensors then lie where the join has them. One shard alone is
+ * refused with an InvalidRequestError saying how to load the whole model.
+ */
 export async function parseGguf(source: ByteSource, options: ParseGgufOptions = {}): Promise<GgufFile> {
+  if (source.parts && source.parts.length > 1) return parseSplitGguf(source, source.parts, options);
+  const file = await parseOneGguf(source, options);
+  const split = splitOf(file);
+  if (split.count > 1) {
+    throw new InvalidRequestError(
+      `${source.name} is part ${split.no + 1} of ${split.count} of a split GGUF model; its other parts hold the rest of the model. Load it by URL or file path with all its parts side by side under the names llama.cpp's gguf-split gives them (${shardName('NAME', 1, split.count)} …), so longtab finds them; or merge the parts into one file (llama-gguf-split --merge ${shardName('NAME', 1, split.count)} NAME.gguf) and pick that, or pick a single-file GGUF of the model.`,
+      { splitNo: split.no, splitCount: split.count },
+    );
+  }
+  return file;
+}
+
+/**
+ * The shards of a split model, joined in `source` as `parts` (in order), as one file: the first shard's metadata,
+ * every shard's tensors at their offsets in the join. Shards that are not this model's parts in this order, or do not
+ * add up to its tensor count, are refused as llama.cpp's loader refuses them.
+ */
+async function parseSplitGguf(
+  source: ByteSource,
+  parts: readonly ByteSourcePart[],
+  options: ParseGgufOptions,
+): Promise<GgufFile> {
+  const partSource = (part: ByteSourcePart): ByteSource => ({
+    name: part.name,
+    size: part.size,
+    read: (offset, length) => source.read(part.offset + offset, length),
+  });
+  const first = await parseOneGguf(partSource(parts[0]), options);
+  const split = splitOf(first);
+  // Named as a shard but not one: a single file, whatever lies beside it.
+  if (split.count <= 1) return first;
+  const notTogether = (part: ByteSourcePart, no: number, count: number, problem: string) =>
+    new CorruptModelFileError(
+      `${part.name} is part ${no + 1} of ${count} by its metadata${problem}: the files do not belong together. Download all the parts of the model again, under the names they were published with.`,
+      { part: part.name, splitNo: no, splitCount: count },
+    );
+  if (split.no !== 0 || split.count !== parts.length) {
+    throw notTogether(parts[0], split.no, split.count, `, but part 1 of ${parts.length} by its name`);
+  }
+  const tensors = [...first.tensors];
+  const names = new Set(tensors.map((t) => t.name));
+  for (let i = 1; i < parts.length; i++) {
+    const part = parts[i];
+    const shard = await parseOneGguf(partSource(part), options);
+    const { no, count } = splitOf(shard);
+    if (no !== i || count !== parts.length) {
+      throw notTogether(part, no, count, `, but part ${i + 1} of ${parts.length} by its name`);
+    }
+    for (const t of shard.tensors) {
+      if (names.has(t.name)) throw notTogether(part, no, count, ` and holds tensor ${t.name} again`);
+      names.add(t.name);
+      tensors.push({ ...t, offset: part.offset + t.offset });
+    }
+  }
+  const expected = metaOptionalNumber(first.metadata, SPLIT_TENSORS_COUNT_KEY);
+  if (expected !== undefined && expected !== tensors.length) {
+    throw new CorruptModelFileError(
+      `The ${parts.length} parts of ${source.name} hold ${tensors.length} tensors, but its metadata says ${expected} (${SPLIT_TENSORS_COUNT_KEY}): a part is incomplete or from another model. Download the parts again.`,
+      { tensors: tensors.length, expected },
+    );
+  }
+  return { ...first, tensors, fileSize: source.size };
+}
+
+/** Which shard a file is by its metadata: `split.no` from 0 and `split.count` (1 for a single file). */
+function splitOf(file: GgufFile): { no: number; count: number } {
+  const count = metaOptionalNumber(file.metadata, SPLIT_COUNT_KEY) ?? 0;
+  return { no: metaOptionalNumber(file.metadata, SPLIT_NO_KEY) ?? 0, count: Math.max(1, count) };
+}
+
+/** One GGUF file's header. */
+async function parseOneGguf(source: ByteSource, options: ParseGgufOptions): Promise<GgufFile> {
   const reader = new HeaderReader(source, options.windowBytes ?? DEFAULT_WINDOW_BYTES, {
     arrayItems: options.maxArrayItems ?? DEFAULT_MAX_TOTAL_ARRAY_ITEMS,
     heapBytes: options.maxHeapBytes ?? DEFAULT_MAX_HEAP_BYTES,

@@ -4,7 +4,7 @@
  * The Node file source lives in node-source.ts so browser bundles never see `node:fs`.
  */
 import { AbortedError, CorruptModelFileError, DownloadFailedError, InvalidRequestError } from '../../core/errors.ts';
-import type { ByteSource } from '../../core/gguf-types.ts';
+import type { ByteSource, ByteSourcePart } from '../../core/gguf-types.ts';
 import {
   fetchRemote,
   ifRangeOf,
@@ -15,6 +15,7 @@ import {
   totalOfContentRange,
   versionOf,
 } from '../../core/remote-file.ts';
+import { openShards } from './split.ts';
 
 /**
  * Rejects reads outside [0, size). Callers (the parser, streamTensorBytes) check bounds against the file size first,
@@ -75,6 +76,47 @@ export function sourceFromBlob(blob: Blob, name?: string): ByteSource {
 }
 
 /**
+ * One source over `sources` joined end to end (the shards of a split model, runtime/gguf/split.ts), named after the
+ * first: a read goes to the source that holds it, and one across sources (which no tensor read is) is put together.
+ */
+export function joinSources(sources: readonly ByteSource[]): ByteSource {
+  const parts: ByteSourcePart[] = [];
+  let size = 0;
+  for (const s of sources) {
+    parts.push({ name: s.name, offset: size, size: s.size });
+    size += s.size;
+  }
+  const name = sources[0]?.name ?? 'no files';
+  return {
+    name,
+    size,
+    parts,
+    async read(offset, length) {
+      checkReadRange({ name, size }, offset, length);
+      const pieces: Uint8Array[] = [];
+      for (let i = 0, at = offset, end = offset + length; at < end; i++) {
+        const part = parts[i];
+        const take = Math.min(end, part.offset + part.size) - at;
+        if (take <= 0) continue;
+        pieces.push(await sources[i].read(at - part.offset, take));
+        at += take;
+      }
+      if (pieces.length === 1) return pieces[0];
+      const joined = new Uint8Array(length);
+      let filled = 0;
+      for (const piece of pieces) {
+        joined.set(piece, filled);
+        filled += piece.byteLength;
+      }
+      return joined;
+    },
+    async close() {
+      await Promise.all(sources.map((s) => s.close?.()));
+    },
+  };
+}
+
+/**
  * `source` whose reads fail with an AbortedError once `signal` aborts: a load (parse, weight upload) stops at its
  * next read, whatever the source.
  */
@@ -87,6 +129,7 @@ export function abortableSource(source: ByteSource, signal: AbortSignal): ByteSo
       return source.read(offset, length);
     },
     close: source.close && (() => source.close!()),
+    ...(source.parts ? { parts: source.parts } : {}),
   };
 }
 
@@ -97,14 +140,42 @@ export interface UrlSourceOptions extends RemoteTimeouts {
 }
 
 /**
- * A source over a URL that serves HTTP Range requests (Hugging Face, most CDNs, `vite` and `npx serve`).
+ * A source over a URL that serves HTTP Range requests (Hugging Face, most CDNs, `vite` and `npx serve`). A URL whose
+ * file is named as a shard of a split model (`NAME-00001-of-00003.gguf`) opens every shard beside it, by the same
+ * names, and joins them (joinSources); a shard that cannot be opened fails the open naming it.
+ */
+export async function sourceFromUrl(url: string, options: UrlSourceOptions = {}): Promise<ByteSource> {
+  const shards = await openShards(nameFromUrl(url), async (shard, index, count) => {
+    const shardUrl = withFileName(url, shard);
+    try {
+      return await sourceFromOneUrl(shardUrl, options);
+    } catch (error) {
+      if (!(error instanceof DownloadFailedError)) throw error;
+      throw new DownloadFailedError(
+        `Part ${index} of ${count} of the split model could not be opened: ${error.message} A split GGUF model loads from all of its parts, served side by side under the names llama.cpp's gguf-split gives them.`,
+        { ...error.details, url: shardUrl, shard: index, shards: count },
+      );
+    }
+  });
+  return shards ? joinSources(shards) : sourceFromOneUrl(url, options);
+}
+
+/** `url` with its last path segment (the file name) replaced by `name`, its query and fragment kept. */
+function withFileName(url: string, name: string): string {
+  const cut = url.search(/[?#]/);
+  const path = cut < 0 ? url : url.slice(0, cut);
+  return `${path.slice(0, path.lastIndexOf('/') + 1)}${encodeURIComponent(name)}${cut < 0 ? '' : url.slice(cut)}`;
+}
+
+/**
+ * One file over HTTP Range requests.
  * The size comes from a one-byte Range probe (`Content-Range: bytes 0-0/SIZE`), which also proves the server honours
  * ranges; HEAD is only a fallback because compressed responses often omit Content-Length there.
  * Every read asks for the probe's version of the file (`If-Range` with its ETag or Last-Modified) and checks the
  * response's Content-Range and version, so a file replaced on the server mid-load fails with a DownloadFailedError
  * instead of splicing two files. Each request has the deadlines of `RemoteTimeouts` (30 s by default).
  */
-export async function sourceFromUrl(url: string, options: UrlSourceOptions = {}): Promise<ByteSource> {
+async function sourceFromOneUrl(url: string, options: UrlSourceOptions): Promise<ByteSource> {
   const fetchImpl = options.fetch ?? globalThis.fetch;
   const signal = options.signal;
   const timeouts: RemoteTimeouts = {
