@@ -161,7 +161,7 @@ export function renderMarkdown(report: BenchReport): string {
   );
   lines.push('');
   lines.push(
-    '| model | weights | runtime | KV | ctx | fill | prefill tok/s | TTFT ms | decode tok/s | TPOT ms median (p10–p90) | KV B/tok | GPU MiB | read MB/tok | GB/s | disp/submit per tok | decode ×llama f16 / q4_0 | prefill ×llama f16 | decode ÷ own f16 |',
+    '| model | weights | runtime | KV | ctx | fill | prefill tok/s | TTFT ms | decode tok/s | TPOT ms median (p10–p90) | KV B/tok | GPU MiB | read MB/tok | GB/s | dispatches per tok (a layer) / submits | decode ×llama f16 / q4_0 | prefill ×llama f16 | decode ÷ own f16 |',
   );
   lines.push(
     '| --- | --- | --- | --- | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- | --- | --- | ---: |',
@@ -172,6 +172,13 @@ export function renderMarkdown(report: BenchReport): string {
       .map((r) => `${r.model}|${r.weights}|${r.context}`),
   );
   const mark = (stalled: boolean) => (stalled ? ' ⚠' : '');
+  // The forward body's dispatches over the model's layers (the body's few outside the layers, the embedding's, count
+  // in too); '?' where the report has no entry for the model.
+  const layersOf = new Map(report.models.map((m) => [m.id, m.shape.layers]));
+  const perLayer = (model: string, g: DecodeGraphCounts) => {
+    const layers = layersOf.get(model);
+    return layers ? fmt(g.forwardDispatches / layers, 1) : '?';
+  };
   let marked = false;
   for (const r of report.rows) {
     if (r.status !== 'ok') {
@@ -201,7 +208,7 @@ export function renderMarkdown(report: BenchReport): string {
         r.gpuMemoryBytes === null || r.gpuMemoryBytes === undefined ? '–' : fmt(r.gpuMemoryBytes / MiB, 0),
         fmt((r.decodeBytesPerToken?.total ?? Number.NaN) / 1e6),
         fmt(r.achievedGBps, 2),
-        g ? `${g.dispatches} / ${fmt(g.submitsPerToken, 0)}` : '–',
+        g ? `${g.dispatches} (${perLayer(r.model, g)}) / ${fmt(g.submitsPerToken, 0)}` : '–',
         r.vsLlama ? `${ratio(r.vsLlama.f16?.decode)} / ${ratio(r.vsLlama.q4_0?.decode)}` : '',
         r.vsLlama ? ratio(r.vsLlama.f16?.prefill) + mark(againstStalled) : '',
         r.vsOwnF16 ? fmt(r.vsOwnF16.decode, 2) : '',
