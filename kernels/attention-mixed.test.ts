@@ -64,6 +64,18 @@ describe('attention over mixed f16 / quant pages', () => {
       },
     ],
     ['hd 64, 2:1, a prefill chunk over 320 keys (2 splits)', MIXED_TWO_SPLIT_PREFILL],
+    // Falcon3's heads: the split kernel's quant tiles hold 8 keys of 256 f32 values, the merge takes its wide build.
+    [
+      'hd 256, 2:1, K groups of 128 (half a head), V groups of 256, pages of 8',
+      {
+        layers: 1,
+        heads: 4,
+        kvHeads: 2,
+        headDim: 256,
+        pool: { pageTokens: 8, sink: 8, window: 16, keyFormat: { groupSize: 128 }, valueFormat: { groupSize: 256 } },
+        chunks: [40, 1, 1, 17, 1, 1],
+      },
+    ],
     // Rows wider than the demotion's 256 invocations, which rank up to 4 values each in one pass: 832 values.
     ['hd 64, 1:1, 13 KV heads: rows of 832, groups of 64', wideRows(13, 13, 64)],
     // SmolLM2-360M's rows: 5 KV heads of 64, 3:1, in the default group of the whole row (320 values).

@@ -1,14 +1,24 @@
 import { describe, expect, it } from 'vitest';
 import type { GpuContext } from '../core/gpu/device.ts';
+import { releaseDispatches, submitDispatches } from '../core/gpu/dispatch.ts';
+import { readFloat32 } from '../core/gpu/readback.ts';
 import { Harness, runSteps, type Shape } from '../test/attention-harness.ts';
 import type { AttentionSources } from '../test/attention-sources.ts';
 import { withLimits, withTestGpu } from '../test/gpu.ts';
 import { seededRandom } from '../test/random.ts';
-import { attentionDecodeShape, attentionPartialsBytes, attentionPrefillShapeFor, splitsOfStep } from './attention.ts';
+import {
+  attentionDecodeShape,
+  attentionPartialsBytes,
+  attentionPrefillShapeFor,
+  planAttentionKernel,
+  prepareAttention,
+  splitsOfStep,
+} from './attention.ts';
 import {
   ATTENTION_BLOCK_KEY_CHOICES,
   type AttentionBlockKeys,
   attentionMergeRowsSource,
+  attentionMergeSource,
   attentionMergeWgsl,
   attentionPartialSource,
   attentionWorkgroupBytes,
@@ -203,6 +213,12 @@ describe('paged attention', () => {
       20,
     ],
     [
+      'hd 256 (wider than the rows merge): the wide merge',
+      { layers: 1, heads: 4, kvHeads: 2, headDim: 256, pageTokens: 4 },
+      {},
+      'attention-merge-wide',
+    ],
+    [
       'hd 64, splits by step: the rows merge',
       { layers: 1, heads: 4, kvHeads: 2, headDim: 64, pageTokens: 4 },
       {},
@@ -267,6 +283,88 @@ describe('paged attention', () => {
     expect(changed).not.toBe(original + attentionMergeWgsl);
     const shape = { layers: 1, heads: 2, kvHeads: 1, headDim: 8, pageTokens: 4 };
     const harness = new Harness(gpu, shape, 6, { decodeSplits, sources, blockKeys: 16 });
+    const random = seededRandom(3);
+    const seq = harness.sequence();
+    const ratios = [await harness.step(seq, 6, random), await harness.step(seq, 1, random)];
+    harness.release();
+    expect(Math.max(...ratios)).toBeGreaterThan(1);
+  });
+});
+
+// Heads of 256 dims (Falcon3, Gemma): the split kernel with at most 4 rows a tile, the merge's wide build, and tiles of
+// 8 keys on a device with WebGPU's default 16 KiB of workgroup memory.
+describe('heads of 256 dims', () => {
+  const hd256: Shape = { layers: 1, heads: 4, kvHeads: 2, headDim: 256, pageTokens: 8 };
+  const small = { maxComputeWorkgroupStorageSize: 16384 };
+
+  it.each<[string, Shape, number[], number, Partial<GpuContext['limits']>]>([
+    ['2:1, decode and prefill over 3 splits (the wide merge)', hd256, [9, 1, 1, 7, 1], 3, {}],
+    ['4:1, rows of two tiles, decode over 32 splits', { ...hd256, heads: 8 }, [21, 1, 1, 1], 32, {}],
+    ['2:1, tiles of 8 keys on a 16 KiB device', hd256, [19, 1, 1, 6, 1], 3, small],
+  ])('match the CPU reference: %s', async (_name, shape, chunks, splits, limits) => {
+    const { ratios } = await runSteps(withLimits(ctx.gpu, limits), shape, chunks, 256 + chunks.length, splits);
+    expect(Math.max(...ratios)).toBeLessThanOrEqual(1);
+  });
+
+  it('take tiles of 16 keys, or of 8 where 16 do not fit the workgroup memory; the wide merge', () => {
+    const graph = { maxTokens: 1, heads: 4, kvHeads: 2, headDim: 256, quant: null, keysInt8Bytes: 0 };
+    const plan = planAttentionKernel(ctx.gpu, graph);
+    expect(plan.kernel === 'split' && plan.shape).toMatchObject({ blockKeys: 16, headDim: 256, rows: 2 });
+    const onSmall = planAttentionKernel(withLimits(ctx.gpu, small), graph);
+    expect(onSmall.kernel === 'split' && onSmall.shape).toMatchObject({ blockKeys: 8, headDim: 256, rows: 2 });
+    expect(attentionWorkgroupBytes({ quant: true, blockKeys: 8, headDim: 256, rows: 4 })).toBeLessThanOrEqual(16384);
+    // The narrow build stays the one heads of up to 128 dims take; the wide one serves 256.
+    expect(attentionMergeSource(false, true)).toContain('array<f32, 2048>');
+    expect(attentionMergeSource(false)).toBe(attentionMergeWgsl);
+  });
+
+  // The rotated cache's decode output, un-rotated by the wide merge (rowProductWgsl with Rᵀ): the plain output times Rᵀ,
+  // with matrices that are not symmetric (a symmetric one would hide a product with R instead).
+  it('the wide merge un-rotates the decode output by each KV head’s matrix transposed', async () => {
+    const { gpu } = ctx;
+    const { heads, kvHeads, headDim: d } = hd256;
+    const harness = new Harness(gpu, hd256, 9, { decodeSplits: 4 });
+    const random = seededRandom(256);
+    const matrices = Float32Array.from({ length: kvHeads * d * d }, () => random() * 2 - 1);
+    const rotation = gpu.allocator.createStorage('test.rotation', 'scratch', matrices);
+    const output = gpu.allocator.createStorage('test.rotated', 'scratch', heads * d * 4);
+    const rotated = prepareAttention(gpu, 'rotated', {
+      pool: harness.pool,
+      layer: 0,
+      q: harness.q,
+      output,
+      heads,
+      scale: 1 / Math.sqrt(d),
+      maxTokens: 1,
+      splits: 4,
+      outputRotation: { matrices: rotation, firstMatrix: 0, headsPerMatrix: heads / kvHeads },
+    });
+    expect(rotated.at(-1)?.pipeline.label).toBe('attention-merge-rotated-wide');
+    const seq = harness.sequence();
+    const ratios = [await harness.step(seq, 9, random), await harness.step(seq, 1, random)];
+    submitDispatches(gpu, 'rotated', rotated);
+    const plain = await readFloat32(gpu, harness.out[0], heads * d);
+    const actual = await readFloat32(gpu, output, heads * d);
+    let worst = 0;
+    for (let h = 0; h < heads; h++) {
+      const m = Math.floor(h / (heads / kvHeads)) * d * d;
+      for (let j = 0; j < d; j++) {
+        let expected = 0;
+        for (let i = 0; i < d; i++) expected += plain[h * d + i] * matrices[m + j * d + i];
+        worst = Math.max(worst, Math.abs(actual[h * d + j] - expected) / (1e-4 + 1e-4 * Math.abs(expected)));
+      }
+    }
+    releaseDispatches(gpu, rotated);
+    for (const b of [rotation, output]) gpu.allocator.release(b);
+    harness.release();
+    expect(Math.max(...ratios)).toBeLessThanOrEqual(1);
+    expect(worst).toBeLessThanOrEqual(1);
+  });
+
+  it('catches a broken wide merge: the narrow one (4 dims an invocation)', async () => {
+    const sources = { merge: attentionMergeSource(false, true).replaceAll('k < 8u', 'k < 4u') };
+    expect(sources.merge).not.toBe(attentionMergeSource(false, true));
+    const harness = new Harness(ctx.gpu, hd256, 6, { decodeSplits: 4, sources });
     const random = seededRandom(3);
     const seq = harness.sequence();
     const ratios = [await harness.step(seq, 6, random), await harness.step(seq, 1, random)];

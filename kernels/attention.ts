@@ -16,6 +16,7 @@ import {
   attentionQuantBlockKeys,
   attentionRunsHeadDim,
   attentionWorkgroupBytes,
+  MERGE_NARROW_HEAD_DIM,
 } from './attention.wgsl.ts';
 import {
   type AttentionDecodeShape,
@@ -365,9 +366,17 @@ export function planAttentionKernel(device: AttentionDevice, g: AttentionGraphSh
   const group = g.heads / g.kvHeads;
   const rowCap = Math.min(ATTENTION_MAX_ROWS, Math.floor(ATTENTION_MAX_ROW_PAIRS / (headDim / 2)));
   const rows = Math.min(rowCap, maxTokens === 1 ? group : maxTokens * group);
-  const shape: AttentionKernelShape = { quant: g.quant !== null, blockKeys: g.blockKeys ?? 16, headDim, rows };
+  const limit = device.limits.maxComputeWorkgroupStorageSize;
+  const tiles = (blockKeys: AttentionBlockKeys): AttentionKernelShape => ({
+    quant: g.quant !== null,
+    blockKeys,
+    headDim,
+    rows,
+  });
+  // Tiles of 16 keys, or of 8 where heads of 256 dims would not fit 16 in the device's workgroup memory.
+  const shape = tiles(g.blockKeys ?? (attentionWorkgroupBytes(tiles(16)) <= limit ? 16 : 8));
   const storage = attentionWorkgroupBytes(shape);
-  if (storage > device.limits.maxComputeWorkgroupStorageSize) {
+  if (storage > limit) {
     throw new InvalidRequestError(
       `attention: tiles of ${shape.blockKeys} keys need ${storage} bytes of workgroup storage, the device has ${device.limits.maxComputeWorkgroupStorageSize}`,
     );
@@ -493,7 +502,12 @@ export function prepareAttention(gpu: GpuContext, label: string, b: AttentionBin
   const int8Prefill = plan.kernel === 'prefill-int8' ? plan.shape : null;
   const partialPipeline = computePipeline(gpu, plan.label, planSource(plan));
   const quantBlockKeys = quant
-    ? attentionQuantBlockKeys({ quant: true, blockKeys: b.blockKeys ?? 16, headDim, rows })
+    ? attentionQuantBlockKeys({
+        quant: true,
+        blockKeys: plan.kernel === 'split' ? plan.shape.blockKeys : (b.blockKeys ?? 16),
+        headDim,
+        rows,
+      })
     : 0;
   const params = attentionParams(gpu, label, b, {
     splits,
@@ -545,10 +559,12 @@ export function prepareAttention(gpu: GpuContext, label: string, b: AttentionBin
   const rowsGrid = attentionMergeRowsWorkgroups(maxTokens, heads, headDim);
   const mergeRows =
     maxTokens > 1 && attentionMergeRowsSupports(headDim) && rowsGrid <= gpu.limits.maxComputeWorkgroupsPerDimension;
+  // Heads past the narrow merge's 128 dims take its wide build.
+  const wide = headDim > MERGE_NARROW_HEAD_DIM;
   const mergePipeline = computePipeline(
     gpu,
-    `attention-merge${mergeRows ? '-rows' : ''}${rotation ? '-rotated' : ''}`,
-    mergeRows ? attentionMergeRowsSource() : attentionMergeSource(rotation !== undefined),
+    `attention-merge${mergeRows ? '-rows' : ''}${rotation ? '-rotated' : ''}${!mergeRows && wide ? '-wide' : ''}`,
+    mergeRows ? attentionMergeRowsSource() : attentionMergeSource(rotation !== undefined, wide),
   );
   const mergeParams = uniformBuffer(
     gpu,

@@ -1,10 +1,20 @@
 import { KV_STEP_WGSL, kvTileLoaderWgsl } from './kv-append.wgsl.ts';
-import { prefetchedRowProductWgsl, ROW_MATRIX_DECLARATION, ROW_PRODUCT_PARTIALS } from './rotate.wgsl.ts';
+import {
+  prefetchedRowProductWgsl,
+  ROW_MATRIX_DECLARATION,
+  ROW_PRODUCT_PARTIALS,
+  rowProductWgsl,
+} from './rotate.wgsl.ts';
 
 /** Query rows (token, head) one workgroup serves. */
 export const ATTENTION_MAX_ROWS = 16;
-/** The largest head the split kernel and its merge are built for (the merge's workgroup array holds 8 × this). */
-export const ATTENTION_MAX_HEAD_DIM = 128;
+/**
+ * The largest head the split kernel and its merge are built for: 256 (Falcon3, Gemma), where the merge takes its wide
+ * build (attentionMergeSource); the faster decode and prefill kernels serve heads of up to 128.
+ */
+export const ATTENTION_MAX_HEAD_DIM = 256;
+/** The largest head the merge's narrow build serves (4 dims per invocation of an eighth). */
+export const MERGE_NARROW_HEAD_DIM = 128;
 
 /** Heads the attention kernels run: K/V move as vec4<u32> (8 halves), up to ATTENTION_MAX_HEAD_DIM dims. */
 export function attentionRunsHeadDim(headDim: number): boolean {
@@ -16,9 +26,10 @@ export const ATTENTION_MAX_ROW_PAIRS = 512;
  * Keys per tile the split kernel can be built for. The default is 16 on every device: measured on a large GPU (decode,
  * 32K keys, bench/results/2026-11-30-nvidia-h200-attention-tile-sizes.txt), 32 and 64 were slower at headDim 64 (fewer
  * workgroups fit an SM's shared memory, and each invocation's serial work per tile grows), 16 the fastest. Larger tiles
- * stay selectable for that comparison.
+ * stay selectable for that comparison; 8 is what heads of 256 dims take where 16 keys do not fit the workgroup memory
+ * (WebGPU's default 16 KiB).
  */
-export const ATTENTION_BLOCK_KEY_CHOICES = [16, 32, 64] as const;
+export const ATTENTION_BLOCK_KEY_CHOICES = [8, 16, 32, 64] as const;
 export type AttentionBlockKeys = (typeof ATTENTION_BLOCK_KEY_CHOICES)[number];
 
 /** What a split-kernel build is specialized for. */
@@ -216,7 +227,7 @@ fn loadQuant(entry: u32, inPage: u32, n: u32, kvh: u32, lid: u32, to: u32) {
  * scores and accumulates V: the exponentials are recomputed per dim pair rather than shared, which costs ALU work and
  * saves a barrier and a serial pass per tile. The mixed variant never mixes page kinds in one tile.
  * splits = 1: writes the normalized output. splits > 1: writes (max, sum, Σ p·V) per (t, h, s) for the merge pass.
- * headDim <= 128, a multiple of 8 (K/V move as vec4<u32>: 8 halves); rows <= 16; rows * headDim/2 <= 512.
+ * headDim <= 256, a multiple of 8 (K/V move as vec4<u32>: 8 halves); rows <= 16; rows * headDim/2 <= 512.
  * Built per shape: a decode build sizes its registers and shared memory for the GQA group's rows only, which lets
  * more workgroups share an SM. Shared memory: attentionWorkgroupBytes(shape).
  */
@@ -448,28 +459,45 @@ export const ATTENTION_MAX_SPLITS = 256;
  * (the rotated cache's un-rotation, kernels/rotate.wgsl.ts's product, one dispatch a layer fewer):
  * out_j = Σ_i row_i · R[j][i], R = rotation[(firstMatrix + h / headsPerMatrix) · d² ..] row-major, by the rotate
  * kernel's prefetchedRowProductWgsl, whose matrix loads are issued at the start.
+ *
+ * The narrow build serves heads of up to 128 dims (invocation (eighth, e) holds dims e, e + 32, e + 64, e + 96); the
+ * `wide` one up to ATTENTION_MAX_HEAD_DIM (8 dims an invocation, twice the registers and workgroup memory), whose
+ * un-rotation takes rowProductWgsl, loading the matrix after the row (the prefetched registers hold 128 dims' share).
  */
-export function attentionMergeSource(rotateOutput: boolean): string {
+export function attentionMergeSource(rotateOutput: boolean, wide = false): string {
   const range = (n: number) => Array.from({ length: n }, (_, i) => i);
-  const sumOfEighths = (e: string) =>
-    `((eighth[${e}] + eighth[128u + ${e}]) + (eighth[256u + ${e}] + eighth[384u + ${e}])) + ((eighth[512u + ${e}] + eighth[640u + ${e}]) + (eighth[768u + ${e}] + eighth[896u + ${e}]))`;
+  // Dims a build serves, and dims per invocation of an eighth.
+  const maxDim = wide ? ATTENTION_MAX_HEAD_DIM : MERGE_NARROW_HEAD_DIM;
+  const lanes = maxDim / 32;
+  const sumOfEighths = (e: string) => {
+    const at = (g: number) => (g === 0 ? `eighth[${e}]` : `eighth[${g * maxDim}u + ${e}]`);
+    return `((${at(0)} + ${at(1)}) + (${at(2)} + ${at(3)})) + ((${at(4)} + ${at(5)}) + (${at(6)} + ${at(7)}))`;
+  };
   // Each dim's merged value goes to the output, or, to be un-rotated, into `lane` (free by now) as the row.
   const merged = `for (var e = lid; e < params.headDim; e += WG) {
     let merged = (${sumOfEighths('e')}) / total;
     ${rotateOutput ? 'lane[e] = merged;' : 'out[(t * params.heads + h) * params.headDim + e] = merged;'}
   }`;
   const unrotate = prefetchedRowProductWgsl(true);
+  const storeRow = (j: string, value: string) => `out[(t * params.heads + h) * d + ${j}] = ${value};`;
+  const product = wide
+    ? rowProductWgsl({ row: 'lane', matrix: 'rotation', base4: 'matrix4', transpose: 'true', store: storeRow })
+    : unrotate.product('lane', storeRow);
   const store = rotateOutput
     ? `${merged}
   workgroupBarrier();
-  ${unrotate.product('lane', (j, value) => `out[(t * params.heads + h) * d + ${j}] = ${value};`)}`
+  ${product}`
     : merged;
   // The head's matrix is known from the start: its loads go out with the partials' (prefetchedRowProductWgsl).
   const prefetch = rotateOutput
     ? `let d = params.headDim;
-  let matrix4 = (params.firstMatrix + h / params.headsPerMatrix) * d * d / 4u;
+  let matrix4 = (params.firstMatrix + h / params.headsPerMatrix) * d * d / 4u;${
+    wide
+      ? ''
+      : `
   ${ROW_MATRIX_DECLARATION}
   ${unrotate.load('rotation', 'matrix4')}`
+  }`
     : '';
   // A tree reduction of lane[0..WG) into lane[0] by `op`.
   const reduce = (op: (a: string, b: string) => string) => `for (var width = WG / 2u; width > 0u; width /= 2u) {
@@ -482,7 +510,7 @@ const WG: u32 = 256u; // >= ATTENTION_MAX_SPLITS: invocation s holds split s
 const EIGHTHS: u32 = 8u;
 var<workgroup> weight: array<f32, ${ATTENTION_MAX_SPLITS}>;
 var<workgroup> lane: array<f32, WG>;
-var<workgroup> eighth: array<f32, ${8 * ATTENTION_MAX_HEAD_DIM}>; // [eighth][dim]
+var<workgroup> eighth: array<f32, ${8 * maxDim}>; // [eighth][dim]
 ${rotateOutput ? `var<workgroup> partial: array<f32, ${ROW_PRODUCT_PARTIALS}>;` : ''}
 
 @compute @workgroup_size(WG)
@@ -496,16 +524,16 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let splits = (step.length + chunk - 1u) / chunk;
   let rec = params.headDim + 2u;
   let base = (t * params.heads + h) * stepSplits * rec;
-  // Eighth g takes splits g, g + 8, ...; invocation (g, e) dims e, e + 32, e + 64, e + 96.
+  // Eighth g takes splits g, g + 8, ...; invocation (g, e) dims e, e + 32, e + 64, ...
   let g = lid / 32u;
   let e = lid % 32u;
-  var early: array<f32, 64>; // [split u of the eighth's first 16][dim k]
+  var early: array<f32, ${16 * lanes}>; // [split u of the eighth's first 16][dim k]
 ${range(16)
   .map(
     (u) => `  if (g + ${8 * u}u < splits) {
     let at = base + (g + ${8 * u}u) * rec + 2u + e;
-${range(4)
-  .map((k) => `    if (e + ${32 * k}u < params.headDim) { early[${4 * u + k}] = partials[at + ${32 * k}u]; }`)
+${range(lanes)
+  .map((k) => `    if (e + ${32 * k}u < params.headDim) { early[${lanes * u + k}] = partials[at + ${32 * k}u]; }`)
   .join('\n')}
   }`,
   )
@@ -527,21 +555,24 @@ ${range(4)
   workgroupBarrier();
   ${reduce((a, b) => `${a} + ${b}`)}
   let total = lane[0];
-  var acc = vec4<f32>(0.0);
+  ${wide ? `var acc: array<f32, ${lanes}>;` : 'var acc = vec4<f32>(0.0);'}
 ${range(16)
-  .map(
-    (u) =>
-      `  acc += weight[g + ${8 * u}u] * vec4<f32>(early[${4 * u}], early[${4 * u + 1}], early[${4 * u + 2}], early[${4 * u + 3}]);`,
+  .map((u) =>
+    wide
+      ? range(lanes)
+          .map((k) => `  acc[${k}] += weight[g + ${8 * u}u] * early[${lanes * u + k}];`)
+          .join('\n')
+      : `  acc += weight[g + ${8 * u}u] * vec4<f32>(early[${4 * u}], early[${4 * u + 1}], early[${4 * u + 2}], early[${4 * u + 3}]);`,
   )
   .join('\n')}
   for (var s = g + 128u; s < splits; s += EIGHTHS) {
     let at = base + s * rec + 2u + e;
-    for (var k = 0u; k < 4u; k++) {
+    for (var k = 0u; k < ${lanes}u; k++) {
       if (e + 32u * k < params.headDim) { acc[k] += weight[s] * partials[at + 32u * k]; }
     }
   }
-  for (var k = 0u; k < 4u; k++) {
-    if (e + 32u * k < params.headDim) { eighth[g * 128u + e + 32u * k] = acc[k]; }
+  for (var k = 0u; k < ${lanes}u; k++) {
+    if (e + 32u * k < params.headDim) { eighth[g * ${maxDim}u + e + 32u * k] = acc[k]; }
   }
   workgroupBarrier();
   ${store}

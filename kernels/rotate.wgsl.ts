@@ -113,9 +113,10 @@ export const PREFETCHED_ROW_MAX_DIM = 128;
  * PREFETCHED vec4s), so they are in flight with the kernel's other loads, and `product(row, store)` (where
  * rowProductWgsl would be) adds them up against the row and stores as it does, with the same invocation layout and
  * the same sums in the same order.
- * For headDim <= 128: rope-append builds rowProductWgsl past it (PREFETCHED_ROW_MAX_DIM), and the attention merge
- * never sees more (its decode attention refuses larger heads); `transpose` is fixed by the build. The loads wait on one round trip to memory where rowProductWgsl's wait on a second one after the row's
- * (the rotated cache's q/k/v rotation and output un-rotation, each once a layer of a decode step).
+ * For headDim <= 128: rope-append and the attention merge (its wide build) take rowProductWgsl past it
+ * (PREFETCHED_ROW_MAX_DIM); `transpose` is fixed by the build. The loads wait on one round trip to memory where
+ * rowProductWgsl's wait on a second one after the row's (the rotated cache's q/k/v rotation and output un-rotation,
+ * each once a layer of a decode step).
  */
 export function prefetchedRowProductWgsl(transpose: boolean): {
   load: (matrix: string, base4: string) => string;

@@ -125,8 +125,10 @@ describe('PagedKvAttention', () => {
 describe('PagedKvAttention on a shape its attention refuses', () => {
   it('throws and releases what the layer had prepared (its demotion and fused store, before the attention)', () => {
     const { gpu } = ctx;
-    // Heads of 256 dims: the fused store takes them, the attention kernels do not.
+    // Heads of 256 dims on a device reporting 8 KiB of workgroup memory: the fused store takes them, the attention's
+    // tiles do not fit.
     const [heads, kvHeads, headDim] = [4, 2, 256];
+    const small = withLimits(gpu, { maxComputeWorkgroupStorageSize: 8192 });
     const pool = new KvPagePool(gpu, { layers: 1, kvHeads, headDim, budgetBytes: 1 << 22, kv: 'quant' });
     const f32 = (n: number) => gpu.allocator.createStorage('test', 'scratch', n * 4);
     const bufs = {
@@ -137,7 +139,9 @@ describe('PagedKvAttention on a shape its attention refuses', () => {
     };
     const rope = llamaRope(heads, kvHeads, headDim);
     const before = gpu.allocator.snapshot();
-    expect(() => new PagedKvAttention(gpu, pool, { heads }).prepareLayer(0, bufs, 1, rope)).toThrow(/headDim <= 128/);
+    expect(() => new PagedKvAttention(small, pool, { heads }).prepareLayer(0, bufs, 1, rope)).toThrow(
+      /workgroup storage, the device has 8192/,
+    );
     expect(gpu.allocator.snapshot().totalBuffers).toBe(before.totalBuffers);
     for (const b of [...Object.values(bufs), rope.freqFactors, rope.step]) gpu.allocator.release(b);
     pool.destroy();

@@ -146,8 +146,8 @@ function refuseMixtureOfExperts(file: GgufFile, arch: string): void {
 }
 
 /**
- * Heads the attention kernels do not run (kernels/attention.wgsl.ts attentionRunsHeadDim): refused from the header,
- * not by a kernel after every weight is uploaded. Falcon3 (llama files) and Gemma have heads of 256 dims. Called by
+ * Heads the attention kernels do not run (kernels/attention.wgsl.ts attentionRunsHeadDim: up to 256 dims, Falcon3's
+ * and Gemma's, in multiples of 8): refused from the header, not by a kernel after every weight is uploaded. Called by
  * validateTensors once the tensors agree with the metadata, so a file whose head size is damage is called damaged.
  */
 export function refuseUnsupportedHeads(meta: GgufMetadata, c: ModelConfig): void {
@@ -156,7 +156,7 @@ export function refuseUnsupportedHeads(meta: GgufMetadata, c: ModelConfig): void
   const key = `${arch}.attention.key_length`;
   const from = Object.hasOwn(meta, key) ? key : `${arch}.embedding_length ÷ ${arch}.attention.head_count`;
   throw new UnsupportedModelError(
-    `The model's attention heads have ${c.headDim} dims (${from}); longtab's attention kernels run heads of up to ${ATTENTION_MAX_HEAD_DIM} dims, in multiples of 8 (as Llama, Qwen, SmolLM and Mistral have). Models with ${c.headDim}-dim heads are not supported yet.`,
+    `The model's attention heads have ${c.headDim} dims (${from}); longtab's attention kernels run heads of up to ${ATTENTION_MAX_HEAD_DIM} dims, in multiples of 8. Models with ${c.headDim}-dim heads are not supported yet.`,
     { key, headDim: c.headDim, maxHeadDim: ATTENTION_MAX_HEAD_DIM },
   );
 }

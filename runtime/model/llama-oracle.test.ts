@@ -124,7 +124,7 @@ const VARIANT_FIXTURES: ModelFixtureSpec[] = [
 ].map((spec, i) => ({ ...spec, seed: spec.seed + 100 * (i + 1) }));
 
 /**
- * Every architecture and weight type at least once; head_dim 64 and 128; GQA 1:1, 2:1 and 4:1; tied and separate
+ * Every architecture and weight type at least once; head_dim 64, 128 and 256; GQA 1:1, 2:1 and 4:1; tied and separate
  * output; Llama 3 rope_freqs; qwen3 with heads × head_dim ≠ dim; a K-quant model whose ffn_down rows (384) are not a
  * multiple of 256 and fall back to a 32-block type as llama.cpp's K-quant recipes do.
  */
@@ -222,6 +222,25 @@ const FIXTURES: ModelFixtureSpec[] = [
   fixture('qwen3', GgmlType.Q3_K, { ...base, dim: 256, heads: 4, kvHeads: 1, headDim: 64, ffnDim: 512 }),
   fixture('llama', GgmlType.IQ4_NL, { ...base, dim: 128, heads: 2, kvHeads: 1, headDim: 64, ffnDim: 256 }),
   fixture('qwen2', GgmlType.IQ4_XS, { ...base, dim: 256, heads: 4, kvHeads: 2, headDim: 64, ffnDim: 384 }),
+  // Heads of 256 dims (issue 43): Falcon3's llama files (its RoPE base too), and qwen3's q/k norms over such heads.
+  fixture('llama', GgmlType.Q8_0, {
+    ...base,
+    dim: 512,
+    heads: 2,
+    kvHeads: 1,
+    headDim: 256,
+    ffnDim: 512,
+    ropeFreqBase: 1000042,
+  }),
+  fixture('qwen3', GgmlType.F16, {
+    ...base,
+    dim: 256,
+    heads: 2,
+    kvHeads: 1,
+    headDim: 256,
+    ffnDim: 256,
+    tiedOutput: true,
+  }),
   // RoPE scaling and optional biases (issue 43): F32 and tiny, so only the variant is measured. YaRN's original
   // contexts are short, so its ramp between kept and interpolated pairs falls inside the head and within 16 tokens.
   ...VARIANT_FIXTURES,

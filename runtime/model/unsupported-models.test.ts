@@ -1,6 +1,6 @@
 /**
- * Models longtab cannot run are refused from the metadata (issue 43, point 3): heads wider than the attention kernels
- * take (Falcon3-style llama files with 256-dim heads), mixtures of experts (Mixtral in llama files, Qwen3-MoE) and
+ * Models longtab cannot run are refused from the metadata (issue 43, point 3): heads the attention kernels do not take
+ * (wider than 256 dims, or not a multiple of 8), mixtures of experts (Mixtral in llama files, Qwen3-MoE) and
  * hyperparameters that differ per layer fail with an UnsupportedModelError naming why, never as "damaged" and before a
  * byte of tensor data is read, from memory or over HTTP. A per-layer array whose layers all agree loads and answers as
  * the scalar does.
@@ -104,8 +104,8 @@ function mixtureOfExperts(spec: ModelFixtureSpec, arch: string, experts: number)
   };
 }
 
-/** Falcon3-1B's shape in small: a llama file with heads of 256 dims (heads × 256 = dim, so no key_length key). */
-const falcon3Style: ModelFixtureSpec = { ...base, dim: 512, heads: 2, kvHeads: 1, headDim: 256, ffnDim: 512 };
+/** A llama file with heads of 512 dims, twice Falcon3's (heads × 512 = dim, so no key_length key). */
+const wideHeads: ModelFixtureSpec = { ...base, dim: 1024, heads: 2, kvHeads: 1, headDim: 512, ffnDim: 256 };
 
 interface Refusal {
   name: string;
@@ -115,14 +115,14 @@ interface Refusal {
 
 const REFUSALS: Refusal[] = [
   {
-    name: 'a Falcon3-style llama file with 256-dim heads',
-    build: () => fixture(falcon3Style),
-    message: /heads have 256 dims \(llama\.embedding_length ÷ llama\.attention\.head_count\).*up to 128 dims/,
+    name: 'a llama file with 512-dim heads',
+    build: () => fixture(wideHeads),
+    message: /heads have 512 dims \(llama\.embedding_length ÷ llama\.attention\.head_count\).*up to 256 dims/,
   },
   {
-    name: 'a qwen3 file with 256-dim heads (key_length)',
-    build: () => fixture({ ...base, architecture: 'qwen3', dim: 256, headDim: 256, ffnDim: 256 }),
-    message: /heads have 256 dims \(qwen3\.attention\.key_length\).*up to 128 dims/,
+    name: 'a qwen3 file with 512-dim heads (key_length)',
+    build: () => fixture({ ...base, architecture: 'qwen3', dim: 256, headDim: 512, ffnDim: 256 }),
+    message: /heads have 512 dims \(qwen3\.attention\.key_length\).*up to 256 dims/,
   },
   {
     name: 'heads of 20 dims (not a multiple of 8)',
@@ -222,8 +222,8 @@ describe('models longtab cannot run are refused from the metadata, as unsupporte
       server = null;
     });
 
-    it('engine.load(url) of a 256-dim-head model asks for the header ranges only, not its 10 MB of weights', async () => {
-      const { bytes, file } = await fixture({ ...falcon3Style, weightType: GgmlType.F32 });
+    it('engine.load(url) of a 512-dim-head model asks for the header ranges only, not its 10 MB of weights', async () => {
+      const { bytes, file } = await fixture({ ...wideHeads, weightType: GgmlType.F32 });
       server = await startFileServer({ bytes, etag: '"f3"', lastModified: null });
       // The requests of parsing the header alone (after the probe).
       await parseGguf(await sourceFromUrl(server.url));
@@ -236,7 +236,7 @@ describe('models longtab cannot run are refused from the metadata, as unsupporte
         const firstTensor = Math.min(...file.tensors.map((t) => t.offset));
         expect(bytes.byteLength - firstTensor).toBeGreaterThan(10e6);
         expect(error).toBeInstanceOf(UnsupportedModelError);
-        expect((error as Error).message).toMatch(/heads have 256 dims/);
+        expect((error as Error).message).toMatch(/heads have 512 dims/);
         expect(ranges).toEqual(headerRanges);
         expect(headerRanges.length).toBeGreaterThan(0);
       } finally {
