@@ -14,14 +14,12 @@ import { mkdir, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { acquireGpu } from '../core/gpu/device.ts';
-import { nodeGpu, releaseNodeGpu } from '../core/gpu/node.ts';
 import type { ResponseFormat } from '../runtime/engine/api-types.ts';
 import type { KvMode } from '../runtime/engine/model-runner.ts';
 import { ResponseFormatCompiler } from '../runtime/grammar/constraint.ts';
-import { EngineRunner } from './engine-runner.ts';
-import { adapterSlug, runAsEntry, sourceCommit } from './machine.ts';
-import { benchModelNamed, ensureModelFile, promptIds, WEIGHT_MIXES, type WeightMix } from './models.ts';
+import { type BenchLoads, forEachBenchLoad } from './engine-runner.ts';
+import { runAsEntry } from './machine.ts';
+import { promptIds, WEIGHT_MIXES, type WeightMix } from './models.ts';
 import { spread } from './stats.ts';
 
 /**
@@ -82,88 +80,61 @@ export interface ConstrainedRow {
   vsText: number | null;
 }
 
-export async function runConstrainedBench(options: {
-  models: string[];
-  weights: WeightMix[];
-  kv: KvMode[];
-  context: number;
-  decodeSteps: number;
-  repeats: number;
-  modelsDir: string;
-  log: (line: string) => void;
-}) {
-  const dawn = await nodeGpu();
-  const gpu = await acquireGpu({ gpu: dawn, onError: (e) => options.log(`WebGPU error: ${e.message}`) });
+export async function runConstrainedBench(
+  options: BenchLoads & { context: number; decodeSteps: number; repeats: number },
+) {
   const rows: ConstrainedRow[] = [];
-  const engine = new EngineRunner(gpu);
-  try {
-    for (const id of options.models) {
-      const shape = benchModelNamed(id);
-      for (const weights of options.weights) {
-        const file = await ensureModelFile(shape, weights, 1, options.modelsDir, options.log);
-        for (const kv of options.kv) {
-          const loaded = await engine.load(file, kv, options.context, undefined);
-          if (!loaded.available) {
-            options.log(`${id} ${weights} ${kv}: not available: ${loaded.reason}`);
-            continue;
-          }
-          const runner = engine.engine;
-          const compiler = await ResponseFormatCompiler.create(runner.tokenizer.grammarVocabulary(runner.config.vocab));
-          try {
-            const prompt = promptIds(shape.vocab, options.context - options.decodeSteps, 1);
-            const formats = ['text', ...Object.keys(BENCH_FORMATS)] as ConstrainedRow['format'][];
-            const steps = new Map<string, number[]>(formats.map((f) => [f, []]));
-            for (let r = 0; r < options.repeats; r++) {
-              for (const format of formats) {
-                const constraint =
-                  format === 'text'
-                    ? undefined
-                    : async () => {
-                        const c = await compiler.constraint(BENCH_FORMATS[format]);
-                        if (!c) throw new Error(`${format} has no constraint`);
-                        return c;
-                      };
-                const row = await engine.measure({
-                  context: options.context,
-                  decodeSteps: options.decodeSteps,
-                  repeats: 1,
-                  fill: 'prefill',
-                  budgetMs: Number.POSITIVE_INFINITY,
-                  promptIds: prompt,
-                  constraint,
-                });
-                steps.get(format)?.push(...row.stepMs);
-              }
-            }
-            const text = spread(steps.get('text') ?? []).median;
-            for (const format of formats) {
-              const all = steps.get(format) ?? [];
-              const s = spread(all);
-              const row: ConstrainedRow = {
-                model: id,
-                weights,
-                kv,
-                context: options.context,
-                format,
-                steps: all.length,
-                tpotMs: { median: s.median, p10: s.p10, p90: s.p90 },
-                vsText: all.length > 0 ? s.median / text : null,
-              };
-              rows.push(row);
-              options.log(JSON.stringify(row));
-            }
-          } finally {
-            compiler.dispose();
-          }
+  const measured = await forEachBenchLoad(options, options.context, async ({ model: id, weights, kv, engine }) => {
+    const runner = engine.engine;
+    const compiler = await ResponseFormatCompiler.create(runner.tokenizer.grammarVocabulary(runner.config.vocab));
+    try {
+      const prompt = promptIds(runner.config.vocab, options.context - options.decodeSteps, 1);
+      const formats = ['text', ...Object.keys(BENCH_FORMATS)] as ConstrainedRow['format'][];
+      const steps = new Map<string, number[]>(formats.map((f) => [f, []]));
+      for (let r = 0; r < options.repeats; r++) {
+        for (const format of formats) {
+          const constraint =
+            format === 'text'
+              ? undefined
+              : async () => {
+                  const c = await compiler.constraint(BENCH_FORMATS[format]);
+                  if (!c) throw new Error(`${format} has no constraint`);
+                  return c;
+                };
+          const row = await engine.measure({
+            context: options.context,
+            decodeSteps: options.decodeSteps,
+            repeats: 1,
+            fill: 'prefill',
+            budgetMs: Number.POSITIVE_INFINITY,
+            promptIds: prompt,
+            constraint,
+          });
+          steps.get(format)?.push(...row.stepMs);
         }
       }
+      const text = spread(steps.get('text') ?? []).median;
+      for (const format of formats) {
+        const all = steps.get(format) ?? [];
+        const s = spread(all);
+        const row: ConstrainedRow = {
+          model: id,
+          weights,
+          kv,
+          context: options.context,
+          format,
+          steps: all.length,
+          tpotMs: { median: s.median, p10: s.p10, p90: s.p90 },
+          vsText: all.length > 0 ? s.median / text : null,
+        };
+        rows.push(row);
+        options.log(JSON.stringify(row));
+      }
+    } finally {
+      compiler.dispose();
     }
-  } finally {
-    await engine.unload();
-    gpu.destroy();
-    releaseNodeGpu();
-  }
-  return { adapter: { ...gpu.adapter }, slug: adapterSlug(gpu), commit: sourceCommit(), rows };
+  });
+  return { ...measured, rows };
 }
 
 export function renderConstrainedMarkdown(rows: readonly ConstrainedRow[]): string {

@@ -7,7 +7,8 @@
 import { InvalidRequestError } from '../core/errors.ts';
 import type { ByteSource } from '../core/gguf-types.ts';
 import type { MemorySnapshot } from '../core/gpu/allocator.ts';
-import type { GpuContext } from '../core/gpu/device.ts';
+import { acquireGpu, type GpuContext } from '../core/gpu/device.ts';
+import { nodeGpu, releaseNodeGpu } from '../core/gpu/node.ts';
 import type { PrefillAttention } from '../runtime/engine/api-types.ts';
 import { planStats } from '../runtime/engine/kv-stats.ts';
 import { parseLoadOptions } from '../runtime/engine/load-options.ts';
@@ -17,7 +18,8 @@ import type { TokenConstraint } from '../runtime/grammar/constraint.ts';
 import { defaultQuantF16Bytes } from '../runtime/kv/pool.ts';
 import type { RotationCache } from '../runtime/kv/rotation-store.ts';
 import type { PrefillMatmul } from '../runtime/model/transformer.ts';
-import type { BenchModelFile } from './models.ts';
+import { adapterSlug, sourceCommit } from './machine.ts';
+import { type BenchModelFile, benchModelNamed, ensureModelFile, type WeightMix } from './models.ts';
 import { type RowTiming, summarize, type TimedRepeat } from './stats.ts';
 
 export type FillMode = 'prefill' | 'fast';
@@ -332,4 +334,49 @@ export class EngineRunner {
       kvPlan: planOf(m),
     };
   }
+}
+
+/** What a bench script over bench models loads: each model × weight mix × KV mode. */
+export interface BenchLoads {
+  models: string[];
+  weights: WeightMix[];
+  kv: KvMode[];
+  modelsDir: string;
+  log: (line: string) => void;
+}
+
+/**
+ * Runs `measure` on an EngineRunner loaded with each model × weight mix × KV mode of `loads` in turn (the model file
+ * generated once per mix; a mode the model refuses is logged and skipped), on a Dawn device acquired for the run and
+ * released after. Returns the adapter and commit the rows were measured on.
+ */
+export async function forEachBenchLoad(
+  loads: BenchLoads,
+  maxContext: number,
+  measure: (load: { model: string; weights: WeightMix; kv: KvMode; engine: EngineRunner }) => Promise<void>,
+): Promise<{ adapter: GpuContext['adapter']; slug: string; commit: string }> {
+  const dawn = await nodeGpu();
+  const gpu = await acquireGpu({ gpu: dawn, onError: (e) => loads.log(`WebGPU error: ${e.message}`) });
+  const engine = new EngineRunner(gpu);
+  try {
+    for (const model of loads.models) {
+      const shape = benchModelNamed(model);
+      for (const weights of loads.weights) {
+        const file = await ensureModelFile(shape, weights, 1, loads.modelsDir, loads.log);
+        for (const kv of loads.kv) {
+          const loaded = await engine.load(file, kv, maxContext, undefined);
+          if (!loaded.available) {
+            loads.log(`${model} ${weights} ${kv}: not available: ${loaded.reason}`);
+            continue;
+          }
+          await measure({ model, weights, kv, engine });
+        }
+      }
+    }
+  } finally {
+    await engine.unload();
+    gpu.destroy();
+    releaseNodeGpu();
+  }
+  return { adapter: { ...gpu.adapter }, slug: adapterSlug(gpu), commit: sourceCommit() };
 }

@@ -17,16 +17,14 @@ import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { acquireGpu } from '../core/gpu/device.ts';
-import { nodeGpu, releaseNodeGpu } from '../core/gpu/node.ts';
 import { type CachedSequence, ConversationCache } from '../runtime/engine/conversations.ts';
 import { nodeKvFileStore } from '../runtime/engine/kv-file-store-node.ts';
 import type { KvMode, ModelRunner } from '../runtime/engine/model-runner.ts';
 import type { KvSequenceImage } from '../runtime/kv/pool.ts';
 import { GREEDY_SAMPLING } from '../runtime/sampling/params.ts';
-import { EngineRunner } from './engine-runner.ts';
-import { adapterSlug, runAsEntry, sourceCommit } from './machine.ts';
-import { benchModelNamed, ensureModelFile, promptIds, WEIGHT_MIXES, type WeightMix } from './models.ts';
+import { type BenchLoads, forEachBenchLoad } from './engine-runner.ts';
+import { runAsEntry } from './machine.ts';
+import { promptIds, WEIGHT_MIXES, type WeightMix } from './models.ts';
 import { spread } from './stats.ts';
 
 export type ResumePath = 'resident' | 'host' | 'store' | 'prefill';
@@ -179,61 +177,29 @@ async function measureResume(
   });
 }
 
-export async function runResumeBench(options: {
-  models: string[];
-  weights: WeightMix[];
-  kv: KvMode[];
-  context: number;
-  followUp: number;
-  continuation: number;
-  repeats: number;
-  modelsDir: string;
-  log: (line: string) => void;
-}) {
-  const dawn = await nodeGpu();
-  const gpu = await acquireGpu({ gpu: dawn, onError: (e) => options.log(`WebGPU error: ${e.message}`) });
+export async function runResumeBench(
+  options: BenchLoads & { context: number; followUp: number; continuation: number; repeats: number },
+) {
   const rows: ResumeRow[] = [];
-  const engine = new EngineRunner(gpu);
   const storeDir = await mkdtemp(join(tmpdir(), 'longtab-kv-resume-'));
   try {
-    for (const model of options.models) {
-      const shape = benchModelNamed(model);
-      for (const weights of options.weights) {
-        const file = await ensureModelFile(shape, weights, 1, options.modelsDir, options.log);
-        for (const kv of options.kv) {
-          const span = options.context + options.followUp + options.continuation + 64;
-          const loaded = await engine.load(file, kv, span, undefined);
-          if (!loaded.available) {
-            options.log(`${model} ${weights} ${kv}: not available: ${loaded.reason}`);
-            continue;
-          }
-          const measured = await measureResume(
-            engine.engine,
-            {
-              model,
-              weights,
-              kv,
-              context: options.context,
-              followUp: options.followUp,
-              continuation: options.continuation,
-            },
-            options.repeats,
-            storeDir,
-            options.log,
-          );
-          for (const row of measured)
-            options.log(JSON.stringify({ ...row, ttftMs: { ...row.ttftMs, all: undefined } }));
-          rows.push(...measured);
-        }
-      }
-    }
+    const span = options.context + options.followUp + options.continuation + 64;
+    const measured = await forEachBenchLoad(options, span, async ({ model, weights, kv, engine }) => {
+      const turn = { model, weights, kv, context: options.context, followUp: options.followUp };
+      const timed = await measureResume(
+        engine.engine,
+        { ...turn, continuation: options.continuation },
+        options.repeats,
+        storeDir,
+        options.log,
+      );
+      for (const row of timed) options.log(JSON.stringify({ ...row, ttftMs: { ...row.ttftMs, all: undefined } }));
+      rows.push(...timed);
+    });
+    return { ...measured, rows };
   } finally {
-    await engine.unload();
     await rm(storeDir, { recursive: true, force: true });
-    gpu.destroy();
-    releaseNodeGpu();
   }
-  return { adapter: { ...gpu.adapter }, slug: adapterSlug(gpu), commit: sourceCommit(), rows };
 }
 
 export function renderResumeMarkdown(rows: readonly ResumeRow[]): string {
