@@ -12,6 +12,7 @@ import type {
   EngineLoadOptions,
   EngineStats,
   ModelInfo,
+  StoredKvUsage,
 } from '../../workers/index.ts';
 
 export type {
@@ -25,14 +26,15 @@ export type {
   KvMode,
   LoadProgress,
   ModelInfo,
+  StoredKvUsage,
 } from '../../workers/index.ts';
 
 export type ChatRequest = ChatCompletionRequest & { stream: true };
 /** Raw text continued by the model (the page's text mode). */
 export type TextRequest = CompletionRequest & { stream: true };
 
-/** The load options the page sets (its KV settings); the rest keep their defaults. */
-export type ChatLoadOptions = Pick<EngineLoadOptions, 'kv' | 'kvBudgetBytes' | 'onProgress'>;
+/** The load options the page sets (its KV settings; persist where the engine has a KV store); the rest keep defaults. */
+export type ChatLoadOptions = Pick<EngineLoadOptions, 'kv' | 'kvBudgetBytes' | 'persist' | 'onProgress'>;
 
 /** What the chat page needs from an engine. */
 export interface ChatEngine {
@@ -42,6 +44,8 @@ export interface ChatEngine {
   stats(): Promise<EngineStats>;
   subscribeStats(listener: (stats: EngineStats) => void): Promise<() => void>;
   deleteConversation(conversationId: string): Promise<void>;
+  storedKv(): Promise<StoredKvUsage | null>;
+  clearStoredKv(): Promise<void>;
   abort(): Promise<void>;
   unload(): Promise<void>;
 }

@@ -1,6 +1,9 @@
 /**
  * The engine's life in the page: start it once, load the selected model (again when the model or the KV settings
  * change, or after the device was lost), follow its live stats. Conversations never live here: they are in IndexedDB.
+ * Their KV persists in the engine's KV store (OPFS) where the engine has one, so a conversation resumes after a
+ * reload without reading its history again; the page reaches that store through the engine while one runs, else
+ * directly (workers/stored-kv.ts).
  *
  * The latest request wins. The engine cannot stop a load half way, so a load that a newer request supersedes runs to
  * its end unseen (it never shows as ready, and its progress and errors are not shown), then the newer load, queued
@@ -8,8 +11,9 @@
  * Requests superseded before their turn came are skipped.
  */
 import { useCallback, useEffect, useRef, useState } from 'react';
+import { clearStoredKvInOrigin, removeStoredConversationKv, storedKvInOrigin } from '../../workers/stored-kv.ts';
 import { type EngineHandle, errorCode, errorMessage, startEngine } from './engine-client.ts';
-import type { ChatEngine, EngineStats, KvMode, LoadProgress, ModelInfo } from './types.ts';
+import type { ChatEngine, EngineStats, KvMode, LoadProgress, ModelInfo, StoredKvUsage } from './types.ts';
 
 export type EngineStatus = 'idle' | 'loading' | 'ready' | 'error';
 
@@ -108,11 +112,15 @@ export function useEngine() {
       try {
         const { engine } = await handle();
         const source = await request.open();
+        // Every conversation persists where the engine has a KV store (storedKv() is null without one, and a load
+        // that asked for persist there would be refused).
+        const persist = (await engine.storedKv().catch(() => null)) !== null;
         const model = await engine.load(source, {
           // The page's int2 is the engine's default (kv omitted): int2 where the model allows it, else f16, rather than
           // a failed load; the chip and the stats show the mode the model got.
           kv: request.kv === 'f16' ? 'f16' : undefined,
           kvBudgetBytes: request.kvBudgetBytes,
+          persist,
           onProgress: (progress) => {
             if (wanted()) setState((s) => ({ ...s, progress }));
           },
@@ -234,11 +242,39 @@ export function useEngine() {
     [discard],
   );
 
-  /** Frees a deleted conversation's KV cache, if an engine is running (never starts one for that). */
-  const forget = useCallback(async (conversationId: string) => {
+  /** The running engine, or null (never starts one). */
+  const running = useCallback(async (): Promise<ChatEngine | null> => {
     const current = await handleRef.current?.catch(() => null);
-    await current?.engine.deleteConversation(conversationId).catch(() => {});
+    return current?.engine ?? null;
   }, []);
+
+  /**
+   * Frees a deleted conversation's KV: its cache and stored copy through the engine when one runs (it may be writing
+   * that copy), else the stored copy straight from OPFS (never starts an engine for that).
+   */
+  const forget = useCallback(
+    async (conversationId: string) => {
+      const engine = await running();
+      const done = await engine?.deleteConversation(conversationId).then(
+        () => true,
+        () => false,
+      );
+      if (!done) await removeStoredConversationKv(conversationId).catch(() => {});
+    },
+    [running],
+  );
+
+  /** What the KV store holds, of every model (null: this browser has none). */
+  const storedKv = useCallback(async (): Promise<StoredKvUsage | null> => {
+    const engine = await running();
+    return engine ? engine.storedKv() : storedKvInOrigin();
+  }, [running]);
+
+  /** Removes every conversation's stored KV (their next turn reads the history again). */
+  const clearStoredKv = useCallback(async (): Promise<void> => {
+    const engine = await running();
+    await (engine ? engine.clearStoredKv() : clearStoredKvInOrigin());
+  }, [running]);
 
   useEffect(
     () => () => {
@@ -252,5 +288,18 @@ export function useEngine() {
   /** Ends what a failed load's key holds back (the page asks for another model, or none, meanwhile). */
   const forgetFailure = useCallback(() => setState((s) => (s.failedKey === null ? s : { ...s, failedKey: null })), []);
 
-  return { state, load, ensure, engine, reportError, discard, forget, destroyDevice, lastLoadError, forgetFailure };
+  return {
+    state,
+    load,
+    ensure,
+    engine,
+    reportError,
+    discard,
+    forget,
+    storedKv,
+    clearStoredKv,
+    destroyDevice,
+    lastLoadError,
+    forgetFailure,
+  };
 }
