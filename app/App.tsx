@@ -1,7 +1,8 @@
 /**
  * The chat page: conversations (IndexedDB), the engine (a worker, through engine/engine-client.ts), models (OPFS),
  * live stats. Every change to a conversation is saved as it happens, so a reload, a crash or a lost GPU device
- * never loses one.
+ * never loses one; its KV is kept too (the engine's KV store, OPFS), so after a reload it answers without reading its
+ * history again.
  */
 import { useCallback, useEffect, useMemo, useRef, useState } from 'react';
 import { softwareAdapterNote } from './components/adapter-note.ts';
@@ -106,7 +107,26 @@ function ChatApp() {
   // On a phone the stats start folded away (the Stats button opens them below the chat).
   const [statsOpen, setStatsOpen] = useState(() => window.matchMedia('(min-width: 901px)').matches);
   const [chatError, setChatError] = useState<string | null>(null);
-  const { state: engineState, ensure, reportError, forget, destroyDevice, lastLoadError, forgetFailure } = useEngine();
+  const {
+    state: engineState,
+    ensure,
+    reportError,
+    forget,
+    storedKv,
+    clearStoredKv,
+    destroyDevice,
+    lastLoadError,
+    forgetFailure,
+  } = useEngine();
+  /**
+   * Why a conversation's KV was not kept or not used (the engine's note): a stored copy refused, the storage full.
+   * Shown until dismissed or replaced; the chat goes on meanwhile.
+   */
+  const [kvNote, setKvNote] = useState<string | null>(null);
+  /** The last reply's kv_note: the same note in stats() is not news. */
+  const replyKvNoteRef = useRef<string | null>(null);
+  const lastStatsKvNoteRef = useRef<string | null>(null);
+  const storedKvActions = useMemo(() => ({ usage: storedKv, clear: clearStoredKv }), [storedKv, clearStoredKv]);
   // After a lost device the page waits for the person (Reload model, or a new message) instead of reloading by itself.
   const deviceLost = engineState.error?.code === 'device-lost';
   const models = useModels(settings?.hubBaseUrl ?? DEFAULT_SETTINGS.hubBaseUrl);
@@ -198,6 +218,16 @@ function ChatApp() {
     };
   }, [destroyDevice]);
 
+  // The KV store's last problem (a save that failed on a full quota, a refused copy) is shown when it changes.
+  const statsKvNote = engineState.stats?.stored?.note ?? null;
+  useEffect(() => {
+    const previous = lastStatsKvNoteRef.current;
+    lastStatsKvNoteRef.current = statsKvNote;
+    if (statsKvNote !== null && statsKvNote !== previous && statsKvNote !== replyKvNoteRef.current) {
+      setKvNote(statsKvNote);
+    }
+  }, [statsKvNote]);
+
   // A model that becomes ready ends the chat's error banner: it was about the request that could not run then.
   useEffect(() => {
     if (engineState.status === 'ready' && engineState.loadedKey !== null) setChatError(null);
@@ -239,7 +269,8 @@ function ChatApp() {
       let sampleAt = performance.now();
       let sampleTokens = 0;
       const series: Perf['series'] = [];
-      setPerf((p) => ({ ...p, live: true, tokens: 0, series: [], ttftMs: null, tpotMs: null }));
+      replyKvNoteRef.current = null;
+      setPerf((p) => ({ ...p, live: true, tokens: 0, series: [], ttftMs: null, tpotMs: null, prompt: null }));
       try {
         const engine = await ensure(loadRequest);
         // The note stays with the reply: it says what failed, not where to look (that message goes on recovery).
@@ -298,10 +329,22 @@ function ChatApp() {
             tpotMs: live?.tpot_ms ?? (firstAt !== null && tokens > 1 ? (now - firstAt) / (tokens - 1) : p.tpotMs),
             prefillTps: live?.prefill_tokens_per_second ?? p.prefillTps,
           }));
-          if (chunk.usage) {
+          const usage = chunk.usage;
+          if (usage) {
+            const prompt = {
+              tokens: usage.prompt_tokens,
+              cached: usage.prompt_tokens_details.cached_tokens,
+              from: usage.longtab.kv_from,
+            };
+            setPerf((p) => ({ ...p, prompt }));
+            // The conversation's stored KV was refused (damaged, another model): its history was read again.
+            if (usage.longtab.kv_note) {
+              replyKvNoteRef.current = usage.longtab.kv_note;
+              setKvNote(usage.longtab.kv_note);
+            }
             setReply({
               stats: {
-                completionTokens: chunk.usage.completion_tokens,
+                completionTokens: usage.completion_tokens,
                 decodeTokensPerSecond: live?.decode_tokens_per_second ?? 0,
                 ttftMs: ttftMs ?? 0,
               },
@@ -463,10 +506,12 @@ function ChatApp() {
     const ids = conversationsRef.current.map((c) => c.id);
     await deleteAllConversations();
     await Promise.all(ids.map((id) => forget(id)));
+    // Stored KV of conversations no longer listed (deleted by another tab, a failed removal) goes too.
+    await clearStoredKv().catch(() => {});
     setConversations([]);
     setPanel(null);
     await newChat();
-  }, [forget, newChat]);
+  }, [forget, clearStoredKv, newChat]);
 
   if (!settings) return <div className="splash">Opening your conversations…</div>;
 
@@ -644,6 +689,14 @@ function ChatApp() {
             onChatModel={() => void getChatModel()}
           />
         )}
+        {kvNote && (
+          <div className="notice" role="status" data-testid="kv-note">
+            <span>{kvNote}</span>
+            <button type="button" onClick={() => setKvNote(null)} data-testid="kv-note-dismiss">
+              Dismiss
+            </button>
+          </div>
+        )}
         <ChatView
           conversation={active}
           busy={busy}
@@ -668,6 +721,7 @@ function ChatApp() {
           api={models}
           selectedId={settings.modelId}
           fit={fitContext}
+          storedKv={storedKvActions}
           onSelect={(modelId) => {
             updateSettings({ modelId });
             setPanel(null);

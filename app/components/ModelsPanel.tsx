@@ -1,6 +1,11 @@
-/** Model management: presets from the hub, the demo model, any URL, a local file; stored models; storage quota. */
+/**
+ * Model management: presets from the hub, the demo model, any URL, a local file; stored models; storage quota; the
+ * conversations' stored KV and a way to clear it.
+ */
 
-import { useState } from 'react';
+import { useCallback, useEffect, useState } from 'react';
+import { errorMessage } from '../engine/engine-client.ts';
+import type { StoredKvUsage } from '../engine/types.ts';
 import { fitLabel, type GpuEvidence, modelFit } from '../models/model-fit.ts';
 import { DEMO_MODEL_ID, DEMO_MODEL_NAME, MODEL_PRESETS } from '../models/presets.ts';
 import { formatBytes, formatDuration, type StoredModel } from '../storage/models.ts';
@@ -119,16 +124,79 @@ function StoredRow({
   );
 }
 
+/** The conversations' stored KV: what it takes (every model's) and removing it (through the engine when one runs). */
+export interface StoredKvActions {
+  usage(): Promise<StoredKvUsage | null>;
+  clear(): Promise<void>;
+}
+
+function StoredKvSection({ actions }: { actions: StoredKvActions }) {
+  const [usage, setUsage] = useState<StoredKvUsage | null | 'reading'>('reading');
+  const [error, setError] = useState<string | null>(null);
+  const [clearing, setClearing] = useState(false);
+  const read = useCallback(async () => {
+    try {
+      setUsage(await actions.usage());
+    } catch (e) {
+      setError(`The stored KV could not be read: ${errorMessage(e)}`);
+    }
+  }, [actions]);
+  useEffect(() => {
+    void read();
+  }, [read]);
+  const clear = async () => {
+    setClearing(true);
+    setError(null);
+    try {
+      await actions.clear();
+    } catch (e) {
+      setError(`The stored KV could not be cleared: ${errorMessage(e)}`);
+    }
+    await read();
+    setClearing(false);
+  };
+  return (
+    <section data-testid="stored-kv">
+      <h3>Conversations' KV</h3>
+      <p className="muted small" data-testid="stored-kv-usage">
+        {usage === 'reading'
+          ? 'Reading…'
+          : usage === null
+            ? 'This browser gives the page no private file system, so each conversation reads its history again after a reload.'
+            : `${usage.records} conversation${usage.records === 1 ? '' : 's'}, ${formatBytes(usage.bytes)}, kept in ${usage.where} so that they resume after a reload without reading their history again.`}
+      </p>
+      {usage !== null && (
+        <button
+          type="button"
+          className="danger"
+          onClick={() => void clear()}
+          disabled={clearing || usage === 'reading' || usage.records === 0}
+          data-testid="clear-stored-kv"
+        >
+          Clear stored KV
+        </button>
+      )}
+      {error && (
+        <div className="alert" role="alert" data-testid="stored-kv-error">
+          {error}
+        </div>
+      )}
+    </section>
+  );
+}
+
 export function ModelsPanel({
   api,
   selectedId,
   fit,
+  storedKv,
   onSelect,
   onClose,
 }: {
   api: ModelsApi;
   selectedId: string | null;
   fit: FitContext;
+  storedKv: StoredKvActions;
   onSelect: (id: string) => void;
   onClose: () => void;
 }) {
@@ -185,6 +253,7 @@ export function ModelsPanel({
           </ul>
         )}
       </section>
+      <StoredKvSection actions={storedKv} />
       <section>
         <h3>Open a file</h3>
         <label className="file-button">

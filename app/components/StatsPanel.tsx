@@ -1,8 +1,11 @@
-/** Live numbers: speed (with a tok/s chart), context, and GPU memory by category as the allocator counts it. */
+/**
+ * Live numbers: speed (with a tok/s chart), context, GPU memory by category as the allocator counts it, and the KV
+ * kept outside the GPU (host memory, the KV store).
+ */
 import type { EngineStats, ModelInfo } from '../engine/types.ts';
 import { formatBytes } from '../storage/models.ts';
 import { adapterLabel, softwareAdapterName } from './adapter-note.ts';
-import { kvHoldsText, kvHostText, kvPlanText } from './kv-summary.ts';
+import { kvHoldsText, kvHostText, kvPlanText, kvReuseText, kvStoredText, type PromptReuse } from './kv-summary.ts';
 
 export interface PerfSample {
   t: number;
@@ -17,6 +20,8 @@ export interface Perf {
   tokens: number;
   live: boolean;
   series: PerfSample[];
+  /** The last reply's prompt: its tokens and those the KV cache had (null until a reply's usage comes). */
+  prompt: PromptReuse | null;
 }
 
 export const EMPTY_PERF: Perf = {
@@ -27,6 +32,7 @@ export const EMPTY_PERF: Perf = {
   tokens: 0,
   live: false,
   series: [],
+  prompt: null,
 };
 
 function num(value: number | null, digits = 1, unit = ''): string {
@@ -109,6 +115,7 @@ export function StatsPanel({ stats, perf, model }: { stats: EngineStats | null; 
   const bits = kvBitsHeld(stats);
   const holds = kvHoldsText(stats);
   const plan = kvPlanText(stats);
+  const reuse = kvReuseText(perf.prompt);
   const maxBytes = memory ? Math.max(memory.weights, memory.kvReserved, memory.scratch, 1) : 1;
   const used = context?.used ?? 0;
   const capacity = context?.capacity ?? model?.contextCapacity ?? 0;
@@ -146,6 +153,11 @@ export function StatsPanel({ stats, perf, model }: { stats: EngineStats | null; 
             {plan}
           </p>
         )}
+        {reuse && (
+          <p className="hint" data-testid="stat-kv-reuse">
+            {reuse}
+          </p>
+        )}
       </section>
       <section>
         <h3>
@@ -170,6 +182,10 @@ export function StatsPanel({ stats, perf, model }: { stats: EngineStats | null; 
           <dd>{memory ? formatBytes(memory.kvF16Equivalent) : '—'}</dd>
           <dt>KV in host memory</dt>
           <dd data-testid="stat-kv-host">{kvHostText(stats) ?? 'off'}</dd>
+          <dt title="This model's conversations whose KV is kept on this device (OPFS) to resume after a reload">
+            KV stored on this device
+          </dt>
+          <dd data-testid="stat-kv-stored">{kvStoredText(stats) ?? 'off'}</dd>
           <dt>peak</dt>
           <dd>{memory ? formatBytes(memory.peak) : '—'}</dd>
           <dt>GPU</dt>

@@ -2,7 +2,7 @@
 import { describe, expect, it } from 'vitest';
 import type { EngineStats } from '../engine/types.ts';
 import { formatBytes } from '../storage/models.ts';
-import { formatTokens, kvHoldsText, kvHostText, kvPlanText } from './kv-summary.ts';
+import { formatTokens, kvHoldsText, kvHostText, kvPlanText, kvReuseText, kvStoredText } from './kv-summary.ts';
 
 /** The fields the sentences read; the rest of EngineStats does not matter to them. */
 function stats(kv: Partial<EngineStats['kv']>, contextLength = 1 << 20): EngineStats {
@@ -80,5 +80,33 @@ describe('the stats panel host memory line', () => {
     expect(kvHostText(withHost({ ...host, conversations: 0, bytes: 0 }))).toBe(`none of ${formatBytes(64 * 2 ** 20)}`);
     expect(kvHostText(withHost({ ...host, conversations: 0, bytes: 0, budgetBytes: 0 }))).toBeNull();
     expect(kvHostText(null)).toBeNull();
+  });
+});
+
+describe('the stats panel KV store line', () => {
+  const withStored = (stored: EngineStats['stored'] | undefined) => ({ stored }) as EngineStats;
+  it("says how many of this model's conversations have their KV in the store and its bytes; off without a store", () => {
+    const stored = { conversations: 2, bytes: 1982464, saves: 3, restores: 1, refused: 0, note: null };
+    expect(kvStoredText(withStored(stored))).toBe(`2 conversations, ${formatBytes(1982464)}`);
+    expect(kvStoredText(withStored({ ...stored, conversations: 1 }))).toBe(`1 conversation, ${formatBytes(1982464)}`);
+    expect(kvStoredText(withStored({ ...stored, conversations: 0, bytes: 0 }))).toBe('none');
+    expect(kvStoredText(withStored(null))).toBeNull();
+    expect(kvStoredText(null)).toBeNull();
+  });
+});
+
+describe('the stats panel last prompt line', () => {
+  it('counts the prompt and its cached tokens, and names host memory or storage when they came from there', () => {
+    expect(kvReuseText({ tokens: 1374, cached: 1353, from: 'storage' })).toBe(
+      'Last prompt: 1374 tokens, 1353 from the KV cache (read back from storage)',
+    );
+    expect(kvReuseText({ tokens: 1374, cached: 1353, from: 'host' })).toBe(
+      'Last prompt: 1374 tokens, 1353 from the KV cache (copied back from host memory)',
+    );
+    expect(kvReuseText({ tokens: 40, cached: 31, from: 'gpu' })).toBe('Last prompt: 40 tokens, 31 from the KV cache');
+    // A shared system prompt is cached though the conversation itself had nothing: no place is named.
+    expect(kvReuseText({ tokens: 40, cached: 12, from: 'none' })).toBe('Last prompt: 40 tokens, 12 from the KV cache');
+    expect(kvReuseText({ tokens: 1, cached: 0, from: 'none' })).toBe('Last prompt: 1 token, none from the KV cache');
+    expect(kvReuseText(null)).toBeNull();
   });
 });

@@ -1,8 +1,8 @@
 /**
- * The stats panel's KV sentences: what the budget holds in each mode, the precision plan of the 2-bit pages, and what
- * waits in host memory.
+ * The stats panel's KV sentences: what the budget holds in each mode, the precision plan of the 2-bit pages, what
+ * waits in host memory and in the KV store, and where the last prompt's cached tokens came from.
  */
-import type { EngineStats } from '../engine/types.ts';
+import type { EngineStats, GenerationStats } from '../engine/types.ts';
 import { formatBytes } from '../storage/models.ts';
 
 /** 512, 1.5K, 230K: token counts in units of 1024, as context lengths are named. */
@@ -54,4 +54,38 @@ export function kvHostText(stats: EngineStats | null): string | null {
   if (host.conversations === 0) return `none ${budget}`;
   const count = `${host.conversations} conversation${host.conversations === 1 ? '' : 's'}`;
   return `${count}, ${formatBytes(host.bytes)} ${budget}`;
+}
+
+/**
+ * "2 conversations, 3.1 MB": this model's conversations with a copy in the engine's KV store (stats().stored: OPFS
+ * in the browser), which resume from it after a reload; "none" when none has one, null when the engine has no store.
+ */
+export function kvStoredText(stats: EngineStats | null): string | null {
+  const stored = stats?.stored;
+  if (!stored) return null;
+  if (stored.conversations === 0) return 'none';
+  const count = `${stored.conversations} conversation${stored.conversations === 1 ? '' : 's'}`;
+  return `${count}, ${formatBytes(stored.bytes)}`;
+}
+
+/** A reply's prompt as its usage counted it: tokens, those reused from the KV cache, and where they were found. */
+export interface PromptReuse {
+  tokens: number;
+  cached: number;
+  from: GenerationStats['kv_from'];
+}
+
+const REUSED_FROM: Record<GenerationStats['kv_from'], string> = {
+  gpu: '',
+  host: ' (copied back from host memory)',
+  storage: ' (read back from storage)',
+  none: '',
+};
+
+/** "Last prompt: 1374 tokens, 1353 from the KV cache (read back from storage)"; null before the first reply. */
+export function kvReuseText(prompt: PromptReuse | null): string | null {
+  if (!prompt) return null;
+  const head = `Last prompt: ${prompt.tokens} token${prompt.tokens === 1 ? '' : 's'}`;
+  if (prompt.cached === 0) return `${head}, none from the KV cache`;
+  return `${head}, ${prompt.cached} from the KV cache${REUSED_FROM[prompt.from]}`;
 }
