@@ -325,7 +325,11 @@ export class KvPagePool {
    * The bytes of some of `seq`'s pages (indexes into `seq.pages`, in the order given), as `saveSequence` copies them:
    * for a copy kept elsewhere that only adds the pages changed since it was made.
    */
-  async readSequencePages(seq: KvSequence, pages: readonly number[], stagingBytes?: number): Promise<Uint8Array<ArrayBuffer>> {
+  async readSequencePages(
+    seq: KvSequence,
+    pages: readonly number[],
+    stagingBytes?: number,
+  ): Promise<Uint8Array<ArrayBuffer>> {
     this.ledger.book.assertAlive(seq);
     const count = Math.ceil(seq.length / this.pageTokens);
     for (const page of pages) {
