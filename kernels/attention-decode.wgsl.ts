@@ -292,11 +292,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let kvh = wg.y;
   if (step.tokens == 0u) { return; }
   let chunk = splitChunk(step.length, params.splits, params.minChunk);
-  let splitStart = s * chunk;
-  if (splitStart >= step.length && s > 0u) { return; }
-  // A sliding-window layer's keys before the window are left out (a split they fill writes an empty record).
-  let start = max(splitStart, windowStart(step.position));
-  let end = min(splitStart + chunk, step.position + 1u);
+  let start = s * chunk;
+  if (start >= step.length && s > 0u) { return; }
+  let end = min(start + chunk, step.position + 1u);
   let headBase = kvh * params.pageTokens * PAIRS;
   // The key loops run to constant bounds times one: ${shape.unrolled ? 'the constant 1 (unrolled)' : 'params.headDim / HD = 1, unknown to the compiler (kept as loops)'}.
   let one = ${shape.unrolled ? '1u' : 'params.headDim / HD'};

@@ -87,7 +87,6 @@ ${splitTileWgsl(`${INT8_ATTENTION_ROWS}u`)}
   let half = lane % 2u;
   let rowT = (firstRow + r) / group;
   let limit = select(0u, step.position + rowT + 1u, rowT < step.tokens); // keys visible to row r (causal)
-  let first = windowStart(step.position + rowT); // ... from its sliding window's first
   // Row r of q as int8 codes in registers (no workgroup storage: headDim 128 fits 32 KiB): this half's words, and
   // the pair's by shuffle.
   var qr = array<u32, ${HW}>();

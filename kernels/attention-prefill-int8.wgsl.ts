@@ -405,11 +405,10 @@ ${stage('v')}
     workgroupBarrier();
     if (block + BK < end) { f = fetchTile(block + BK, min(BK, end - block - BK), kvh, r, half); }`;
   // Row r's keys of the tile it may see: those before `visible` (causal, and the tile's n) and from `skip` (a split's
-  // first tile may start before the split, and a sliding-window row's before its window's `first`).
+  // first tile may start before the split).
   const tileMask = (indent: string) =>
     `${indent}let visible = select(0u, min(n, limit - block), limit > block); // keys 0..visible-1: row r sees them
-${indent}let lower = max(start, first);
-${indent}let skip = select(0u, lower - block, lower > block); // keys 0..skip-1: the split's before, or the window's`;
+${indent}let skip = select(0u, start - block, start > block); // keys 0..skip-1 of a first tile: the split's before`;
   return {
     fetchWgsl,
     codeScaleWgsl,
@@ -641,7 +640,6 @@ ${splitTileWgsl('ROWS')}
   let half = lane % 2u;
   let rowT = (firstRow + r) / group;
   let limit = select(0u, step.position + rowT + 1u, rowT < step.tokens); // keys visible to row r (causal)
-  let first = windowStart(step.position + rowT); // ... from its sliding window's first
 ${stageQuery(compact ? 'kcodes' : 'sums', 'KS')}
   workgroupBarrier();
   // The subgroup's q rows, 32 dims per matrix, for every tile.

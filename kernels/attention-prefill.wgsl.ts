@@ -206,13 +206,11 @@ ${splitTileWgsl('ROWS')}
   let tr = lid / ${TC}u;
   let tc = lid % ${TC}u;
   let r0 = tr * ${RT}u; // first own row of the tile
-  // Keys from first_r and before limit_r are visible to own row r (its window, causal); a row past the step's tokens
-  // sees none.
+  // Keys before limit_r are visible to own row r (causal); a row past the step's tokens sees none.
 ${each(
   RT,
   (r) => `  let t${r} = (firstRow + r0 + ${r}u) / group;
   let limit${r} = select(0u, step.position + t${r} + 1u, t${r} < step.tokens);
-  let first${r} = windowStart(step.position + t${r});
   var m${r} = NONE;
   var l${r} = 0.0;`,
 )}
@@ -237,11 +235,7 @@ ${rowsKeys((r, k) => `      s${r}_${k} += dot(q${r}, k${k});`)}
 ${each(
   RT,
   (r) => `    {
-${each(
-  KT,
-  (k) =>
-    `      if (tc + ${TC * k}u >= n || block + tc + ${TC * k}u >= limit${r} || block + tc + ${TC * k}u < first${r}) { s${r}_${k} = NONE; }`,
-)}
+${each(KT, (k) => `      if (tc + ${TC * k}u >= n || block + tc + ${TC * k}u >= limit${r}) { s${r}_${k} = NONE; }`)}
       red[(r0 + ${r}u) * RD + tc] = ${range(KT).reduce((acc, k) => (acc ? `max(${acc}, s${r}_${k})` : `s${r}_${k}`), '')};
     }`,
 )}

@@ -17,7 +17,6 @@ import {
   attentionRunsHeadDim,
   attentionWorkgroupBytes,
   MERGE_NARROW_HEAD_DIM,
-  NO_WINDOW,
 } from './attention.wgsl.ts';
 import {
   type AttentionDecodeShape,
@@ -60,11 +59,6 @@ export interface AttentionBinding {
   maxTokens: number;
   /** Usually 1/sqrt(headDim). */
   scale: number;
-  /**
-   * A sliding-window layer's window: the query at position p sees the keys p − window + 1 .. p (its own included, as
-   * llama.cpp's LLAMA_SWA_TYPE_STANDARD). Absent: keys 0..p.
-   */
-  window?: number;
   /**
    * Chunks the keys are cut into (one workgroup each, merged after). Default: 32 when maxTokens = 1 (decode: a long
    * context uses many workgroups), 1 otherwise (prefill: the query tokens give the parallelism, no merge pass).
@@ -476,8 +470,7 @@ export function poolKeysInt8Bytes(
 
 /**
  * Prepares causal attention of the step's queries over the paged KV of `layer` (positions 0..p for the query at
- * position p, or the last `window` of them, including the keys this step appended: record the kv-append dispatch
- * first). Returns the split pass
+ * position p, including the keys this step appended: record the kv-append dispatch first). Returns the split pass
  * (the whole attention when splits = 1), then the merge pass when splits > 1; the converted int8 build has the
  * conversion of the step's keys before them (prepareKeysInt8). Encode them in order.
  */
@@ -486,9 +479,6 @@ export function prepareAttention(gpu: GpuContext, label: string, b: AttentionBin
   const { kvHeads, headDim } = pool;
   const splits = b.splits ?? (maxTokens === 1 ? 32 : 1);
   const splitRows = b.splitRows ?? 0;
-  if (b.window !== undefined && !(Number.isInteger(b.window) && b.window >= 1 && b.window < NO_WINDOW)) {
-    throw new InvalidRequestError(`attention: a window of ${b.window} keys; it must be a whole number from 1`);
-  }
   if (heads % kvHeads !== 0 || !attentionRunsHeadDim(headDim) || splits < 1 || splits > ATTENTION_MAX_SPLITS) {
     throw new InvalidRequestError(
       `attention: needs heads (${heads}) a multiple of kvHeads (${kvHeads}), a headDim <= ${ATTENTION_MAX_HEAD_DIM} and a multiple of 8 (${headDim}) and 1 <= splits <= ${ATTENTION_MAX_SPLITS}`,
@@ -647,7 +637,6 @@ function attentionParams(
     b.minChunkKeys ?? 1,
     fields.int8Keys,
     b.splitRows ?? 0,
-    b.window ?? NO_WINDOW,
   ];
   const quant = pool.quant ?? null;
   if (quant) {

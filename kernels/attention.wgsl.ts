@@ -87,9 +87,8 @@ fn currentStepSplits() -> u32 {
 /**
  * The opening of a split/prefill workgroup (split s = wg.x, kv head kvh = wg.y, row tile wg.z of `rows` rows): returns
  * when the tile has no query token or the split no key, else leaves `group`, `firstRow`, `lastT` (the tile's last
- * query token) and the split's keys [start, end), cut at the tile's causal end and, in a sliding-window layer, begun
- * no earlier than the window of the tile's first query (windowStart: keys before it are no row's). Every kernel cuts
- * the keys into the same splits, which the merge pass relies on; a split the window empties still writes its record.
+ * query token) and the split's keys [start, end), cut at the tile's causal end. Both kernels walk the same keys per
+ * split, which the merge pass relies on.
  */
 export function splitTileWgsl(rows: string): string {
   return `  let s = wg.x;
@@ -101,24 +100,11 @@ export function splitTileWgsl(rows: string): string {
   // The step's splits (its partial records per row): the grid's params.splits, or fewer for a step of many rows.
   let stepSplits = currentStepSplits();
   let chunk = splitChunk(step.length, stepSplits, params.minChunk);
-  let splitStart = s * chunk;
+  let start = s * chunk;
   // Splits past the keys (or the step's splits) have nothing to do: the merge pass reads only ceil(length / chunk).
-  if (splitStart >= step.length && s > 0u) { return; }
-  let start = max(splitStart, windowStart(step.position + firstRow / group));
-  let end = min(splitStart + chunk, step.position + lastT + 1u);`;
+  if (start >= step.length && s > 0u) { return; }
+  let end = min(start + chunk, step.position + lastT + 1u);`;
 }
-
-/**
- * The first key the query at `position` sees: in a sliding-window layer (params.window keys, its own included,
- * llama.cpp's LLAMA_SWA_TYPE_STANDARD) position + 1 − window, else 0 (params.window = NO_WINDOW).
- */
-const WINDOW_START_WGSL = `
-fn windowStart(position: u32) -> u32 {
-  return select(0u, position + 1u - params.window, position + 1u > params.window);
-}`;
-
-/** params.window of a layer that sees the whole sequence: no position + 1 exceeds it. */
-export const NO_WINDOW = 0xffffffff;
 
 /** Extra Params fields of the mixed (f16 + quant pages) variant. */
 const QUANT_PARAMS = `
@@ -136,8 +122,8 @@ export function attentionParamsWgsl(quant: boolean): string {
   kOffset: u32, vOffset: u32, pageWords: u32, pageTokens: u32,
   heads: u32, kvHeads: u32, headDim: u32, splits: u32,
   scale: f32, rows: u32, minChunk: u32, int8Keys: u32,
-  splitRows: u32, window: u32,${quant ? QUANT_PARAMS : ''}
-}${quant ? QUANT_ROW_WGSL : ''}${WINDOW_START_WGSL}`;
+  splitRows: u32,${quant ? QUANT_PARAMS : ''}
+}${quant ? QUANT_ROW_WGSL : ''}`;
 }
 
 /**
@@ -233,8 +219,7 @@ fn loadQuant(entry: u32, inPage: u32, n: u32, kvh: u32, lid: u32, to: u32) {
  *
  * Workgroup (split s, kv head, row tile w). The rows of a kv head are its (query token t, head in group g) pairs,
  * g fastest; a tile holds `rows` of them, so the heads sharing a KV head (GQA) and, in prefill, several query tokens
- * read each K/V tile once. Query t sits at position p = step.position + t and sees keys 0..p (windowStart(p)..p in a
- * sliding-window layer). Keys
+ * read each K/V tile once. Query t sits at position p = step.position + t and sees keys 0..p. Keys
  * 0..step.length-1 are cut into `splits` chunks. A chunk is walked in tiles of <= BLOCK keys; a tile is filled page
  * by page, one contiguous run of K and one of V per page, copied to shared memory by the whole workgroup
  * (independent loads, no per-key page lookups). Then the scores (rows x keys) go to shared memory, and each
@@ -336,8 +321,7 @@ ${
       let j = i % BLOCK;
       let row = firstRow + r;
       var score = NONE;
-      let rowPosition = step.position + row / group;
-      if (j < n && row / group < step.tokens && block + j <= rowPosition && block + j >= windowStart(rowPosition)) {
+      if (j < n && row / group < step.tokens && block + j <= step.position + row / group) {
         var sum = 0.0;
 ${
   quant

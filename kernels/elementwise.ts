@@ -6,16 +6,15 @@ import {
   type PreparedDispatch,
   uniformBuffer,
 } from '../core/gpu/dispatch.ts';
-import { addInPlaceWgsl, type GatedActivation, gatedWgsl } from './elementwise.wgsl.ts';
+import { addInPlaceWgsl, swigluWgsl } from './elementwise.wgsl.ts';
 
-/** out = silu(gate) * up over `count` f32 values, or gelu(gate) * up with `activation` 'geglu'. */
+/** out = silu(gate) * up over `count` f32 values. */
 export function prepareSwiglu(
   gpu: GpuContext,
   label: string,
-  b: { gate: GPUBuffer; up: GPUBuffer; output: GPUBuffer; count: number; activation?: GatedActivation },
+  b: { gate: GPUBuffer; up: GPUBuffer; output: GPUBuffer; count: number },
 ): PreparedDispatch {
-  const activation = b.activation ?? 'swiglu';
-  const pipeline = computePipeline(gpu, activation, gatedWgsl(activation));
+  const pipeline = computePipeline(gpu, 'swiglu', swigluWgsl);
   const params = uniformBuffer(gpu, `${label}.params`, [b.count, 0, 0, 0], 'uuuu');
   return {
     label,

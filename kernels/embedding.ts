@@ -13,12 +13,10 @@ export interface EmbeddingBinding {
   /** f32 [tokens, dim] */
   output: GPUBuffer;
   tokens: number;
-  /** Multiplies every value (default 1; Gemma's embeddings are scaled by sqrt(dim)). */
-  scale?: number;
 }
 
 /**
- * out[t, :] = row tokenIds[t] of the table, dequantized to f32, times `scale`. One dispatch per weight part; each writes the
+ * out[t, :] = row tokenIds[t] of the table, dequantized to f32. One dispatch per weight part; each writes the
  * tokens whose ids fall in its rows. Ids outside the table leave their output row untouched.
  */
 export function prepareEmbedding(gpu: GpuContext, label: string, b: EmbeddingBinding): PreparedDispatch[] {
@@ -39,8 +37,8 @@ export function prepareEmbedding(gpu: GpuContext, label: string, b: EmbeddingBin
     const params = uniformBuffer(
       gpu,
       `${partLabel}.params`,
-      [K, part.firstRow, part.rowCount, rowWords, tokens, b.scale ?? 1, 0, 0],
-      'uuuuufuu',
+      [K, part.firstRow, part.rowCount, rowWords, tokens, 0, 0, 0],
+      'uuuuuuuu',
     );
     return {
       label: partLabel,

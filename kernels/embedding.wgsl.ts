@@ -2,12 +2,12 @@ import type { GgmlType } from '../core/gguf-types.ts';
 import { dequantWgsl } from './matmul.wgsl.ts';
 
 /**
- * Embedding row lookup over one weight part: out[t, k] = W[tokenIds[t], k] · scale for the tokens whose id falls in this
- * part's rows (other tokens are left to the part that holds them); scale is 1, or Gemma's sqrt(dim). A thread dequantizes 4 consecutive elements with
+ * Embedding row lookup over one weight part: out[t, k] = W[tokenIds[t], k] for the tokens whose id falls in this
+ * part's rows (other tokens are left to the part that holds them). A thread dequantizes 4 consecutive elements with
  * `dq4`, the weight type's dequantization (dequantWgsl), which is all that differs between types.
  */
 const embeddingBodyWgsl = /* wgsl */ `
-struct Params { K: u32, firstRow: u32, rowCount: u32, rowWords: u32, tokens: u32, scale: f32, _b: u32, _c: u32 }
+struct Params { K: u32, firstRow: u32, rowCount: u32, rowWords: u32, tokens: u32, _a: u32, _b: u32, _c: u32 }
 @group(0) @binding(0) var<storage, read> w: array<u32>;
 @group(0) @binding(1) var<storage, read> ids: array<u32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
@@ -20,7 +20,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   if (t >= params.tokens || k >= params.K) { return; }
   let id = ids[t];
   if (id < params.firstRow || id - params.firstRow >= params.rowCount) { return; }
-  let v = dq4((id - params.firstRow) * params.rowWords, k) * params.scale;
+  let v = dq4((id - params.firstRow) * params.rowWords, k);
   let o = t * params.K + k;
   out[o] = v.x;
   if (k + 1u < params.K) { out[o + 1u] = v.y; }
