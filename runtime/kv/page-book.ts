@@ -300,7 +300,16 @@ export class KvPageBook {
       }
     }
     const seq = this.createSequence();
-    for (const kind of kinds) seq.pages.push(this.allocatePage(kind === KV_PAGE_KIND.f16 ? this.f16 : this.quant!));
+    // Each kind's pages in increasing order, so that the caller's copy finds runs of adjacent pages.
+    const taken = new Map<PageStore, { entries: number[]; next: number }>();
+    for (const [store, count] of counts) {
+      const entries = Array.from({ length: count }, () => this.allocatePage(store));
+      taken.set(store, { entries: entries.sort((a, b) => a - b), next: 0 });
+    }
+    for (const kind of kinds) {
+      const pages = taken.get(kind === KV_PAGE_KIND.f16 ? this.f16 : this.quant!)!;
+      seq.pages.push(pages.entries[pages.next++]);
+    }
     seq.length = length;
     this.events.tableChanged(seq, 0, seq.pages.length);
     return seq;
@@ -308,7 +317,8 @@ export class KvPageBook {
 
   free(seq: KvSequence): void {
     this.assertAlive(seq);
-    for (const entry of seq.pages) this.releasePage(entry);
+    // Last page first: the free lists are LIFO, so the next sequence gets these pages back in increasing order.
+    for (let i = seq.pages.length - 1; i >= 0; i--) this.releasePage(seq.pages[i]);
     seq.pages.length = 0;
     seq.length = 0;
     seq.alive = false;

@@ -300,4 +300,34 @@ describe('KvPageLedger (no GPU)', () => {
     expect(coverage.quantPages).toBeGreaterThan(20);
     expect(coverage.overflow).toBeGreaterThan(5);
   });
+
+  it('a freed sequence and a restored one get their pages of each kind in increasing order (one copy per run)', () => {
+    const increasing = (entries: number[]) => entries.every((e, i) => i === 0 || e > entries[i - 1]);
+    // Two sequences written in turns interleave their pages; a new one after a free gets the freed pages in order.
+    const plain = smallPool(40, 40);
+    const a = plain.createSequence();
+    const b = plain.createSequence();
+    for (let position = 0; position < 64; position += 4) {
+      plain.writeStep(a, position, 4);
+      plain.writeStep(b, position, 4);
+    }
+    plain.free(b);
+    const c = plain.createSequence();
+    plain.writeStep(c, 0, 64);
+    expect(c.pages.length).toBe(16);
+    expect(increasing(c.pages)).toBe(true);
+    // A restore takes pages in the free list's order (here two freed sequences', interleaved) and hands each kind
+    // out sorted, the kinds where the image has them.
+    const pool = quantPool(40, 40);
+    const seqs = [pool.createSequence(), pool.createSequence()];
+    for (let position = 0; position < 64; position += 4) for (const seq of seqs) pool.writeStep(seq, position, 4);
+    for (const seq of seqs) pool.free(seq);
+    const ofKind = (seq: KvSequence, kind: number) => seq.pages.filter((e) => decodePageEntry(e).kind === kind);
+    const kinds = Uint8Array.from([KV_PAGE_KIND.f16, ...Array(12).fill(KV_PAGE_KIND.quant), KV_PAGE_KIND.f16]);
+    const restored = pool.ledger.book.adoptPages(kinds, kinds.length * pool.pageTokens, () => 0);
+    expect(Array.from(restored.pages, (e) => decodePageEntry(e).kind)).toEqual(Array.from(kinds));
+    expect(increasing(ofKind(restored, KV_PAGE_KIND.f16))).toBe(true);
+    expect(increasing(ofKind(restored, KV_PAGE_KIND.quant))).toBe(true);
+    pool.audit();
+  });
 });
