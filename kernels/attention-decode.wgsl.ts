@@ -34,6 +34,8 @@ export interface AttentionDecodeShape {
   unrolled: boolean;
   /** Keys per pass of the split loop: attentionDecodePassKeys, or 128 where 256 would not fit the device. */
   passKeys: 128 | 256;
+  /** A sliding-window layer's build (WindowedShape). */
+  windowed?: boolean;
 }
 
 const WG = 128;
@@ -113,7 +115,7 @@ export function quantGroupsFitHeads(headDim: number, quant: DecodeQuantShape | n
  */
 export function attentionDecodeSource(shape: AttentionDecodeShape): string {
   if (!attentionDecodeSupports(shape)) throw new Error(`attention-decode: unsupported shape ${JSON.stringify(shape)}`);
-  const { headDim: HD, rows: ROWS, quant } = shape;
+  const { headDim: HD, rows: ROWS, quant, windowed = false } = shape;
   const RG = Math.ceil(ROWS / 4);
   const PAIRS = HD / 2;
   // Phase C: an invocation owns WPT consecutive V words (2·WPT dims) of every row: one vec4 load per key with WPT 4
@@ -234,7 +236,7 @@ ${groups((g) => `          s${g} += lohi.x * qsum[g * RG + ${g}u] + lohi.y * d${
       .join(sep);
 
   return /* wgsl */ `
-${attentionBindingsWgsl(quant !== null)}
+${attentionBindingsWgsl(quant !== null, windowed)}
 ${kvPagesReadableWgsl(5)}
 ${SPLIT_CHUNK_WGSL}
 
@@ -292,9 +294,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let kvh = wg.y;
   if (step.tokens == 0u) { return; }
   let chunk = splitChunk(step.length, params.splits, params.minChunk);
-  let start = s * chunk;
+${
+  windowed
+    ? `  let splitStart = s * chunk;
+  if (splitStart >= step.length && s > 0u) { return; }
+  // A sliding-window layer's keys before the window are left out (a split they fill writes an empty record).
+  let start = max(splitStart, windowStart(step.position));
+  let end = min(splitStart + chunk, step.position + 1u);`
+    : `  let start = s * chunk;
   if (start >= step.length && s > 0u) { return; }
-  let end = min(start + chunk, step.position + 1u);
+  let end = min(start + chunk, step.position + 1u);`
+}
   let headBase = kvh * params.pageTokens * PAIRS;
   // The key loops run to constant bounds times one: ${shape.unrolled ? 'the constant 1 (unrolled)' : 'params.headDim / HD = 1, unknown to the compiler (kept as loops)'}.
   let one = ${shape.unrolled ? '1u' : 'params.headDim / HD'};

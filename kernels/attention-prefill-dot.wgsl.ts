@@ -29,6 +29,8 @@ export interface AttentionPrefillDotShape {
   quant: DecodeQuantShape | null;
   /** Loops with constant bounds (a GPU compiler unrolls them) or run-time ones (CPU drivers): as AttentionDecodeShape. */
   unrolled: boolean;
+  /** A sliding-window layer's build (WindowedShape). */
+  windowed?: boolean;
 }
 
 const BK = INT8_ATTENTION_TILE_KEYS;
@@ -51,14 +53,14 @@ export function attentionPrefillDotShape(
 }
 
 export function attentionPrefillDotSource(shape: AttentionPrefillDotShape): string {
-  const { headDim: HD, quant } = shape;
+  const { headDim: HD, quant, windowed = false } = shape;
   const HW = HD / 4; // words of a row's or key's codes
   const HALF = HD / 2;
-  const { fetchWgsl, codeScaleWgsl, tileLoopHead, tileMask } = int8AttentionStagingWgsl(HD, quant);
+  const { fetchWgsl, codeScaleWgsl, tileLoopHead, tileMask } = int8AttentionStagingWgsl(HD, quant, false, windowed);
 
   return /* wgsl */ `
 enable subgroups;
-${attentionBindingsWgsl(quant !== null)}
+${attentionBindingsWgsl(quant !== null, windowed)}
 ${kvPagesReadableWgsl(5)}
 ${SPLIT_CHUNK_WGSL}
 ${fetchWgsl}
@@ -81,12 +83,14 @@ var<workgroup> vscale: array<f32, ${BK}>;
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32,
         @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32,
         @builtin(subgroup_size) z: u32) {
-${splitTileWgsl(`${INT8_ATTENTION_ROWS}u`)}
+${splitTileWgsl(`${INT8_ATTENTION_ROWS}u`, windowed)}
   // Lanes 2m, 2m + 1 share a row (or key): from the subgroup builtins, so the pair's shuffles meet.
   let r = sg * (z / 2u) + lane / 2u;
   let half = lane % 2u;
   let rowT = (firstRow + r) / group;
-  let limit = select(0u, step.position + rowT + 1u, rowT < step.tokens); // keys visible to row r (causal)
+  let limit = select(0u, step.position + rowT + 1u, rowT < step.tokens); // keys visible to row r (causal)${
+    windowed ? "\n  let first = windowStart(step.position + rowT); // ... from its sliding window's first" : ''
+  }
   // Row r of q as int8 codes in registers (no workgroup storage: headDim 128 fits 32 KiB): this half's words, and
   // the pair's by shuffle.
   var qr = array<u32, ${HW}>();

@@ -120,6 +120,7 @@ describe('int8 prefill attention', () => {
         kvHeads,
         headDim,
         scale: 1 / Math.sqrt(headDim),
+        window: more.window,
       };
       const exact = attentionReference(input);
       const int8 = expectedAttention(input, {

@@ -46,6 +46,8 @@ export interface AttentionPrefillInt8Shape {
    * converting each tile from the pages in every workgroup that reads it. The build then no longer depends on `quant`.
    */
   converted: boolean;
+  /** A sliding-window layer's build (WindowedShape). */
+  windowed?: boolean;
 }
 
 /** Query rows per workgroup. */
@@ -266,7 +268,12 @@ const TILE_START_WGSL = `  let tileStart = select(start, start - start % BK, sta
  * max by subgroupShuffleXor), and `stageQuery(codes, stride)`, which does the same for row r of q into `codes`.
  * `stage(p, codesAt, storeScale)` is one such stage with its targets given (the conversion pass).
  */
-export function int8AttentionStagingWgsl(HD: number, quant: DecodeQuantShape | null, scaleQuads = false) {
+export function int8AttentionStagingWgsl(
+  HD: number,
+  quant: DecodeQuantShape | null,
+  scaleQuads = false,
+  windowed = false,
+) {
   const HALF = HD / 2; // dims an invocation stages of a row or key
   // One invocation's half of a key's row: fetched into registers a tile ahead (fetchTile), then as f32 into
   // vals[0..HALF/4) and int8 codes (stage). Quant pages: code words and their groups' (lo, scale) words.
@@ -405,10 +412,15 @@ ${stage('v')}
     workgroupBarrier();
     if (block + BK < end) { f = fetchTile(block + BK, min(BK, end - block - BK), kvh, r, half); }`;
   // Row r's keys of the tile it may see: those before `visible` (causal, and the tile's n) and from `skip` (a split's
-  // first tile may start before the split).
+  // first tile may start before the split, and a sliding-window row's before its window's `first`).
   const tileMask = (indent: string) =>
     `${indent}let visible = select(0u, min(n, limit - block), limit > block); // keys 0..visible-1: row r sees them
-${indent}let skip = select(0u, start - block, start > block); // keys 0..skip-1 of a first tile: the split's before`;
+${
+  windowed
+    ? `${indent}let lower = max(start, first);
+${indent}let skip = select(0u, lower - block, lower > block); // keys 0..skip-1: the split's before, or the window's`
+    : `${indent}let skip = select(0u, start - block, start > block); // keys 0..skip-1 of a first tile: the split's before`
+}`;
   return {
     fetchWgsl,
     codeScaleWgsl,
@@ -420,7 +432,7 @@ ${indent}let skip = select(0u, start - block, start > block); // keys 0..skip-1 
 }
 
 export function attentionPrefillInt8Source(shape: AttentionPrefillInt8Shape): string {
-  const { headDim: HD, quant } = shape;
+  const { headDim: HD, quant, windowed = false } = shape;
   // The converted build is the compact one (the file's comment).
   const compact = shape.converted;
   const ROWS = INT8_ATTENTION_ROWS;
@@ -449,7 +461,12 @@ export function attentionPrefillInt8Source(shape: AttentionPrefillInt8Shape): st
       : `${LK / 4}u * half + ((${a}u + ${ROT / 4}u * half) & ${LK / 4 - 1}u)`;
   // Where lane key i's score is in the sums: column keyOf(i), or compact, its column in its half of S.
   const scoreColumn = (i: number) => (compact ? `16u * half + ${i % 16}u` : `j${i}`);
-  const { fetchWgsl, codeScaleWgsl, stageQuery, tileLoopHead, tileMask } = int8AttentionStagingWgsl(HD, quant, true);
+  const { fetchWgsl, codeScaleWgsl, stageQuery, tileLoopHead, tileMask } = int8AttentionStagingWgsl(
+    HD,
+    quant,
+    true,
+    windowed,
+  );
   // V's codes of dim tile t (16 dims) and the tile's keys 32·half.. as the right operand of P·V: column-major from the
   // transposed tile (converted), row-major from the one staged from the pages.
   const vMatrix = (t: string, half: number) =>
@@ -520,14 +537,14 @@ ${each(2, (t) => scoresTile(`${t + 2}u`))}
 ${each(16, (i) => scoreOf(i + 16, '    '))}`;
   // The converted build: bindings 0, 1, 3, 4 as the others, the int8 keys buffer in place of the page table, no pages.
   const bindings = shape.converted
-    ? `${attentionParamsWgsl(false)}
+    ? `${attentionParamsWgsl(false, windowed)}
 ${KV_STEP_WGSL}
 @group(0) @binding(0) var<storage, read> q: array<f32>;
 @group(0) @binding(1) var<storage, read_write> dst: array<f32>;
 @group(0) @binding(2) var<storage, read> keys8: array<vec4<i32>>;
 @group(0) @binding(3) var<uniform> step: KvStep;
 @group(0) @binding(4) var<uniform> params: Params;`
-    : `${attentionBindingsWgsl(quant !== null)}
+    : `${attentionBindingsWgsl(quant !== null, windowed)}
 ${kvPagesReadableWgsl(5)}
 ${fetchWgsl}`;
   // Converted builds copy each tile's codes from the int8 keys buffer into workgroup memory, as vec4s loaded a tile
@@ -632,14 +649,16 @@ var<workgroup> corr: array<f32, ${ROWS}>; // the tile's correction per row; at t
 @compute @workgroup_size(${2 * ROWS})
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32,
         @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
-${splitTileWgsl('ROWS')}
+${splitTileWgsl('ROWS', windowed)}
   // The row (or key) this invocation stages and takes through the softmax: lanes 2m and 2m + 1 of subgroup g take
   // row 16g + m, from the subgroup builtins (WGSL does not promise lane = index % 32), so the pair's shuffles and
   // the subgroup's matrix rows agree.
   let r = sg * 16u + lane / 2u;
   let half = lane % 2u;
   let rowT = (firstRow + r) / group;
-  let limit = select(0u, step.position + rowT + 1u, rowT < step.tokens); // keys visible to row r (causal)
+  let limit = select(0u, step.position + rowT + 1u, rowT < step.tokens); // keys visible to row r (causal)${
+    windowed ? "\n  let first = windowStart(step.position + rowT); // ... from its sliding window's first" : ''
+  }
 ${stageQuery(compact ? 'kcodes' : 'sums', 'KS')}
   workgroupBarrier();
   // The subgroup's q rows, 32 dims per matrix, for every tile.

@@ -11,6 +11,8 @@ export interface AttentionPrefillShape {
   blockKeys: 16 | 32;
   /** Quant pages (pool mode 'quant') and their formats; null for an f16-only pool. */
   quant: DecodeQuantShape | null;
+  /** A sliding-window layer's build (WindowedShape). */
+  windowed?: boolean;
 }
 
 const WG = 256;
@@ -71,7 +73,7 @@ export function attentionPrefillShape(
  * bindings as the split kernel: splits = 1 the normalized rows, else (max, sum, Σ p·V) per (t, h, s) for the merge.
  */
 export function attentionPrefillSource(shape: AttentionPrefillShape): string {
-  const { headDim: HD, rows: ROWS, blockKeys: BK, quant } = shape;
+  const { headDim: HD, rows: ROWS, blockKeys: BK, quant, windowed = false } = shape;
   const RT = ROWS / TC; // rows per invocation
   const KT = BK / TC; // keys per invocation in the scores
   const VQ = HD / 64; // vec4s of dims per invocation in the values
@@ -128,7 +130,7 @@ export function attentionPrefillSource(shape: AttentionPrefillShape): string {
   }`;
 
   return /* wgsl */ `
-${attentionBindingsWgsl(quant !== null)}
+${attentionBindingsWgsl(quant !== null, windowed)}
 ${kvPagesReadableWgsl(5)}
 ${SPLIT_CHUNK_WGSL}
 
@@ -190,7 +192,7 @@ fn storeTile(f: Fetched, lid: u32) {
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-${splitTileWgsl('ROWS')}
+${splitTileWgsl('ROWS', windowed)}
 
   for (var i = lid; i < ROWS * H4; i += WG) {
     let row = firstRow + i / H4;
@@ -206,11 +208,18 @@ ${splitTileWgsl('ROWS')}
   let tr = lid / ${TC}u;
   let tc = lid % ${TC}u;
   let r0 = tr * ${RT}u; // first own row of the tile
-  // Keys before limit_r are visible to own row r (causal); a row past the step's tokens sees none.
+${
+  windowed
+    ? `  // Keys from first_r and before limit_r are visible to own row r (its window, causal); a row past the step's tokens
+  // sees none.`
+    : "  // Keys before limit_r are visible to own row r (causal); a row past the step's tokens sees none."
+}
 ${each(
   RT,
   (r) => `  let t${r} = (firstRow + r0 + ${r}u) / group;
-  let limit${r} = select(0u, step.position + t${r} + 1u, t${r} < step.tokens);
+  let limit${r} = select(0u, step.position + t${r} + 1u, t${r} < step.tokens);${
+    windowed ? `\n  let first${r} = windowStart(step.position + t${r});` : ''
+  }
   var m${r} = NONE;
   var l${r} = 0.0;`,
 )}
@@ -235,7 +244,11 @@ ${rowsKeys((r, k) => `      s${r}_${k} += dot(q${r}, k${k});`)}
 ${each(
   RT,
   (r) => `    {
-${each(KT, (k) => `      if (tc + ${TC * k}u >= n || block + tc + ${TC * k}u >= limit${r}) { s${r}_${k} = NONE; }`)}
+${each(
+  KT,
+  (k) =>
+    `      if (tc + ${TC * k}u >= n || block + tc + ${TC * k}u >= limit${r}${windowed ? ` || block + tc + ${TC * k}u < first${r}` : ''}) { s${r}_${k} = NONE; }`,
+)}
       red[(r0 + ${r}u) * RD + tc] = ${range(KT).reduce((acc, k) => (acc ? `max(${acc}, s${r}_${k})` : `s${r}_${k}`), '')};
     }`,
 )}

@@ -6,6 +6,7 @@ import { Harness, runSteps, type Shape } from '../test/attention-harness.ts';
 import type { AttentionSources } from '../test/attention-sources.ts';
 import { withLimits, withTestGpu } from '../test/gpu.ts';
 import { seededRandom } from '../test/random.ts';
+import { mutateShaders } from '../test/shader-mutation.ts';
 import {
   attentionDecodeShape,
   attentionPartialsBytes,
@@ -29,6 +30,8 @@ import {
   attentionPrefillSource,
   attentionPrefillWorkgroupBytes,
 } from './attention-prefill.wgsl.ts';
+import { attentionPrefillDotSource } from './attention-prefill-dot.wgsl.ts';
+import { attentionPrefillInt8Source } from './attention-prefill-int8.wgsl.ts';
 import { f16Bits, f16BitsToNumber } from './reference/attention.ts';
 
 const ctx = withTestGpu();
@@ -544,6 +547,124 @@ describe('prefill kernel', () => {
     const seq = harness.sequence();
     const ratios = [await harness.step(seq, chunks[0], random), await harness.step(seq, chunks[1], random)];
     harness.release();
+    expect(Math.max(...ratios)).toBeGreaterThan(1);
+  });
+});
+
+/**
+ * Sliding-window layers (Gemma 3's local layers): the query at p sees keys p − window + 1 .. p. Each kernel raises the
+ * first key of its split or tile to the window of the tile's first query and masks the rest per row; a split the
+ * window leaves empty still writes its record for the merge. Contexts run well past the window, with chunks that
+ * straddle it and windows smaller than a page.
+ */
+describe('sliding window', () => {
+  type WindowCase = [string, Shape, number[], number, { window: number } & Parameters<typeof runSteps>[5]];
+  const cases: WindowCase[] = [
+    [
+      'split kernel (decode and prefill), hd 64, 2:1, pages of 4, window 13',
+      { layers: 1, heads: 4, kvHeads: 2, headDim: 64, pageTokens: 4 },
+      [30, 1, 1, 20, 1],
+      3,
+      { window: 13, prefillKernel: false, decodeKernel: false, prefillSplits: 3, minChunkKeys: 4 },
+    ],
+    [
+      'decode and prefill kernels, hd 64, 4:1, pages of 16, window 37, prefill over 4 splits',
+      { layers: 2, heads: 8, kvHeads: 2, headDim: 64, pageTokens: 16 },
+      [70, 1, 45, 1, 1],
+      16,
+      { window: 37, prefillSplits: 4, minChunkKeys: 8 },
+    ],
+    [
+      'decode and prefill kernels, hd 128, 8:1, window 8 within a page of 16',
+      { layers: 1, heads: 8, kvHeads: 1, headDim: 128, pageTokens: 16 },
+      [40, 1, 1, 9, 1],
+      4,
+      { window: 8 },
+    ],
+    [
+      'hd 256 (Gemma 3), 2:1, window 20, decode over 5 splits (the wide merge)',
+      { layers: 1, heads: 4, kvHeads: 2, headDim: 256, pageTokens: 8 },
+      [50, 1, 1, 13, 1],
+      5,
+      { window: 20 },
+    ],
+    [
+      'hd 8, 1:1, window 1: each query sees only its own key',
+      { layers: 1, heads: 2, kvHeads: 2, headDim: 8, pageTokens: 4 },
+      [9, 1, 1, 5],
+      2,
+      { window: 1 },
+    ],
+  ];
+
+  it.each(cases)('matches the CPU reference: %s', async (_name, shape, chunks, splits, more) => {
+    const { ratios } = await runSteps(ctx.gpu, shape, chunks, 91 + shape.headDim + more.window, splits, more);
+    expect(Math.max(...ratios)).toBeLessThanOrEqual(1);
+  });
+
+  it('only the windowed builds read a window: without it, every kernel is the WGSL it was before windows', () => {
+    const int2 = { kBits: 2, kGroup: 64, vBits: 2, vGroup: 64, rowTokens: 1 } as const;
+    const builds: [string, (windowed: boolean) => string][] = [
+      ['split', (windowed) => attentionPartialSource({ quant: true, blockKeys: 16, headDim: 64, rows: 4, windowed })],
+      [
+        'decode',
+        (windowed) =>
+          attentionDecodeSource({ headDim: 64, rows: 4, quant: int2, unrolled: false, passKeys: 256, windowed }),
+      ],
+      [
+        'prefill',
+        (windowed) => attentionPrefillSource({ headDim: 64, rows: 32, blockKeys: 32, quant: null, windowed }),
+      ],
+      ['prefill-dot', (windowed) => attentionPrefillDotSource({ headDim: 64, quant: int2, unrolled: false, windowed })],
+      [
+        'prefill-int8',
+        (windowed) => attentionPrefillInt8Source({ headDim: 128, quant: null, converted: true, windowed }),
+      ],
+    ];
+    for (const [name, source] of builds) {
+      expect([name, source(false).includes('window')]).toEqual([name, false]);
+      expect([name, source(true).includes('windowStart(')]).toEqual([name, true]);
+    }
+  });
+
+  it('the window matters in these cases: the reference without it differs', async () => {
+    // The same steps against whole-sequence attention: a window that changed nothing would test nothing.
+    const [, shape, chunks, splits, more] = cases[1];
+    const harness = new Harness(ctx.gpu, shape, Math.max(...chunks), { decodeSplits: splits, ...more });
+    const unwindowed = Object.assign(harness, { window: undefined });
+    const random = seededRandom(5);
+    const seq = unwindowed.sequence();
+    const ratios: number[] = [];
+    for (const n of chunks) ratios.push(await unwindowed.step(seq, n, random));
+    unwindowed.release();
+    expect(Math.max(...ratios)).toBeGreaterThan(1);
+  });
+
+  // Each kernel without its per-row window mask (or, in decode, without the raised first key) must fail.
+  it.each<[string, RegExp, (code: string) => string, number]>([
+    [
+      'split kernel: no per-row mask',
+      /^attention-partial-/,
+      (c) => c.replace(' && block + j >= windowStart(rowPosition)', ''),
+      0,
+    ],
+    [
+      'decode kernel: keys before the window',
+      /^attention-decode-/,
+      (c) => c.replace('max(splitStart, windowStart(step.position))', 'splitStart'),
+      1,
+    ],
+    [
+      'prefill kernel: no per-row mask',
+      /^attention-prefill-hd/,
+      (c) => c.replaceAll(/ \|\| block \+ tc \+ \d+u < first\d+/g, ''),
+      1,
+    ],
+  ])('catches a broken kernel: %s', async (_name, label, edit, at) => {
+    const [, shape, chunks, splits, more] = cases[at];
+    const broken = mutateShaders(ctx.gpu, { label, edit });
+    const { ratios } = await runSteps(broken.gpu, shape, chunks, 91 + shape.headDim + more.window, splits, more);
+    expect(broken.mutated.length).toBeGreaterThan(0);
     expect(Math.max(...ratios)).toBeGreaterThan(1);
   });
 });

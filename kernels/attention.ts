@@ -16,6 +16,7 @@ import {
   attentionQuantBlockKeys,
   attentionRunsHeadDim,
   attentionWorkgroupBytes,
+  MAX_WINDOW,
   MERGE_NARROW_HEAD_DIM,
 } from './attention.wgsl.ts';
 import {
@@ -59,6 +60,11 @@ export interface AttentionBinding {
   maxTokens: number;
   /** Usually 1/sqrt(headDim). */
   scale: number;
+  /**
+   * A sliding-window layer's window: the query at position p sees the keys p − window + 1 .. p (its own included, as
+   * llama.cpp's LLAMA_SWA_TYPE_STANDARD). Absent: keys 0..p.
+   */
+  window?: number;
   /**
    * Chunks the keys are cut into (one workgroup each, merged after). Default: 32 when maxTokens = 1 (decode: a long
    * context uses many workgroups), 1 otherwise (prefill: the query tokens give the parallelism, no merge pass).
@@ -390,6 +396,27 @@ export function planAttentionKernel(device: AttentionDevice, g: AttentionGraphSh
   return { kernel: 'split', shape, label, rows };
 }
 
+/**
+ * A sliding-window layer's plan: the graph's kernel in its windowed build (WindowedShape), under a label of its own.
+ * The kernel choice stays the graph's, so windowed and whole-sequence layers of one graph take the same kernel.
+ */
+function windowedPlan(plan: AttentionKernelPlan): AttentionKernelPlan {
+  const label = `${plan.label}-window`;
+  // Each branch spreads its own shape type (a union-wide spread would lose which shape goes with which kernel).
+  switch (plan.kernel) {
+    case 'prefill-int8':
+      return { ...plan, label, shape: { ...plan.shape, windowed: true } };
+    case 'prefill-dot':
+      return { ...plan, label, shape: { ...plan.shape, windowed: true } };
+    case 'prefill':
+      return { ...plan, label, shape: { ...plan.shape, windowed: true } };
+    case 'decode':
+      return { ...plan, label, shape: { ...plan.shape, windowed: true } };
+    case 'split':
+      return { ...plan, label, shape: { ...plan.shape, windowed: true } };
+  }
+}
+
 /** The WGSL of a plan's kernel. */
 function planSource(plan: AttentionKernelPlan): string {
   switch (plan.kernel) {
@@ -470,7 +497,8 @@ export function poolKeysInt8Bytes(
 
 /**
  * Prepares causal attention of the step's queries over the paged KV of `layer` (positions 0..p for the query at
- * position p, including the keys this step appended: record the kv-append dispatch first). Returns the split pass
+ * position p, or the last `window` of them, including the keys this step appended: record the kv-append dispatch
+ * first). Returns the split pass
  * (the whole attention when splits = 1), then the merge pass when splits > 1; the converted int8 build has the
  * conversion of the step's keys before them (prepareKeysInt8). Encode them in order.
  */
@@ -479,6 +507,9 @@ export function prepareAttention(gpu: GpuContext, label: string, b: AttentionBin
   const { kvHeads, headDim } = pool;
   const splits = b.splits ?? (maxTokens === 1 ? 32 : 1);
   const splitRows = b.splitRows ?? 0;
+  if (b.window !== undefined && !(Number.isInteger(b.window) && b.window >= 1 && b.window <= MAX_WINDOW)) {
+    throw new InvalidRequestError(`attention: a window of ${b.window} keys; it must be a whole number from 1`);
+  }
   if (heads % kvHeads !== 0 || !attentionRunsHeadDim(headDim) || splits < 1 || splits > ATTENTION_MAX_SPLITS) {
     throw new InvalidRequestError(
       `attention: needs heads (${heads}) a multiple of kvHeads (${kvHeads}), a headDim <= ${ATTENTION_MAX_HEAD_DIM} and a multiple of 8 (${headDim}) and 1 <= splits <= ${ATTENTION_MAX_SPLITS}`,
@@ -491,7 +522,8 @@ export function prepareAttention(gpu: GpuContext, label: string, b: AttentionBin
   // A workgroup serves `rows` (query token, head) pairs of one KV head: the GQA group in decode, plus several query
   // tokens in prefill, so each K/V block is read once for all of them.
   const group = heads / kvHeads;
-  const plan = b.plan ?? planAttentionKernel(gpu, attentionGraphShape(b));
+  const graphPlan = b.plan ?? planAttentionKernel(gpu, attentionGraphShape(b));
+  const plan = b.window === undefined ? graphPlan : windowedPlan(graphPlan);
   const { rows } = plan;
   const tiles = Math.ceil((maxTokens * group) / rows);
   const maxGrid = gpu.limits.maxComputeWorkgroupsPerDimension;
@@ -658,6 +690,8 @@ function attentionParams(
       quant.positionsPerRow,
     );
   }
+  // Last, where only the windowed builds declare it (attentionParamsWgsl).
+  if (b.window !== undefined) words.push(b.window);
   return uniformBuffer(gpu, `${label}.params`, words, 'uuuuuuuufuuuu'.padEnd(words.length, 'u'));
 }
 
@@ -695,12 +729,18 @@ export function prepareKeysInt8(
     attentionKeysInt8Source(headDim, quant),
   );
   const capacity = poolKeysInt8Capacity(pool);
-  const params = attentionParams(gpu, `${label}.keys_int8`, b, {
-    splits: 1,
-    rows: 0,
-    quantBlockKeys: 0,
-    int8Keys: capacity,
-  });
+  // The conversion reads no window (its build declares none).
+  const params = attentionParams(
+    gpu,
+    `${label}.keys_int8`,
+    { ...b, window: undefined },
+    {
+      splits: 1,
+      rows: 0,
+      quantBlockKeys: 0,
+      int8Keys: capacity,
+    },
+  );
   const dispatch = kvPoolDispatch(
     gpu,
     `${label}.keys_int8`,

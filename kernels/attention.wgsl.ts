@@ -40,6 +40,17 @@ export interface AttentionKernelShape {
   headDim: number;
   /** Query rows per workgroup (decode: the GQA group; prefill: up to ATTENTION_MAX_ROWS), rows · headDim/2 <= 512. */
   rows: number;
+  /** A sliding-window layer's build (WindowedShape). */
+  windowed?: boolean;
+}
+
+/**
+ * Every attention kernel's shape may ask for the sliding-window build (a local layer's, AttentionBinding.window): the
+ * window's first key comes from params.window, which only that build declares and reads. Without it (false or absent)
+ * the WGSL is what it was before windows existed, so layers that see the whole sequence pay nothing for them.
+ */
+export interface WindowedShape {
+  windowed?: boolean;
 }
 
 /**
@@ -87,10 +98,21 @@ fn currentStepSplits() -> u32 {
 /**
  * The opening of a split/prefill workgroup (split s = wg.x, kv head kvh = wg.y, row tile wg.z of `rows` rows): returns
  * when the tile has no query token or the split no key, else leaves `group`, `firstRow`, `lastT` (the tile's last
- * query token) and the split's keys [start, end), cut at the tile's causal end. Both kernels walk the same keys per
- * split, which the merge pass relies on.
+ * query token) and the split's keys [start, end), cut at the tile's causal end and, in a sliding-window layer, begun
+ * no earlier than the window of the tile's first query (windowStart: keys before it are no row's). Every kernel cuts
+ * the keys into the same splits, which the merge pass relies on; a split the window empties still writes its record.
  */
-export function splitTileWgsl(rows: string): string {
+export function splitTileWgsl(rows: string, windowed = false): string {
+  const keys = windowed
+    ? `  let splitStart = s * chunk;
+  // Splits past the keys (or the step's splits) have nothing to do: the merge pass reads only ceil(length / chunk).
+  if (splitStart >= step.length && s > 0u) { return; }
+  let start = max(splitStart, windowStart(step.position + firstRow / group));
+  let end = min(splitStart + chunk, step.position + lastT + 1u);`
+    : `  let start = s * chunk;
+  // Splits past the keys (or the step's splits) have nothing to do: the merge pass reads only ceil(length / chunk).
+  if (start >= step.length && s > 0u) { return; }
+  let end = min(start + chunk, step.position + lastT + 1u);`;
   return `  let s = wg.x;
   let kvh = wg.y;
   let group = params.heads / params.kvHeads;
@@ -100,11 +122,20 @@ export function splitTileWgsl(rows: string): string {
   // The step's splits (its partial records per row): the grid's params.splits, or fewer for a step of many rows.
   let stepSplits = currentStepSplits();
   let chunk = splitChunk(step.length, stepSplits, params.minChunk);
-  let start = s * chunk;
-  // Splits past the keys (or the step's splits) have nothing to do: the merge pass reads only ceil(length / chunk).
-  if (start >= step.length && s > 0u) { return; }
-  let end = min(start + chunk, step.position + lastT + 1u);`;
+${keys}`;
 }
+
+/**
+ * The first key the query at `position` sees in a sliding-window layer (params.window keys, its own included,
+ * llama.cpp's LLAMA_SWA_TYPE_STANDARD): position + 1 − window, or 0 early in the sequence.
+ */
+const WINDOW_START_WGSL = `
+fn windowStart(position: u32) -> u32 {
+  return select(0u, position + 1u - params.window, position + 1u > params.window);
+}`;
+
+/** The largest window a Params word holds. */
+export const MAX_WINDOW = 0xffffffff;
 
 /** Extra Params fields of the mixed (f16 + quant pages) variant. */
 const QUANT_PARAMS = `
@@ -115,23 +146,24 @@ const QUANT_PARAMS = `
 
 /**
  * The Params uniform of the split, decode and prefill kernels (the words kernels/attention.ts writes); with quant
- * pages, also where a position lies in them (QUANT_ROW_WGSL, reading the uniform the kernel binds as `params`).
+ * pages, also where a position lies in them (QUANT_ROW_WGSL, reading the uniform the kernel binds as `params`). A
+ * windowed build has the window last, and windowStart.
  */
-export function attentionParamsWgsl(quant: boolean): string {
+export function attentionParamsWgsl(quant: boolean, windowed = false): string {
   return `struct Params {
   kOffset: u32, vOffset: u32, pageWords: u32, pageTokens: u32,
   heads: u32, kvHeads: u32, headDim: u32, splits: u32,
   scale: f32, rows: u32, minChunk: u32, int8Keys: u32,
-  splitRows: u32,${quant ? QUANT_PARAMS : ''}
-}${quant ? QUANT_ROW_WGSL : ''}`;
+  splitRows: u32,${quant ? QUANT_PARAMS : ''}${windowed ? '\n  window: u32,' : ''}
+}${quant ? QUANT_ROW_WGSL : ''}${windowed ? WINDOW_START_WGSL : ''}`;
 }
 
 /**
  * The Params uniform and bindings 0..4 (q, the output or partials, the page table, the KvStep, Params) of the split,
  * decode and prefill kernels: one bind group layout and uniform serve all three. The pages follow from binding 5.
  */
-export function attentionBindingsWgsl(quant: boolean): string {
-  return `${attentionParamsWgsl(quant)}
+export function attentionBindingsWgsl(quant: boolean, windowed = false): string {
+  return `${attentionParamsWgsl(quant, windowed)}
 
 @group(0) @binding(0) var<storage, read> q: array<f32>;
 @group(0) @binding(1) var<storage, read_write> dst: array<f32>;
@@ -219,7 +251,8 @@ fn loadQuant(entry: u32, inPage: u32, n: u32, kvh: u32, lid: u32, to: u32) {
  *
  * Workgroup (split s, kv head, row tile w). The rows of a kv head are its (query token t, head in group g) pairs,
  * g fastest; a tile holds `rows` of them, so the heads sharing a KV head (GQA) and, in prefill, several query tokens
- * read each K/V tile once. Query t sits at position p = step.position + t and sees keys 0..p. Keys
+ * read each K/V tile once. Query t sits at position p = step.position + t and sees keys 0..p (windowStart(p)..p in a
+ * sliding-window layer). Keys
  * 0..step.length-1 are cut into `splits` chunks. A chunk is walked in tiles of <= BLOCK keys; a tile is filled page
  * by page, one contiguous run of K and one of V per page, copied to shared memory by the whole workgroup
  * (independent loads, no per-key page lookups). Then the scores (rows x keys) go to shared memory, and each
@@ -232,11 +265,16 @@ fn loadQuant(entry: u32, inPage: u32, n: u32, kvh: u32, lid: u32, to: u32) {
  * more workgroups share an SM. Shared memory: attentionWorkgroupBytes(shape).
  */
 export function attentionPartialSource(shape: AttentionKernelShape): string {
-  const { quant, blockKeys, headDim, rows } = shape;
+  const { quant, blockKeys, headDim, rows, windowed = false } = shape;
   const tileVec4 = tileVec4s(shape);
   const rowPairs = (rows * headDim) / 2;
+  // A row sees keys before its causal end (and, windowed, from its window's first).
+  const visible = windowed
+    ? `let rowPosition = step.position + row / group;
+      if (j < n && row / group < step.tokens && block + j <= rowPosition && block + j >= windowStart(rowPosition)) {`
+    : 'if (j < n && row / group < step.tokens && block + j <= step.position + row / group) {';
   return /* wgsl */ `
-${attentionBindingsWgsl(quant)}
+${attentionBindingsWgsl(quant, windowed)}
 ${SPLIT_CHUNK_WGSL}
 ${kvTileLoaderWgsl(
   [
@@ -261,7 +299,7 @@ var<workgroup> sc: array<f32, ${rows * blockKeys}>;
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   let rows = params.rows;
-${splitTileWgsl('rows')}
+${splitTileWgsl('rows', windowed)}
   let pairs = params.headDim / 2u;
 
   for (var i = lid; i < rows * pairs; i += WG) {
@@ -321,7 +359,7 @@ ${
       let j = i % BLOCK;
       let row = firstRow + r;
       var score = NONE;
-      if (j < n && row / group < step.tokens && block + j <= step.position + row / group) {
+      ${visible}
         var sum = 0.0;
 ${
   quant

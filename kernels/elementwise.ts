@@ -6,15 +6,16 @@ import {
   type PreparedDispatch,
   uniformBuffer,
 } from '../core/gpu/dispatch.ts';
-import { addInPlaceWgsl, swigluWgsl } from './elementwise.wgsl.ts';
+import { addInPlaceWgsl, type GatedActivation, gatedWgsl } from './elementwise.wgsl.ts';
 
-/** out = silu(gate) * up over `count` f32 values. */
+/** out = silu(gate) * up over `count` f32 values, or gelu(gate) * up with `activation` 'geglu'. */
 export function prepareSwiglu(
   gpu: GpuContext,
   label: string,
-  b: { gate: GPUBuffer; up: GPUBuffer; output: GPUBuffer; count: number },
+  b: { gate: GPUBuffer; up: GPUBuffer; output: GPUBuffer; count: number; activation?: GatedActivation },
 ): PreparedDispatch {
-  const pipeline = computePipeline(gpu, 'swiglu', swigluWgsl);
+  const activation = b.activation ?? 'swiglu';
+  const pipeline = computePipeline(gpu, activation, gatedWgsl(activation));
   const params = uniformBuffer(gpu, `${label}.params`, [b.count, 0, 0, 0], 'uuuu');
   return {
     label,

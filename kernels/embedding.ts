@@ -13,10 +13,12 @@ export interface EmbeddingBinding {
   /** f32 [tokens, dim] */
   output: GPUBuffer;
   tokens: number;
+  /** Multiplies every value (default 1; Gemma's embeddings are scaled by sqrt(dim)). */
+  scale?: number;
 }
 
 /**
- * out[t, :] = row tokenIds[t] of the table, dequantized to f32. One dispatch per weight part; each writes the
+ * out[t, :] = row tokenIds[t] of the table, dequantized to f32, times `scale`. One dispatch per weight part; each writes the
  * tokens whose ids fall in its rows. Ids outside the table leave their output row untouched.
  */
 export function prepareEmbedding(gpu: GpuContext, label: string, b: EmbeddingBinding): PreparedDispatch[] {
@@ -29,7 +31,8 @@ export function prepareEmbedding(gpu: GpuContext, label: string, b: EmbeddingBin
   const K = weight.rowLength;
   requireBytes(label, 'tokenIds', b.tokenIds, tokens * 4);
   requireBytes(label, 'output', b.output, tokens * K * 4);
-  const pipeline = computePipeline(gpu, 'embedding', embeddingWgsl(weight.type));
+  const scaled = b.scale !== undefined && b.scale !== 1;
+  const pipeline = computePipeline(gpu, scaled ? 'embedding-scaled' : 'embedding', embeddingWgsl(weight.type, scaled));
   const rowWords = packedRowWords(weight.type, K);
   const groupsK = Math.ceil(K / 256);
   return weight.parts.map((part, i) => {
@@ -37,8 +40,8 @@ export function prepareEmbedding(gpu: GpuContext, label: string, b: EmbeddingBin
     const params = uniformBuffer(
       gpu,
       `${partLabel}.params`,
-      [K, part.firstRow, part.rowCount, rowWords, tokens, 0, 0, 0],
-      'uuuuuuuu',
+      [K, part.firstRow, part.rowCount, rowWords, tokens, b.scale ?? 1, 0, 0],
+      'uuuuufuu',
     );
     return {
       label: partLabel,

@@ -14,7 +14,7 @@ import {
   releaseInt8Activations,
 } from './matmul-int8.ts';
 import { INT8_MATMUL_TILES, INT8_TOKEN_PADDING, int8MatmulWgsl } from './matmul-int8.wgsl.ts';
-import { swigluReference } from './reference/elementwise.ts';
+import { gegluReference, swigluReference } from './reference/elementwise.ts';
 import { quantizeActivationsReference } from './reference/matmul-int8.ts';
 
 const ctx = withTestGpu();
@@ -64,41 +64,44 @@ describe('int8 activation quantizer', () => {
     expect(scales.subarray((tokens * K) / 16).every((s) => s === 0)).toBe(true);
   });
 
-  it('with `up`, quantizes silu(gate)·up: the same codes and scales as the swiglu pass followed by the quantizer', async () => {
-    const { gpu } = ctx;
-    const tokens = 37;
-    const K = 320;
-    const random = seededRandom(7);
-    const gateValues = randomFloats(random, tokens * K, 4);
-    const upValues = randomFloats(random, tokens * K, 2);
-    const gate = gpu.allocator.createStorage('gate', 'scratch', gateValues);
-    const up = gpu.allocator.createStorage('up', 'scratch', upValues);
-    const hidden = gpu.allocator.createStorage('hidden', 'scratch', tokens * K * 4);
-    const fused = createInt8Activations(gpu, 'fused', tokens, K);
-    const separate = createInt8Activations(gpu, 'separate', tokens, K);
-    const dispatches = [
-      prepareQuantizeActivations(gpu, 'fused', { input: gate, up, activations: fused, tokens, K }),
-      prepareSwiglu(gpu, 'swiglu', { gate, up, output: hidden, count: tokens * K }),
-      prepareQuantizeActivations(gpu, 'separate', { input: hidden, activations: separate, tokens, K }),
-    ];
-    submitDispatches(gpu, 'swiglu-quantize', dispatches);
-    const padded = Math.ceil(tokens / INT8_TOKEN_PADDING) * INT8_TOKEN_PADDING;
-    const read = async (a: typeof fused) => ({
-      codes: new Int8Array(await readBuffer(gpu, a.codes, padded * K)),
-      scales: await readFloat32(gpu, a.scales, (padded * K) / 16),
-    });
-    const [f, s] = [await read(fused), await read(separate)];
-    const values = await readFloat32(gpu, hidden, tokens * K);
-    releaseDispatches(gpu, dispatches);
-    for (const a of [fused, separate]) releaseInt8Activations(gpu, a);
-    for (const b of [gate, up, hidden]) gpu.allocator.release(b);
-    // The swiglu pass against the CPU (so the comparison below is not of two equally wrong results).
-    const expected = swigluReference(gateValues, upValues);
-    for (let i = 0; i < tokens * K; i++) expect(values[i]).toBeCloseTo(expected[i], 4);
-    expect(new Set(f.codes.subarray(0, tokens * K)).size).toBeGreaterThan(200);
-    expect([...f.codes]).toEqual([...s.codes]);
-    expect([...f.scales]).toEqual([...s.scales]);
-  });
+  it.each(['swiglu', 'geglu'] as const)(
+    'with `up`, quantizes %s(gate, up): the same codes and scales as its elementwise pass followed by the quantizer',
+    async (activation) => {
+      const { gpu } = ctx;
+      const tokens = 37;
+      const K = 320;
+      const random = seededRandom(7);
+      const gateValues = randomFloats(random, tokens * K, 4);
+      const upValues = randomFloats(random, tokens * K, 2);
+      const gate = gpu.allocator.createStorage('gate', 'scratch', gateValues);
+      const up = gpu.allocator.createStorage('up', 'scratch', upValues);
+      const hidden = gpu.allocator.createStorage('hidden', 'scratch', tokens * K * 4);
+      const fused = createInt8Activations(gpu, 'fused', tokens, K);
+      const separate = createInt8Activations(gpu, 'separate', tokens, K);
+      const dispatches = [
+        prepareQuantizeActivations(gpu, 'fused', { input: gate, up, activation, activations: fused, tokens, K }),
+        prepareSwiglu(gpu, activation, { gate, up, output: hidden, count: tokens * K, activation }),
+        prepareQuantizeActivations(gpu, 'separate', { input: hidden, activations: separate, tokens, K }),
+      ];
+      submitDispatches(gpu, 'swiglu-quantize', dispatches);
+      const padded = Math.ceil(tokens / INT8_TOKEN_PADDING) * INT8_TOKEN_PADDING;
+      const read = async (a: typeof fused) => ({
+        codes: new Int8Array(await readBuffer(gpu, a.codes, padded * K)),
+        scales: await readFloat32(gpu, a.scales, (padded * K) / 16),
+      });
+      const [f, s] = [await read(fused), await read(separate)];
+      const values = await readFloat32(gpu, hidden, tokens * K);
+      releaseDispatches(gpu, dispatches);
+      for (const a of [fused, separate]) releaseInt8Activations(gpu, a);
+      for (const b of [gate, up, hidden]) gpu.allocator.release(b);
+      // The elementwise pass against the CPU (so the comparison below is not of two equally wrong results).
+      const expected = (activation === 'geglu' ? gegluReference : swigluReference)(gateValues, upValues);
+      for (let i = 0; i < tokens * K; i++) expect(values[i]).toBeCloseTo(expected[i], 4);
+      expect(new Set(f.codes.subarray(0, tokens * K)).size).toBeGreaterThan(200);
+      expect([...f.codes]).toEqual([...s.codes]);
+      expect([...f.scales]).toEqual([...s.scales]);
+    },
+  );
 });
 
 // The tensor-core tiles need i8 subgroup matrices: CI's lavapipe has none, so their cases skip there and run on a GPU

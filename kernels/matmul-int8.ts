@@ -8,6 +8,7 @@ import {
   type PreparedDispatch,
   uniformBuffer,
 } from '../core/gpu/dispatch.ts';
+import type { GatedActivation } from './elementwise.wgsl.ts';
 import { foldWorkgroups, requireBytes } from './matmul.ts';
 import {
   INT8_MATMUL_TILES,
@@ -112,6 +113,8 @@ export interface QuantizeActivationsBinding {
   input: GPUBuffer;
   /** f32 [tokens, K]: quantize silu(input)·up instead (input the gate; the SwiGLU fused into the quantizer). */
   up?: GPUBuffer;
+  /** With `up`: gelu(input)·up instead of silu ('geglu'); default 'swiglu'. */
+  activation?: GatedActivation;
   activations: Int8Activations;
   tokens: number;
   K: number;
@@ -135,8 +138,13 @@ export function prepareQuantizeActivations(
   requireBytes(label, 'input', b.input, tokens * K * 4);
   if (b.up) requireBytes(label, 'up', b.up, tokens * K * 4);
   const padded = paddedTokens(tokens);
-  const swiglu = b.up !== undefined;
-  const pipeline = computePipeline(gpu, 'quantize-activations', quantizeActivationsWgsl(swiglu));
+  const gated = b.up !== undefined ? (b.activation ?? 'swiglu') : null;
+  // The plain and SwiGLU builds keep the label they had; GeGLU's is its own.
+  const pipeline = computePipeline(
+    gpu,
+    gated === 'geglu' ? 'quantize-activations-geglu' : 'quantize-activations',
+    quantizeActivationsWgsl(gated),
+  );
   const params = uniformBuffer(gpu, `${label}.params`, [K, tokens, padded, 0], 'uuuu');
   const inputs = [b.input, a.codes, a.scales, params, ...(b.up ? [b.up] : [])];
   return {

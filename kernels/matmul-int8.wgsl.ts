@@ -18,7 +18,7 @@
  *   stores them to workgroup memory, and each output adds s·d·C + m·(d·Σq).
  */
 import { GGML_TYPE_INFO, GgmlType } from '../core/gguf-types.ts';
-import { swigluExpression } from './elementwise.wgsl.ts';
+import { type GatedActivation, gatedExpression } from './elementwise.wgsl.ts';
 import { storeWgsl, weightDecodeWgsl } from './matmul.wgsl.ts';
 
 /** Token rows of the activation codes are padded to this: no tile reads past it. */
@@ -28,18 +28,18 @@ export const INT8_TOKEN_PADDING = 64;
 export const QUANTIZE_ACTIVATIONS_WORKGROUP = 64;
 
 /**
- * `swiglu`: x is the feed-forward's gate and binding 4 its up, and the quantizer takes silu(gate)·up as its input (the
- * down projection's, without a pass that writes it out first).
+ * `gated` ('swiglu' or 'geglu'): x is the feed-forward's gate and binding 4 its up, and the quantizer takes
+ * silu(gate)·up (or gelu(gate)·up) as its input (the down projection's, without a pass that writes it out first).
  */
-export function quantizeActivationsWgsl(swiglu = false): string {
-  const load = (i: string) => (swiglu ? swigluExpression(`x[${i}]`, `up[${i}]`) : `x[${i}]`);
+export function quantizeActivationsWgsl(gated: GatedActivation | null = null): string {
+  const load = (i: string) => (gated ? gatedExpression(gated, `x[${i}]`, `up[${i}]`) : `x[${i}]`);
   return /* wgsl */ `
 struct Params { K: u32, tokens: u32, paddedTokens: u32, _pad: u32 }
 @group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read_write> codes: array<u32>;
 @group(0) @binding(2) var<storage, read_write> scales: array<vec2<f32>>;
 @group(0) @binding(3) var<uniform> params: Params;
-${swiglu ? '@group(0) @binding(4) var<storage, read> up: array<vec4<f32>>;' : ''}
+${gated ? '@group(0) @binding(4) var<storage, read> up: array<vec4<f32>>;' : ''}
 
 @compute @workgroup_size(${QUANTIZE_ACTIVATIONS_WORKGROUP})
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {

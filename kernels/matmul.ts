@@ -2,6 +2,7 @@ import { InvalidRequestError } from '../core/errors.ts';
 import type { GgmlType } from '../core/gguf-types.ts';
 import type { GpuContext } from '../core/gpu/device.ts';
 import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from '../core/gpu/dispatch.ts';
+import type { GatedActivation } from './elementwise.wgsl.ts';
 import {
   DEFAULT_MATMUL_VARIANT,
   isDenseMatvecType,
@@ -200,8 +201,10 @@ export interface MatvecSwigluBinding {
   up: GpuWeight;
   /** f32 [K] */
   input: GPUBuffer;
-  /** f32 [rows]: silu(gate·x)·(up·x) */
+  /** f32 [rows]: silu(gate·x)·(up·x), or gelu(gate·x)·(up·x) with `activation` 'geglu' */
   output: GPUBuffer;
+  /** Default 'swiglu'. */
+  activation?: GatedActivation;
 }
 
 /**
@@ -217,12 +220,14 @@ export function prepareMatvecSwiglu(gpu: GpuContext, label: string, b: MatvecSwi
   const K = gate.rowLength;
   requireBytes(label, 'input', b.input, K * 4);
   requireBytes(label, 'output', b.output, gate.rows * 4);
+  const activation = b.activation ?? 'swiglu';
   const code = matvecSwigluWgsl(
     { type: gate.type, threads: matvecThreadsFor(gate.type, K) },
     { type: up.type, threads: matvecThreadsFor(up.type, K) },
     matvecBuildFor(gpu.features),
+    activation,
   );
-  const pipeline = computePipeline(gpu, 'matvec swiglu', code);
+  const pipeline = computePipeline(gpu, `matvec ${activation}`, code);
   const params = uniformBuffer(
     gpu,
     `${label}.params`,

@@ -12,7 +12,7 @@
  */
 import { UnsupportedModelError } from '../core/errors.ts';
 import { GGML_TYPE_INFO, GgmlType, IQ4_NL_LEVELS } from '../core/gguf-types.ts';
-import { swigluExpression } from './elementwise.wgsl.ts';
+import { type GatedActivation, gatedExpression } from './elementwise.wgsl.ts';
 
 /** IQ4_NL_LEVELS as 4 words of 4 int8 each (level q is byte q % 4 of word q / 4). */
 const iq4LevelWords = [0, 1, 2, 3].map((i) =>
@@ -730,12 +730,14 @@ ${matvecEntryWgsl(
 /**
  * The feed-forward's gate and up matvecs and SwiGLU in one dispatch (tokens = 1): a workgroup computes the same 4
  * rows of both weights (matvecRowsWgsl with each weight's own thread count, so the same floats as two matvec
- * dispatches) and writes silu(gate)·up. Bindings: x, params, gate weight, up weight, output.
+ * dispatches) and writes silu(gate)·up, or gelu(gate)·up with `activation` 'geglu'. Bindings: x, params, gate weight,
+ * up weight, output.
  */
 export function matvecSwigluWgsl(
   gate: Omit<MatvecGroupMember, 'hasBias'>,
   up: Omit<MatvecGroupMember, 'hasBias'>,
   build: MatvecBuild,
+  activation: GatedActivation = 'swiglu',
 ): string {
   const tpr = Math.max(gate.threads, up.threads);
   return matvecModule(
@@ -767,7 +769,7 @@ ${matvecEntryWgsl(
   )}
   if (li < ROWS && row0 + li < params.rows) {
     let g = gatePartialSum[li];
-    y[row0 + li] = ${swigluExpression('g', 'upPartialSum[li]')};
+    y[row0 + li] = ${gatedExpression(activation, 'g', 'upPartialSum[li]')};
   }`,
   build,
 )}`,

@@ -6,9 +6,10 @@ import { withFeatures, withLimits, withTestGpu } from '../test/gpu.ts';
 import { maxToleranceRatio, randomFloats, seededRandom } from '../test/random.ts';
 import { mutateShaders } from '../test/shader-mutation.ts';
 import { prepareSwiglu } from './elementwise.ts';
+import type { GatedActivation } from './elementwise.wgsl.ts';
 import { matvecThreadsFor, prepareMatmul, prepareMatvecGroup, prepareMatvecSwiglu } from './matmul.ts';
 import { dequantize, randomWeightBytes } from './reference/dequantize.ts';
-import { swigluReference } from './reference/elementwise.ts';
+import { gegluReference, swigluReference } from './reference/elementwise.ts';
 import { matmulReference, maxErrorRelativeToMagnitude } from './reference/matmul.ts';
 import { releaseWeight, uploadWeightFromBytes } from './weights.ts';
 
@@ -187,6 +188,7 @@ describe('matvec SwiGLU (gate, up and silu(gate)·up in one dispatch)', () => {
     transform?: (code: string) => string,
     gpu = ctx.gpu,
     rowLength = K,
+    activation: GatedActivation = 'swiglu',
   ) {
     const random = seededRandom(rows * 13 + gateType);
     const x = randomFloats(random, rowLength, 1);
@@ -194,14 +196,16 @@ describe('matvec SwiGLU (gate, up and silu(gate)·up in one dispatch)', () => {
     const up = makeWeight(upType, rowLength, rows, 201);
     const input = gpu.allocator.createStorage('x', 'scratch', x);
     const output = gpu.allocator.createStorage('y', 'scratch', rows * 4);
-    const target = transform ? mutateShaders(gpu, { label: 'matvec swiglu', edit: transform }) : null;
-    const fusedDispatch = prepareMatvecSwiglu(target?.gpu ?? gpu, 'swiglu', {
+    const label = `matvec ${activation}`;
+    const target = transform ? mutateShaders(gpu, { label, edit: transform }) : null;
+    const fusedDispatch = prepareMatvecSwiglu(target?.gpu ?? gpu, activation, {
       gate: gate.weight,
       up: up.weight,
       input,
       output,
+      activation,
     });
-    if (target) expect(target.mutated).toEqual(['matvec swiglu']);
+    if (target) expect(target.mutated).toEqual([label]);
     if (!fusedDispatch) throw new Error('expected one dispatch');
     const [fused] = await run([fusedDispatch], [output], [rows]);
     const g = gpu.allocator.createStorage('g', 'scratch', rows * 4);
@@ -211,14 +215,14 @@ describe('matvec SwiGLU (gate, up and silu(gate)·up in one dispatch)', () => {
       [
         ...prepareMatmul(gpu, 'gate', { weight: gate.weight, input, output: g, tokens: 1 }),
         ...prepareMatmul(gpu, 'up', { weight: up.weight, input, output: u, tokens: 1 }),
-        prepareSwiglu(gpu, 'swiglu', { gate: g, up: u, output: h, count: rows }),
+        prepareSwiglu(gpu, activation, { gate: g, up: u, output: h, count: rows, activation }),
       ],
       [h],
       [rows],
     );
     const gateRef = matmulReference(gate.dense, x, rowLength, rows, 1).y;
     const upRef = matmulReference(up.dense, x, rowLength, rows, 1).y;
-    const expected = swigluReference(gateRef, upRef);
+    const expected = (activation === 'geglu' ? gegluReference : swigluReference)(gateRef, upRef);
     for (const b of [input, output, g, u, h]) gpu.allocator.release(b);
     releaseWeight(gpu, gate.weight);
     releaseWeight(gpu, up.weight);
@@ -263,6 +267,26 @@ describe('matvec SwiGLU (gate, up and silu(gate)·up in one dispatch)', () => {
     const limited = withLimits(ctx.gpu, { maxComputeWorkgroupsPerDimension: 3 });
     const { fused, expected } = await runSwiglu(GgmlType.Q4_K, GgmlType.Q6_K, 37, undefined, limited);
     expect(maxToleranceRatio(fused, expected, 1e-4, 1e-4)).toBeLessThanOrEqual(1);
+  });
+
+  // Gemma's GeGLU: the same dispatch with gelu's tanh form in place of silu.
+  it.each([
+    [GgmlType.Q4_K, GgmlType.Q6_K, 22],
+    [GgmlType.Q8_0, GgmlType.F16, 9],
+  ])(
+    'GeGLU: gate type %i, up type %i, %i rows: matches the CPU reference and the three dispatches exactly',
+    async (gt, ut, rows) => {
+      const { fused, separate, expected } = await runSwiglu(gt, ut, rows, undefined, ctx.gpu, K, 'geglu');
+      expect(maxToleranceRatio(fused, expected, 1e-4, 1e-4)).toBeLessThanOrEqual(1);
+      expect(fused).toEqual(separate);
+    },
+  );
+
+  // The gates here are large (|g| of tens): gelu is nearly g or 0 there, so the break flips the sigmoid.
+  it('catches a broken GeGLU kernel (its sigmoid mirrored)', async () => {
+    const edit = (code: string) => code.replace('exp(-1.5957691216057308', 'exp(1.5957691216057308');
+    const { fused, expected } = await runSwiglu(GgmlType.Q8_0, GgmlType.F16, 9, edit, ctx.gpu, K, 'geglu');
+    expect(maxToleranceRatio(fused, expected, 1e-4, 1e-4)).toBeGreaterThan(1);
   });
 
   it('catches a broken kernel (up read with the gate row stride)', async () => {

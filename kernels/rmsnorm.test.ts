@@ -10,22 +10,24 @@ import { prepareRmsNorm } from './rmsnorm.ts';
 
 const ctx = withTestGpu();
 
-async function runRmsNorm(gpu: GpuContext, rows: number, dim: number) {
+/** `add`: the rows are added into an output holding random values (a residual stream). */
+async function runRmsNorm(gpu: GpuContext, rows: number, dim: number, add = false) {
   const random = seededRandom(rows * 1000 + dim);
   const x = randomFloats(random, rows * dim, 3);
   const w = randomFloats(random, dim, 1.5);
+  const residual = add ? randomFloats(random, rows * dim, 2) : undefined;
   const eps = 1e-5;
   const before = gpu.allocator.snapshot().totalBuffers;
   const input = gpu.allocator.createStorage('x', 'scratch', x);
   const weight = gpu.allocator.createStorage('w', 'weights', w);
-  const output = gpu.allocator.createStorage('y', 'scratch', rows * dim * 4);
-  const dispatch = prepareRmsNorm(gpu, 'rmsnorm-test', { input, weight, output, rows, dim, eps });
+  const output = gpu.allocator.createStorage('y', 'scratch', residual ?? rows * dim * 4);
+  const dispatch = prepareRmsNorm(gpu, 'rmsnorm-test', { input, weight, output, rows, dim, eps, add });
   submitDispatches(gpu, 'rmsnorm-test', [dispatch]);
   const actual = await readFloat32(gpu, output, rows * dim);
   releaseDispatches(gpu, [dispatch]);
   for (const b of [input, weight, output]) gpu.allocator.release(b);
   expect(gpu.allocator.snapshot().totalBuffers).toBe(before);
-  return { actual, expected: rmsnormReference(x, w, rows, dim, eps) };
+  return { actual, expected: rmsnormReference(x, w, rows, dim, eps, residual) };
 }
 
 describe('rmsnorm kernel', () => {
@@ -42,6 +44,25 @@ describe('rmsnorm kernel', () => {
   ])('matches the CPU reference for %i rows x %i', async (rows, dim) => {
     const { actual, expected } = await runRmsNorm(ctx.gpu, rows, dim);
     expect(maxToleranceRatio(actual, expected, 1e-5, 1e-4)).toBeLessThanOrEqual(1);
+  });
+
+  it.each([
+    [3, 255],
+    [2, 1152],
+    [2, 5000],
+  ])('added into its output (post-norm) matches the CPU reference for %i rows x %i', async (rows, dim) => {
+    const { actual, expected } = await runRmsNorm(ctx.gpu, rows, dim, true);
+    expect(maxToleranceRatio(actual, expected, 1e-5, 1e-4)).toBeLessThanOrEqual(1);
+  });
+
+  it('catches a broken kernel: the added build writing the tail instead of adding it', async () => {
+    const broken = mutateShaders(ctx.gpu, {
+      label: 'rmsnorm-add',
+      edit: (code) => code.replace('y[base + i] = y[base + i] + ', 'y[base + i] = '),
+    });
+    const { actual, expected } = await runRmsNorm(broken.gpu, 1, 5000, true);
+    expect(broken.mutated).toEqual(['rmsnorm-add']);
+    expect(maxToleranceRatio(actual, expected, 1e-5, 1e-4)).toBeGreaterThan(1);
   });
 
   it('catches a broken kernel: an off-by-one in the mean fails the comparison', async () => {

@@ -1,7 +1,7 @@
 import { InvalidRequestError } from '../core/errors.ts';
 import type { GpuContext } from '../core/gpu/device.ts';
 import { bindBuffers, computePipeline, type PreparedDispatch, uniformBuffer } from '../core/gpu/dispatch.ts';
-import { rmsnormWgsl } from './rmsnorm.wgsl.ts';
+import { rmsnormSource } from './rmsnorm.wgsl.ts';
 
 export interface RmsNormBinding {
   input: GPUBuffer;
@@ -10,6 +10,8 @@ export interface RmsNormBinding {
   rows: number;
   dim: number;
   eps: number;
+  /** Add the normalized rows into `output` instead of writing them (Gemma's post-norms, into the residual stream). */
+  add?: boolean;
 }
 
 /**
@@ -20,7 +22,9 @@ export function prepareRmsNorm(gpu: GpuContext, label: string, b: RmsNormBinding
   if (b.input === b.output) {
     throw new InvalidRequestError(`RMSNorm '${label}' cannot write its input in place; give it another output buffer.`);
   }
-  const pipeline = computePipeline(gpu, 'rmsnorm', rmsnormWgsl);
+  const pipeline = b.add
+    ? computePipeline(gpu, 'rmsnorm-add', rmsnormSource(true))
+    : computePipeline(gpu, 'rmsnorm', rmsnormSource(false));
   const params = uniformBuffer(gpu, `${label}.params`, [b.rows, b.dim, b.eps, 0], 'uufu');
   return {
     label,

@@ -82,6 +82,8 @@ export class Harness {
   readonly tolerance: AttentionTolerance;
   /** The int8 prefill kernel's split settings, where prefill steps run it (their reference: attentionInt8Reference). */
   readonly int8Split: Int8SplitSettings | null;
+  /** Every layer's sliding window, or undefined. */
+  readonly window: number | undefined;
 
   constructor(
     readonly gpu: GpuContext,
@@ -102,9 +104,14 @@ export class Harness {
       convertKeys?: boolean;
       /** Output tolerance against the reference (default: the f32 kernels' ATTENTION_F32_TOLERANCE). */
       tolerance?: AttentionTolerance;
+      /** Every layer's sliding window (AttentionBinding.window). */
+      window?: number;
+      /** The decode graphs keep the general split kernel (AttentionBinding.decodeKernel false). */
+      decodeKernel?: boolean;
     } = {},
   ) {
     this.tolerance = opts.tolerance ?? ATTENTION_F32_TOLERANCE;
+    this.window = opts.window;
     const int8 = opts.prefillProducts === 'int8' || opts.prefillProducts === 'int8-dot';
     this.int8Split = int8
       ? {
@@ -152,6 +159,7 @@ export class Harness {
         heads,
         scale,
         blockKeys: opts.blockKeys,
+        window: opts.window,
       };
       const append = { pool: this.pool, layer, k: this.k[layer], v: this.v[layer] };
       this.prefill.push(prepareKvAppend(gpu, `prefill.append${layer}`, { ...append, tokens: maxTokens }));
@@ -175,6 +183,7 @@ export class Harness {
           maxTokens: 1,
           splits: opts.decodeSplits,
           minChunkKeys: opts.minChunkKeys,
+          decodeKernel: opts.decodeKernel,
         }),
       );
     }
@@ -238,6 +247,7 @@ export class Harness {
         kvHeads,
         headDim,
         scale: 1 / Math.sqrt(headDim),
+        window: this.window,
       };
       const expected = expectedAttention(input, decode ? null : this.int8Split);
       worst = Math.max(worst, maxToleranceRatio(actual, expected, this.tolerance.atol, this.tolerance.rtol));
@@ -269,6 +279,8 @@ export async function runSteps(
     convertKeys?: boolean;
     tolerance?: AttentionTolerance;
     sources?: AttentionSources;
+    window?: number;
+    decodeKernel?: boolean;
   } = {},
 ) {
   const before = gpu.allocator.snapshot().totalBuffers;
@@ -302,7 +314,12 @@ export const INT8_ATTENTION_QUANTIZATION_BOUND: AttentionTolerance = { atol: 0.0
 
 /** Steps that cover the int8 prefill kernel's cases: GQA groups cut by row tiles, partial and causal tiles, splits. */
 export const INT8_PREFILL_CASES: Array<
-  [string, Shape, number[], { prefillSplits?: number; prefillSplitRows?: number; minChunkKeys?: number }]
+  [
+    string,
+    Shape,
+    number[],
+    { prefillSplits?: number; prefillSplitRows?: number; minChunkKeys?: number; window?: number },
+  ]
 > = [
   [
     'hd 64, 4:1, pages of 16, one split',
@@ -329,6 +346,13 @@ export const INT8_PREFILL_CASES: Array<
     [70, 20, 5, 1],
     { prefillSplits: 4, prefillSplitRows: 320, minChunkKeys: 16 },
   ],
+  // Gemma 3's local layers: rows of a tile see different first keys, splits and tiles fall before the window.
+  [
+    'hd 64, 4:1, pages of 8, sliding window of 40, 2 splits of >= 16 keys',
+    { layers: 1, heads: 8, kvHeads: 2, headDim: 64, pageTokens: 8 },
+    [100, 37, 1],
+    { prefillSplits: 2, minChunkKeys: 16, window: 40 },
+  ],
 ];
 
 /** Whether `products` ('int8' or 'int8-dot') has a prefill kernel for `pool` on this device. */
@@ -347,7 +371,8 @@ export function int8PrefillServes(
 /**
  * Broken variants of an int8 prefill kernel that the reference cases must catch (tests of the tests), per kernel:
  * the causal mask one key late, no rescale of the accumulators between tiles, one key's scale for every key, a
- * split's first tile seeing the keys before the split's start; each run on INT8_PREFILL_CASES[at] (default the first).
+ * split's first tile seeing the keys before the split's start, a sliding-window row seeing keys before its window;
+ * each run on INT8_PREFILL_CASES[at] (default the first).
  */
 export const INT8_PREFILL_MUTATIONS: Record<
   'int8' | 'int8-dot',
@@ -359,13 +384,31 @@ export const INT8_PREFILL_MUTATIONS: Record<
     ['one key scale for all keys', (code) => code.replaceAll(/dq \* kscale\[[^\]]*\]\[\d\]/g, 'dq * kscale[0][0]')],
     ['values read from the keys', (code) => code.replaceAll('keyCodesAt(1u, kvh, ', 'keyCodesAt(0u, kvh, ')],
     // The second case's splits start at keys 16 and 32, inside the first tile.
-    ["keys before a split's start seen", (code) => code.replace('select(0u, start - block, start > block)', '0u'), 1],
+    [
+      "keys before a split's start seen",
+      (code) => code.replace(/select\(0u, (start|lower) - block, \1 > block\)/, '0u'),
+      1,
+    ],
+    [
+      "keys before a row's window seen",
+      (code) => code.replace('let lower = max(start, first);', 'let lower = start;'),
+      4,
+    ],
   ],
   'int8-dot': [
     ['causal mask one key late', (code) => code.replace('min(n, limit - block)', 'min(n, limit + 1u - block)')],
     ['no rescale between tiles', (code) => code.replace('acc[e] * correction', 'acc[e]')],
     ['one key scale for all keys', (code) => code.replace('dq * kscale[j]', 'dq * kscale[0]')],
-    ["keys before a split's start seen", (code) => code.replace('select(0u, start - block, start > block)', '0u'), 1],
+    [
+      "keys before a split's start seen",
+      (code) => code.replace(/select\(0u, (start|lower) - block, \1 > block\)/, '0u'),
+      1,
+    ],
+    [
+      "keys before a row's window seen",
+      (code) => code.replace('let lower = max(start, first);', 'let lower = start;'),
+      4,
+    ],
   ],
 };
 
@@ -382,10 +425,12 @@ export async function int8MutationRatio(
 ): Promise<number> {
   const [, shape, chunks, more] = INT8_PREFILL_CASES[at];
   if (shape.headDim !== 64) throw new Error('int8 mutation: a head size 64 case expected');
+  // A case with a sliding window runs the windowed build (AttentionBinding.window).
+  const windowed = more.window !== undefined;
   const original =
     products === 'int8-dot'
-      ? attentionPrefillDotSource({ headDim: 64, quant: null, unrolled: !gpu.adapter.isFallbackAdapter })
-      : attentionPrefillInt8Source({ headDim: 64, quant: null, converted: convertKeys });
+      ? attentionPrefillDotSource({ headDim: 64, quant: null, unrolled: !gpu.adapter.isFallbackAdapter, windowed })
+      : attentionPrefillInt8Source({ headDim: 64, quant: null, converted: convertKeys, windowed });
   const prefill = edit(original);
   if (prefill === original) throw new Error('int8 mutation: the edit no longer applies');
   const harness = new Harness(gpu, shape, Math.max(...chunks), {

@@ -1,5 +1,5 @@
 /**
- * A whole-model CPU reference for the oracle tests: the llama/qwen2/qwen3 forward pass in f64 over dequantized
+ * A whole-model CPU reference for the oracle tests: the llama/qwen2/qwen3/gemma3 forward pass in f64 over dequantized
  * weights (kernels/reference/dequantize.ts), with the KV cache rounded to f16 as both engines store it (or kept in
  * f64 with `exactKv`).
  *
@@ -137,11 +137,30 @@ export interface ReferenceOptions {
   };
   /** Keeps K/V in f64 instead of rounding them to f16: the exact reference an f16 cache is measured against. */
   exactKv?: boolean;
+  /** gemma3: every layer attends to the whole sequence (a model that ignored the sliding window, for contrast). */
+  ignoreSlidingWindow?: boolean;
+}
+
+/** gelu's tanh form in f64. */
+function gelu(x: number): number {
+  return 0.5 * x * (1 + Math.tanh(Math.sqrt(2 / Math.PI) * (x + 0.044715 * x ** 3)));
 }
 
 /**
- * Teacher-forced next-token log-probabilities, [ids.length × vocab], of the GGUF model at `path` (llama, qwen2 or
- * qwen3; norms and biases F32, matrices any type the reference dequantizer reads).
+ * llama.cpp's CPU gelu (ggml's GGML_GELU_FP16): 0 below -10, x above 10, else a table of f16 results looked up by the
+ * f16 rounding of x.
+ */
+function llamaCppGelu(x: number): number {
+  if (x <= -10) return 0;
+  if (x >= 10) return x;
+  return roundF16(Math.fround(gelu(roundF16(x))));
+}
+
+/**
+ * Teacher-forced next-token log-probabilities, [ids.length × vocab], of the GGUF model at `path` (llama, qwen2, qwen3
+ * or gemma3; norms and biases F32, matrices any type the reference dequantizer reads). gemma3 as llama.cpp builds it
+ * (src/models/gemma3.cpp): embeddings times sqrt(dim), q/k norms, q scaled before the product, local layers in a
+ * sliding window with their own RoPE base and no context scaling, post-norms, GeGLU.
  */
 export async function referenceLogProbs(
   path: string,
@@ -189,6 +208,14 @@ export async function referenceLogProbs(
   const output = tensors.has('output.weight') ? matrix('output.weight') : embedding;
   const vocab = embedding.rows;
   const emulate = options.emulateLlamaCpp;
+  const gemma = arch === 'gemma3';
+  // gemma3's sliding window (llama.cpp: every period-th layer global, default 6) and its local RoPE base.
+  const swa = gemma ? (num(`${arch}.attention.sliding_window`) ?? 0) : 0;
+  const period = num(`${arch}.attention.sliding_window_pattern`) ?? 6;
+  const localBase = num(`${arch}.rope.freq_base_swa`) ?? 10000;
+  const isLocal = (l: number) => swa > 0 && !options.ignoreSlidingWindow && (period === 0 || l % period < period - 1);
+  // What q is multiplied by: gemma3 scales q itself (by 1/sqrt(dim/heads) in the 62-layer 27B), others the product.
+  const attentionScale = 1 / Math.sqrt(gemma && layers === 62 ? dim / heads : headDim);
 
   const matmul = (w: Matrix, x: Float64Array, bias?: Float32Array | null) => {
     const input = emulate ? llamaCppActivation(w.type, x) : x;
@@ -210,14 +237,14 @@ export async function referenceLogProbs(
     const scale = 1 / Math.sqrt(sum / x.length + eps);
     return x.map((v, i) => v * scale * weight[i]);
   };
-  const rope = (v: Float64Array, count: number, position: number) => {
+  const rope = (v: Float64Array, count: number, position: number, local: boolean) => {
     for (let h = 0; h < count; h++) {
       for (let i = 0; i < headDim / 2; i++) {
         const { theta, magnitude } = ropeAngleReference(i, position, {
           ropeDim: headDim,
-          base,
+          base: local ? localBase : base,
           freqFactor: freqFactors?.[i],
-          scaling,
+          scaling: local ? { ...scaling, type: 'none', factor: 1 } : scaling,
         });
         const [c, s] = [Math.cos(theta) * magnitude, Math.sin(theta) * magnitude];
         const a = neox ? h * headDim + i : h * headDim + 2 * i;
@@ -230,9 +257,18 @@ export async function referenceLogProbs(
   };
 
   const n = ids.length;
-  const x = ids.map((id) => Float64Array.from(embedding.values.subarray(id * dim, (id + 1) * dim)));
+  const embeddingScale = gemma ? Math.fround(Math.sqrt(dim)) : 1;
+  const x = ids.map((id) =>
+    Float64Array.from(embedding.values.subarray(id * dim, (id + 1) * dim), (v) => v * embeddingScale),
+  );
+  const activation = gemma
+    ? (g: number) => (emulate ? llamaCppGelu(g) : gelu(g))
+    : (g: number) => g / (1 + Math.exp(-g));
   for (let l = 0; l < layers; l++) {
     const p = `blk.${l}.`;
+    const local = isLocal(l);
+    const attnPostNorm = vector(`${p}post_attention_norm.weight`);
+    const ffnPostNorm = vector(`${p}post_ffw_norm.weight`);
     const attnNorm = vector(`${p}attn_norm.weight`)!;
     const ffnNorm = vector(`${p}ffn_norm.weight`)!;
     const [wq, wk, wv, wo] = ['attn_q', 'attn_k', 'attn_v', 'attn_output'].map((m) => matrix(`${p}${m}.weight`));
@@ -252,8 +288,10 @@ export async function referenceLogProbs(
         for (let i = 0; i < kvHeads; i++)
           k.set(rmsNorm(k.subarray(i * headDim, (i + 1) * headDim), kNorm), i * headDim);
       }
-      rope(q, heads, t);
-      rope(k, kvHeads, t);
+      rope(q, heads, t, local);
+      rope(k, kvHeads, t, local);
+      // gemma3 scales q before the product (llama.cpp rounds the scaled q to f16), the others the product.
+      if (gemma) for (let i = 0; i < q.length; i++) q[i] *= attentionScale;
       qs.push(emulate ? q.map(roundF16) : q);
       ks.push(options.exactKv ? k : k.map(roundF16));
       vs.push(options.exactKv ? v : v.map(roundF16));
@@ -283,37 +321,42 @@ export async function referenceLogProbs(
       }
       return (store === 'k' ? ks : vs)[j];
     };
+    const productScale = gemma ? 1 : attentionScale;
     for (let t = 0; t < n; t++) {
       const attention = new Float64Array(heads * headDim);
+      // A local layer's query at t sees keys t - window + 1 .. t (llama.cpp's LLAMA_SWA_TYPE_STANDARD).
+      const first = local ? Math.max(0, t + 1 - swa) : 0;
       for (let i = 0; i < heads; i++) {
         const g = Math.floor(i / (heads / kvHeads));
         const scores = new Float64Array(t + 1);
         let max = Number.NEGATIVE_INFINITY;
-        for (let j = 0; j <= t; j++) {
+        for (let j = first; j <= t; j++) {
           let dot = 0;
           const key = keyAt(t, j, 'k');
           for (let e = 0; e < headDim; e++) dot += qs[t][i * headDim + e] * key[g * headDim + e];
-          scores[j] = dot / Math.sqrt(headDim);
+          scores[j] = dot * productScale;
           max = Math.max(max, scores[j]);
         }
         let sum = 0;
-        for (let j = 0; j <= t; j++) {
+        for (let j = first; j <= t; j++) {
           scores[j] = Math.exp(scores[j] - max);
           sum += scores[j];
         }
-        for (let j = 0; j <= t; j++) {
+        for (let j = first; j <= t; j++) {
           const weight = emulate ? roundF16(scores[j] / sum) : scores[j] / sum;
           const value = keyAt(t, j, 'v');
           for (let e = 0; e < headDim; e++) attention[i * headDim + e] += weight * value[g * headDim + e];
         }
       }
-      const projected = matmul(wo, attention, vector(`${p}attn_output.bias`));
+      const o = matmul(wo, attention, vector(`${p}attn_output.bias`));
+      const projected = attnPostNorm ? rmsNorm(o, attnPostNorm) : o;
       x[t] = x[t].map((v, i) => v + projected[i]);
       const h = rmsNorm(x[t], ffnNorm);
       const g = matmul(gate, h, vector(`${p}ffn_gate.bias`));
       const u = matmul(up, h, vector(`${p}ffn_up.bias`));
-      const hidden = g.map((a, i) => (a / (1 + Math.exp(-a))) * u[i]);
-      const y = matmul(down, hidden, vector(`${p}ffn_down.bias`));
+      const hidden = g.map((a, i) => activation(a) * u[i]);
+      const d = matmul(down, hidden, vector(`${p}ffn_down.bias`));
+      const y = ffnPostNorm ? rmsNorm(d, ffnPostNorm) : d;
       x[t] = x[t].map((v, i) => v + y[i]);
     }
   }

@@ -11,7 +11,7 @@
  * the tile (d_w = max w / 127), acc = acc·correction + d_w·Σ c(w)·c(v), l = l·correction + Σ p.
  * Splits merge as the merge pass does: Σ e^(m_s − M)·acc_s / Σ e^(m_s − M)·l_s.
  */
-import { type AttentionReferenceInput, roundToF16 } from './attention.ts';
+import { type AttentionReferenceInput, roundToF16, windowFirstKey } from './attention.ts';
 
 const TILE_KEYS = 64;
 
@@ -59,6 +59,7 @@ export function attentionInt8Reference(input: AttentionInt8ReferenceInput): Floa
   const out = new Float32Array(tokens * heads * headDim);
   for (let t = 0; t < tokens; t++) {
     const visible = position + t + 1;
+    const first = windowFirstKey(position + t, input.window);
     for (let h = 0; h < heads; h++) {
       const kvh = Math.floor(h / group);
       const qBase = (t * heads + h) * headDim;
@@ -70,8 +71,10 @@ export function attentionInt8Reference(input: AttentionInt8ReferenceInput): Floa
         const acc = new Float64Array(headDim);
         const end = Math.min(start + chunk, visible);
         for (let tile = start - (start % TILE_KEYS); tile < end; tile += TILE_KEYS) {
-          const block = Math.max(tile, start);
+          // Keys before the split's start, or the row's window, are masked in the kernel's tile: left out here.
+          const block = Math.max(tile, start, first);
           const n = Math.min(tile + TILE_KEYS, end) - block;
+          if (n <= 0) continue;
           const s = new Float64Array(n);
           let tileMax = Number.NEGATIVE_INFINITY;
           for (let j = 0; j < n; j++) {

@@ -53,6 +53,8 @@ export interface AttentionReferenceInput {
   v: Float32Array;
   /** Position of the first query token; query t sits at `position + t` and sees keys 0..position+t. */
   position: number;
+  /** A sliding window: query t sees only keys position + t − window + 1 .. position + t. */
+  window?: number;
   tokens: number;
   heads: number;
   kvHeads: number;
@@ -60,6 +62,11 @@ export interface AttentionReferenceInput {
   scale: number;
   /** k and v are the values the cache holds (e.g. dequantized rows): use them as they are, no f16 rounding. */
   stored?: boolean;
+}
+
+/** The first key the query at `position` sees: 0, or in a sliding window of `window` keys position − window + 1. */
+export function windowFirstKey(position: number, window: number | undefined): number {
+  return window === undefined ? 0 : Math.max(0, position + 1 - window);
 }
 
 /**
@@ -82,11 +89,12 @@ export function attentionReference(input: AttentionReferenceInput): Float32Array
   const scores = new Float64Array(length);
   for (let t = 0; t < tokens; t++) {
     const visible = position + t + 1;
+    const first = windowFirstKey(position + t, input.window);
     for (let h = 0; h < heads; h++) {
       const kvh = Math.floor(h / group);
       const qBase = (t * heads + h) * headDim;
       let max = Number.NEGATIVE_INFINITY;
-      for (let j = 0; j < visible; j++) {
+      for (let j = first; j < visible; j++) {
         const kBase = j * kvStride + kvh * headDim;
         let dot = 0;
         for (let d = 0; d < headDim; d++) dot += q[qBase + d] * kr[kBase + d];
@@ -94,10 +102,10 @@ export function attentionReference(input: AttentionReferenceInput): Float32Array
         if (scores[j] > max) max = scores[j];
       }
       let sum = 0;
-      for (let j = 0; j < visible; j++) sum += scores[j] = Math.exp(scores[j] - max);
+      for (let j = first; j < visible; j++) sum += scores[j] = Math.exp(scores[j] - max);
       for (let d = 0; d < headDim; d++) {
         let acc = 0;
-        for (let j = 0; j < visible; j++) acc += scores[j] * vr[j * kvStride + kvh * headDim + d];
+        for (let j = first; j < visible; j++) acc += scores[j] * vr[j * kvStride + kvh * headDim + d];
         out[qBase + d] = acc / sum;
       }
     }

@@ -29,7 +29,7 @@ import { type KvPrecisionPlan, planEffectiveBits, uniformPlan } from '../kv/prec
 import { covarianceRotation, type KvRotation } from '../kv/rotation.ts';
 import type { StoredRotations } from '../kv/rotation-store.ts';
 import type { ModelConfig } from '../model/config.ts';
-import { type KvAttentionBackend, Transformer } from '../model/transformer.ts';
+import { type KvAttentionBackend, type LayerAttention, Transformer } from '../model/transformer.ts';
 import type { ModelWeights } from '../model/weights.ts';
 import { resolveSamplingParams } from '../sampling/params.ts';
 import { StepRunner } from '../step/step-runner.ts';
@@ -109,6 +109,7 @@ class MomentCapture implements KvAttentionBackend {
     b: { q: GPUBuffer; k: GPUBuffer; v: GPUBuffer; output: GPUBuffer },
     maxTokens: number,
     rope: RopeStage | null,
+    attention?: LayerAttention,
   ) {
     const { gpu, config: c, step, moments, capture } = this;
     // The moments are of q and k as the cache sees them: RoPE first, here.
@@ -160,7 +161,7 @@ class MomentCapture implements KvAttentionBackend {
           ];
     const own = [...roped, ...copies, ...moment];
     try {
-      const inner = this.inner.prepareLayer(layer, b, maxTokens, null);
+      const inner = this.inner.prepareLayer(layer, b, maxTokens, null, attention);
       return { append: [...own, ...inner.append], attention: inner.attention };
     } catch (error) {
       releaseDispatches(gpu, own);

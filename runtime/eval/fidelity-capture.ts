@@ -13,7 +13,7 @@ import { createKvAttention } from '../kv/paged-attention.ts';
 import { KvPagePool, type KvPoolOptions } from '../kv/pool.ts';
 import type { KvRotation } from '../kv/rotation.ts';
 import type { ModelConfig } from '../model/config.ts';
-import { type KvAttentionBackend, Transformer } from '../model/transformer.ts';
+import { type KvAttentionBackend, type LayerAttention, Transformer } from '../model/transformer.ts';
 import type { ModelWeights } from '../model/weights.ts';
 import { StepRunner } from '../step/step-runner.ts';
 import type { LayerActivations } from './fidelity.ts';
@@ -37,6 +37,7 @@ class AttentionCapture implements KvAttentionBackend {
     b: { q: GPUBuffer; k: GPUBuffer; v: GPUBuffer; output: GPUBuffer },
     maxTokens: number,
     rope: RopeStage | null,
+    attention?: LayerAttention,
   ) {
     const into = this.buffers[layer];
     const roped = prepareRopeStage(this.gpu, `blk.${layer}.rope`, rope, b.q, b.k, maxTokens);
@@ -53,7 +54,7 @@ class AttentionCapture implements KvAttentionBackend {
     };
     const before = [...roped, ...copy('q', b.q), ...copy('k', b.k), ...copy('v', b.v)];
     try {
-      const inner = this.inner.prepareLayer(layer, b, maxTokens, null);
+      const inner = this.inner.prepareLayer(layer, b, maxTokens, null, attention);
       return { append: [...before, ...inner.append], attention: [...inner.attention, ...copy('output', b.output)] };
     } catch (error) {
       releaseDispatches(this.gpu, before);

@@ -17,7 +17,7 @@ import { prepareKvDemote } from '../../kernels/kv-demote.ts';
 import { prepareRopeStage, type RopeStage } from '../../kernels/rope.ts';
 import { prepareRopeAppend, ropeAppendFits } from '../../kernels/rope-append.ts';
 import { prepareRotate } from '../../kernels/rotate.ts';
-import type { KvAttentionBackend } from '../model/transformer.ts';
+import type { KvAttentionBackend, LayerAttention } from '../model/transformer.ts';
 import type { KvPagePool } from './pool.ts';
 import { type KvRotation, rotationSet, transposedMatrices } from './rotation.ts';
 
@@ -255,12 +255,15 @@ export class PagedKvAttention implements KvAttentionBackend {
     buffers: { q: GPUBuffer; k: GPUBuffer; v: GPUBuffer; output: GPUBuffer },
     maxTokens: number,
     rope: RopeStage | null,
+    layerAttention?: LayerAttention,
   ): { append: PreparedDispatch[]; attention: PreparedDispatch[] } {
     // A layer that cannot be prepared (a kernel refusing a shape) leaves no buffer behind.
     const { gpu } = this;
     const append = prepareAllOrNone(gpu, (made) => this.prepareAppend(made, layer, buffers, maxTokens, rope));
     try {
-      const attention = prepareAllOrNone(gpu, (made) => this.prepareAttention(made, layer, buffers, maxTokens));
+      const attention = prepareAllOrNone(gpu, (made) =>
+        this.prepareAttention(made, layer, buffers, maxTokens, layerAttention),
+      );
       return { append, attention };
     } catch (error) {
       releaseDispatches(gpu, append);
@@ -332,12 +335,16 @@ export class PagedKvAttention implements KvAttentionBackend {
     }
   }
 
-  /** Pushes a layer's attention (the planned kernel, its merge, the un-rotation of a rotated cache) into `made`. */
+  /**
+   * Pushes a layer's attention (the planned kernel, its merge, the un-rotation of a rotated cache) into `made`, with
+   * the layer's scale and sliding window where the model gives them.
+   */
   private prepareAttention(
     made: PreparedDispatch[],
     layer: number,
     buffers: { q: GPUBuffer; k: GPUBuffer; v: GPUBuffer; output: GPUBuffer },
     maxTokens: number,
+    layerAttention: LayerAttention | undefined,
   ): void {
     const { gpu, pool, options } = this;
     const { rotations } = options;
@@ -386,7 +393,8 @@ export class PagedKvAttention implements KvAttentionBackend {
         output: buffers.output,
         heads: options.heads,
         maxTokens,
-        scale: options.scale ?? 1 / Math.sqrt(pool.headDim),
+        scale: layerAttention?.scale ?? options.scale ?? 1 / Math.sqrt(pool.headDim),
+        window: layerAttention?.window ?? undefined,
         splits,
         splitRows,
         minChunkKeys: plan.minChunkKeys,

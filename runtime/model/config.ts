@@ -1,11 +1,12 @@
 import { CorruptModelFileError, UnsupportedModelError } from '../../core/errors.ts';
 import type { GgufFile, GgufMetadata, GgufTensorInfo, GgufValue } from '../../core/gguf-types.ts';
 import { ATTENTION_MAX_HEAD_DIM, attentionRunsHeadDim } from '../../kernels/attention.wgsl.ts';
+import type { GatedActivation } from '../../kernels/elementwise.wgsl.ts';
 import { NO_ROPE_SCALING, type RopeLayout, type RopeScaling } from '../../kernels/rope.ts';
 import { metaNumber, metaOptionalNumber, metaOptionalString, metaString } from '../gguf/metadata.ts';
 
-export type Architecture = 'llama' | 'qwen2' | 'qwen3';
-export const SUPPORTED_ARCHITECTURES: readonly Architecture[] = ['llama', 'qwen2', 'qwen3'];
+export type Architecture = 'llama' | 'qwen2' | 'qwen3' | 'gemma3';
+export const SUPPORTED_ARCHITECTURES: readonly Architecture[] = ['llama', 'qwen2', 'qwen3', 'gemma3'];
 
 /** Everything the forward pass needs to know about a model's shape, read once from GGUF metadata. */
 export interface ModelConfig {
@@ -27,12 +28,41 @@ export interface ModelConfig {
   ropeScaling: RopeScaling;
   /** The optional bias vectors the file has (qwen2's q/k/v ones among them), as llama.cpp's loader reads them. */
   biases: readonly ModelBias[];
-  /** qwen3: RMSNorm over each head of q and k before RoPE. */
+  /** qwen3, gemma3: RMSNorm over each head of q and k before RoPE. */
   qkNorm: boolean;
+  /** gemma3: RMSNorm of the attention's and the feed-forward's output before each is added to the residual stream. */
+  postNorms: boolean;
+  /** The feed-forward's gated activation: silu(gate)·up (llama, qwen) or gelu(gate)·up, gelu's tanh form (gemma3). */
+  ffnActivation: GatedActivation;
+  /** What the token embedding is multiplied by: 1, or gemma3's sqrt(dim). */
+  embeddingScale: number;
+  /** What q·k is multiplied by before the softmax: 1/sqrt(headDim), but 1/sqrt(dim/heads) for Gemma 3 27B. */
+  attentionScale: number;
+  /** gemma3: the local layers attend within a sliding window, the others (global) to the whole sequence. */
+  slidingWindow: SlidingWindow | null;
   /** The output projection reuses the token embedding when the file has no `output.weight`. */
   tiedOutput: boolean;
   /** Llama 3 frequency scaling: `rope_freqs.weight` is present (llama only; llama.cpp's qwen loaders refuse it). */
   ropeFreqFactors: boolean;
+}
+
+/**
+ * Sliding-window attention as llama.cpp runs gemma3 (LLAMA_SWA_TYPE_STANDARD): in a local layer the query at position
+ * p sees the keys at p - size + 1 .. p; every `period`-th layer (the last of each period) is global. Local layers
+ * rotate with their own RoPE base and no context scaling (llama.cpp's rope_freq_base_train_swa, freq_scale 1).
+ */
+export interface SlidingWindow {
+  /** Keys a query of a local layer sees, its own included (`attention.sliding_window`). */
+  size: number;
+  /** Per layer: true where it is local (windowed). */
+  local: readonly boolean[];
+  /** RoPE base of the local layers (`rope.freq_base_swa`, default 10000). */
+  ropeBase: number;
+}
+
+/** Whether `layer` of a model attends within its sliding window (null: it sees the whole sequence). */
+export function layerWindow(c: Pick<ModelConfig, 'slidingWindow'>, layer: number): number | null {
+  return c.slidingWindow?.local[layer] ? c.slidingWindow.size : null;
 }
 
 /**
@@ -61,10 +91,11 @@ const BIASES: Record<Architecture, readonly ModelBias[]> = {
   llama: ['q', 'k', 'v', 'o', 'gate', 'up', 'down'],
   qwen2: ['q', 'k', 'v', 'output'],
   qwen3: ['q', 'k', 'v'],
+  gemma3: ['q', 'k', 'v'],
 };
 
-/** llama.cpp's rope type per architecture: Llama keeps adjacent pairs, Qwen rotates halves. */
-const ROPE_LAYOUT: Record<Architecture, RopeLayout> = { llama: 'normal', qwen2: 'neox', qwen3: 'neox' };
+/** llama.cpp's rope type per architecture: Llama keeps adjacent pairs, Qwen and Gemma rotate halves. */
+const ROPE_LAYOUT: Record<Architecture, RopeLayout> = { llama: 'normal', qwen2: 'neox', qwen3: 'neox', gemma3: 'neox' };
 
 export function readModelConfig(file: GgufFile): ModelConfig {
   const meta = file.metadata;
@@ -72,7 +103,7 @@ export function readModelConfig(file: GgufFile): ModelConfig {
   refuseMixtureOfExperts(file, arch);
   if (!SUPPORTED_ARCHITECTURES.includes(arch as Architecture)) {
     throw new UnsupportedModelError(
-      `Architecture '${arch}' is not supported; longtab runs ${SUPPORTED_ARCHITECTURES.join(', ')} (Llama 2/3, SmolLM, TinyLlama, Mistral, Qwen2/2.5, Qwen3).`,
+      `Architecture '${arch}' is not supported; longtab runs ${SUPPORTED_ARCHITECTURES.join(', ')} (Llama 2/3, SmolLM, TinyLlama, Mistral, Qwen2/2.5, Qwen3, Gemma 3).`,
       { architecture: arch },
     );
   }
@@ -87,10 +118,12 @@ export function readModelConfig(file: GgufFile): ModelConfig {
     metaOptionalNumber(meta, `${arch}.vocab_size`) ??
     embedding?.shape[1] ??
     (Array.isArray(tokens) ? tokens.length : 0);
+  const layers = metaNumber(meta, `${arch}.block_count`);
+  const gemma = architecture === 'gemma3';
   const config: ModelConfig = {
     architecture,
     name: typeof meta['general.name'] === 'string' ? (meta['general.name'] as string) : architecture,
-    layers: metaNumber(meta, `${arch}.block_count`),
+    layers,
     dim,
     heads,
     kvHeads: perLayer(meta, `${arch}.attention.head_count_kv`) ?? heads,
@@ -104,11 +137,19 @@ export function readModelConfig(file: GgufFile): ModelConfig {
     ropeLayout: ROPE_LAYOUT[architecture],
     ropeScaling: readRopeScaling(meta, arch),
     biases: BIASES[architecture].filter((b) => tensors.has(biasTensorName(b, 0))),
-    qkNorm: architecture === 'qwen3',
+    qkNorm: architecture === 'qwen3' || gemma,
+    postNorms: gemma,
+    ffnActivation: gemma ? 'geglu' : 'swiglu',
+    embeddingScale: gemma ? Math.sqrt(dim) : 1,
+    // llama.cpp takes Gemma 3 27B (62 layers) by its layer count, whose queries are scaled by its dim per head.
+    attentionScale: 1 / Math.sqrt(gemma && layers === 62 ? dim / heads : headDim),
+    slidingWindow: null,
     tiedOutput: !tensors.has('output.weight'),
     ropeFreqFactors: architecture === 'llama' && tensors.has('rope_freqs.weight'),
   };
   checkShape(config, file.tensors.length);
+  // After checkShape: it builds a flag per layer.
+  if (gemma) config.slidingWindow = readSlidingWindow(meta, arch, layers);
   checkValues(config, arch);
   refuseUnusedMetadata(meta, config);
   return config;
@@ -201,6 +242,45 @@ function checkValues(c: ModelConfig, arch: string): void {
 }
 
 /**
+ * gemma3's sliding window as llama.cpp reads it (src/models/gemma3.cpp): `attention.sliding_window` (0 or absent: every
+ * layer global), every `attention.sliding_window_pattern`-th layer global (default 6; 0 makes every layer local),
+ * `rope.freq_base_swa` the local layers' RoPE base (default 10000). llama.cpp ignores a pattern stored as an array
+ * (per-layer flags, as Gemma 3n files have) and takes 6: refused here rather than guessed.
+ */
+function readSlidingWindow(meta: GgufMetadata, arch: string, layers: number): SlidingWindow | null {
+  const size = metaOptionalNumber(meta, `${arch}.attention.sliding_window`) ?? 0;
+  const patternKey = `${arch}.attention.sliding_window_pattern`;
+  if (Array.isArray(meta[patternKey])) {
+    throw new UnsupportedModelError(
+      `The model sets ${patternKey} per layer (an array); longtab runs ${arch} models whose sliding-window pattern is one period (every Nth layer global).`,
+      { key: patternKey },
+    );
+  }
+  const period = metaOptionalNumber(meta, patternKey) ?? 6;
+  const ropeBase = metaOptionalNumber(meta, `${arch}.rope.freq_base_swa`) ?? 10000;
+  for (const [key, value] of [
+    ['attention.sliding_window', size],
+    ['attention.sliding_window_pattern', period],
+  ] as const) {
+    if (!Number.isInteger(value) || value < 0) {
+      throw new CorruptModelFileError(
+        `The model's ${arch}.${key} is ${value}, which must be a whole number: the file is damaged. Download it again.`,
+        { key: `${arch}.${key}`, value },
+      );
+    }
+  }
+  if (!(Number.isFinite(ropeBase) && ropeBase > 0)) {
+    throw new CorruptModelFileError(
+      `The model's ${arch}.rope.freq_base_swa is ${ropeBase}, which must be a positive number: the file is damaged.`,
+      { key: `${arch}.rope.freq_base_swa`, value: ropeBase },
+    );
+  }
+  if (size === 0) return null;
+  const local = Array.from({ length: layers }, (_, l) => period === 0 || l % period < period - 1);
+  return local.some(Boolean) ? { size, local, ropeBase } : null;
+}
+
+/**
  * RoPE scaling as llama.cpp reads it (llama-model.cpp load_hparams, llama-context.cpp): the type defaults to linear;
  * the factor is `rope.scaling.factor`, else the older `rope.scale_linear`, and 0 or absent means none; YaRN's original
  * context defaults to the training context; `rope.scaling.attn_factor` scales cos and sin in every mode. llama.cpp
@@ -248,7 +328,8 @@ const NEUTRAL_NAMESPACES = ['general.', 'tokenizer.', 'quantize.', 'split.', 'lo
 
 /**
  * Keys under `<arch>.` that readModelConfig reads (every `<arch>.` key llama.cpp reads for llama, qwen2 and qwen3 that
- * longtab implements), with nothing to check beyond what readModelConfig checks.
+ * longtab implements), with nothing to check beyond what readModelConfig checks; ARCH_READ_KEYS adds an
+ * architecture's own.
  */
 const READ_KEYS = new Set([
   'vocab_size',
@@ -269,16 +350,37 @@ const READ_KEYS = new Set([
   'rope.scaling.original_context_length',
 ]);
 
+/** Keys only some architectures' loaders read (llama.cpp's load_arch_hparams), read by readModelConfig for them. */
+const ARCH_READ_KEYS: Partial<Record<Architecture, ReadonlySet<string>>> = {
+  gemma3: new Set(['attention.sliding_window', 'attention.sliding_window_pattern', 'rope.freq_base_swa']),
+};
+
+type NeutralValue = { holds(value: GgufValue, c: ModelConfig): boolean; assumed(c: ModelConfig): string };
+
+/**
+ * An architecture's own neutral keys (see NEUTRAL_VALUES). gemma3: llama.cpp reads a final logit soft-cap (Gemma 3
+ * has none: its converter writes the key only where the Hugging Face config sets one), and, for every architecture,
+ * head and RoPE sizes of the sliding-window layers, which its gemma3 graph never uses but a tensor shape would.
+ */
+const ARCH_NEUTRAL_VALUES: Partial<Record<Architecture, Record<string, NeutralValue>>> = {
+  gemma3: {
+    final_logit_softcapping: { holds: (v) => v === 0, assumed: () => '0 (no soft-capping of the logits)' },
+    'attention.key_length_swa': { holds: (v, c) => v === c.headDim, assumed: (c) => `${c.headDim}, the key length` },
+    'attention.value_length_swa': { holds: (v, c) => v === c.headDim, assumed: (c) => `${c.headDim}, the key length` },
+    'rope.dimension_count_swa': {
+      holds: (v, c) => v === c.ropeDim,
+      assumed: (c) => `${c.ropeDim}, the rotated dims of the global layers`,
+    },
+  },
+};
+
 /**
  * Keys under `<arch>.` that change nothing while they hold the value the forward pass assumes, and what that value
  * is: llama.cpp reads some of them for every architecture (MoE counts, causal attention) and ignores others for these
  * three (the YaRN tuning keys a newer converter writes from the Hugging Face config) — a file that sets them otherwise
  * is refused rather than run one way when its model was trained another.
  */
-const NEUTRAL_VALUES: Record<
-  string,
-  { holds(value: GgufValue, c: ModelConfig): boolean; assumed(c: ModelConfig): string }
-> = {
+const NEUTRAL_VALUES: Record<string, NeutralValue> = {
   // Older converters' note that q and k are permuted to GGUF's layout, as every llama GGUF file is.
   tensor_data_layout: { holds: () => true, assumed: () => 'any' },
   // Stored by llama.cpp, used for nothing.
@@ -328,8 +430,16 @@ function refuseUnusedMetadata(meta: GgufMetadata, c: ModelConfig): void {
   for (const [key, value] of Object.entries(meta)) {
     if (NEUTRAL_NAMESPACES.some((n) => key.startsWith(n))) continue;
     const name = key.startsWith(prefix) ? key.slice(prefix.length) : null;
-    if (name !== null && READ_KEYS.has(name)) continue;
-    const neutral = name !== null && Object.hasOwn(NEUTRAL_VALUES, name) ? NEUTRAL_VALUES[name] : undefined;
+    if (name !== null && (READ_KEYS.has(name) || ARCH_READ_KEYS[c.architecture]?.has(name))) continue;
+    const own = ARCH_NEUTRAL_VALUES[c.architecture] ?? {};
+    const neutral =
+      name === null
+        ? undefined
+        : Object.hasOwn(own, name)
+          ? own[name]
+          : Object.hasOwn(NEUTRAL_VALUES, name)
+            ? NEUTRAL_VALUES[name]
+            : undefined;
     if (neutral?.holds(typeof value === 'bigint' ? Number(value) : value, c)) continue;
     const shown = Array.isArray(value) ? `an array of ${value.length}` : String(value).slice(0, 60);
     throw new UnsupportedModelError(

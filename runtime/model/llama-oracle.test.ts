@@ -246,6 +246,62 @@ const FIXTURES: ModelFixtureSpec[] = [
   ...VARIANT_FIXTURES,
 ];
 
+/**
+ * Gemma 3 (issue 43, point 4): sliding-window local layers between global ones, q/k norms, post-norms, GeGLU, scaled
+ * embeddings, heads × head_dim ≠ dim. Contexts run past the window (3-4 windows), so a local layer that saw the whole
+ * sequence would answer otherwise (checked: the reference without windows is far from llama.cpp). Each prefills
+ * differently: one chunk; chunks of 5 (windows straddle chunks, the last chunk a decode step); every token a decode
+ * step. Head sizes 64, 128 and Gemma's 256 (the split kernel), the 1B's one KV head, the 4B's linear RoPE scaling on
+ * the global layers only.
+ */
+const GEMMA_FIXTURES: { spec: ModelFixtureSpec; tokens: number; prefillChunk: number }[] = [
+  {
+    spec: fixture('gemma3', GgmlType.F32, {
+      ...base,
+      layers: 3,
+      dim: 128,
+      heads: 2,
+      kvHeads: 1,
+      headDim: 64,
+      ffnDim: 256,
+      slidingWindow: { size: 24, period: 3 },
+    }),
+    tokens: 80,
+    prefillChunk: 128,
+  },
+  {
+    spec: fixture('gemma3', GgmlType.Q8_0, {
+      ...base,
+      layers: 6,
+      dim: 256,
+      heads: 4,
+      kvHeads: 1,
+      headDim: 256,
+      ffnDim: 512,
+      ropeFreqBase: 1e6,
+      ropeScaling: { type: 'linear', factor: 8 },
+      slidingWindow: { size: 32 },
+    }),
+    tokens: 96,
+    prefillChunk: 5,
+  },
+  {
+    spec: fixture('gemma3', GgmlType.F16, {
+      ...base,
+      layers: 2,
+      dim: 128,
+      heads: 4,
+      kvHeads: 2,
+      headDim: 128,
+      ffnDim: 256,
+      tiedOutput: true,
+      slidingWindow: { size: 16, period: 2, ropeBase: 20000 },
+    }),
+    tokens: 48,
+    prefillChunk: 1,
+  },
+];
+
 function fixture(architecture: ModelFixtureSpec['architecture'], weightType: GgmlType, shape: Shape): ModelFixtureSpec {
   return { architecture, weightType, ...shape, seed: 1000 + weightType * 7 + architecture.length };
 }
@@ -253,9 +309,9 @@ function fixture(architecture: ModelFixtureSpec['architecture'], weightType: Ggm
 const TOKENS = 16;
 
 /** BOS, then random ids from the whole vocabulary (specials, byte tokens and pieces alike). */
-function tokenIds(vocab: number, seed: number): number[] {
+function tokenIds(vocab: number, seed: number, tokens = TOKENS): number[] {
   const random = seededRandom(seed);
-  return [1, ...Array.from({ length: TOKENS - 1 }, () => Math.floor(random() * vocab))];
+  return [1, ...Array.from({ length: tokens - 1 }, () => Math.floor(random() * vocab))];
 }
 
 /** Row-wise log-softmax in f64. */
@@ -382,58 +438,90 @@ describe('teacher-forced log-probabilities match llama.cpp', () => {
     if (report.length) console.log(`llama.cpp oracle, max |Δ log p|:\n${report.join('\n')}`);
   });
 
+  /**
+   * The fixture's three comparisons (the file's head comment). `windowless`: also the reference with every layer
+   * attending to the whole sequence, which must be far from llama.cpp (the sliding window matters in the fixture).
+   */
+  async function check(spec: ModelFixtureSpec, prefillChunk: number, tokens = TOKENS, windowless = false) {
+    const llamaTolerance = LLAMA_TOLERANCE[spec.weightType]!;
+    const emulationTolerance = EMULATION_TOLERANCE[spec.weightType];
+    const path = await writeModelFixture(spec, dir);
+    const ids = tokenIds(spec.vocab, spec.seed, tokens);
+    const llama = await llamaCpp.teacherForced(path, ids);
+    expect(llamaCpp.errors).toEqual([]);
+    expect(llama.vocab).toBe(spec.vocab);
+    const exact = await referenceLogProbs(path, ids, { emulateLlamaCpp: false });
+    const emulated = await referenceLogProbs(path, ids, { emulateLlamaCpp: true });
+    const lines = [`  ${fixtureName(spec)}, ${tokens} tokens, prefill chunk ${prefillChunk}`];
+    const emulation = compare(emulated, llama.logProbs, spec.vocab, llamaTolerance);
+    const inherent = compare(exact, llama.logProbs, spec.vocab, llamaTolerance);
+    lines.push(
+      `    reference (llama.cpp rounding) vs llama.cpp: ${describeWorst(emulation)} / ${emulationTolerance ?? 'reported only'}`,
+    );
+    lines.push(`    exact reference vs llama.cpp:                ${describeWorst(inherent)}`);
+    const unwindowed = windowless
+      ? compare(
+          await referenceLogProbs(path, ids, { emulateLlamaCpp: false, ignoreSlidingWindow: true }),
+          llama.logProbs,
+          spec.vocab,
+          llamaTolerance,
+        )
+      : null;
+    if (unwindowed) {
+      lines.push(
+        `    reference without windows vs llama.cpp:      ${describeWorst(unwindowed)}; greedy ${unwindowed.greedyChecked - unwindowed.greedyMismatches.length}/${unwindowed.greedyChecked}`,
+      );
+    }
+    report.push(...lines);
+
+    const baseline = ctx.gpu.allocator.snapshot().totalBuffers;
+    const engine = new ModelRunner(ctx.gpu);
+    const source = await sourceFromPath(path);
+    let logits: Float32Array;
+    try {
+      await engine.load(source, { kv: 'f16', kvBudgetBytes: 1 << 20, prefillChunk });
+      logits = await engine.teacherForcedLogits(ids);
+    } catch (error) {
+      report.push(`    engine failed: ${String(error).split('\n')[0]}`);
+      throw error;
+    } finally {
+      engine.unload();
+      await source.close?.();
+    }
+    expect(ctx.gpu.allocator.snapshot().totalBuffers).toBe(baseline);
+    expect(logits.length).toBe(ids.length * spec.vocab);
+    const ours = logSoftmax(logits, spec.vocab);
+    const toExact = compare(ours, exact, spec.vocab, ENGINE_TOLERANCE);
+    const toLlama = compare(ours, llama.logProbs, spec.vocab, llamaTolerance);
+    report.push(
+      `    engine vs exact reference:                   ${describeWorst(toExact)} / ${ENGINE_TOLERANCE}`,
+      `    engine vs llama.cpp:                         ${describeWorst(toLlama)} / ${llamaTolerance}; greedy ${toLlama.greedyChecked - toLlama.greedyMismatches.length}/${toLlama.greedyChecked}, median llama.cpp margin ${toLlama.medianMargin.toFixed(2)}`,
+    );
+
+    // The fixture must be able to tell a wrong engine from a right one: llama.cpp's logits are far from flat.
+    expect(toLlama.medianMargin).toBeGreaterThan(llamaTolerance);
+    if (emulationTolerance !== undefined) expect(emulation.maxDiff).toBeLessThanOrEqual(emulationTolerance);
+    expect(toExact.maxDiff).toBeLessThanOrEqual(ENGINE_TOLERANCE);
+    expect(toLlama.greedyMismatches).toEqual([]);
+    expect(toLlama.maxDiff).toBeLessThanOrEqual(llamaTolerance);
+    // A model whose local layers saw the whole sequence would be far off (and choose other tokens where the logits
+    // are not dominated by the tied embedding, as in the reported greedy counts).
+    if (unwindowed) expect(unwindowed.maxDiff).toBeGreaterThan(10 * llamaTolerance);
+  }
+
   for (const [index, spec] of FIXTURES.entries()) {
     // Every other fixture prefills in chunks of 5 (5 + 5 + 5 + 1), so later chunks attend to K/V written earlier.
     const prefillChunk = index % 2 === 0 ? 128 : 5;
     const llamaTolerance = LLAMA_TOLERANCE[spec.weightType]!;
-    const emulationTolerance = EMULATION_TOLERANCE[spec.weightType];
     it(`${fixtureName(spec)} (prefill chunk ${prefillChunk}): engine within ${ENGINE_TOLERANCE} of the exact reference, ${llamaTolerance} of llama.cpp`, async () => {
-      const path = await writeModelFixture(spec, dir);
-      const ids = tokenIds(spec.vocab, spec.seed);
-      const llama = await llamaCpp.teacherForced(path, ids);
-      expect(llamaCpp.errors).toEqual([]);
-      expect(llama.vocab).toBe(spec.vocab);
-      const exact = await referenceLogProbs(path, ids, { emulateLlamaCpp: false });
-      const emulated = await referenceLogProbs(path, ids, { emulateLlamaCpp: true });
-      const lines = [`  ${fixtureName(spec)}, prefill chunk ${prefillChunk}`];
-      const emulation = compare(emulated, llama.logProbs, spec.vocab, llamaTolerance);
-      const inherent = compare(exact, llama.logProbs, spec.vocab, llamaTolerance);
-      lines.push(
-        `    reference (llama.cpp rounding) vs llama.cpp: ${describeWorst(emulation)} / ${emulationTolerance ?? 'reported only'}`,
-      );
-      lines.push(`    exact reference vs llama.cpp:                ${describeWorst(inherent)}`);
-      report.push(...lines);
+      await check(spec, prefillChunk);
+    });
+  }
 
-      const baseline = ctx.gpu.allocator.snapshot().totalBuffers;
-      const engine = new ModelRunner(ctx.gpu);
-      const source = await sourceFromPath(path);
-      let logits: Float32Array;
-      try {
-        await engine.load(source, { kv: 'f16', kvBudgetBytes: 1 << 20, prefillChunk });
-        logits = await engine.teacherForcedLogits(ids);
-      } catch (error) {
-        report.push(`    engine failed: ${String(error).split('\n')[0]}`);
-        throw error;
-      } finally {
-        engine.unload();
-        await source.close?.();
-      }
-      expect(ctx.gpu.allocator.snapshot().totalBuffers).toBe(baseline);
-      expect(logits.length).toBe(ids.length * spec.vocab);
-      const ours = logSoftmax(logits, spec.vocab);
-      const toExact = compare(ours, exact, spec.vocab, ENGINE_TOLERANCE);
-      const toLlama = compare(ours, llama.logProbs, spec.vocab, llamaTolerance);
-      report.push(
-        `    engine vs exact reference:                   ${describeWorst(toExact)} / ${ENGINE_TOLERANCE}`,
-        `    engine vs llama.cpp:                         ${describeWorst(toLlama)} / ${llamaTolerance}; greedy ${toLlama.greedyChecked - toLlama.greedyMismatches.length}/${toLlama.greedyChecked}, median llama.cpp margin ${toLlama.medianMargin.toFixed(2)}`,
-      );
-
-      // The fixture must be able to tell a wrong engine from a right one: llama.cpp's logits are far from flat.
-      expect(toLlama.medianMargin).toBeGreaterThan(llamaTolerance);
-      if (emulationTolerance !== undefined) expect(emulation.maxDiff).toBeLessThanOrEqual(emulationTolerance);
-      expect(toExact.maxDiff).toBeLessThanOrEqual(ENGINE_TOLERANCE);
-      expect(toLlama.greedyMismatches).toEqual([]);
-      expect(toLlama.maxDiff).toBeLessThanOrEqual(llamaTolerance);
+  for (const { spec, tokens, prefillChunk } of GEMMA_FIXTURES) {
+    const llamaTolerance = LLAMA_TOLERANCE[spec.weightType]!;
+    it(`${fixtureName(spec)}, ${tokens} tokens (prefill chunk ${prefillChunk}): engine within ${ENGINE_TOLERANCE} of the exact reference, ${llamaTolerance} of llama.cpp; the window matters`, async () => {
+      await check(spec, prefillChunk, tokens, true);
     });
   }
 });

@@ -21,8 +21,8 @@ import {
   releaseInt8Activations,
 } from '../../kernels/matmul-int8.ts';
 import { prepareRmsNorm } from '../../kernels/rmsnorm.ts';
-import { type RopeStage, ropeMagnitude } from '../../kernels/rope.ts';
-import type { ModelConfig } from './config.ts';
+import { NO_ROPE_SCALING, type RopeStage, ropeMagnitude } from '../../kernels/rope.ts';
+import { layerWindow, type ModelConfig } from './config.ts';
 import type { ModelWeights } from './weights.ts';
 
 /**
@@ -38,7 +38,17 @@ export interface KvAttentionBackend {
     buffers: { q: GPUBuffer; k: GPUBuffer; v: GPUBuffer; output: GPUBuffer },
     maxTokens: number,
     rope: RopeStage | null,
+    attention?: LayerAttention,
   ): { append: PreparedDispatch[]; attention: PreparedDispatch[] };
+}
+
+/**
+ * How a layer's queries attend, as the model defines it: the scale of q·k (absent: 1/sqrt(headDim)) and, in a
+ * sliding-window layer, the keys a query sees (its own and the window − 1 before it; null: the whole sequence).
+ */
+export interface LayerAttention {
+  scale: number;
+  window: number | null;
 }
 
 /** Scratch activations for up to `maxTokens` tokens per forward call. */
@@ -128,6 +138,7 @@ export type LogitsMode = 'none' | 'last' | 'all';
 /**
  * The transformer forward pass, as one list of prepared dispatches per token count. It reads like the math:
  * x = embed(tokens); per layer x += o(attn(rope(q), rope(k), v)); x += down(silu(gate)·up); logits = out(norm(x)).
+ * Gemma: x = embed·sqrt(dim); x += norm(o(...)); x += norm(down(gelu(gate)·up)); local layers attend in a window.
  * Decode steps (one token) fuse what shares an input: q/k/v in one dispatch, gate/up/SwiGLU in one.
  */
 export class Transformer {
@@ -239,6 +250,7 @@ export class Transformer {
         prepareQuantizeActivations(gpu, `${label}.quantize`, {
           input,
           up,
+          activation: this.config.ffnActivation,
           activations: int8,
           tokens,
           K: first.weight.rowLength,
@@ -327,7 +339,16 @@ export class Transformer {
   /** Pushes the body of the graph of `tokens` tokens into `body` as it is prepared; returns its logits dispatches. */
   private buildGraph(tokens: number, body: PreparedDispatch[]): PreparedDispatch[] {
     const { gpu, config: c, weights: w, buffers: b } = this;
-    body.push(...prepareEmbedding(gpu, 'embed', { weight: w.embedding, tokenIds: b.tokenIds, output: b.x, tokens }));
+    body.push(
+      ...prepareEmbedding(gpu, 'embed', {
+        weight: w.embedding,
+        tokenIds: b.tokenIds,
+        output: b.x,
+        tokens,
+        scale: c.embeddingScale,
+      }),
+    );
+    const activation = c.ffnActivation;
     for (let i = 0; i < c.layers; i++) {
       const l = w.layers[i];
       const p = `blk.${i}`;
@@ -349,27 +370,46 @@ export class Transformer {
           { label: `${p}.v`, weight: l.v, output: b.v, bias: l.vBias },
         ]),
       );
-      // RoPE (with Qwen3's per-head q/k norm first) is applied by the cache, with the store of k and v.
+      // RoPE (with Qwen3's and Gemma's per-head q/k norm first) is applied by the cache, with the store of k and v. A
+      // sliding-window layer rotates with its own base and no context scaling (llama.cpp's freq_scale_swa = 1).
+      const window = layerWindow(c, i);
+      const local = window !== null && c.slidingWindow !== null && w.localRopeFreqFactors !== undefined;
       const rope: RopeStage = {
-        freqFactors: w.ropeFreqFactors,
+        freqFactors: local ? w.localRopeFreqFactors! : w.ropeFreqFactors,
         step: b.step,
         heads: c.heads,
         kvHeads: c.kvHeads,
         headDim: c.headDim,
         ropeDim: c.ropeDim,
-        base: c.ropeBase,
+        base: local ? c.slidingWindow!.ropeBase : c.ropeBase,
         layout: c.ropeLayout,
-        magnitude: ropeMagnitude(c.ropeScaling),
+        magnitude: ropeMagnitude(local ? { ...NO_ROPE_SCALING, attnFactor: c.ropeScaling.attnFactor } : c.ropeScaling),
         headNorm: l.qNorm && l.kNorm ? { q: l.qNorm, k: l.kNorm, eps: c.rmsEps } : undefined,
       };
-      const kv = this.kv.prepareLayer(i, { q: b.q, k: b.k, v: b.v, output: b.attention }, tokens, rope);
+      const kv = this.kv.prepareLayer(i, { q: b.q, k: b.k, v: b.v, output: b.attention }, tokens, rope, {
+        scale: c.attentionScale,
+        window,
+      });
       body.push(...kv.append, ...kv.attention);
-      // The residual connections are added by the projections themselves (accumulate): x += o·attention.
+      // The residual connections are added by the projections themselves (accumulate): x += o·attention. With
+      // post-norms (Gemma) x += norm(o·attention): o writes xNorm (free once q, k and v have read it) and the norm adds
+      // it into x.
+      const post = l.attnPostNorm && l.ffnPostNorm ? { attn: l.attnPostNorm, ffn: l.ffnPostNorm } : null;
+      const residual = post ? { output: b.xNorm, accumulate: false } : { output: b.x, accumulate: true };
+      const addNormed = (label: string, weight: GPUBuffer) =>
+        prepareRmsNorm(gpu, label, {
+          input: b.xNorm,
+          weight,
+          output: b.x,
+          rows: tokens,
+          dim: c.dim,
+          eps: c.rmsEps,
+          add: true,
+        });
       body.push(
-        ...this.project(`${p}.o`, b.attention, tokens, [
-          { label: `${p}.o`, weight: l.o, output: b.x, bias: l.oBias, accumulate: true },
-        ]),
+        ...this.project(`${p}.o`, b.attention, tokens, [{ label: `${p}.o`, weight: l.o, bias: l.oBias, ...residual }]),
       );
+      if (post) body.push(addNormed(`${p}.post_attention_norm`, post.attn));
       body.push(
         prepareRmsNorm(gpu, `${p}.ffn_norm`, {
           input: b.x,
@@ -380,15 +420,21 @@ export class Transformer {
           eps: c.rmsEps,
         }),
       );
-      // The fused decode matvec computes silu(gate)·up without biases: with them, gate and up share a matvec group.
+      // The fused decode matvec computes act(gate)·up without biases: with them, gate and up share a matvec group.
       const gateUp =
         tokens === 1 &&
         !l.gateBias &&
         !l.upBias &&
-        prepareMatvecSwiglu(gpu, `${p}.gate_up`, { gate: l.gate, up: l.up, input: b.xNorm, output: b.hidden });
-      // The down projection reads silu(gate)·up: from `hidden` where the decode matvec or a swiglu pass wrote it, or
-      // from gate and up in its quantizer.
-      const down = [{ label: `${p}.down`, weight: l.down, output: b.x, bias: l.downBias, accumulate: true }];
+        prepareMatvecSwiglu(gpu, `${p}.gate_up`, {
+          gate: l.gate,
+          up: l.up,
+          input: b.xNorm,
+          output: b.hidden,
+          activation,
+        });
+      // The down projection reads act(gate)·up: from `hidden` where the decode matvec or an elementwise pass wrote it,
+      // or from gate and up in its quantizer. With post-norms it writes xNorm (which gate and up have read).
+      const down = [{ label: `${p}.down`, weight: l.down, bias: l.downBias, ...residual }];
       if (gateUp) {
         body.push(gateUp, ...this.project(`${p}.down`, b.hidden, tokens, down));
       } else {
@@ -402,11 +448,18 @@ export class Transformer {
           body.push(...this.project(`${p}.down`, b.gate, tokens, down, b.up));
         } else {
           body.push(
-            prepareSwiglu(gpu, `${p}.swiglu`, { gate: b.gate, up: b.up, output: b.hidden, count: tokens * c.ffnDim }),
+            prepareSwiglu(gpu, `${p}.${activation}`, {
+              gate: b.gate,
+              up: b.up,
+              output: b.hidden,
+              count: tokens * c.ffnDim,
+              activation,
+            }),
             ...this.project(`${p}.down`, b.hidden, tokens, down),
           );
         }
       }
+      if (post) body.push(addNormed(`${p}.post_ffw_norm`, post.ffn));
     }
     body.push(
       prepareRmsNorm(gpu, 'output_norm', {

@@ -24,9 +24,13 @@ const BIASES: Record<Architecture, FixtureBias[]> = {
   llama: ['q', 'k', 'v', 'o', 'gate', 'up', 'down'],
   qwen2: ['output'],
   qwen3: ['q', 'k', 'v'],
+  gemma3: ['q', 'k', 'v'],
 };
 
-/** A tiny fixture with every optional feature of its architecture: YaRN scaling, biases, Llama 3's rope_freqs. */
+/**
+ * A tiny fixture with every optional feature of its architecture: YaRN scaling, biases, Llama 3's rope_freqs, gemma3's
+ * sliding window with its pattern and local RoPE base.
+ */
 function richSpec(architecture: Architecture): ModelFixtureSpec {
   return {
     architecture,
@@ -44,6 +48,7 @@ function richSpec(architecture: Architecture): ModelFixtureSpec {
     seed: 43,
     ropeScaling: { type: 'yarn', factor: 4, originalContext: 128, attnFactor: 1.1 },
     biases: BIASES[architecture],
+    slidingWindow: architecture === 'gemma3' ? { size: 16, period: 2, ropeBase: 20000 } : undefined,
   };
 }
 
@@ -138,7 +143,7 @@ function refusal(run: () => unknown): UnsupportedModelError {
  * The `<arch>.` keys the loader reads (present in the rich fixture with values it checks), and the neutral ones with
  * the value the forward pass assumes for the rich fixture and one it does not.
  */
-const READ = [
+const COMMON_READ = [
   'vocab_size',
   'context_length',
   'embedding_length',
@@ -156,7 +161,23 @@ const READ = [
   'rope.scaling.attn_factor',
   'rope.scaling.original_context_length',
 ];
-const NEUTRAL: Record<string, { assumed: GgufValue; other: GgufValue }> = {
+/** Keys only an architecture's own loader reads. */
+const ARCH_READ: Partial<Record<Architecture, string[]>> = {
+  gemma3: ['attention.sliding_window', 'attention.sliding_window_pattern', 'rope.freq_base_swa'],
+};
+const readKeys = (arch: Architecture) => [...COMMON_READ, ...(ARCH_READ[arch] ?? [])];
+type Neutral = Record<string, { assumed: GgufValue; other: GgufValue }>;
+/** Neutral keys of one architecture: gemma3 has no logit soft-cap, and its local layers the global layers' sizes. */
+const ARCH_NEUTRAL: Partial<Record<Architecture, Neutral>> = {
+  gemma3: {
+    final_logit_softcapping: { assumed: 0, other: 30 },
+    'attention.key_length_swa': { assumed: 64, other: 32 },
+    'attention.value_length_swa': { assumed: 64, other: 32 },
+    'rope.dimension_count_swa': { assumed: 64, other: 32 },
+  },
+};
+const neutralKeys = (arch: Architecture): Neutral => ({ ...COMMON_NEUTRAL, ...(ARCH_NEUTRAL[arch] ?? {}) });
+const COMMON_NEUTRAL: Neutral = {
   tensor_data_layout: { assumed: 'Meta AI original pth', other: 'Meta AI original pth' },
   'rope.scaling.finetuned': { assumed: true, other: true },
   'attention.value_length': { assumed: 64, other: 32 },
@@ -182,9 +203,12 @@ describe('every metadata key and tensor is read, neutral, or refused by name', (
       expect(config.ropeScaling).toMatchObject({ type: 'yarn', factor: 4, originalContext: 128 });
       expect(config.ropeScaling.attnFactor).toBeCloseTo(1.1, 6);
       expect(config.biases).toEqual(
-        { llama: ['q', 'k', 'v', 'o', 'gate', 'up', 'down'], qwen2: ['q', 'k', 'v', 'output'], qwen3: ['q', 'k', 'v'] }[
-          arch
-        ],
+        {
+          llama: ['q', 'k', 'v', 'o', 'gate', 'up', 'down'],
+          qwen2: ['q', 'k', 'v', 'output'],
+          qwen3: ['q', 'k', 'v'],
+          gemma3: ['q', 'k', 'v'],
+        }[arch],
       );
       // Every tensor of the file is one the forward pass reads.
       expect(file.tensors.map((t) => t.name).sort()).toEqual([...expectedTensorShapes(config).keys()].sort());
@@ -195,10 +219,12 @@ describe('every metadata key and tensor is read, neutral, or refused by name', (
     "%s: each of llama.cpp's architecture keys is read, neutral at the assumed value, or refused naming it",
     async (arch) => {
       const { file } = await richFile(arch);
+      const READ = readKeys(arch);
+      const NEUTRAL = neutralKeys(arch);
       let refused = 0;
       for (const suffix of LLAMA_CPP_ARCH_KEYS) {
         const key = `${arch}.${suffix}`;
-        const neutral = NEUTRAL[suffix];
+        const neutral = Object.hasOwn(NEUTRAL, suffix) ? NEUTRAL[suffix] : undefined;
         if (READ.includes(suffix)) {
           // Read with the fixture's values (the older scale_linear is the fallback of rope.scaling.factor).
           if (suffix !== 'rope.scale_linear') expect(file.metadata[key], key).toBeDefined();

@@ -9,7 +9,7 @@ import {
   unsupportedWeightTypeAdvice,
 } from '../../core/gguf-types.ts';
 import type { GpuContext } from '../../core/gpu/device.ts';
-import { ropeFrequencyDivisors } from '../../kernels/rope.ts';
+import { NO_ROPE_SCALING, ropeFrequencyDivisors } from '../../kernels/rope.ts';
 import { type GpuWeight, releaseWeight, uploadWeight } from '../../kernels/weights.ts';
 import { streamTensorBytes } from '../gguf/read-tensor.ts';
 import { biasTensorName, isExpertTensor, type ModelBias, type ModelConfig, refuseUnsupportedHeads } from './config.ts';
@@ -29,6 +29,9 @@ export interface LayerWeights {
   downBias?: GPUBuffer;
   qNorm?: GPUBuffer;
   kNorm?: GPUBuffer;
+  /** gemma3: the norms of the attention's and the feed-forward's outputs (ModelConfig.postNorms). */
+  attnPostNorm?: GPUBuffer;
+  ffnPostNorm?: GPUBuffer;
   ffnNorm: GPUBuffer;
   gate: GpuWeight;
   up: GpuWeight;
@@ -44,6 +47,8 @@ export interface ModelWeights {
   outputBias?: GPUBuffer;
   /** f32 [ropeDim/2]: per-pair RoPE angle divisors: Llama 3's rope_freqs and the model's RoPE scaling, or ones. */
   ropeFreqFactors: GPUBuffer;
+  /** The sliding-window layers' divisors (ModelConfig.slidingWindow): no context scaling, so ones. */
+  localRopeFreqFactors?: GPUBuffer;
 }
 
 /** The LayerWeights field of each per-layer bias. */
@@ -82,6 +87,10 @@ export function expectedTensorShapes(c: ModelConfig): Map<string, number[]> {
     if (c.qkNorm) {
       shapes.set(`${p}attn_q_norm.weight`, [c.headDim]);
       shapes.set(`${p}attn_k_norm.weight`, [c.headDim]);
+    }
+    if (c.postNorms) {
+      shapes.set(`${p}post_attention_norm.weight`, [c.dim]);
+      shapes.set(`${p}post_ffw_norm.weight`, [c.dim]);
     }
     shapes.set(`${p}ffn_norm.weight`, [c.dim]);
     shapes.set(`${p}ffn_gate.weight`, [c.dim, c.ffnDim]);
@@ -232,6 +241,10 @@ export async function loadModelWeights(
         layer.qNorm = await vector(`${p}attn_q_norm.weight`);
         layer.kNorm = await vector(`${p}attn_k_norm.weight`);
       }
+      if (config.postNorms) {
+        layer.attnPostNorm = await vector(`${p}post_attention_norm.weight`);
+        layer.ffnPostNorm = await vector(`${p}post_ffw_norm.weight`);
+      }
       layers.push(layer);
     }
     const outputNorm = await vector('output_norm.weight');
@@ -248,7 +261,16 @@ export async function loadModelWeights(
       ),
     );
     created.buffers.push(ropeFreqFactors);
-    return { embedding, layers, outputNorm, output, outputBias, ropeFreqFactors };
+    const window = config.slidingWindow;
+    const localRopeFreqFactors = window
+      ? gpu.allocator.createStorage(
+          'rope.divisors.local',
+          'weights',
+          ropeFrequencyDivisors(config.ropeDim, window.ropeBase, NO_ROPE_SCALING),
+        )
+      : undefined;
+    if (localRopeFreqFactors) created.buffers.push(localRopeFreqFactors);
+    return { embedding, layers, outputNorm, output, outputBias, ropeFreqFactors, localRopeFreqFactors };
   } catch (error) {
     releaseBuffersAndWeights(gpu, created.buffers, created.weights);
     throw error;
@@ -263,11 +285,18 @@ function releaseBuffersAndWeights(gpu: GpuContext, buffers: GPUBuffer[], weights
 export function releaseModelWeights(gpu: GpuContext, w: ModelWeights): void {
   const buffers = [w.outputNorm, w.ropeFreqFactors];
   if (w.outputBias) buffers.push(w.outputBias);
+  if (w.localRopeFreqFactors) buffers.push(w.localRopeFreqFactors);
   const weights = [w.embedding];
   if (w.output !== w.embedding) weights.push(w.output);
   for (const l of w.layers) {
     buffers.push(l.attnNorm, l.ffnNorm);
-    for (const field of [...Object.values(LAYER_BIAS_FIELD), 'qNorm', 'kNorm'] as const) {
+    for (const field of [
+      ...Object.values(LAYER_BIAS_FIELD),
+      'qNorm',
+      'kNorm',
+      'attnPostNorm',
+      'ffnPostNorm',
+    ] as const) {
       const b = l[field];
       if (b) buffers.push(b);
     }
