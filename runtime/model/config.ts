@@ -5,8 +5,8 @@ import type { GatedActivation } from '../../kernels/elementwise.wgsl.ts';
 import { NO_ROPE_SCALING, type RopeLayout, type RopeScaling } from '../../kernels/rope.ts';
 import { metaNumber, metaOptionalNumber, metaOptionalString, metaString } from '../gguf/metadata.ts';
 
-export type Architecture = 'llama' | 'qwen2' | 'qwen3' | 'gemma3';
-export const SUPPORTED_ARCHITECTURES: readonly Architecture[] = ['llama', 'qwen2', 'qwen3', 'gemma3'];
+export type Architecture = 'llama' | 'qwen2' | 'qwen3' | 'gemma3' | 'smollm3';
+export const SUPPORTED_ARCHITECTURES: readonly Architecture[] = ['llama', 'qwen2', 'qwen3', 'gemma3', 'smollm3'];
 
 /** Everything the forward pass needs to know about a model's shape, read once from GGUF metadata. */
 export interface ModelConfig {
@@ -40,6 +40,11 @@ export interface ModelConfig {
   attentionScale: number;
   /** gemma3: the local layers attend within a sliding window, the others (global) to the whole sequence. */
   slidingWindow: SlidingWindow | null;
+  /**
+   * smollm3: every `noRopeLayerStep`-th layer (the last of each step) applies no RoPE to q and k (llama.cpp's
+   * n_no_rope_layer_step, which its smollm3 loader sets to 4 and reads from no key); null: every layer does.
+   */
+  noRopeLayerStep: number | null;
   /** The output projection reuses the token embedding when the file has no `output.weight`. */
   tiedOutput: boolean;
   /** Llama 3 frequency scaling: `rope_freqs.weight` is present (llama only; llama.cpp's qwen loaders refuse it). */
@@ -63,6 +68,11 @@ export interface SlidingWindow {
 /** Whether `layer` of a model attends within its sliding window (null: it sees the whole sequence). */
 export function layerWindow(c: Pick<ModelConfig, 'slidingWindow'>, layer: number): number | null {
   return c.slidingWindow?.local[layer] ? c.slidingWindow.size : null;
+}
+
+/** Whether `layer` rotates q and k by RoPE: llama.cpp's use_rope = (il + 1) % n_no_rope_layer_step != 0. */
+export function layerUsesRope(c: Pick<ModelConfig, 'noRopeLayerStep'>, layer: number): boolean {
+  return c.noRopeLayerStep === null || (layer + 1) % c.noRopeLayerStep !== 0;
 }
 
 /**
@@ -92,10 +102,17 @@ const BIASES: Record<Architecture, readonly ModelBias[]> = {
   qwen2: ['q', 'k', 'v', 'output'],
   qwen3: ['q', 'k', 'v'],
   gemma3: ['q', 'k', 'v'],
+  smollm3: ['q', 'k', 'v'],
 };
 
-/** llama.cpp's rope type per architecture: Llama keeps adjacent pairs, Qwen and Gemma rotate halves. */
-const ROPE_LAYOUT: Record<Architecture, RopeLayout> = { llama: 'normal', qwen2: 'neox', qwen3: 'neox', gemma3: 'neox' };
+/** llama.cpp's rope type per architecture: Llama and SmolLM3 keep adjacent pairs, Qwen and Gemma rotate halves. */
+const ROPE_LAYOUT: Record<Architecture, RopeLayout> = {
+  llama: 'normal',
+  qwen2: 'neox',
+  qwen3: 'neox',
+  gemma3: 'neox',
+  smollm3: 'normal',
+};
 
 export function readModelConfig(file: GgufFile): ModelConfig {
   const meta = file.metadata;
@@ -103,7 +120,7 @@ export function readModelConfig(file: GgufFile): ModelConfig {
   refuseMixtureOfExperts(file, arch);
   if (!SUPPORTED_ARCHITECTURES.includes(arch as Architecture)) {
     throw new UnsupportedModelError(
-      `Architecture '${arch}' is not supported; longtab runs ${SUPPORTED_ARCHITECTURES.join(', ')} (Llama 2/3, SmolLM, TinyLlama, Mistral, Qwen2/2.5, Qwen3, Gemma 3).`,
+      `Architecture '${arch}' is not supported; longtab runs ${SUPPORTED_ARCHITECTURES.join(', ')} (Llama 2/3, SmolLM, TinyLlama, Mistral, Qwen2/2.5, Qwen3, Gemma 3, SmolLM3).`,
       { architecture: arch },
     );
   }
@@ -144,6 +161,7 @@ export function readModelConfig(file: GgufFile): ModelConfig {
     // llama.cpp takes Gemma 3 27B (62 layers) by its layer count, whose queries are scaled by its dim per head.
     attentionScale: 1 / Math.sqrt(gemma && layers === 62 ? dim / heads : headDim),
     slidingWindow: null,
+    noRopeLayerStep: architecture === 'smollm3' ? 4 : null,
     tiedOutput: !tensors.has('output.weight'),
     ropeFreqFactors: architecture === 'llama' && tensors.has('rope_freqs.weight'),
   };
@@ -327,8 +345,8 @@ function readRopeScaling(meta: GgufMetadata, arch: string): RopeScaling {
 const NEUTRAL_NAMESPACES = ['general.', 'tokenizer.', 'quantize.', 'split.', 'longtab.'];
 
 /**
- * Keys under `<arch>.` that readModelConfig reads (every `<arch>.` key llama.cpp reads for llama, qwen2 and qwen3 that
- * longtab implements), with nothing to check beyond what readModelConfig checks; ARCH_READ_KEYS adds an
+ * Keys under `<arch>.` that readModelConfig reads (every `<arch>.` key llama.cpp reads for llama, qwen2, qwen3 and
+ * smollm3 that longtab implements), with nothing to check beyond what readModelConfig checks; ARCH_READ_KEYS adds an
  * architecture's own.
  */
 const READ_KEYS = new Set([

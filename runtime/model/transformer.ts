@@ -22,7 +22,7 @@ import {
 } from '../../kernels/matmul-int8.ts';
 import { prepareRmsNorm } from '../../kernels/rmsnorm.ts';
 import { NO_ROPE_SCALING, type RopeStage, ropeMagnitude } from '../../kernels/rope.ts';
-import { layerWindow, type ModelConfig } from './config.ts';
+import { layerUsesRope, layerWindow, type ModelConfig } from './config.ts';
 import type { ModelWeights } from './weights.ts';
 
 /**
@@ -139,6 +139,7 @@ export type LogitsMode = 'none' | 'last' | 'all';
  * The transformer forward pass, as one list of prepared dispatches per token count. It reads like the math:
  * x = embed(tokens); per layer x += o(attn(rope(q), rope(k), v)); x += down(silu(gate)·up); logits = out(norm(x)).
  * Gemma: x = embed·sqrt(dim); x += norm(o(...)); x += norm(down(gelu(gate)·up)); local layers attend in a window.
+ * SmolLM3: every 4th layer attends with q and k as projected, without RoPE.
  * Decode steps (one token) fuse what shares an input: q/k/v in one dispatch, gate/up/SwiGLU in one.
  */
 export class Transformer {
@@ -372,6 +373,7 @@ export class Transformer {
       );
       // RoPE (with Qwen3's and Gemma's per-head q/k norm first) is applied by the cache, with the store of k and v. A
       // sliding-window layer rotates with its own base and no context scaling (llama.cpp's freq_scale_swa = 1).
+      // SmolLM3's no-RoPE layers hand the cache no stage (q and k are final as projected; none has q/k norms).
       const window = layerWindow(c, i);
       const local = window !== null && c.slidingWindow !== null && w.localRopeFreqFactors !== undefined;
       const rope: RopeStage = {
@@ -386,7 +388,8 @@ export class Transformer {
         magnitude: ropeMagnitude(local ? { ...NO_ROPE_SCALING, attnFactor: c.ropeScaling.attnFactor } : c.ropeScaling),
         headNorm: l.qNorm && l.kNorm ? { q: l.qNorm, k: l.kNorm, eps: c.rmsEps } : undefined,
       };
-      const kv = this.kv.prepareLayer(i, { q: b.q, k: b.k, v: b.v, output: b.attention }, tokens, rope, {
+      const stage = layerUsesRope(c, i) ? rope : null;
+      const kv = this.kv.prepareLayer(i, { q: b.q, k: b.k, v: b.v, output: b.attention }, tokens, stage, {
         scale: c.attentionScale,
         window,
       });

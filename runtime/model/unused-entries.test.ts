@@ -16,7 +16,7 @@ import { sourceFromPath } from '../gguf/node-source.ts';
 import { parseGguf } from '../gguf/parse.ts';
 import { sourceFromBytes } from '../gguf/sources.ts';
 import { type GgufMetadataEntry, metadataEntriesOf, writeGguf } from '../gguf/writer.ts';
-import { type Architecture, readModelConfig, SUPPORTED_ARCHITECTURES } from './config.ts';
+import { type Architecture, layerUsesRope, readModelConfig, SUPPORTED_ARCHITECTURES } from './config.ts';
 import { expectedTensorShapes, validateTensors } from './weights.ts';
 
 /** Every optional bias llama.cpp's loader reads for the architecture (qwen2's q/k/v ones the fixture always has). */
@@ -25,6 +25,7 @@ const BIASES: Record<Architecture, FixtureBias[]> = {
   qwen2: ['output'],
   qwen3: ['q', 'k', 'v'],
   gemma3: ['q', 'k', 'v'],
+  smollm3: ['q', 'k', 'v'],
 };
 
 /**
@@ -208,6 +209,7 @@ describe('every metadata key and tensor is read, neutral, or refused by name', (
           qwen2: ['q', 'k', 'v', 'output'],
           qwen3: ['q', 'k', 'v'],
           gemma3: ['q', 'k', 'v'],
+          smollm3: ['q', 'k', 'v'],
         }[arch],
       );
       // Every tensor of the file is one the forward pass reads.
@@ -362,6 +364,20 @@ describe('RoPE scaling metadata is read as llama.cpp reads it', () => {
       );
       expect(error, name).toBeInstanceOf(UnsupportedModelError);
       expect((error as UnsupportedModelError).message).toContain(name);
+    }
+  });
+});
+
+describe("SmolLM3's no-RoPE layers are those of llama.cpp's smollm3 graph", () => {
+  it('every 4th layer (3, 7, …) skips RoPE in smollm3, from no key (llama.cpp sets n_no_rope_layer_step = 4); every layer of the others rotates', async () => {
+    for (const arch of SUPPORTED_ARCHITECTURES) {
+      const config = readModelConfig(
+        await parseGguf(sourceFromBytes(modelFixtureGguf({ ...richSpec(arch), layers: 9 }))),
+      );
+      const rotating = Array.from({ length: 9 }, (_, l) => layerUsesRope(config, l));
+      expect(rotating, arch).toEqual(
+        arch === 'smollm3' ? [true, true, true, false, true, true, true, false, true] : Array(9).fill(true),
+      );
     }
   });
 });
