@@ -1,7 +1,7 @@
 /**
- * A whole-model CPU reference for the oracle tests: the llama/qwen2/qwen3/gemma3 forward pass in f64 over dequantized
- * weights (kernels/reference/dequantize.ts), with the KV cache rounded to f16 as both engines store it (or kept in
- * f64 with `exactKv`).
+ * A whole-model CPU reference for the oracle tests: the llama/qwen2/qwen3/gemma3/smollm3 forward pass in f64 over
+ * dequantized weights (kernels/reference/dequantize.ts), with the KV cache rounded to f16 as both engines store it (or
+ * kept in f64 with `exactKv`).
  *
  * `emulateLlamaCpp` adds the conversions llama.cpp's CPU backend applies to activations, so the reference can say
  * which part of a difference to llama.cpp is llama.cpp's own rounding and which is ours:
@@ -139,6 +139,8 @@ export interface ReferenceOptions {
   exactKv?: boolean;
   /** gemma3: every layer attends to the whole sequence (a model that ignored the sliding window, for contrast). */
   ignoreSlidingWindow?: boolean;
+  /** smollm3: every layer applies RoPE (a model that ignored the no-RoPE layers, for contrast). */
+  ropeEveryLayer?: boolean;
 }
 
 /** gelu's tanh form in f64. */
@@ -157,10 +159,11 @@ function llamaCppGelu(x: number): number {
 }
 
 /**
- * Teacher-forced next-token log-probabilities, [ids.length × vocab], of the GGUF model at `path` (llama, qwen2, qwen3
- * or gemma3; norms and biases F32, matrices any type the reference dequantizer reads). gemma3 as llama.cpp builds it
- * (src/models/gemma3.cpp): embeddings times sqrt(dim), q/k norms, q scaled before the product, local layers in a
- * sliding window with their own RoPE base and no context scaling, post-norms, GeGLU.
+ * Teacher-forced next-token log-probabilities, [ids.length × vocab], of the GGUF model at `path` (llama, qwen2, qwen3,
+ * gemma3 or smollm3; norms and biases F32, matrices any type the reference dequantizer reads). gemma3 as llama.cpp
+ * builds it (src/models/gemma3.cpp): embeddings times sqrt(dim), q/k norms, q scaled before the product, local layers
+ * in a sliding window with their own RoPE base and no context scaling, post-norms, GeGLU. smollm3 as
+ * src/models/smollm3.cpp: llama's, but layer l applies no RoPE where (l + 1) % 4 == 0 (n_no_rope_layer_step = 4).
  */
 export async function referenceLogProbs(
   path: string,
@@ -202,7 +205,7 @@ export async function referenceLogProbs(
   const eps = num(`${arch}.attention.layer_norm_rms_epsilon`)!;
   const base = num(`${arch}.rope.freq_base`) ?? 10000;
   const scaling = ropeScalingOf(meta, arch, num);
-  const neox = arch !== 'llama';
+  const neox = arch !== 'llama' && arch !== 'smollm3';
   const freqFactors = vector('rope_freqs.weight');
   const embedding = matrix('token_embd.weight');
   const output = tensors.has('output.weight') ? matrix('output.weight') : embedding;
@@ -214,6 +217,7 @@ export async function referenceLogProbs(
   const period = num(`${arch}.attention.sliding_window_pattern`) ?? 6;
   const localBase = num(`${arch}.rope.freq_base_swa`) ?? 10000;
   const isLocal = (l: number) => swa > 0 && !options.ignoreSlidingWindow && (period === 0 || l % period < period - 1);
+  const usesRope = (l: number) => arch !== 'smollm3' || options.ropeEveryLayer || (l + 1) % 4 !== 0;
   // What q is multiplied by: gemma3 scales q itself (by 1/sqrt(dim/heads) in the 62-layer 27B), others the product.
   const attentionScale = 1 / Math.sqrt(gemma && layers === 62 ? dim / heads : headDim);
 
@@ -288,8 +292,10 @@ export async function referenceLogProbs(
         for (let i = 0; i < kvHeads; i++)
           k.set(rmsNorm(k.subarray(i * headDim, (i + 1) * headDim), kNorm), i * headDim);
       }
-      rope(q, heads, t, local);
-      rope(k, kvHeads, t, local);
+      if (usesRope(l)) {
+        rope(q, heads, t, local);
+        rope(k, kvHeads, t, local);
+      }
       // gemma3 scales q before the product (llama.cpp rounds the scaled q to f16), the others the product.
       if (gemma) for (let i = 0; i < q.length; i++) q[i] *= attentionScale;
       qs.push(emulate ? q.map(roundF16) : q);

@@ -302,6 +302,58 @@ const GEMMA_FIXTURES: { spec: ModelFixtureSpec; tokens: number; prefillChunk: nu
   },
 ];
 
+/**
+ * SmolLM3 (issue 43, point 4): llama's layers, but every 4th (3, 7, …) attends without RoPE (llama.cpp's smollm3 graph,
+ * n_no_rope_layer_step = 4). Eight layers, so two of them skip it, one of them the last; 48 tokens, so the
+ * positions RoPE would give the no-RoPE layers' q and k move the logits (checked: the reference with RoPE in every
+ * layer is far from llama.cpp). Prefilled in one chunk, in chunks of 5, and one decode step at a time; GQA 4:1 and
+ * 1:1, f32 and quantized weights, tied and separate output, and the q/k/v biases llama.cpp's loader reads.
+ */
+const SMOLLM3_FIXTURES: { spec: ModelFixtureSpec; tokens: number; prefillChunk: number }[] = [
+  {
+    spec: fixture('smollm3', GgmlType.F32, {
+      ...base,
+      layers: 8,
+      dim: 128,
+      heads: 4,
+      kvHeads: 1,
+      headDim: 32,
+      ffnDim: 256,
+      tiedOutput: true,
+      ropeFreqBase: 5e6,
+    }),
+    tokens: 48,
+    prefillChunk: 128,
+  },
+  {
+    spec: fixture('smollm3', GgmlType.Q8_0, {
+      ...base,
+      layers: 4,
+      dim: 256,
+      heads: 4,
+      kvHeads: 1,
+      headDim: 64,
+      ffnDim: 512,
+    }),
+    tokens: 48,
+    prefillChunk: 5,
+  },
+  {
+    spec: fixture('smollm3', GgmlType.F16, {
+      ...base,
+      layers: 4,
+      dim: 128,
+      heads: 2,
+      kvHeads: 2,
+      headDim: 64,
+      ffnDim: 256,
+      biases: ['q', 'k', 'v'],
+    }),
+    tokens: 32,
+    prefillChunk: 1,
+  },
+];
+
 function fixture(architecture: ModelFixtureSpec['architecture'], weightType: GgmlType, shape: Shape): ModelFixtureSpec {
   return { architecture, weightType, ...shape, seed: 1000 + weightType * 7 + architecture.length };
 }
@@ -440,9 +492,15 @@ describe('teacher-forced log-probabilities match llama.cpp', () => {
 
   /**
    * The fixture's three comparisons (the file's head comment). `windowless`: also the reference with every layer
-   * attending to the whole sequence, which must be far from llama.cpp (the sliding window matters in the fixture).
+   * attending to the whole sequence, which must be far from llama.cpp (the sliding window matters in the fixture);
+   * `ropeEveryLayer`, likewise the reference with RoPE in SmolLM3's no-RoPE layers.
    */
-  async function check(spec: ModelFixtureSpec, prefillChunk: number, tokens = TOKENS, windowless = false) {
+  async function check(
+    spec: ModelFixtureSpec,
+    prefillChunk: number,
+    tokens = TOKENS,
+    { windowless = false, ropeEveryLayer = false } = {},
+  ) {
     const llamaTolerance = LLAMA_TOLERANCE[spec.weightType]!;
     const emulationTolerance = EMULATION_TOLERANCE[spec.weightType];
     const path = await writeModelFixture(spec, dir);
@@ -470,6 +528,19 @@ describe('teacher-forced log-probabilities match llama.cpp', () => {
     if (unwindowed) {
       lines.push(
         `    reference without windows vs llama.cpp:      ${describeWorst(unwindowed)}; greedy ${unwindowed.greedyChecked - unwindowed.greedyMismatches.length}/${unwindowed.greedyChecked}`,
+      );
+    }
+    const allRoped = ropeEveryLayer
+      ? compare(
+          await referenceLogProbs(path, ids, { emulateLlamaCpp: false, ropeEveryLayer: true }),
+          llama.logProbs,
+          spec.vocab,
+          llamaTolerance,
+        )
+      : null;
+    if (allRoped) {
+      lines.push(
+        `    reference with RoPE in every layer vs llama.cpp: ${describeWorst(allRoped)}; greedy ${allRoped.greedyChecked - allRoped.greedyMismatches.length}/${allRoped.greedyChecked}`,
       );
     }
     report.push(...lines);
@@ -507,6 +578,12 @@ describe('teacher-forced log-probabilities match llama.cpp', () => {
     // A model whose local layers saw the whole sequence would be far off (and choose other tokens where the logits
     // are not dominated by the tied embedding, as in the reported greedy counts).
     if (unwindowed) expect(unwindowed.maxDiff).toBeGreaterThan(10 * llamaTolerance);
+    // Likewise a model that rotated q and k in SmolLM3's no-RoPE layers: measured 2.0-3.2 (4-100× the tolerance),
+    // with 2-8 greedy choices changed.
+    if (allRoped) {
+      expect(allRoped.maxDiff).toBeGreaterThan(4 * llamaTolerance);
+      expect(allRoped.greedyMismatches.length).toBeGreaterThan(0);
+    }
   }
 
   for (const [index, spec] of FIXTURES.entries()) {
@@ -521,7 +598,14 @@ describe('teacher-forced log-probabilities match llama.cpp', () => {
   for (const { spec, tokens, prefillChunk } of GEMMA_FIXTURES) {
     const llamaTolerance = LLAMA_TOLERANCE[spec.weightType]!;
     it(`${fixtureName(spec)}, ${tokens} tokens (prefill chunk ${prefillChunk}): engine within ${ENGINE_TOLERANCE} of the exact reference, ${llamaTolerance} of llama.cpp; the window matters`, async () => {
-      await check(spec, prefillChunk, tokens, true);
+      await check(spec, prefillChunk, tokens, { windowless: true });
+    });
+  }
+
+  for (const { spec, tokens, prefillChunk } of SMOLLM3_FIXTURES) {
+    const llamaTolerance = LLAMA_TOLERANCE[spec.weightType]!;
+    it(`${fixtureName(spec)}, ${tokens} tokens (prefill chunk ${prefillChunk}): engine within ${ENGINE_TOLERANCE} of the exact reference, ${llamaTolerance} of llama.cpp; the no-RoPE layers matter`, async () => {
+      await check(spec, prefillChunk, tokens, { ropeEveryLayer: true });
     });
   }
 });
