@@ -5,12 +5,11 @@
  * GPU memory is freed, and the choice outlives a reload.
  * Screenshots of the main states are attached to each test (test-results/, and the HTML report).
  */
-import { createReadStream, existsSync, statSync } from 'node:fs';
-import { createServer } from 'node:http';
-import type { AddressInfo, Socket } from 'node:net';
-import { extname, join, normalize, resolve, sep } from 'node:path';
+import { existsSync } from 'node:fs';
+import { join, resolve } from 'node:path';
 import { expect, type Locator, type Page, type TestInfo, test } from '@playwright/test';
 import { STORIES260K, sharedRoot } from '../test/shared.ts';
+import { startAppServer } from './fixtures/app-server.ts';
 
 const appDir = resolve('dist/e2e');
 const storiesFile = join(sharedRoot, STORIES260K);
@@ -34,75 +33,6 @@ function collectPageErrors(page: Page): string[] {
   const errors: string[] = [];
   page.on('pageerror', (error) => errors.push(error.message));
   return errors;
-}
-
-const TYPES: Record<string, string> = {
-  '.html': 'text/html; charset=utf-8',
-  '.js': 'text/javascript',
-  '.css': 'text/css',
-  '.svg': 'image/svg+xml',
-  '.png': 'image/png',
-  '.wasm': 'application/wasm',
-  '.webmanifest': 'application/manifest+json',
-  '.json': 'application/json',
-};
-
-/**
- * The built app (dist/e2e, with its service worker and the demo model) from a plain static server that this test can
- * stop, taking the whole network away (Playwright's setOffline does not cover service-worker fetches). Like a static
- * host it sends Content-Length and answers Range requests.
- */
-/** `holdGgufAfterBytes`: of a longer answer for a model file, send that many bytes, then nothing until the server closes. */
-async function startAppServer(
-  options: { holdGgufAfterBytes?: number } = {},
-): Promise<{ origin: string; close(): Promise<void> }> {
-  const sockets = new Set<Socket>();
-  const server = createServer((req, res) => {
-    const url = decodeURIComponent(new URL(req.url ?? '/', 'http://localhost').pathname);
-    let file = join(appDir, normalize(url));
-    if (!file.startsWith(appDir + sep) || !existsSync(file) || statSync(file).isDirectory()) {
-      if (url.endsWith('.gguf')) return void res.writeHead(404).end();
-      file = join(appDir, 'index.html');
-    }
-    const size = statSync(file).size;
-    const headers = { 'Content-Type': TYPES[extname(file)] ?? 'application/octet-stream', 'Cache-Control': 'no-cache' };
-    const range = /^bytes=(\d+)-(\d*)$/.exec(req.headers.range ?? '');
-    let start = 0;
-    let end = size - 1;
-    if (range) {
-      start = Number(range[1]);
-      end = range[2] ? Math.min(Number(range[2]), size - 1) : size - 1;
-      if (start >= size) return void res.writeHead(416, { 'Content-Range': `bytes */${size}` }).end();
-      res.writeHead(206, {
-        ...headers,
-        'Content-Range': `bytes ${start}-${end}/${size}`,
-        'Content-Length': end - start + 1,
-        'Accept-Ranges': 'bytes',
-      });
-    } else {
-      res.writeHead(200, { ...headers, 'Content-Length': size, 'Accept-Ranges': 'bytes' });
-    }
-    if (req.method === 'HEAD') return void res.end();
-    const hold = url.endsWith('.gguf') ? options.holdGgufAfterBytes : undefined;
-    if (hold !== undefined && end - start + 1 > hold) {
-      createReadStream(file, { start, end: Math.min(end, start + hold - 1) }).pipe(res, { end: false });
-      return;
-    }
-    createReadStream(file, { start, end }).pipe(res);
-  });
-  server.on('connection', (socket) => {
-    sockets.add(socket);
-    socket.on('close', () => sockets.delete(socket));
-  });
-  await new Promise<void>((ok) => server.listen(0, '127.0.0.1', ok));
-  return {
-    origin: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
-    close: () =>
-      new Promise<void>((ok) => {
-        for (const socket of sockets) socket.destroy();
-        server.close(() => ok());
-      }),
-  };
 }
 
 /** The model id saved in the app's settings store (null: none chosen). */
@@ -163,7 +93,7 @@ test.describe('the default model', () => {
     // Two loads and two replies of a 10M-parameter model on SwiftShader with two busy cores.
     test.setTimeout(600_000);
     const errors = collectPageErrors(page);
-    const server = await startAppServer();
+    const server = await startAppServer(appDir);
     let stopped = false;
     try {
       await page.goto(`${server.origin}/`);
@@ -228,7 +158,7 @@ test.describe('the default model', () => {
   }, testInfo) => {
     test.skip(!existsSync(join(appDir, 'models/longtab-demo.gguf')), 'this build has no demo model');
     // The demo's download stops after 2 MiB and waits: the chip stays at its first percentage for the checks.
-    const server = await startAppServer({ holdGgufAfterBytes: 2 << 20 });
+    const server = await startAppServer(appDir, { holdGgufAfterBytes: 2 << 20 });
     try {
       const progress = page.getByTestId('chip-progress');
       const whole = () =>
