@@ -411,6 +411,7 @@ export class ConversationCache {
     let ids: number[];
     let from: 'host' | 'storage';
     let stored: StoredCopy | null = null;
+    let checked: Promise<void> | null = null;
     if (saved && saved.image.pool === pool) {
       ({ image, ids } = saved);
       from = 'host';
@@ -419,7 +420,7 @@ export class ConversationCache {
       this.forget(entry);
       const found = await this.fromStore(entry);
       if (!found) return false;
-      ({ image, ids } = found);
+      ({ image, ids, checked } = found);
       stored = found.copy;
       from = 'storage';
     }
@@ -432,6 +433,8 @@ export class ConversationCache {
       this.forget(entry);
       return false;
     }
+    // The stored pages' checksums were computed while they were copied in; nothing has read them yet.
+    if (checked && !(await this.passed(entry, checked))) return false;
     entry.ids = ids;
     this.forget(entry);
     entry.resumed = { from, note: null };
@@ -448,7 +451,7 @@ export class ConversationCache {
   /** The entry's copy in the KV store as an image of this pool, or null (none, or refused and removed). */
   private async fromStore(
     entry: CachedSequence,
-  ): Promise<{ image: KvSequenceImage; ids: number[]; copy: StoredCopy } | null> {
+  ): Promise<{ image: KvSequenceImage; ids: number[]; copy: StoredCopy; checked: Promise<void> } | null> {
     const stored = this.storedKv();
     if (!stored || entry.kind !== 'conversation' || (!entry.stored && !entry.persist)) return null;
     try {
@@ -456,15 +459,32 @@ export class ConversationCache {
       if (!found) entry.stored = null;
       return found;
     } catch (error) {
-      if (error instanceof DeviceLostError) throw error;
-      const reason = error instanceof StoredKvRefused ? error.message : `it could not be read (${String(error)})`;
-      const note = `This conversation's stored KV was not used (${reason}); its history was read again.`;
-      this.storedCounts.refused++;
-      this.storedCounts.note = note;
-      entry.resumed = { from: 'none', note };
-      await this.removeStored(entry);
+      await this.refuseStored(entry, error);
       return null;
     }
+  }
+
+  /** Whether the restored pages' checksums matched; when not, the entry's sequence and stored copy are dropped. */
+  private async passed(entry: CachedSequence, checked: Promise<void>): Promise<boolean> {
+    try {
+      await checked;
+      return true;
+    } catch (error) {
+      this.drop(entry);
+      await this.refuseStored(entry, error);
+      return false;
+    }
+  }
+
+  /** A stored copy that could not be used: the reason as the entry's note, the copy removed. */
+  private async refuseStored(entry: CachedSequence, error: unknown): Promise<void> {
+    if (error instanceof DeviceLostError) throw error;
+    const reason = error instanceof StoredKvRefused ? error.message : `it could not be read (${String(error)})`;
+    const note = `This conversation's stored KV was not used (${reason}); its history was read again.`;
+    this.storedCounts.refused++;
+    this.storedCounts.note = note;
+    entry.resumed = { from: 'none', note };
+    await this.removeStored(entry);
   }
 
   /** Drops the entry's copy in host memory. */

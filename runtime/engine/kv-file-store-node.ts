@@ -39,7 +39,10 @@ export function nodeKvFileStore(
     },
     async read(record, file) {
       try {
-        return new Uint8Array(await readFile(join(folder(record), file)));
+        const bytes = await readFile(join(folder(record), file));
+        // A file's own buffer is taken as it is (a page file is hundreds of MB); a pooled one is copied out.
+        const whole = bytes.byteOffset === 0 && bytes.byteLength === bytes.buffer.byteLength;
+        return whole ? new Uint8Array(bytes.buffer as ArrayBuffer) : new Uint8Array(bytes);
       } catch (error) {
         if (missing(error)) return null;
         throw error;

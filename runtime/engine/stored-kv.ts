@@ -225,13 +225,15 @@ export class StoredKv {
 
   /**
    * The conversation's record as an image for `pool.restoreSequence`, its ids and the copy it is; null when there is
-   * none. Throws StoredKvRefused, with the reason, for a record this pool must not read.
+   * none. Throws StoredKvRefused, with the reason, for a record this pool must not read. The pages' checksums are
+   * still being computed when it returns: `checked` rejects with StoredKvRefused when one does not match, so the
+   * caller can copy the pages to the GPU meanwhile and must not use them before it resolves.
    */
   async load(
     pool: KvPagePool,
     conversation: string,
     vocab: number,
-  ): Promise<{ image: KvSequenceImage; ids: number[]; copy: StoredCopy } | null> {
+  ): Promise<{ image: KvSequenceImage; ids: number[]; copy: StoredCopy; checked: Promise<void> } | null> {
     const record = await storedRecordName(conversation);
     const headerBytes = await this.store.read(record, HEADER);
     if (headerBytes === null) return null;
@@ -255,16 +257,21 @@ export class StoredKv {
       at += slice.byteLength;
       return sha256Hex(slice).then((sum) => sum === page.sha256);
     });
-    const bad = (await Promise.all(checks)).indexOf(false);
-    if (bad >= 0)
-      throw new StoredKvRefused(`page ${bad} does not match its checksum (the file was changed or cut short)`);
+    const checked = Promise.all(checks).then((matches) => {
+      const bad = matches.indexOf(false);
+      if (bad >= 0) {
+        throw new StoredKvRefused(`page ${bad} does not match its checksum (the file was changed or cut short)`);
+      }
+    });
+    // Handled by the caller's await; this keeps a rejection that lands before it from being reported as unhandled.
+    checked.catch(() => {});
     const image: KvSequenceImage = {
       pool,
       length: header.length,
       kinds: Uint8Array.from(header.pages, (page) => page.kind),
       bytes,
     };
-    return { image, ids: header.ids.slice(), copy: { record, header, changedFrom: header.pages.length } };
+    return { image, ids: header.ids.slice(), copy: { record, header, changedFrom: header.pages.length }, checked };
   }
 
   /** Parses and checks a header against its own checksum, this binding and `pool`'s geometry. */
