@@ -9,6 +9,7 @@
  *   .gpu/attention-kernels.mjs  bench/attention-kernels.ts (decode or prefill attention kernels side by side, one layer)
  *   .gpu/int8-dot-probe.mjs     bench/int8-dot-probe.ts (peak f32 fma against dot4I8Packed)
  *   .gpu/occupancy-probe.mjs    bench/occupancy-probe.ts (resident workgroups by workgroup memory and size)
+ *   .gpu/transfer-probe.mjs     bench/transfer-probe.ts (host <-> GPU copy rates, hashing and file reads of KV pages)
  *   .gpu/demote-kernel.mjs      bench/demote-kernel.ts (the KV demotion kernel: builds checked word for word, ablations)
  *   .gpu/rotate-kernel.mjs      bench/rotate-kernel.ts (the prefill rotation by workgroup layout, checked against each other)
  *   .gpu/int8-matmul.mjs   bench/int8-matmul.ts (the tensor-core int8 matmul: its randomized checks, then its speed
@@ -96,6 +97,7 @@ try {
   await benchBuild('attention-kernels.ts', 'attention-kernels.mjs');
   await benchBuild('int8-dot-probe.ts', 'int8-dot-probe.mjs');
   await benchBuild('occupancy-probe.ts', 'occupancy-probe.mjs');
+  await benchBuild('transfer-probe.ts', 'transfer-probe.mjs');
   await benchBuild('demote-kernel.ts', 'demote-kernel.mjs');
   await benchBuild('rotate-kernel.ts', 'rotate-kernel.mjs');
   await benchBuild('int8-matmul.ts', 'int8-matmul.mjs');
