@@ -2,6 +2,7 @@ import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
 import { ContextOverflowError, InvalidRequestError } from '../../core/errors.ts';
 import { withTestGpu } from '../../test/gpu.ts';
+import { argmaxAgreement, maxAbsDiff, meanAbsDiff } from '../../test/logit-diff.ts';
 import { STORIES260K, STORIES260K_GOLDEN, sharedPath } from '../../test/shared.ts';
 import { type LoadOptions, ModelRunner } from '../engine/model-runner.ts';
 import { sourceFromPath } from '../gguf/node-source.ts';
@@ -23,33 +24,6 @@ async function withEngine<T>(options: LoadOptions, work: (engine: ModelRunner) =
     engine.unload();
     await source.close?.();
   }
-}
-
-function maxAbsDiff(a: Float32Array, b: Float32Array): number {
-  let worst = 0;
-  for (let i = 0; i < a.length; i++) worst = Math.max(worst, Math.abs(a[i] - b[i]));
-  return worst;
-}
-
-function meanAbsDiff(a: Float32Array, b: Float32Array): number {
-  let sum = 0;
-  for (let i = 0; i < a.length; i++) sum += Math.abs(a[i] - b[i]);
-  return sum / a.length;
-}
-
-function argmaxAgreement(a: Float32Array, b: Float32Array, vocab: number): number {
-  let same = 0;
-  const rows = a.length / vocab;
-  for (let r = 0; r < rows; r++) {
-    let ia = 0;
-    let ib = 0;
-    for (let i = 1; i < vocab; i++) {
-      if (a[r * vocab + i] > a[r * vocab + ia]) ia = i;
-      if (b[r * vocab + i] > b[r * vocab + ib]) ib = i;
-    }
-    if (ia === ib) same++;
-  }
-  return same / rows;
 }
 
 describe.skipIf(!modelPath || !goldenPath)('int2 KV cache end to end (stories260K)', () => {

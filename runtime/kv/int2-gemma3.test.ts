@@ -9,6 +9,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { GgmlType } from '../../core/gguf-types.ts';
 import { withTestGpu } from '../../test/gpu.ts';
+import { argmaxAgreement, maxAbsDiff, meanAbsDiff } from '../../test/logit-diff.ts';
 import { referenceLogProbs } from '../../test/model-reference.ts';
 import { seededRandom } from '../../test/random.ts';
 import { type ModelFixtureSpec, writeModelFixture } from '../../tools/fixtures/model-fixtures.ts';
@@ -37,33 +38,6 @@ const SPEC: ModelFixtureSpec = {
 };
 const TOKENS = 144;
 const INT2: LoadOptions = { kv: 'int2', sink: 16, window: 16, kvBudgetBytes: 4 << 20 };
-
-function maxAbsDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
-  let worst = 0;
-  for (let i = 0; i < a.length; i++) worst = Math.max(worst, Math.abs(a[i] - b[i]));
-  return worst;
-}
-
-function meanAbsDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
-  let sum = 0;
-  for (let i = 0; i < a.length; i++) sum += Math.abs(a[i] - b[i]);
-  return sum / a.length;
-}
-
-function argmaxAgreement(a: Float32Array, b: Float32Array, vocab: number): number {
-  let same = 0;
-  const rows = a.length / vocab;
-  for (let r = 0; r < rows; r++) {
-    let ia = 0;
-    let ib = 0;
-    for (let i = 1; i < vocab; i++) {
-      if (a[r * vocab + i] > a[r * vocab + ia]) ia = i;
-      if (b[r * vocab + i] > b[r * vocab + ib]) ib = i;
-    }
-    if (ia === ib) same++;
-  }
-  return same / rows;
-}
 
 describe('int2 KV cache on gemma3 (sliding-window layers)', () => {
   let dir: string;

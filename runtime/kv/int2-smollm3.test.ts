@@ -9,6 +9,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { GgmlType } from '../../core/gguf-types.ts';
 import { withTestGpu } from '../../test/gpu.ts';
+import { maxAbsDiff, meanAbsDiff } from '../../test/logit-diff.ts';
 import { referenceLogProbs } from '../../test/model-reference.ts';
 import { seededRandom } from '../../test/random.ts';
 import { type ModelFixtureSpec, writeModelFixture } from '../../tools/fixtures/model-fixtures.ts';
@@ -37,18 +38,6 @@ const SPEC: ModelFixtureSpec = {
 };
 const TOKENS = 96;
 const INT2: LoadOptions = { kv: 'int2', sink: 16, window: 16, kvBudgetBytes: 4 << 20 };
-
-function maxAbsDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
-  let worst = 0;
-  for (let i = 0; i < a.length; i++) worst = Math.max(worst, Math.abs(a[i] - b[i]));
-  return worst;
-}
-
-function meanAbsDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
-  let sum = 0;
-  for (let i = 0; i < a.length; i++) sum += Math.abs(a[i] - b[i]);
-  return sum / a.length;
-}
 
 describe('int2 KV cache on smollm3 (layers without RoPE)', () => {
   let dir: string;
