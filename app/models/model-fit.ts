@@ -19,6 +19,8 @@ export interface FitQuestion {
   /** The model file's size (the weights take about as much GPU memory); null when not known yet. */
   modelBytes: number | null;
   kvBudgetBytes: number;
+  /** The forward pass's activations where the model's shape is known (a preset's: scratchBytesEstimate), else 0. */
+  scratchBytes?: number;
   /** The model is loaded now with this KV budget. */
   running: boolean;
 }
@@ -31,6 +33,61 @@ export type ModelFit =
 /** The most KV memory the engine can use on this GPU: its slab slots, each one buffer binding at most. */
 export function kvBytesUsable(gpu: GpuEvidence): number {
   return MAX_KV_SLABS * Math.min(gpu.maxBufferSize, gpu.maxStorageBufferBindingSize);
+}
+
+/** What the engine's forward pass sizes its scratch by: the GGUF header's numbers (runtime/model/config.ts). */
+export interface ModelShape {
+  dim: number;
+  heads: number;
+  kvHeads: number;
+  headDim: number;
+  ffnDim: number;
+  vocab: number;
+}
+
+/**
+ * Positions per prefill chunk on a GPU without tensor-core prefill, most browsers' (defaultPrefillChunk in
+ * runtime/engine/model-runner.ts); where it has one the chunk is 512–1024 and scratch grows with it.
+ */
+export const PAGE_PREFILL_CHUNK = 128;
+
+/**
+ * The activations runtime/model/transformer.ts allocates for one prefill chunk (x, its norm, q/k/v, the attention
+ * output, gate/up/hidden, all f32), its last hidden row and logits, and the sampler's vocab-sized work buffer. A lower
+ * bound: attention split partials and int8 prefill buffers come on top (on lavapipe, Qwen2.5-0.5B's 10 MB of these
+ * against 14 MB measured in bench/journal.md; more on GPUs whose attention splits over many workgroups).
+ */
+export function scratchBytesEstimate(shape: ModelShape, chunkTokens = PAGE_PREFILL_CHUNK): number {
+  const { dim, heads, kvHeads, headDim, ffnDim, vocab } = shape;
+  const perToken = 1 + 2 * dim + 2 * heads * headDim + 2 * kvHeads * headDim + 3 * ffnDim;
+  return 4 * (chunkTokens * perToken + dim + 2 * vocab);
+}
+
+/**
+ * GPU memory a model takes at most: its weights (about the file's size; Q4_0/Q5_0/Q8_0/IQ4_NL blocks are padded to
+ * whole words on upload, up to 11% more), the KV cache's budget (the pool's pages grow up to it as conversations
+ * lengthen, never past it), and scratch.
+ */
+export interface GpuMemoryEstimate {
+  weights: number;
+  kv: number;
+  scratch: number;
+  total: number;
+}
+
+export function gpuMemoryEstimate(weightsBytes: number, kvBudgetBytes: number, scratchBytes = 0): GpuMemoryEstimate {
+  return {
+    weights: weightsBytes,
+    kv: kvBudgetBytes,
+    scratch: scratchBytes,
+    total: weightsBytes + kvBudgetBytes + scratchBytes,
+  };
+}
+
+/** "weights 468 MiB + KV budget 64 MiB" (+ scratch where it is known). */
+export function gpuMemoryParts(memory: GpuMemoryEstimate): string {
+  const scratch = memory.scratch > 0 ? ` + scratch ${formatBytes(memory.scratch)}` : '';
+  return `weights ${formatBytes(memory.weights)} + KV budget ${formatBytes(memory.kv)}${scratch}`;
 }
 
 export function modelFit(question: FitQuestion, gpu: GpuEvidence | null): ModelFit {
@@ -50,7 +107,8 @@ export function modelFit(question: FitQuestion, gpu: GpuEvidence | null): ModelF
     };
   }
   if (question.running) return { verdict: 'fits', reason: 'loaded and running with this KV budget' };
-  const needed = modelBytes + kvBudgetBytes;
+  const memory = gpuMemoryEstimate(modelBytes, kvBudgetBytes, question.scratchBytes);
+  const needed = memory.total;
   if (needed <= gpu.peakBytes) {
     return {
       verdict: 'fits',
@@ -60,7 +118,7 @@ export function modelFit(question: FitQuestion, gpu: GpuEvidence | null): ModelF
   return {
     verdict: 'may-not-fit',
     reason:
-      `needs about ${formatBytes(needed)} (weights ${formatBytes(modelBytes)} + KV budget ${formatBytes(kvBudgetBytes)}); ` +
+      `needs about ${formatBytes(needed)} (${gpuMemoryParts(memory)}); ` +
       `WebGPU does not report this GPU's memory, and the most it has held here is ${formatBytes(gpu.peakBytes)}`,
   };
 }
