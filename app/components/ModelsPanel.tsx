@@ -6,8 +6,8 @@
 import { useCallback, useEffect, useState } from 'react';
 import { errorMessage } from '../engine/engine-client.ts';
 import type { StoredKvUsage } from '../engine/types.ts';
-import { fitLabel, type GpuEvidence, modelFit } from '../models/model-fit.ts';
-import { DEMO_MODEL_ID, DEMO_MODEL_NAME, MODEL_PRESETS } from '../models/presets.ts';
+import { fitLabel, type GpuEvidence, gpuMemoryParts, modelFit } from '../models/model-fit.ts';
+import { DEMO_MODEL_ID, DEMO_MODEL_NAME, MODEL_PRESETS, type ModelPreset, presetGpuMemory } from '../models/presets.ts';
 import { formatBytes, formatDuration, type StoredModel } from '../storage/models.ts';
 import type { DownloadState, ModelsApi } from '../storage/use-models.ts';
 import { Modal } from './Modal.tsx';
@@ -40,14 +40,16 @@ export interface FitContext {
 function FitLabel({
   modelId,
   modelBytes,
+  scratchBytes,
   context,
 }: {
   modelId: string;
   modelBytes: number | null;
+  scratchBytes?: number;
   context: FitContext;
 }) {
   const fit = modelFit(
-    { modelBytes, kvBudgetBytes: context.kvBudgetBytes, running: modelId === context.runningModelId },
+    { modelBytes, kvBudgetBytes: context.kvBudgetBytes, scratchBytes, running: modelId === context.runningModelId },
     context.gpu,
   );
   return (
@@ -120,6 +122,43 @@ function StoredRow({
           Delete
         </button>
       </div>
+    </li>
+  );
+}
+
+/**
+ * A hub preset: where it comes from, its download size and the GPU memory it takes at most with the current KV budget
+ * (the sum the fit label weighs; its parts in the tooltip).
+ */
+export function PresetRow({
+  preset,
+  fit,
+  stored,
+  onDownload,
+}: {
+  preset: ModelPreset;
+  fit: FitContext;
+  /** Whether it is in the stored list already, whole or not. */
+  stored: 'complete' | 'incomplete' | null;
+  onDownload: () => void;
+}) {
+  const memory = presetGpuMemory(preset, fit.kvBudgetBytes);
+  return (
+    <li className="preset" data-testid={`preset-${preset.id}`}>
+      <div>
+        <div className="stored-name">{preset.label}</div>
+        <div className="muted small">
+          {preset.repo} · {preset.file} · ≈{formatBytes(preset.approxBytes)} (approx.) ·{' '}
+          <span data-testid="preset-gpu-memory" title={gpuMemoryParts(memory)}>
+            ≈{formatBytes(memory.total)} GPU memory
+          </span>{' '}
+          · {preset.note}
+        </div>
+        <FitLabel modelId={preset.id} modelBytes={preset.approxBytes} scratchBytes={memory.scratch} context={fit} />
+      </div>
+      <button type="button" disabled={stored !== null} onClick={onDownload}>
+        {stored === 'complete' ? 'Stored' : stored === 'incomplete' ? 'In list' : 'Download'}
+      </button>
     </li>
   );
 }
@@ -295,22 +334,13 @@ export function ModelsPanel({
             </li>
           )}
           {MODEL_PRESETS.map((preset) => (
-            <li className="preset" key={preset.id} data-testid={`preset-${preset.id}`}>
-              <div>
-                <div className="stored-name">{preset.label}</div>
-                <div className="muted small">
-                  {preset.repo} · {preset.file} · ≈{formatBytes(preset.approxBytes)} (approx.) · {preset.note}
-                </div>
-                <FitLabel modelId={preset.id} modelBytes={preset.approxBytes} context={fit} />
-              </div>
-              <button
-                type="button"
-                disabled={storedIds.has(preset.id)}
-                onClick={async () => select(await api.downloadPreset(preset))}
-              >
-                {storedIds.has(preset.id) ? (completeIds.has(preset.id) ? 'Stored' : 'In list') : 'Download'}
-              </button>
-            </li>
+            <PresetRow
+              key={preset.id}
+              preset={preset}
+              fit={fit}
+              stored={storedIds.has(preset.id) ? (completeIds.has(preset.id) ? 'complete' : 'incomplete') : null}
+              onDownload={async () => select(await api.downloadPreset(preset))}
+            />
           ))}
         </ul>
         <form
