@@ -187,7 +187,9 @@ test.describe('chat data', () => {
     await expect(stories.getByTestId('model-fit')).toHaveText('fits');
     await expect(stories.getByTestId('model-fit')).toHaveAttribute('title', 'loaded and running with this KV budget');
     const preset = page.getByTestId('preset-qwen2.5-0.5b-instruct-q4_k_m').getByTestId('model-fit');
-    await expect(preset).toContainText(/^may not fit: needs about \d+ MiB \(weights 468 MiB \+ KV budget 64 MiB\)/);
+    await expect(preset).toContainText(
+      /^may not fit: needs about \d+ MiB \(weights 468 MiB \+ KV budget 64 MiB \+ scratch [\d.]+ [KM]iB\)/,
+    );
     await expect(preset).toContainText("WebGPU does not report this GPU's memory");
     expect(errors).toEqual([]);
   });
