@@ -141,6 +141,15 @@ export interface ReferenceOptions {
   ignoreSlidingWindow?: boolean;
   /** smollm3: every layer applies RoPE (a model that ignored the no-RoPE layers, for contrast). */
   ropeEveryLayer?: boolean;
+  /**
+   * phi3: the longest sequence the model serves (llama.cpp's n_ctx_seq), which picks the LongRoPE set against the
+   * original context; the file's context length by default, as the engine serves it.
+   */
+  contextTokens?: number;
+  /** phi3: a LongRoPE set forced ('none': no factors), for contrast. */
+  longRopeFactors?: 'long' | 'short' | 'none';
+  /** Rotate every dim of the head, whatever `rope.dimension_count` says (a model that ignored partial rotary). */
+  rotateAllDims?: boolean;
 }
 
 /** gelu's tanh form in f64. */
@@ -164,6 +173,10 @@ function llamaCppGelu(x: number): number {
  * builds it (src/models/gemma3.cpp): embeddings times sqrt(dim), q/k norms, q scaled before the product, local layers
  * in a sliding window with their own RoPE base and no context scaling, post-norms, GeGLU. smollm3 as
  * src/models/smollm3.cpp: llama's, but layer l applies no RoPE where (l + 1) % 4 == 0 (n_no_rope_layer_step = 4).
+ * phi3 as src/models/phi3.cpp: q, k, v fused in attn_qkv and gate, up in ffn_up (rows in that order), NEOX RoPE on
+ * the first `rope.dimension_count` dims of each head with the LongRoPE set llama_model::get_rope_factors picks
+ * (long where the context exceeds `rope.scaling.original_context_length`), q scaled before the product.
+ * Every architecture rotates only the first `rope.dimension_count` dims.
  */
 export async function referenceLogProbs(
   path: string,
@@ -206,7 +219,13 @@ export async function referenceLogProbs(
   const base = num(`${arch}.rope.freq_base`) ?? 10000;
   const scaling = ropeScalingOf(meta, arch, num);
   const neox = arch !== 'llama' && arch !== 'smollm3';
-  const freqFactors = vector('rope_freqs.weight');
+  const ropeDim = options.rotateAllDims ? headDim : (num(`${arch}.rope.dimension_count`) ?? headDim);
+  const phi3 = arch === 'phi3';
+  const originalContext = num(`${arch}.rope.scaling.original_context_length`) ?? num(`${arch}.context_length`)!;
+  const contextTokens = options.contextTokens ?? num(`${arch}.context_length`)!;
+  const longRope = options.longRopeFactors ?? (contextTokens > originalContext ? 'long' : 'short');
+  const freqFactors =
+    vector('rope_freqs.weight') ?? (longRope === 'none' ? null : vector(`rope_factors_${longRope}.weight`));
   const embedding = matrix('token_embd.weight');
   const output = tensors.has('output.weight') ? matrix('output.weight') : embedding;
   const vocab = embedding.rows;
@@ -218,7 +237,9 @@ export async function referenceLogProbs(
   const localBase = num(`${arch}.rope.freq_base_swa`) ?? 10000;
   const isLocal = (l: number) => swa > 0 && !options.ignoreSlidingWindow && (period === 0 || l % period < period - 1);
   const usesRope = (l: number) => arch !== 'smollm3' || options.ropeEveryLayer || (l + 1) % 4 !== 0;
-  // What q is multiplied by: gemma3 scales q itself (by 1/sqrt(dim/heads) in the 62-layer 27B), others the product.
+  // What q is multiplied by: gemma3 and phi3 scale q itself (gemma3 by 1/sqrt(dim/heads) in the 62-layer 27B), others
+  // the product.
+  const scalesQ = gemma || phi3;
   const attentionScale = 1 / Math.sqrt(gemma && layers === 62 ? dim / heads : headDim);
 
   const matmul = (w: Matrix, x: Float64Array, bias?: Float32Array | null) => {
@@ -243,16 +264,16 @@ export async function referenceLogProbs(
   };
   const rope = (v: Float64Array, count: number, position: number, local: boolean) => {
     for (let h = 0; h < count; h++) {
-      for (let i = 0; i < headDim / 2; i++) {
+      for (let i = 0; i < ropeDim / 2; i++) {
         const { theta, magnitude } = ropeAngleReference(i, position, {
-          ropeDim: headDim,
+          ropeDim,
           base: local ? localBase : base,
           freqFactor: freqFactors?.[i],
           scaling: local ? { ...scaling, type: 'none', factor: 1 } : scaling,
         });
         const [c, s] = [Math.cos(theta) * magnitude, Math.sin(theta) * magnitude];
         const a = neox ? h * headDim + i : h * headDim + 2 * i;
-        const b = neox ? a + headDim / 2 : a + 1;
+        const b = neox ? a + ropeDim / 2 : a + 1;
         const [x0, x1] = [v[a], v[b]];
         v[a] = x0 * c - x1 * s;
         v[b] = x0 * s + x1 * c;
@@ -275,8 +296,20 @@ export async function referenceLogProbs(
     const ffnPostNorm = vector(`${p}post_ffw_norm.weight`);
     const attnNorm = vector(`${p}attn_norm.weight`)!;
     const ffnNorm = vector(`${p}ffn_norm.weight`)!;
-    const [wq, wk, wv, wo] = ['attn_q', 'attn_k', 'attn_v', 'attn_output'].map((m) => matrix(`${p}${m}.weight`));
-    const [gate, up, down] = ['ffn_gate', 'ffn_up', 'ffn_down'].map((m) => matrix(`${p}${m}.weight`));
+    const qkv = tensors.has(`${p}attn_qkv.weight`) ? matrix(`${p}attn_qkv.weight`) : null;
+    const [wq, wk, wv] = qkv
+      ? [
+          rowsOf(qkv, 0, heads * headDim),
+          rowsOf(qkv, heads * headDim, kvHeads * headDim),
+          rowsOf(qkv, (heads + kvHeads) * headDim, kvHeads * headDim),
+        ]
+      : ['attn_q', 'attn_k', 'attn_v'].map((m) => matrix(`${p}${m}.weight`));
+    const wo = matrix(`${p}attn_output.weight`);
+    const fusedUp = phi3 ? matrix(`${p}ffn_up.weight`) : null;
+    const [gate, up] = fusedUp
+      ? [rowsOf(fusedUp, 0, fusedUp.rows / 2), rowsOf(fusedUp, fusedUp.rows / 2, fusedUp.rows / 2)]
+      : ['ffn_gate', 'ffn_up'].map((m) => matrix(`${p}${m}.weight`));
+    const down = matrix(`${p}ffn_down.weight`);
     const qNorm = vector(`${p}attn_q_norm.weight`);
     const kNorm = vector(`${p}attn_k_norm.weight`);
     const qs: Float64Array[] = [];
@@ -296,8 +329,8 @@ export async function referenceLogProbs(
         rope(q, heads, t, local);
         rope(k, kvHeads, t, local);
       }
-      // gemma3 scales q before the product (llama.cpp rounds the scaled q to f16), the others the product.
-      if (gemma) for (let i = 0; i < q.length; i++) q[i] *= attentionScale;
+      // gemma3 and phi3 scale q before the product (llama.cpp rounds the scaled q to f16), the others the product.
+      if (scalesQ) for (let i = 0; i < q.length; i++) q[i] *= attentionScale;
       qs.push(emulate ? q.map(roundF16) : q);
       ks.push(options.exactKv ? k : k.map(roundF16));
       vs.push(options.exactKv ? v : v.map(roundF16));
@@ -327,7 +360,7 @@ export async function referenceLogProbs(
       }
       return (store === 'k' ? ks : vs)[j];
     };
-    const productScale = gemma ? 1 : attentionScale;
+    const productScale = scalesQ ? 1 : attentionScale;
     for (let t = 0; t < n; t++) {
       const attention = new Float64Array(heads * headDim);
       // A local layer's query at t sees keys t - window + 1 .. t (llama.cpp's LLAMA_SWA_TYPE_STANDARD).
@@ -378,6 +411,19 @@ export async function referenceLogProbs(
     for (let i = 0; i < vocab; i++) logProbs[t * vocab + i] = logits[i] - lse;
   }
   return logProbs;
+}
+
+/** Rows `first .. first + count` of a matrix (a fused matrix's part). */
+function rowsOf(m: Matrix, first: number, count: number): Matrix {
+  const part: Matrix = {
+    type: m.type,
+    k: m.k,
+    rows: count,
+    values: m.values.subarray(first * m.k, (first + count) * m.k),
+  };
+  const blocks = m.k / 32;
+  if (m.mins) part.mins = m.mins.subarray(first * blocks, (first + count) * blocks);
+  return part;
 }
 
 /**

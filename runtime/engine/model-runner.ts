@@ -259,11 +259,19 @@ export class ModelRunner {
     // The model's identity for stored KV, read while the source is open (sampled bytes, not the whole file).
     const identity = digest ?? (await modelDigest(file, source));
     progress({ phase: 'parse', bytesDone: source.size, bytesTotal: source.size });
-    const weights = await loadModelWeights(gpu, file, source, config, (p) => {
-      // A lost device fails the load now rather than after reading and uploading the rest of the file.
-      if (gpu.isLost) gpu.throwIfErrors();
-      progress({ phase: 'upload', bytesDone: p.bytesDone, bytesTotal: p.bytesTotal });
-    });
+    // The longest sequence the pool admits is llama.cpp's n_ctx_seq for phi3's choice of LongRoPE factors.
+    const weights = await loadModelWeights(
+      gpu,
+      file,
+      source,
+      config,
+      (p) => {
+        // A lost device fails the load now rather than after reading and uploading the rest of the file.
+        if (gpu.isLost) gpu.throwIfErrors();
+        progress({ phase: 'upload', bytesDone: p.bytesDone, bytesTotal: p.bytesTotal });
+      },
+      poolOptions.maxSequenceTokens,
+    );
     const created: Array<{ release(): void }> = [{ release: () => releaseModelWeights(gpu, weights) }];
     try {
       const int8 = await int8PrefillReady(gpu, weights, prefillMatmul);

@@ -5,8 +5,15 @@ import type { GatedActivation } from '../../kernels/elementwise.wgsl.ts';
 import { NO_ROPE_SCALING, type RopeLayout, type RopeScaling } from '../../kernels/rope.ts';
 import { metaNumber, metaOptionalNumber, metaOptionalString, metaString } from '../gguf/metadata.ts';
 
-export type Architecture = 'llama' | 'qwen2' | 'qwen3' | 'gemma3' | 'smollm3';
-export const SUPPORTED_ARCHITECTURES: readonly Architecture[] = ['llama', 'qwen2', 'qwen3', 'gemma3', 'smollm3'];
+export type Architecture = 'llama' | 'qwen2' | 'qwen3' | 'gemma3' | 'smollm3' | 'phi3';
+export const SUPPORTED_ARCHITECTURES: readonly Architecture[] = [
+  'llama',
+  'qwen2',
+  'qwen3',
+  'gemma3',
+  'smollm3',
+  'phi3',
+];
 
 /** Everything the forward pass needs to know about a model's shape, read once from GGUF metadata. */
 export interface ModelConfig {
@@ -49,6 +56,33 @@ export interface ModelConfig {
   tiedOutput: boolean;
   /** Llama 3 frequency scaling: `rope_freqs.weight` is present (llama only; llama.cpp's qwen loaders refuse it). */
   ropeFreqFactors: boolean;
+  /** phi3: q, k and v are one matrix, `attn_qkv.weight` (q's rows, then k's, then v's), split by rows at load. */
+  fusedQkv: boolean;
+  /** phi3: `ffn_up.weight` holds the gate's rows, then the up projection's (llama.cpp's swiglu halves), split at load. */
+  fusedGateUp: boolean;
+  /** phi3: LongRoPE's per-pair frequency factors (RopeFactorSets); null where the file has neither set. */
+  longRope: LongRope | null;
+}
+
+/**
+ * Phi-3's LongRoPE as llama.cpp applies it (llama_model::get_rope_factors): per-pair divisors of the RoPE angles,
+ * `rope_factors_long.weight` where the context a sequence may reach (n_ctx_seq; here the pool's maxSequenceTokens)
+ * exceeds `originalContext` (`rope.scaling.original_context_length`, else the training context), else
+ * `rope_factors_short.weight`; either may be absent, and then no factors apply. Its attention factor is the file's
+ * `rope.scaling.attn_factor` (ModelConfig.ropeScaling.attnFactor), applied with either set.
+ */
+export interface LongRope {
+  long: boolean;
+  short: boolean;
+  originalContext: number;
+}
+
+/** The LongRoPE factor tensor a model serving sequences of up to `contextTokens` rotates with, or null for none. */
+export function longRopeFactorTensor(c: Pick<ModelConfig, 'longRope'>, contextTokens: number): string | null {
+  const r = c.longRope;
+  if (!r) return null;
+  if (contextTokens > r.originalContext) return r.long ? 'rope_factors_long.weight' : null;
+  return r.short ? 'rope_factors_short.weight' : null;
 }
 
 /**
@@ -103,15 +137,18 @@ const BIASES: Record<Architecture, readonly ModelBias[]> = {
   qwen3: ['q', 'k', 'v'],
   gemma3: ['q', 'k', 'v'],
   smollm3: ['q', 'k', 'v'],
+  // phi3's create_tensor_qkv reads q/k/v biases only beside separate q/k/v matrices (fused ones are refused below).
+  phi3: ['q', 'k', 'v'],
 };
 
-/** llama.cpp's rope type per architecture: Llama and SmolLM3 keep adjacent pairs, Qwen and Gemma rotate halves. */
+/** llama.cpp's rope type per architecture: Llama and SmolLM3 keep adjacent pairs, Qwen, Gemma and Phi-3 rotate halves. */
 const ROPE_LAYOUT: Record<Architecture, RopeLayout> = {
   llama: 'normal',
   qwen2: 'neox',
   qwen3: 'neox',
   gemma3: 'neox',
   smollm3: 'normal',
+  phi3: 'neox',
 };
 
 export function readModelConfig(file: GgufFile): ModelConfig {
@@ -120,7 +157,7 @@ export function readModelConfig(file: GgufFile): ModelConfig {
   refuseMixtureOfExperts(file, arch);
   if (!SUPPORTED_ARCHITECTURES.includes(arch as Architecture)) {
     throw new UnsupportedModelError(
-      `Architecture '${arch}' is not supported; longtab runs ${SUPPORTED_ARCHITECTURES.join(', ')} (Llama 2/3, SmolLM, TinyLlama, Mistral, Qwen2/2.5, Qwen3, Gemma 3, SmolLM3).`,
+      `Architecture '${arch}' is not supported; longtab runs ${SUPPORTED_ARCHITECTURES.join(', ')} (Llama 2/3, SmolLM, TinyLlama, Mistral, Qwen2/2.5, Qwen3, Gemma 3, SmolLM3, Phi-3/3.5/4-mini).`,
       { architecture: arch },
     );
   }
@@ -137,6 +174,8 @@ export function readModelConfig(file: GgufFile): ModelConfig {
     (Array.isArray(tokens) ? tokens.length : 0);
   const layers = metaNumber(meta, `${arch}.block_count`);
   const gemma = architecture === 'gemma3';
+  const phi3 = architecture === 'phi3';
+  const fusedQkv = phi3 && tensors.has('blk.0.attn_qkv.weight');
   const config: ModelConfig = {
     architecture,
     name: typeof meta['general.name'] === 'string' ? (meta['general.name'] as string) : architecture,
@@ -153,7 +192,7 @@ export function readModelConfig(file: GgufFile): ModelConfig {
     ropeDim: metaOptionalNumber(meta, `${arch}.rope.dimension_count`) ?? headDim,
     ropeLayout: ROPE_LAYOUT[architecture],
     ropeScaling: readRopeScaling(meta, arch),
-    biases: BIASES[architecture].filter((b) => tensors.has(biasTensorName(b, 0))),
+    biases: BIASES[architecture].filter((b) => !(fusedQkv && 'qkv'.includes(b)) && tensors.has(biasTensorName(b, 0))),
     qkNorm: architecture === 'qwen3' || gemma,
     postNorms: gemma,
     ffnActivation: gemma ? 'geglu' : 'swiglu',
@@ -164,6 +203,9 @@ export function readModelConfig(file: GgufFile): ModelConfig {
     noRopeLayerStep: architecture === 'smollm3' ? 4 : null,
     tiedOutput: !tensors.has('output.weight'),
     ropeFreqFactors: architecture === 'llama' && tensors.has('rope_freqs.weight'),
+    fusedQkv,
+    fusedGateUp: phi3,
+    longRope: phi3 ? readLongRope(meta, arch, tensors) : null,
   };
   checkShape(config, file.tensors.length);
   // After checkShape: it builds a flag per layer.
@@ -298,6 +340,18 @@ function readSlidingWindow(meta: GgufMetadata, arch: string, layers: number): Sl
   return local.some(Boolean) ? { size, local, ropeBase } : null;
 }
 
+/** phi3's LongRoPE factor sets and the context that chooses between them (LongRope). */
+function readLongRope(meta: GgufMetadata, arch: string, tensors: ReadonlyMap<string, GgufTensorInfo>): LongRope | null {
+  const long = tensors.has('rope_factors_long.weight');
+  const short = tensors.has('rope_factors_short.weight');
+  if (!long && !short) return null;
+  const originalContext =
+    metaOptionalNumber(meta, `${arch}.rope.scaling.original_context_length`) ??
+    metaOptionalNumber(meta, `${arch}.context_length`) ??
+    2048;
+  return { long, short, originalContext };
+}
+
 /**
  * RoPE scaling as llama.cpp reads it (llama-model.cpp load_hparams, llama-context.cpp): the type defaults to linear;
  * the factor is `rope.scaling.factor`, else the older `rope.scale_linear`, and 0 or absent means none; YaRN's original
@@ -390,6 +444,14 @@ const ARCH_NEUTRAL_VALUES: Partial<Record<Architecture, Record<string, NeutralVa
       assumed: (c) => `${c.ropeDim}, the rotated dims of the global layers`,
     },
   },
+  // llama.cpp's phi3 loader reads the sliding window and then turns it off whatever its value (src/models/phi3.cpp:
+  // "Phi SWA is currently disabled"), attending to the whole sequence; the converter writes 0 for Phi-4.
+  phi3: {
+    'attention.sliding_window': {
+      holds: () => true,
+      assumed: () => 'any (llama.cpp attends to the whole sequence in phi3 models)',
+    },
+  },
 };
 
 /**
@@ -471,11 +533,13 @@ function refuseUnusedMetadata(meta: GgufMetadata, c: ModelConfig): void {
 
 /**
  * Hyperparameters that no tensor table could back (found by fuzzing the loader): a block count of 10^9 would build a
- * 10^10-entry list of expected tensors before any shape check ran. Each layer needs at least 9 tensors.
+ * 10^10-entry list of expected tensors before any shape check ran. Each layer needs at least 9 tensors, 6 where
+ * q/k/v and gate/up are fused (phi3).
  */
 function checkShape(c: ModelConfig, tensorCount: number): void {
+  const perLayer = 9 - (c.fusedQkv ? 2 : 0) - (c.fusedGateUp ? 1 : 0);
   const sizes: Array<[string, number, number]> = [
-    ['block_count', c.layers, Math.floor(tensorCount / 9)],
+    ['block_count', c.layers, Math.floor(tensorCount / perLayer)],
     ['embedding_length', c.dim, 1 << 20],
     ['attention.head_count', c.heads, 1 << 16],
     ['attention.head_count_kv', c.kvHeads, c.heads],

@@ -354,6 +354,66 @@ const SMOLLM3_FIXTURES: { spec: ModelFixtureSpec; tokens: number; prefillChunk: 
   },
 ];
 
+/**
+ * Phi-3 / Phi-4-mini (issue 43, point 4): q, k, v fused in attn_qkv and gate, up in ffn_up (split by rows at load),
+ * NEOX RoPE on part of each head (Phi-4-mini rotates 96 of 128 dims), LongRoPE factors: the long set where the
+ * context exceeds the original one (here 4096 > 32, in llama.cpp and in the engine), the short set where it does not
+ * (original 4096), with the converter's attention factor; one model without factors and with a sliding-window key
+ * llama.cpp ignores. 48 tokens, so angles that wrong factors or wrongly rotated dims give move the logits (the test
+ * asserts the reference with the other set, with no factors and rotating every dim is far from llama.cpp). One chunk,
+ * chunks of 5, one decode step at a time.
+ */
+const PHI3_FIXTURES: { spec: ModelFixtureSpec; tokens: number; prefillChunk: number }[] = [
+  {
+    spec: fixture('phi3', GgmlType.F32, {
+      ...base,
+      layers: 3,
+      dim: 128,
+      heads: 2,
+      kvHeads: 2,
+      headDim: 64,
+      ropeDim: 48,
+      ffnDim: 256,
+      contextLength: 4096,
+      longRope: { originalContext: 32, attnFactor: 1.19 },
+    }),
+    tokens: 48,
+    prefillChunk: 128,
+  },
+  {
+    spec: fixture('phi3', GgmlType.Q8_0, {
+      ...base,
+      layers: 2,
+      dim: 256,
+      heads: 4,
+      kvHeads: 1,
+      headDim: 64,
+      ropeDim: 32,
+      ffnDim: 512,
+      tiedOutput: true,
+      contextLength: 4096,
+      longRope: { originalContext: 4096, attnFactor: 1.1 },
+    }),
+    tokens: 48,
+    prefillChunk: 5,
+  },
+  {
+    spec: fixture('phi3', GgmlType.F16, {
+      ...base,
+      layers: 2,
+      dim: 128,
+      heads: 4,
+      kvHeads: 2,
+      headDim: 32,
+      ropeDim: 24,
+      ffnDim: 256,
+      slidingWindow: { size: 16 },
+    }),
+    tokens: 32,
+    prefillChunk: 1,
+  },
+];
+
 function fixture(architecture: ModelFixtureSpec['architecture'], weightType: GgmlType, shape: Shape): ModelFixtureSpec {
   return { architecture, weightType, ...shape, seed: 1000 + weightType * 7 + architecture.length };
 }
@@ -499,7 +559,7 @@ describe('teacher-forced log-probabilities match llama.cpp', () => {
     spec: ModelFixtureSpec,
     prefillChunk: number,
     tokens = TOKENS,
-    { windowless = false, ropeEveryLayer = false } = {},
+    { windowless = false, ropeEveryLayer = false, phi3Rope = false } = {},
   ) {
     const llamaTolerance = LLAMA_TOLERANCE[spec.weightType]!;
     const emulationTolerance = EMULATION_TOLERANCE[spec.weightType];
@@ -543,6 +603,37 @@ describe('teacher-forced log-probabilities match llama.cpp', () => {
         `    reference with RoPE in every layer vs llama.cpp: ${describeWorst(allRoped)}; greedy ${allRoped.greedyChecked - allRoped.greedyMismatches.length}/${allRoped.greedyChecked}`,
       );
     }
+    // phi3: the reference with the LongRoPE set llama.cpp does not pick (or none where the file has none, then the
+    // short set's absence is moot) and the one rotating every dim of the head.
+    const otherFactors = spec.longRope
+      ? spec.longRope.originalContext < (spec.contextLength ?? 256)
+        ? 'short'
+        : 'long'
+      : null;
+    const contrasts = phi3Rope
+      ? [
+          ...(otherFactors
+            ? [
+                { name: `the ${otherFactors} LongRoPE factors`, options: { longRopeFactors: otherFactors } as const },
+                { name: 'no LongRoPE factors', options: { longRopeFactors: 'none' } as const },
+              ]
+            : []),
+          { name: 'every dim rotated', options: { rotateAllDims: true } },
+        ]
+      : [];
+    const wrongRope: Comparison[] = [];
+    for (const { name, options } of contrasts) {
+      const c = compare(
+        await referenceLogProbs(path, ids, { emulateLlamaCpp: false, ...options }),
+        llama.logProbs,
+        spec.vocab,
+        llamaTolerance,
+      );
+      wrongRope.push(c);
+      lines.push(
+        `    reference with ${name} vs llama.cpp: ${describeWorst(c)}; greedy ${c.greedyChecked - c.greedyMismatches.length}/${c.greedyChecked}`,
+      );
+    }
     report.push(...lines);
 
     const baseline = ctx.gpu.allocator.snapshot().totalBuffers;
@@ -584,6 +675,8 @@ describe('teacher-forced log-probabilities match llama.cpp', () => {
       expect(allRoped.maxDiff).toBeGreaterThan(4 * llamaTolerance);
       expect(allRoped.greedyMismatches.length).toBeGreaterThan(0);
     }
+    // And a phi3 model with the wrong LongRoPE set, none, or every dim rotated.
+    for (const c of wrongRope) expect(c.maxDiff).toBeGreaterThan(4 * llamaTolerance);
   }
 
   for (const [index, spec] of FIXTURES.entries()) {
@@ -606,6 +699,13 @@ describe('teacher-forced log-probabilities match llama.cpp', () => {
     const llamaTolerance = LLAMA_TOLERANCE[spec.weightType]!;
     it(`${fixtureName(spec)}, ${tokens} tokens (prefill chunk ${prefillChunk}): engine within ${ENGINE_TOLERANCE} of the exact reference, ${llamaTolerance} of llama.cpp; the no-RoPE layers matter`, async () => {
       await check(spec, prefillChunk, tokens, { ropeEveryLayer: true });
+    });
+  }
+
+  for (const { spec, tokens, prefillChunk } of PHI3_FIXTURES) {
+    const llamaTolerance = LLAMA_TOLERANCE[spec.weightType]!;
+    it(`${fixtureName(spec)}, ${tokens} tokens (prefill chunk ${prefillChunk}): engine within ${ENGINE_TOLERANCE} of the exact reference, ${llamaTolerance} of llama.cpp; partial rotary and LongRoPE matter`, async () => {
+      await check(spec, prefillChunk, tokens, { phi3Rope: true });
     });
   }
 });

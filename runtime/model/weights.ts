@@ -12,7 +12,14 @@ import type { GpuContext } from '../../core/gpu/device.ts';
 import { NO_ROPE_SCALING, ropeFrequencyDivisors } from '../../kernels/rope.ts';
 import { type GpuWeight, releaseWeight, uploadWeight } from '../../kernels/weights.ts';
 import { streamTensorBytes } from '../gguf/read-tensor.ts';
-import { biasTensorName, isExpertTensor, type ModelBias, type ModelConfig, refuseUnsupportedHeads } from './config.ts';
+import {
+  biasTensorName,
+  isExpertTensor,
+  longRopeFactorTensor,
+  type ModelBias,
+  type ModelConfig,
+  refuseUnsupportedHeads,
+} from './config.ts';
 
 export interface LayerWeights {
   attnNorm: GPUBuffer;
@@ -73,12 +80,17 @@ export function expectedTensorShapes(c: ModelConfig): Map<string, number[]> {
   if (!c.tiedOutput) shapes.set('output.weight', [c.dim, c.vocab]);
   if (c.biases.includes('output')) shapes.set('output.bias', [c.vocab]);
   if (c.ropeFreqFactors) shapes.set('rope_freqs.weight', [c.ropeDim / 2]);
+  if (c.longRope?.long) shapes.set('rope_factors_long.weight', [c.ropeDim / 2]);
+  if (c.longRope?.short) shapes.set('rope_factors_short.weight', [c.ropeDim / 2]);
   for (let i = 0; i < c.layers; i++) {
     const p = `blk.${i}.`;
     shapes.set(`${p}attn_norm.weight`, [c.dim]);
-    shapes.set(`${p}attn_q.weight`, [c.dim, q]);
-    shapes.set(`${p}attn_k.weight`, [c.dim, kv]);
-    shapes.set(`${p}attn_v.weight`, [c.dim, kv]);
+    if (c.fusedQkv) shapes.set(`${p}attn_qkv.weight`, [c.dim, q + 2 * kv]);
+    else {
+      shapes.set(`${p}attn_q.weight`, [c.dim, q]);
+      shapes.set(`${p}attn_k.weight`, [c.dim, kv]);
+      shapes.set(`${p}attn_v.weight`, [c.dim, kv]);
+    }
     shapes.set(`${p}attn_output.weight`, [q, c.dim]);
     const biasLength = { q, k: kv, v: kv, o: c.dim, gate: c.ffnDim, up: c.ffnDim, down: c.dim };
     for (const bias of LAYER_BIASES) {
@@ -93,8 +105,11 @@ export function expectedTensorShapes(c: ModelConfig): Map<string, number[]> {
       shapes.set(`${p}post_ffw_norm.weight`, [c.dim]);
     }
     shapes.set(`${p}ffn_norm.weight`, [c.dim]);
-    shapes.set(`${p}ffn_gate.weight`, [c.dim, c.ffnDim]);
-    shapes.set(`${p}ffn_up.weight`, [c.dim, c.ffnDim]);
+    if (c.fusedGateUp) shapes.set(`${p}ffn_up.weight`, [c.dim, 2 * c.ffnDim]);
+    else {
+      shapes.set(`${p}ffn_gate.weight`, [c.dim, c.ffnDim]);
+      shapes.set(`${p}ffn_up.weight`, [c.dim, c.ffnDim]);
+    }
     shapes.set(`${p}ffn_down.weight`, [c.ffnDim, c.dim]);
   }
   return shapes;
@@ -158,7 +173,7 @@ async function uploadVector(gpu: GpuContext, source: ByteSource, tensor: GgufTen
   return buffer;
 }
 
-/** An F32 vector read to the CPU (Llama 3's rope_freqs, which the RoPE scaling multiplies before upload). */
+/** An F32 vector read to the CPU (Llama 3's rope_freqs or a LongRoPE set, which the RoPE scaling multiplies before upload). */
 async function readVector(
   source: ByteSource,
   tensor: GgufTensorInfo,
@@ -180,6 +195,22 @@ export interface WeightLoadProgress {
 }
 
 /**
+ * Rows `first .. first + count` of a matrix as a tensor of their own: a fused matrix's part (phi3's q, k and v in
+ * attn_qkv, its gate and up in ffn_up). GGUF stores a matrix row after row and every weight type quantizes within a
+ * row, so the part's bytes are a contiguous range of the whole's, the same values it would have unfused.
+ */
+function rowRange(t: GgufTensorInfo, part: string, first: number, count: number): GgufTensorInfo {
+  const rowBytes = t.byteLength / t.shape[1];
+  return {
+    ...t,
+    name: `${t.name}[${part}]`,
+    shape: [t.shape[0], count],
+    offset: t.offset + first * rowBytes,
+    byteLength: count * rowBytes,
+  };
+}
+
+/**
  * Streams every tensor to GPU buffers. On failure, every buffer created so far is released before the error
  * propagates, so a failed load leaves no GPU memory behind.
  */
@@ -189,6 +220,8 @@ export async function loadModelWeights(
   source: ByteSource,
   config: ModelConfig,
   onProgress?: (p: WeightLoadProgress) => void,
+  /** The most tokens a sequence may reach (the pool's maxSequenceTokens): picks phi3's LongRoPE factors. */
+  contextTokens = config.contextLength,
 ): Promise<ModelWeights> {
   const byName = validateTensors(file, config);
   const created: { buffers: GPUBuffer[]; weights: GpuWeight[] } = { buffers: [], weights: [] };
@@ -218,22 +251,45 @@ export async function loadModelWeights(
     report(t);
     return w;
   };
+  /** A fused matrix as its parts, each `[name, rows]` in the order of its rows. */
+  const fused = async (name: string, parts: [string, number][]) => {
+    const t = byName.get(name)!;
+    const weights: GpuWeight[] = [];
+    let first = 0;
+    for (const [part, rows] of parts) {
+      const w = await uploadWeight(gpu, rowRange(t, part, first, rows), source);
+      created.weights.push(w);
+      weights.push(w);
+      first += rows;
+    }
+    report(t);
+    return weights;
+  };
+  const qRows = config.heads * config.headDim;
+  const kvRows = config.kvHeads * config.headDim;
   try {
     const embedding = await matrix('token_embd.weight');
     const layers: LayerWeights[] = [];
     for (let i = 0; i < config.layers; i++) {
       const p = `blk.${i}.`;
-      const layer: LayerWeights = {
-        attnNorm: await vector(`${p}attn_norm.weight`),
-        q: await matrix(`${p}attn_q.weight`),
-        k: await matrix(`${p}attn_k.weight`),
-        v: await matrix(`${p}attn_v.weight`),
-        o: await matrix(`${p}attn_output.weight`),
-        ffnNorm: await vector(`${p}ffn_norm.weight`),
-        gate: await matrix(`${p}ffn_gate.weight`),
-        up: await matrix(`${p}ffn_up.weight`),
-        down: await matrix(`${p}ffn_down.weight`),
-      };
+      const attnNorm = await vector(`${p}attn_norm.weight`);
+      const [q, k, v] = config.fusedQkv
+        ? await fused(`${p}attn_qkv.weight`, [
+            ['q', qRows],
+            ['k', kvRows],
+            ['v', kvRows],
+          ])
+        : [await matrix(`${p}attn_q.weight`), await matrix(`${p}attn_k.weight`), await matrix(`${p}attn_v.weight`)];
+      const o = await matrix(`${p}attn_output.weight`);
+      const ffnNorm = await vector(`${p}ffn_norm.weight`);
+      const [gate, up] = config.fusedGateUp
+        ? await fused(`${p}ffn_up.weight`, [
+            ['gate', config.ffnDim],
+            ['up', config.ffnDim],
+          ])
+        : [await matrix(`${p}ffn_gate.weight`), await matrix(`${p}ffn_up.weight`)];
+      const down = await matrix(`${p}ffn_down.weight`);
+      const layer: LayerWeights = { attnNorm, q, k, v, o, ffnNorm, gate, up, down };
       for (const bias of LAYER_BIASES) {
         if (config.biases.includes(bias)) layer[LAYER_BIAS_FIELD[bias]] = await vector(biasTensorName(bias, i));
       }
@@ -250,6 +306,12 @@ export async function loadModelWeights(
     const outputNorm = await vector('output_norm.weight');
     const output = config.tiedOutput ? embedding : await matrix('output.weight');
     const outputBias = config.biases.includes('output') ? await vector('output.bias') : undefined;
+    // Llama 3's rope_freqs, or the LongRoPE set for this context; the other set is read past (counted, not used).
+    const factorTensor = config.ropeFreqFactors ? 'rope_freqs.weight' : longRopeFactorTensor(config, contextTokens);
+    for (const name of ['rope_factors_long.weight', 'rope_factors_short.weight']) {
+      const t = byName.get(name);
+      if (t && name !== factorTensor) report(t);
+    }
     const ropeFreqFactors = gpu.allocator.createStorage(
       'rope.divisors',
       'weights',
@@ -257,7 +319,7 @@ export async function loadModelWeights(
         config.ropeDim,
         config.ropeBase,
         config.ropeScaling,
-        config.ropeFreqFactors ? await readVector(source, byName.get('rope_freqs.weight')!, report) : undefined,
+        factorTensor ? await readVector(source, byName.get(factorTensor)!, report) : undefined,
       ),
     );
     created.buffers.push(ropeFreqFactors);
