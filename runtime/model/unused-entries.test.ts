@@ -16,7 +16,13 @@ import { sourceFromPath } from '../gguf/node-source.ts';
 import { parseGguf } from '../gguf/parse.ts';
 import { sourceFromBytes } from '../gguf/sources.ts';
 import { type GgufMetadataEntry, metadataEntriesOf, writeGguf } from '../gguf/writer.ts';
-import { type Architecture, layerUsesRope, readModelConfig, SUPPORTED_ARCHITECTURES } from './config.ts';
+import {
+  type Architecture,
+  layerUsesRope,
+  longRopeFactorTensor,
+  readModelConfig,
+  SUPPORTED_ARCHITECTURES,
+} from './config.ts';
 import { expectedTensorShapes, validateTensors } from './weights.ts';
 
 /** Every optional bias llama.cpp's loader reads for the architecture (qwen2's q/k/v ones the fixture always has). */
@@ -32,7 +38,8 @@ const BIASES: Record<Architecture, FixtureBias[]> = {
 
 /**
  * A tiny fixture with every optional feature of its architecture: YaRN scaling, biases, Llama 3's rope_freqs, gemma3's
- * sliding window with its pattern and local RoPE base.
+ * sliding window with its pattern and local RoPE base, phi3's fused matrices, partial rotary, LongRoPE factors and the
+ * sliding-window key llama.cpp ignores for it.
  */
 function richSpec(architecture: Architecture): ModelFixtureSpec {
   return {
@@ -49,9 +56,18 @@ function richSpec(architecture: Architecture): ModelFixtureSpec {
     ropeFreqBase: 10000,
     llama3RopeFreqs: architecture === 'llama',
     seed: 43,
-    ropeScaling: { type: 'yarn', factor: 4, originalContext: 128, attnFactor: 1.1 },
+    ropeScaling:
+      architecture === 'phi3'
+        ? { type: 'yarn', factor: 4 }
+        : { type: 'yarn', factor: 4, originalContext: 128, attnFactor: 1.1 },
     biases: BIASES[architecture],
-    slidingWindow: architecture === 'gemma3' ? { size: 16, period: 2, ropeBase: 20000 } : undefined,
+    slidingWindow:
+      architecture === 'gemma3'
+        ? { size: 16, period: 2, ropeBase: 20000 }
+        : architecture === 'phi3'
+          ? { size: 2047 }
+          : undefined,
+    ...(architecture === 'phi3' ? { ropeDim: 32, longRope: { originalContext: 128, attnFactor: 1.1 } } : {}),
   };
 }
 
@@ -383,6 +399,40 @@ describe("SmolLM3's no-RoPE layers are those of llama.cpp's smollm3 graph", () =
       expect(rotating, arch).toEqual(
         arch === 'smollm3' ? [true, true, true, false, true, true, true, false, true] : Array(9).fill(true),
       );
+    }
+  });
+});
+
+describe("Phi-3's fused matrices and LongRoPE sets are llama.cpp's phi3 loader's", () => {
+  const phi3 = async (spec: Partial<ModelFixtureSpec>) =>
+    readModelConfig(await parseGguf(sourceFromBytes(modelFixtureGguf({ ...richSpec('phi3'), ...spec }))));
+
+  it('attn_qkv and ffn_up are read whole, split by rows; q/k/v and gate matrices beside them are refused', async () => {
+    const config = await phi3({});
+    expect(config).toMatchObject({ fusedQkv: true, fusedGateUp: true, ropeDim: 32, ropeLayout: 'neox' });
+    const shapes = expectedTensorShapes(config);
+    expect(shapes.get('blk.0.attn_qkv.weight')).toEqual([128, 2 * 64 + 2 * 64]);
+    expect(shapes.get('blk.0.ffn_up.weight')).toEqual([128, 2 * 64]);
+    expect(shapes.has('blk.0.ffn_gate.weight')).toBe(false);
+    const file = await parseGguf(sourceFromBytes(modelFixtureGguf(richSpec('phi3'))));
+    // llama.cpp reads attn_qkv.bias; longtab does not add it, so it refuses the file rather than drop it.
+    for (const name of ['blk.0.attn_qkv.bias', 'blk.0.attn_q.weight', 'blk.0.attn_q.bias', 'blk.0.ffn_gate.weight']) {
+      expect(refusal(() => validateTensors(withTensor(file, name), config)).details.tensor, name).toBe(name);
+    }
+  });
+
+  it('the long set where the context exceeds the original one, else the short; an absent set is no factors', async () => {
+    const config = await phi3({});
+    expect(config.longRope).toEqual({ long: true, short: true, originalContext: 128 });
+    expect(longRopeFactorTensor(config, 128)).toBe('rope_factors_short.weight');
+    expect(longRopeFactorTensor(config, 129)).toBe('rope_factors_long.weight');
+    expect(longRopeFactorTensor({ longRope: { ...config.longRope!, long: false } }, 4096)).toBeNull();
+    expect((await phi3({ longRope: undefined })).longRope).toBeNull();
+    // Without rope.scaling.original_context_length the training context chooses (llama.cpp's n_ctx_orig_yarn).
+    const untuned = await phi3({ longRope: undefined, ropeScaling: undefined, contextLength: 512 });
+    expect(untuned.longRope).toBeNull();
+    for (const arch of SUPPORTED_ARCHITECTURES.filter((a) => a !== 'phi3')) {
+      expect(readModelConfig(await parseGguf(sourceFromBytes(modelFixtureGguf(richSpec(arch))))).longRope).toBeNull();
     }
   });
 });
