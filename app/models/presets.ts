@@ -104,7 +104,20 @@ export const MODEL_PRESETS: readonly ModelPreset[] = [
     file: 'HuggingFaceTB_SmolLM3-3B-Q4_K_M.gguf',
     approxBytes: 1920 * MB,
     shape: { dim: 2048, heads: 16, kvHeads: 4, headDim: 128, ffnDim: 11008, vocab: 128256 },
-    note: 'Largest preset; every 4th layer runs without RoPE.',
+    note: 'Every 4th layer runs without RoPE.',
+  },
+  // bartowski's older naming (no author prefix), repo, file name and size (2.39 GB) from memory of the hub's listing,
+  // not a stored one.
+  {
+    id: 'phi-3.5-mini-instruct-q4_k_m',
+    label: 'Phi-3.5 mini Instruct (Q4_K_M)',
+    family: 'Phi-3',
+    architecture: 'phi3',
+    repo: 'bartowski/Phi-3.5-mini-instruct-GGUF',
+    file: 'Phi-3.5-mini-instruct-Q4_K_M.gguf',
+    approxBytes: 2390 * MB,
+    shape: { dim: 3072, heads: 32, kvHeads: 32, headDim: 96, ffnDim: 8192, vocab: 32064 },
+    note: 'Largest preset; LongRoPE past 4K tokens of context.',
   },
 ];
 
