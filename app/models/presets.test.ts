@@ -19,7 +19,7 @@ describe('MODEL_PRESETS', () => {
         true,
       );
     }
-    expect([...covered].every((arch) => SUPPORTED_ARCHITECTURES.includes(arch))).toBe(true);
+    expect([...covered].every((arch) => (SUPPORTED_ARCHITECTURES as readonly string[]).includes(arch))).toBe(true);
     expect(new Set(MODEL_PRESETS.map((p) => p.id)).size).toBe(MODEL_PRESETS.length);
     // One preset per model family (SmolLM2 and Llama 3.2 share the llama architecture).
     const families = MODEL_PRESETS.map((p) => p.family);

@@ -7,7 +7,6 @@
  * Mistral-style llama files run too, but have no preset: no stored listing names one, and a 7B file (~4.4 GB) is more
  * than a tab should be offered first.
  */
-import type { Architecture } from '../../runtime/model/config.ts';
 import { type GpuMemoryEstimate, gpuMemoryEstimate, type ModelShape, scratchBytesEstimate } from './model-fit.ts';
 
 export interface ModelPreset {
@@ -15,8 +14,11 @@ export interface ModelPreset {
   label: string;
   /** The model family (one preset each); several families may share an architecture. */
   family: string;
-  /** The file's `general.architecture`: the runtime's forward pass that runs it. */
-  architecture: Architecture;
+  /**
+   * The file's `general.architecture`: the runtime's forward pass that runs it (one of the runtime's
+   * SUPPORTED_ARCHITECTURES, which presets.test.ts checks; the page does not import the runtime's model code).
+   */
+  architecture: string;
   repo: string;
   file: string;
   /** Approximate size in bytes (see above); the weights take about as much GPU memory. */
