@@ -4,7 +4,8 @@
  *
  *   npx vitest run runtime/engine/{loader-fuzz,device-loss,long-session,security}.test.ts
  *   npx vitest run runtime/tokenizer/{chat-template,chat-injection}.test.ts runtime/engine/template-limits.test.ts
- *   npx vitest run runtime/gguf/{hostile-input,url-source,roundtrip}.test.ts runtime/model/bad-models.test.ts
+ *   npx vitest run runtime/gguf/{hostile-input,url-source,roundtrip,split}.test.ts runtime/model/bad-models.test.ts
+ *   npx vitest run runtime/model/unsupported-models.test.ts
  *   npx vitest run app/storage/models.test.ts runtime/engine/{load-network,context-cost}.test.ts
  *   npx vitest run app/components/markdown-stream.test.ts
  *   npx vitest run runtime/cli/cli.test.ts
@@ -42,6 +43,8 @@ const SOURCES: Record<string, string> = {
   page: 'e2e/security.spec.ts',
   'page-device-loss': 'e2e/device-loss.spec.ts',
   'page-download': 'e2e/chat.spec.ts',
+  'split-gguf': 'runtime/gguf/split.test.ts',
+  'unsupported-models': 'runtime/model/unsupported-models.test.ts',
 };
 
 type Row = FaultRecord & { suite: string };
