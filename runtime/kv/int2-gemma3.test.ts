@@ -3,19 +3,13 @@
  * 256-dim heads. The cache's f16 recent window (16 tokens) is shorter than the model's sliding window (48), so the
  * local layers read demoted pages too, not only the global ones.
  */
-import { mkdtemp, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { GgmlType } from '../../core/gguf-types.ts';
 import { withTestGpu } from '../../test/gpu.ts';
+import { INT2, int2Fixture } from '../../test/int2-architecture.ts';
 import { argmaxAgreement, maxAbsDiff, meanAbsDiff } from '../../test/logit-diff.ts';
 import { referenceLogProbs } from '../../test/model-reference.ts';
-import { seededRandom } from '../../test/random.ts';
-import { type ModelFixtureSpec, writeModelFixture } from '../../tools/fixtures/model-fixtures.ts';
-import { type LoadOptions, ModelRunner } from '../engine/model-runner.ts';
-import { logProbability } from '../eval/perplexity.ts';
-import { sourceFromPath } from '../gguf/node-source.ts';
+import type { ModelFixtureSpec } from '../../tools/fixtures/model-fixtures.ts';
 
 const ctx = withTestGpu();
 
@@ -37,35 +31,10 @@ const SPEC: ModelFixtureSpec = {
   slidingWindow: { size: 48, period: 3 },
 };
 const TOKENS = 144;
-const INT2: LoadOptions = { kv: 'int2', sink: 16, window: 16, kvBudgetBytes: 4 << 20 };
 
 describe('int2 KV cache on gemma3 (sliding-window layers)', () => {
-  let dir: string;
-  let path: string;
-  const random = seededRandom(43);
-  const ids = [1, ...Array.from({ length: TOKENS - 1 }, () => Math.floor(random() * SPEC.vocab))];
-
-  beforeAll(async () => {
-    dir = await mkdtemp(join(tmpdir(), 'longtab-gemma3-int2-'));
-    path = await writeModelFixture(SPEC, dir);
-  });
-  afterAll(async () => {
-    if (dir) await rm(dir, { recursive: true });
-  });
-
-  async function run(options: LoadOptions) {
-    const engine = new ModelRunner(ctx.gpu);
-    const source = await sourceFromPath(path);
-    try {
-      await engine.load(source, options);
-      const logits = await engine.teacherForcedLogits(ids);
-      expect(engine.pool.audit()).toEqual([]);
-      return { logits, demotions: engine.pool.demotions, vocab: engine.config.vocab };
-    } finally {
-      engine.unload();
-      await source.close?.();
-    }
-  }
+  const fixture = int2Fixture(ctx, SPEC, TOKENS, 43);
+  const { run, ids } = fixture;
 
   it('with the Hadamard rotation: prefill and decode run within the 2-bit error, close to f16 where the f16 window covers the sliding one', async () => {
     const baseline = ctx.gpu.allocator.snapshot().totalBuffers;
@@ -113,25 +82,16 @@ describe('int2 KV cache on gemma3 (sliding-window layers)', () => {
     // The reference quantizes rows as the cache does (kvQuant: sink and window in pages of 16, groups of 128) and
     // reads them within each local layer's sliding window.
     const ours = await run({ ...INT2, rotation: 'none', groupSize: 128, prefillChunk: 1 });
-    const quantized = await referenceLogProbs(path, ids, {
+    const quantized = await referenceLogProbs(fixture.path(), ids, {
       emulateLlamaCpp: false,
       kvQuant: { sink: 16, window: 16, pageTokens: 16, groupSize: 128, bits: 2 },
     });
-    const exact = await referenceLogProbs(path, ids, { emulateLlamaCpp: false });
-    const { vocab } = ours;
-    let toQuantized = 0;
-    let toExact = 0;
-    for (let t = 0; t + 1 < ids.length; t++) {
-      const target = ids[t + 1];
-      const mine = logProbability(ours.logits, t * vocab, vocab, target);
-      toQuantized += Math.abs(mine - quantized[t * vocab + target]);
-      toExact += Math.abs(mine - exact[t * vocab + target]);
-    }
-    const count = ids.length - 1;
+    const exact = await referenceLogProbs(fixture.path(), ids, { emulateLlamaCpp: false });
+    const [toQuantized, toExact] = [quantized, exact].map((r) => fixture.meanGap(ours, r));
     console.info(
-      `gemma3 int2 vs reference: mean |Δ log p| ${(toQuantized / count).toFixed(4)} to the quantized reference, ${(toExact / count).toFixed(4)} to the exact one`,
+      `gemma3 int2 vs reference: mean |Δ log p| ${toQuantized.toFixed(4)} to the quantized reference, ${toExact.toFixed(4)} to the exact one`,
     );
-    expect(toQuantized / count).toBeLessThan(0.02);
-    expect(toExact / count).toBeGreaterThan(5 * (toQuantized / count));
+    expect(toQuantized).toBeLessThan(0.02);
+    expect(toExact).toBeGreaterThan(5 * toQuantized);
   });
 });
